@@ -1,0 +1,38 @@
+# Two commands: `make run` (the demo) and `make test` (the whole suite).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint unit bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+# Reinstall when the dependency list or the pins change.
+$(STAMP): $(PY) pyproject.toml constraints.txt
+	$(PIP) install -q -c constraints.txt torch==2.13.0
+	$(PIP) install -q -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) examples/digits.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests examples bench
+	$(VENV)/bin/mypy
+
+test: lint
+	$(VENV)/bin/pytest
+
+unit: $(STAMP)
+	$(VENV)/bin/pytest -m unit
+
+bench: $(STAMP)
+	$(PIP) install -q -c constraints.txt -e ".[bench]"
+	$(PY) bench/overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

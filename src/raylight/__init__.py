@@ -1,0 +1,41 @@
+"""raylight: simple, efficient, adaptive data-parallel PyTorch training on Ray."""
+
+from raylight.checkpoint import Checkpoint
+from raylight.config import FailureConfig, RunConfig, ScalingConfig, TrainerConfig
+from raylight.context import TrainContext
+from raylight.exceptions import (
+    ClusterConnectionError,
+    ConfigError,
+    InsufficientResourcesError,
+    RaylightError,
+    TrainingFailedError,
+    WorkerDiedError,
+    WorkerError,
+    WorkerHangError,
+    WorkerStartError,
+)
+from raylight.trainer import Result, Trainer, fit
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Checkpoint",
+    "ClusterConnectionError",
+    "ConfigError",
+    "FailureConfig",
+    "InsufficientResourcesError",
+    "RaylightError",
+    "Result",
+    "RunConfig",
+    "ScalingConfig",
+    "TrainContext",
+    "Trainer",
+    "TrainerConfig",
+    "TrainingFailedError",
+    "WorkerDiedError",
+    "WorkerError",
+    "WorkerHangError",
+    "WorkerStartError",
+    "__version__",
+    "fit",
+]

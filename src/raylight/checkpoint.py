@@ -1,0 +1,78 @@
+"""Checkpoints: the user's state dict, serialised with torch and loaded safely.
+
+A checkpoint's state is a dict of tensors, numbers, strings, lists and nested dicts
+(model and optimizer ``state_dict()`` included). It is serialised once, where it is
+reported, and loaded with ``torch.load(weights_only=True)`` so a checkpoint file can
+never run code.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import fsspec
+
+from raylight.storage import STATE_FILE
+
+
+def serialize_state(state: dict[str, Any]) -> bytes:
+    import torch
+
+    if not isinstance(state, dict):
+        raise TypeError(
+            f"a checkpoint must be a dict (e.g. {{'model': model.state_dict()}}), "
+            f"got {type(state).__name__}"
+        )
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getvalue()
+
+
+def deserialize_state(data: bytes) -> dict[str, Any]:
+    import torch
+
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+class Checkpoint:
+    """A committed checkpoint: where it is stored, and ``load()`` to get the state back.
+
+    Attributes:
+        path: URI of the checkpoint directory (``None`` for an in-memory checkpoint).
+        metadata: the report index, step and metrics recorded when it was committed.
+    """
+
+    def __init__(
+        self,
+        path: str | None,
+        *,
+        metadata: dict[str, Any] | None = None,
+        data: bytes | None = None,
+    ) -> None:
+        if path is None and data is None:
+            raise ValueError("a Checkpoint needs a path or data")
+        self.path = path
+        self.metadata = dict(metadata or {})
+        self._data = data
+
+    def to_bytes(self) -> bytes:
+        if self._data is None:
+            assert self.path is not None
+            with fsspec.open(f"{self.path}/{STATE_FILE}", "rb") as f:
+                self._data = f.read()
+        return self._data
+
+    def load(self) -> dict[str, Any]:
+        """Return the state dict that was reported, tensors on the CPU."""
+        return deserialize_state(self.to_bytes())
+
+    def __repr__(self) -> str:
+        return f"Checkpoint(path={self.path!r}, index={self.metadata.get('index')})"
+
+    def __reduce__(self):
+        return (_rebuild_checkpoint, (self.path, self.metadata, self._data))
+
+
+def _rebuild_checkpoint(path, metadata, data):
+    return Checkpoint(path, metadata=metadata, data=data)

@@ -1,0 +1,35 @@
+"""Turn pydantic's errors into messages that name the key path and the fix."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from raylight.exceptions import ConfigError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def format_validation_error(err: ValidationError, *, prefix: str = "") -> str:
+    lines = []
+    for item in err.errors():
+        path = ".".join(str(p) for p in (prefix, *item["loc"]) if p != "")
+        kind = item["type"]
+        msg = item["msg"]
+        if kind == "extra_forbidden":
+            msg = "unknown key; check the spelling against the documented settings"
+        elif kind == "literal_error":
+            msg = f"{msg} (got {item.get('input')!r})"
+        elif "input" in item and kind not in {"missing"}:
+            msg = f"{msg} (got {item['input']!r})"
+        lines.append(f"  {path or '<root>'}: {msg}")
+    return "invalid configuration:\n" + "\n".join(lines)
+
+
+def validate(model: type[M], data: Any, *, prefix: str = "") -> M:
+    """Validate ``data`` into ``model`` or raise a ConfigError naming each bad key."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, prefix=prefix)) from None

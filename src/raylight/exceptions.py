@@ -1,0 +1,106 @@
+"""The one raylight error hierarchy.
+
+Every error is picklable (it crosses Ray actor boundaries) and its message says
+which setting or input to change. User mistakes raise ``ConfigError``; failures at
+run time raise a ``TrainingFailedError`` subclass that names the worker.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ClusterConnectionError",
+    "ConfigError",
+    "InsufficientResourcesError",
+    "RaylightError",
+    "TrainingFailedError",
+    "WorkerDiedError",
+    "WorkerError",
+    "WorkerHangError",
+    "WorkerStartError",
+]
+
+
+class RaylightError(Exception):
+    """Base class of every error raylight raises on purpose."""
+
+    def __reduce__(self):  # keep subclasses with keyword state picklable
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+def _rebuild(cls, args, state):
+    obj = cls.__new__(cls)
+    Exception.__init__(obj, *args)
+    obj.__dict__.update(state)
+    return obj
+
+
+class ConfigError(RaylightError, ValueError):
+    """A setting or input is invalid. The message names the key path and the fix."""
+
+
+class ClusterConnectionError(RaylightError, ConnectionError):
+    """The Ray cluster named by ``address`` (or ``RAY_ADDRESS``) cannot be reached."""
+
+
+class InsufficientResourcesError(RaylightError):
+    """The cluster cannot give the workers the resources they ask for."""
+
+
+class WorkerStartError(RaylightError):
+    """Workers could not be started or could not form a process group in time."""
+
+
+class TrainingFailedError(RaylightError):
+    """Training stopped because a worker failed more often than ``max_failures`` allows.
+
+    Attributes:
+        rank: global rank of the worker that failed first (``None`` if unknown).
+        node: node IP address of that worker.
+        reason: a short description of the failure.
+        num_failures: how many failures the run had, this one included.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int | None = None,
+        node: str | None = None,
+        reason: str = "",
+        num_failures: int = 0,
+    ) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.node = node
+        self.reason = reason
+        self.num_failures = num_failures
+
+
+class WorkerError(TrainingFailedError):
+    """The user's training loop raised on a worker.
+
+    ``exc_type``, ``exc_message`` and ``worker_traceback`` describe the original
+    exception; the original object is chained as ``__cause__`` when it could be pickled.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        exc_type: str = "",
+        exc_message: str = "",
+        worker_traceback: str = "",
+        **kwargs,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.exc_type = exc_type
+        self.exc_message = exc_message
+        self.worker_traceback = worker_traceback
+
+
+class WorkerDiedError(TrainingFailedError):
+    """A worker process died (killed, out of memory, or its node was lost)."""
+
+
+class WorkerHangError(TrainingFailedError):
+    """A worker made no progress, or did not answer health checks, for too long."""

@@ -1,0 +1,116 @@
+"""The driver's live view of a run: epoch progress, metrics, global samples/s.
+
+On a terminal it is a rich progress bar redrawn in place; elsewhere (CI, logs) it
+prints one line per epoch and on every restart. ``progress=False`` silences it.
+"""
+
+from __future__ import annotations
+
+import numbers
+import sys
+from collections import deque
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from raylight._time import monotonic
+from raylight.worker_group.protocol import GroupPoll
+
+
+def format_metrics(metrics: dict[str, Any], limit: int = 4) -> str:
+    parts = []
+    for key, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Number):
+            continue
+        if key in ("epoch", "step"):
+            continue
+        parts.append(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}")
+        if len(parts) == limit:
+            break
+    return " ".join(parts)
+
+
+class Throughput:
+    """Global samples/s over a sliding window of polls, robust to restarts."""
+
+    def __init__(self, window_s: float = 5.0) -> None:
+        self.window_s = window_s
+        self._points: deque[tuple[float, int]] = deque()
+        self._total = 0
+        self._last_sum = 0
+
+    def update(self, samples_now: int, now: float) -> float:
+        delta = samples_now - self._last_sum
+        if delta < 0:  # counters restarted with a new worker group
+            delta = samples_now
+        self._last_sum = samples_now
+        self._total += delta
+        self._points.append((now, self._total))
+        while len(self._points) > 2 and now - self._points[0][0] > self.window_s:
+            self._points.popleft()
+        (t0, s0), (t1, s1) = self._points[0], self._points[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+
+
+class ProgressDisplay:
+    def __init__(self, *, enabled: bool, console: Console | None = None) -> None:
+        self.enabled = enabled
+        self.console = console or Console(stderr=True)
+        self.live = enabled and self.console.is_terminal and sys.stderr.isatty()
+        self._progress: Progress | None = None
+        self._task: Any = None
+        self._rate = Throughput()
+        self._metrics: dict[str, Any] = {}
+        self._restarts = 0
+        self._last_line = -1e9
+
+    def __enter__(self) -> ProgressDisplay:
+        if self.live:
+            self._progress = Progress(
+                TextColumn("[bold cyan]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=False,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task("starting", total=None, info="")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def message(self, text: str) -> None:
+        if self.enabled:
+            self.console.print(text)
+
+    def update(self, poll: GroupPoll, *, num_workers: int, num_restarts: int) -> None:
+        if not self.enabled:
+            return
+        for report in poll.reports:
+            self._metrics = report.metrics
+        samples = sum(p.progress.samples for p in poll.polls)
+        rate = self._rate.update(samples, monotonic())
+        rank0 = next((p for p in poll.polls if p.rank == 0), None)
+        epoch = rank0.progress.epoch if rank0 is not None else None
+        info = f"{format_metrics(self._metrics)}  {rate:,.0f} samples/s  workers={num_workers}"
+        if num_restarts:
+            info += f"  restarts={num_restarts}"
+        if self._progress is not None and rank0 is not None:
+            prog = rank0.progress
+            desc = f"epoch {prog.epoch}" if prog.epoch is not None else "running"
+            self._progress.update(
+                self._task, description=desc, total=prog.steps_per_epoch, completed=prog.step, info=info
+            )
+        elif not self.live and (poll.reports or num_restarts != self._restarts):
+            now = monotonic()
+            if now - self._last_line >= 1.0 or num_restarts != self._restarts:
+                where = f"epoch {epoch}" if epoch is not None else "report"
+                self.console.print(f"{where}  {info}", highlight=False)
+                self._last_line = now
+        self._restarts = num_restarts

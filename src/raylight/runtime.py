@@ -1,0 +1,93 @@
+"""Connecting to Ray: a given cluster, or an embedded local one started once.
+
+The embedded cluster binds to 127.0.0.1 only (Ray otherwise advertises the machine's
+network address), keeps Ray's token authentication on, and is shut down at exit.
+``ray.init()`` with no address may attach to some other cluster on the machine, so
+raylight never calls it that way: no address means embedded, ``"auto"`` means "the
+running cluster".
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+from dataclasses import dataclass
+
+import ray
+
+from raylight.exceptions import ClusterConnectionError
+
+log = logging.getLogger("raylight")
+
+# Ray advertises 127.0.0.1 instead of the machine's address when this is off; it is
+# read once when Ray is imported, and again below for a Ray imported before raylight.
+_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@dataclass(frozen=True)
+class RayRuntime:
+    embedded: bool  # started by raylight in this process: no autoscaler, fixed resources
+    address: str
+
+
+_started_embedded: list[str] = []  # the GCS address of the cluster raylight started
+
+
+def _force_loopback() -> None:
+    os.environ[_LOOPBACK_ENV] = "0"
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def start_embedded(
+    *,
+    num_cpus: int | None = None,
+    num_gpus: int | None = None,
+    temp_dir: str | None = None,
+    object_store_memory: int | None = None,
+) -> RayRuntime:
+    """Start the embedded local Ray for this process (once), bound to 127.0.0.1."""
+    if ray.is_initialized():
+        return current()
+    _force_loopback()
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+        object_store_memory=object_store_memory,
+        _temp_dir=temp_dir,
+    )
+    address = ray.get_runtime_context().gcs_address
+    _started_embedded[:] = [address]
+    atexit.register(ray.shutdown)
+    return RayRuntime(embedded=True, address=address)
+
+
+def current() -> RayRuntime:
+    address = ray.get_runtime_context().gcs_address
+    return RayRuntime(embedded=address in _started_embedded, address=address)
+
+
+def connect(address: str | None) -> RayRuntime:
+    """Use the running Ray of this process, the cluster at ``address`` (or
+    ``RAY_ADDRESS``), or else start the embedded local one."""
+    if ray.is_initialized():
+        return current()
+    source = "address"
+    if address is None and os.environ.get("RAY_ADDRESS"):
+        address, source = os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
+    if address is None or address == "local":
+        return start_embedded()
+    try:
+        ray.init(address=address, logging_level=logging.WARNING)
+    except Exception as exc:
+        raise ClusterConnectionError(
+            f"could not connect to the Ray cluster at {address!r} (from {source}): "
+            f"{type(exc).__name__}: {exc}. Start it (`ray start --head`), fix {source}, "
+            "or leave it unset to train on an embedded local Ray."
+        ) from None
+    return current()

@@ -1,0 +1,210 @@
+"""Trainer.fit(): wires the config to a controller and a worker group, returns a Result."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from raylight.checkpoint import Checkpoint
+from raylight.config import FailureConfig, RunConfig, ScalingConfig, TrainerConfig, validate
+from raylight.progress import ProgressDisplay
+from raylight.recorder import RunRecorder
+from raylight.storage import RunStorage, default_storage_path
+from raylight.worker_group.protocol import Progress, Report
+
+log = logging.getLogger("raylight")
+
+
+@dataclass
+class Result:
+    """What a finished run leaves behind.
+
+    Attributes:
+        metrics: the last metrics reported by rank 0 (empty if none).
+        metrics_history: every report of rank 0, in order (restarts do not repeat rows).
+        checkpoint: the last committed checkpoint, or None.
+        path: URI of the run directory.
+        num_failures: worker failures the run recovered from.
+    """
+
+    metrics: dict[str, Any]
+    metrics_history: list[dict[str, Any]]
+    checkpoint: Checkpoint | None
+    path: str
+    num_failures: int = 0
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+class Trainer:
+    """Runs ``train_loop(ctx, config)`` data-parallel on Ray workers.
+
+    Args:
+        train_loop: the per-worker loop; takes a ``TrainContext`` and, optionally,
+            the ``train_loop_config`` dict.
+        train_loop_config: passed to the loop as its second argument.
+        config: every other setting, validated (see ``TrainerConfig``).
+    """
+
+    def __init__(
+        self,
+        train_loop: Callable[..., Any],
+        *,
+        train_loop_config: dict[str, Any] | None = None,
+        config: TrainerConfig | None = None,
+    ) -> None:
+        if not callable(train_loop):
+            raise TypeError(f"train_loop must be callable, got {type(train_loop).__name__}")
+        self.train_loop = train_loop
+        self.train_loop_config = dict(train_loop_config or {})
+        self.config = config or TrainerConfig()
+
+    def fit(self) -> Result:
+        run = self.config.run
+        name = run.name or _default_name()
+        storage = RunStorage(f"{(run.storage_path or default_storage_path()).rstrip('/')}/{name}")
+        recorder = RunRecorder(storage, checkpoints_to_keep=run.checkpoints_to_keep)
+        resolved = {
+            **self.config.model_dump(),
+            "run": {**run.model_dump(), "name": name},
+            "train_loop_config": self.train_loop_config,
+        }
+        recorder.open(resolved, resume=run.resume)
+        with ProgressDisplay(enabled=run.progress) as display:
+            if self.config.scaling.num_workers == 0:
+                num_failures = self._fit_in_process(recorder)
+            else:
+                num_failures = self._fit_on_ray(recorder, name, display)
+        return Result(
+            metrics=recorder.history[-1] if recorder.history else {},
+            metrics_history=list(recorder.history),
+            checkpoint=recorder.latest,
+            path=recorder.path,
+            num_failures=num_failures,
+            config=resolved,
+        )
+
+    def _fit_on_ray(self, recorder: RunRecorder, name: str, display: ProgressDisplay) -> int:
+        from raylight import runtime
+        from raylight.controller import Controller, FailurePolicy, State
+        from raylight.worker_group.ray_group import RayWorkerGroup
+
+        cfg = self.config
+        rt = runtime.connect(cfg.address)
+        group = RayWorkerGroup(
+            self.train_loop,
+            self.train_loop_config,
+            scaling=cfg.scaling,
+            failure=cfg.failure,
+            run_name=name,
+            embedded=rt.embedded,
+        )
+        controller = Controller(
+            group=group,
+            recorder=recorder,
+            num_workers=cfg.scaling.num_workers,
+            failure_policy=FailurePolicy(cfg.failure.max_failures),
+            poll_interval_s=cfg.failure.poll_interval_s,
+            on_poll=lambda poll, c: display.update(
+                poll, num_workers=c.num_workers, num_restarts=c.num_restarts
+            ),
+        )
+        controller.run()  # shuts the group down however it ends, Ctrl-C included
+        if controller.state is State.ERRORED:
+            assert controller.error is not None
+            raise controller.error
+        return controller.num_failures
+
+    def _fit_in_process(self, recorder: RunRecorder) -> int:
+        import torch
+
+        from raylight.context import TrainContext
+        from raylight.worker_group.worker import call_train_loop
+
+        sink = _InProcessSink(recorder)
+        device = torch.device("cuda") if self.config.scaling.use_gpu else torch.device("cpu")
+        ctx = TrainContext(
+            rank=0,
+            local_rank=0,
+            world_size=1,
+            local_world_size=1,
+            node_rank=0,
+            device=device,
+            sink=sink,
+            checkpoint=recorder.latest,
+            config=self.train_loop_config,
+        )
+        call_train_loop(self.train_loop, ctx, self.train_loop_config)
+        return 0
+
+
+class _InProcessSink:
+    """ReportSink for num_workers=0: reports go straight to the recorder."""
+
+    def __init__(self, recorder: RunRecorder) -> None:
+        self.recorder = recorder
+        self.progress_state = Progress()
+
+    def report(self, report: Report) -> None:
+        self.recorder.record(report, num_workers=1)
+
+    def progress(self, epoch: int, step: int, steps_per_epoch: int, samples: int) -> None:
+        prev = self.progress_state.samples
+        self.progress_state = Progress(epoch, step + 1, steps_per_epoch, prev + samples)
+
+    def heartbeat(self) -> None:
+        pass
+
+
+def _default_name() -> str:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"run-{stamp}-{uuid.uuid4().hex[:6]}"
+
+
+def fit(
+    train_loop: Callable[..., Any],
+    *,
+    config: dict[str, Any] | None = None,
+    num_workers: int,
+    use_gpu: bool = False,
+    resources_per_worker: dict[str, float] | None = None,
+    placement: str = "PACK",
+    storage_path: str | None = None,
+    name: str | None = None,
+    max_failures: int = 0,
+    resume: bool = False,
+    address: str | None = None,
+    progress: bool = True,
+) -> Result:
+    """Train ``train_loop`` on ``num_workers`` data-parallel workers and return a Result.
+
+    A thin convenience over ``Trainer``: each keyword is the setting of the same name
+    in ``TrainerConfig`` (``scaling``, ``run``, ``failure``). ``num_workers=0`` runs
+    the loop in this process without Ray. ``progress=False`` is quiet mode.
+    """
+    trainer_config = TrainerConfig(
+        scaling=validate(
+            ScalingConfig,
+            {
+                "num_workers": num_workers,
+                "use_gpu": use_gpu,
+                "resources_per_worker": resources_per_worker,
+                "placement": placement,
+            },
+        ),
+        run=validate(
+            RunConfig,
+            {
+                "storage_path": storage_path,
+                "name": name,
+                "resume": resume,
+                "progress": progress,
+            },
+        ),
+        failure=validate(FailureConfig, {"max_failures": max_failures}),
+        address=address,
+    )
+    return Trainer(train_loop, train_loop_config=config, config=trainer_config).fit()

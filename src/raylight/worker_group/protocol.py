@@ -1,0 +1,106 @@
+"""What a worker group tells the controller: plain data, no Ray, no torch.
+
+The controller only sees these types, so tests drive it with a fake group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from raylight.checkpoint import Checkpoint
+
+WorkerState = Literal["starting", "running", "finished", "errored"]
+FailureKind = Literal["error", "died", "hang"]
+
+
+@dataclass(frozen=True)
+class Report:
+    """One ``ctx.report`` call of rank 0. ``checkpoint`` is the serialised state."""
+
+    metrics: dict[str, Any]
+    checkpoint: bytes | None = None
+    time: float = 0.0
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a worker is: epoch and step of its prepared loader, samples consumed."""
+
+    epoch: int | None = None
+    step: int = 0
+    steps_per_epoch: int | None = None
+    samples: int = 0
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    exc_type: str
+    message: str
+    traceback: str
+    pickled: bytes | None = None  # the exception itself, when it pickles
+
+
+@dataclass(frozen=True)
+class WorkerPoll:
+    rank: int
+    state: WorkerState
+    reports: list[Report] = field(default_factory=list)
+    progress: Progress = field(default_factory=Progress)
+    seconds_since_progress: float = 0.0
+    error: ErrorInfo | None = None
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    rank: int
+    kind: FailureKind
+    message: str
+    node: str | None = None
+    pid: int | None = None
+    error: ErrorInfo | None = None
+    seconds_since_progress: float = 0.0
+
+
+_SEVERITY = {"died": 0, "hang": 1, "error": 2}
+
+
+@dataclass(frozen=True)
+class GroupPoll:
+    """One poll of every worker. ``failures`` is sorted root cause first."""
+
+    polls: list[WorkerPoll]
+    failures: list[WorkerFailure] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return not self.failures and all(p.state == "finished" for p in self.polls)
+
+    @property
+    def reports(self) -> list[Report]:
+        """Reports of rank 0, in order."""
+        return [r for p in self.polls if p.rank == 0 for r in p.reports]
+
+    @staticmethod
+    def root_cause_first(failures: list[WorkerFailure]) -> list[WorkerFailure]:
+        # A dead worker makes its peers' collectives fail: report the death, not the echo.
+        # Among hung workers, the one idle longest stopped first; the others wait on it.
+        return sorted(
+            failures, key=lambda f: (_SEVERITY[f.kind], -f.seconds_since_progress, f.rank)
+        )
+
+
+class WorkerGroup(Protocol):
+    """The controller's handle on a set of workers running one training loop."""
+
+    def start(self, *, num_workers: int, checkpoint: Checkpoint | None) -> None:
+        """Start ``num_workers`` workers, restoring ``checkpoint`` if given.
+
+        Raises InsufficientResourcesError or WorkerStartError.
+        """
+
+    def poll(self) -> GroupPoll: ...
+
+    def shutdown(self) -> None:
+        """Stop every worker and release their resources. Idempotent."""

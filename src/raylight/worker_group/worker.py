@@ -1,0 +1,222 @@
+"""The worker actor: runs the user's loop in a thread and answers health polls.
+
+The loop runs in its own thread so the actor's main thread stays free to answer
+``poll`` even while the loop is blocked in a collective or a long step.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import socket
+import threading
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import cloudpickle
+
+from raylight._time import monotonic
+from raylight.checkpoint import Checkpoint
+from raylight.worker_group.protocol import ErrorInfo, Progress, Report, WorkerPoll, WorkerState
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+
+
+@dataclass(frozen=True)
+class StartSpec:
+    master_addr: str
+    master_port: int
+    backend: str
+    threads: int
+    use_gpu: bool
+    collective_timeout_s: float
+    cuda_visible_devices: str | None
+    loopback: bool
+    checkpoint_path: str | None
+    checkpoint_meta: dict[str, Any] | None
+
+
+def call_train_loop(fn: Any, ctx: Any, config: dict[str, Any] | None) -> Any:
+    """Call ``fn(ctx, config)``, or ``fn(ctx)`` when it takes one argument."""
+    try:
+        params = inspect.signature(fn).parameters
+        positional = [
+            p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        takes_config = len(positional) >= 2 or any(
+            p.kind == p.VAR_POSITIONAL for p in params.values()
+        )
+    except (TypeError, ValueError):
+        takes_config = True
+    return fn(ctx, config if config is not None else {}) if takes_config else fn(ctx)
+
+
+def error_info(exc: BaseException) -> ErrorInfo:
+    try:
+        pickled: bytes | None = cloudpickle.dumps(exc)
+    except Exception:
+        pickled = None
+    exc_type = type(exc)
+    name = exc_type.__qualname__
+    if exc_type.__module__ not in ("builtins", "__main__"):
+        name = f"{exc_type.__module__}.{name}"
+    return ErrorInfo(
+        exc_type=name,
+        message=str(exc),
+        traceback="".join(traceback.format_exception(exc)),
+        pickled=pickled,
+    )
+
+
+def loopback_interface() -> str:
+    names = {name for _, name in socket.if_nameindex()}
+    return "lo" if "lo" in names else "lo0"
+
+
+class RaylightWorker:
+    """One data-parallel worker. Created by the worker group, one per bundle."""
+
+    def __init__(self, rank_info: RankInfo, run_name: str) -> None:
+        self.info = rank_info
+        self.run_name = run_name
+        self._lock = threading.Lock()
+        self._state: WorkerState = "starting"
+        self._reports: list[Report] = []
+        self._progress = Progress()
+        self._samples = 0
+        self._last_progress = monotonic()
+        self._error: ErrorInfo | None = None
+        self._store: Any = None
+        self._thread: threading.Thread | None = None
+
+    def __repr__(self) -> str:  # Ray prefixes this actor's log lines with it
+        return f"raylight {self.run_name} rank={self.info.rank}"
+
+    # -- called by the worker group ---------------------------------------------------
+    def node_info(self) -> dict[str, Any]:
+        import ray
+
+        return {
+            "ip": ray.util.get_node_ip_address(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "pid": os.getpid(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+        }
+
+    def open_store(self, host: str, world_size: int, timeout_s: float) -> int:
+        """Rank 0: start the rendezvous store on a free port and return the port."""
+        import torch.distributed as dist
+
+        self._store = dist.TCPStore(
+            host, 0, world_size, True, timedelta(seconds=timeout_s), wait_for_workers=False
+        )
+        return int(self._store.port)
+
+    def start(self, fn: Any, config: dict[str, Any] | None, spec: StartSpec, ckpt: bytes | None) -> None:
+        self._last_progress = monotonic()
+        self._thread = threading.Thread(
+            target=self._run, args=(fn, config, spec, ckpt), name="raylight-train-loop", daemon=True
+        )
+        self._state = "running"
+        self._thread.start()
+
+    def poll(self) -> WorkerPoll:
+        with self._lock:
+            reports, self._reports = self._reports, []
+            return WorkerPoll(
+                rank=self.info.rank,
+                state=self._state,
+                reports=reports,
+                progress=self._progress,
+                seconds_since_progress=monotonic() - self._last_progress,
+                error=self._error,
+            )
+
+    # -- ReportSink for the TrainContext ---------------------------------------------
+    def report(self, report: Report) -> None:
+        with self._lock:
+            self._reports.append(report)
+            self._last_progress = monotonic()
+
+    def progress(self, epoch: int, step: int, steps_per_epoch: int, samples: int) -> None:
+        with self._lock:
+            self._samples += samples
+            self._progress = Progress(epoch, step + 1, steps_per_epoch, self._samples)
+            self._last_progress = monotonic()
+
+    def heartbeat(self) -> None:
+        self._last_progress = monotonic()
+
+    # -- the training thread ------------------------------------------------------------
+    def _run(self, fn: Any, config: dict[str, Any] | None, spec: StartSpec, ckpt: bytes | None) -> None:
+        import torch
+        import torch.distributed as dist
+
+        from raylight.context import TrainContext
+
+        info = self.info
+        try:
+            os.environ.update(
+                MASTER_ADDR=spec.master_addr,
+                MASTER_PORT=str(spec.master_port),
+                RANK=str(info.rank),
+                LOCAL_RANK=str(info.local_rank),
+                WORLD_SIZE=str(info.world_size),
+                LOCAL_WORLD_SIZE=str(info.local_world_size),
+                NODE_RANK=str(info.node_rank),
+            )
+            if spec.loopback:
+                os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())
+            if spec.cuda_visible_devices is not None:
+                os.environ["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices
+            torch.set_num_threads(spec.threads)
+            if spec.use_gpu:
+                device = torch.device("cuda", info.local_rank if spec.cuda_visible_devices else 0)
+                torch.cuda.set_device(device)
+            else:
+                device = torch.device("cpu")
+            timeout = timedelta(seconds=spec.collective_timeout_s)
+            store = self._store
+            if store is None:
+                store = dist.TCPStore(
+                    spec.master_addr, spec.master_port, info.world_size, False, timeout
+                )
+            dist.init_process_group(
+                spec.backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout
+            )
+            checkpoint = None
+            if ckpt is not None:
+                checkpoint = Checkpoint(spec.checkpoint_path, metadata=spec.checkpoint_meta, data=ckpt)
+            ctx = TrainContext(
+                rank=info.rank,
+                local_rank=info.local_rank,
+                world_size=info.world_size,
+                local_world_size=info.local_world_size,
+                node_rank=info.node_rank,
+                device=device,
+                sink=self,
+                checkpoint=checkpoint,
+                config=config,
+            )
+            call_train_loop(fn, ctx, config)
+            with self._lock:
+                self._state = "finished"
+        except BaseException as exc:
+            with self._lock:
+                self._error = error_info(exc)
+                self._state = "errored"
+        finally:
+            if dist.is_initialized():
+                try:
+                    dist.destroy_process_group()
+                except Exception:  # the group may be broken by a peer's death
+                    pass

@@ -1,0 +1,100 @@
+"""Test tiers and the guards every test runs under.
+
+Tiers (markers): unit (no Ray), ray (a real local Ray cluster started once per
+session by raylight's embedded runtime, 2 CPUs, its own temp dir). Autouse guards
+fail a test that leaks environment variables, a torch process group, threads, or
+Ray resources (actors and placement groups hold resources until removed).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+
+import pytest
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS_DIR)
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        tier = "ray" if f"{os.sep}ray{os.sep}" in str(item.fspath) else "unit"
+        if not any(item.iter_markers(name=t) for t in ("unit", "ray", "gpu", "distributed")):
+            item.add_marker(getattr(pytest.mark, tier))
+
+
+@pytest.fixture(autouse=True)
+def _no_leaks():
+    env = dict(os.environ)
+    threads = {t.ident for t in threading.enumerate()}
+    yield
+    import torch.distributed as dist
+
+    leaked_pg = dist.is_available() and dist.is_initialized()
+    if leaked_pg:
+        dist.destroy_process_group()
+    ignore = {"PYTEST_CURRENT_TEST"}
+    added = {k for k in os.environ if k not in env} - ignore
+    changed = {k for k in env if k in os.environ and os.environ[k] != env[k]} - ignore
+    for k in added:
+        del os.environ[k]
+    os.environ.update({k: env[k] for k in changed})
+    assert not leaked_pg, "test left a torch.distributed process group initialised"
+    # Ray's own env settings made at start-up are expected; anything else is a leak.
+    allowed = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    assert not ((added | changed) - allowed), f"test leaked env vars {sorted((added | changed) - allowed)}"
+    new = [
+        t
+        for t in threading.enumerate()
+        if t.ident not in threads and t.is_alive() and not t.daemon
+    ]
+    assert not new, f"test leaked non-daemon threads {[t.name for t in new]}"
+
+
+def _ray_processes(temp_dir: str) -> list[int]:
+    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    return [int(line.split(None, 1)[0]) for line in out.splitlines() if temp_dir in line]
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One embedded local Ray for the whole session: 2 CPUs, its own short temp dir."""
+    import ray
+
+    from raylight import runtime
+
+    temp_dir = tempfile.mkdtemp(prefix="rl-", dir="/tmp")
+    runtime.start_embedded(num_cpus=2, temp_dir=temp_dir, object_store_memory=256 * 1024**2)
+    yield ray
+    ray.shutdown()
+    deadline = time.monotonic() + 30
+    while _ray_processes(temp_dir) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = _ray_processes(temp_dir)
+    shutil.rmtree(temp_dir, ignore_errors=True)
+    assert not left, f"Ray processes left running after shutdown: {left}"
+
+
+@pytest.fixture
+def ray_cluster(ray_session):
+    """The session's Ray, checked after the test: every actor and placement group gone."""
+    yield ray_session
+    from ray.util import placement_group_table
+
+    deadline = time.monotonic() + 20
+    while True:
+        live = [
+            pg for pg in placement_group_table().values() if pg["state"] not in ("REMOVED",)
+        ]
+        free = ray_session.available_resources().get("CPU", 0)
+        total = ray_session.cluster_resources().get("CPU", 0)
+        if not live and free == total:
+            break
+        if time.monotonic() > deadline:
+            pytest.fail(f"test leaked Ray resources: {len(live)} placement groups, CPU {free}/{total} free")
+        time.sleep(0.1)

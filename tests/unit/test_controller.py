@@ -1,0 +1,214 @@
+"""The control plane stepped one state at a time against a fake worker group."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from raylight.checkpoint import serialize_state
+from raylight.controller import Controller, FailurePolicy, ResizeDecision, State
+from raylight.controller.decisions import ContinueDecision
+from raylight.exceptions import (
+    InsufficientResourcesError,
+    WorkerDiedError,
+    WorkerError,
+    WorkerHangError,
+    WorkerStartError,
+)
+from raylight.recorder import RunRecorder
+from raylight.storage import RunStorage
+from raylight.worker_group.protocol import (
+    ErrorInfo,
+    GroupPoll,
+    Report,
+    WorkerFailure,
+    WorkerPoll,
+)
+
+
+class FakeGroup:
+    def __init__(self, polls, start_errors=()):
+        self.polls = list(polls)
+        self.start_errors = list(start_errors)
+        self.starts: list[tuple[int, object]] = []
+        self.shutdowns = 0
+
+    def start(self, *, num_workers, checkpoint):
+        self.starts.append((num_workers, checkpoint))
+        if self.start_errors:
+            err = self.start_errors.pop(0)
+            if err is not None:
+                raise err
+
+    def poll(self):
+        return self.polls.pop(0)
+
+    def shutdown(self):
+        self.shutdowns += 1
+
+
+def running(*reports, n=2):
+    return GroupPoll([WorkerPoll(0, "running", list(reports))] + [WorkerPoll(r, "running") for r in range(1, n)])
+
+
+def finished(n=2):
+    return GroupPoll([WorkerPoll(r, "finished") for r in range(n)])
+
+
+def failed(kind="died", rank=1, **kw):
+    return GroupPoll([WorkerPoll(0, "running")], [WorkerFailure(rank, kind, f"{kind} here", node="127.0.0.1", pid=42, **kw)])
+
+
+def ckpt_report(epoch):
+    return Report({"epoch": epoch}, serialize_state({"epoch": epoch}))
+
+
+@pytest.fixture
+def recorder(tmp_path):
+    rec = RunRecorder(RunStorage(str(tmp_path / "run")), checkpoints_to_keep=2)
+    rec.open({}, resume=False)
+    return rec
+
+
+def make(group, recorder, max_failures=0, n=2, scaling=None):
+    return Controller(
+        group=group,
+        recorder=recorder,
+        num_workers=n,
+        failure_policy=FailurePolicy(max_failures),
+        scaling_policy=scaling,
+    )
+
+
+def test_happy_path_states(recorder):
+    group = FakeGroup([running(ckpt_report(0)), running(), finished()])
+    c = make(group, recorder)
+    assert c.state is State.INITIALIZING
+    assert c.step() is State.SCHEDULING
+    assert c.step() is State.RUNNING
+    assert group.starts == [(2, None)]
+    assert c.step() is State.RUNNING
+    assert recorder.history == [{"epoch": 0}]
+    assert c.step() is State.RUNNING
+    assert c.step() is State.FINISHED
+    assert group.shutdowns == 1
+
+
+def test_restart_from_last_checkpoint_then_finish(recorder):
+    group = FakeGroup(
+        [running(ckpt_report(0)), running(Report({"epoch": 1})), failed("died"), running(ckpt_report(1)), finished()]
+    )
+    c = make(group, recorder, max_failures=1)
+    for _ in range(4):
+        c.step()
+    assert c.state is State.RUNNING
+    assert c.step() is State.RESTARTING
+    assert c.num_failures == 1
+    assert c.step() is State.SCHEDULING
+    assert recorder.history == [{"epoch": 0}], "the uncommitted report is rolled back"
+    assert c.step() is State.RUNNING
+    num, ckpt = group.starts[-1]
+    assert num == 2 and ckpt is not None and ckpt.load() == {"epoch": 0}
+    c.step()
+    assert c.step() is State.FINISHED
+    assert recorder.history == [{"epoch": 0}, {"epoch": 1}]
+
+
+def test_gives_up_after_max_failures(recorder):
+    group = FakeGroup([failed("died"), failed("died")])
+    c = make(group, recorder, max_failures=1)
+    c.step(), c.step()
+    assert c.step() is State.RESTARTING
+    c.step(), c.step()
+    assert c.step() is State.ERRORED
+    assert isinstance(c.error, WorkerDiedError)
+    text = str(c.error)
+    assert "worker rank 1 (node 127.0.0.1, pid 42) died here" in text
+    assert "max_failures=1" in text and "failed 2 time(s)" in text
+    assert c.error.rank == 1 and c.error.num_failures == 2
+
+
+def test_unlimited_failures(recorder):
+    group = FakeGroup([failed()] * 5 + [finished()])
+    c = make(group, recorder, max_failures=-1)
+    c.run()
+    assert c.state is State.FINISHED and c.num_failures == 5 and len(group.starts) == 6
+
+
+def test_hang_error_names_the_timeout_setting(recorder):
+    c = make(FakeGroup([failed("hang")]), recorder)
+    c.run()
+    assert isinstance(c.error, WorkerHangError)
+    assert "hang_timeout_s" in str(c.error) and "ctx.heartbeat()" in str(c.error)
+
+
+def test_worker_exception_carries_type_message_traceback_and_cause(recorder):
+    info = ErrorInfo("ValueError", "boom", "Traceback...\n  in explode\nValueError: boom", pickle.dumps(ValueError("boom")))
+    c = make(FakeGroup([failed("error", error=info)]), recorder)
+    c.run()
+    err = c.error
+    assert isinstance(err, WorkerError)
+    assert err.exc_type == "ValueError" and err.exc_message == "boom" and "in explode" in err.worker_traceback
+    assert "in explode" in str(err) and isinstance(err.__cause__, ValueError)
+    assert pickle.loads(pickle.dumps(err)).worker_traceback == err.worker_traceback
+
+
+def test_insufficient_resources_is_not_retried(recorder):
+    group = FakeGroup([], start_errors=[InsufficientResourcesError("3 workers need CPU: 3")])
+    c = make(group, recorder, max_failures=5)
+    c.run()
+    assert c.state is State.ERRORED and isinstance(c.error, InsufficientResourcesError)
+    assert len(group.starts) == 1
+
+
+def test_start_timeout_counts_as_failure(recorder):
+    group = FakeGroup([finished()], start_errors=[WorkerStartError("rendezvous timed out"), None])
+    c = make(group, recorder, max_failures=1)
+    c.run()
+    assert c.state is State.FINISHED and c.num_failures == 1
+
+
+def test_root_cause_first():
+    died = WorkerFailure(1, "died", "x")
+    echo = WorkerFailure(0, "error", "connection closed")
+    slow = WorkerFailure(0, "hang", "y", seconds_since_progress=5)
+    stuck = WorkerFailure(2, "hang", "z", seconds_since_progress=9)
+    assert GroupPoll.root_cause_first([echo, died]) == [died, echo]
+    assert GroupPoll.root_cause_first([slow, stuck]) == [stuck, slow]
+
+
+class ResizeOnce:
+    def __init__(self, to):
+        self.to = to
+        self.done = False
+
+    def decide(self, poll, *, num_workers):
+        if self.done:
+            return ContinueDecision()
+        self.done = True
+        return ResizeDecision(self.to, "test")
+
+
+def test_resize_restarts_from_checkpoint_at_new_size_without_counting_a_failure(recorder):
+    group = FakeGroup([running(ckpt_report(0)), finished(n=3)])
+    c = make(group, recorder, scaling=ResizeOnce(3))
+    c.step(), c.step()
+    assert c.step() is State.RESTARTING
+    assert c.step() is State.SCHEDULING
+    assert c.step() is State.RUNNING
+    assert group.starts[-1][0] == 3 and group.starts[-1][1].load() == {"epoch": 0}
+    assert c.num_failures == 0 and c.num_restarts == 1
+    assert c.step() is State.FINISHED
+
+
+def test_shutdown_on_driver_interrupt(recorder):
+    class Interrupting(FakeGroup):
+        def poll(self):
+            raise KeyboardInterrupt
+
+    group = Interrupting([])
+    c = make(group, recorder)
+    with pytest.raises(KeyboardInterrupt):
+        c.run()
+    assert group.shutdowns >= 1

@@ -1,0 +1,38 @@
+"""num_workers=0: the same loop in this process, no Ray, for debugging."""
+
+import pytest
+import torch
+
+import raylight
+
+
+def loop(ctx, config):
+    assert ctx.rank == 0 and ctx.world_size == 1
+    start = 0
+    if (ckpt := ctx.get_checkpoint()) is not None:
+        start = ckpt.load()["epoch"] + 1
+    data = torch.utils.data.TensorDataset(torch.arange(10.0))
+    loader = ctx.prepare_loader(data, batch_size=4)
+    for epoch in range(start, config["epochs"]):
+        loader.set_epoch(epoch)
+        seen = [x for (batch,) in loader for x in batch.tolist()]
+        assert sorted(seen) == [float(i) for i in range(10)]
+        ctx.report({"epoch": epoch, "mean": ctx.all_reduce(torch.tensor(seen).mean())}, checkpoint={"epoch": epoch})
+        if epoch == config.get("crash_at"):
+            raise RuntimeError("crash in process")
+
+
+def test_in_process_run_records_history_and_checkpoints(tmp_path):
+    result = raylight.fit(loop, config={"epochs": 3}, num_workers=0, storage_path=str(tmp_path), name="r", progress=False)
+    assert [m["epoch"] for m in result.metrics_history] == [0, 1, 2]
+    assert result.metrics["mean"] == pytest.approx(4.5)
+    assert result.checkpoint is not None and result.checkpoint.load() == {"epoch": 2}
+    assert (tmp_path / "r" / "metrics.jsonl").read_text().count("\n") == 3
+    assert (tmp_path / "r" / "config.json").exists()
+
+
+def test_in_process_errors_propagate_unchanged_and_resume_continues(tmp_path):
+    with pytest.raises(RuntimeError, match="crash in process"):
+        raylight.fit(loop, config={"epochs": 4, "crash_at": 1}, num_workers=0, storage_path=str(tmp_path), name="r", progress=False)
+    result = raylight.fit(loop, config={"epochs": 4}, num_workers=0, storage_path=str(tmp_path), name="r", resume=True, progress=False)
+    assert [m["epoch"] for m in result.metrics_history] == [0, 1, 2, 3]

@@ -1,0 +1,102 @@
+"""The public surface is frozen; the package's internal boundaries hold."""
+
+import ast
+import inspect
+import pathlib
+
+import raylight
+
+SRC = pathlib.Path(raylight.__file__).parent
+
+PUBLIC = [
+    "Checkpoint", "ClusterConnectionError", "ConfigError", "FailureConfig",
+    "InsufficientResourcesError", "RaylightError", "Result", "RunConfig", "ScalingConfig",
+    "TrainContext", "Trainer", "TrainerConfig", "TrainingFailedError", "WorkerDiedError",
+    "WorkerError", "WorkerHangError", "WorkerStartError", "__version__", "fit",
+]
+
+
+def test_public_names_snapshot():
+    assert sorted(raylight.__all__) == sorted(PUBLIC)
+    for name in PUBLIC:
+        assert hasattr(raylight, name)
+
+
+def test_fit_signature_snapshot():
+    params = inspect.signature(raylight.fit).parameters
+    assert list(params) == [
+        "train_loop", "config", "num_workers", "use_gpu", "resources_per_worker", "placement",
+        "storage_path", "name", "max_failures", "resume", "address", "progress",
+    ]
+    assert all(p.kind is p.KEYWORD_ONLY for n, p in params.items() if n != "train_loop")
+
+
+def test_context_surface():
+    for name in ("rank", "local_rank", "world_size", "node_rank", "device", "logger"):
+        assert name in inspect.getsource(raylight.TrainContext.__init__)
+    for method in ("prepare_model", "prepare_loader", "report", "get_checkpoint", "barrier", "all_reduce"):
+        assert callable(getattr(raylight.TrainContext, method))
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+    """Modules imported at module level (not inside functions or TYPE_CHECKING)."""
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+    return found
+
+
+def _module_name(path: pathlib.Path) -> str:
+    rel = path.relative_to(SRC.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {_module_name(p): _imports(p) for p in SRC.rglob("*.py")}
+
+
+def test_no_import_cycles():
+    graph = {m: {d for d in deps if d in MODULES and d != m} for m, deps in MODULES.items()}
+    # Importing a package runs its __init__: depend on the parents too.
+    for m in list(graph):
+        graph[m] |= {p for d in list(graph[m]) for p in _parents(d) if p in MODULES and p != m and not m.startswith(p + ".")}
+    state: dict[str, int] = {}
+
+    def visit(m, stack):
+        state[m] = 1
+        for d in graph[m]:
+            if state.get(d) == 1:
+                raise AssertionError(f"import cycle: {' -> '.join([*stack, m, d])}")
+            if d not in state:
+                visit(d, [*stack, m])
+        state[m] = 2
+
+    for m in graph:
+        if m not in state:
+            visit(m, [])
+
+
+def _parents(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _deps(prefix: str) -> set[str]:
+    return {d for m, deps in MODULES.items() if m.startswith(prefix) for d in deps}
+
+
+def test_boundaries():
+    # The controller sees data and decisions: no torch, no Ray.
+    ctrl = _deps("raylight.controller") | MODULES["raylight.recorder"] | MODULES["raylight.worker_group.protocol"]
+    assert not {d for d in ctrl if d.split(".")[0] in ("torch", "ray")}
+    # Config is pure data: nothing else of raylight but its error type.
+    cfg = {d for d in _deps("raylight.config") if d.startswith("raylight")}
+    assert cfg <= {"raylight.config.schema", "raylight.config.validation", "raylight.exceptions"}
+    # Strategies know torch.distributed, not Ray.
+    assert not {d for d in _deps("raylight.strategies") if d.startswith("ray.") or d == "ray"}
