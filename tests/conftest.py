@@ -19,6 +19,7 @@ import pytest
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS_DIR)
+_SESSION_ENV: set[str] = set()
 
 
 def pytest_collection_modifyitems(items):
@@ -38,16 +39,16 @@ def _no_leaks():
     leaked_pg = dist.is_available() and dist.is_initialized()
     if leaked_pg:
         dist.destroy_process_group()
-    ignore = {"PYTEST_CURRENT_TEST"}
+    # Expected: Ray's settings made when the session cluster starts, and torch's
+    # inductor cache dir, which torch sets lazily once per process.
+    ignore = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"} | _SESSION_ENV
     added = {k for k in os.environ if k not in env} - ignore
     changed = {k for k in env if k in os.environ and os.environ[k] != env[k]} - ignore
     for k in added:
         del os.environ[k]
     os.environ.update({k: env[k] for k in changed})
     assert not leaked_pg, "test left a torch.distributed process group initialised"
-    # Ray's own env settings made at start-up are expected; anything else is a leak.
-    allowed = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
-    assert not ((added | changed) - allowed), f"test leaked env vars {sorted((added | changed) - allowed)}"
+    assert not (added | changed), f"test leaked env vars {sorted(added | changed)}"
     new = [
         t
         for t in threading.enumerate()
@@ -69,7 +70,9 @@ def ray_session():
     from raylight import runtime
 
     temp_dir = tempfile.mkdtemp(prefix="rl-", dir="/tmp")
+    before = dict(os.environ)
     runtime.start_embedded(num_cpus=2, temp_dir=temp_dir, object_store_memory=256 * 1024**2)
+    _SESSION_ENV.update(k for k in os.environ if before.get(k) != os.environ[k])
     yield ray
     ray.shutdown()
     deadline = time.monotonic() + 30

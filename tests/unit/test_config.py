@@ -1,4 +1,5 @@
 import pytest
+from pydantic import ValidationError
 
 import raylight
 from raylight.config import FailureConfig, RunConfig, ScalingConfig, TrainerConfig, validate
@@ -55,7 +56,7 @@ def test_fit_rejects_bad_arguments_before_starting_anything(tmp_path):
 
 def test_configs_are_frozen():
     cfg = ScalingConfig(num_workers=2)
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         cfg.num_workers = 3  # type: ignore[misc]
 
 

@@ -176,6 +176,9 @@ def test_root_cause_first():
     stuck = WorkerFailure(2, "hang", "z", seconds_since_progress=9)
     assert GroupPoll.root_cause_first([echo, died]) == [died, echo]
     assert GroupPoll.root_cause_first([slow, stuck]) == [stuck, slow]
+    first = WorkerFailure(1, "error", "boom", error=ErrorInfo("ValueError", "boom", "", time=10.0))
+    later = WorkerFailure(0, "error", "gloo", error=ErrorInfo("RuntimeError", "gloo", "", time=10.5))
+    assert GroupPoll.root_cause_first([later, first]) == [first, later]
 
 
 class ResizeOnce:

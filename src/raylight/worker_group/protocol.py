@@ -40,6 +40,7 @@ class ErrorInfo:
     message: str
     traceback: str
     pickled: bytes | None = None  # the exception itself, when it pickles
+    time: float = 0.0  # wall clock when it was raised
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,15 @@ class GroupPoll:
     def root_cause_first(failures: list[WorkerFailure]) -> list[WorkerFailure]:
         # A dead worker makes its peers' collectives fail: report the death, not the echo.
         # Among hung workers, the one idle longest stopped first; the others wait on it.
+        # Among errors, the first raised is the cause; peers' collectives fail after it.
         return sorted(
-            failures, key=lambda f: (_SEVERITY[f.kind], -f.seconds_since_progress, f.rank)
+            failures,
+            key=lambda f: (
+                _SEVERITY[f.kind],
+                -f.seconds_since_progress,
+                f.error.time if f.error is not None else 0.0,
+                f.rank,
+            ),
         )
 
 

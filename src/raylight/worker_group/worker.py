@@ -17,7 +17,7 @@ from typing import Any
 
 import cloudpickle
 
-from raylight._time import monotonic
+from raylight._time import monotonic, wall
 from raylight.checkpoint import Checkpoint
 from raylight.worker_group.protocol import ErrorInfo, Progress, Report, WorkerPoll, WorkerState
 
@@ -74,6 +74,7 @@ def error_info(exc: BaseException) -> ErrorInfo:
         message=str(exc),
         traceback="".join(traceback.format_exception(exc)),
         pickled=pickled,
+        time=wall(),
     )
 
 

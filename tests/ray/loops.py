@@ -1,0 +1,115 @@
+"""Training loops the Ray tests run on workers (importable as tests.ray.loops)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import torch
+from torch import nn
+
+
+def regression_data(n: int = 256, d: int = 8) -> torch.utils.data.TensorDataset:
+    gen = torch.Generator().manual_seed(1234)
+    x = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    w = torch.randn(d, 1, generator=gen, dtype=torch.float64)
+    y = x @ w + 0.1 * torch.randn(n, 1, generator=gen, dtype=torch.float64)
+    return torch.utils.data.TensorDataset(x, y)
+
+
+def initial_model(d: int = 8) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Linear(d, 1).double()
+
+
+def sgd_loop(ctx, config):
+    """Plain SGD on a linear regression; reports the final parameters."""
+    model = ctx.prepare_model(initial_model())
+    opt = torch.optim.SGD(model.parameters(), lr=config["lr"])
+    loader = ctx.prepare_loader(regression_data(), batch_size=config["batch_size"], shuffle=True, seed=7)
+    for _ in range(config["epochs"]):
+        for x, y in loader:
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    ctx.report({"world_size": ctx.world_size}, checkpoint={"model": ctx.unwrap_model(model).state_dict()})
+
+
+def reference_sgd(config) -> dict[str, torch.Tensor]:
+    """The same optimisation in one plain process, no raylight."""
+    model = initial_model()
+    opt = torch.optim.SGD(model.parameters(), lr=config["lr"])
+    x_all, y_all = regression_data().tensors
+    n, bs = len(x_all), config["batch_size"]
+    for epoch in range(config["epochs"]):
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(7 + epoch))
+        for start in range(0, n, bs):
+            idx = order[start : start + bs]
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x_all[idx]), y_all[idx]).backward()
+            opt.step()
+    return model.state_dict()
+
+
+def _explode(step: int) -> None:
+    raise ValueError(f"boom at step {step}")
+
+
+def failing_loop(ctx, config):
+    for step in range(5):
+        ctx.all_reduce(1.0)
+        if ctx.rank == 1 and step == 3:
+            _explode(step)
+
+
+def hanging_loop(ctx, config):
+    ctx.report({"started": 1})
+    if ctx.rank == 1:
+        threading.Event().wait()  # never set: a hung worker
+
+
+def _wait_for(path: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout_s}s")
+        time.sleep(0.05)
+
+
+def epoch_loop(ctx, config):
+    """Checkpoints every epoch; optionally SIGKILLs rank 1 once, after checkpoint
+    ``kill_after`` is committed; optionally blocks forever after ``block_after``."""
+    ckpt = ctx.get_checkpoint()
+    start = ckpt.load()["epoch"] + 1 if ckpt is not None else 0
+    model = ctx.prepare_model(initial_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    if ckpt is not None:
+        state = ckpt.load()
+        ctx.unwrap_model(model).load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+    loader = ctx.prepare_loader(regression_data(64), batch_size=16, shuffle=True)
+    if ctx.rank == 0 and config.get("log"):
+        with open(config["log"], "a") as f:
+            f.write(f"start {start}\n")
+    for epoch in range(start, config["epochs"]):
+        loader.set_epoch(epoch)
+        total = 0.0
+        for x, y in loader:
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            total += loss.item()
+        ctx.report(
+            {"epoch": epoch, "start": start, "loss": ctx.all_reduce(total)},
+            checkpoint={"epoch": epoch, "model": ctx.unwrap_model(model).state_dict(), "opt": opt.state_dict()},
+        )
+        kill = config.get("kill_after")
+        if kill is not None and epoch == kill and ctx.rank == 1 and not os.path.exists(config["marker"]):
+            _wait_for(os.path.join(config["run_dir"], "checkpoints", f"checkpoint_{kill:06d}", "meta.json"), 60)
+            open(config["marker"], "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        if config.get("block_after") is not None and epoch == config["block_after"]:
+            threading.Event().wait(600)

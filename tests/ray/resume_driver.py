@@ -1,0 +1,19 @@
+"""A driver process for the resume test: python -m tests.ray.resume_driver STORAGE TEMP RESUME LOG."""
+
+import sys
+
+import raylight
+from raylight import runtime
+from tests.ray import loops
+
+if __name__ == "__main__":
+    storage, temp_dir, resume, log = sys.argv[1:5]
+    runtime.start_embedded(num_cpus=2, temp_dir=temp_dir, object_store_memory=256 * 1024**2)
+    config = {"epochs": 5, "log": log}
+    if resume == "0":
+        config["block_after"] = 2  # hang after checkpoint 2 until this driver is killed
+    result = raylight.fit(
+        loops.epoch_loop, config=config, num_workers=2, storage_path=storage, name="resumable",
+        resume=resume == "1", progress=False,
+    )
+    print("EPOCHS", [m["epoch"] for m in result.metrics_history], flush=True)

@@ -1,0 +1,104 @@
+"""The core engine on a real local Ray cluster (2 CPUs), real gloo, real DDP."""
+
+from __future__ import annotations
+
+import pickle
+
+import fsspec
+import pytest
+import torch
+
+import raylight
+from raylight import FailureConfig, RunConfig, ScalingConfig, TrainerConfig
+from raylight.checkpoint import Checkpoint
+from tests.ray import loops
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_two_workers_match_one_process_with_the_same_global_batch(ray_cluster, tmp_path):
+    config = {"lr": 0.05, "batch_size": 32, "epochs": 3}
+    two = raylight.fit(loops.sgd_loop, config=config, num_workers=2, storage_path=str(tmp_path), name="two", progress=False)
+    one = raylight.fit(loops.sgd_loop, config=config, num_workers=0, storage_path=str(tmp_path), name="one", progress=False)
+    ref = loops.reference_sgd(config)
+    assert two.metrics == {"world_size": 2}
+    p2, p1 = two.checkpoint.load()["model"], one.checkpoint.load()["model"]
+    init = loops.initial_model().state_dict()
+    for key in ref:
+        assert (ref[key] - init[key]).abs().max() > 1e-2, "training must move the parameters"
+        assert torch.allclose(p2[key], ref[key], atol=1e-5, rtol=0), key
+        assert torch.allclose(p1[key], ref[key], atol=1e-5, rtol=0), key
+
+
+def test_exception_in_rank_1_reaches_driver_with_traceback(ray_cluster, tmp_path):
+    with pytest.raises(raylight.WorkerError) as info:
+        raylight.fit(loops.failing_loop, num_workers=2, storage_path=str(tmp_path), progress=False)
+    err = info.value
+    assert err.rank == 1 and err.exc_type == "ValueError" and err.exc_message == "boom at step 3"
+    assert "_explode" in err.worker_traceback and "failing_loop" in err.worker_traceback
+    assert "worker rank 1" in str(err) and "max_failures" in str(err)
+    assert isinstance(err.__cause__, ValueError)
+    assert pickle.loads(pickle.dumps(err)).rank == 1
+
+
+def test_hung_worker_is_detected(ray_cluster, tmp_path):
+    trainer = raylight.Trainer(
+        loops.hanging_loop,
+        config=TrainerConfig(
+            scaling=ScalingConfig(num_workers=2),
+            run=RunConfig(storage_path=str(tmp_path), progress=False),
+            failure=FailureConfig(hang_timeout_s=2.0),
+        ),
+    )
+    with pytest.raises(raylight.WorkerHangError) as info:
+        trainer.fit()
+    assert info.value.rank == 1
+    assert "hang_timeout_s=2s" in str(info.value)
+
+
+def test_too_many_workers_fails_fast_with_numbers(ray_cluster, tmp_path):
+    with pytest.raises(raylight.InsufficientResourcesError) as info:
+        raylight.fit(loops.sgd_loop, num_workers=3, storage_path=str(tmp_path), progress=False)
+    text = str(info.value)
+    assert "3 workers x {CPU: 1} need {CPU: 3}" in text and "{CPU: 2}" in text
+    assert "num_workers" in text
+
+
+def test_sigkilled_worker_restarts_from_last_checkpoint(ray_cluster, tmp_path):
+    config = {
+        "epochs": 5,
+        "kill_after": 1,
+        "marker": str(tmp_path / "killed"),
+        "run_dir": str(tmp_path / "k"),
+    }
+    result = raylight.fit(
+        loops.epoch_loop, config=config, num_workers=2, storage_path=str(tmp_path), name="k",
+        max_failures=1, progress=False,
+    )
+    assert (tmp_path / "killed").exists()
+    assert result.num_failures == 1
+    history = result.metrics_history
+    assert [m["epoch"] for m in history] == [0, 1, 2, 3, 4]
+    # Epochs 0-1 ran in the first attempt; the restart began after checkpoint 1.
+    assert [m["start"] for m in history] == [0, 0, 2, 2, 2]
+    assert result.checkpoint.load()["epoch"] == 4
+
+
+def test_sigkill_without_restarts_names_the_worker_and_setting(ray_cluster, tmp_path):
+    config = {"epochs": 3, "kill_after": 0, "marker": str(tmp_path / "m"), "run_dir": str(tmp_path / "d")}
+    with pytest.raises(raylight.WorkerDiedError) as info:
+        raylight.fit(loops.epoch_loop, config=config, num_workers=2, storage_path=str(tmp_path), name="d", progress=False)
+    assert info.value.rank == 1 and "max_failures=0" in str(info.value)
+
+
+def test_memory_storage_round_trips(ray_cluster):
+    result = raylight.fit(
+        loops.epoch_loop, config={"epochs": 2}, num_workers=2, storage_path="memory://rl-tests",
+        name="mem", progress=False,
+    )
+    assert result.path == "memory://rl-tests/mem"
+    assert result.checkpoint.path.startswith("memory://rl-tests/mem/checkpoints/")
+    fresh = Checkpoint(result.checkpoint.path)  # reads back from storage, not the cache
+    assert fresh.load()["epoch"] == 1
+    with fsspec.open("memory://rl-tests/mem/metrics.jsonl", "r") as f:
+        assert len(f.read().splitlines()) == 2
