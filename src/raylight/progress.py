@@ -11,8 +11,10 @@ import sys
 from collections import deque
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from raylight._time import monotonic
 from raylight.worker_group.protocol import GroupPoll
@@ -59,6 +61,8 @@ class ProgressDisplay:
         self.console = console or Console(stderr=True)
         self.live = enabled and self.console.is_terminal and sys.stderr.isatty()
         self._progress: Progress | None = None
+        self._live: Live | None = None
+        self._status = Text("starting workers...", style="dim")
         self._task: Any = None
         self._rate = Throughput()
         self._metrics: dict[str, Any] = {}
@@ -68,21 +72,23 @@ class ProgressDisplay:
     def __enter__(self) -> ProgressDisplay:
         if self.live:
             self._progress = Progress(
-                TextColumn("[bold cyan]{task.description}"),
-                BarColumn(),
+                TextColumn("[bold cyan]{task.description:>10}"),
+                BarColumn(bar_width=30),
                 MofNCompleteColumn(),
-                TextColumn("{task.fields[info]}"),
                 TimeElapsedColumn(),
                 console=self.console,
-                transient=False,
             )
-            self._progress.start()
-            self._task = self._progress.add_task("starting", total=None, info="")
+            self._task = self._progress.add_task("starting", total=None)
+            self._live = Live(
+                Group(self._progress, self._status), console=self.console, refresh_per_second=8
+            )
+            self._live.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._progress is not None:
-            self._progress.stop()
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
             self._progress = None
 
     def message(self, text: str) -> None:
@@ -105,8 +111,10 @@ class ProgressDisplay:
             prog = rank0.progress
             desc = f"epoch {prog.epoch}" if prog.epoch is not None else "running"
             self._progress.update(
-                self._task, description=desc, total=prog.steps_per_epoch, completed=prog.step, info=info
+                self._task, description=desc, total=prog.steps_per_epoch, completed=prog.step
             )
+            self._status.plain = info.strip()
+            self._status.style = ""
         elif not self.live and (poll.reports or num_restarts != self._restarts):
             now = monotonic()
             if now - self._last_line >= 1.0 or num_restarts != self._restarts:

@@ -10,8 +10,10 @@ running cluster".
 from __future__ import annotations
 
 import atexit
+import ipaddress
 import logging
 import os
+import socket
 from dataclasses import dataclass
 
 import ray
@@ -72,7 +74,23 @@ def current() -> RayRuntime:
     return RayRuntime(embedded=address in _started_embedded, address=address)
 
 
-def connect(address: str | None) -> RayRuntime:
+def _host_port(address: str) -> tuple[str, int] | None:
+    """Host and port of a 'host:port' or 'ray://host:port' address; None for 'auto'."""
+    rest = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def connect(address: str | None, *, connect_timeout_s: float = 15.0) -> RayRuntime:
     """Use the running Ray of this process, the cluster at ``address`` (or
     ``RAY_ADDRESS``), or else start the embedded local one."""
     if ray.is_initialized():
@@ -82,12 +100,27 @@ def connect(address: str | None) -> RayRuntime:
         address, source = os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
     if address is None or address == "local":
         return start_embedded()
+    fix = (
+        f"Start the cluster (`ray start --head`), fix {source}, or leave it unset to "
+        "train on an embedded local Ray."
+    )
+    target = _host_port(address)
+    if target is not None:
+        # Ray retries an unreachable address for minutes; a plain TCP probe answers now.
+        try:
+            socket.create_connection(target, timeout=connect_timeout_s).close()
+        except OSError as exc:
+            raise ClusterConnectionError(
+                f"could not reach the Ray cluster at {address!r} (from {source}) within "
+                f"FailureConfig.connect_timeout_s={connect_timeout_s:g}s: {exc}. {fix}"
+            ) from None
+        if _is_loopback(target[0]):
+            _force_loopback()  # stay on loopback rather than the machine's address
     try:
         ray.init(address=address, logging_level=logging.WARNING)
     except Exception as exc:
         raise ClusterConnectionError(
             f"could not connect to the Ray cluster at {address!r} (from {source}): "
-            f"{type(exc).__name__}: {exc}. Start it (`ray start --head`), fix {source}, "
-            "or leave it unset to train on an embedded local Ray."
+            f"{type(exc).__name__}: {exc}. {fix}"
         ) from None
     return current()

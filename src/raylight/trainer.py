@@ -72,12 +72,19 @@ class Trainer:
             "run": {**run.model_dump(), "name": name},
             "train_loop_config": self.train_loop_config,
         }
+        embedded = False
+        if self.config.scaling.num_workers > 0:  # connect before writing anything
+            from raylight import runtime
+
+            embedded = runtime.connect(
+                self.config.address, connect_timeout_s=self.config.failure.connect_timeout_s
+            ).embedded
         recorder.open(resolved, resume=run.resume)
         with ProgressDisplay(enabled=run.progress) as display:
             if self.config.scaling.num_workers == 0:
                 num_failures = self._fit_in_process(recorder)
             else:
-                num_failures = self._fit_on_ray(recorder, name, display)
+                num_failures = self._fit_on_ray(recorder, name, display, embedded=embedded)
         return Result(
             metrics=recorder.history[-1] if recorder.history else {},
             metrics_history=list(recorder.history),
@@ -87,20 +94,20 @@ class Trainer:
             config=resolved,
         )
 
-    def _fit_on_ray(self, recorder: RunRecorder, name: str, display: ProgressDisplay) -> int:
-        from raylight import runtime
+    def _fit_on_ray(
+        self, recorder: RunRecorder, name: str, display: ProgressDisplay, *, embedded: bool
+    ) -> int:
         from raylight.controller import Controller, FailurePolicy, State
         from raylight.worker_group.ray_group import RayWorkerGroup
 
         cfg = self.config
-        rt = runtime.connect(cfg.address)
         group = RayWorkerGroup(
             self.train_loop,
             self.train_loop_config,
             scaling=cfg.scaling,
             failure=cfg.failure,
             run_name=name,
-            embedded=rt.embedded,
+            embedded=embedded,
         )
         controller = Controller(
             group=group,

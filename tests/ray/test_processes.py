@@ -63,3 +63,19 @@ def test_digits_example_runs(tmp_path, ray_cluster):
     line = next(ln for ln in out.stdout.splitlines() if "test accuracy" in ln)
     accuracy = float(line.rsplit("test accuracy", 1)[1].strip().rstrip("%"))
     assert accuracy > 85.0, line
+
+
+def test_ctrl_c_on_the_driver_leaves_no_processes(tmp_path, ray_cluster):
+    temp_dir = tempfile.mkdtemp(prefix="rl-int-", dir="/tmp")
+    marker = tmp_path / "runs" / "resumable" / "checkpoints" / "checkpoint_000002" / "meta.json"
+    cmd = [sys.executable, "-m", "tests.ray.resume_driver", str(tmp_path / "runs"), temp_dir, "0", str(tmp_path / "log")]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait(marker.exists, 120, "checkpoint 2", proc)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in out
+    _wait(lambda: not _ray_processes(temp_dir), 60, "the interrupted driver's Ray processes to exit")

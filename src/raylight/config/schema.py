@@ -133,6 +133,9 @@ class FailureConfig(_Model):
     poll_interval_s: float = Field(
         0.2, gt=0, description="How often the driver polls workers for status."
     )
+    connect_timeout_s: float = Field(
+        15.0, gt=0, description="How long to try reaching a Ray cluster given by address."
+    )
     placement_timeout_s: float = Field(
         120.0,
         gt=0,

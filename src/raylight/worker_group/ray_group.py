@@ -225,7 +225,7 @@ class RayWorkerGroup:
         failures: list[WorkerFailure] = []
         for rank, ref in enumerate(refs):
             node = self._nodes[rank] if rank < len(self._nodes) else {}
-            where = {"node": node.get("ip"), "pid": node.get("pid")}
+            where: dict[str, Any] = {"node": node.get("ip"), "pid": node.get("pid")}
             if ref not in ready_set:
                 failures.append(
                     WorkerFailure(
