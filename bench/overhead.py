@@ -1,0 +1,517 @@
+"""Start-up and throughput overhead: torchrun vs Ray Train vs raylight, side by side.
+
+Run:  make bench                       (installs the `bench` extra, then runs this file)
+      python bench/overhead.py [--reps 3] [--samples 60000] [--epochs 2]
+      python bench/overhead.py --quick  (smoke run: tiny sizes, 1 repetition)
+
+One job, three systems. The job: an MLP (32 -> 256 -> 256 -> 10, float32) trained
+with DDP over gloo on 2 CPU workers (1 torch thread each), SGD, global batch 128
+(64 per worker), on samples generated from a seed inside each worker. The systems:
+
+  torchrun   `torchrun --nproc_per_node 2` running plain DDP in this same file
+  ray_train  Ray Train's TorchTrainer (2 workers of 1 CPU), prepare_model/_data_loader
+  raylight   raylight.fit with ctx.prepare_model / ctx.prepare_loader
+
+Every run is its own child process, started cold (its own local Ray cluster for the
+two Ray systems), and the systems are interleaved across repetitions. Rank 0 writes
+wall-clock timestamps to a file; measured against the moment the parent launched the
+child, they give, identically for all three:
+
+  start_to_first_step_s  launch -> end of the first optimizer step (interpreter, Ray
+                         and worker start-up included)
+  wall_s                 launch -> end of the last step
+  process_s              launch -> the child process has exited (shutdown included)
+  steady_samples_per_s   global samples/s from the end of step 20 to the last step
+
+Results: a table on stdout and bench/results/overhead.json (medians, raw repetitions,
+machine info, and the ratios raylight/Ray Train start-up and raylight/torchrun
+throughput against the goals <= 0.5 and >= 0.95).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+SYSTEMS = ("torchrun", "ray_train", "raylight")
+NUM_WORKERS = 2
+SKIP_STEPS = 20  # steps left out of the steady-state throughput
+START_GOAL = 0.5  # raylight start-to-first-step <= this x Ray Train's
+THROUGHPUT_GOAL = 0.95  # raylight steady samples/s >= this x torchrun's
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+# -- the job, shared by the three systems ---------------------------------------------
+
+
+def make_dataset(samples: int, seed: int) -> TensorDataset:
+    """Gaussian inputs labelled by a fixed random linear teacher; the same on every rank."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(samples, 32, generator=gen)
+    teacher = torch.randn(32, 10, generator=gen)
+    return TensorDataset(x, (x @ teacher).argmax(dim=1))
+
+
+def make_model(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)
+    )
+
+
+class StepClock:
+    """Rank 0's wall-clock timestamps of the optimizer steps."""
+
+    def __init__(self, skip: int = SKIP_STEPS) -> None:
+        self.skip = skip
+        self.steps = 0
+        self.first_step_end: float | None = None
+        self.steady_start: float | None = None
+        self.last_step_end: float | None = None
+        self.steady_samples = 0
+
+    def tick(self, global_samples: int) -> None:
+        now = time.time()
+        self.steps += 1
+        if self.steps == 1:
+            self.first_step_end = now
+        if self.steps == self.skip:
+            self.steady_start = now
+        elif self.steps > self.skip:
+            self.steady_samples += global_samples
+        self.last_step_end = now
+
+    def summary(self) -> dict[str, Any]:
+        steady = None
+        if self.steady_start is not None and self.last_step_end is not None:
+            elapsed = self.last_step_end - self.steady_start
+            steady = self.steady_samples / elapsed if elapsed > 0 else None
+        return {
+            "steps": self.steps,
+            "first_step_end": self.first_step_end,
+            "last_step_end": self.last_step_end,
+            "steady_samples_per_s": steady,
+            "torch_threads": torch.get_num_threads(),
+            "pid": os.getpid(),
+        }
+
+
+def train(
+    model: nn.Module,
+    loader: Iterable,
+    set_epoch: Callable[[int], None],
+    job: dict[str, Any],
+    rank: int,
+    world_size: int,
+) -> None:
+    """The training loop every system runs; rank 0 writes its timings to the result file."""
+    opt = torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    clock = StepClock()
+    for epoch in range(job["epochs"]):
+        set_epoch(epoch)
+        for x, y in loader:
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
+            if rank == 0:
+                clock.tick(len(y) * world_size)
+    if rank == 0:
+        Path(job["result_path"]).write_text(json.dumps(clock.summary()))
+
+
+# -- the three systems' worker code ---------------------------------------------------
+
+
+def torchrun_worker(job: dict[str, Any]) -> None:
+    """One torchrun process: plain DDP with a DistributedSampler."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data.distributed import DistributedSampler
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    dataset = make_dataset(job["samples"], job["seed"])
+    sampler = DistributedSampler(dataset, shuffle=True, seed=job["seed"])
+    loader = DataLoader(dataset, batch_size=job["batch_size"] // world_size, sampler=sampler)
+    model = DistributedDataParallel(make_model(job["seed"]))
+    train(model, loader, sampler.set_epoch, job, rank, world_size)
+    dist.destroy_process_group()
+
+
+def ray_train_loop(job: dict[str, Any]) -> None:
+    """Ray Train's train_loop_per_worker."""
+    import ray.train
+    import ray.train.torch
+
+    torch.set_num_threads(1)
+    ctx = ray.train.get_context()
+    world_size = ctx.get_world_size()
+    dataset = make_dataset(job["samples"], job["seed"])
+    loader = ray.train.torch.prepare_data_loader(
+        DataLoader(dataset, batch_size=job["batch_size"] // world_size, shuffle=True)
+    )
+    model = ray.train.torch.prepare_model(make_model(job["seed"]))
+    train(model, loader, loader.sampler.set_epoch, job, ctx.get_world_rank(), world_size)
+
+
+def raylight_loop(ctx: Any, job: dict[str, Any]) -> None:
+    """raylight's train loop; its batch_size is the global batch."""
+    torch.set_num_threads(1)
+    dataset = make_dataset(job["samples"], job["seed"])
+    loader = ctx.prepare_loader(
+        dataset, batch_size=job["batch_size"], shuffle=True, seed=job["seed"]
+    )
+    model = ctx.prepare_model(make_model(job["seed"]))
+    train(model, loader, loader.set_epoch, job, ctx.rank, ctx.world_size)
+
+
+# -- child processes: one run of one system -------------------------------------------
+
+
+def child_ray_train(job: dict[str, Any]) -> None:
+    import logging
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # bind Ray to 127.0.0.1
+    import ray
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    ray.init(
+        address="local",
+        num_cpus=NUM_WORKERS,
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+        _temp_dir=job["ray_temp_dir"],
+    )
+    try:
+        TorchTrainer(
+            ray_train_loop,
+            train_loop_config=job,
+            scaling_config=ScalingConfig(num_workers=NUM_WORKERS, resources_per_worker={"CPU": 1}),
+            run_config=RunConfig(storage_path=job["storage_path"], name="bench"),
+        ).fit()
+    finally:
+        ray.shutdown()
+
+
+def child_raylight(job: dict[str, Any]) -> None:
+    import ray
+
+    import raylight
+    from raylight import runtime
+
+    runtime.start_embedded(num_cpus=NUM_WORKERS, temp_dir=job["ray_temp_dir"])
+    try:
+        raylight.fit(
+            raylight_loop,
+            config=job,
+            num_workers=NUM_WORKERS,
+            progress=False,
+            storage_path=job["storage_path"],
+            name="bench",
+        )
+    finally:
+        ray.shutdown()
+
+
+CHILDREN = {
+    "torchrun-worker": torchrun_worker,
+    "ray_train": child_ray_train,
+    "raylight": child_raylight,
+}
+
+
+# -- the parent: launch, time, clean up -----------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def child_command(system: str, job: dict[str, Any]) -> list[str]:
+    this_file = str(Path(__file__).resolve())
+    if system == "torchrun":
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1"]
+        launcher += ["--nproc_per_node", str(NUM_WORKERS), "--master_addr", "127.0.0.1"]
+        launcher += ["--master_port", str(free_port()), this_file]
+        return [*launcher, "--child", "torchrun-worker", "--job", json.dumps(job)]
+    return [sys.executable, this_file, "--child", system, "--job", json.dumps(job)]
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", RAY_USAGE_STATS_ENABLED="0")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def leftover_processes(session: int, marker: str) -> list[int]:
+    """Live PIDs in the child's session, or with its run dir on their command line."""
+    out = subprocess.run(["ps", "-eo", "pid=,sid=,stat=,args="], capture_output=True, text=True)
+    pids = []
+    for line in out.stdout.splitlines():
+        fields = line.split(maxsplit=3)
+        pid, sid, state = int(fields[0]), int(fields[1]), fields[2]
+        args = fields[3] if len(fields) > 3 else ""
+        if (sid == session or marker in args) and pid != os.getpid() and state[0] != "Z":
+            pids.append(pid)
+    return pids
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """Kill the child's process group (the child was started in a session of its own)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def reap_leftovers(session: int, marker: str) -> list[int]:
+    """Kill, by PID, whatever the child left running; returns their PIDs."""
+    time.sleep(1.0)  # give processes that are already exiting a moment
+    pids = leftover_processes(session, marker)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def run_once(system: str, base_job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Launch one cold run of ``system`` and measure it from the launch timestamp."""
+    run_dir = Path(tempfile.mkdtemp(prefix="rlb-", dir="/tmp"))  # short: Ray's socket paths
+    job = dict(
+        base_job,
+        result_path=str(run_dir / "result.json"),
+        ray_temp_dir=str(run_dir / "r"),
+        storage_path=str(run_dir / "storage"),
+    )
+    stdout, stderr = run_dir / "stdout.log", run_dir / "stderr.log"
+    record: dict[str, Any] = {"system": system, "ok": False}
+    with stdout.open("wb") as out, stderr.open("wb") as err:
+        launched = time.time()
+        proc = subprocess.Popen(
+            child_command(system, job),
+            stdout=out,
+            stderr=err,
+            env=child_env(),
+            start_new_session=True,
+        )
+        try:
+            returncode = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            stop_group(proc)
+            returncode = None
+        record["process_s"] = time.time() - launched
+    record["leftover_pids"] = reap_leftovers(proc.pid, str(run_dir))
+    if returncode is None:
+        record["error"] = f"timed out after {timeout_s:.0f}s"
+    elif returncode != 0:
+        record["error"] = f"exit code {returncode}"
+    else:
+        record.update(read_result(job["result_path"], launched))
+    if "error" in record:
+        record["stderr_tail"] = tail(stderr)
+        record["run_dir"] = str(run_dir)  # kept for a look
+    else:
+        record["ok"] = True
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return record
+
+
+def read_result(path: str, launched: float) -> dict[str, Any]:
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {"error": "rank 0 wrote no result"}
+    if raw["first_step_end"] is None:
+        return {"error": "no training step was taken", **raw}
+    return {
+        "start_to_first_step_s": raw["first_step_end"] - launched,
+        "wall_s": raw["last_step_end"] - launched,
+        "steady_samples_per_s": raw["steady_samples_per_s"],
+        "steps": raw["steps"],
+        "torch_threads": raw["torch_threads"],
+    }
+
+
+# -- summary --------------------------------------------------------------------------
+
+METRICS = ("start_to_first_step_s", "wall_s", "process_s", "steady_samples_per_s")
+
+
+def medians(reps: list[dict[str, Any]]) -> dict[str, float | None]:
+    ok = [r for r in reps if r["ok"]]
+    out: dict[str, float | None] = {}
+    for metric in METRICS:
+        values = [r[metric] for r in ok if r.get(metric) is not None]
+        out[metric] = statistics.median(values) if values else None
+    return out
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    return num / den if num is not None and den else None
+
+
+def goals(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    med = {name: s["median"] for name, s in summary.items()}
+    start = ratio(
+        med["raylight"]["start_to_first_step_s"], med["ray_train"]["start_to_first_step_s"]
+    )
+    throughput = ratio(
+        med["raylight"]["steady_samples_per_s"], med["torchrun"]["steady_samples_per_s"]
+    )
+    return {
+        "raylight_vs_ray_train_start": start,
+        "raylight_vs_torchrun_throughput": throughput,
+        "start_goal_met": None if start is None else start <= START_GOAL,
+        "throughput_goal_met": None if throughput is None else throughput >= THROUGHPUT_GOAL,
+    }
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    return {
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": package_version("torch"),
+        "ray": package_version("ray"),
+        "raylight": package_version("raylight"),
+    }
+
+
+def fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_table(summary: dict[str, dict[str, Any]], verdict: dict[str, Any]) -> None:
+    print(
+        f"\n{'system':<10} {'ok':>5} {'start->1st step s':>18} {'wall s':>8} "
+        f"{'process s':>10} {'steady samples/s':>17}"
+    )
+    for name, s in summary.items():
+        m = s["median"]
+        status = f"{s['ok_reps']}/{len(s['reps'])}"
+        print(
+            f"{name:<10} {status:>5} {fmt(m['start_to_first_step_s'], '.2f'):>18} "
+            f"{fmt(m['wall_s'], '.2f'):>8} {fmt(m['process_s'], '.2f'):>10} "
+            f"{fmt(m['steady_samples_per_s'], ',.0f'):>17}"
+        )
+    print("(medians over successful repetitions)")
+    for name, s in summary.items():
+        for rep in s["reps"]:
+            if not rep["ok"]:
+                print(f"  {name} FAILED: {rep['error']}\n    " + rep["stderr_tail"][-600:])
+    start, tput = verdict["raylight_vs_ray_train_start"], verdict["raylight_vs_torchrun_throughput"]
+    print(
+        f"raylight / Ray Train start-to-first-step: {fmt(start, '.3f')} "
+        f"(goal <= {START_GOAL}: {verdict['start_goal_met']})"
+    )
+    print(
+        f"raylight / torchrun steady throughput:    {fmt(tput, '.3f')} "
+        f"(goal >= {THROUGHPUT_GOAL}: {verdict['throughput_goal_met']})"
+    )
+
+
+def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    job = {"samples": args.samples, "epochs": args.epochs, "batch_size": 128, "lr": 0.05, "seed": 0}
+    reps: dict[str, list[dict[str, Any]]] = {name: [] for name in SYSTEMS}
+    for rep in range(args.reps):
+        for name in SYSTEMS:  # interleaved, so drift hits every system alike
+            print(f"rep {rep + 1}/{args.reps}: {name} ...", end=" ", flush=True)
+            record = run_once(name, job, args.timeout)
+            reps[name].append(record)
+            print(f"{record['process_s']:.1f}s" if record["ok"] else f"FAILED ({record['error']})")
+    summary = {
+        name: {"median": medians(r), "ok_reps": sum(x["ok"] for x in r), "reps": r}
+        for name, r in reps.items()
+    }
+    return {
+        "config": {
+            **job,
+            "num_workers": NUM_WORKERS,
+            "reps": args.reps,
+            "skip_steps": SKIP_STEPS,
+            "timeout_s": args.timeout,
+            "model": "MLP 32-256-256-10 float32",
+            "backend": "gloo (CPU)",
+            "torch_threads_per_worker": 1,
+        },
+        "machine": machine_info(),
+        "systems": summary,
+        **goals(summary),
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3, help="repetitions of each system")
+    parser.add_argument("--samples", type=int, default=60_000)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per child run")
+    parser.add_argument("--quick", action="store_true", help="tiny smoke run, 1 repetition")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="JSON results (default bench/results/overhead.json, overhead-quick.json with --quick)",
+    )
+    parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
+    parser.add_argument("--job", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.reps, args.samples, args.epochs = 1, 6_400, 1
+    if args.out is None:
+        args.out = RESULTS_DIR / ("overhead-quick.json" if args.quick else "overhead.json")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.child:
+        CHILDREN[args.child](json.loads(args.job))
+        return
+    results = run_benchmark(args)
+    print_table(results["systems"], results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"results: {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""Goodput = throughput x statistical efficiency (Pollux / AdaptDL), pure and vectorised.
+
+Notation: K replicas on N nodes, atomic (per-replica, per-micro-step) batch m, s extra
+gradient-accumulation steps, global batch M = K * m * (s + 1), initial batch M0.
+
+Throughput model (seconds per optimizer step)::
+
+    T_grad(m)   = alpha_c + beta_c * m                           compute, one micro-batch
+    T_sync(K,N) = 0                                  if K == 1
+                = alpha_r + beta_r * max(K - 2, 0)   if N == 1   all-reduce within a node
+                = alpha_n + beta_n * max(K - 2, 0)   if N > 1    all-reduce across nodes
+    T_iter      = s * T_grad + (T_grad^gamma + T_sync^gamma)^(1/gamma)   gamma: overlap
+    THROUGHPUT  = M / T_iter
+
+Statistical efficiency from the gradient noise (sqr = |G|^2, var = tr(Sigma) at M0)::
+
+    S = M / M0;  gain r = (var + sqr) / (var / S + sqr);  EFFICIENCY = r / S
+      = (phi + M0) / (phi + M)  with phi = M0 * var / sqr, the noise scale
+
+Every function broadcasts over numpy arrays of its arguments.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+Array = NDArray[np.float64]
+
+
+class PerfParams(NamedTuple):
+    """Throughput-model parameters, in seconds (gamma is unitless, in [1, 10])."""
+
+    alpha_c: float  # compute: fixed cost of a micro-step
+    beta_c: float  # compute: cost per sample
+    alpha_n: float  # sync across nodes: fixed cost
+    beta_n: float  # sync across nodes: cost per replica beyond 2
+    alpha_r: float  # sync within a node: fixed cost
+    beta_r: float  # sync within a node: cost per replica beyond 2
+    gamma: float  # overlap of compute and sync: 1 none, large perfect
+
+
+class GradParams(NamedTuple):
+    """Gradient statistics at the initial batch size M0."""
+
+    sqr: float  # |G|^2, squared norm of the true gradient
+    var: float  # tr(Sigma) / M0, the variance of a gradient estimate at batch M0
+
+
+def predict_grad_time(params: PerfParams, atomic_bsz: ArrayLike) -> Array:
+    return np.asarray(params.alpha_c + params.beta_c * np.asarray(atomic_bsz, dtype=float))
+
+
+def predict_sync_time(params: PerfParams, num_nodes: ArrayLike, num_replicas: ArrayLike) -> Array:
+    nodes = np.asarray(num_nodes, dtype=float)
+    replicas = np.asarray(num_replicas, dtype=float)
+    extra = np.maximum(replicas - 2, 0)
+    cross = params.alpha_n + params.beta_n * extra
+    local = params.alpha_r + params.beta_r * extra
+    return np.where(replicas <= 1, 0.0, np.where(nodes > 1, cross, local))
+
+
+def predict_step_time(
+    params: PerfParams,
+    num_nodes: ArrayLike,
+    num_replicas: ArrayLike,
+    atomic_bsz: ArrayLike,
+    accum_steps: ArrayLike,
+) -> Array:
+    """Seconds per optimizer step: s accumulation micro-steps plus one synchronising one."""
+    grad = predict_grad_time(params, atomic_bsz)
+    sync = predict_sync_time(params, num_nodes, num_replicas)
+    gamma = params.gamma
+    overlapped = (grad**gamma + sync**gamma) ** (1.0 / gamma)
+    return np.asarray(accum_steps, dtype=float) * grad + overlapped
+
+
+class GoodputFunction:
+    """GOODPUT(N, K, m, s) = THROUGHPUT(N, K, m, s) * EFFICIENCY(K * m * (s + 1))."""
+
+    def __init__(self, perf_params: PerfParams, grad_params: GradParams, init_batch_size: int) -> None:
+        if init_batch_size < 1:
+            raise ValueError(f"init_batch_size must be >= 1, got {init_batch_size}")
+        self.perf_params = PerfParams(*perf_params)
+        self.grad_params = GradParams(*grad_params)
+        self.init_batch_size = init_batch_size
+
+    def __call__(self, num_nodes, num_replicas, atomic_bsz, accum_steps) -> Array:
+        return self.evaluate(num_nodes, num_replicas, atomic_bsz, accum_steps)
+
+    def evaluate(self, num_nodes, num_replicas, atomic_bsz, accum_steps) -> Array:
+        batch = (
+            np.asarray(num_replicas, dtype=float)
+            * np.asarray(atomic_bsz, dtype=float)
+            * (np.asarray(accum_steps, dtype=float) + 1)
+        )
+        return self.throughput(num_nodes, num_replicas, atomic_bsz, accum_steps) * self.efficiency(batch)
+
+    def throughput(self, num_nodes, num_replicas, atomic_bsz, accum_steps) -> Array:
+        """Samples per second."""
+        batch = (
+            np.asarray(num_replicas, dtype=float)
+            * np.asarray(atomic_bsz, dtype=float)
+            * (np.asarray(accum_steps, dtype=float) + 1)
+        )
+        return batch / predict_step_time(self.perf_params, num_nodes, num_replicas, atomic_bsz, accum_steps)
+
+    def efficiency(self, batch_size: ArrayLike) -> Array:
+        """Progress per sample at ``batch_size`` relative to M0; 1 at M0, in (0, 1] above."""
+        scale = np.asarray(batch_size, dtype=float) / self.init_batch_size
+        sqr, var = max(self.grad_params.sqr, 0.0), max(self.grad_params.var, 0.0)
+        denom = var / scale + sqr
+        gain = np.where(denom > 0, (var + sqr) / np.where(denom > 0, denom, 1.0), 1.0)
+        return np.asarray(gain / scale)
+
+    def gain(self, batch_size: ArrayLike) -> Array:
+        """r: progress of one step at ``batch_size`` in steps at M0 (AdaScale's gain)."""
+        return self.efficiency(batch_size) * np.asarray(batch_size, dtype=float) / self.init_batch_size
+
+    def optimize(
+        self,
+        num_nodes: ArrayLike,
+        num_replicas: ArrayLike,
+        max_batch_size: int | None = None,
+        atomic_bsz_range: tuple[int, int] | None = None,
+        accumulation: bool = False,
+        grid_size: int = 64,
+    ) -> tuple[Array, Array, Array]:
+        """Best (goodput, atomic_bsz, accum_steps) for each (num_nodes, num_replicas).
+
+        Searches a geometric grid of global batch sizes in [max(M0, K * m_min), M_max],
+        splits each into the fewest accumulation steps that keep m within
+        ``atomic_bsz_range`` (memory), and takes the argmax. A layout that cannot reach
+        M0 within the bounds gets goodput 0.
+        """
+        m0 = self.init_batch_size
+        m_min, m_max = atomic_bsz_range or (1, max_batch_size or m0)
+        nodes, replicas = np.broadcast_arrays(
+            np.asarray(num_nodes, dtype=float), np.asarray(num_replicas, dtype=float)
+        )
+        max_bsz = float(max_batch_size or m0)
+        lo = np.maximum(m0, replicas * m_min)
+        hi = np.maximum(lo, max_bsz)
+        frac = np.linspace(0.0, 1.0, grid_size)
+        # grid[..., g] geometric between lo and hi (the last axis is the candidates).
+        grid = np.exp(np.log(lo)[..., None] + frac * (np.log(hi) - np.log(lo))[..., None])
+        if accumulation:
+            steps = np.maximum(np.ceil(grid / (replicas[..., None] * m_max)) - 1, 0)
+        else:
+            steps = np.zeros_like(grid)
+        atomic = np.ceil(grid / (replicas[..., None] * (steps + 1)))
+        atomic = np.maximum(atomic, m_min)
+        feasible = (atomic <= m_max) & (replicas[..., None] * atomic * (steps + 1) >= m0)
+        good = self.evaluate(nodes[..., None], replicas[..., None], atomic, steps)
+        good = np.where(feasible, good, 0.0)
+        best = np.argmax(good, axis=-1)[..., None]
+        pick = lambda a: np.take_along_axis(a, best, axis=-1)[..., 0]  # noqa: E731
+        return pick(good), pick(atomic).astype(int), pick(steps).astype(int)

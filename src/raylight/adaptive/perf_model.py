@@ -1,0 +1,129 @@
+"""Fitting the throughput model to observed step times (bounded least squares on log time).
+
+Observations come from normal training: for each step, the layout (nodes N, replicas K,
+atomic batch m) and two times measured on the worker: ``accum_step_time``, a
+micro-step that does not synchronise (T_grad; NaN where the step had no accumulation), and
+``optim_step_time``, the micro-step that all-reduces gradients
+((T_grad^gamma + T_sync^gamma)^(1/gamma)).
+
+Parameters the data cannot identify are pinned, optimistically, so the policy is willing
+to explore: with one batch size seen, alpha_c is 10% of the compute time; with no
+multi-replica data, synchronisation is free; with one node, cross-node terms equal the
+in-node ones; with K <= 2 only, per-replica terms are 0; with no synchronisation seen,
+gamma = 1.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy.optimize import minimize
+
+from raylight.adaptive.goodput import PerfParams, predict_grad_time, predict_sync_time
+
+_FIELDS = PerfParams._fields  # alpha_c, beta_c, alpha_n, beta_n, alpha_r, beta_r, gamma
+_TINY = 1e-8
+
+
+def _optim_time(p: np.ndarray, nodes, replicas, atomic) -> np.ndarray:
+    params = PerfParams(*p)
+    grad = predict_grad_time(params, atomic)
+    sync = predict_sync_time(params, nodes, replicas)
+    g = params.gamma
+    return (grad**g + sync**g) ** (1.0 / g)
+
+
+def fit_perf_params(
+    num_nodes: ArrayLike,
+    num_replicas: ArrayLike,
+    atomic_bsz: ArrayLike,
+    accum_step_time: ArrayLike,
+    optim_step_time: ArrayLike,
+) -> PerfParams:
+    """Fit PerfParams to observations (one row per observed step, arrays of equal length)."""
+    nodes = np.asarray(num_nodes, dtype=float)
+    replicas = np.asarray(num_replicas, dtype=float)
+    atomic = np.asarray(atomic_bsz, dtype=float)
+    accum = np.asarray(accum_step_time, dtype=float)
+    optim = np.asarray(optim_step_time, dtype=float)
+    if not (len(nodes) == len(replicas) == len(atomic) == len(accum) == len(optim)) or len(optim) == 0:
+        raise ValueError("fit_perf_params needs equally long, non-empty observation arrays")
+    if np.any(~np.isfinite(optim)) or np.any(optim <= 0):
+        raise ValueError("optim_step_time must be positive and finite")
+    has_accum = np.isfinite(accum) & (accum > 0)
+
+    # Compute time per micro-step, for initial guesses: accumulation steps where seen,
+    # else single-replica optimizer steps (no sync), else the fastest step.
+    single = replicas <= 1
+    compute = np.where(has_accum, accum, np.where(single, optim, np.nan))
+    if not np.any(np.isfinite(compute)):
+        compute = np.full_like(optim, optim.min())
+    mean_compute = float(np.nanmean(compute))
+    mean_m = float(np.mean(atomic))
+    sync_guess = float(np.nanmean(np.maximum(optim - np.nan_to_num(compute, nan=0.0), _TINY)))
+
+    init = {
+        "alpha_c": 0.1 * mean_compute,
+        "beta_c": 0.9 * mean_compute / mean_m,
+        "alpha_n": sync_guess,
+        "beta_n": _TINY,
+        "alpha_r": sync_guess,
+        "beta_r": _TINY,
+        "gamma": 1.0,
+    }
+    bounds = {k: (_TINY, None) for k in _FIELDS}
+    bounds["gamma"] = (1.0, 10.0)
+    pinned: dict[str, float] = {}
+    if len(np.unique(atomic)) == 1:
+        pinned["alpha_c"] = 0.1 * mean_compute
+    multi = replicas > 1
+    if not np.any(multi):
+        pinned.update(alpha_n=0.0, beta_n=0.0, alpha_r=0.0, beta_r=0.0, gamma=1.0)
+    else:
+        if not np.any(multi & (nodes > 1)):
+            pinned.update(alpha_n=-1.0, beta_n=-1.0)  # tied to the in-node terms below
+        if not np.any(replicas > 2):
+            pinned.update(beta_r=0.0, beta_n=0.0 if "beta_n" not in pinned else -1.0)
+        if not np.any(multi & (nodes > 1) & (replicas > 2)) and pinned.get("beta_n") != -1.0:
+            pinned["beta_n"] = pinned.get("beta_n", -1.0)
+    free = [k for k in _FIELDS if k not in pinned]
+
+    def unpack(x: np.ndarray) -> np.ndarray:
+        vals = dict(zip(free, x, strict=True))
+        for k, v in pinned.items():
+            vals[k] = v
+        if vals["alpha_n"] == -1.0:
+            vals["alpha_n"] = vals["alpha_r"]
+        if vals["beta_n"] == -1.0:
+            vals["beta_n"] = vals["beta_r"]
+        return np.array([vals[k] for k in _FIELDS], dtype=float)
+
+    log_optim = np.log(optim)
+    log_accum = np.log(np.where(has_accum, accum, 1.0))
+    scale = np.array([max(abs(init[k]), 1e-6) for k in free])
+
+    def loss(z: np.ndarray) -> float:
+        p = unpack(z * scale)
+        err = np.log(np.maximum(_optim_time(p, nodes, replicas, atomic), _TINY)) - log_optim
+        total = float(np.mean(err**2))
+        if np.any(has_accum):
+            grad = np.log(np.maximum(p[0] + p[1] * atomic, _TINY)) - log_accum
+            total += float(np.mean(grad[has_accum] ** 2))
+        # Priors: cross-node no cheaper than in-node; gamma near 1; optimistic scaling.
+        total += 1e-2 * (max(p[4] - p[2], 0) / max(p[4], _TINY)) ** 2
+        total += 1e-2 * (max(p[5] - p[3], 0) / max(p[5], _TINY)) ** 2
+        total += 1e-4 * (p[6] - 1.0) ** 2
+        total += 1e-4 * (p[3] + p[5]) / max(mean_compute, _TINY)
+        return total
+
+    x0 = np.array([init[k] for k in free]) / scale
+    z_bounds = [
+        (lo / s if lo is not None else None, hi / s if hi is not None else None)
+        for (lo, hi), s in zip((bounds[k] for k in free), scale, strict=True)
+    ]
+    if free:
+        res = minimize(loss, x0, method="L-BFGS-B", bounds=z_bounds)
+        x = res.x
+    else:
+        x = x0
+    return PerfParams(*(float(v) for v in unpack(x * scale)))
