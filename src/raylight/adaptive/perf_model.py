@@ -71,7 +71,7 @@ def fit_perf_params(
         "beta_r": _TINY,
         "gamma": 1.0,
     }
-    bounds = {k: (_TINY, None) for k in _FIELDS}
+    bounds: dict[str, tuple[float, float | None]] = {k: (_TINY, None) for k in _FIELDS}
     bounds["gamma"] = (1.0, 10.0)
     pinned: dict[str, float] = {}
     if len(np.unique(atomic)) == 1:
