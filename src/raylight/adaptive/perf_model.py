@@ -57,73 +57,67 @@ def fit_perf_params(
     single = replicas <= 1
     compute = np.where(has_accum, accum, np.where(single, optim, np.nan))
     if not np.any(np.isfinite(compute)):
-        compute = np.full_like(optim, optim.min())
+        compute = np.full_like(optim, 0.5 * optim.min())
     mean_compute = float(np.nanmean(compute))
     mean_m = float(np.mean(atomic))
-    sync_guess = float(np.nanmean(np.maximum(optim - np.nan_to_num(compute, nan=0.0), _TINY)))
+    sync_guess = max(float(np.mean(optim)) - mean_compute, 0.1 * mean_compute)
 
     init = {
         "alpha_c": 0.1 * mean_compute,
         "beta_c": 0.9 * mean_compute / mean_m,
         "alpha_n": sync_guess,
-        "beta_n": _TINY,
+        "beta_n": 0.1 * sync_guess,
         "alpha_r": sync_guess,
-        "beta_r": _TINY,
-        "gamma": 1.0,
+        "beta_r": 0.1 * sync_guess,
     }
-    bounds: dict[str, tuple[float, float | None]] = {k: (_TINY, None) for k in _FIELDS}
-    bounds["gamma"] = (1.0, 10.0)
     pinned: dict[str, float] = {}
+    tied: dict[str, str] = {}  # parameter -> the parameter whose value it takes
     if len(np.unique(atomic)) == 1:
         pinned["alpha_c"] = 0.1 * mean_compute
     multi = replicas > 1
     if not np.any(multi):
         pinned.update(alpha_n=0.0, beta_n=0.0, alpha_r=0.0, beta_r=0.0, gamma=1.0)
     else:
-        if not np.any(multi & (nodes > 1)):
-            pinned.update(alpha_n=-1.0, beta_n=-1.0)  # tied to the in-node terms below
         if not np.any(replicas > 2):
-            pinned.update(beta_r=0.0, beta_n=0.0 if "beta_n" not in pinned else -1.0)
-        if not np.any(multi & (nodes > 1) & (replicas > 2)) and pinned.get("beta_n") != -1.0:
-            pinned["beta_n"] = pinned.get("beta_n", -1.0)
-    free = [k for k in _FIELDS if k not in pinned]
+            pinned.update(beta_r=0.0, beta_n=0.0)
+        if not np.any(multi & (nodes > 1)):
+            tied.update(alpha_n="alpha_r", beta_n="beta_r")
+        elif not np.any(multi & (nodes > 1) & (replicas > 2)):
+            tied["beta_n"] = "beta_r"
+    free = [k for k in _FIELDS if k not in pinned and k not in tied]
 
     def unpack(x: np.ndarray) -> np.ndarray:
-        vals = dict(zip(free, x, strict=True))
-        for k, v in pinned.items():
-            vals[k] = v
-        if vals["alpha_n"] == -1.0:
-            vals["alpha_n"] = vals["alpha_r"]
-        if vals["beta_n"] == -1.0:
-            vals["beta_n"] = vals["beta_r"]
+        vals = dict(pinned)
+        for k, v in zip(free, x, strict=True):
+            vals[k] = float(v) if k == "gamma" else float(np.exp(v))
+        for k, src in tied.items():
+            vals[k] = vals[src]
         return np.array([vals[k] for k in _FIELDS], dtype=float)
 
     log_optim = np.log(optim)
     log_accum = np.log(np.where(has_accum, accum, 1.0))
-    scale = np.array([max(abs(init[k]), 1e-6) for k in free])
 
-    def loss(z: np.ndarray) -> float:
-        p = unpack(z * scale)
+    def loss(x: np.ndarray) -> float:
+        p = unpack(x)
         err = np.log(np.maximum(_optim_time(p, nodes, replicas, atomic), _TINY)) - log_optim
         total = float(np.mean(err**2))
         if np.any(has_accum):
             grad = np.log(np.maximum(p[0] + p[1] * atomic, _TINY)) - log_accum
             total += float(np.mean(grad[has_accum] ** 2))
-        # Priors: cross-node no cheaper than in-node; gamma near 1; optimistic scaling.
-        total += 1e-2 * (max(p[4] - p[2], 0) / max(p[4], _TINY)) ** 2
-        total += 1e-2 * (max(p[5] - p[3], 0) / max(p[5], _TINY)) ** 2
+        # Priors: cross-node sync no cheaper than in-node; gamma near 1 (no overlap).
+        total += 1e-2 * (max(p[4] - p[2], 0.0) / max(p[4], _TINY)) ** 2
+        total += 1e-2 * (max(p[5] - p[3], 0.0) / max(p[5], _TINY)) ** 2
         total += 1e-4 * (p[6] - 1.0) ** 2
-        total += 1e-4 * (p[3] + p[5]) / max(mean_compute, _TINY)
         return total
 
-    x0 = np.array([init[k] for k in free]) / scale
-    z_bounds = [
-        (lo / s if lo is not None else None, hi / s if hi is not None else None)
-        for (lo, hi), s in zip((bounds[k] for k in free), scale, strict=True)
-    ]
-    if free:
-        res = minimize(loss, x0, method="L-BFGS-B", bounds=z_bounds)
-        x = res.x
-    else:
-        x = x0
-    return PerfParams(*(float(v) for v in unpack(x * scale)))
+    if not free:
+        return PerfParams(*(float(v) for v in unpack(np.array([]))))
+    bounds = [(1.0, 10.0) if k == "gamma" else (np.log(_TINY), np.log(1e4)) for k in free]
+    best = None
+    for gamma0 in (1.0, 2.0, 5.0):  # the overlap term is not convex in gamma
+        x0 = np.array([gamma0 if k == "gamma" else np.log(max(init[k], _TINY)) for k in free])
+        res = minimize(loss, x0, method="L-BFGS-B", bounds=bounds)
+        if best is None or res.fun < best.fun:
+            best = res
+    assert best is not None
+    return PerfParams(*(float(v) for v in unpack(best.x)))
