@@ -1,0 +1,140 @@
+"""Adaptive policies with no Ray: given fitted models and resources, the expected decision."""
+
+import pytest
+
+from raylight.adaptive.goodput import GoodputFunction, GradParams, PerfParams
+from raylight.adaptive.lr import lr_factor, progress_increment
+from raylight.adaptive.policy import BatchSizePolicy, ElasticPolicy, Layout
+
+CHEAP_SYNC = PerfParams(0.01, 1e-3, 0.002, 0.0, 0.002, 0.0, 1.0)  # scales almost linearly
+COSTLY_SYNC = PerfParams(0.01, 1e-3, 0.5, 0.1, 0.5, 0.1, 1.0)  # sync dominates
+GROWING_SYNC = PerfParams(0.01, 1e-3, 0.05, 0.3, 0.05, 0.3, 1.0)  # sync grows with replicas
+
+
+def batch_policy(**kw):
+    args = dict(init_batch_size=64, max_batch_size=4096, local_bsz_bounds=(16, 512), accumulation=True)
+    args.update(kw)
+    return BatchSizePolicy(**args)
+
+
+def test_batch_grows_when_gradients_are_noisy_and_holds_when_not():
+    noisy = GoodputFunction(COSTLY_SYNC, GradParams(sqr=1.0, var=50.0), 64)
+    decision = batch_policy().decide(noisy, num_nodes=1, num_replicas=2, atomic_bsz=32, accum_steps=0)
+    assert decision is not None and 2 * decision.atomic_bsz * (decision.accum_steps + 1) > 64
+    assert decision.predicted_goodput > decision.current_goodput * 1.05
+    assert 16 <= decision.atomic_bsz <= 512
+    quiet = GoodputFunction(CHEAP_SYNC, GradParams(sqr=1.0, var=1e-4), 64)
+    assert batch_policy().decide(quiet, num_nodes=1, num_replicas=2, atomic_bsz=32, accum_steps=0) is None
+
+
+def test_batch_policy_does_not_thrash():
+    fn = GoodputFunction(COSTLY_SYNC, GradParams(sqr=1.0, var=50.0), 64)
+    first = batch_policy().decide(fn, num_nodes=1, num_replicas=2, atomic_bsz=32, accum_steps=0)
+    again = batch_policy().decide(fn, num_nodes=1, num_replicas=2, atomic_bsz=first.atomic_bsz, accum_steps=first.accum_steps)
+    assert again is None
+    # A tiny improvement stays below the threshold.
+    huge = batch_policy(threshold=10.0).decide(fn, num_nodes=1, num_replicas=2, atomic_bsz=32, accum_steps=0)
+    assert huge is None
+
+
+NOISY = GradParams(1.0, 20.0)
+
+
+def predictor(perf_by_threads, grad=NOISY, m0=64):
+    policy = batch_policy()
+
+    def predict(layout):
+        perf = perf_by_threads.get(layout.threads)
+        if perf is None:
+            return None
+        return policy.best(GoodputFunction(perf, grad, m0), num_nodes=1, num_replicas=layout.num_workers)[0]
+
+    return predict
+
+
+def candidates(max_k, threads_for=lambda k: 1):
+    return [Layout(k, threads_for(k)) for k in range(1, max_k + 1)]
+
+
+def elastic(**kw):
+    args = dict(min_workers=1, max_workers=8, utility_threshold=0.5, hysteresis=0.1, horizon_s=600)
+    args.update(kw)
+    return ElasticPolicy(**args)
+
+
+def test_grows_when_scaling_is_cheap():
+    d = elastic().decide(current=Layout(2, 1), candidates=candidates(8), predict=predictor({1: CHEAP_SYNC}), explored={1}, restart_cost_s=1.0)
+    assert d is not None and d.layout.num_workers > 2 and not d.explore
+
+
+def test_holds_at_the_best_layout():
+    policy = elastic()
+    predict = predictor({1: CHEAP_SYNC})
+    best = policy.decide(current=Layout(2, 1), candidates=candidates(8), predict=predict, explored={1}, restart_cost_s=1.0).layout
+    assert policy.decide(current=best, candidates=candidates(8), predict=predict, explored={1}, restart_cost_s=1.0) is None
+
+
+def test_shrinks_when_sync_dominates():
+    d = elastic().decide(current=Layout(4, 1), candidates=candidates(8), predict=predictor({1: COSTLY_SYNC}), explored={1}, restart_cost_s=1.0)
+    assert d is not None and d.layout.num_workers < 4
+
+
+def test_respects_min_and_max():
+    d = elastic(min_workers=3, max_workers=5, hysteresis=0.0).decide(
+        current=Layout(5, 1), candidates=candidates(8), predict=predictor({1: GROWING_SYNC}), explored={1}, restart_cost_s=0
+    )
+    assert d is not None and d.layout.num_workers == 3, "shrinks as far as min_workers allows"
+    d = elastic(min_workers=1, max_workers=5).decide(
+        current=Layout(2, 1), candidates=candidates(8), predict=predictor({1: CHEAP_SYNC}), explored={1}, restart_cost_s=0
+    )
+    assert d is not None and d.layout.num_workers <= 5
+
+
+def test_never_resizes_for_a_gain_smaller_than_the_restart_cost():
+    d = elastic(horizon_s=10).decide(
+        current=Layout(2, 1), candidates=candidates(8), predict=predictor({1: CHEAP_SYNC}), explored={1}, restart_cost_s=60.0
+    )
+    assert d is None
+
+
+def test_falls_back_when_the_cluster_shrinks():
+    d = elastic().decide(current=Layout(4, 1), candidates=candidates(2), predict=predictor({1: CHEAP_SYNC}), explored={1}, restart_cost_s=0)
+    assert d is not None and d.layout == Layout(2, 1)
+
+
+def test_two_cores_fewer_workers_with_more_threads_is_discovered():
+    """On 2 cores one worker with 2 threads beat 2 single-thread workers: measured models
+    for both thread counts must lead the policy to 1 x 2."""
+    cands = [Layout(1, 2), Layout(2, 1)]
+    two_threads = PerfParams(0.004, 2.5e-4, 0.0, 0.0, 0.0, 0.0, 1.0)  # 1.7x faster compute
+    one_thread = PerfParams(0.007, 4.3e-4, 0.02, 0.0, 0.02, 0.0, 1.0)
+    policy = elastic(max_workers=2)
+    # Only 1-thread data so far: explore 2 threads once.
+    d = policy.decide(current=Layout(2, 1), candidates=cands, predict=predictor({1: one_thread}), explored={1}, restart_cost_s=1.0)
+    assert d is not None and d.explore and d.layout == Layout(1, 2)
+    # Both measured: settle on 1 x 2 and stay.
+    both = predictor({1: one_thread, 2: two_threads})
+    d = policy.decide(current=Layout(2, 1), candidates=cands, predict=both, explored={1, 2}, restart_cost_s=1.0)
+    assert d is not None and d.layout == Layout(1, 2)
+    assert policy.decide(current=Layout(1, 2), candidates=cands, predict=both, explored={1, 2}, restart_cost_s=1.0) is None
+
+
+def test_unmeasured_current_layout_waits():
+    assert elastic().decide(current=Layout(2, 1), candidates=candidates(4), predict=lambda c: None, explored=set(), restart_cost_s=0) is None
+
+
+@pytest.mark.parametrize("rule", ["adascale", "sqrt", "linear", "legw", "none"])
+def test_lr_rules_are_one_at_the_initial_batch(rule):
+    assert lr_factor(rule, 1.0, 1.0, progress=1e9, warmup_steps=10) == pytest.approx(1.0)
+
+
+def test_lr_rules_values():
+    assert lr_factor("sqrt", 4.0, 2.0) == pytest.approx(2.0)
+    assert lr_factor("linear", 4.0, 2.0) == pytest.approx(4.0)
+    assert lr_factor("adascale", 4.0, 2.5) == pytest.approx(2.5)
+    assert lr_factor("none", 4.0, 2.5) == pytest.approx(1.0)
+    assert lr_factor("legw", 4.0, 2.0, progress=0, warmup_steps=10) == pytest.approx(4.0 / 40)
+    assert lr_factor("legw", 4.0, 2.0, progress=100, warmup_steps=10) == pytest.approx(4.0)
+    assert progress_increment("adascale", 4.0, 2.5) == 2.5 and progress_increment("sqrt", 4.0, 2.5) == 4.0
+    with pytest.raises(ValueError, match="lr_rule"):
+        lr_factor("cubic", 1.0, 1.0)  # type: ignore[arg-type]
