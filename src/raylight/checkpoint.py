@@ -15,6 +15,8 @@ import fsspec
 
 from raylight.storage import STATE_FILE
 
+RAYLIGHT_KEY = "_raylight"  # reserved key: raylight's own state (loader positions, ...)
+
 
 def serialize_state(state: dict[str, Any]) -> bytes:
     import torch
@@ -65,7 +67,9 @@ class Checkpoint:
 
     def load(self) -> dict[str, Any]:
         """Return the state dict that was reported, tensors on the CPU."""
-        return deserialize_state(self.to_bytes())
+        state = deserialize_state(self.to_bytes())
+        state.pop(RAYLIGHT_KEY, None)
+        return state
 
     def __repr__(self) -> str:
         return f"Checkpoint(path={self.path!r}, index={self.metadata.get('index')})"

@@ -7,9 +7,10 @@ driver. It holds no global state: everything a worker needs is on this object.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Literal, Protocol
 
 import torch
@@ -18,10 +19,13 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from raylight._time import wall
-from raylight.checkpoint import Checkpoint, serialize_state
-from raylight.data.loader import PreparedLoader, prepare_loader
+from raylight.checkpoint import RAYLIGHT_KEY, Checkpoint, deserialize_state, serialize_state
+from raylight.data.loader import ElasticLoader, prepare_loader
+from raylight.elastic.optimizer import AdaptiveOptimizer, NoiseHook
+from raylight.elastic.state import Accumulator
+from raylight.elastic.sync import StepSync
 from raylight.strategies import DDPStrategy
-from raylight.worker_group.protocol import Report
+from raylight.worker_group.protocol import AdaptiveSpec, BatchPlan, Report
 
 ReduceOp = Literal["mean", "sum", "max", "min"]
 
@@ -34,6 +38,9 @@ class ReportSink(Protocol):
     def progress(self, epoch: int, step: int, steps_per_epoch: int, samples: int) -> None: ...
 
     def heartbeat(self) -> None: ...
+
+    def keep_commit(self, index: int, data: bytes) -> None:
+        """Hold this rank's copy of checkpoint ``index`` in memory (elastic runs)."""
 
 
 class _RankFilter(logging.Filter):
@@ -101,6 +108,9 @@ class TrainContext:
         checkpoint: Checkpoint | None = None,
         config: dict[str, Any] | None = None,
         strategy: DDPStrategy | None = None,
+        adaptive: AdaptiveSpec | None = None,
+        elastic: bool = False,
+        threads: int = 1,
     ) -> None:
         self.rank = rank
         self.local_rank = local_rank
@@ -113,15 +123,61 @@ class TrainContext:
         self._sink = sink
         self._checkpoint = checkpoint
         self._strategy = strategy or DDPStrategy()
+        self._elastic = elastic
+        self._restored = _raylight_state(checkpoint)
+        self._commit = int(self._restored.get("commit", -1))
+        self._loaders: list[ElasticLoader] = []
+        self._accumulators: list[Accumulator] = []
+        self._ddp_models: list[nn.Module] = []
+        self._optimizer: AdaptiveOptimizer | None = None
+        self._noise_hook: NoiseHook | None = None
+        self._epoch: int | None = None
+        self._plan_given = adaptive is not None and adaptive.plan is not None
+        self.sync: StepSync | None = None
+        if adaptive is not None or elastic:
+            spec = adaptive or AdaptiveSpec(adaptive=False)
+            self.sync = StepSync(
+                rank=rank,
+                world_size=world_size,
+                num_nodes=spec.num_nodes,
+                threads=threads,
+                plan=spec.plan or BatchPlan(1),
+                init_batch_size=1,
+                adaptive=spec.adaptive,
+                lr_rule=spec.lr_rule,  # type: ignore[arg-type]
+                lr_warmup_steps=spec.lr_warmup_steps,
+                noise_smoothing=spec.noise_smoothing,
+            )
+            if "sync" in self._restored:
+                self.sync.load_state_dict(self._restored["sync"])
 
-    # -- model and data ------------------------------------------------------------
+    # -- model, optimizer and data ---------------------------------------------------
     def prepare_model(self, model: nn.Module) -> nn.Module:
         """Move ``model`` to this worker's device and wrap it for data parallelism."""
-        return self._strategy.wrap_model(model, device=self.device, world_size=self.world_size)
+        wrapped = self._strategy.wrap_model(model, device=self.device, world_size=self.world_size)
+        if wrapped is not model:
+            self._ddp_models.append(wrapped)
+            if self.sync is not None and self.sync.adaptive:
+                if self._noise_hook is None:
+                    self._noise_hook = NoiseHook()
+                    if self._optimizer is not None:
+                        self._optimizer.noise_hook = self._noise_hook
+                        self._noise_hook.optimizer = self._optimizer
+                wrapped.register_comm_hook(None, self._noise_hook)  # type: ignore[operator]
+        return wrapped
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         """The user's module inside whatever ``prepare_model`` wrapped it in."""
         return self._strategy.unwrap_model(model)
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Wrap ``optimizer`` for adaptive training: gradient accumulation, the LR rule
+        (applied to each step's rate explicitly and restored after it) and gradient-noise
+        measurement. Without ``fit(adaptive=...)`` it is returned unchanged."""
+        if self.sync is None or not self.sync.adaptive:
+            return optimizer
+        self._optimizer = AdaptiveOptimizer(optimizer, sync=self.sync, noise_hook=self._noise_hook)
+        return self._optimizer  # type: ignore[return-value]
 
     def prepare_loader(
         self,
@@ -131,14 +187,29 @@ class TrainContext:
         shuffle: bool = False,
         seed: int = 0,
         drop_last: bool = False,
-    ) -> PreparedLoader:
+        adaptive: bool = False,
+    ) -> ElasticLoader:
         """Shard a map-style dataset (or a DataLoader's dataset) across the workers.
 
         ``batch_size`` is the *global* batch size; each worker loads
         ``batch_size // world_size`` samples per step. With a DataLoader, its
         ``batch_size``, ``collate_fn`` and ``num_workers`` are used unless overridden.
+        ``adaptive=True`` marks the training loader: its batch size follows the adaptive
+        plan (with ``fit(adaptive=...)``) and an elastic run resizes at its step
+        boundaries. Loader positions (epoch and sample) are saved in every checkpoint.
         """
-        return prepare_loader(
+        sync = None
+        if adaptive:
+            if self.sync is None:
+                self.logger.warning(
+                    "prepare_loader(adaptive=True) is ignored: the run is neither adaptive "
+                    "(fit(adaptive=...)) nor elastic (num_workers=(min, max))"
+                )
+            elif any(loader.sync is not None for loader in self._loaders):
+                raise ValueError("only one loader can be adaptive=True: the training loader")
+            else:
+                sync = self.sync
+        loader = prepare_loader(
             data,
             batch_size=batch_size,
             shuffle=shuffle,
@@ -147,23 +218,98 @@ class TrainContext:
             rank=self.rank,
             world_size=self.world_size,
             device=self.device,
+            sync=sync,
+            no_sync=self._no_sync if sync is not None else None,
             on_batch=self._sink.progress,
         )
+        if sync is not None:
+            sync.init_batch_size = loader.init_batch_size
+            if not self._plan_given:
+                sync.plan = BatchPlan(loader.init_batch_size // self.world_size, 0, sync.plan.version)
+        restored = self._restored.get("loaders", [])
+        if len(self._loaders) < len(restored):
+            loader.load_state_dict(restored[len(self._loaders)])
+        elif self._epoch is not None:
+            loader.set_epoch(self._epoch)
+        self._loaders.append(loader)
+        return loader
+
+    @contextlib.contextmanager
+    def _no_sync(self) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for model in self._ddp_models:
+                stack.enter_context(model.no_sync())  # type: ignore[operator]
+            yield
+
+    def epochs(self, num_epochs: int) -> Iterator[int]:
+        """Epoch numbers up to ``num_epochs``, restart-safe: after a restart, an epoch whose
+        data was all consumed when the checkpoint was committed is skipped, and the one in
+        progress continues (its loader resumes at the exact sample)."""
+        saved = self._restored.get("epochs")
+        start = 0
+        if saved is not None:
+            start = int(saved["epoch"]) + (1 if saved["done"] else 0)
+        for epoch in range(start, num_epochs):
+            self._epoch = epoch
+            for loader in self._loaders:
+                loader.set_epoch(epoch)
+            yield epoch
+
+    def accumulator(self) -> Accumulator:
+        """Metric sums across replicas and restarts; see ``Accumulator``."""
+        acc = Accumulator(world_size=self.world_size)
+        restored = self._restored.get("accumulators", [])
+        if len(self._accumulators) < len(restored):
+            acc.load_state_dict(restored[len(self._accumulators)])
+        self._accumulators.append(acc)
+        return acc
+
+    @property
+    def batch_size(self) -> int | None:
+        """The current global batch size of the adaptive loader (None without one)."""
+        for loader in self._loaders:
+            if loader.sync is not None:
+                return loader.batch_size
+        return None
 
     # -- reporting and checkpoints -------------------------------------------------
     def report(self, metrics: dict[str, Any], *, checkpoint: dict[str, Any] | None = None) -> None:
         """Report metrics, and optionally commit ``checkpoint`` (a state dict).
 
-        Call it on every rank; the driver records rank 0's metrics and commits rank 0's
-        checkpoint. The state is serialised here, so later changes to the tensors do
-        not affect the checkpoint.
+        Call it on every rank, at an optimizer-step boundary: the driver records rank 0's
+        metrics and commits rank 0's checkpoint. The state is serialised here, so later
+        changes to the tensors do not affect it. raylight adds its own state (loader
+        positions, epochs, accumulators, adaptive state) under the key ``"_raylight"``.
         """
         plain = _plain_metrics(metrics)
         self._sink.heartbeat()
-        if self.rank != 0:
-            return
-        data = serialize_state(checkpoint) if checkpoint is not None else None
-        self._sink.report(Report(metrics=plain, checkpoint=data, time=wall()))
+        data = None
+        if checkpoint is not None:
+            if RAYLIGHT_KEY in checkpoint:
+                raise ValueError(f"the checkpoint key {RAYLIGHT_KEY!r} is reserved for raylight")
+            own = self._collect_state()
+            self._commit = own["commit"]
+            if self.rank == 0 or self._elastic:
+                data = serialize_state({**checkpoint, RAYLIGHT_KEY: own})
+                if self._elastic:
+                    self._sink.keep_commit(self._commit, data)
+        if self.rank == 0:
+            self._sink.report(Report(metrics=plain, checkpoint=data, time=wall()))
+
+    def _collect_state(self) -> dict[str, Any]:
+        """raylight's own part of a checkpoint. Synchronises accumulators: a collective."""
+        training = [ld for ld in self._loaders if ld.sync is not None] or self._loaders
+        state: dict[str, Any] = {
+            "loaders": [ld.state_dict() for ld in self._loaders],
+            "accumulators": [acc.state_dict() for acc in self._accumulators],
+            "commit": self._commit + 1,
+        }
+        if self._epoch is not None:
+            done = bool(training) and all(ld.epoch == self._epoch and ld.epoch_done for ld in training)
+            state["epochs"] = {"epoch": self._epoch, "done": done}
+        if self.sync is not None:
+            state["sync"] = self.sync.state_dict()
+        return state
 
     def get_checkpoint(self) -> Checkpoint | None:
         """The last committed checkpoint when this run (re)started, else None."""
@@ -204,6 +350,13 @@ class TrainContext:
 
     def __repr__(self) -> str:
         return f"TrainContext(rank={self.rank}, world_size={self.world_size}, device={self.device})"
+
+
+def _raylight_state(checkpoint: Checkpoint | None) -> dict[str, Any]:
+    if checkpoint is None:
+        return {}
+    state = deserialize_state(checkpoint.to_bytes()).get(RAYLIGHT_KEY)
+    return state if isinstance(state, dict) else {}
 
 
 TrainLoop = Callable[..., Any]

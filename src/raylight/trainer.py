@@ -165,6 +165,9 @@ class _InProcessSink:
     def heartbeat(self) -> None:
         pass
 
+    def keep_commit(self, index: int, data: bytes) -> None:
+        pass
+
 
 def _default_name() -> str:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -1,5 +1,5 @@
-"""Data ingest for workers: sharded, restart-safe batch loading."""
+"""Data ingest for workers: sharded, restart-safe, resizable batch loading."""
 
-from raylight.data.loader import GlobalBatchSampler, PreparedLoader, move_to_device
+from raylight.data.loader import ElasticLoader, epoch_order, micro_batches, move_to_device
 
-__all__ = ["GlobalBatchSampler", "PreparedLoader", "move_to_device"]
+__all__ = ["ElasticLoader", "epoch_order", "micro_batches", "move_to_device"]

@@ -1,87 +1,59 @@
-"""Sharding a map-style dataset across workers by global batch.
+"""Sharding a map-style dataset across workers, restart-safe and resizable.
 
-``batch_size`` is the *global* batch: every step consumes the next ``batch_size``
-samples of the epoch's order, and rank ``r`` of ``K`` takes the ``r``-th contiguous
-slice of it. With DDP's gradient averaging, K workers then compute exactly the
-gradient one process would compute on the same global batch, whatever K is. The
-order of an epoch is ``torch.randperm(n)`` seeded with ``seed + epoch`` (or
-``arange(n)`` without shuffling), the same on every rank.
+``batch_size`` is the *global* batch. Position is global too: the epoch, and how many
+of the epoch's samples are consumed. Each optimizer step takes the next
+``K * m * (s + 1)`` samples of the epoch's order (K workers, atomic batch m, s
+accumulation steps; without adaptation m = batch_size // K and s = 0) and splits them
+into s + 1 micro-batches of K * m; worker r takes the r-th contiguous slice of each. With
+DDP's gradient averaging, K workers compute exactly the gradient one process computes on
+the same global batch, whatever K is. After a restart with another K or another plan the
+epoch continues at the same position: no sample of the epoch is repeated or skipped. The
+order of an epoch is ``torch.randperm(n)`` seeded with ``seed + epoch`` (``arange(n)``
+without shuffling), the same on every rank. An epoch's last step is shorter; if it has
+fewer samples than workers, the workers left without one repeat the epoch's first sample.
+
+A step counts as consumed when its last micro-batch is handed out, so a checkpoint
+reported after the optimizer step resumes at the next step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data._utils.collate import default_collate
+
+from raylight.worker_group.protocol import BatchPlan
 
 log = logging.getLogger("raylight")
 
 
-class GlobalBatchSampler(Sampler[list[int]]):
-    """Yields this rank's indices of each global batch of one epoch."""
+def epoch_order(num_samples: int, *, shuffle: bool, seed: int, epoch: int) -> torch.Tensor:
+    if not shuffle:
+        return torch.arange(num_samples)
+    return torch.randperm(num_samples, generator=torch.Generator().manual_seed(seed + epoch))
 
-    def __init__(
-        self,
-        num_samples: int,
-        *,
-        batch_size: int,
-        rank: int,
-        world_size: int,
-        shuffle: bool,
-        seed: int = 0,
-        drop_last: bool = False,
-    ) -> None:
-        if num_samples <= 0:
-            raise ValueError("the dataset is empty: prepare_loader needs at least one sample")
-        if batch_size < world_size:
-            raise ValueError(
-                f"batch_size={batch_size} is the global batch and must be at least the "
-                f"number of workers ({world_size}); raise batch_size or use fewer workers"
-            )
-        self.num_samples = num_samples
-        self.local_batch_size = batch_size // world_size
-        self.global_batch_size = self.local_batch_size * world_size
-        self.rank = rank
-        self.world_size = world_size
-        self.shuffle = shuffle
-        self.seed = seed
-        self.drop_last = drop_last
-        self.epoch = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def order(self) -> torch.Tensor:
-        if not self.shuffle:
-            return torch.arange(self.num_samples)
-        gen = torch.Generator().manual_seed(self.seed + self.epoch)
-        return torch.randperm(self.num_samples, generator=gen)
-
-    def __len__(self) -> int:
-        full, rest = divmod(self.num_samples, self.global_batch_size)
-        return full + (1 if rest and not self.drop_last else 0)
-
-    def __iter__(self) -> Iterator[list[int]]:
-        order = self.order()
-        gbs, k, r = self.global_batch_size, self.world_size, self.rank
-        for start in range(0, self.num_samples, gbs):
-            batch = order[start : start + gbs]
-            if len(batch) == gbs:
-                part = batch[r * self.local_batch_size : (r + 1) * self.local_batch_size]
-            elif self.drop_last:
-                return
-            else:
-                # Split the tail as evenly as possible; a rank left with nothing repeats
-                # the epoch's first sample so every rank takes the same number of steps.
-                base, extra = divmod(len(batch), k)
-                lo = r * base + min(r, extra)
-                part = batch[lo : lo + base + (1 if r < extra else 0)]
-                if len(part) == 0:
-                    part = order[:1]
-            yield part.tolist()
+def micro_batches(step: torch.Tensor, *, atomic_bsz: int, rank: int, world_size: int, pad: int) -> list[list[int]]:
+    """Rank ``rank``'s indices of each micro-batch of one optimizer step (``step`` holds
+    the step's sample indices in order). ``pad`` fills a rank left with no sample."""
+    k, m = world_size, atomic_bsz
+    chunk = k * m
+    parts = []
+    for lo in range(0, len(step), chunk):
+        micro = step[lo : lo + chunk]
+        if len(micro) == chunk:
+            mine = micro[rank * m : (rank + 1) * m].tolist()
+        else:
+            base, extra = divmod(len(micro), k)
+            start = rank * base + min(rank, extra)
+            mine = micro[start : start + base + (1 if rank < extra else 0)].tolist() or [pad]
+        parts.append(mine)
+    return parts
 
 
 def move_to_device(batch: Any, device: torch.device) -> Any:
@@ -97,73 +69,160 @@ def move_to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
-def _batch_len(batch: Any, default: int) -> int:
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else default
-    if isinstance(batch, Mapping):
-        batch = list(batch.values())
-    if isinstance(batch, Sequence) and not isinstance(batch, str):
-        for item in batch:
-            n = _batch_len(item, -1)
-            if n >= 0:
-                return n
-    return default
+class ElasticLoader:
+    """An iterable over this worker's (micro-)batches, moved to its device.
 
-
-class PreparedLoader:
-    """An iterable over this worker's batches, moved to its device.
-
-    Each full pass is one epoch; the epoch advances by itself after a pass, or is set
-    explicitly with ``set_epoch`` (for example after restoring a checkpoint).
+    Each full pass is one epoch; ``set_epoch`` or ``ctx.epochs`` may also set it. With a
+    ``sync`` (adaptive or elastic runs) the plan is agreed with the other ranks at every
+    step boundary, and micro-batches before the last of a step run under ``no_sync``.
     """
 
     def __init__(
         self,
         dataset: Dataset,
         *,
-        sampler: GlobalBatchSampler,
+        init_batch_size: int,
+        rank: int,
+        world_size: int,
         device: torch.device,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         num_workers: int = 0,
-        pin_memory: bool = False,
+        sync: Any = None,  # raylight.elastic.sync.StepSync
+        no_sync: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
         on_batch: Callable[[int, int, int, int], None] | None = None,
     ) -> None:
-        self.sampler = sampler
+        self.dataset = dataset
+        self.num_samples = len(dataset)  # type: ignore[arg-type]
+        if self.num_samples == 0:
+            raise ValueError("the dataset is empty: prepare_loader needs at least one sample")
+        if init_batch_size < world_size:
+            raise ValueError(
+                f"batch_size={init_batch_size} is the global batch and must be at least the "
+                f"number of workers ({world_size}); raise batch_size or use fewer workers"
+            )
+        self.init_batch_size = init_batch_size
+        self.rank = rank
+        self.world_size = world_size
         self.device = device
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.collate_fn = collate_fn or default_collate
+        self.num_workers = num_workers
+        self.sync = sync
+        self._fixed_plan = BatchPlan(init_batch_size // world_size)
+        self._no_sync = no_sync
         self._on_batch = on_batch
-        self._next_epoch = 0
-        self._loader = DataLoader(
-            dataset,
-            batch_sampler=sampler,
-            collate_fn=collate_fn,
-            num_workers=num_workers,
-            pin_memory=pin_memory,
-        )
+        self.epoch = 0
+        self.cursor = 0  # samples of this epoch consumed
+
+    # -- position -------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.epoch, self.cursor = epoch, 0
+
+    @property
+    def epoch_done(self) -> bool:
+        return self.num_samples - self.cursor < (self.batch_size if self.drop_last else 1)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "cursor": self.cursor, "num_samples": self.num_samples}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state["num_samples"] != self.num_samples:
+            raise ValueError(
+                f"the checkpoint's loader had {state['num_samples']} samples, this dataset has "
+                f"{self.num_samples}; resume with the same dataset"
+            )
+        self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
+
+    @property
+    def plan(self) -> BatchPlan:
+        return self.sync.plan if self.sync is not None else self._fixed_plan
 
     @property
     def batch_size(self) -> int:
-        """The global batch size (all workers together)."""
-        return self.sampler.global_batch_size
+        """The current global batch size (all workers, all micro-steps)."""
+        return self.plan.global_batch(self.world_size)
 
     @property
     def local_batch_size(self) -> int:
-        return self.sampler.local_batch_size
-
-    def set_epoch(self, epoch: int) -> None:
-        self._next_epoch = epoch
+        return self.plan.atomic_bsz
 
     def __len__(self) -> int:
-        return len(self.sampler)
+        """Optimizer steps in one epoch at the current plan."""
+        full, rest = divmod(self.num_samples, self.batch_size)
+        return full + (1 if rest and not self.drop_last else 0)
+
+    # -- iteration -------------------------------------------------------------------
+    def _steps(self, order: torch.Tensor, plan: BatchPlan) -> list[list[int]]:
+        step = order[self.cursor : self.cursor + plan.global_batch(self.world_size)]
+        return micro_batches(
+            step, atomic_bsz=plan.atomic_bsz, rank=self.rank, world_size=self.world_size, pad=int(order[0])
+        )
+
+    def _fixed_epoch(self, order: torch.Tensor) -> Iterator[tuple[list[int], Any, int]]:
+        """(indices, batch, step size) for the rest of the epoch at the fixed plan,
+        loaded ahead by ``num_workers`` processes when asked."""
+        size = self._fixed_plan.global_batch(self.world_size)
+        starts = range(self.cursor, self.num_samples, size)
+        if self.drop_last:
+            starts = range(self.cursor, self.num_samples - size + 1, size)
+        plans = [
+            micro_batches(order[lo : lo + size], atomic_bsz=self._fixed_plan.atomic_bsz, rank=self.rank, world_size=self.world_size, pad=int(order[0]))[0]
+            for lo in starts
+        ]
+        sizes = [min(size, self.num_samples - lo) for lo in starts]
+        if self.num_workers > 0:
+            batches: Any = DataLoader(self.dataset, batch_sampler=plans, collate_fn=self.collate_fn, num_workers=self.num_workers)
+        else:
+            batches = (self.collate_fn([self.dataset[i] for i in idx]) for idx in plans)
+        yield from zip(plans, batches, sizes, strict=False)
 
     def __iter__(self) -> Iterator[Any]:
-        epoch = self._next_epoch
-        self.sampler.set_epoch(epoch)
-        steps = len(self.sampler)
-        for step, batch in enumerate(self._loader):
-            if self._on_batch is not None:
-                self._on_batch(epoch, step, steps, _batch_len(batch, self.local_batch_size))
-            yield move_to_device(batch, self.device)
-        self._next_epoch = epoch + 1
+        if self.epoch_done:  # a finished epoch: move on to the next one
+            self.epoch, self.cursor = self.epoch + 1, 0
+        epoch = self.epoch
+        order = epoch_order(self.num_samples, shuffle=self.shuffle, seed=self.seed, epoch=epoch)
+        steps_total = len(self)
+        step_index = self.cursor // self.batch_size
+        if self.sync is None:
+            for indices, batch, size in self._fixed_epoch(order):
+                self.cursor += size
+                if self._on_batch is not None:
+                    self._on_batch(epoch, step_index, steps_total, len(indices))
+                step_index += 1
+                yield move_to_device(batch, self.device)
+            return
+        sync = self.sync
+        sync.pause_clock()
+        while not self.epoch_done:
+            plan = sync.boundary()
+            size = plan.global_batch(self.world_size)
+            if self.drop_last and self.num_samples - self.cursor < size:
+                break
+            micros = self._steps(order, plan)
+            sync.micro_steps = len(micros)
+            sync.uniform_step = self.num_samples - self.cursor >= size
+            for j, indices in enumerate(micros):
+                last = j == len(micros) - 1
+                if last:
+                    self.cursor = min(self.cursor + size, self.num_samples)
+                batch = move_to_device(self.collate_fn([self.dataset[i] for i in indices]), self.device)
+                sync.micro = j
+                sync.tick(sync_step=last)
+                if self._on_batch is not None:
+                    self._on_batch(epoch, step_index, steps_total, len(indices))
+                if not last and self._no_sync is not None:
+                    with self._no_sync():
+                        yield batch
+                else:
+                    yield batch
+            step_index += 1
+        sync.pause_clock()
 
 
 def prepare_loader(
@@ -176,16 +235,16 @@ def prepare_loader(
     rank: int,
     world_size: int,
     device: torch.device,
-    on_batch: Callable[[int, int, int, int], None] | None,
-) -> PreparedLoader:
+    sync: Any = None,
+    no_sync: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+    on_batch: Callable[[int, int, int, int], None] | None = None,
+) -> ElasticLoader:
     collate_fn = None
     num_workers = 0
-    pin_memory = False
     if isinstance(data, DataLoader):
         dataset = data.dataset
         collate_fn = data.collate_fn
         num_workers = data.num_workers
-        pin_memory = data.pin_memory
         if batch_size is None:
             batch_size = data.batch_size
     else:
@@ -206,21 +265,18 @@ def prepare_loader(
             world_size,
             (batch_size // world_size) * world_size,
         )
-    sampler = GlobalBatchSampler(
-        len(dataset),
-        batch_size=batch_size,
+    return ElasticLoader(
+        dataset,
+        init_batch_size=batch_size,
         rank=rank,
         world_size=world_size,
+        device=device,
         shuffle=shuffle,
         seed=seed,
         drop_last=drop_last,
-    )
-    return PreparedLoader(
-        dataset,
-        sampler=sampler,
-        device=device,
         collate_fn=collate_fn,
         num_workers=num_workers,
-        pin_memory=pin_memory,
+        sync=sync,
+        no_sync=no_sync,
         on_batch=on_batch,
     )

@@ -11,8 +11,47 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 if TYPE_CHECKING:
     from raylight.checkpoint import Checkpoint
 
-WorkerState = Literal["starting", "running", "finished", "errored"]
+WorkerState = Literal["starting", "running", "finished", "errored", "paused"]
 FailureKind = Literal["error", "died", "hang"]
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How each optimizer step is made: ``atomic_bsz`` samples per worker per micro-step,
+    ``accum_steps`` extra micro-steps; ``version`` orders plans (the newest wins)."""
+
+    atomic_bsz: int
+    accum_steps: int = 0
+    version: int = 0
+
+    def global_batch(self, num_replicas: int) -> int:
+        return num_replicas * self.atomic_bsz * (self.accum_steps + 1)
+
+
+@dataclass(frozen=True)
+class AdaptiveSpec:
+    """Adaptive and elastic settings a worker's context needs (from the driver)."""
+
+    adaptive: bool  # batch size and LR follow the plan and the LR rule
+    lr_rule: str = "none"
+    lr_warmup_steps: float = 0.0
+    noise_smoothing: float = 0.98
+    plan: BatchPlan | None = None  # None: derive from the loader's batch_size
+    num_nodes: int = 1
+
+
+@dataclass(frozen=True)
+class AdaptiveStats:
+    """What rank 0 tells the driver about adaptive training since the last poll."""
+
+    profile: list[list[Any]]  # StepProfile increments, as StepProfile.to_json()
+    plan: BatchPlan
+    init_batch_size: int
+    grad_sqr: float
+    grad_var: float
+    lr_factor: float
+    progress: float
+    threads: int
 
 
 @dataclass(frozen=True)
@@ -51,6 +90,8 @@ class WorkerPoll:
     progress: Progress = field(default_factory=Progress)
     seconds_since_progress: float = 0.0
     error: ErrorInfo | None = None
+    adaptive: AdaptiveStats | None = None
+    commit: int = -1  # index of the last checkpoint this worker holds in memory
 
 
 @dataclass(frozen=True)

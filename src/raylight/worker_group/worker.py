@@ -19,7 +19,15 @@ import cloudpickle
 
 from raylight._time import monotonic, wall
 from raylight.checkpoint import Checkpoint
-from raylight.worker_group.protocol import ErrorInfo, Progress, Report, WorkerPoll, WorkerState
+from raylight.worker_group.protocol import (
+    AdaptiveSpec,
+    BatchPlan,
+    ErrorInfo,
+    Progress,
+    Report,
+    WorkerPoll,
+    WorkerState,
+)
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,9 @@ class StartSpec:
     loopback: bool
     checkpoint_path: str | None
     checkpoint_meta: dict[str, Any] | None
+    adaptive: AdaptiveSpec | None = None
+    elastic: bool = False
+    broadcast_state: bool = False  # take the state from rank 0's memory (in-place resize)
 
 
 def call_train_loop(fn: Any, ctx: Any, config: dict[str, Any] | None) -> Any:
@@ -98,6 +109,8 @@ class RaylightWorker:
         self._error: ErrorInfo | None = None
         self._store: Any = None
         self._thread: threading.Thread | None = None
+        self._sync: Any = None  # the running context's StepSync
+        self._commit: tuple[int, bytes] | None = None  # last checkpoint held in memory
 
     def __repr__(self) -> str:  # Ray prefixes this actor's log lines with it
         return f"raylight {self.run_name} rank={self.info.rank}"
@@ -113,6 +126,14 @@ class RaylightWorker:
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
         }
 
+    def set_rank(self, rank_info: RankInfo) -> int:
+        """Take a new place in a resized group; returns the checkpoint index held."""
+        if self._thread is not None and self._thread.is_alive():
+            raise RuntimeError("cannot change rank while the training loop runs")
+        self.info = rank_info
+        self._store = None
+        return self._commit[0] if self._commit is not None else -1
+
     def open_store(self, host: str, world_size: int, timeout_s: float) -> int:
         """Rank 0: start the rendezvous store on a free port and return the port."""
         import torch.distributed as dist
@@ -124,13 +145,25 @@ class RaylightWorker:
 
     def start(self, fn: Any, config: dict[str, Any] | None, spec: StartSpec, ckpt: bytes | None) -> None:
         self._last_progress = monotonic()
+        self._error = None
+        self._sync = None
         self._thread = threading.Thread(
             target=self._run, args=(fn, config, spec, ckpt), name="raylight-train-loop", daemon=True
         )
         self._state = "running"
         self._thread.start()
 
+    def set_plan(self, plan: BatchPlan) -> None:
+        if self._sync is not None:
+            self._sync.set_plan(plan)
+
+    def interrupt(self) -> None:
+        """Stop the loop at the next step boundary (all ranks agree which)."""
+        if self._sync is not None:
+            self._sync.request_stop()
+
     def poll(self) -> WorkerPoll:
+        stats = self._sync.drain_stats() if self._sync is not None and self.info.rank == 0 else None
         with self._lock:
             reports, self._reports = self._reports, []
             return WorkerPoll(
@@ -140,6 +173,8 @@ class RaylightWorker:
                 progress=self._progress,
                 seconds_since_progress=monotonic() - self._last_progress,
                 error=self._error,
+                adaptive=stats,
+                commit=self._commit[0] if self._commit is not None else -1,
             )
 
     # -- ReportSink for the TrainContext ---------------------------------------------
@@ -157,12 +192,30 @@ class RaylightWorker:
     def heartbeat(self) -> None:
         self._last_progress = monotonic()
 
+    def keep_commit(self, index: int, data: bytes) -> None:
+        self._commit = (index, data)
+
     # -- the training thread ------------------------------------------------------------
+    def _broadcast_state(self) -> bytes:
+        """Rank 0 sends the checkpoint it holds in memory to every rank."""
+        import torch
+        import torch.distributed as dist
+
+        data = self._commit[1] if self.info.rank == 0 and self._commit is not None else b""
+        size = torch.tensor([len(data)], dtype=torch.int64)
+        dist.broadcast(size, src=0)
+        buf = torch.empty(int(size.item()), dtype=torch.uint8)
+        if self.info.rank == 0:
+            buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        dist.broadcast(buf, src=0)
+        return buf.numpy().tobytes()
+
     def _run(self, fn: Any, config: dict[str, Any] | None, spec: StartSpec, ckpt: bytes | None) -> None:
         import torch
         import torch.distributed as dist
 
         from raylight.context import TrainContext
+        from raylight.elastic.sync import ResizeInterrupt
 
         info = self.info
         try:
@@ -194,6 +247,8 @@ class RaylightWorker:
             dist.init_process_group(
                 spec.backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout
             )
+            if spec.broadcast_state:
+                ckpt = self._broadcast_state() or None
             checkpoint = None
             if ckpt is not None:
                 checkpoint = Checkpoint(spec.checkpoint_path, metadata=spec.checkpoint_meta, data=ckpt)
@@ -207,10 +262,17 @@ class RaylightWorker:
                 sink=self,
                 checkpoint=checkpoint,
                 config=config,
+                adaptive=spec.adaptive,
+                elastic=spec.elastic,
+                threads=spec.threads,
             )
+            self._sync = ctx.sync
             call_train_loop(fn, ctx, config)
             with self._lock:
                 self._state = "finished"
+        except ResizeInterrupt:
+            with self._lock:
+                self._state = "paused"
         except BaseException as exc:
             with self._lock:
                 self._error = error_info(exc)
@@ -221,3 +283,4 @@ class RaylightWorker:
                     dist.destroy_process_group()
                 except Exception:  # the group may be broken by a peer's death
                     pass
+            self._store = None

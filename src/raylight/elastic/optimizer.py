@@ -1,0 +1,206 @@
+"""AdaptiveOptimizer: accumulation, the LR rule and gradient statistics, explicitly.
+
+It wraps the user's optimizer without patching it. The loop calls ``zero_grad``,
+``backward`` and ``step`` on every micro-batch as usual; with ``s`` accumulation steps,
+``zero_grad`` only clears at the first micro-step of an optimizer step and ``step`` only
+steps at the last one, after dividing the summed gradients by ``s + 1``. The learning rate
+of each param group is multiplied by the rule's factor for that one step and restored, so
+the user's schedulers keep working on the unscaled rate.
+
+Gradient statistics for the noise scale: with several replicas, a DDP comm hook measures
+each bucket's local gradient before the all-reduce and the averaged one after it; with one
+replica, the gradients of the micro-steps are compared through a snapshot (one copy of
+the gradients; with no accumulation, consecutive steps are compared, which is biased
+because the parameters moved in between). Adam-family optimizers precondition by
+sqrt(v_hat) + eps before norms are taken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from raylight.elastic.sync import StepSync
+
+
+def _is_adam(optimizer: torch.optim.Optimizer) -> bool:
+    return isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW | torch.optim.NAdam | torch.optim.RAdam)
+
+
+class AdaptiveOptimizer:
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, *, sync: StepSync, noise_hook: NoiseHook | None = None
+    ) -> None:
+        if isinstance(optimizer, AdaptiveOptimizer):
+            raise TypeError("this optimizer was already prepared with ctx.prepare_optimizer")
+        self.optimizer = optimizer
+        self.sync = sync
+        self.noise_hook = noise_hook
+        if noise_hook is not None:
+            noise_hook.optimizer = self
+        self._adam = _is_adam(optimizer)
+        self._snapshot: list[torch.Tensor] | None = None  # one replica: gradients so far
+        self._micro_sqr = 0.0
+
+    # -- the optimizer interface the loop uses ------------------------------------------
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    @property
+    def state(self) -> Any:
+        return self.optimizer.state
+
+    @property
+    def progress(self) -> float:
+        """Scale-invariant progress, in optimizer steps at the initial batch size."""
+        return self.sync.progress
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self.sync.micro == 0:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+            self._snapshot = None if self.sync.world_size > 1 else self._snapshot
+            self._micro_sqr = 0.0
+
+    def step(self, closure: Callable[[], float] | None = None) -> Any:
+        sync = self.sync
+        last = sync.micro == sync.micro_steps - 1
+        if sync.world_size == 1 and sync.adaptive:
+            self._measure_micro_step(last)
+        if not last:
+            return None  # accumulating: the gradients stay for the next micro-step
+        if self.noise_hook is not None:
+            local, big = self.noise_hook.harvest()
+            steps = sync.micro_steps
+            if sync.uniform_step and sync.adaptive:
+                sync.set_grad_stats(
+                    small_sqr=local / steps**2,
+                    big_sqr=big / steps**2,
+                    small_batch=sync.plan.atomic_bsz * steps,
+                    big_batch=sync.plan.atomic_bsz * steps * sync.world_size,
+                )
+        if sync.micro_steps > 1:
+            for grad in self._grads():
+                grad.div_(sync.micro_steps)
+        factor = sync.lr_factor()
+        saved = [g["lr"] for g in self.optimizer.param_groups]
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["lr"] * factor
+        try:
+            out = self.optimizer.step(closure)
+        finally:
+            for group, lr in zip(self.optimizer.param_groups, saved, strict=True):
+                group["lr"] = lr
+        sync.advance_progress()
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state)
+
+    def __getattr__(self, name: str) -> Any:  # anything else: the wrapped optimizer's
+        return getattr(self.optimizer, name)
+
+    # -- gradient statistics ---------------------------------------------------------------
+    def _params(self) -> Iterator[torch.Tensor]:
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    yield p
+
+    def _grads(self) -> list[torch.Tensor]:
+        return [p.grad for p in self._params() if p.grad is not None]
+
+    def preconditioned_sqr(self, grads: list[torch.Tensor], params: list[torch.Tensor]) -> float:
+        total = torch.zeros((), dtype=torch.float64)
+        for g, p in zip(grads, params, strict=True):
+            g = g.detach().to(torch.float64)
+            if self._adam:
+                state = self.optimizer.state.get(p, {})
+                if "exp_avg_sq" in state and "step" in state:
+                    group = next(gr for gr in self.optimizer.param_groups if any(q is p for q in gr["params"]))
+                    beta2 = group["betas"][1]
+                    step = float(state["step"])
+                    v_hat = state["exp_avg_sq"].to(torch.float64) / (1 - beta2**step)
+                    g = g / (v_hat.sqrt() + group["eps"])
+            total += g.pow(2).sum().cpu()
+        return float(total)
+
+    def _measure_micro_step(self, last: bool) -> None:
+        """One replica: the gradient of this micro-step is the total so far minus the
+        snapshot; compare micro-step norms with the norm of their mean."""
+        sync = self.sync
+        params = list(self._params())
+        if not sync.uniform_step or not params:
+            self._snapshot = None
+            return
+        totals = [g.detach().clone() for g in self._grads()]
+        steps = sync.micro_steps
+        if steps > 1:
+            prev = self._snapshot if self._snapshot is not None and sync.micro > 0 else None
+            micro = [t - s for t, s in zip(totals, prev, strict=True)] if prev is not None else totals
+            self._micro_sqr += self.preconditioned_sqr(micro, params)
+            self._snapshot = totals
+            if last:
+                mean = [t / steps for t in totals]
+                sync.set_grad_stats(
+                    small_sqr=self._micro_sqr / steps,
+                    big_sqr=self.preconditioned_sqr(mean, params),
+                    small_batch=sync.plan.atomic_bsz,
+                    big_batch=sync.plan.atomic_bsz * steps,
+                )
+            return
+        # No accumulation: this step against the previous one (biased).
+        prev = self._snapshot
+        self._snapshot = totals
+        if prev is None or len(prev) != len(totals):
+            return
+        mean = [(t + s) / 2 for t, s in zip(totals, prev, strict=True)]
+        sync.set_grad_stats(
+            small_sqr=(self.preconditioned_sqr(totals, params) + self.preconditioned_sqr(prev, params)) / 2,
+            big_sqr=self.preconditioned_sqr(mean, params),
+            small_batch=sync.plan.atomic_bsz,
+            big_batch=2 * sync.plan.atomic_bsz,
+        )
+
+
+class NoiseHook:
+    """A DDP comm hook that sums squared norms of each bucket's local gradient (before the
+    all-reduce) and of the averaged one (after); the optimizer harvests them at its step."""
+
+    def __init__(self) -> None:
+        self.local = 0.0
+        self.big = 0.0
+        self.optimizer: AdaptiveOptimizer | None = None
+
+    def _sqr(self, tensors: list[torch.Tensor], params: list[torch.Tensor]) -> float:
+        if self.optimizer is not None:
+            return self.optimizer.preconditioned_sqr(tensors, params)
+        return float(sum(float(t.detach().double().pow(2).sum()) for t in tensors))
+
+    def __call__(self, state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        params = bucket.parameters()
+        grads = bucket.gradients()
+        self.local += self._sqr(grads, params)
+        sizes = [g.numel() for g in grads]
+        shapes = [g.shape for g in grads]
+
+        def after(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+            averaged = fut.value()
+            views = [v.view(shape) for v, shape in zip(averaged.split(sizes), shapes, strict=True)]
+            self.big += self._sqr(views, params)
+            return averaged
+
+        return allreduce_hook(None, bucket).then(after)  # type: ignore[arg-type]
+
+    def harvest(self) -> tuple[float, float]:
+        local, big = self.local, self.big
+        self.local = self.big = 0.0
+        return local, big

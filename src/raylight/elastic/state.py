@@ -1,0 +1,82 @@
+"""Training state that survives restarts and resizes: epochs and metric accumulators."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, MutableMapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+class Accumulator(MutableMapping[str, float]):
+    """Sums of metrics across replicas and across restarts.
+
+    Add to it on every replica (``acc["correct"] += n``); read the totals of all
+    replicas inside ``with acc.synchronized():``, which all-reduces what each replica
+    added since the last synchronisation (a collective: call it on every rank).
+    Outside, reads give what this replica added since then. Totals are part of every
+    checkpoint, so they continue after a restart or a resize.
+    """
+
+    def __init__(self, *, world_size: int) -> None:
+        self._world_size = world_size
+        self._local: dict[str, float] = {}
+        self._totals: dict[str, float] = {}
+        self._synced = False
+
+    def __getitem__(self, key: str) -> float:
+        if self._synced:
+            return self._totals.get(key, 0.0)
+        return self._local.get(key, 0.0)
+
+    def __setitem__(self, key: str, value: float) -> None:
+        if self._synced:
+            raise RuntimeError("the accumulator is read-only inside synchronized()")
+        self._local[key] = float(value)
+
+    def __delitem__(self, key: str) -> None:
+        self._local.pop(key, None)
+        self._totals.pop(key, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._totals if self._synced else self._local)
+
+    def __len__(self) -> int:
+        return len(self._totals if self._synced else self._local)
+
+    def _sync(self) -> None:
+        keys = sorted(self._local)
+        if self._world_size > 1:
+            gathered: list[Any] = [None] * self._world_size
+            dist.all_gather_object(gathered, keys)
+            keys = sorted({k for ks in gathered for k in ks})
+        values = torch.tensor([self._local.get(k, 0.0) for k in keys], dtype=torch.float64)
+        if self._world_size > 1 and keys:
+            dist.all_reduce(values)
+        for key, value in zip(keys, values.tolist(), strict=True):
+            self._totals[key] = self._totals.get(key, 0.0) + value
+        self._local.clear()
+
+    @contextlib.contextmanager
+    def synchronized(self) -> Iterator[Accumulator]:
+        self._sync()
+        self._synced = True
+        try:
+            yield self
+        finally:
+            self._synced = False
+
+    def reset(self) -> None:
+        """Forget all totals (e.g. at the start of an epoch)."""
+        self._local.clear()
+        self._totals.clear()
+
+    def state_dict(self) -> dict[str, Any]:
+        self._sync()  # every rank's part is in the totals before they are saved
+        return {"totals": dict(self._totals)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._totals = {k: float(v) for k, v in state["totals"].items()}
+        self._local.clear()

@@ -1,0 +1,195 @@
+"""StepSync: one small all-reduce per optimizer step that keeps every rank in agreement.
+
+The vector carries, from rank 0, the newest batch plan the driver sent it; from every
+rank, its local gradient statistics of the last step and whether the driver asked it to
+stop. After the all-reduce every rank sees the same plan, updates an identical noise
+estimator, and either continues or raises ``ResizeInterrupt`` at the same boundary, so
+no rank is left waiting in a collective for a peer that stopped.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from raylight.adaptive.goodput import GoodputFunction, PerfParams
+from raylight.adaptive.lr import LRRule, lr_factor, progress_increment
+from raylight.adaptive.noise import NoiseScaleEstimator
+from raylight.adaptive.profile import StepProfile
+from raylight.worker_group.protocol import AdaptiveStats, BatchPlan
+
+
+class ResizeInterrupt(BaseException):
+    """Raised at a step boundary on every rank when the group is about to be resized."""
+
+
+# Slots of the control vector. Rank-0-only slots are zero elsewhere, so a SUM
+# all-reduce hands rank 0's values to everyone.
+_STOP, _VERSION, _ATOMIC, _ACCUM, _SMALL_SQR, _BIG_SQR, _SMALL_B, _BIG_B, _VALID = range(9)
+
+
+@dataclass
+class _GradStats:
+    small_sqr: float = 0.0
+    big_sqr: float = 0.0
+    small_batch: float = 0.0
+    big_batch: float = 0.0
+    valid: bool = False
+
+
+class StepSync:
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        num_nodes: int,
+        threads: int,
+        plan: BatchPlan,
+        init_batch_size: int,
+        adaptive: bool,
+        lr_rule: LRRule = "none",
+        lr_warmup_steps: float = 0.0,
+        noise_smoothing: float = 0.98,
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.num_nodes = num_nodes
+        self.threads = threads
+        self.plan = plan
+        self.init_batch_size = init_batch_size
+        self.adaptive = adaptive
+        self.lr_rule: LRRule = lr_rule if adaptive else "none"
+        self.lr_warmup_steps = lr_warmup_steps
+        self.gns = NoiseScaleEstimator(noise_smoothing)
+        self.progress = 0.0  # scale-invariant, in optimizer steps at the initial batch
+        self.profile = StepProfile()
+        self._lock = threading.Lock()
+        self._pending_plan: BatchPlan | None = None
+        self._stop = threading.Event()
+        self._stats = _GradStats()
+        # Micro-step position, set by the loader, read by the optimizer.
+        self.micro = 0
+        self.micro_steps = 1
+        self.uniform_step = True  # False for an epoch's short last step
+        self._last_tick: float | None = None
+        self._prev: tuple[bool, bool, int] | None = None
+
+    # -- called from the actor's main thread -------------------------------------------
+    def set_plan(self, plan: BatchPlan) -> None:
+        with self._lock:
+            if plan.version > max(self.plan.version, self._pending_plan.version if self._pending_plan else -1):
+                self._pending_plan = plan
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def drain_stats(self) -> AdaptiveStats:
+        with self._lock:
+            profile, self.profile = self.profile, StepProfile()
+        sqr, var = self.gns.sqr, self.gns.var
+        return AdaptiveStats(
+            profile=profile.to_json(),
+            plan=self.plan,
+            init_batch_size=self.init_batch_size,
+            grad_sqr=sqr,
+            grad_var=var,
+            lr_factor=self.lr_factor(),
+            progress=self.progress,
+            threads=self.threads,
+        )
+
+    # -- called from the training thread -------------------------------------------------
+    def set_grad_stats(self, *, small_sqr: float, big_sqr: float, small_batch: float, big_batch: float) -> None:
+        self._stats = _GradStats(small_sqr, big_sqr, small_batch, big_batch, True)
+
+    def boundary(self) -> BatchPlan:
+        """Agree on the plan for the next optimizer step; raise ResizeInterrupt if any rank
+        was asked to stop."""
+        vec = torch.zeros(9, dtype=torch.float64)
+        vec[_STOP] = 1.0 if self._stop.is_set() else 0.0
+        stats = self._stats
+        vec[_SMALL_SQR] = stats.small_sqr if stats.valid else 0.0
+        if self.rank == 0:
+            with self._lock:
+                pending = self._pending_plan
+            if pending is not None:
+                vec[_VERSION], vec[_ATOMIC], vec[_ACCUM] = pending.version, pending.atomic_bsz, pending.accum_steps
+            if stats.valid:
+                vec[_BIG_SQR], vec[_SMALL_B], vec[_BIG_B], vec[_VALID] = (
+                    stats.big_sqr, stats.small_batch, stats.big_batch, 1.0,
+                )
+        if self.world_size > 1:
+            dist.all_reduce(vec)
+        self._stats = _GradStats()
+        if vec[_STOP] > 0:
+            raise ResizeInterrupt()
+        version = int(vec[_VERSION])
+        if version > self.plan.version:
+            self.plan = BatchPlan(int(vec[_ATOMIC]), int(vec[_ACCUM]), version)
+            with self._lock:
+                if self._pending_plan is not None and self._pending_plan.version <= version:
+                    self._pending_plan = None
+        if vec[_VALID] > 0:
+            self.gns.update(
+                small_sqr=float(vec[_SMALL_SQR]) / self.world_size,
+                small_batch=float(vec[_SMALL_B]),
+                big_sqr=float(vec[_BIG_SQR]),
+                big_batch=float(vec[_BIG_B]),
+            )
+        return self.plan
+
+    def tick(self, *, sync_step: bool) -> None:
+        """Called as each micro-batch is handed out: the time since the previous one is
+        that micro-step's duration (its compute, plus the all-reduces if it synced);
+        rank 0 adds it to the profile."""
+        now = time.perf_counter()
+        last, self._last_tick = self._last_tick, now
+        prev, self._prev = self._prev, (sync_step, self.uniform_step, self.plan.atomic_bsz)
+        if self.rank != 0 or last is None or prev is None or not prev[1]:
+            return
+        was_sync, _, atomic = prev
+        layout = (self.num_nodes, self.world_size, atomic, self.threads)
+        with self._lock:
+            if was_sync:
+                self.profile.add(layout, optim_time=now - last)
+            else:
+                self.profile.add(layout, accum_time=now - last)
+
+    def pause_clock(self) -> None:
+        """Close the current micro-step: time outside the loop (evaluation, epoch end)
+        is not a step, so the step in progress is not timed."""
+        self._last_tick = None
+        self._prev = None
+
+    # -- learning rate ----------------------------------------------------------------
+    def scale(self) -> float:
+        return self.plan.global_batch(self.world_size) / self.init_batch_size
+
+    def gain(self) -> float:
+        scale = self.scale()
+        if not self.gns.ready or scale == 1.0:
+            return 1.0  # no noise measured yet: no claim that a big batch is worth more
+        fn = GoodputFunction(PerfParams(0, 0, 0, 0, 0, 0, 1), self.gns.grad_params(self.init_batch_size), self.init_batch_size)
+        return float(fn.gain(self.plan.global_batch(self.world_size)))
+
+    def lr_factor(self) -> float:
+        return float(
+            lr_factor(self.lr_rule, self.scale(), self.gain(), progress=self.progress, warmup_steps=self.lr_warmup_steps)
+        )
+
+    def advance_progress(self) -> None:
+        self.progress += progress_increment(self.lr_rule, self.scale(), self.gain())
+
+    # -- checkpoint state -------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"gns": self.gns.state_dict(), "progress": self.progress, "plan": [self.plan.atomic_bsz, self.plan.accum_steps, self.plan.version]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.gns.load_state_dict(state["gns"])
+        self.progress = float(state["progress"])
+

@@ -1,0 +1,136 @@
+"""The loader's position logic: global batches, exact coverage across resizes and plans."""
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from raylight.data.loader import ElasticLoader, micro_batches, move_to_device
+from raylight.worker_group.protocol import BatchPlan
+
+
+class ScheduledSync:
+    """Stands in for StepSync on one simulated rank: the plan of each step comes from a
+    schedule shared by all ranks (as the all-reduce would make it)."""
+
+    def __init__(self, plans, world_size):
+        self.plans = plans
+        self.world_size = world_size
+        self.step = 0
+        self.micro = 0
+        self.micro_steps = 1
+        self.uniform_step = True
+        self.plan = plans[0]
+
+    def boundary(self):
+        self.plan = self.plans[min(self.step, len(self.plans) - 1)]
+        self.step += 1
+        return self.plan
+
+    def tick(self, *, sync_step):
+        pass
+
+    def pause_clock(self):
+        pass
+
+
+def ids(n):
+    return TensorDataset(torch.arange(n))
+
+
+def loaders(n, k, *, batch_size, plans=None, shuffle=True, state=None):
+    out = []
+    for r in range(k):
+        sync = ScheduledSync(plans, k) if plans else None
+        ld = ElasticLoader(ids(n), init_batch_size=batch_size, rank=r, world_size=k, device=torch.device("cpu"), shuffle=shuffle, seed=3, sync=sync)
+        if state:
+            ld.load_state_dict(state)
+        out.append(ld)
+    return out
+
+
+def take(lds, steps=None):
+    """Consume (up to ``steps`` optimizer steps of) an epoch on every rank; returns the ids
+    per rank per micro-batch."""
+    seen = []
+    for ld in lds:
+        mine, count = [], 0
+        it = iter(ld)
+        for (batch,) in it:
+            mine.append(batch.tolist())
+            sync = ld.sync
+            if sync is None or sync.micro == sync.micro_steps - 1:
+                count += 1
+                if steps is not None and count == steps:
+                    break
+        seen.append(mine)
+    return seen
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_each_global_batch_is_the_single_process_batch(k):
+    single = take(loaders(96, 1, batch_size=12))[0]
+    shards = take(loaders(96, k, batch_size=12))
+    for step, batch in enumerate(single):
+        assert sorted(i for r in range(k) for i in shards[r][step]) == sorted(batch)
+
+
+@pytest.mark.parametrize("n,bs,k", [(100, 16, 2), (101, 10, 4), (7, 4, 3), (50, 8, 3)])
+def test_epoch_covers_every_sample_once(n, bs, k):
+    shards = take(loaders(n, k, batch_size=bs))
+    assert len({len(s) for s in shards}) == 1, "every rank takes the same number of steps"
+    seen = [i for s in shards for b in s for i in b]
+    assert set(seen) == set(range(n))
+    tail = n % ((bs // k) * k)
+    extra = k - tail if 0 < tail < k else 0  # ranks with nothing repeat one sample
+    assert len(seen) == n + extra
+
+
+def test_resize_and_replan_mid_epoch_neither_repeats_nor_skips():
+    n = 240
+    first = loaders(n, 2, batch_size=16, plans=[BatchPlan(8)])
+    part1 = take(first, steps=5)  # 5 steps x 16 samples
+    state = first[0].state_dict()
+    assert state == {"epoch": 0, "cursor": 80, "num_samples": n}
+    # Three workers, atomic 5 with one accumulation step (30 per step), then atomic 10.
+    second = loaders(n, 3, batch_size=16, plans=[BatchPlan(5, 1, 1), BatchPlan(5, 1, 1), BatchPlan(10, 0, 2)], state=state)
+    part2 = take(second)
+    seen = [i for part in (part1, part2) for rank in part for b in rank for i in b]
+    assert sorted(seen) == list(range(n))
+    # The same order a single process would have consumed.
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(3)).tolist()
+    assert sorted(i for rank in part1 for b in rank for i in b) == sorted(order[:80])
+
+
+def test_finished_epoch_moves_on_and_set_epoch_resets():
+    ld = loaders(10, 1, batch_size=4, shuffle=False)[0]
+    assert take([ld])[0] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert ld.epoch_done and ld.epoch == 0
+    take([ld], steps=1)
+    assert ld.epoch == 1 and ld.cursor == 4
+    ld.set_epoch(5)
+    assert ld.cursor == 0 and len(ld) == 3
+
+
+def test_state_from_another_dataset_is_refused():
+    ld = loaders(10, 1, batch_size=4)[0]
+    with pytest.raises(ValueError, match="resume with the same dataset"):
+        ld.load_state_dict({"epoch": 0, "cursor": 4, "num_samples": 11})
+
+
+def test_micro_batches_split():
+    step = torch.arange(20)
+    assert micro_batches(step, atomic_bsz=5, rank=1, world_size=2, pad=0) == [[5, 6, 7, 8, 9], [15, 16, 17, 18, 19]]
+    assert micro_batches(torch.arange(3), atomic_bsz=5, rank=3, world_size=4, pad=99) == [[99]]
+
+
+def test_batch_smaller_than_world_and_empty_are_errors():
+    with pytest.raises(ValueError, match="at least the number of workers"):
+        loaders(10, 4, batch_size=2)
+    with pytest.raises(ValueError, match="empty"):
+        loaders(0, 1, batch_size=2)
+
+
+def test_move_to_device_nested():
+    batch = {"x": torch.ones(2), "y": [torch.zeros(1), 3], "s": "k"}
+    out = move_to_device(batch, torch.device("cpu"))
+    assert torch.equal(out["x"], batch["x"]) and out["y"][1] == 3 and out["s"] == "k"
