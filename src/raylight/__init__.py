@@ -1,7 +1,13 @@
 """raylight: simple, efficient, adaptive data-parallel PyTorch training on Ray."""
 
 from raylight.checkpoint import Checkpoint
-from raylight.config import FailureConfig, RunConfig, ScalingConfig, TrainerConfig
+from raylight.config import (
+    AdaptiveConfig,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+    TrainerConfig,
+)
 from raylight.context import TrainContext
 from raylight.exceptions import (
     ClusterConnectionError,
@@ -19,6 +25,7 @@ from raylight.trainer import Result, Trainer, fit
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdaptiveConfig",
     "Checkpoint",
     "ClusterConnectionError",
     "ConfigError",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numbers
 import sys
-from collections import deque
 from typing import Any
 
 from rich.console import Console, Group
@@ -17,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from raylight._time import monotonic
+from raylight.adaptive.profile import SampleRate
 from raylight.worker_group.protocol import GroupPoll
 
 
@@ -33,28 +33,6 @@ def format_metrics(metrics: dict[str, Any], limit: int = 4) -> str:
     return " ".join(parts)
 
 
-class Throughput:
-    """Global samples/s over a sliding window of polls, robust to restarts."""
-
-    def __init__(self, window_s: float = 5.0) -> None:
-        self.window_s = window_s
-        self._points: deque[tuple[float, int]] = deque()
-        self._total = 0
-        self._last_sum = 0
-
-    def update(self, samples_now: int, now: float) -> float:
-        delta = samples_now - self._last_sum
-        if delta < 0:  # counters restarted with a new worker group
-            delta = samples_now
-        self._last_sum = samples_now
-        self._total += delta
-        self._points.append((now, self._total))
-        while len(self._points) > 2 and now - self._points[0][0] > self.window_s:
-            self._points.popleft()
-        (t0, s0), (t1, s1) = self._points[0], self._points[-1]
-        return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
-
-
 class ProgressDisplay:
     def __init__(self, *, enabled: bool, console: Console | None = None) -> None:
         self.enabled = enabled
@@ -64,7 +42,7 @@ class ProgressDisplay:
         self._live: Live | None = None
         self._status = Text("starting workers...", style="dim")
         self._task: Any = None
-        self._rate = Throughput()
+        self._rate = SampleRate()
         self._metrics: dict[str, Any] = {}
         self._restarts = 0
         self._last_line = -1e9

@@ -21,6 +21,8 @@ log = logging.getLogger("raylight")
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
+TRACE_FILE = "adaptive.jsonl"
+ENGINE_FILE = "adaptive_state.json"
 
 
 class RunRecorder:
@@ -32,6 +34,7 @@ class RunRecorder:
         self._lines: list[str] = []
         self._next_ckpt = 0
         self._kept: list[int] = []
+        self.trace_rows: list[dict[str, Any]] = []
 
     @property
     def path(self) -> str:
@@ -96,6 +99,23 @@ class RunRecorder:
             self.storage.write_text(METRICS_FILE, "".join(f"{ln}\n" for ln in self._lines))
         if report.checkpoint is not None:
             self._commit(report, index)
+
+    def trace(self, row: dict[str, Any], engine_state: dict[str, Any] | None = None) -> None:
+        """Append one row to adaptive.jsonl (and keep the engine's state beside it)."""
+        self.trace_rows.append(row)
+        line = json.dumps(row, default=str)
+        if self.storage.is_local:
+            with open(f"{self.storage.root}/{TRACE_FILE}", "a") as f:
+                f.write(line + "\n")
+        else:
+            self.storage.write_text(TRACE_FILE, "".join(json.dumps(r, default=str) + "\n" for r in self.trace_rows))
+        if engine_state is not None:
+            self.storage.write_text(ENGINE_FILE, json.dumps(engine_state))
+
+    def engine_state(self) -> dict[str, Any] | None:
+        if not self.storage.exists(ENGINE_FILE):
+            return None
+        return json.loads(self.storage.read_text(ENGINE_FILE))
 
     def _commit(self, report: Report, report_index: int) -> None:
         index = self._next_ckpt

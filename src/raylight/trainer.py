@@ -9,8 +9,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from raylight._time import wall
 from raylight.checkpoint import Checkpoint
-from raylight.config import FailureConfig, RunConfig, ScalingConfig, TrainerConfig, validate
+from raylight.config import (
+    AdaptiveConfig,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+    TrainerConfig,
+    validate,
+)
 from raylight.progress import ProgressDisplay
 from raylight.recorder import RunRecorder
 from raylight.storage import RunStorage, default_storage_path
@@ -37,6 +45,7 @@ class Result:
     path: str
     num_failures: int = 0
     config: dict[str, Any] = field(default_factory=dict)
+    resizes: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Trainer:
@@ -73,18 +82,19 @@ class Trainer:
             "train_loop_config": self.train_loop_config,
         }
         embedded = False
-        if self.config.scaling.num_workers > 0:  # connect before writing anything
+        if self.config.scaling.num_workers != 0:  # connect before writing anything
             from raylight import runtime
 
             embedded = runtime.connect(
                 self.config.address, connect_timeout_s=self.config.failure.connect_timeout_s
             ).embedded
         recorder.open(resolved, resume=run.resume)
+        resizes: list[dict[str, Any]] = []
         with ProgressDisplay(enabled=run.progress) as display:
             if self.config.scaling.num_workers == 0:
                 num_failures = self._fit_in_process(recorder)
             else:
-                num_failures = self._fit_on_ray(recorder, name, display, embedded=embedded)
+                num_failures = self._fit_on_ray(recorder, name, display, embedded=embedded, resizes=resizes)
         return Result(
             metrics=recorder.history[-1] if recorder.history else {},
             metrics_history=list(recorder.history),
@@ -92,38 +102,109 @@ class Trainer:
             path=recorder.path,
             num_failures=num_failures,
             config=resolved,
+            resizes=resizes,
         )
 
     def _fit_on_ray(
-        self, recorder: RunRecorder, name: str, display: ProgressDisplay, *, embedded: bool
+        self,
+        recorder: RunRecorder,
+        name: str,
+        display: ProgressDisplay,
+        *,
+        embedded: bool,
+        resizes: list[dict[str, Any]],
     ) -> int:
+        from raylight.adaptive.engine import AdaptiveEngine, EngineSettings
         from raylight.controller import Controller, FailurePolicy, State
+        from raylight.plots import plot_adaptive
+        from raylight.worker_group.protocol import AdaptiveSpec
         from raylight.worker_group.ray_group import RayWorkerGroup
 
         cfg = self.config
+        scaling, adaptive = cfg.scaling, cfg.adaptive
+        engine = None
+        spec = None
+        if adaptive is not None or scaling.elastic:
+            a = adaptive
+            engine = AdaptiveEngine(
+                EngineSettings(
+                    adaptive=a is not None,
+                    elastic=scaling.elastic,
+                    min_workers=scaling.min_workers,
+                    max_workers=scaling.max_workers,
+                    max_batch_size=a.max_batch_size if a else None,
+                    local_batch_bounds=a.local_batch_bounds if a else None,
+                    accumulation=a.accumulation if a else False,
+                    gain_threshold=a.gain_threshold if a else 0.05,
+                    min_profile_steps=a.min_profile_steps if a else 5,
+                    scaling_policy=scaling.scaling_policy,
+                    utility_threshold=scaling.utility_threshold,
+                    resize_hysteresis=scaling.resize_hysteresis,
+                    resize_horizon_s=scaling.resize_horizon_s,
+                )
+            )
+            if cfg.run.resume and (saved := recorder.engine_state()) is not None:
+                engine.load_state_dict(saved)
+            spec = AdaptiveSpec(
+                adaptive=a is not None,
+                lr_rule=a.lr_rule if a else "none",
+                lr_warmup_steps=a.lr_warmup_steps if a else 0.0,
+                noise_smoothing=a.noise_smoothing if a else 0.98,
+            )
         group = RayWorkerGroup(
             self.train_loop,
             self.train_loop_config,
-            scaling=cfg.scaling,
+            scaling=scaling,
             failure=cfg.failure,
             run_name=name,
             embedded=embedded,
+            adaptive=spec,
         )
+        num_workers = scaling.min_workers
+        if scaling.elastic:  # start with as many as fit now, within (min, max)
+            num_workers = max(scaling.min_workers, min(scaling.max_workers, group.capacity()))
+
+        def trace(row: dict[str, Any]) -> None:
+            recorder.trace({"time": wall(), **row}, engine.state_dict() if engine else None)
+
         controller = Controller(
             group=group,
             recorder=recorder,
-            num_workers=cfg.scaling.num_workers,
+            num_workers=num_workers,
             failure_policy=FailurePolicy(cfg.failure.max_failures),
             poll_interval_s=cfg.failure.poll_interval_s,
             on_poll=lambda poll, c: display.update(
                 poll, num_workers=c.num_workers, num_restarts=c.num_restarts
             ),
+            engine=engine,
+            elastic=scaling.elastic,
+            min_workers=scaling.min_workers,
+            max_workers=scaling.max_workers,
+            threads_for=self._threads_for,
+            decision_interval_s=adaptive.decision_interval_s if adaptive else 3.0,
+            resize_interval_s=scaling.resize_interval_s,
+            autoscale=scaling.autoscale,
+            trace=trace if engine is not None else None,
         )
-        controller.run()  # shuts the group down however it ends, Ctrl-C included
+        try:
+            controller.run()  # shuts the group down however it ends, Ctrl-C included
+        finally:
+            resizes.extend(controller.resizes)
+            if engine is not None and (png := plot_adaptive(recorder.trace_rows)) is not None:
+                recorder.storage.write_bytes("adaptive.png", png)
         if controller.state is State.ERRORED:
             assert controller.error is not None
             raise controller.error
         return controller.num_failures
+
+    def _threads_for(self, num_workers: int) -> int:
+        """torch threads per worker in a layout of ``num_workers``: fixed when set; in an
+        elastic job, the CPUs its largest size reserves, shared by the workers running."""
+        scaling = self.config.scaling
+        if scaling.threads_per_worker is not None or not scaling.elastic:
+            return scaling.worker_threads()
+        budget = scaling.max_workers * scaling.worker_resources().get("CPU", 1.0)
+        return max(1, int(budget // num_workers))
 
     def _fit_in_process(self, recorder: RunRecorder) -> int:
         import torch
@@ -178,7 +259,8 @@ def fit(
     train_loop: Callable[..., Any],
     *,
     config: dict[str, Any] | None = None,
-    num_workers: int,
+    num_workers: int | tuple[int, int],
+    adaptive: AdaptiveConfig | None = None,
     use_gpu: bool = False,
     resources_per_worker: dict[str, float] | None = None,
     placement: str = "PACK",
@@ -192,8 +274,10 @@ def fit(
     """Train ``train_loop`` on ``num_workers`` data-parallel workers and return a Result.
 
     A thin convenience over ``Trainer``: each keyword is the setting of the same name
-    in ``TrainerConfig`` (``scaling``, ``run``, ``failure``). ``num_workers=0`` runs
-    the loop in this process without Ray. ``progress=False`` is quiet mode.
+    in ``TrainerConfig`` (``scaling``, ``run``, ``failure``, ``adaptive``).
+    ``num_workers=0`` runs the loop in this process without Ray; ``(min, max)`` makes the
+    job elastic. ``adaptive=AdaptiveConfig(...)`` chooses batch size and learning rate
+    online. ``progress=False`` is quiet mode.
     """
     trainer_config = TrainerConfig(
         scaling=validate(
@@ -215,6 +299,7 @@ def fit(
             },
         ),
         failure=validate(FailureConfig, {"max_failures": max_failures}),
+        adaptive=adaptive,
         address=address,
     )
     return Trainer(train_loop, train_loop_config=config, config=trainer_config).fit()

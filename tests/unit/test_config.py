@@ -2,7 +2,14 @@ import pytest
 from pydantic import ValidationError
 
 import raylight
-from raylight.config import FailureConfig, RunConfig, ScalingConfig, TrainerConfig, validate
+from raylight.config import (
+    AdaptiveConfig,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+    TrainerConfig,
+    validate,
+)
 from raylight.exceptions import ConfigError
 
 
@@ -16,7 +23,7 @@ def test_wrong_type_and_range_name_key_and_value():
     with pytest.raises(ConfigError) as err:
         validate(TrainerConfig, {"scaling": {"num_workers": -1}, "failure": {"hang_timeout_s": "x"}})
     text = str(err.value)
-    assert "scaling.num_workers" in text and "greater than or equal to 0" in text and "-1" in text
+    assert "scaling.num_workers: must be >= 0 (0 runs in this process), got -1\n" in text
     assert "failure.hang_timeout_s" in text and "'x'" in text
 
 
@@ -24,6 +31,21 @@ def test_placement_lists_allowed_values():
     with pytest.raises(ConfigError) as err:
         validate(ScalingConfig, {"num_workers": 2, "placement": "pack"})
     assert "placement" in str(err.value) and "'PACK'" in str(err.value) and "'pack'" in str(err.value)
+
+
+def test_elastic_bounds_are_checked():
+    with pytest.raises(ConfigError, match=r"  num_workers: \(min, max\) needs 1 <= min <= max, got \(3, 2\)"):
+        validate(ScalingConfig, {"num_workers": (3, 2)})
+    cfg = ScalingConfig(num_workers=(1, 4))
+    assert cfg.elastic and cfg.min_workers == 1 and cfg.max_workers == 4
+    assert not ScalingConfig(num_workers=(2, 2)).elastic
+
+
+def test_adaptive_config_errors():
+    with pytest.raises(ConfigError, match=r"adaptive\.lr_rule"):
+        validate(TrainerConfig, {"adaptive": {"lr_rule": "cubic"}})
+    with pytest.raises(ConfigError, match=r"adaptive.local_batch_bounds: needs 1 <= min <= max"):
+        validate(TrainerConfig, {"adaptive": {"local_batch_bounds": (64, 8)}})
 
 
 def test_gpu_resources_need_use_gpu():
@@ -61,6 +83,6 @@ def test_configs_are_frozen():
 
 
 def test_every_field_is_documented():
-    for model in (ScalingConfig, RunConfig, FailureConfig, TrainerConfig):
+    for model in (ScalingConfig, RunConfig, FailureConfig, TrainerConfig, AdaptiveConfig):
         for name, field in model.model_fields.items():
             assert field.description, f"{model.__name__}.{name} has no description"

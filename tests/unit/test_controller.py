@@ -19,22 +19,50 @@ from raylight.exceptions import (
 from raylight.recorder import RunRecorder
 from raylight.storage import RunStorage
 from raylight.worker_group.protocol import (
+    BatchPlan,
     ErrorInfo,
     GroupPoll,
     Report,
+    ResizeOutcome,
     WorkerFailure,
     WorkerPoll,
 )
 
 
 class FakeGroup:
-    def __init__(self, polls, start_errors=()):
+    def __init__(self, polls, start_errors=(), resize_outcomes=(), capacity=8):
         self.polls = list(polls)
         self.start_errors = list(start_errors)
+        self.resize_outcomes = list(resize_outcomes)
         self.starts: list[tuple[int, object]] = []
+        self.resizes: list[dict] = []
+        self.plans: list[BatchPlan] = []
         self.shutdowns = 0
+        self._capacity = capacity
+        self._size = 0
 
-    def start(self, *, num_workers, checkpoint):
+    def set_plan(self, plan):
+        self.plans.append(plan)
+
+    def capacity(self):
+        return self._capacity
+
+    def request_resources(self, num_workers):
+        pass
+
+    def resize(self, *, num_workers, threads, plan, commit):
+        self.resizes.append({"num_workers": num_workers, "threads": threads, "plan": plan, "commit": commit})
+        outcome = self.resize_outcomes.pop(0)
+        if outcome.kind == "in_place":
+            self._size = num_workers
+        return outcome
+
+    @property
+    def num_workers(self):
+        return self._size
+
+    def start(self, *, num_workers, checkpoint, threads=None, plan=None):
+        self._size = num_workers
         self.starts.append((num_workers, checkpoint))
         if self.start_errors:
             err = self.start_errors.pop(0)
@@ -182,27 +210,71 @@ def test_root_cause_first():
 
 
 class ResizeOnce:
-    def __init__(self, to):
+    def __init__(self, to, after=1):
         self.to = to
-        self.done = False
+        self.after = after
 
     def decide(self, poll, *, num_workers):
-        if self.done:
+        self.after -= 1
+        if self.after != 0:
             return ContinueDecision()
-        self.done = True
         return ResizeDecision(self.to, "test")
 
 
-def test_resize_restarts_from_checkpoint_at_new_size_without_counting_a_failure(recorder):
-    group = FakeGroup([running(ckpt_report(0)), finished(n=3)])
+def test_resize_in_place_keeps_workers_and_rolls_back_to_the_commit(recorder):
+    group = FakeGroup(
+        [running(ckpt_report(0)), running(Report({"epoch": 1})), finished(n=3)],
+        resize_outcomes=[ResizeOutcome("in_place")],
+    )
+    c = make(group, recorder, scaling=ResizeOnce(3, after=2))
+    c.step(), c.step(), c.step()
+    assert c.step() is State.RESIZING
+    assert c.step() is State.RUNNING
+    assert group.resizes == [{"num_workers": 3, "threads": 1, "plan": None, "commit": 0}]
+    assert len(group.starts) == 1, "no new group: the survivors kept running"
+    assert recorder.history == [{"epoch": 0}], "reports after the commit are rolled back"
+    assert c.num_workers == 3 and c.num_failures == 0 and c.num_restarts == 1
+    assert c.step() is State.FINISHED
+
+
+def test_resize_falls_back_to_the_checkpoint_path(recorder):
+    group = FakeGroup(
+        [running(ckpt_report(0)), finished(n=3)],
+        resize_outcomes=[ResizeOutcome("fallback", reason="no live worker holds checkpoint 0")],
+    )
     c = make(group, recorder, scaling=ResizeOnce(3))
     c.step(), c.step()
-    assert c.step() is State.RESTARTING
+    assert c.step() is State.RESIZING
     assert c.step() is State.SCHEDULING
     assert c.step() is State.RUNNING
     assert group.starts[-1][0] == 3 and group.starts[-1][1].load() == {"epoch": 0}
     assert c.num_failures == 0 and c.num_restarts == 1
+    assert c.resizes == [] and c._watch["kind"] == "checkpoint"
     assert c.step() is State.FINISHED
+
+
+def test_elastic_run_shrinks_in_place_when_a_worker_dies(recorder):
+    group = FakeGroup([running(ckpt_report(0)), failed("died"), finished(n=1)], resize_outcomes=[ResizeOutcome("in_place")])
+    c = Controller(
+        group=group, recorder=recorder, num_workers=2, failure_policy=FailurePolicy(0),
+        elastic=True, min_workers=1, max_workers=2,
+    )
+    c.step(), c.step(), c.step()
+    assert c.step() is State.RESIZING, "a lost worker in an elastic run is a resize, not a failure"
+    assert c.step() is State.RUNNING
+    assert group.resizes[0]["num_workers"] == 1 and c.num_failures == 0
+    assert c.step() is State.FINISHED
+
+
+def test_resize_never_goes_outside_min_and_max(recorder):
+    group = FakeGroup([running(), finished(n=4)], resize_outcomes=[ResizeOutcome("in_place")])
+    c = Controller(
+        group=group, recorder=recorder, num_workers=2, failure_policy=FailurePolicy(0),
+        scaling_policy=ResizeOnce(16), elastic=True, min_workers=1, max_workers=4,
+    )
+    c.step(), c.step(), c.step()
+    c.step()
+    assert group.resizes[0]["num_workers"] == 4
 
 
 def test_shutdown_on_driver_interrupt(recorder):

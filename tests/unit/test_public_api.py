@@ -9,7 +9,7 @@ import raylight
 SRC = pathlib.Path(raylight.__file__).parent
 
 PUBLIC = [
-    "Checkpoint", "ClusterConnectionError", "ConfigError", "FailureConfig",
+    "AdaptiveConfig", "Checkpoint", "ClusterConnectionError", "ConfigError", "FailureConfig",
     "InsufficientResourcesError", "RaylightError", "Result", "RunConfig", "ScalingConfig",
     "TrainContext", "Trainer", "TrainerConfig", "TrainingFailedError", "WorkerDiedError",
     "WorkerError", "WorkerHangError", "WorkerStartError", "__version__", "fit",
@@ -25,7 +25,7 @@ def test_public_names_snapshot():
 def test_fit_signature_snapshot():
     params = inspect.signature(raylight.fit).parameters
     assert list(params) == [
-        "train_loop", "config", "num_workers", "use_gpu", "resources_per_worker", "placement",
+        "train_loop", "config", "num_workers", "adaptive", "use_gpu", "resources_per_worker", "placement",
         "storage_path", "name", "max_failures", "resume", "address", "progress",
     ]
     assert all(p.kind is p.KEYWORD_ONLY for n, p in params.items() if n != "train_loop")
@@ -34,7 +34,10 @@ def test_fit_signature_snapshot():
 def test_context_surface():
     for name in ("rank", "local_rank", "world_size", "node_rank", "device", "logger"):
         assert name in inspect.getsource(raylight.TrainContext.__init__)
-    for method in ("prepare_model", "prepare_loader", "report", "get_checkpoint", "barrier", "all_reduce"):
+    for method in (
+        "prepare_model", "prepare_loader", "prepare_optimizer", "report", "get_checkpoint", "barrier",
+        "all_reduce", "epochs", "accumulator", "heartbeat", "unwrap_model",
+    ):
         assert callable(getattr(raylight.TrainContext, method))
 
 
@@ -95,6 +98,9 @@ def test_boundaries():
     # The controller sees data and decisions: no torch, no Ray.
     ctrl = _deps("raylight.controller") | MODULES["raylight.recorder"] | MODULES["raylight.worker_group.protocol"]
     assert not {d for d in ctrl if d.split(".")[0] in ("torch", "ray")}
+    # The adaptive math and policies are pure: numpy and scipy only.
+    adaptive = {d.split(".")[0] for d in _deps("raylight.adaptive")}
+    assert adaptive <= {"__future__", "numpy", "scipy", "math", "collections", "dataclasses", "typing", "raylight"}
     # Config is pure data: nothing else of raylight but its error type.
     cfg = {d for d in _deps("raylight.config") if d.startswith("raylight")}
     assert cfg <= {"raylight.config.schema", "raylight.config.validation", "raylight.exceptions"}

@@ -6,6 +6,7 @@ the profile small however long the run, like AdaptDL's profile.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,3 +70,25 @@ class StepProfile:
         for n, k, m, t, ac, at, oc, ot in rows:
             prof.layouts[(int(n), int(k), int(m), int(t))] = LayoutStats(int(ac), float(at), int(oc), float(ot))
         return prof
+
+
+class SampleRate:
+    """Global samples/s over a sliding window of polls, robust to restarts."""
+
+    def __init__(self, window_s: float = 5.0) -> None:
+        self.window_s = window_s
+        self._points: deque[tuple[float, int]] = deque()
+        self._total = 0
+        self._last_sum = 0
+
+    def update(self, samples_now: int, now: float) -> float:
+        delta = samples_now - self._last_sum
+        if delta < 0:  # counters restarted with a new worker group
+            delta = samples_now
+        self._last_sum = samples_now
+        self._total += delta
+        self._points.append((now, self._total))
+        while len(self._points) > 2 and now - self._points[0][0] > self.window_s:
+            self._points.popleft()
+        (t0, s0), (t1, s1) = self._points[0], self._points[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0

@@ -1,6 +1,7 @@
 """Configuration: pure data, validated by pydantic. Imports nothing else of raylight."""
 
 from raylight.config.schema import (
+    AdaptiveConfig,
     FailureConfig,
     RunConfig,
     ScalingConfig,
@@ -9,6 +10,7 @@ from raylight.config.schema import (
 from raylight.config.validation import format_validation_error, validate
 
 __all__ = [
+    "AdaptiveConfig",
     "FailureConfig",
     "RunConfig",
     "ScalingConfig",

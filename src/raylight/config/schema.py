@@ -20,11 +20,11 @@ class _Model(BaseModel):
 class ScalingConfig(_Model):
     """How many workers, with which resources, placed how."""
 
-    num_workers: int = Field(
+    num_workers: int | tuple[int, int] = Field(
         1,
-        ge=0,
-        description="Number of data-parallel worker processes. 0 runs the loop in this "
-        "process without Ray, for debugging.",
+        description="Number of data-parallel worker processes, or (min, max) for an elastic "
+        "job whose size raylight chooses and changes. 0 runs the loop in this process "
+        "without Ray, for debugging.",
     )
     use_gpu: bool = Field(False, description="Give each worker one GPU and use NCCL.")
     resources_per_worker: dict[str, float] | None = Field(
@@ -41,6 +41,55 @@ class ScalingConfig(_Model):
         description="torch intra-op threads in each worker. Default: the worker's CPU count.",
     )
     strategy: Literal["ddp"] = Field("ddp", description="Data-parallel strategy.")
+    scaling_policy: Literal["goodput", "max"] = Field(
+        "goodput",
+        description="Elastic jobs: 'goodput' picks the size the fitted throughput model "
+        "predicts is best; 'max' runs as many workers as fit, up to max.",
+    )
+    utility_threshold: float = Field(
+        0.5,
+        ge=0,
+        description="Elastic jobs grow to K workers only while speedup(K) / K stays at least this.",
+    )
+    resize_hysteresis: float = Field(
+        0.1, ge=0, description="A resize must promise this much more goodput (0.1 = 10%)."
+    )
+    resize_horizon_s: float = Field(
+        120.0,
+        gt=0,
+        description="A resize must save more time than it costs within this horizon.",
+    )
+    resize_interval_s: float = Field(
+        5.0, gt=0, description="How often elastic jobs reconsider their size."
+    )
+    autoscale: bool = Field(
+        False,
+        description="When more workers would help than fit, ask the Ray autoscaler for them "
+        "(ray.autoscaler.sdk.request_resources).",
+    )
+
+    @field_validator("num_workers")
+    @classmethod
+    def _check_num_workers(cls, value: int | tuple[int, int]) -> int | tuple[int, int]:
+        if isinstance(value, tuple):
+            lo, hi = value
+            if not 1 <= lo <= hi:
+                raise ValueError(f"(min, max) needs 1 <= min <= max, got {value}")
+        elif value < 0:
+            raise ValueError(f"must be >= 0 (0 runs in this process), got {value}")
+        return value
+
+    @property
+    def elastic(self) -> bool:
+        return isinstance(self.num_workers, tuple) and self.num_workers[0] != self.num_workers[1]
+
+    @property
+    def min_workers(self) -> int:
+        return self.num_workers[0] if isinstance(self.num_workers, tuple) else self.num_workers
+
+    @property
+    def max_workers(self) -> int:
+        return self.num_workers[1] if isinstance(self.num_workers, tuple) else self.num_workers
 
     @field_validator("resources_per_worker")
     @classmethod
@@ -75,6 +124,49 @@ class ScalingConfig(_Model):
         if self.threads_per_worker is not None:
             return self.threads_per_worker
         return max(1, int(self.worker_resources().get("CPU", 1)))
+
+
+class AdaptiveConfig(_Model):
+    """Batch size, gradient accumulation and learning rate chosen online for goodput."""
+
+    max_batch_size: int | None = Field(
+        None, ge=1, description="Largest global batch to consider. Default: 32x the initial batch."
+    )
+    local_batch_bounds: tuple[int, int] | None = Field(
+        None,
+        description="(min, max) samples per worker per micro-step (memory bounds). Default: "
+        "(1, max_batch_size).",
+    )
+    accumulation: bool = Field(
+        True, description="Allow gradient accumulation to reach batches beyond the memory bound."
+    )
+    lr_rule: Literal["adascale", "sqrt", "linear", "legw", "none"] = Field(
+        "adascale",
+        description="How the learning rate follows the batch size: adascale (SGD), sqrt "
+        "(Adam family), linear, legw (linear with warm-up), none.",
+    )
+    lr_warmup_steps: float = Field(
+        0.0, ge=0, description="legw: warm-up length in steps at the initial batch size."
+    )
+    gain_threshold: float = Field(
+        0.05, ge=0, description="Change the batch size only for at least this predicted gain."
+    )
+    decision_interval_s: float = Field(
+        3.0, gt=0, description="How often the driver refits the model and reconsiders."
+    )
+    min_profile_steps: int = Field(
+        5, ge=1, description="Optimizer steps a layout needs before its timing is trusted."
+    )
+    noise_smoothing: float = Field(
+        0.98, ge=0, lt=1, description="EMA smoothing of the gradient-noise statistics."
+    )
+
+    @field_validator("local_batch_bounds")
+    @classmethod
+    def _check_bounds(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None and not 1 <= value[0] <= value[1]:
+            raise ValueError(f"needs 1 <= min <= max, got {value}")
+        return value
 
 
 class RunConfig(_Model):
@@ -165,6 +257,9 @@ class TrainerConfig(_Model):
     )
     failure: FailureConfig = Field(
         default_factory=lambda: FailureConfig(), description="Fault tolerance and timeouts."
+    )
+    adaptive: AdaptiveConfig | None = Field(
+        None, description="Adaptive batch size and learning rate; None keeps them fixed."
     )
     address: str | None = Field(
         None,

@@ -19,6 +19,8 @@ def format_validation_error(err: ValidationError, *, prefix: str = "") -> str:
         msg = item["msg"]
         if kind == "extra_forbidden":
             msg = "unknown key; check the spelling against the documented settings"
+        elif kind == "value_error":
+            msg = msg.removeprefix("Value error, ")  # our validators name the value already
         elif kind == "literal_error":
             msg = f"{msg} (got {item.get('input')!r})"
         elif "input" in item and kind not in {"missing"}:

@@ -6,8 +6,15 @@ States and transitions (one ``step()`` each)::
                         ^            |
                         |            +-- failure, policy says restart --> RESTARTING
                         +---------------------------------------------------+
-                                     +-- resize decision -----------------> RESTARTING
+                        |            +-- resize decision, or a lost worker
+                        |            |   in an elastic run ---------------> RESIZING
+                        |            |       in place: survivors keep running -> RUNNING
+                        +----------------    no live state: from checkpoint --> RESTARTING
                                      +-- failure, policy says raise ------> ERRORED
+
+With an adaptive engine, each poll also feeds rank 0's measurements to it, and every
+``decision_interval_s`` its batch plan is sent to the workers and, for elastic runs,
+its layout decision starts a resize.
 
 Reports are recorded before failures are judged, so a checkpoint reported just
 before a crash is committed and used by the restart. The controller never imports
@@ -23,6 +30,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from raylight._time import monotonic
+from raylight.adaptive.engine import AdaptiveEngine
+from raylight.adaptive.policy import Layout
+from raylight.adaptive.profile import SampleRate
 from raylight.controller.decisions import (
     RaiseDecision,
     ResizeDecision,
@@ -48,6 +59,7 @@ class State(enum.Enum):
     SCHEDULING = "scheduling"
     RUNNING = "running"
     RESTARTING = "restarting"
+    RESIZING = "resizing"
     FINISHED = "finished"
     ERRORED = "errored"
 
@@ -67,6 +79,16 @@ class Controller:
         scaling_policy: ScalingPolicy | None = None,
         poll_interval_s: float = 0.2,
         on_poll: Callable[[GroupPoll, Controller], None] | None = None,
+        engine: AdaptiveEngine | None = None,
+        elastic: bool = False,
+        min_workers: int | None = None,
+        max_workers: int | None = None,
+        threads_for: Callable[[int], int] | None = None,
+        decision_interval_s: float = 3.0,
+        resize_interval_s: float = 5.0,
+        autoscale: bool = False,
+        trace: Callable[[dict[str, Any]], None] | None = None,
+        clock: Callable[[], float] = monotonic,
     ) -> None:
         self.group = group
         self.recorder = recorder
@@ -81,6 +103,23 @@ class Controller:
         self.error: RaylightError | None = None
         self.last_failure: WorkerFailure | None = None
         self._stop = threading.Event()
+        self.engine = engine
+        self.elastic = elastic
+        self.min_workers = min_workers or num_workers
+        self.max_workers = max_workers or num_workers
+        self.threads_for = threads_for or (lambda k: 1)
+        self.threads = self.threads_for(num_workers)
+        self.decision_interval_s = decision_interval_s
+        self.resize_interval_s = resize_interval_s
+        self.autoscale = autoscale
+        self.trace = trace
+        self.clock = clock
+        self.rate = SampleRate()
+        self.resizes: list[dict[str, Any]] = []
+        self._pending_resize: tuple[int, str] | None = None  # (workers, reason)
+        self._last_batch_decision = clock()
+        self._last_layout_decision = clock()
+        self._watch: dict[str, Any] | None = None  # a resize waiting for its first step
 
     # -- stepping -----------------------------------------------------------------
     def step(self) -> State:
@@ -89,6 +128,7 @@ class Controller:
             State.SCHEDULING: self._schedule,
             State.RUNNING: self._poll,
             State.RESTARTING: self._restart,
+            State.RESIZING: self._resize,
         }.get(self.state)
         if handler is not None:
             handler()
@@ -107,8 +147,13 @@ class Controller:
         self.state = State.SCHEDULING
 
     def _schedule(self) -> None:
+        plan = None
+        if self.engine is not None:
+            plan = self.engine.plan_for(self.num_workers, old_workers=self._plan_workers, threads=self.threads)
         try:
-            self.group.start(num_workers=self.num_workers, checkpoint=self.recorder.latest)
+            self.group.start(
+                num_workers=self.num_workers, checkpoint=self.recorder.latest, threads=self.threads, plan=plan
+            )
         except InsufficientResourcesError as exc:
             self._fail(exc)
             return
@@ -116,33 +161,141 @@ class Controller:
             failure = WorkerFailure(rank=-1, kind="error", message=str(exc))
             self._handle_failure(failure, cause=exc)
             return
+        self._plan_workers = self.num_workers
         self.state = State.RUNNING
+
+    _plan_workers = 1  # the size the engine's current plan was made for
 
     def _poll(self) -> None:
         poll = self.group.poll()
-        for report in poll.reports:
-            self.recorder.record(report, num_workers=self.num_workers)
+        self._record(poll)
         if self.on_poll is not None:
             self.on_poll(poll, self)
         if poll.failures:
+            died = [f for f in poll.failures if f.kind == "died"]
+            if self.elastic and died:
+                alive = self.num_workers - len(died)
+                log.warning("lost %d worker(s) (%s); continuing elastically", len(died), died[0].message)
+                self._request_resize(max(alive, 1), f"lost {len(died)} worker(s)")
+                return
             self._handle_failure(poll.failures[0])
             return
         if poll.finished:
             self.state = State.FINISHED
             self.group.shutdown()
             return
+        self._decide(poll)
+
+    def _record(self, poll: GroupPoll) -> None:
+        for report in poll.reports:
+            self.recorder.record(report, num_workers=self.num_workers)
+        now = self.clock()
+        rate = self.rate.update(sum(p.progress.samples for p in poll.polls), now)
+        if self._watch is not None:
+            rank0 = next((p for p in poll.polls if p.rank == 0), None)
+            if rank0 is not None and rank0.progress.batches_since_start > 0:
+                self._watch["first_step_s"] = now - self._watch["decided_at"]
+                if self.engine is not None:
+                    self.engine.record_restart(self._watch["first_step_s"])
+                self.resizes.append(self._watch)
+                if self.trace is not None:
+                    self.trace({"event": "resized", **self._watch})
+                self._watch = None
+        if self.engine is None:
+            return
+        for p in poll.polls:
+            if p.rank == 0 and p.adaptive is not None:
+                self.engine.observe(p.adaptive)
+        self._throughput = rate
+
+    _throughput = 0.0
+
+    def _decide(self, poll: GroupPoll) -> None:
         decision = self.scaling_policy.decide(poll, num_workers=self.num_workers)
         if isinstance(decision, ResizeDecision) and decision.num_workers != self.num_workers:
-            log.info(
-                "resizing %d -> %d workers: %s", self.num_workers, decision.num_workers, decision.reason
-            )
-            self.num_workers = decision.num_workers
-            self.state = State.RESTARTING
+            self._request_resize(decision.num_workers, decision.reason)
+            return
+        engine, now = self.engine, self.clock()
+        if engine is None or self._watch is not None:
+            return
+        if now - self._last_batch_decision >= self.decision_interval_s:
+            self._last_batch_decision = now
+            plan = engine.decide_batch(num_workers=self.num_workers, threads=self.threads)
+            row = engine.trace_row(num_workers=self.num_workers, threads=self.threads, throughput=self._throughput)
+            if plan is not None:
+                self.group.set_plan(plan)
+                row.update(decision="batch", reason=engine.last_batch_reason)
+            if self.trace is not None:
+                self.trace(row)
+        if self.elastic and now - self._last_layout_decision >= self.resize_interval_s:
+            self._last_layout_decision = now
+            capacity = min(self.group.capacity(), self.max_workers)
+            current = Layout(self.num_workers, self.threads)
+            threads_for = {k: self.threads_for(k) for k in range(1, self.max_workers + 1)}
+            layout = engine.decide_layout(current=current, capacity=capacity, threads_for=threads_for)
+            if self.autoscale and capacity < self.max_workers:
+                wanted = engine.decide_layout(current=current, capacity=self.max_workers, threads_for=threads_for)
+                if wanted is not None and wanted.layout.num_workers > capacity:
+                    self.group.request_resources(wanted.layout.num_workers)
+            if layout is not None and layout.layout != current:
+                self._request_resize(layout.layout.num_workers, layout.reason)
+
+    def _request_resize(self, num_workers: int, reason: str) -> None:
+        target = num_workers
+        if self.elastic:
+            target = max(self.min_workers, min(self.max_workers, num_workers))
+        self._pending_resize = (target, reason)
+        self.state = State.RESIZING
+
+    def _resize(self) -> None:
+        assert self._pending_resize is not None
+        target, reason = self._pending_resize
+        self._pending_resize = None
+        decided_at = self.clock()
+        old = self.num_workers
+        threads = self.threads_for(target)
+        plan = None
+        if self.engine is not None:
+            plan = self.engine.plan_for(target, old_workers=self._plan_workers, threads=threads)
+        latest = self.recorder.latest
+        commit = int(latest.metadata.get("index", -1)) if latest is not None else -1
+        outcome = self.group.resize(num_workers=target, threads=threads, plan=plan, commit=commit)
+        for report in outcome.reports:
+            self.recorder.record(report, num_workers=old)
+        if outcome.kind == "finished":
+            self.state = State.RUNNING  # the next poll sees it finished
+            return
+        latest = self.recorder.latest
+        self.recorder.rollback()
+        self.num_restarts += 1
+        self.threads = threads
+        kind = "in_place"
+        if outcome.kind == "fallback":
+            log.warning("resizing in place failed (%s); restarting from the last checkpoint", outcome.reason)
+            self.group.shutdown()
+            self.num_workers = target
+            self.state = State.SCHEDULING
+            kind = "checkpoint"
+        else:
+            self.num_workers = self.group.num_workers
+            self._plan_workers = self.num_workers
+            self.state = State.RUNNING
+        log.info("resized %d -> %d workers (%s): %s", old, self.num_workers if kind == "in_place" else target, kind, reason)
+        self._watch = {
+            "kind": kind,
+            "from": old,
+            "to": target,
+            "reason": reason,
+            "decided_at": decided_at,
+            "restored_checkpoint": None if latest is None else latest.metadata.get("index"),
+        }
 
     def _restart(self) -> None:
         self.group.shutdown()
         self.recorder.rollback()
         self.num_restarts += 1
+        if self.elastic:  # start with what fits now, within (min, max)
+            self.num_workers = max(self.min_workers, min(self.max_workers, self.num_workers))
         self.state = State.SCHEDULING
 
     # -- failures -----------------------------------------------------------------

@@ -71,6 +71,7 @@ class Progress:
     step: int = 0
     steps_per_epoch: int | None = None
     samples: int = 0
+    batches_since_start: int = 0  # batches handed out since the loop last (re)started
 
 
 @dataclass(frozen=True)
@@ -140,10 +141,31 @@ class GroupPoll:
         )
 
 
+@dataclass(frozen=True)
+class ResizeOutcome:
+    """What an in-place resize did: "in_place", "finished" (training ended meanwhile) or
+    "fallback" (no live worker holds the state: restart from the checkpoint). ``reports``
+    are those rank 0 made while the group stopped."""
+
+    kind: Literal["in_place", "finished", "fallback"]
+    reports: list[Report] = field(default_factory=list)
+    reason: str = ""
+
+
 class WorkerGroup(Protocol):
     """The controller's handle on a set of workers running one training loop."""
 
-    def start(self, *, num_workers: int, checkpoint: Checkpoint | None) -> None:
+    @property
+    def num_workers(self) -> int: ...
+
+    def start(
+        self,
+        *,
+        num_workers: int,
+        checkpoint: Checkpoint | None,
+        threads: int | None = None,
+        plan: BatchPlan | None = None,
+    ) -> None:
         """Start ``num_workers`` workers, restoring ``checkpoint`` if given.
 
         Raises InsufficientResourcesError or WorkerStartError.
@@ -153,3 +175,17 @@ class WorkerGroup(Protocol):
 
     def shutdown(self) -> None:
         """Stop every worker and release their resources. Idempotent."""
+
+    def set_plan(self, plan: BatchPlan) -> None:
+        """Send a new batch plan; the workers switch at the same step boundary."""
+
+    def capacity(self) -> int:
+        """How many workers could run now."""
+
+    def request_resources(self, num_workers: int) -> None:
+        """Ask an autoscaling cluster for room for ``num_workers`` workers."""
+
+    def resize(
+        self, *, num_workers: int, threads: int | None, plan: BatchPlan | None, commit: int
+    ) -> ResizeOutcome:
+        """Resize in place, restoring checkpoint ``commit`` from a survivor's memory."""

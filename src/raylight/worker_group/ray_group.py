@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections import defaultdict
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
@@ -25,10 +27,19 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from raylight._time import monotonic
 from raylight.config import FailureConfig, ScalingConfig
 from raylight.exceptions import InsufficientResourcesError, WorkerStartError
 from raylight.strategies import build_strategy
-from raylight.worker_group.protocol import GroupPoll, WorkerFailure, WorkerPoll
+from raylight.worker_group.protocol import (
+    AdaptiveSpec,
+    BatchPlan,
+    GroupPoll,
+    Report,
+    ResizeOutcome,
+    WorkerFailure,
+    WorkerPoll,
+)
 from raylight.worker_group.worker import RankInfo, RaylightWorker, StartSpec
 
 log = logging.getLogger("raylight")
@@ -86,6 +97,14 @@ def assign_ranks(bundle_nodes: list[str]) -> list[RankInfo]:
     return [infos[i] for i in range(len(bundle_nodes))]
 
 
+@dataclass
+class _Member:
+    actor: Any
+    node: dict[str, Any]  # ip, node_id, pid, gpu_ids
+    pg: PlacementGroup
+    bundle: int
+
+
 class RayWorkerGroup:
     """Implements the ``WorkerGroup`` protocol on Ray actors."""
 
@@ -98,6 +117,7 @@ class RayWorkerGroup:
         failure: FailureConfig,
         run_name: str,
         embedded: bool,
+        adaptive: AdaptiveSpec | None = None,
     ) -> None:
         self._fn = train_loop
         self._loop_config = loop_config
@@ -105,27 +125,36 @@ class RayWorkerGroup:
         self._failure = failure
         self._run_name = run_name
         self._embedded = embedded
-        self._pg: PlacementGroup | None = None
-        self._workers: list[Any] = []  # actor handles, index = rank
-        self._nodes: list[dict[str, Any]] = []
+        self._adaptive = adaptive
+        self._members: list[_Member] = []  # index = rank
+        self._pgs: list[PlacementGroup] = []
 
     @property
     def num_workers(self) -> int:
-        return len(self._workers)
+        return len(self._members)
+
+    @property
+    def _nodes(self) -> list[dict[str, Any]]:
+        return [m.node for m in self._members]
 
     # -- start --------------------------------------------------------------------
-    def start(self, *, num_workers: int, checkpoint: Any = None) -> None:
+    def start(
+        self, *, num_workers: int, checkpoint: Any = None, threads: int | None = None, plan: BatchPlan | None = None
+    ) -> None:
+        if num_workers < 1:
+            raise ValueError(f"a worker group needs at least 1 worker, got {num_workers}")
         try:
-            self._start(num_workers, checkpoint)
+            members = self._spawn(num_workers)
+            self._launch(members, checkpoint=checkpoint, threads=threads, plan=plan)
         except BaseException:
             self.shutdown()
             raise
 
-    def _reserve(self, num_workers: int) -> PlacementGroup:
+    def _reserve(self, num_workers: int, *, fail_fast: bool = True) -> PlacementGroup:
         per_worker = self._scaling.worker_resources()
         placement = self._scaling.placement
         reason = check_feasible(num_workers, per_worker, placement, _node_capacities())
-        if reason and self._embedded:
+        if reason and self._embedded and fail_fast:
             raise InsufficientResourcesError(
                 f"cannot place the workers: {reason}. This embedded local Ray has no "
                 "autoscaler; lower num_workers or resources_per_worker, or connect to a "
@@ -146,17 +175,30 @@ class RayWorkerGroup:
             )
         return pg
 
-    def _start(self, num_workers: int, checkpoint: Any) -> None:
-        if num_workers < 1:
-            raise ValueError(f"a worker group needs at least 1 worker, got {num_workers}")
+    def _free_slots(self) -> list[tuple[PlacementGroup, int]]:
+        """Bundles this group reserved that no live worker uses and Ray has placed (after
+        a shrink, or a lost node's bundles re-placed when the node came back)."""
+        used = {(id(m.pg), m.bundle) for m in self._members}
+        slots = []
+        for pg in self._pgs:
+            placed = placement_group_table(pg).get("bundles_to_node_id", {})
+            slots += [(pg, b) for b in range(pg.bundle_count) if (id(pg), b) not in used and b in placed]
+        return slots
+
+    def _spawn(self, count: int) -> list[_Member]:
+        """Start ``count`` idle actors: in free bundles of this group first, then in a
+        newly reserved placement group."""
+        if count <= 0:
+            return []
+        slots = self._free_slots()[:count]
+        if len(slots) < count:
+            pg = self._reserve(count - len(slots))
+            self._pgs.append(pg)
+            slots += [(pg, b) for b in range(pg.bundle_count)]
         per_worker = self._scaling.worker_resources()
-        self._pg = pg = self._reserve(num_workers)
-        bundle_nodes = placement_group_table(pg)["bundles_to_node_id"]
-        ranks = assign_ranks([bundle_nodes[i] for i in range(num_workers)])
         custom = {k: v for k, v in per_worker.items() if k not in ("CPU", "GPU")}
-        actors: list[Any] = [None] * num_workers
-        for bundle, info in enumerate(ranks):
-            actors[info.rank] = _RemoteWorker.options(
+        actors: list[Any] = [
+            _RemoteWorker.options(
                 num_cpus=per_worker.get("CPU", 0),
                 num_gpus=per_worker.get("GPU", 0),
                 resources=custom or None,
@@ -164,41 +206,70 @@ class RayWorkerGroup:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=pg, placement_group_bundle_index=bundle
                 ),
-            ).remote(info, self._run_name)
-        self._workers = actors
+            ).remote(RankInfo(i, 0, count, 1, 0), self._run_name)
+            for i, (pg, bundle) in enumerate(slots)
+        ]
+        try:
+            nodes = self._get([a.node_info.remote() for a in actors], self._failure.worker_start_timeout_s, "start")
+        except BaseException:
+            for actor in actors:
+                ray.kill(actor, no_restart=True)
+            raise
+        return [_Member(a, n, pg, b) for a, n, (pg, b) in zip(actors, nodes, slots, strict=True)]
+
+    def _launch(
+        self,
+        members: list[_Member],
+        *,
+        checkpoint: Any = None,
+        broadcast: bool = False,
+        threads: int | None = None,
+        plan: BatchPlan | None = None,
+    ) -> None:
+        """Give ``members`` ranks (``members[0]`` becomes rank 0; the others are ordered
+        so ranks are contiguous per node), rendezvous and start the loop."""
+        first = members[0]
+        rest = sorted(members[1:], key=lambda m: (m.node["node_id"] != first.node["node_id"], m.node["node_id"]))
+        ordered = [first, *rest]
+        infos = assign_ranks([m.node["node_id"] for m in ordered])
+        self._members = ordered
         timeout = self._failure.worker_start_timeout_s
-        self._nodes = self._get([w.node_info.remote() for w in actors], timeout, "start")
-
-        ips = {n["ip"] for n in self._nodes}
+        self._get([m.actor.set_rank.remote(info) for m, info in zip(ordered, infos, strict=True)], timeout, "take their ranks")
+        ips = {m.node["ip"] for m in ordered}
         loopback = len(ips) == 1
-        master = "127.0.0.1" if loopback else self._nodes[0]["ip"]
-        port = self._get([actors[0].open_store.remote(master, num_workers, timeout)], timeout, "open the rendezvous store")[0]
-
-        visible = self._cuda_visible_devices(ranks)
+        master = "127.0.0.1" if loopback else first.node["ip"]
+        port = self._get([first.actor.open_store.remote(master, len(ordered), timeout)], timeout, "open the rendezvous store")[0]
+        visible = self._cuda_visible_devices()
         backend = build_strategy(self._scaling.strategy).backend(self._scaling.use_gpu)
-        ckpt_ref = ray.put(checkpoint.to_bytes()) if checkpoint is not None else None
+        ckpt_ref = ray.put(checkpoint.to_bytes()) if checkpoint is not None and not broadcast else None
+        adaptive = self._adaptive
+        if adaptive is not None:
+            adaptive = replace(adaptive, plan=plan, num_nodes=len({m.node["node_id"] for m in ordered}))
         starts = []
-        for rank, actor in enumerate(actors):
+        for rank, member in enumerate(ordered):
             spec = StartSpec(
                 master_addr=master,
                 master_port=port,
                 backend=backend,
-                threads=self._scaling.worker_threads(),
+                threads=threads or self._scaling.worker_threads(),
                 use_gpu=self._scaling.use_gpu,
                 collective_timeout_s=self._failure.collective_timeout_s,
                 cuda_visible_devices=visible[rank],
                 loopback=loopback,
                 checkpoint_path=checkpoint.path if checkpoint is not None else None,
                 checkpoint_meta=checkpoint.metadata if checkpoint is not None else None,
+                adaptive=adaptive,
+                elastic=self._scaling.elastic,
+                broadcast_state=broadcast,
             )
-            starts.append(actor.start.remote(self._fn, self._loop_config, spec, ckpt_ref))
+            starts.append(member.actor.start.remote(self._fn, self._loop_config, spec, ckpt_ref))
         self._get(starts, timeout, "start the training loop")
 
-    def _cuda_visible_devices(self, ranks: list[RankInfo]) -> list[str | None]:
+    def _cuda_visible_devices(self) -> list[str | None]:
         """Workers on one node see all of that node's group GPUs, so local_rank indexes
         them and NCCL can use peer-to-peer links."""
         if not self._scaling.use_gpu:
-            return [None] * len(self._workers)
+            return [None] * len(self._members)
         per_node: dict[str, list[str]] = defaultdict(list)
         for node in self._nodes:
             per_node[node["node_id"]].extend(node["gpu_ids"])
@@ -215,16 +286,89 @@ class RayWorkerGroup:
         except RayError as exc:
             raise WorkerStartError(f"a worker failed to {what}: {exc}") from None
 
+    # -- adaptive and elastic -----------------------------------------------------------
+    def set_plan(self, plan: BatchPlan) -> None:
+        if self._members:
+            self._members[0].actor.set_plan.remote(plan)
+
+    def capacity(self) -> int:
+        """How many workers could run now: the current ones, free bundles of this group,
+        and what the cluster's free resources fit."""
+        per_worker = self._scaling.worker_resources()
+        free = ray.available_resources()
+        extra = min(int(free.get(k, 0.0) // v) for k, v in per_worker.items() if v > 0)
+        return len(self._members) + len(self._free_slots()) + max(extra, 0)
+
+    def request_resources(self, num_workers: int) -> None:
+        """Ask an autoscaling cluster for room for ``num_workers`` workers."""
+        from ray.autoscaler.sdk import request_resources
+
+        request_resources(bundles=[dict(self._scaling.worker_resources())] * num_workers)
+
+    def resize(
+        self, *, num_workers: int, threads: int | None, plan: BatchPlan | None, commit: int
+    ) -> ResizeOutcome:
+        """Resize in place: stop live workers at a step boundary, keep those holding
+        checkpoint ``commit`` in memory, add or remove workers, re-form the process group
+        and restart the loop from that state, broadcast from a survivor."""
+        reports: list[Report] = []
+        for m in self._members:
+            m.actor.interrupt.remote()
+        deadline = monotonic() + self._failure.worker_start_timeout_s
+        while True:
+            poll = self.poll()
+            reports.extend(poll.reports)
+            if any(p.state == "finished" for p in poll.polls):
+                return ResizeOutcome("finished", reports)
+            if all(p.state != "running" for p in poll.polls) or monotonic() > deadline:
+                break
+            time.sleep(self._failure.poll_interval_s)
+        dead = {f.rank for f in poll.failures if f.kind in ("died", "hang")}
+        live = {p.rank: p for p in poll.polls if p.rank not in dead and p.state in ("paused", "errored")}
+        holders = [r for r, p in live.items() if p.commit == commit]
+        for rank in dead | {p.rank for p in poll.polls if p.rank not in live}:
+            ray.kill(self._members[rank].actor, no_restart=True)
+        if commit >= 0 and not holders:
+            return ResizeOutcome("fallback", reports, f"no live worker holds checkpoint {commit}")
+        keep_ranks = ([holders[0]] if holders else []) + [r for r in sorted(live) if r not in holders[:1]]
+        if not keep_ranks:
+            return ResizeOutcome("fallback", reports, "no live worker left")
+        keep_ranks = keep_ranks[:num_workers]
+        for rank in sorted(live):
+            if rank not in keep_ranks:
+                ray.kill(self._members[rank].actor, no_restart=True)
+        survivors = [self._members[r] for r in keep_ranks]
+        try:
+            added = self._spawn(num_workers - len(survivors)) if num_workers > len(survivors) else []
+        except (InsufficientResourcesError, WorkerStartError) as exc:
+            log.warning("could not add workers (%s); continuing with %d", exc, len(survivors))
+            added = []
+        try:
+            self._launch(survivors + added, broadcast=commit >= 0, threads=threads, plan=plan)
+        except WorkerStartError as exc:
+            return ResizeOutcome("fallback", reports, str(exc))
+        self._release_unused_groups()
+        return ResizeOutcome("in_place", reports)
+
+    def _release_unused_groups(self) -> None:
+        """Remove placement groups none of whose bundles holds a worker any more."""
+        used = {id(m.pg) for m in self._members}
+        for pg in self._pgs:
+            if id(pg) not in used:
+                with contextlib.suppress(Exception):
+                    remove_placement_group(pg)
+        self._pgs = [pg for pg in self._pgs if id(pg) in used]
+
     # -- poll -----------------------------------------------------------------------
     def poll(self) -> GroupPoll:
-        refs = [w.poll.remote() for w in self._workers]
+        refs = [m.actor.poll.remote() for m in self._members]
         timeout = self._failure.health_check_timeout_s
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
         ready_set = set(ready)
         polls: list[WorkerPoll] = []
         failures: list[WorkerFailure] = []
         for rank, ref in enumerate(refs):
-            node = self._nodes[rank] if rank < len(self._nodes) else {}
+            node = self._members[rank].node
             where: dict[str, Any] = {"node": node.get("ip"), "pid": node.get("pid")}
             if ref not in ready_set:
                 failures.append(
@@ -268,17 +412,15 @@ class RayWorkerGroup:
 
     # -- shutdown -------------------------------------------------------------------
     def shutdown(self) -> None:
-        for actor in self._workers:
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:  # already dead
-                pass
-        self._workers = []
-        self._nodes = []
-        if self._pg is not None:
+        pgs = self._pgs
+        for m in self._members:
+            with contextlib.suppress(Exception):  # already dead
+                ray.kill(m.actor, no_restart=True)
+        self._members = []
+        self._pgs = []
+        for pg in pgs:
             with contextlib.suppress(Exception):
-                remove_placement_group(self._pg)
-            self._pg = None
+                remove_placement_group(pg)
 
 
 def _death_reason(exc: RayActorError) -> str:

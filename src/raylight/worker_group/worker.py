@@ -11,7 +11,7 @@ import os
 import socket
 import threading
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -146,6 +146,7 @@ class RaylightWorker:
     def start(self, fn: Any, config: dict[str, Any] | None, spec: StartSpec, ckpt: bytes | None) -> None:
         self._last_progress = monotonic()
         self._error = None
+        self._progress = replace(self._progress, batches_since_start=0)
         self._sync = None
         self._thread = threading.Thread(
             target=self._run, args=(fn, config, spec, ckpt), name="raylight-train-loop", daemon=True
@@ -186,7 +187,8 @@ class RaylightWorker:
     def progress(self, epoch: int, step: int, steps_per_epoch: int, samples: int) -> None:
         with self._lock:
             self._samples += samples
-            self._progress = Progress(epoch, step + 1, steps_per_epoch, self._samples)
+            since = self._progress.batches_since_start + 1
+            self._progress = Progress(epoch, step + 1, steps_per_epoch, self._samples, since)
             self._last_progress = monotonic()
 
     def heartbeat(self) -> None:

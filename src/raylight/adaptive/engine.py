@@ -1,0 +1,227 @@
+"""AdaptiveEngine: the driver's adaptive state, turned into decisions by the policies.
+
+It merges what rank 0 measures (step times per layout, gradient statistics), refits a
+throughput model per thread count, and asks BatchSizePolicy for the batch plan and
+ElasticPolicy for the layout. Pure Python and numpy: the controller feeds it plain data
+and executes what it returns.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from raylight.adaptive.goodput import GoodputFunction, GradParams, PerfParams, predict_step_time
+from raylight.adaptive.perf_model import fit_perf_params
+from raylight.adaptive.policy import BatchSizePolicy, ElasticPolicy, Layout, LayoutDecision
+from raylight.adaptive.profile import StepProfile
+from raylight.worker_group.protocol import AdaptiveStats, BatchPlan
+
+
+@dataclass
+class EngineSettings:
+    adaptive: bool
+    elastic: bool
+    min_workers: int
+    max_workers: int
+    max_batch_size: int | None = None
+    local_batch_bounds: tuple[int, int] | None = None
+    accumulation: bool = True
+    gain_threshold: float = 0.05
+    min_profile_steps: int = 5
+    scaling_policy: str = "goodput"
+    utility_threshold: float = 0.5
+    resize_hysteresis: float = 0.1
+    resize_horizon_s: float = 120.0
+
+
+@dataclass
+class EngineState:
+    profile: StepProfile = field(default_factory=StepProfile)
+    init_batch_size: int | None = None
+    grad_sqr: float = 0.0
+    grad_var: float = 0.0
+    plan: BatchPlan | None = None
+    lr_factor: float = 1.0
+    progress: float = 0.0
+    explored: set[int] = field(default_factory=set)
+    restart_costs: list[float] = field(default_factory=list)
+
+
+class AdaptiveEngine:
+    def __init__(self, settings: EngineSettings) -> None:
+        self.settings = settings
+        self.state = EngineState()
+        self._fits: dict[int, tuple[int, PerfParams]] = {}  # threads -> (profile size, fit)
+        self.last_batch_reason = ""
+        s = settings
+        self.elastic_policy = ElasticPolicy(
+            min_workers=s.min_workers,
+            max_workers=s.max_workers,
+            utility_threshold=s.utility_threshold if s.scaling_policy == "goodput" else 0.0,
+            hysteresis=s.resize_hysteresis,
+            horizon_s=s.resize_horizon_s,
+        )
+
+    # -- observations ---------------------------------------------------------------
+    def observe(self, stats: AdaptiveStats) -> None:
+        st = self.state
+        st.profile.merge(StepProfile.from_json(stats.profile))
+        st.init_batch_size = stats.init_batch_size
+        st.grad_sqr, st.grad_var = stats.grad_sqr, stats.grad_var
+        st.plan = stats.plan
+        st.lr_factor, st.progress = stats.lr_factor, stats.progress
+        st.explored.add(stats.threads)
+
+    def record_restart(self, seconds: float) -> None:
+        self.state.restart_costs.append(seconds)
+
+    @property
+    def restart_cost_s(self) -> float:
+        costs = self.state.restart_costs
+        return float(np.median(costs)) if costs else 5.0  # until one is measured
+
+    # -- models ---------------------------------------------------------------------
+    def perf_params(self, threads: int) -> PerfParams | None:
+        obs = self.state.profile.observations(threads=threads, min_steps=self.settings.min_profile_steps)
+        if len(obs[0]) == 0:
+            return None
+        size = int(sum(s.optim_count for (_, _, _, t), s in self.state.profile.layouts.items() if t == threads))
+        cached = self._fits.get(threads)
+        if cached is None or cached[0] != size:
+            self._fits[threads] = (size, fit_perf_params(*obs))
+        return self._fits[threads][1]
+
+    def grad_params(self) -> GradParams:
+        m0 = self.state.init_batch_size or 1
+        return GradParams(sqr=max(self.state.grad_sqr, 0.0), var=max(self.state.grad_var, 0.0) / m0)
+
+    def goodput_fn(self, threads: int) -> GoodputFunction | None:
+        perf = self.perf_params(threads)
+        m0 = self.state.init_batch_size
+        if perf is None or m0 is None:
+            return None
+        # With fixed batches, or before any noise is measured, efficiency is 1 at every
+        # batch size considered (the fixed M0 only).
+        grad = self.grad_params() if self.settings.adaptive and self.state.grad_sqr > 0 else GradParams(1.0, 0.0)
+        return GoodputFunction(perf, grad, m0)
+
+    def batch_policy(self, num_workers: int) -> BatchSizePolicy:
+        m0 = self.state.init_batch_size or 1
+        max_bsz = self.settings.max_batch_size or 32 * m0
+        bounds = self.settings.local_batch_bounds or (1, max_bsz)
+        if not self.settings.adaptive:  # fixed global batch: M0 split over the workers
+            per = max(1, m0 // num_workers)
+            return BatchSizePolicy(
+                init_batch_size=per * num_workers, max_batch_size=per * num_workers,
+                local_bsz_bounds=(per, per), accumulation=False,
+            )
+        return BatchSizePolicy(
+            init_batch_size=m0, max_batch_size=max_bsz, local_bsz_bounds=bounds,
+            accumulation=self.settings.accumulation, threshold=self.settings.gain_threshold,
+        )
+
+    def predict(self, layout: Layout, num_nodes: int = 1) -> float | None:
+        fn = self.goodput_fn(layout.threads)
+        if fn is None:
+            return None
+        good, _, _ = self.batch_policy(layout.num_workers).best(fn, num_nodes=num_nodes, num_replicas=layout.num_workers)
+        return good if good > 0 else None
+
+    # -- decisions ------------------------------------------------------------------
+    def decide_batch(self, *, num_workers: int, threads: int, num_nodes: int = 1) -> BatchPlan | None:
+        """A new plan for the current layout, or None to keep it."""
+        plan = self.state.plan
+        fn = self.goodput_fn(threads)
+        if not self.settings.adaptive or plan is None or fn is None or self.state.grad_sqr <= 0:
+            return None
+        decision = self.batch_policy(num_workers).decide(
+            fn, num_nodes=num_nodes, num_replicas=num_workers, atomic_bsz=plan.atomic_bsz, accum_steps=plan.accum_steps
+        )
+        if decision is None:
+            return None
+        self.last_batch_reason = decision.reason
+        return BatchPlan(decision.atomic_bsz, decision.accum_steps, plan.version + 1)
+
+    def plan_for(self, num_workers: int, *, old_workers: int, threads: int, num_nodes: int = 1) -> BatchPlan | None:
+        """The plan to run ``num_workers`` workers with after a resize: the best predicted
+        one when a model exists, else the same global batch spread over them."""
+        plan, m0 = self.state.plan, self.state.init_batch_size
+        if plan is None or m0 is None:
+            return None
+        version = plan.version + 1
+        if not self.settings.adaptive:
+            return BatchPlan(max(1, m0 // num_workers), 0, version)
+        fn = self.goodput_fn(threads)
+        if fn is not None and self.state.grad_sqr > 0:
+            good, m, s = self.batch_policy(num_workers).best(fn, num_nodes=num_nodes, num_replicas=num_workers)
+            if good > 0:
+                return BatchPlan(m, s, version)
+        total = plan.global_batch(old_workers)
+        steps = plan.accum_steps
+        return BatchPlan(max(1, math.ceil(total / (num_workers * (steps + 1)))), steps, version)
+
+    def decide_layout(
+        self, *, current: Layout, capacity: int, threads_for: dict[int, int]
+    ) -> LayoutDecision | None:
+        """``capacity``: how many workers fit now; ``threads_for[K]``: threads per worker
+        in a K-worker layout."""
+        candidates = [Layout(k, threads_for.get(k, current.threads)) for k in range(1, capacity + 1)]
+        if self.settings.scaling_policy == "max":
+            target = min(capacity, self.settings.max_workers)
+            best = Layout(target, threads_for.get(target, current.threads))
+            if target >= self.settings.min_workers and best != current:
+                return LayoutDecision(best, f"policy 'max': {target} workers fit")
+            return None
+        return self.elastic_policy.decide(
+            current=current,
+            candidates=candidates,
+            predict=self.predict,
+            explored=self.state.explored,
+            restart_cost_s=self.restart_cost_s,
+        )
+
+    # -- observability ------------------------------------------------------------------
+    def trace_row(self, *, num_workers: int, threads: int, throughput: float, num_nodes: int = 1) -> dict[str, Any]:
+        st = self.state
+        plan = st.plan
+        row: dict[str, Any] = {"workers": num_workers, "threads": threads, "lr_factor": st.lr_factor, "progress": st.progress}
+        if plan is not None:
+            row.update(atomic_bsz=plan.atomic_bsz, accum_steps=plan.accum_steps, global_batch=plan.global_batch(num_workers))
+        m0 = st.init_batch_size
+        if st.grad_sqr > 0 and m0:
+            row["noise_scale"] = st.grad_var / st.grad_sqr
+        fn = self.goodput_fn(threads)
+        if fn is not None and plan is not None:
+            row["efficiency"] = float(fn.efficiency(plan.global_batch(num_workers)))
+            row["predicted_throughput"] = float(fn.throughput(num_nodes, num_workers, plan.atomic_bsz, plan.accum_steps))
+            row["predicted_goodput"] = float(fn.evaluate(num_nodes, num_workers, plan.atomic_bsz, plan.accum_steps))
+            row["predicted_step_time"] = float(
+                predict_step_time(fn.perf_params, num_nodes, num_workers, plan.atomic_bsz, plan.accum_steps)
+            )
+        row["throughput"] = throughput
+        return row
+
+    def state_dict(self) -> dict[str, Any]:
+        st = self.state
+        return {
+            "profile": st.profile.to_json(),
+            "init_batch_size": st.init_batch_size,
+            "grad_sqr": st.grad_sqr,
+            "grad_var": st.grad_var,
+            "plan": None if st.plan is None else [st.plan.atomic_bsz, st.plan.accum_steps, st.plan.version],
+            "explored": sorted(st.explored),
+            "restart_costs": st.restart_costs,
+        }
+
+    def load_state_dict(self, data: dict[str, Any]) -> None:
+        st = self.state
+        st.profile = StepProfile.from_json(data["profile"])
+        st.init_batch_size = data["init_batch_size"]
+        st.grad_sqr, st.grad_var = data["grad_sqr"], data["grad_var"]
+        st.plan = BatchPlan(*data["plan"]) if data["plan"] else None
+        st.explored = set(data["explored"])
+        st.restart_costs = list(data["restart_costs"])
