@@ -163,7 +163,7 @@ class TrainContext:
                     if self._optimizer is not None:
                         self._optimizer.noise_hook = self._noise_hook
                         self._noise_hook.optimizer = self._optimizer
-                wrapped.register_comm_hook(None, self._noise_hook)  # type: ignore[operator]
+                wrapped.register_comm_hook(None, self._noise_hook.hook)  # type: ignore[operator]
         return wrapped
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:

@@ -184,6 +184,7 @@ class Trainer:
             decision_interval_s=adaptive.decision_interval_s if adaptive else 3.0,
             resize_interval_s=scaling.resize_interval_s,
             autoscale=scaling.autoscale,
+            resize_in_place=scaling.resize_in_place,
             trace=trace if engine is not None else None,
         )
         try:

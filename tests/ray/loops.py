@@ -113,3 +113,51 @@ def epoch_loop(ctx, config):
             os.kill(os.getpid(), signal.SIGKILL)
         if config.get("block_after") is not None and epoch == config["block_after"]:
             threading.Event().wait(600)
+
+
+def id_regression_data(n: int = 240, d: int = 8, noise: float = 0.1) -> torch.utils.data.TensorDataset:
+    x, y = regression_data(n, d).tensors
+    if noise != 0.1:
+        gen = torch.Generator().manual_seed(99)
+        y = y + noise * torch.randn(y.shape, generator=gen, dtype=torch.float64)
+    return torch.utils.data.TensorDataset(torch.arange(n), x, y)
+
+
+def elastic_loop(ctx, config):
+    """Trains until ``epochs`` or until a stop file appears (agreed by all ranks at an
+    epoch end). Accumulates, per epoch, the count, sum and sum of squares of the sample
+    ids seen, so a test can check each epoch saw every sample exactly once."""
+    model = ctx.prepare_model(initial_model())
+    opt = ctx.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=config.get("lr", 0.02)))
+    if (ckpt := ctx.get_checkpoint()) is not None:
+        state = ckpt.load()
+        ctx.unwrap_model(model).load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+    data = id_regression_data(config.get("n", 240), noise=config.get("noise", 0.1))
+    loader = ctx.prepare_loader(data, batch_size=config["batch_size"], shuffle=True, adaptive=True)
+    seen = ctx.accumulator()
+    step = 0
+    for epoch in ctx.epochs(config["epochs"]):
+        total = 0.0
+        for ids, x, y in loader:
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            total += loss.item()
+            seen[f"count{epoch}"] += len(ids)
+            seen[f"sum{epoch}"] += float(ids.sum())
+            seen[f"sq{epoch}"] += float((ids.double() ** 2).sum())
+            step += 1
+            if step % config.get("checkpoint_every", 5) == 0:
+                ctx.report({"kind": "step"}, checkpoint={"model": ctx.unwrap_model(model).state_dict(), "opt": opt.state_dict()})
+        with seen.synchronized():
+            totals = {k: seen[k] for k in (f"count{epoch}", f"sum{epoch}", f"sq{epoch}")}
+        ctx.report(
+            {"kind": "epoch", "epoch": epoch, "workers": ctx.world_size, "batch": ctx.batch_size,
+             "loss": ctx.all_reduce(total), **{k.rstrip("0123456789"): v for k, v in totals.items()}},
+            checkpoint={"model": ctx.unwrap_model(model).state_dict(), "opt": opt.state_dict()},
+        )
+        stop = 1.0 if config.get("stop_file") and os.path.exists(config["stop_file"]) else 0.0
+        if ctx.all_reduce(stop, op="max") > 0:
+            break

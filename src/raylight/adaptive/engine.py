@@ -95,6 +95,10 @@ class AdaptiveEngine:
             self._fits[threads] = (size, fit_perf_params(*obs))
         return self._fits[threads][1]
 
+    @property
+    def noise_measured(self) -> bool:
+        return self.state.grad_sqr > 0 or self.state.grad_var > 0
+
     def grad_params(self) -> GradParams:
         m0 = self.state.init_batch_size or 1
         return GradParams(sqr=max(self.state.grad_sqr, 0.0), var=max(self.state.grad_var, 0.0) / m0)
@@ -106,7 +110,8 @@ class AdaptiveEngine:
             return None
         # With fixed batches, or before any noise is measured, efficiency is 1 at every
         # batch size considered (the fixed M0 only).
-        grad = self.grad_params() if self.settings.adaptive and self.state.grad_sqr > 0 else GradParams(1.0, 0.0)
+        # |G|^2 estimated at or below 0 means noise dominates: efficiency stays near 1.
+        grad = self.grad_params() if self.settings.adaptive and self.noise_measured else GradParams(1.0, 0.0)
         return GoodputFunction(perf, grad, m0)
 
     def batch_policy(self, num_workers: int) -> BatchSizePolicy:
@@ -136,7 +141,7 @@ class AdaptiveEngine:
         """A new plan for the current layout, or None to keep it."""
         plan = self.state.plan
         fn = self.goodput_fn(threads)
-        if not self.settings.adaptive or plan is None or fn is None or self.state.grad_sqr <= 0:
+        if not self.settings.adaptive or plan is None or fn is None or not self.noise_measured:
             return None
         decision = self.batch_policy(num_workers).decide(
             fn, num_nodes=num_nodes, num_replicas=num_workers, atomic_bsz=plan.atomic_bsz, accum_steps=plan.accum_steps
@@ -156,7 +161,7 @@ class AdaptiveEngine:
         if not self.settings.adaptive:
             return BatchPlan(max(1, m0 // num_workers), 0, version)
         fn = self.goodput_fn(threads)
-        if fn is not None and self.state.grad_sqr > 0:
+        if fn is not None and self.noise_measured:
             good, m, s = self.batch_policy(num_workers).best(fn, num_nodes=num_nodes, num_replicas=num_workers)
             if good > 0:
                 return BatchPlan(m, s, version)
@@ -191,9 +196,10 @@ class AdaptiveEngine:
         row: dict[str, Any] = {"workers": num_workers, "threads": threads, "lr_factor": st.lr_factor, "progress": st.progress}
         if plan is not None:
             row.update(atomic_bsz=plan.atomic_bsz, accum_steps=plan.accum_steps, global_batch=plan.global_batch(num_workers))
-        m0 = st.init_batch_size
-        if st.grad_sqr > 0 and m0:
-            row["noise_scale"] = st.grad_var / st.grad_sqr
+        if self.noise_measured:
+            row.update(grad_sqr=st.grad_sqr, grad_var=st.grad_var)
+            if st.grad_sqr > 0:
+                row["noise_scale"] = st.grad_var / st.grad_sqr
         fn = self.goodput_fn(threads)
         if fn is not None and plan is not None:
             row["efficiency"] = float(fn.efficiency(plan.global_batch(num_workers)))

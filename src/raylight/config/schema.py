@@ -62,6 +62,11 @@ class ScalingConfig(_Model):
     resize_interval_s: float = Field(
         5.0, gt=0, description="How often elastic jobs reconsider their size."
     )
+    resize_in_place: bool = Field(
+        True,
+        description="Resize elastic jobs in place (live workers keep running, new ones get "
+        "the state by broadcast); False always restarts from the last checkpoint.",
+    )
     autoscale: bool = Field(
         False,
         description="When more workers would help than fit, ask the Ray autoscaler for them "

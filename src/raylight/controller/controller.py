@@ -49,7 +49,7 @@ from raylight.exceptions import (
     WorkerStartError,
 )
 from raylight.recorder import RunRecorder
-from raylight.worker_group.protocol import GroupPoll, WorkerFailure, WorkerGroup
+from raylight.worker_group.protocol import GroupPoll, ResizeOutcome, WorkerFailure, WorkerGroup
 
 log = logging.getLogger("raylight")
 
@@ -87,6 +87,7 @@ class Controller:
         decision_interval_s: float = 3.0,
         resize_interval_s: float = 5.0,
         autoscale: bool = False,
+        resize_in_place: bool = True,
         trace: Callable[[dict[str, Any]], None] | None = None,
         clock: Callable[[], float] = monotonic,
     ) -> None:
@@ -112,6 +113,7 @@ class Controller:
         self.decision_interval_s = decision_interval_s
         self.resize_interval_s = resize_interval_s
         self.autoscale = autoscale
+        self.resize_in_place = resize_in_place
         self.trace = trace
         self.clock = clock
         self.rate = SampleRate()
@@ -259,7 +261,10 @@ class Controller:
             plan = self.engine.plan_for(target, old_workers=self._plan_workers, threads=threads)
         latest = self.recorder.latest
         commit = int(latest.metadata.get("index", -1)) if latest is not None else -1
-        outcome = self.group.resize(num_workers=target, threads=threads, plan=plan, commit=commit)
+        if self.resize_in_place:
+            outcome = self.group.resize(num_workers=target, threads=threads, plan=plan, commit=commit)
+        else:
+            outcome = ResizeOutcome("fallback", reason="resize_in_place is off")
         for report in outcome.reports:
             self.recorder.record(report, num_workers=old)
         if outcome.kind == "finished":

@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from raylight.elastic.sync import StepSync
 
@@ -183,7 +182,9 @@ class NoiseHook:
             return self.optimizer.preconditioned_sqr(tensors, params)
         return float(sum(float(t.detach().double().pow(2).sum()) for t in tensors))
 
-    def __call__(self, state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    # DDP checks a hook's annotations against the real GradBucket class, which
+    # postponed (string) annotations never equal: leave the parameters unannotated.
+    def hook(self, state, bucket):
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
         params = bucket.parameters()

@@ -323,6 +323,9 @@ class RayWorkerGroup:
             if all(p.state != "running" for p in poll.polls) or monotonic() > deadline:
                 break
             time.sleep(self._failure.poll_interval_s)
+        # Checkpoints rank 0 reported while stopping are committed by the driver after
+        # this returns; the state to restore is the newest of them.
+        commit += sum(1 for r in reports if r.checkpoint is not None)
         dead = {f.rank for f in poll.failures if f.kind in ("died", "hang")}
         live = {p.rank: p for p in poll.polls if p.rank not in dead and p.state in ("paused", "errored")}
         holders = [r for r, p in live.items() if p.commit == commit]

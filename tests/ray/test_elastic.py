@@ -1,0 +1,127 @@
+"""Elastic and adaptive training on a real local Ray cluster (2 CPUs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import pytest
+import ray
+
+import raylight
+from raylight import AdaptiveConfig, RunConfig, ScalingConfig, TrainerConfig
+from tests.ray import loops
+
+pytestmark = pytest.mark.timeout(240)
+
+N = 240
+
+
+def _wait(cond, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def _trace(run_dir):
+    path = os.path.join(run_dir, "adaptive.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _committed(run_dir):
+    ckpts = os.path.join(run_dir, "checkpoints")
+    return os.path.isdir(ckpts) and any(
+        os.path.exists(os.path.join(ckpts, d, "meta.json")) for d in os.listdir(ckpts)
+    )
+
+
+def assert_exact_coverage(history):
+    epochs = [m for m in history if m.get("kind") == "epoch"]
+    assert epochs, "no epoch finished"
+    for m in epochs:
+        assert m["count"] == N, m
+        assert m["sum"] == N * (N - 1) / 2, m
+        assert m["sq"] == sum(i * i for i in range(N)), m
+    assert [m["epoch"] for m in epochs] == list(range(len(epochs)))
+    return epochs
+
+
+@ray.remote(num_cpus=1)
+class Blocker:
+    def ready(self):
+        return True
+
+
+def _run_in_thread(trainer):
+    out: dict = {}
+
+    def target():
+        try:
+            out["result"] = trainer.fit()
+        except BaseException as exc:  # surfaced by the test below
+            out["error"] = exc
+
+    thread = threading.Thread(target=target, name="fit")
+    thread.start()
+    return thread, out
+
+
+@pytest.mark.parametrize("in_place", [True, False], ids=["in_place", "from_checkpoint"])
+def test_grows_when_resources_free_up_with_exact_data_coverage(ray_cluster, tmp_path, in_place):
+    blocker = Blocker.remote()
+    ray.get(blocker.ready.remote())
+    run_dir = str(tmp_path / "grow")
+    stop = tmp_path / "stop"
+    trainer = raylight.Trainer(
+        loops.elastic_loop,
+        train_loop_config={"batch_size": 16, "epochs": 10_000, "stop_file": str(stop)},
+        config=TrainerConfig(
+            scaling=ScalingConfig(num_workers=(1, 2), scaling_policy="max", resize_interval_s=0.3, resize_in_place=in_place),
+            run=RunConfig(storage_path=str(tmp_path), name="grow", progress=False),
+        ),
+    )
+    thread, out = _run_in_thread(trainer)
+    try:
+        _wait(lambda: _committed(run_dir) or not thread.is_alive(), 120, "a first checkpoint")
+        ray.kill(blocker)
+        _wait(lambda: any(r.get("event") == "resized" for r in _trace(run_dir)) or not thread.is_alive(), 120, "a resize")
+    finally:
+        stop.touch()
+        thread.join(180)
+    assert "error" not in out, out.get("error")
+    result = out["result"]
+    epochs = assert_exact_coverage(result.metrics_history)
+    assert {m["workers"] for m in epochs} == {1, 2}
+    resize = result.resizes[0]
+    assert (resize["from"], resize["to"]) == (1, 2)
+    assert resize["kind"] == ("in_place" if in_place else "checkpoint")
+    assert resize["first_step_s"] > 0
+    assert os.path.exists(os.path.join(run_dir, "adaptive.jsonl"))
+
+
+def test_adaptive_batch_size_grows_on_noisy_gradients(ray_cluster, tmp_path):
+    result = raylight.fit(
+        loops.elastic_loop,
+        config={"batch_size": 8, "epochs": 12, "noise": 3.0, "lr": 0.01, "checkpoint_every": 10},
+        num_workers=2,
+        adaptive=AdaptiveConfig(max_batch_size=128, local_batch_bounds=(2, 32), decision_interval_s=0.3, min_profile_steps=3, lr_rule="adascale"),
+        storage_path=str(tmp_path),
+        name="adapt",
+        progress=False,
+    )
+    epochs = assert_exact_coverage(result.metrics_history)
+    assert max(m["batch"] for m in epochs) > 8, "the batch size should grow"
+    trace = _trace(os.path.join(str(tmp_path), "adapt"))
+    decisions = [r for r in trace if r.get("decision") == "batch"]
+    assert decisions and "predicted goodput" in decisions[0]["reason"]
+    assert any(r.get("noise_scale", 0) > 0 for r in trace)
+    assert any(r.get("lr_factor", 1.0) > 1.0 for r in trace), "adascale raises the LR with the batch"
+    assert os.path.exists(os.path.join(str(tmp_path), "adapt", "adaptive.png"))
+    assert epochs[-1]["loss"] < epochs[0]["loss"]
