@@ -39,8 +39,9 @@ class ReportSink(Protocol):
 
     def heartbeat(self) -> None: ...
 
-    def keep_commit(self, index: int, data: bytes) -> None:
-        """Hold this rank's copy of checkpoint ``index`` in memory (elastic runs)."""
+    def keep_commit(self, index: int, data: bytes, seq: int) -> None:
+        """Hold this rank's copy of checkpoint ``index`` (made at report ``seq``) in
+        memory (elastic runs)."""
 
 
 class _RankFilter(logging.Filter):
@@ -126,6 +127,7 @@ class TrainContext:
         self._elastic = elastic
         self._restored = _raylight_state(checkpoint)
         self._commit = int(self._restored.get("commit", -1))
+        self._seq = int(self._restored.get("seq", -1))  # of the last report
         self._loaders: list[ElasticLoader] = []
         self._accumulators: list[Accumulator] = []
         self._ddp_models: list[nn.Module] = []
@@ -283,6 +285,7 @@ class TrainContext:
         """
         plain = _plain_metrics(metrics)
         self._sink.heartbeat()
+        self._seq += 1
         data = None
         if checkpoint is not None:
             if RAYLIGHT_KEY in checkpoint:
@@ -292,9 +295,13 @@ class TrainContext:
             if self.rank == 0 or self._elastic:
                 data = serialize_state({**checkpoint, RAYLIGHT_KEY: own})
                 if self._elastic:
-                    self._sink.keep_commit(self._commit, data)
+                    self._sink.keep_commit(self._commit, data, self._seq)
         if self.rank == 0:
-            self._sink.report(Report(metrics=plain, checkpoint=data, time=wall()))
+            self._sink.report(Report(metrics=plain, checkpoint=data, time=wall(), seq=self._seq))
+        elif self._elastic:  # a copy, in case rank 0 dies before the driver hears it
+            self._sink.report(
+                Report(metrics=plain, time=wall(), seq=self._seq, has_checkpoint=checkpoint is not None)
+            )
 
     def _collect_state(self) -> dict[str, Any]:
         """raylight's own part of a checkpoint. Synchronises accumulators: a collective."""
@@ -303,6 +310,7 @@ class TrainContext:
             "loaders": [ld.state_dict() for ld in self._loaders],
             "accumulators": [acc.state_dict() for acc in self._accumulators],
             "commit": self._commit + 1,
+            "seq": self._seq,
         }
         if self._epoch is not None:
             done = bool(training) and all(ld.epoch == self._epoch and ld.epoch_done for ld in training)

@@ -86,7 +86,9 @@ class RunRecorder:
         del self._lines[num_reports:]
         self.storage.write_text(METRICS_FILE, "".join(f"{ln}\n" for ln in self._lines))
 
-    def record(self, report: Report, *, num_workers: int) -> None:
+    def record(self, report: Report, *, num_workers: int, commit_index: int | None = None) -> None:
+        """Record rank 0's ``report``; commit its checkpoint, as ``commit_index`` if given
+        (when checkpoints between were lost with the worker that made them)."""
         index = len(self.history)
         self.history.append(report.metrics)
         row = {"_report": index, "_time": report.time, "_workers": num_workers, **report.metrics}
@@ -98,6 +100,10 @@ class RunRecorder:
         else:  # object stores cannot append; rewrite the (small) file
             self.storage.write_text(METRICS_FILE, "".join(f"{ln}\n" for ln in self._lines))
         if report.checkpoint is not None:
+            if commit_index is not None:
+                if commit_index < self._next_ckpt:
+                    raise ValueError(f"checkpoint {commit_index} is older than the last committed one")
+                self._next_ckpt = commit_index
             self._commit(report, index)
 
     def trace(self, row: dict[str, Any], engine_state: dict[str, Any] | None = None) -> None:

@@ -247,7 +247,7 @@ class _InProcessSink:
     def heartbeat(self) -> None:
         pass
 
-    def keep_commit(self, index: int, data: bytes) -> None:
+    def keep_commit(self, index: int, data: bytes, seq: int) -> None:
         pass
 
 

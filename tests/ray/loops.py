@@ -138,13 +138,12 @@ def elastic_loop(ctx, config):
     seen = ctx.accumulator()
     step = 0
     for epoch in ctx.epochs(config["epochs"]):
-        total = 0.0
         for ids, x, y in loader:
             opt.zero_grad()
             loss = nn.functional.mse_loss(model(x), y)
             loss.backward()
             opt.step()
-            total += loss.item()
+            seen[f"sse{epoch}"] += loss.item() * len(ids)  # restart-safe and K-invariant
             seen[f"count{epoch}"] += len(ids)
             seen[f"sum{epoch}"] += float(ids.sum())
             seen[f"sq{epoch}"] += float((ids.double() ** 2).sum())
@@ -152,10 +151,10 @@ def elastic_loop(ctx, config):
             if step % config.get("checkpoint_every", 5) == 0:
                 ctx.report({"kind": "step"}, checkpoint={"model": ctx.unwrap_model(model).state_dict(), "opt": opt.state_dict()})
         with seen.synchronized():
-            totals = {k: seen[k] for k in (f"count{epoch}", f"sum{epoch}", f"sq{epoch}")}
+            totals = {k: seen[k] for k in (f"count{epoch}", f"sum{epoch}", f"sq{epoch}", f"sse{epoch}")}
         ctx.report(
             {"kind": "epoch", "epoch": epoch, "workers": ctx.world_size, "batch": ctx.batch_size,
-             "loss": ctx.all_reduce(total), **{k.rstrip("0123456789"): v for k, v in totals.items()}},
+             **{k.rstrip("0123456789"): v for k, v in totals.items()}},
             checkpoint={"model": ctx.unwrap_model(model).state_dict(), "opt": opt.state_dict()},
         )
         stop = 1.0 if config.get("stop_file") and os.path.exists(config["stop_file"]) else 0.0

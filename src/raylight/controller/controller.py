@@ -49,7 +49,13 @@ from raylight.exceptions import (
     WorkerStartError,
 )
 from raylight.recorder import RunRecorder
-from raylight.worker_group.protocol import GroupPoll, ResizeOutcome, WorkerFailure, WorkerGroup
+from raylight.worker_group.protocol import (
+    GroupPoll,
+    Report,
+    ResizeOutcome,
+    WorkerFailure,
+    WorkerGroup,
+)
 
 log = logging.getLogger("raylight")
 
@@ -122,6 +128,8 @@ class Controller:
         self._last_batch_decision = clock()
         self._last_layout_decision = clock()
         self._watch: dict[str, Any] | None = None  # a resize waiting for its first step
+        self._last_seq = -1  # of the last report recorded
+        self._shadow: list[Report] = []  # other ranks' copies of reports not yet recorded
 
     # -- stepping -----------------------------------------------------------------
     def step(self) -> State:
@@ -183,6 +191,8 @@ class Controller:
             self._handle_failure(poll.failures[0])
             return
         if poll.finished:
+            if self.engine is not None and self.trace is not None:  # the final state
+                self.trace(self.engine.trace_row(num_workers=self.num_workers, threads=self.threads, throughput=self._throughput))
             self.state = State.FINISHED
             self.group.shutdown()
             return
@@ -191,6 +201,8 @@ class Controller:
     def _record(self, poll: GroupPoll) -> None:
         for report in poll.reports:
             self.recorder.record(report, num_workers=self.num_workers)
+            self._last_seq = max(self._last_seq, report.seq)
+        self._shadow = [r for r in (*self._shadow, *poll.shadow_reports) if r.seq > self._last_seq]
         now = self.clock()
         rate = self.rate.update(sum(p.progress.samples for p in poll.polls), now)
         if self._watch is not None:
@@ -267,6 +279,8 @@ class Controller:
             outcome = ResizeOutcome("fallback", reason="resize_in_place is off")
         for report in outcome.reports:
             self.recorder.record(report, num_workers=old)
+            self._last_seq = max(self._last_seq, report.seq)
+        self._recover_lost_reports([*self._shadow, *outcome.shadow], outcome.adopted, num_workers=old)
         if outcome.kind == "finished":
             self.state = State.RUNNING  # the next poll sees it finished
             return
@@ -294,6 +308,24 @@ class Controller:
             "decided_at": decided_at,
             "restored_checkpoint": None if latest is None else latest.metadata.get("index"),
         }
+
+    def _recover_lost_reports(
+        self, shadow: list[Any], adopted: tuple[int, bytes, int] | None, *, num_workers: int
+    ) -> None:
+        """Record the reports rank 0 made but never delivered (it died), from another
+        rank's copies, with the newest checkpoint a survivor holds."""
+        by_seq = {r.seq: r for r in shadow if r.seq > self._last_seq}
+        if adopted is not None and adopted[2] > self._last_seq and adopted[2] not in by_seq:
+            by_seq[adopted[2]] = Report({}, None, 0.0, adopted[2])  # its metrics died too
+        for seq in sorted(by_seq):
+            copy = by_seq[seq]
+            if adopted is not None and seq == adopted[2]:
+                report = Report(copy.metrics, adopted[1], copy.time, seq)
+                self.recorder.record(report, num_workers=num_workers, commit_index=adopted[0])
+            else:
+                self.recorder.record(Report(copy.metrics, None, copy.time, seq), num_workers=num_workers)
+            self._last_seq = seq
+        self._shadow = []
 
     def _restart(self) -> None:
         self.group.shutdown()

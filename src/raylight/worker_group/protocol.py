@@ -61,6 +61,8 @@ class Report:
     metrics: dict[str, Any]
     checkpoint: bytes | None = None
     time: float = 0.0
+    seq: int = -1  # the same on every rank for the same ctx.report call
+    has_checkpoint: bool = False  # set on ranks other than 0, which send no bytes
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,13 @@ class GroupPoll:
         """Reports of rank 0, in order."""
         return [r for p in self.polls if p.rank == 0 for r in p.reports]
 
+    @property
+    def shadow_reports(self) -> list[Report]:
+        """The same reports as made by the lowest other rank: what the driver uses for
+        the reports rank 0 made but could not deliver before it died."""
+        others = [p for p in self.polls if p.rank != 0]
+        return min(others, key=lambda p: p.rank).reports if others else []
+
     @staticmethod
     def root_cause_first(failures: list[WorkerFailure]) -> list[WorkerFailure]:
         # A dead worker makes its peers' collectives fail: report the death, not the echo.
@@ -150,6 +159,10 @@ class ResizeOutcome:
     kind: Literal["in_place", "finished", "fallback"]
     reports: list[Report] = field(default_factory=list)
     reason: str = ""
+    shadow: list[Report] = field(default_factory=list)  # other ranks' copies, in order
+    # A checkpoint newer than the driver's that survivors hold (its reporter died before
+    # the driver heard of it): (index, state, report seq); the driver commits it.
+    adopted: tuple[int, bytes, int] | None = None
 
 
 class WorkerGroup(Protocol):

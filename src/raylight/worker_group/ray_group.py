@@ -179,10 +179,15 @@ class RayWorkerGroup:
         """Bundles this group reserved that no live worker uses and Ray has placed (after
         a shrink, or a lost node's bundles re-placed when the node came back)."""
         used = {(id(m.pg), m.bundle) for m in self._members}
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
         slots = []
         for pg in self._pgs:
             placed = placement_group_table(pg).get("bundles_to_node_id", {})
-            slots += [(pg, b) for b in range(pg.bundle_count) if (id(pg), b) not in used and b in placed]
+            slots += [
+                (pg, b)
+                for b in range(pg.bundle_count)
+                if (id(pg), b) not in used and placed.get(b) in alive
+            ]
         return slots
 
     def _spawn(self, count: int) -> list[_Member]:
@@ -312,14 +317,16 @@ class RayWorkerGroup:
         checkpoint ``commit`` in memory, add or remove workers, re-form the process group
         and restart the loop from that state, broadcast from a survivor."""
         reports: list[Report] = []
+        shadow: list[Report] = []
         for m in self._members:
             m.actor.interrupt.remote()
         deadline = monotonic() + self._failure.worker_start_timeout_s
         while True:
             poll = self.poll()
             reports.extend(poll.reports)
+            shadow.extend(poll.shadow_reports)
             if any(p.state == "finished" for p in poll.polls):
-                return ResizeOutcome("finished", reports)
+                return ResizeOutcome("finished", reports, shadow=shadow)
             if all(p.state != "running" for p in poll.polls) or monotonic() > deadline:
                 break
             time.sleep(self._failure.poll_interval_s)
@@ -328,14 +335,24 @@ class RayWorkerGroup:
         commit += sum(1 for r in reports if r.checkpoint is not None)
         dead = {f.rank for f in poll.failures if f.kind in ("died", "hang")}
         live = {p.rank: p for p in poll.polls if p.rank not in dead and p.state in ("paused", "errored")}
-        holders = [r for r, p in live.items() if p.commit == commit]
+        log.info(
+            "resize: workers %s; dead %s; holding %s",
+            {p.rank: p.state for p in poll.polls}, sorted(dead), {r: p.commit for r, p in live.items()},
+        )
         for rank in dead | {p.rank for p in poll.polls if p.rank not in live}:
             ray.kill(self._members[rank].actor, no_restart=True)
+        adopted = None
+        newest = max((p.commit for p in live.values()), default=-1)
+        if newest > commit:  # rank 0 died between keeping a checkpoint and reporting it
+            holder = next(r for r, p in live.items() if p.commit == newest)
+            adopted = self._get([self._members[holder].actor.held_commit.remote()], self._failure.worker_start_timeout_s, "hand over their checkpoint")[0]
+            commit = newest
+        holders = [r for r, p in live.items() if p.commit == commit]
         if commit >= 0 and not holders:
-            return ResizeOutcome("fallback", reports, f"no live worker holds checkpoint {commit}")
+            return ResizeOutcome("fallback", reports, f"no live worker holds checkpoint {commit}", shadow)
         keep_ranks = ([holders[0]] if holders else []) + [r for r in sorted(live) if r not in holders[:1]]
         if not keep_ranks:
-            return ResizeOutcome("fallback", reports, "no live worker left")
+            return ResizeOutcome("fallback", reports, "no live worker left", shadow)
         keep_ranks = keep_ranks[:num_workers]
         for rank in sorted(live):
             if rank not in keep_ranks:
@@ -349,9 +366,9 @@ class RayWorkerGroup:
         try:
             self._launch(survivors + added, broadcast=commit >= 0, threads=threads, plan=plan)
         except WorkerStartError as exc:
-            return ResizeOutcome("fallback", reports, str(exc))
+            return ResizeOutcome("fallback", reports, str(exc), shadow, adopted)
         self._release_unused_groups()
-        return ResizeOutcome("in_place", reports)
+        return ResizeOutcome("in_place", reports, shadow=shadow, adopted=adopted)
 
     def _release_unused_groups(self) -> None:
         """Remove placement groups none of whose bundles holds a worker any more."""

@@ -110,7 +110,7 @@ class RaylightWorker:
         self._store: Any = None
         self._thread: threading.Thread | None = None
         self._sync: Any = None  # the running context's StepSync
-        self._commit: tuple[int, bytes] | None = None  # last checkpoint held in memory
+        self._commit: tuple[int, bytes, int] | None = None  # (index, state, seq) in memory
 
     def __repr__(self) -> str:  # Ray prefixes this actor's log lines with it
         return f"raylight {self.run_name} rank={self.info.rank}"
@@ -133,6 +133,10 @@ class RaylightWorker:
         self.info = rank_info
         self._store = None
         return self._commit[0] if self._commit is not None else -1
+
+    def held_commit(self) -> tuple[int, bytes, int] | None:
+        """The checkpoint this worker holds in memory, for the driver to adopt."""
+        return self._commit
 
     def open_store(self, host: str, world_size: int, timeout_s: float) -> int:
         """Rank 0: start the rendezvous store on a free port and return the port."""
@@ -194,8 +198,8 @@ class RaylightWorker:
     def heartbeat(self) -> None:
         self._last_progress = monotonic()
 
-    def keep_commit(self, index: int, data: bytes) -> None:
-        self._commit = (index, data)
+    def keep_commit(self, index: int, data: bytes, seq: int) -> None:
+        self._commit = (index, data, seq)
 
     # -- the training thread ------------------------------------------------------------
     def _broadcast_state(self) -> bytes:
