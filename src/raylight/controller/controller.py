@@ -209,6 +209,7 @@ class Controller:
             rank0 = next((p for p in poll.polls if p.rank == 0), None)
             if rank0 is not None and rank0.progress.batches_since_start > 0:
                 self._watch["first_step_s"] = now - self._watch["decided_at"]
+                self._watch["pause_s"] = now - self._watch.pop("stopped_at", self._watch["decided_at"])
                 if self.engine is not None:
                     self.engine.record_restart(self._watch["first_step_s"])
                 self.resizes.append(self._watch)
@@ -307,6 +308,7 @@ class Controller:
             "reason": reason,
             "decided_at": decided_at,
             "restored_checkpoint": None if latest is None else latest.metadata.get("index"),
+            "stopped_at": outcome.stopped_at if outcome.stopped_at is not None else decided_at,
         }
 
     def _recover_lost_reports(

@@ -163,6 +163,7 @@ class ResizeOutcome:
     # A checkpoint newer than the driver's that survivors hold (its reporter died before
     # the driver heard of it): (index, state, report seq); the driver commits it.
     adopted: tuple[int, bytes, int] | None = None
+    stopped_at: float | None = None  # monotonic time the old group was told to stop
 
 
 class WorkerGroup(Protocol):

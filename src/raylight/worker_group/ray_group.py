@@ -318,6 +318,13 @@ class RayWorkerGroup:
         and restart the loop from that state, broadcast from a survivor."""
         reports: list[Report] = []
         shadow: list[Report] = []
+        # New workers start (and import torch) while the others still train.
+        try:
+            added = self._spawn(num_workers - len(self._members)) if num_workers > len(self._members) else []
+        except (InsufficientResourcesError, WorkerStartError) as exc:
+            log.warning("could not add workers (%s); keeping %d", exc, len(self._members))
+            added = []
+        stopped_at = monotonic()
         for m in self._members:
             m.actor.interrupt.remote()
         deadline = monotonic() + self._failure.worker_start_timeout_s
@@ -326,6 +333,8 @@ class RayWorkerGroup:
             reports.extend(poll.reports)
             shadow.extend(poll.shadow_reports)
             if any(p.state == "finished" for p in poll.polls):
+                for m in added:
+                    ray.kill(m.actor, no_restart=True)
                 return ResizeOutcome("finished", reports, shadow=shadow)
             if all(p.state != "running" for p in poll.polls) or monotonic() > deadline:
                 break
@@ -349,26 +358,24 @@ class RayWorkerGroup:
             commit = newest
         holders = [r for r, p in live.items() if p.commit == commit]
         if commit >= 0 and not holders:
-            return ResizeOutcome("fallback", reports, f"no live worker holds checkpoint {commit}", shadow)
+            return ResizeOutcome("fallback", reports, f"no live worker holds checkpoint {commit}", shadow, None, stopped_at)
         keep_ranks = ([holders[0]] if holders else []) + [r for r in sorted(live) if r not in holders[:1]]
         if not keep_ranks:
-            return ResizeOutcome("fallback", reports, "no live worker left", shadow)
+            return ResizeOutcome("fallback", reports, "no live worker left", shadow, None, stopped_at)
         keep_ranks = keep_ranks[:num_workers]
         for rank in sorted(live):
             if rank not in keep_ranks:
                 ray.kill(self._members[rank].actor, no_restart=True)
         survivors = [self._members[r] for r in keep_ranks]
-        try:
-            added = self._spawn(num_workers - len(survivors)) if num_workers > len(survivors) else []
-        except (InsufficientResourcesError, WorkerStartError) as exc:
-            log.warning("could not add workers (%s); continuing with %d", exc, len(survivors))
-            added = []
+        for extra in added[max(0, num_workers - len(survivors)) :]:
+            ray.kill(extra.actor, no_restart=True)
+        added = added[: max(0, num_workers - len(survivors))]
         try:
             self._launch(survivors + added, broadcast=commit >= 0, threads=threads, plan=plan)
         except WorkerStartError as exc:
-            return ResizeOutcome("fallback", reports, str(exc), shadow, adopted)
+            return ResizeOutcome("fallback", reports, str(exc), shadow, adopted, stopped_at)
         self._release_unused_groups()
-        return ResizeOutcome("in_place", reports, shadow=shadow, adopted=adopted)
+        return ResizeOutcome("in_place", reports, shadow=shadow, adopted=adopted, stopped_at=stopped_at)
 
     def _release_unused_groups(self) -> None:
         """Remove placement groups none of whose bundles holds a worker any more."""
