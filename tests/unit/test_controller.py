@@ -287,3 +287,43 @@ def test_shutdown_on_driver_interrupt(recorder):
     with pytest.raises(KeyboardInterrupt):
         c.run()
     assert group.shutdowns >= 1
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_engine_decisions_reach_the_group(recorder):
+    from raylight.adaptive.engine import AdaptiveEngine, EngineSettings
+    from raylight.adaptive.goodput import PerfParams, predict_step_time
+    from raylight.adaptive.profile import StepProfile
+    from raylight.worker_group.protocol import AdaptiveStats
+
+    perf = PerfParams(0.01, 1e-4, 0.05, 0.01, 0.02, 0.005, 1.0)
+    prof = StepProfile()
+    for m in (8, 16):
+        for _ in range(5):
+            prof.add((1, 2, m, 1), optim_time=float(predict_step_time(perf, 1, 2, m, 0)))
+    stats = AdaptiveStats(prof.to_json(), BatchPlan(8), 16, 1.0, 50.0, 1.0, 0.0, 1)
+    poll = GroupPoll([WorkerPoll(0, "running", adaptive=stats), WorkerPoll(1, "running")])
+    group = FakeGroup([poll, running(), running()], capacity=2)
+    requested = []
+    group.request_resources = requested.append
+    eng = AdaptiveEngine(EngineSettings(adaptive=True, elastic=True, min_workers=1, max_workers=4, max_batch_size=256, local_batch_bounds=(4, 64), min_profile_steps=3, scaling_policy="max"))
+    clock = Clock()
+    trace = []
+    c = Controller(
+        group=group, recorder=recorder, num_workers=2, failure_policy=FailurePolicy(0), engine=eng,
+        elastic=True, min_workers=1, max_workers=4, decision_interval_s=1.0, resize_interval_s=1.0,
+        autoscale=True, trace=trace.append, clock=clock,
+    )
+    c.step(), c.step()
+    clock.now = 5.0
+    assert c.step() is State.RUNNING
+    assert group.plans and group.plans[0].version == 1 and group.plans[0].global_batch(2) > 16
+    assert trace and trace[-1]["decision"] == "batch"
+    assert requested == [4], "more workers would help than fit: ask the autoscaler"

@@ -1,0 +1,149 @@
+"""Worker-side adaptive pieces in one process (world size 1, no process group)."""
+
+import pytest
+import torch
+from torch import nn
+
+from raylight.adaptive.engine import AdaptiveEngine, EngineSettings
+from raylight.adaptive.goodput import PerfParams, predict_step_time
+from raylight.adaptive.policy import Layout
+from raylight.adaptive.profile import StepProfile
+from raylight.elastic.optimizer import AdaptiveOptimizer
+from raylight.elastic.state import Accumulator
+from raylight.elastic.sync import ResizeInterrupt, StepSync
+from raylight.worker_group.protocol import AdaptiveStats, BatchPlan
+
+
+def make_sync(plan=BatchPlan(8), rule="adascale", m0=8):
+    sync = StepSync(rank=0, world_size=1, num_nodes=1, threads=1, plan=plan, init_batch_size=m0, adaptive=True, lr_rule=rule)
+    return sync
+
+
+def test_boundary_adopts_the_newest_plan_and_stops_when_asked():
+    sync = make_sync()
+    sync.set_plan(BatchPlan(16, 1, 2))
+    sync.set_plan(BatchPlan(4, 0, 1))  # older: ignored
+    assert sync.boundary() == BatchPlan(16, 1, 2)
+    assert sync.boundary() == BatchPlan(16, 1, 2)
+    sync.request_stop()
+    with pytest.raises(ResizeInterrupt):
+        sync.boundary()
+
+
+def test_optimizer_accumulates_then_steps_with_scaled_lr_and_restores_it():
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    base = torch.optim.SGD(model.parameters(), lr=0.1)
+    sync = make_sync(plan=BatchPlan(4, 1, 1), rule="linear", m0=4)  # S = 2: linear LR x2
+    opt = AdaptiveOptimizer(base, sync=sync)
+    x = torch.randn(8, 3)
+    before = [p.detach().clone() for p in model.parameters()]
+    sync.micro_steps = 2
+    grads = []
+    for j, chunk in enumerate(x.split(4)):
+        sync.micro = j
+        opt.zero_grad()
+        model(chunk).sum().backward()
+        grads.append([p.grad.detach().clone() for p in model.parameters()])
+        opt.step()
+        if j == 0:
+            assert all(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True)), "no step mid-accumulation"
+    mean_grad = [g / 2 for g in grads[1]]  # grads[1] holds the sum of both micro-steps
+    for b, p, g in zip(before, model.parameters(), mean_grad, strict=True):
+        assert torch.allclose(p, b - 0.2 * g, atol=1e-6)
+    assert base.param_groups[0]["lr"] == 0.1, "the user's LR is restored after the step"
+    assert opt.progress == pytest.approx(2.0)  # linear: progress counts S per step
+
+
+def test_single_replica_noise_measurement_from_accumulation():
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    sync = make_sync(plan=BatchPlan(8, 3, 1), m0=8)
+    opt = AdaptiveOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), sync=sync)
+    sync.micro_steps = 4
+    for _ in range(30):
+        for j in range(4):
+            sync.micro = j
+            opt.zero_grad()
+            x = torch.randn(8, 4)
+            ((model(x) - x.sum(1, keepdim=True) - 3 * torch.randn(8, 1)) ** 2).mean().backward()
+            opt.step()
+        sync.boundary()  # folds the step's statistics into the estimator
+    assert sync.gns.num_updates == 30 and sync.gns.var > 0
+
+
+def test_adam_preconditioning_changes_the_norm():
+    model = nn.Linear(4, 1)
+    adam = torch.optim.Adam(model.parameters(), lr=0.01)
+    model(torch.randn(8, 4)).sum().backward()
+    adam.step()
+    opt = AdaptiveOptimizer(adam, sync=make_sync())
+    grads = [torch.ones_like(p) for p in model.parameters()]
+    params = list(model.parameters())
+    plain = sum(float(g.pow(2).sum()) for g in grads)
+    assert opt.preconditioned_sqr(grads, params) != pytest.approx(plain)
+
+
+def test_accumulator_outside_and_inside_sync_and_state():
+    acc = Accumulator(world_size=1)
+    acc["n"] += 3
+    acc["n"] += 2
+    assert acc["n"] == 5
+    with acc.synchronized():
+        assert acc["n"] == 5
+        with pytest.raises(RuntimeError, match="read-only"):
+            acc["n"] = 1
+    acc["n"] += 1
+    state = acc.state_dict()
+    again = Accumulator(world_size=1)
+    again.load_state_dict(state)
+    with again.synchronized():
+        assert again["n"] == 6
+
+
+def stats(plan, profile, *, sqr=1.0, var=50.0, threads=1):
+    return AdaptiveStats(profile=profile.to_json(), plan=plan, init_batch_size=16, grad_sqr=sqr, grad_var=var, lr_factor=1.0, progress=0.0, threads=threads)
+
+
+def profile_for(perf, layouts, steps=10):
+    prof = StepProfile()
+    for n, k, m, t in layouts:
+        for _ in range(steps):
+            prof.add((n, k, m, t), optim_time=float(predict_step_time(perf, n, k, m, 0)))
+    return prof
+
+
+def engine(**kw):
+    args = dict(adaptive=True, elastic=True, min_workers=1, max_workers=4, max_batch_size=512, local_batch_bounds=(4, 128), min_profile_steps=3)
+    args.update(kw)
+    return AdaptiveEngine(EngineSettings(**args))
+
+
+def test_engine_grows_the_batch_under_noise_and_plans_for_a_resize():
+    perf = PerfParams(0.01, 1e-4, 0.05, 0.01, 0.02, 0.005, 1.0)
+    eng = engine()
+    eng.observe(stats(BatchPlan(8, 0, 0), profile_for(perf, [(1, 2, 8, 1), (1, 2, 16, 1)])))
+    plan = eng.decide_batch(num_workers=2, threads=1)
+    assert plan is not None and plan.version == 1 and plan.global_batch(2) > 16
+    assert "predicted goodput" in eng.last_batch_reason
+    resized = eng.plan_for(4, old_workers=2, threads=1)
+    assert resized is not None and resized.version == 1 and resized.global_batch(4) >= 16
+    row = eng.trace_row(num_workers=2, threads=1, throughput=100.0)
+    assert row["noise_scale"] == pytest.approx(50.0) and 0 < row["efficiency"] <= 1
+
+
+def test_engine_without_adaptive_keeps_the_global_batch():
+    eng = engine(adaptive=False)
+    eng.observe(stats(BatchPlan(8, 0, 0), StepProfile()))
+    assert eng.decide_batch(num_workers=2, threads=1) is None
+    assert eng.plan_for(4, old_workers=2, threads=1) == BatchPlan(4, 0, 1)
+
+
+def test_engine_max_policy_and_state_round_trip():
+    eng = engine(scaling_policy="max")
+    eng.observe(stats(BatchPlan(8), StepProfile()))
+    decision = eng.decide_layout(current=Layout(2, 1), capacity=3, threads_for={})
+    assert decision is not None and decision.layout.num_workers == 3
+    again = engine()
+    again.load_state_dict(eng.state_dict())
+    assert again.state.plan == BatchPlan(8) and again.state.explored == {1}
