@@ -14,9 +14,11 @@ from raylight.elastic.sync import ResizeInterrupt, StepSync
 from raylight.worker_group.protocol import AdaptiveStats, BatchPlan
 
 
-def make_sync(plan=BatchPlan(8), rule="adascale", m0=8):
-    sync = StepSync(rank=0, world_size=1, num_nodes=1, threads=1, plan=plan, init_batch_size=m0, adaptive=True, lr_rule=rule)
-    return sync
+def make_sync(plan=None, rule="adascale", m0=8):
+    return StepSync(
+        rank=0, world_size=1, num_nodes=1, threads=1, plan=plan or BatchPlan(8), init_batch_size=m0,
+        adaptive=True, lr_rule=rule,
+    )
 
 
 def test_boundary_adopts_the_newest_plan_and_stops_when_asked():
