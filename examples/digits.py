@@ -1,11 +1,14 @@
-"""Train a digit classifier data-parallel on an embedded local Ray cluster.
+"""Train a digit classifier data-parallel and adaptively on an embedded local Ray cluster.
 
 Run:  python examples/digits.py            (or `make run`)
-      python examples/digits.py --workers 2 --epochs 15 --quiet
+      python examples/digits.py --workers 2 --epochs 15 --fixed --quiet
 
-Data: scikit-learn's bundled 8x8 digits (1,797 images), no download. Two workers
-train an MLP with DDP over gloo; each epoch is checkpointed, and the final accuracy
-on a held-out split is printed.
+Data: scikit-learn's bundled 8x8 digits (1,797 images), no download. Two workers train
+an MLP with DDP over gloo. With the adaptive engine on (the default), the global batch
+size, gradient accumulation and the learning-rate factor (AdaScale) are chosen online
+from measured step times and gradient noise; `--fixed` keeps the batch at its initial
+size. Each epoch is checkpointed; the end prints a report with the final held-out
+accuracy and how the batch size evolved (the run directory also has adaptive.png).
 """
 
 from __future__ import annotations
@@ -38,37 +41,32 @@ def make_model() -> nn.Module:
 def train_loop(ctx: raylight.TrainContext, config: dict) -> None:
     train, test = load_data()
     model = ctx.prepare_model(make_model())
-    opt = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
-    loader = ctx.prepare_loader(train, batch_size=config["batch_size"], shuffle=True)
-    start = 0
+    opt = ctx.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9))
     if (ckpt := ctx.get_checkpoint()) is not None:
         state = ckpt.load()
         ctx.unwrap_model(model).load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
-        start = state["epoch"] + 1
+    loader = ctx.prepare_loader(train, batch_size=config["batch_size"], shuffle=True, adaptive=True)
+    stats = ctx.accumulator()
     loss_fn = nn.CrossEntropyLoss()
-    for epoch in range(start, config["epochs"]):
-        loader.set_epoch(epoch)
+    for epoch in ctx.epochs(config["epochs"]):
         model.train()
-        total, count = 0.0, 0
         for x, y in loader:
             opt.zero_grad()
             loss = loss_fn(model(x), y)
             loss.backward()
             opt.step()
-            total += loss.item() * len(y)
-            count += len(y)
+            stats[f"loss{epoch}"] += loss.item() * len(y)
+            stats[f"seen{epoch}"] += len(y)
         model.eval()
         with torch.no_grad():
             xt, yt = test.tensors
             acc = (model(xt.to(ctx.device)).argmax(1).cpu() == yt).float().mean().item()
+        with stats.synchronized():
+            mean_loss = stats[f"loss{epoch}"] / stats[f"seen{epoch}"]
         ctx.report(
-            {"epoch": epoch, "loss": ctx.all_reduce(total / count), "test_accuracy": acc},
-            checkpoint={
-                "model": ctx.unwrap_model(model).state_dict(),
-                "opt": opt.state_dict(),
-                "epoch": epoch,
-            },
+            {"epoch": epoch, "loss": mean_loss, "test_accuracy": acc, "batch_size": ctx.batch_size},
+            checkpoint={"model": ctx.unwrap_model(model).state_dict(), "opt": opt.state_dict()},
         )
 
 
@@ -76,26 +74,36 @@ def main(argv: list[str] | None = None) -> raylight.Result:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=15)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=0.02)
+    parser.add_argument("--fixed", action="store_true", help="keep the batch size fixed")
     parser.add_argument("--storage", default=None, help="run storage (default: a temp dir)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     storage = args.storage or tempfile.mkdtemp(prefix="raylight-digits-")
+    adaptive = None
+    if not args.fixed:
+        adaptive = raylight.AdaptiveConfig(
+            max_batch_size=512, local_batch_bounds=(8, 128), lr_rule="adascale", decision_interval_s=1.0
+        )
     result = raylight.fit(
         train_loop,
         config={"lr": args.lr, "batch_size": args.batch_size, "epochs": args.epochs},
         num_workers=args.workers,
+        adaptive=adaptive,
         storage_path=storage,
         name="digits",
         progress=not args.quiet,
     )
-    m = result.metrics
+    history = [m for m in result.metrics_history if "test_accuracy" in m]
+    m = history[-1]
+    batches = [h["batch_size"] for h in history]
     print(
-        f"\ndigits: {args.workers} workers, {len(result.metrics_history)} epochs, "
+        f"\ndigits: {args.workers} workers, {len(history)} epochs, "
+        f"{'adaptive' if adaptive else 'fixed'} batch {batches[0]} -> {batches[-1]}, "
         f"final loss {m['loss']:.4f}, test accuracy {100 * m['test_accuracy']:.2f}%"
     )
-    print(f"run directory: {result.path}")
+    print(f"run directory: {result.path} (metrics.jsonl, adaptive.jsonl, adaptive.png, checkpoints/)")
     return result
 
 

@@ -62,6 +62,7 @@ class StepSync:
         self.threads = threads
         self.plan = plan
         self.init_batch_size = init_batch_size
+        self.ready = False  # set when the training loader adopts this sync
         self.adaptive = adaptive
         self.lr_rule: LRRule = lr_rule if adaptive else "none"
         self.lr_warmup_steps = lr_warmup_steps

@@ -168,7 +168,8 @@ class RaylightWorker:
             self._sync.request_stop()
 
     def poll(self) -> WorkerPoll:
-        stats = self._sync.drain_stats() if self._sync is not None and self.info.rank == 0 else None
+        sync = self._sync
+        stats = sync.drain_stats() if sync is not None and sync.ready and self.info.rank == 0 else None
         with self._lock:
             reports, self._reports = self._reports, []
             return WorkerPoll(
