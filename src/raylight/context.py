@@ -269,11 +269,12 @@ class TrainContext:
 
     @property
     def batch_size(self) -> int | None:
-        """The current global batch size of the adaptive loader (None without one)."""
+        """The current global batch size of the training loader: the adaptive one, else
+        the first prepared (None before any)."""
         for loader in self._loaders:
             if loader.sync is not None:
                 return loader.batch_size
-        return None
+        return self._loaders[0].batch_size if self._loaders else None
 
     # -- reporting and checkpoints -------------------------------------------------
     def report(self, metrics: dict[str, Any], *, checkpoint: dict[str, Any] | None = None) -> None:

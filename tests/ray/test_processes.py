@@ -54,15 +54,22 @@ def test_resume_after_the_driver_is_killed(tmp_path, ray_cluster):
     _wait(lambda: not _ray_processes(temp_dir), 60, "the second driver's Ray processes to exit")
 
 
-def test_digits_example_runs(tmp_path, ray_cluster):
+@pytest.mark.parametrize("mode", ["adaptive", "fixed"])
+def test_digits_example_runs(tmp_path, ray_cluster, mode):
+    args = ["--epochs", "4", "--quiet", "--storage", str(tmp_path)] + (["--fixed"] if mode == "fixed" else [])
     out = subprocess.run(
-        [sys.executable, "examples/digits.py", "--epochs", "4", "--quiet", "--storage", str(tmp_path)],
+        [sys.executable, "examples/digits.py", *args],
         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=200,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     line = next(ln for ln in out.stdout.splitlines() if "test accuracy" in ln)
     accuracy = float(line.rsplit("test accuracy", 1)[1].strip().rstrip("%"))
     assert accuracy > 85.0, line
+    assert f"{mode} batch 32 -> " in line
+    run = tmp_path / "digits"
+    assert (run / "metrics.jsonl").exists() and (run / "config.json").exists()
+    if mode == "adaptive":
+        assert (run / "adaptive.jsonl").exists() and (run / "adaptive.png").exists()
 
 
 def test_ctrl_c_on_the_driver_leaves_no_processes(tmp_path, ray_cluster):
