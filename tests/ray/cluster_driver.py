@@ -10,7 +10,6 @@ import logging
 import os
 import sys
 import threading
-import time
 
 from raylight import runtime
 
@@ -21,23 +20,8 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 import raylight  # noqa: E402
 from raylight import RunConfig, ScalingConfig, TrainerConfig  # noqa: E402
+from tests.helpers import read_trace, wait_until  # noqa: E402
 from tests.ray import loops  # noqa: E402
-
-
-def wait(cond, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.1)
-
-
-def resized(run_dir):
-    path = os.path.join(run_dir, "adaptive.jsonl")
-    if not os.path.exists(path):
-        return 0
-    with open(path) as f:
-        return sum(1 for line in f if '"event": "resized"' in line)
 
 
 def main(workdir: str) -> None:
@@ -62,11 +46,11 @@ def main(workdir: str) -> None:
         thread = threading.Thread(target=lambda: out.setdefault("result", trainer.fit()))
         thread.start()
         try:
-            wait(lambda: os.path.exists(os.path.join(run_dir, "metrics.jsonl")) and os.path.getsize(os.path.join(run_dir, "metrics.jsonl")) > 0, 120, "training to start")
+            wait_until(lambda: os.path.exists(os.path.join(run_dir, "metrics.jsonl")) and os.path.getsize(os.path.join(run_dir, "metrics.jsonl")) > 0, 120, "training to start")
             cluster.remove_node(third)
-            wait(lambda: resized(run_dir) >= 1 or not thread.is_alive(), 120, "the shrink")
+            wait_until(lambda: sum(1 for r in read_trace(run_dir) if r.get("event") == "resized") >= 1 or not thread.is_alive(), 120, "the shrink")
             cluster.add_node(num_cpus=1)
-            wait(lambda: resized(run_dir) >= 2 or not thread.is_alive(), 120, "the grow")
+            wait_until(lambda: sum(1 for r in read_trace(run_dir) if r.get("event") == "resized") >= 2 or not thread.is_alive(), 120, "the grow")
         finally:
             open(stop, "w").close()
             thread.join(300)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 
 import torch
 from torch import nn
+
+from tests.helpers import wait_until
 
 
 def regression_data(n: int = 256, d: int = 8) -> torch.utils.data.TensorDataset:
@@ -70,14 +71,6 @@ def hanging_loop(ctx, config):
         threading.Event().wait()  # never set: a hung worker
 
 
-def _wait_for(path: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} did not appear within {timeout_s}s")
-        time.sleep(0.05)
-
-
 def epoch_loop(ctx, config):
     """Checkpoints every epoch; optionally SIGKILLs rank 1 once, after checkpoint
     ``kill_after`` is committed; optionally blocks forever after ``block_after``."""
@@ -108,7 +101,8 @@ def epoch_loop(ctx, config):
         )
         kill = config.get("kill_after")
         if kill is not None and epoch == kill and ctx.rank == 1 and not os.path.exists(config["marker"]):
-            _wait_for(os.path.join(config["run_dir"], "checkpoints", f"checkpoint_{kill:06d}", "meta.json"), 60)
+            committed = os.path.join(config["run_dir"], "checkpoints", f"checkpoint_{kill:06d}", "meta.json")
+            wait_until(lambda path=committed: os.path.exists(path), 60, "the checkpoint to be committed")
             open(config["marker"], "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
         if config.get("block_after") is not None and epoch == config["block_after"]:

@@ -2,37 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import os
 import threading
-import time
 
 import pytest
 import ray
 
 import raylight
 from raylight import AdaptiveConfig, RunConfig, ScalingConfig, TrainerConfig
+from tests.helpers import read_trace, wait_until
 from tests.ray import loops
 
 pytestmark = pytest.mark.timeout(240)
 
 N = 240
-
-
-def _wait(cond, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.05)
-
-
-def _trace(run_dir):
-    path = os.path.join(run_dir, "adaptive.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def _committed(run_dir):
@@ -89,9 +72,9 @@ def test_grows_when_resources_free_up_with_exact_data_coverage(ray_cluster, tmp_
     )
     thread, out = _run_in_thread(trainer)
     try:
-        _wait(lambda: _committed(run_dir) or not thread.is_alive(), 120, "a first checkpoint")
+        wait_until(lambda: _committed(run_dir) or not thread.is_alive(), 120, "a first checkpoint")
         ray.kill(blocker)
-        _wait(lambda: any(r.get("event") == "resized" for r in _trace(run_dir)) or not thread.is_alive(), 120, "a resize")
+        wait_until(lambda: any(r.get("event") == "resized" for r in read_trace(run_dir)) or not thread.is_alive(), 120, "a resize")
     finally:
         stop.touch()
         thread.join(180)
@@ -118,7 +101,7 @@ def test_adaptive_batch_size_grows_on_noisy_gradients(ray_cluster, tmp_path):
     )
     epochs = assert_exact_coverage(result.metrics_history)
     assert max(m["batch"] for m in epochs) > 8, "the batch size should grow"
-    trace = _trace(os.path.join(str(tmp_path), "adapt"))
+    trace = read_trace(os.path.join(str(tmp_path), "adapt"))
     decisions = [r for r in trace if r.get("decision") == "batch"]
     assert decisions and "predicted goodput" in decisions[0]["reason"]
     assert any(r.get("noise_scale", 0) > 0 for r in trace)
