@@ -79,7 +79,7 @@ class Trainer:
         resolved = {
             **self.config.model_dump(),
             "run": {**run.model_dump(), "name": name},
-            "train_loop_config": self.train_loop_config,
+            "train_loop_config": _describe(self.train_loop_config),
         }
         embedded = False
         if self.config.scaling.num_workers != 0:  # connect before writing anything
@@ -249,6 +249,20 @@ class _InProcessSink:
 
     def keep_commit(self, index: int, data: bytes, seq: int) -> None:
         pass
+
+
+def _describe(value: Any) -> Any:
+    """``value`` for config.json: plain data as is, arrays and objects by their shape."""
+    if isinstance(value, dict):
+        return {str(k): _describe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_describe(v) for v in value] if len(value) <= 100 else f"<{type(value).__name__} of {len(value)}>"
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return f"<{type(value).__name__} shape={tuple(shape)} dtype={getattr(value, 'dtype', '?')}>"
+    return f"<{type(value).__name__}>"
 
 
 def _default_name() -> str:

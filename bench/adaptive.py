@@ -1,0 +1,952 @@
+"""Adaptive batch size vs a fixed batch: time to target accuracy, and what adaptivity costs.
+
+Run:  make bench-adaptive                (installs the `bench` extra, then runs this file)
+      python bench/adaptive.py [--reps 3] [--resize-reps 2] [--epochs 40] [--target 0.95]
+      python bench/adaptive.py --quick   (smoke run: few epochs, 1 repetition)
+
+The job: scikit-learn's bundled 8x8 digits (no download; 1,347 training and 450 held-out
+images, a fixed stratified split), an MLP 64 -> 128 -> 10, SGD with momentum, initial
+global batch 32 and the same initial LR for every system, 2 workers of 1 CPU and 1 torch
+thread, DDP over gloo. Every epoch each system evaluates held-out accuracy on the same
+test split; every run trains the same fixed budget of epochs.
+
+  raylight_fixed     raylight.fit, fixed global batch (no adaptive=)
+  ray_train_fixed    Ray Train's TorchTrainer, prepare_model / prepare_data_loader,
+                     ray.train.report every epoch
+  raylight_adaptive  raylight.fit(adaptive=AdaptiveConfig(..., lr_rule="adascale")),
+                     ctx.prepare_optimizer, ctx.prepare_loader(..., adaptive=True)
+
+Every run is its own child process started cold (its own local Ray), systems interleaved
+across repetitions, medians reported. Rank 0 writes wall-clock timestamps; against the
+moment the parent launched the child they give, identically for all systems:
+
+  to_target_from_launch_s      launch -> the end of the first evaluation at or above the
+                               target accuracy (interpreter, Ray and worker start included)
+  to_target_from_first_step_s  start of the first training step -> the same evaluation
+                               (start-up separated out: training time only)
+  final_accuracy               held-out accuracy after the last epoch of the budget
+
+Also measured, each in child processes of its own:
+
+  noise overhead     steady samples/s of raylight fixed vs raylight adaptive with the batch
+                     pinned at the initial size (so only the gradient-noise measurement and
+                     the per-step sync differ), on a bigger MLP (64 -> 512 -> 512 -> 10)
+  resize latency     an elastic job num_workers=(1, 2), scaling_policy="max", started while
+                     a blocker actor holds one of the 2 CPUs; after the first checkpoint the
+                     blocker is killed and the job grows 1 -> 2, in place or from the
+                     checkpoint. result.resizes gives first_step_s (decision -> first batch at
+                     the new size; the driver sees it at its 0.2 s poll) and pause_s.
+  prediction error   leave-one-layout-out on the profile in the adaptive runs'
+                     adaptive_state.json: for each layout (nodes, replicas, atomic batch,
+                     threads) with enough steps, fit_perf_params on the other layouts and
+                     predict its mean step time with predict_step_time.
+
+Results: a table on stdout, bench/results/adaptive.json (named figures, goals, medians, raw
+repetitions, machine info) and bench/results/adaptive.png (the adaptive trace of the median
+adaptive repetition); --quick writes adaptive-quick.json / adaptive-quick.png instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+NUM_WORKERS = 2
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+TTT_SYSTEMS = ("raylight_fixed", "ray_train_fixed", "raylight_adaptive")
+TPUT_SYSTEMS = ("raylight_fixed", "raylight_pinned")
+RESIZE_KINDS = ("in_place", "checkpoint")
+SKIP_STEPS = 20  # steps left out of steady throughput
+MIN_PROFILE_STEPS = 5  # optimizer steps a layout needs to count (the engine's default)
+
+GOAL_SPEEDUP = 2.0  # adaptive reaches the target at least this many times sooner
+GOAL_ACC_PTS = -0.5  # ... with final accuracy no more than 0.5 points below fixed
+GOAL_PRED_ERR = 0.10
+GOAL_RESIZE_S = 1.0
+GOAL_NOISE_PCT = 5.0
+
+
+# -- the jobs (run inside the workers) ------------------------------------------------
+
+
+def digits_arrays(seed: int) -> dict[str, Any]:
+    """Digits as nested lists (the worker config travels as plain data): a stratified
+    75/25 split fixed by ``seed``."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    x_tr, x_te, y_tr, y_te = train_test_split(
+        digits.data / 16.0, digits.target, test_size=0.25, random_state=seed, stratify=digits.target
+    )
+    return {"x_train": x_tr.tolist(), "y_train": y_tr.tolist(), "x_test": x_te.tolist(), "y_test": y_te.tolist()}
+
+
+def tensors(job: dict[str, Any], part: str) -> TensorDataset:
+    x = torch.tensor(job["data"][f"x_{part}"], dtype=torch.float32)
+    return TensorDataset(x, torch.tensor(job["data"][f"y_{part}"], dtype=torch.long))
+
+
+def digits_model(seed: int, hidden: int = 128) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+
+
+def accuracy(model: nn.Module, test: TensorDataset) -> float:
+    module = getattr(model, "module", model)  # the DDP wrapper is not needed to evaluate
+    x, y = test.tensors
+    with torch.no_grad():
+        return float((module(x).argmax(1) == y).float().mean())
+
+
+class Timeline:
+    """Rank 0's wall-clock record: first step, and each epoch's end with its accuracy."""
+
+    def __init__(self) -> None:
+        self.first_batch: float | None = None
+        self.first_step_end: float | None = None
+        self.steps = 0
+        self.samples = 0
+        self.epochs: list[dict[str, Any]] = []
+
+    def before_step(self) -> None:
+        if self.first_batch is None:
+            self.first_batch = time.time()
+
+    def after_step(self, samples: int) -> None:
+        self.steps += 1
+        self.samples += samples
+        if self.first_step_end is None:
+            self.first_step_end = time.time()
+
+    def epoch_end(self, epoch: int, acc: float, batch: int) -> None:
+        self.epochs.append(
+            {"epoch": epoch, "time": time.time(), "accuracy": acc, "micro_steps": self.steps,
+             "samples": self.samples, "global_batch": batch}
+        )
+
+    def write(self, path: str) -> None:
+        data = {"first_batch": self.first_batch, "first_step_end": self.first_step_end, "epochs": self.epochs,
+                "torch_threads": torch.get_num_threads(), "pid": os.getpid()}
+        Path(path).write_text(json.dumps(data))
+
+
+def train_to_target(
+    model: nn.Module,
+    opt: Any,
+    loader: Iterable,
+    epochs: Iterable[int],
+    report: Callable[[dict[str, Any]], None],
+    global_batch: Callable[[], int],
+    job: dict[str, Any],
+    rank: int,
+    world_size: int,
+) -> None:
+    """The loop all three systems run; rank 0 writes its Timeline to the result file."""
+    test = tensors(job, "test")
+    loss_fn = nn.CrossEntropyLoss()
+    clock = Timeline()
+    for epoch in epochs:
+        model.train()
+        for x, y in loader:
+            clock.before_step()
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
+            clock.after_step(len(y) * world_size)
+        acc = accuracy(model, test)
+        clock.epoch_end(epoch, acc, global_batch())
+        report({"epoch": epoch, "test_accuracy": acc})
+    if rank == 0:
+        clock.write(job["result_path"])
+
+
+def raylight_ttt_loop(ctx: Any, job: dict[str, Any]) -> None:
+    torch.set_num_threads(1)
+    model = ctx.prepare_model(digits_model(job["seed"]))
+    opt = ctx.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"]))
+    adaptive = job["system"] == "raylight_adaptive"
+    loader = ctx.prepare_loader(
+        tensors(job, "train"), batch_size=job["batch_size"], shuffle=True, seed=job["seed"], adaptive=adaptive
+    )
+    train_to_target(
+        model, opt, loader, ctx.epochs(job["epochs"]), ctx.report,
+        lambda: ctx.batch_size or job["batch_size"], job, ctx.rank, ctx.world_size,
+    )
+
+
+def ray_train_ttt_loop(job: dict[str, Any]) -> None:
+    import ray.train
+    import ray.train.torch
+
+    torch.set_num_threads(1)
+    ctx = ray.train.get_context()
+    world_size = ctx.get_world_size()
+    loader = ray.train.torch.prepare_data_loader(
+        DataLoader(tensors(job, "train"), batch_size=job["batch_size"] // world_size, shuffle=True)
+    )
+    model = ray.train.torch.prepare_model(digits_model(job["seed"]))
+    opt = torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"])
+
+    def epochs() -> Iterable[int]:
+        for epoch in range(job["epochs"]):
+            loader.sampler.set_epoch(epoch)
+            yield epoch
+
+    train_to_target(
+        model, opt, loader, epochs(), ray.train.report, lambda: job["batch_size"], job,
+        ctx.get_world_rank(), world_size,
+    )
+
+
+def synthetic(samples: int, seed: int) -> TensorDataset:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(samples, 64, generator=gen)
+    teacher = torch.randn(64, 10, generator=gen)
+    return TensorDataset(x, (x @ teacher).argmax(dim=1))
+
+
+def throughput_loop(ctx: Any, job: dict[str, Any]) -> None:
+    """Steady samples/s on a bigger MLP; the same loop with and without adaptive=."""
+    torch.set_num_threads(1)
+    torch.manual_seed(job["seed"])
+    h = job["hidden"]
+    model = ctx.prepare_model(
+        nn.Sequential(nn.Linear(64, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, 10))
+    )
+    opt = ctx.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"]))
+    loader = ctx.prepare_loader(
+        synthetic(job["samples"], job["seed"]), batch_size=job["batch_size"], shuffle=True,
+        seed=job["seed"], adaptive=job["system"] == "raylight_pinned",
+    )
+    loss_fn = nn.CrossEntropyLoss()
+    stamps: list[float] = []
+    batches: list[int] = []
+    for _ in ctx.epochs(1):
+        for x, y in loader:
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
+            stamps.append(time.perf_counter())
+            batches.append(len(y) * ctx.world_size)
+    if ctx.rank == 0:
+        steady = stamps[SKIP_STEPS:]
+        rate = sum(batches[SKIP_STEPS + 1 :]) / (steady[-1] - steady[0]) if len(steady) > 1 else None
+        gaps = sorted(b - a for a, b in itertools.pairwise(steady))
+        Path(job["result_path"]).write_text(json.dumps({
+            "steps": len(stamps), "steady_samples_per_s": rate,
+            "median_step_ms": 1e3 * gaps[len(gaps) // 2] if gaps else None,
+            "global_batch": ctx.batch_size or job["batch_size"], "torch_threads": torch.get_num_threads(),
+        }))
+
+
+def elastic_loop(ctx: Any, job: dict[str, Any]) -> None:
+    """Trains digits until the stop file appears (agreed by all ranks at an epoch end);
+    checkpoints every epoch so that a resize can restart from it."""
+    model = ctx.prepare_model(digits_model(job["seed"]))
+    opt = ctx.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"]))
+    if (ckpt := ctx.get_checkpoint()) is not None:
+        state = ckpt.load()
+        ctx.unwrap_model(model).load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+    loader = ctx.prepare_loader(
+        tensors(job, "train"), batch_size=job["batch_size"], shuffle=True, seed=job["seed"], adaptive=True
+    )
+    test = tensors(job, "test")
+    loss_fn = nn.CrossEntropyLoss()
+    for epoch in ctx.epochs(100_000):
+        for x, y in loader:
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
+        ctx.report(
+            {"epoch": epoch, "workers": ctx.world_size, "test_accuracy": accuracy(model, test)},
+            checkpoint={"model": ctx.unwrap_model(model).state_dict(), "opt": opt.state_dict()},
+        )
+        stop = 1.0 if os.path.exists(job["stop_file"]) else 0.0
+        if ctx.all_reduce(stop, op="max") > 0:
+            break
+
+
+# -- child processes: one run each ------------------------------------------------------
+
+
+def adaptive_config(job: dict[str, Any]) -> Any:
+    from raylight import AdaptiveConfig
+
+    return AdaptiveConfig(**job["adaptive"]) if job.get("adaptive") else None
+
+
+def write_driver_info(job: dict[str, Any], result: Any) -> None:
+    """What the driver learned, for the parent: resizes and the adaptive state."""
+    run_dir = Path(result.path)
+    info: dict[str, Any] = {"resizes": result.resizes, "reports": len(result.metrics_history)}
+    state = run_dir / "adaptive_state.json"
+    if state.exists():
+        info["engine_state"] = json.loads(state.read_text())
+    trace = run_dir / "adaptive.jsonl"
+    if trace.exists():
+        rows = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+        info["trace_rows"] = len(rows)
+        info["batch_decisions"] = [r.get("reason") for r in rows if r.get("decision") == "batch"]
+    if (run_dir / "adaptive.png").exists():
+        shutil.copy(run_dir / "adaptive.png", Path(job["result_path"]).with_name("adaptive.png"))
+    Path(job["result_path"]).with_name("driver.json").write_text(json.dumps(info, default=str))
+
+
+def child_raylight(job: dict[str, Any]) -> None:
+    """raylight_fixed / raylight_adaptive (time to target), raylight_fixed /
+    raylight_pinned (throughput), raylight_wide (profile only)."""
+    import ray
+
+    import raylight
+    from raylight import runtime
+
+    runtime.start_embedded(num_cpus=NUM_WORKERS, temp_dir=job["ray_temp_dir"])
+    if job["kind"] == "ttt":
+        job = dict(job, data=digits_arrays(job["split_seed"]))
+        loop: Callable[..., Any] = raylight_ttt_loop
+    else:
+        loop = throughput_loop
+    try:
+        result = raylight.fit(
+            loop, config=job, num_workers=NUM_WORKERS, adaptive=adaptive_config(job),
+            progress=False, storage_path=job["storage_path"], name="bench",
+        )
+        write_driver_info(job, result)
+    finally:
+        ray.shutdown()
+
+
+def child_ray_train(job: dict[str, Any]) -> None:
+    import logging
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # bind Ray to 127.0.0.1
+    import ray
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    ray.init(
+        address="local", num_cpus=NUM_WORKERS, include_dashboard=False,
+        logging_level=logging.WARNING, _temp_dir=job["ray_temp_dir"],
+    )
+    try:
+        job = dict(job, data=digits_arrays(job["split_seed"]))
+        TorchTrainer(
+            ray_train_ttt_loop,
+            train_loop_config=job,
+            scaling_config=ScalingConfig(num_workers=NUM_WORKERS, resources_per_worker={"CPU": 1}),
+            run_config=RunConfig(storage_path=job["storage_path"], name="bench"),
+        ).fit()
+    finally:
+        ray.shutdown()
+
+
+def _wait_for(cond: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def child_resize(job: dict[str, Any]) -> None:
+    """Grow 1 -> 2 workers: a blocker holds one CPU until the first checkpoint."""
+    import ray
+
+    import raylight
+    from raylight import RunConfig, ScalingConfig, TrainerConfig, runtime
+
+    runtime.start_embedded(num_cpus=NUM_WORKERS, temp_dir=job["ray_temp_dir"])
+
+    @ray.remote(num_cpus=1)
+    class Blocker:
+        def ready(self) -> bool:
+            return True
+
+    job = dict(job, data=digits_arrays(job["split_seed"]))
+    blocker = Blocker.remote()  # type: ignore[attr-defined]
+    ray.get(blocker.ready.remote())
+    run_dir = Path(job["storage_path"]) / "bench"
+    trainer = raylight.Trainer(
+        elastic_loop,
+        train_loop_config=job,
+        config=TrainerConfig(
+            scaling=ScalingConfig(
+                num_workers=(1, NUM_WORKERS), scaling_policy="max", resize_interval_s=0.3,
+                resize_in_place=job["resize_kind"] == "in_place",
+            ),
+            run=RunConfig(storage_path=job["storage_path"], name="bench", progress=False),
+        ),
+    )
+    out: dict[str, Any] = {}
+
+    def fit() -> None:
+        try:
+            out["result"] = trainer.fit()
+        except BaseException as exc:  # reported by the parent through the exit code
+            out["error"] = exc
+
+    thread = threading.Thread(target=fit, name="fit")
+    thread.start()
+    events: dict[str, float] = {}
+    try:
+        if _wait_for(lambda: any(run_dir.glob("checkpoints/*/meta.json")) or not thread.is_alive(), 120):
+            events["blocker_killed"] = time.time()
+            ray.kill(blocker)
+
+            def resized() -> bool:
+                trace = run_dir / "adaptive.jsonl"
+                return (trace.exists() and '"event": "resized"' in trace.read_text()) or not thread.is_alive()
+
+            _wait_for(resized, 120)
+    finally:
+        Path(job["stop_file"]).touch()
+        thread.join(180)
+    if "error" in out:
+        raise out["error"]
+    result = out["result"]
+    write_driver_info(job, result)
+    workers = [m.get("workers") for m in result.metrics_history]
+    Path(job["result_path"]).write_text(json.dumps({"events": events, "workers_per_epoch": workers}))
+    ray.shutdown()
+
+
+CHILDREN = {"raylight": child_raylight, "ray_train": child_ray_train, "resize": child_resize}
+
+
+# -- the parent: launch, time, clean up -------------------------------------------------
+
+
+def run_child(child: str, base_job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Launch one cold child process; returns its record with the launch timestamp."""
+    from overhead import child_env, reap_leftovers, stop_group, tail
+
+    run_dir = Path(tempfile.mkdtemp(prefix="rla-", dir="/tmp"))  # short: Ray's socket paths
+    job = dict(
+        base_job,
+        result_path=str(run_dir / "result.json"),
+        ray_temp_dir=str(run_dir / "r"),
+        storage_path=str(run_dir / "storage"),
+        stop_file=str(run_dir / "stop"),
+    )
+    stderr = run_dir / "stderr.log"
+    command = [sys.executable, str(Path(__file__).resolve()), "--child", child, "--job", json.dumps(job)]
+    record: dict[str, Any] = {"ok": False}
+    with (run_dir / "stdout.log").open("wb") as out, stderr.open("wb") as err:
+        launched = time.time()
+        proc = subprocess.Popen(command, stdout=out, stderr=err, env=child_env(), start_new_session=True)
+        try:
+            returncode = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            stop_group(proc)
+            returncode = None
+        record["process_s"] = time.time() - launched
+    record["leftover_pids"] = reap_leftovers(proc.pid, str(run_dir))
+    raw: dict[str, Any] = {}
+    try:
+        raw = json.loads(Path(job["result_path"]).read_text())
+        driver = run_dir / "driver.json"
+        if driver.exists():
+            raw["driver"] = json.loads(driver.read_text())
+        png = run_dir / "adaptive.png"
+        if png.exists():
+            record["_png"] = png.read_bytes()  # kept in memory only
+    except (OSError, ValueError):
+        pass
+    if returncode is None:
+        record["error"] = f"timed out after {timeout_s:.0f}s"
+    elif returncode != 0:
+        record["error"] = f"exit code {returncode}"
+    elif not raw:
+        record["error"] = "the run wrote no result"
+    record["launched"] = launched
+    record["raw"] = raw
+    if "error" in record:
+        record["stderr_tail"] = tail(stderr)
+        record["run_dir"] = str(run_dir)  # kept for a look
+    else:
+        record["ok"] = True
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return record
+
+
+def ttt_record(system: str, job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    record = run_child("ray_train" if system == "ray_train_fixed" else "raylight", dict(job, system=system), timeout_s)
+    record["system"] = system
+    raw, launched = record.pop("raw"), record.pop("launched")
+    if not record["ok"]:
+        return record
+    epochs = raw["epochs"]
+    if raw.get("first_batch") is None or not epochs:
+        record.update(ok=False, error="no training step was taken")
+        return record
+    hit = next((e for e in epochs if e["accuracy"] >= job["target"]), None)
+    last = epochs[-1]
+    record.update(
+        start_to_first_step_s=raw["first_step_end"] - launched,
+        reached_target=hit is not None,
+        to_target_from_launch_s=None if hit is None else hit["time"] - launched,
+        to_target_from_first_step_s=None if hit is None else hit["time"] - raw["first_batch"],
+        epochs_to_target=None if hit is None else hit["epoch"] + 1,
+        final_accuracy=last["accuracy"],
+        best_accuracy=max(e["accuracy"] for e in epochs),
+        training_s=last["time"] - raw["first_batch"],
+        micro_steps=last["micro_steps"],
+        final_global_batch=last["global_batch"],
+        torch_threads=raw["torch_threads"],
+        accuracy_per_epoch=[round(e["accuracy"], 4) for e in epochs],
+        global_batch_per_epoch=[e["global_batch"] for e in epochs],
+        seconds_per_epoch=[round(e["time"] - raw["first_batch"], 3) for e in epochs],
+    )
+    driver = raw.get("driver", {})
+    if "engine_state" in driver:
+        record["engine_state"] = driver["engine_state"]
+        record["batch_decisions"] = driver.get("batch_decisions", [])
+    return record
+
+
+def tput_record(system: str, job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    record = run_child("raylight", dict(job, system=system), timeout_s)
+    record["system"] = system
+    raw = record.pop("raw")
+    record.pop("launched")
+    record.pop("_png", None)
+    if record["ok"]:
+        record.update({k: raw.get(k) for k in ("steps", "steady_samples_per_s", "median_step_ms", "global_batch", "torch_threads")})
+    return record
+
+
+def resize_record(kind: str, job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    record = run_child("resize", dict(job, resize_kind=kind), timeout_s)
+    record["kind"] = kind
+    raw = record.pop("raw")
+    record.pop("launched")
+    record.pop("_png", None)
+    if not record["ok"]:
+        return record
+    resizes = raw.get("driver", {}).get("resizes", [])
+    grow = next((r for r in resizes if (r.get("from"), r.get("to")) == (1, 2)), None)
+    record["resizes"] = resizes
+    record["workers_per_epoch"] = raw.get("workers_per_epoch")
+    if grow is None:
+        record.update(ok=False, error=f"no 1 -> 2 resize happened (resizes: {resizes})")
+        return record
+    record.update(resize_kind_seen=grow["kind"], first_step_s=grow.get("first_step_s"), pause_s=grow.get("pause_s"))
+    if grow["kind"] != kind:
+        record.update(ok=False, error=f"asked for a {kind} resize, got {grow['kind']}")
+    return record
+
+
+# -- the throughput model's prediction error ----------------------------------------------
+
+
+def leave_one_layout_out(profile_rows: list[list[Any]], min_steps: int = MIN_PROFILE_STEPS) -> dict[str, Any]:
+    """For each layout with at least ``min_steps`` optimizer steps (of the most common
+    thread count), fit the throughput model on the other such layouts and predict its
+    mean seconds per optimizer step (accumulation micro-steps included)."""
+    from raylight.adaptive.goodput import predict_step_time
+    from raylight.adaptive.perf_model import fit_perf_params
+    from raylight.adaptive.profile import StepProfile
+
+    profile = StepProfile.from_json(profile_rows)
+    usable = {k: s for k, s in profile.layouts.items() if s.optim_count >= min_steps}
+    if not usable:
+        return {"layouts": [], "usable_layouts": 0}
+    counts: dict[int, int] = {}
+    for (_, _, _, t) in usable:
+        counts[t] = counts.get(t, 0) + 1
+    threads = max(counts, key=lambda t: counts[t])
+    layouts = sorted(k for k in usable if k[3] == threads)
+    rows = []
+    for held in layouts:
+        others = StepProfile({k: profile.layouts[k] for k in layouts if k != held})
+        obs = others.observations(threads=threads, min_steps=min_steps)
+        if len(obs[0]) < 2:  # one layout cannot tell fixed from per-sample costs
+            continue
+        params = fit_perf_params(*obs)
+        stats = profile.layouts[held]
+        accum = stats.accum_count / stats.optim_count
+        measured = (stats.optim_time + stats.accum_time) / stats.optim_count
+        nodes, replicas, atomic, _ = held
+        predicted = float(predict_step_time(params, nodes, replicas, atomic, accum))
+        rows.append({
+            "layout": list(held), "optim_steps": stats.optim_count, "accum_steps_per_step": accum,
+            "measured_s": measured, "predicted_s": predicted,
+            "relative_error": abs(predicted - measured) / measured,
+        })
+    return {"layouts": rows, "usable_layouts": len(layouts), "threads": threads}
+
+
+def prediction_error(profiles: list[tuple[str, list[list[Any]]]]) -> dict[str, Any]:
+    """Mean relative error over every held-out layout of every profile given."""
+    per_run = []
+    errors: list[float] = []
+    for source, rows in profiles:
+        lolo = leave_one_layout_out(rows)
+        lolo["source"] = source
+        per_run.append(lolo)
+        errors.extend(r["relative_error"] for r in lolo["layouts"])
+    return {
+        "mean_relative_error": statistics.fmean(errors) if errors else None,
+        "median_relative_error": statistics.median(errors) if errors else None,
+        "held_out_predictions": len(errors),
+        "runs": per_run,
+    }
+
+
+# -- summary ----------------------------------------------------------------------------
+
+
+def median_of(records: list[dict[str, Any]], key: str, missing_as_inf: bool = False) -> float | None:
+    """Median over successful records; with ``missing_as_inf`` a missing value (target not
+    reached) counts as slower than any, so the median is None when most runs missed."""
+    values = []
+    for r in records:
+        if not r["ok"]:
+            continue
+        value = r.get(key)
+        if value is None and missing_as_inf:
+            value = math.inf
+        if value is not None:
+            values.append(value)
+    if not values:
+        return None
+    med = statistics.median(values)
+    return None if math.isinf(med) else med
+
+
+TTT_METRICS = (
+    "start_to_first_step_s", "to_target_from_launch_s", "to_target_from_first_step_s",
+    "epochs_to_target", "final_accuracy", "best_accuracy", "training_s", "micro_steps",
+    "final_global_batch", "process_s",
+)
+
+
+def summarize_ttt(reps: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    out = {}
+    for name, records in reps.items():
+        med = {m: median_of(records, m, missing_as_inf=m.startswith(("to_target", "epochs_to"))) for m in TTT_METRICS}
+        out[name] = {
+            "median": med,
+            "ok_reps": sum(r["ok"] for r in records),
+            "reached_target": sum(bool(r.get("reached_target")) for r in records),
+            "reps": records,
+        }
+    return out
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    return num / den if num is not None and den else None
+
+
+def figures(
+    ttt: dict[str, Any], tput: dict[str, Any], resize: dict[str, Any], pred: dict[str, Any]
+) -> dict[str, Any]:
+    fixed, adapt = ttt["raylight_fixed"]["median"], ttt["raylight_adaptive"]["median"]
+    speedup = ratio(fixed["to_target_from_first_step_s"], adapt["to_target_from_first_step_s"])
+    speedup_launch = ratio(fixed["to_target_from_launch_s"], adapt["to_target_from_launch_s"])
+    delta = None
+    if fixed["final_accuracy"] is not None and adapt["final_accuracy"] is not None:
+        delta = 100.0 * (adapt["final_accuracy"] - fixed["final_accuracy"])
+    rate_fixed = tput["raylight_fixed"]["median"]["steady_samples_per_s"]
+    rate_pinned = tput["raylight_pinned"]["median"]["steady_samples_per_s"]
+    overhead = None if not rate_fixed or not rate_pinned else 100.0 * (rate_fixed / rate_pinned - 1.0)
+    in_place = resize["in_place"]["median"]
+    from_ckpt = resize["checkpoint"]["median"]
+    err = pred["mean_relative_error"]
+    return {
+        "adaptive_vs_fixed_time_to_target": speedup,
+        "adaptive_vs_fixed_time_to_target_from_launch": speedup_launch,
+        "final_accuracy_delta_pts": delta,
+        "step_time_prediction_error": err,
+        "resize_in_place_s": in_place["first_step_s"],
+        "resize_in_place_pause_s": in_place["pause_s"],
+        "resize_from_checkpoint_s": from_ckpt["first_step_s"],
+        "resize_from_checkpoint_pause_s": from_ckpt["pause_s"],
+        "noise_overhead_pct": overhead,
+        "goals": {
+            "time_to_target": {
+                "goal": f"adaptive_vs_fixed_time_to_target >= {GOAL_SPEEDUP} and "
+                f"final_accuracy_delta_pts >= {GOAL_ACC_PTS}",
+                "met": None if speedup is None or delta is None else speedup >= GOAL_SPEEDUP and delta >= GOAL_ACC_PTS,
+            },
+            "step_time_prediction_error": {
+                "goal": f"< {GOAL_PRED_ERR}", "met": None if err is None else err < GOAL_PRED_ERR,
+            },
+            "resize_in_place_s": {
+                "goal": f"< {GOAL_RESIZE_S} s",
+                "met": None if in_place["first_step_s"] is None else in_place["first_step_s"] < GOAL_RESIZE_S,
+            },
+            "noise_overhead_pct": {
+                "goal": f"< {GOAL_NOISE_PCT}%", "met": None if overhead is None else overhead < GOAL_NOISE_PCT,
+            },
+        },
+    }
+
+
+def fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_table(results: dict[str, Any]) -> None:
+    cfg, ttt = results["config"], results["time_to_target"]
+    print(
+        f"\nTime to {100 * cfg['target']:.0f}% held-out accuracy, digits, {cfg['epochs']}-epoch budget "
+        f"(medians of {cfg['reps']} reps)"
+    )
+    print(
+        f"{'system':<18} {'ok':>4} {'hit':>4} {'start->1st s':>12} {'target from':>12} {'target from':>12} "
+        f"{'epochs to':>10} {'final acc':>10} {'train s':>8} {'final':>6}"
+    )
+    print(f"{'':<18} {'':>4} {'':>4} {'':>12} {'launch s':>12} {'1st step s':>12} {'target':>10} {'%':>10} {'':>8} {'batch':>6}")
+    for name, s in ttt.items():
+        m = s["median"]
+        print(
+            f"{name:<18} {s['ok_reps']}/{len(s['reps']):<2} {s['reached_target']:>4} "
+            f"{fmt(m['start_to_first_step_s'], '.2f'):>12} {fmt(m['to_target_from_launch_s'], '.2f'):>12} "
+            f"{fmt(m['to_target_from_first_step_s'], '.2f'):>12} {fmt(m['epochs_to_target'], '.0f'):>10} "
+            f"{fmt(None if m['final_accuracy'] is None else 100 * m['final_accuracy'], '.2f'):>10} "
+            f"{fmt(m['training_s'], '.2f'):>8} {fmt(m['final_global_batch'], '.0f'):>6}"
+        )
+    tput = results["noise_overhead"]
+    print(f"\nSteady throughput, MLP 64-{cfg['tput_hidden']}-{cfg['tput_hidden']}-10, global batch {cfg['batch_size']}")
+    for name, s in tput.items():
+        m = s["median"]
+        print(
+            f"{name:<18} {s['ok_reps']}/{len(s['reps']):<2} {fmt(m['steady_samples_per_s'], ',.0f'):>10} samples/s "
+            f"{fmt(m['median_step_ms'], '.2f'):>7} ms/step"
+        )
+    print("\nResize 1 -> 2 workers (decision -> first step at the new size; pause = stop -> first step)")
+    for kind, s in results["resize"].items():
+        m = s["median"]
+        print(
+            f"{kind:<18} {s['ok_reps']}/{len(s['reps']):<2} first step {fmt(m['first_step_s'], '.2f'):>6} s  "
+            f"pause {fmt(m['pause_s'], '.2f'):>6} s"
+        )
+    pred = results["prediction"]
+    print(
+        f"\nStep-time prediction (leave one layout out): {pred['held_out_predictions']} held-out layouts "
+        f"from {', '.join(r['source'] for r in pred['runs'] if r['layouts']) or 'no run'}"
+        + (" (wide run added: the time-to-target runs saw too few layouts)" if pred.get("wide_run") else "")
+    )
+    fig = results["figures"]
+    goals = fig["goals"]
+    print("\nfigure                                       measured   goal")
+    rows = [
+        ("adaptive_vs_fixed_time_to_target", fig["adaptive_vs_fixed_time_to_target"], ".2f", goals["time_to_target"]),
+        ("  (from launch)", fig["adaptive_vs_fixed_time_to_target_from_launch"], ".2f", None),
+        ("final_accuracy_delta_pts", fig["final_accuracy_delta_pts"], "+.2f", None),
+        ("step_time_prediction_error", fig["step_time_prediction_error"], ".3f", goals["step_time_prediction_error"]),
+        ("resize_in_place_s", fig["resize_in_place_s"], ".2f", goals["resize_in_place_s"]),
+        ("  pause_s", fig["resize_in_place_pause_s"], ".2f", None),
+        ("resize_from_checkpoint_s", fig["resize_from_checkpoint_s"], ".2f", None),
+        ("  pause_s", fig["resize_from_checkpoint_pause_s"], ".2f", None),
+        ("noise_overhead_pct", fig["noise_overhead_pct"], ".1f", goals["noise_overhead_pct"]),
+    ]
+    for name, value, spec, goal in rows:
+        note = "" if goal is None else f"{goal['goal']}: {'met' if goal['met'] else 'NOT met' if goal['met'] is False else '-'}"
+        print(f"{name:<44} {fmt(value, spec):>9}   {note}")
+    for section in ("time_to_target", "noise_overhead", "resize"):
+        for name, s in results[section].items():
+            for rep in s["reps"]:
+                if not rep["ok"]:
+                    print(f"  {section}/{name} FAILED: {rep['error']}\n    " + rep.get("stderr_tail", "")[-600:])
+
+
+def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    adaptive = {
+        "max_batch_size": args.max_batch_size,
+        "local_batch_bounds": [args.batch_size // NUM_WORKERS // 2, args.max_batch_size // NUM_WORKERS],
+        "lr_rule": "adascale",
+        "decision_interval_s": args.decision_interval,
+    }
+    half = args.batch_size // NUM_WORKERS
+    pinned = {"max_batch_size": args.batch_size, "local_batch_bounds": [half, half], "accumulation": False}
+    common = {"batch_size": args.batch_size, "lr": args.lr, "momentum": args.momentum, "split_seed": 0}
+    ttt_job = dict(common, kind="ttt", epochs=args.epochs, target=args.target)
+    tput_job = dict(common, kind="tput", samples=args.tput_samples, hidden=args.tput_hidden)
+    sections = set(args.sections.split(","))
+    ttt_reps: dict[str, list[dict[str, Any]]] = {s: [] for s in TTT_SYSTEMS}
+    tput_reps: dict[str, list[dict[str, Any]]] = {s: [] for s in TPUT_SYSTEMS}
+    resize_reps: dict[str, list[dict[str, Any]]] = {k: [] for k in RESIZE_KINDS}
+
+    def show(label: str, record: dict[str, Any]) -> None:
+        extra = ""
+        if record["ok"] and "to_target_from_first_step_s" in record:
+            extra = f", target after {fmt(record['to_target_from_first_step_s'], '.2f')}s of training"
+        elif record["ok"] and "first_step_s" in record:
+            extra = f", first step after {fmt(record['first_step_s'], '.2f')}s"
+        status = f"{record['process_s']:.1f}s{extra}" if record["ok"] else f"FAILED ({record['error']})"
+        print(f"{label} {status}", flush=True)
+
+    for rep in range(args.reps):  # interleaved, so drift hits every system alike
+        seeded = {"seed": rep}
+        if "ttt" in sections:
+            for name in TTT_SYSTEMS:
+                job = dict(ttt_job, **seeded, adaptive=adaptive if name == "raylight_adaptive" else None)
+                print(f"rep {rep + 1}/{args.reps}: time to target, {name} ...", end=" ", flush=True)
+                ttt_reps[name].append(ttt_record(name, job, args.timeout))
+                show("", ttt_reps[name][-1])
+        if "tput" in sections:
+            for name in TPUT_SYSTEMS:
+                job = dict(tput_job, **seeded, adaptive=pinned if name == "raylight_pinned" else None)
+                print(f"rep {rep + 1}/{args.reps}: throughput, {name} ...", end=" ", flush=True)
+                tput_reps[name].append(tput_record(name, job, args.timeout))
+                show("", tput_reps[name][-1])
+        if "resize" in sections and rep < args.resize_reps:
+            for kind in RESIZE_KINDS:
+                print(f"rep {rep + 1}/{args.resize_reps}: resize 1 -> 2, {kind} ...", end=" ", flush=True)
+                resize_reps[kind].append(resize_record(kind, dict(common, **seeded), args.timeout))
+                show("", resize_reps[kind][-1])
+
+    ttt = summarize_ttt(ttt_reps)
+    # The throughput model: the adaptive time-to-target runs' profiles, plus a wide run
+    # when none of them saw enough layouts to leave one out.
+    profiles = [
+        (f"raylight_adaptive rep {i + 1}", r["engine_state"]["profile"])
+        for i, r in enumerate(ttt_reps["raylight_adaptive"]) if r["ok"] and r.get("engine_state")
+    ]
+    pred = prediction_error(profiles)
+    wide = None
+    if not pred["held_out_predictions"] and "ttt" in sections:
+        print("the adaptive runs saw too few layouts to leave one out; a wide adaptive run ...", end=" ", flush=True)
+        wide_cfg = {
+            "max_batch_size": 1024, "local_batch_bounds": [4, 512], "lr_rule": "adascale",
+            "gain_threshold": 0.0, "decision_interval_s": 0.3,
+        }
+        job = dict(ttt_job, seed=0, epochs=args.wide_epochs, adaptive=wide_cfg)
+        wide = ttt_record("raylight_adaptive", job, args.timeout)
+        wide["system"] = "raylight_wide"
+        show("", wide)
+        wide.pop("_png", None)
+        if wide["ok"] and wide.get("engine_state"):
+            pred = prediction_error([*profiles, ("raylight_wide", wide["engine_state"]["profile"])])
+        pred["wide_run"] = {"adaptive": wide_cfg, "epochs": args.wide_epochs, "record": wide}
+
+    # The adaptive trace of the median repetition (by time to target).
+    adaptive_ok = [r for r in ttt_reps["raylight_adaptive"] if r["ok"] and r.get("_png")]
+    adaptive_ok.sort(key=lambda r: r.get("to_target_from_first_step_s") or math.inf)
+    png = adaptive_ok[len(adaptive_ok) // 2]["_png"] if adaptive_ok else None
+    for records in ttt_reps.values():
+        for r in records:
+            r.pop("_png", None)
+
+    tput = {
+        name: {
+            "median": {k: median_of(r, k) for k in ("steady_samples_per_s", "median_step_ms", "process_s")},
+            "ok_reps": sum(x["ok"] for x in r), "reps": r,
+        }
+        for name, r in tput_reps.items()
+    }
+    resize = {
+        kind: {
+            "median": {k: median_of(r, k) for k in ("first_step_s", "pause_s", "process_s")},
+            "ok_reps": sum(x["ok"] for x in r), "reps": r,
+        }
+        for kind, r in resize_reps.items()
+    }
+    from overhead import machine_info
+
+    results = {
+        "config": {
+            **common,
+            "epochs": args.epochs,
+            "target": args.target,
+            "reps": args.reps,
+            "resize_reps": min(args.resize_reps, args.reps),
+            "num_workers": NUM_WORKERS,
+            "torch_threads_per_worker": 1,
+            "dataset": "sklearn digits, 1347 train / 450 test (stratified, random_state=0)",
+            "model": "MLP 64-128-10 float32",
+            "optimizer": f"SGD lr={args.lr} momentum={args.momentum}",
+            "adaptive": adaptive,
+            "pinned_adaptive": pinned,
+            "tput_hidden": args.tput_hidden,
+            "tput_samples": args.tput_samples,
+            "skip_steps": SKIP_STEPS,
+            "min_profile_steps": MIN_PROFILE_STEPS,
+            "timeout_s": args.timeout,
+            "sections": sorted(sections),
+            "backend": "gloo (CPU)",
+        },
+        "machine": machine_info(),
+        "time_to_target": ttt,
+        "noise_overhead": tput,
+        "resize": resize,
+        "prediction": pred,
+    }
+    results["figures"] = figures(ttt, tput, resize, pred)
+    results["_png"] = png
+    return results
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3, help="repetitions of each system")
+    parser.add_argument("--resize-reps", type=int, default=2, help="repetitions of each resize kind")
+    parser.add_argument("--epochs", type=int, default=40, help="epoch budget of every digits run")
+    parser.add_argument("--target", type=float, default=0.95, help="target held-out accuracy")
+    parser.add_argument("--batch-size", type=int, default=32, help="initial global batch")
+    parser.add_argument("--lr", type=float, default=0.01, help="initial learning rate")
+    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--max-batch-size", type=int, default=512, help="adaptive: largest global batch")
+    parser.add_argument("--decision-interval", type=float, default=0.5, help="adaptive: seconds between decisions")
+    parser.add_argument("--tput-hidden", type=int, default=512, help="width of the throughput MLP")
+    parser.add_argument("--tput-samples", type=int, default=20_000, help="samples of the throughput run")
+    parser.add_argument("--wide-epochs", type=int, default=15, help="epochs of the wide adaptive run")
+    parser.add_argument("--sections", default="ttt,tput,resize", help=argparse.SUPPRESS)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per child run")
+    parser.add_argument("--quick", action="store_true", help="smoke run: few epochs, 1 repetition")
+    parser.add_argument(
+        "--out", type=Path, default=None,
+        help="JSON results (default bench/results/adaptive.json, adaptive-quick.json with --quick)",
+    )
+    parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
+    parser.add_argument("--job", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.reps, args.resize_reps, args.epochs = 1, 1, 6
+        args.tput_samples, args.wide_epochs = 3_200, 4
+    if args.out is None:
+        args.out = RESULTS_DIR / ("adaptive-quick.json" if args.quick else "adaptive.json")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.child:
+        CHILDREN[args.child](json.loads(args.job))
+        return
+    results = run_benchmark(args)
+    png = results.pop("_png")
+    print_table(results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print(f"results: {args.out}")
+    if png is not None:
+        png_path = args.out.with_suffix(".png")
+        png_path.write_bytes(png)
+        print(f"adaptive trace: {png_path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+from raylight.cli.main import main
+
+main()

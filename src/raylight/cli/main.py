@@ -1,0 +1,158 @@
+"""`raylight` commands. Each parses its options, loads the config and calls the library.
+
+Exit codes: 0 success, 2 usage or configuration errors (bad flags, config, dataset,
+cluster address, resources), 1 failures at run time.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+try:
+    import typer
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ImportError("the raylight CLI needs the declarative extra: pip install 'raylight[declarative]'") from exc
+import yaml
+from rich.console import Console
+
+from raylight.exceptions import (
+    ClusterConnectionError,
+    ConfigError,
+    InsufficientResourcesError,
+    RaylightError,
+)
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Distributed, adaptive training on Ray.")
+console = Console(stderr=True)
+
+ConfigOpt = Annotated[str, typer.Option("--config", "-c", help="YAML config: local path or fsspec URI.")]
+DatasetOpt = Annotated[str, typer.Option("--dataset", "-d", help="CSV, Parquet or JSON-lines file, glob or URI.")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a config key: trainer.epochs=5 (repeatable).")]
+
+
+def _fail(exc: BaseException) -> None:
+    usage = isinstance(exc, ConfigError | ClusterConnectionError | InsufficientResourcesError)
+    console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2 if usage else 1)
+
+
+def _config(path: str, overrides: list[str] | None):
+    from raylight.config.loading import load_config
+
+    return load_config(path, overrides or [])
+
+
+@app.command()
+def train(
+    config: ConfigOpt,
+    dataset: DatasetOpt,
+    output_directory: Annotated[str, typer.Option(help="Where the run is written.")] = "results/run",
+    backend: Annotated[str | None, typer.Option(help="local or ray (overrides backend.type).")] = None,
+    set_: SetOpt = None,
+    quiet: Annotated[bool, typer.Option(help="No progress display.")] = False,
+) -> None:
+    """Train a model described by CONFIG on DATASET."""
+    from raylight.declarative import api
+
+    try:
+        out = api.train(_config(config, set_), dataset, output_directory=output_directory, backend=backend, progress=not quiet)
+    except RaylightError as exc:
+        _fail(exc)
+    console.print_json(json.dumps(out["evaluation"]))
+    console.print(f"model: {out['model_path']}")
+
+
+@app.command()
+def experiment(
+    config: ConfigOpt,
+    dataset: DatasetOpt,
+    output_directory: Annotated[str, typer.Option(help="Where the run is written.")] = "results/experiment",
+    backend: Annotated[str | None, typer.Option(help="local or ray.")] = None,
+    set_: SetOpt = None,
+    quiet: Annotated[bool, typer.Option(help="No progress display.")] = False,
+) -> None:
+    """Train, then evaluate on the test split (written to evaluation.json)."""
+    train(config, dataset, output_directory, backend, set_, quiet)
+
+
+@app.command()
+def evaluate(
+    model_path: Annotated[str, typer.Option(help="<output-directory>/model of a trained run.")],
+    dataset: DatasetOpt,
+) -> None:
+    """Evaluate a trained model on DATASET."""
+    from raylight.declarative import api
+
+    try:
+        metrics = api.evaluate(model_path, dataset)
+    except RaylightError as exc:
+        _fail(exc)
+    print(json.dumps(metrics, indent=2))
+
+
+@app.command()
+def predict(
+    model_path: Annotated[str, typer.Option(help="<output-directory>/model of a trained run.")],
+    dataset: DatasetOpt,
+    output: Annotated[str | None, typer.Option(help="predictions.csv, .parquet or .jsonl; default: stdout as CSV.")] = None,
+) -> None:
+    """Predict one row per input row, in order."""
+    from raylight.declarative import api
+
+    try:
+        frame = api.predict(model_path, dataset, output)
+    except RaylightError as exc:
+        _fail(exc)
+    if output is None:
+        frame.to_csv(sys.stdout, index=False)
+
+
+@app.command("init-config")
+def init_config(
+    dataset: DatasetOpt,
+    target: Annotated[str, typer.Option(help="The column to predict.")],
+    output: Annotated[str | None, typer.Option(help="Write the config here; default: stdout.")] = None,
+) -> None:
+    """Infer feature types from DATASET and write a config."""
+    from raylight.declarative import api
+
+    try:
+        text = yaml.safe_dump(api.init_config(dataset, target), sort_keys=False)
+    except RaylightError as exc:
+        _fail(exc)
+    if output:
+        with open(output, "w") as f:
+            f.write(text)
+    else:
+        print(text, end="")
+
+
+@app.command("render-config")
+def render_config(config: ConfigOpt, set_: SetOpt = None) -> None:
+    """Print the fully resolved config, every default written out."""
+    from raylight.config.loading import render_config as render
+
+    try:
+        print(render(_config(config, set_)), end="")
+    except RaylightError as exc:
+        _fail(exc)
+
+
+@app.command()
+def check(config: ConfigOpt, dataset: DatasetOpt, set_: SetOpt = None) -> None:
+    """Validate CONFIG against DATASET without training."""
+    from raylight.declarative import api
+
+    try:
+        cfg = _config(config, set_)
+        prepared = api.prepare(cfg, dataset)
+    except RaylightError as exc:
+        _fail(exc)
+    rows = len(next(iter(prepared.train.values())))
+    console.print(f"ok: {len(cfg.input_features)} inputs, target {cfg.output_features[0].name!r}, {rows} training rows")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,205 @@
+"""The declarative model config (Ludwig-style): features, combiner, trainer, backend.
+
+YAML is only a serialisation of these models. Unknown keys and bad values are errors
+naming the key path and the allowed values.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from raylight.config.schema import AdaptiveConfig
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+# -- features ------------------------------------------------------------------------
+class NumberPreprocessing(_Model):
+    normalization: Literal["zscore", "minmax", "none"] = Field("zscore", description="How values are scaled.")
+    missing_value_strategy: Literal["fill_with_mean", "fill_with_const", "drop_row"] = Field(
+        "fill_with_mean", description="What replaces a missing value."
+    )
+    fill_value: float = Field(0.0, description="The value used by fill_with_const.")
+
+
+class CategoryPreprocessing(_Model):
+    most_common: int = Field(10_000, ge=1, description="Largest vocabulary kept; the rest map to <UNK>.")
+    min_frequency: int = Field(1, ge=1, description="Values seen fewer times map to <UNK>.")
+    missing_value_strategy: Literal["fill_with_const", "drop_row"] = Field(
+        "fill_with_const", description="What replaces a missing value."
+    )
+    fill_value: str = Field("<UNK>", description="The value used by fill_with_const.")
+
+
+class BinaryPreprocessing(_Model):
+    missing_value_strategy: Literal["fill_with_false", "drop_row"] = Field(
+        "fill_with_false", description="What replaces a missing value."
+    )
+
+
+class TextPreprocessing(_Model):
+    most_common: int = Field(20_000, ge=1, description="Largest vocabulary of tokens.")
+    min_frequency: int = Field(1, ge=1, description="Rarer tokens map to <UNK>.")
+    lowercase: bool = Field(True, description="Lower-case text before tokenising.")
+
+
+class Encoder(_Model):
+    embedding_size: int = Field(32, ge=1, description="Size of category and text embeddings.")
+
+
+class _Feature(_Model):
+    name: str = Field(description="Feature name; also the column unless `column` is set.")
+    column: str | None = Field(None, description="Dataset column; default: the name.")
+
+    @property
+    def col(self) -> str:
+        return self.column or self.name
+
+
+class NumberInput(_Feature):
+    type: Literal["number"]
+    preprocessing: NumberPreprocessing = Field(default_factory=lambda: NumberPreprocessing(), description="Number preprocessing.")
+
+
+class CategoryInput(_Feature):
+    type: Literal["category"]
+    preprocessing: CategoryPreprocessing = Field(default_factory=lambda: CategoryPreprocessing(), description="Category preprocessing.")
+    encoder: Encoder = Field(default_factory=lambda: Encoder(), description="Embedding encoder.")
+
+
+class BinaryInput(_Feature):
+    type: Literal["binary"]
+    preprocessing: BinaryPreprocessing = Field(default_factory=lambda: BinaryPreprocessing(), description="Binary preprocessing.")
+
+
+class TextInput(_Feature):
+    type: Literal["text"]
+    preprocessing: TextPreprocessing = Field(default_factory=lambda: TextPreprocessing(), description="Text preprocessing.")
+    encoder: Encoder = Field(default_factory=lambda: Encoder(), description="Bag-of-embeddings encoder.")
+
+
+InputFeature = Annotated[NumberInput | CategoryInput | BinaryInput | TextInput, Field(discriminator="type")]
+
+
+class OutputFeature(_Feature):
+    type: Literal["binary", "category", "number"] = Field(description="Target type; sets loss and metrics.")
+    loss_weight: float = Field(1.0, gt=0, description="Weight of this output's loss.")
+
+
+# -- model and training ----------------------------------------------------------------
+class FCLayer(_Model):
+    output_size: int = Field(ge=1, description="Units of this fully connected layer.")
+
+
+class CombinerConfig(_Model):
+    type: Literal["concat"] = Field("concat", description="How encoded inputs are combined.")
+    fc_layers: list[FCLayer] = Field(
+        default_factory=lambda: [FCLayer(output_size=64)], description="Layers after concatenation."
+    )
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout after each layer.")
+
+
+class OptimizerConfig(_Model):
+    type: Literal["adam", "adamw", "sgd"] = Field("adam", description="Optimizer.")
+    momentum: float = Field(0.9, ge=0, description="SGD momentum.")
+    weight_decay: float = Field(0.0, ge=0, description="Weight decay.")
+
+
+class TrainerSection(_Model):
+    epochs: int = Field(10, ge=1, description="Passes over the training split.")
+    batch_size: int | Literal["auto"] = Field(
+        128, description="Global batch size, or 'auto': start at 64 and let the adaptive engine choose."
+    )
+    learning_rate: float | Literal["auto"] = Field(
+        "auto", description="Base LR, or 'auto': the optimizer's default (adam 1e-3, sgd 0.05)."
+    )
+    optimizer: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(), description="Optimizer.")
+    early_stop: int = Field(5, ge=-1, description="Stop after this many epochs without validation improvement; -1 never.")
+    adaptive: AdaptiveConfig | None = Field(
+        None, description="Adaptive engine settings; batch_size: auto turns it on with defaults."
+    )
+    seed: int = Field(42, description="Seed for model initialisation and data order.")
+
+    @field_validator("batch_size")
+    @classmethod
+    def _check_batch(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"must be >= 1 or 'auto', got {value}")
+        return value
+
+    @field_validator("learning_rate")
+    @classmethod
+    def _check_lr(cls, value: float | str) -> float | str:
+        if isinstance(value, float | int) and value <= 0:
+            raise ValueError(f"must be > 0 or 'auto', got {value}")
+        return value
+
+
+class SplitConfig(_Model):
+    type: Literal["random"] = Field("random", description="How rows are split into train/validation/test.")
+    probabilities: tuple[float, float, float] = Field(
+        (0.7, 0.1, 0.2), description="Fractions for train, validation and test; they sum to 1."
+    )
+
+    @field_validator("probabilities")
+    @classmethod
+    def _check_sum(cls, value: tuple[float, float, float]) -> tuple[float, float, float]:
+        if any(p < 0 for p in value) or abs(sum(value) - 1.0) > 1e-6 or value[0] == 0:
+            raise ValueError(f"need three non-negative fractions summing to 1 with train > 0, got {list(value)}")
+        return value
+
+
+class PreprocessingSection(_Model):
+    split: SplitConfig = Field(default_factory=lambda: SplitConfig(), description="Dataset split.")
+
+
+class ProcessorConfig(_Model):
+    type: Literal["ray_data", "pandas"] = Field("ray_data", description="Where preprocessing runs (ray backend).")
+
+
+class BackendTrainer(_Model):
+    strategy: Literal["ddp"] = Field("ddp", description="Data-parallel strategy.")
+    num_workers: int | None = Field(None, ge=1, description="Workers; default: what the cluster's CPUs (or GPUs) allow.")
+    use_gpu: bool = Field(False, description="One GPU per worker.")
+    resources_per_worker: dict[str, float] | None = Field(None, description="Ray resources per worker.")
+    min_workers: int | None = Field(None, ge=1, description="Elastic: fewest workers.")
+    max_workers: int | None = Field(None, ge=1, description="Elastic: most workers.")
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> BackendTrainer:
+        lo, hi = self.min_workers, self.max_workers
+        if lo is not None and hi is not None and lo > hi:
+            raise ValueError(f"min_workers ({lo}) must not exceed max_workers ({hi})")
+        return self
+
+
+class BackendConfig(_Model):
+    type: Literal["local", "ray"] | None = Field(
+        None, description="local: one process; ray: workers on Ray. Unset: ray if a cluster is reachable, else local."
+    )
+    processor: ProcessorConfig = Field(default_factory=lambda: ProcessorConfig(), description="Preprocessing engine.")
+    trainer: BackendTrainer = Field(default_factory=lambda: BackendTrainer(), description="Distributed training.")
+    cache_dir: str | None = Field(None, description="fsspec URI caching preprocessed data by config + data fingerprint.")
+
+
+class ModelConfig(_Model):
+    input_features: list[InputFeature] = Field(min_length=1, description="Model inputs.")
+    output_features: list[OutputFeature] = Field(min_length=1, max_length=1, description="The target (one).")
+    combiner: CombinerConfig = Field(default_factory=lambda: CombinerConfig(), description="Combiner.")
+    trainer: TrainerSection = Field(default_factory=lambda: TrainerSection(), description="Training.")
+    preprocessing: PreprocessingSection = Field(
+        default_factory=lambda: PreprocessingSection(), description="Dataset-level preprocessing."
+    )
+    backend: BackendConfig = Field(default_factory=lambda: BackendConfig(), description="Where it runs.")
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> ModelConfig:
+        names = [f.name for f in (*self.input_features, *self.output_features)]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"feature names must be unique; repeated: {dupes}")
+        return self

@@ -1,0 +1,168 @@
+"""Feature preprocessing: check the data, fit statistics and vocabularies, transform.
+
+``fit_metadata`` learns what each feature needs (means, ranges, vocabularies) from the
+training split; ``transform`` turns a DataFrame into arrays with the same metadata at
+training and prediction time. Every data problem is a ConfigError naming the column.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from raylight.config.declarative import ModelConfig
+from raylight.exceptions import ConfigError
+
+PAD, UNK = "<PAD>", "<UNK>"
+TEXT_LENGTH = 64
+_TOKEN = re.compile(r"\w+", re.UNICODE)
+
+
+def tokenize(text: str, lowercase: bool) -> list[str]:
+    return _TOKEN.findall(text.lower() if lowercase else text)
+
+
+def check_columns(df: pd.DataFrame, config: ModelConfig, *, with_outputs: bool, source: str) -> None:
+    features = list(config.input_features) + (list(config.output_features) if with_outputs else [])
+    have = list(df.columns)
+    for i, feat in enumerate(features):
+        kind = "input_features" if i < len(config.input_features) else "output_features"
+        if feat.col not in df.columns:
+            raise ConfigError(
+                f"{kind}: feature {feat.name!r} needs column {feat.col!r}, which dataset {source!r} "
+                f"does not have; its columns are {have}. Fix the name (or set `column:`)."
+            )
+        col = df[feat.col]
+        if col.isna().all():
+            raise ConfigError(f"column {feat.col!r} of dataset {source!r} is entirely empty (all null); drop the feature or fill the column")
+        if feat.type == "number":
+            bad = col[pd.to_numeric(col, errors="coerce").isna() & col.notna()]
+            if len(bad):
+                raise ConfigError(
+                    f"column {feat.col!r} ({kind} {feat.name!r}, type number) holds non-numeric values "
+                    f"such as {bad.astype(str).unique()[:3].tolist()} (first at row {bad.index[0]}); "
+                    "clean the column or declare the feature as category"
+                )
+
+
+def check_target(df: pd.DataFrame, config: ModelConfig, source: str) -> None:
+    out = config.output_features[0]
+    if out.type in ("binary", "category"):
+        classes = df[out.col].dropna().unique()
+        if len(classes) < 2:
+            raise ConfigError(
+                f"target column {out.col!r} ({out.type}) of dataset {source!r} has only one class "
+                f"({classes.tolist()}); a classifier needs at least two"
+            )
+        if out.type == "binary" and len(classes) > 2:
+            raise ConfigError(
+                f"target column {out.col!r} is declared binary but has {len(classes)} classes; "
+                "declare it as category"
+            )
+
+
+def _binary_values(col: pd.Series) -> pd.Series:
+    if col.dtype == bool:
+        return col.astype(float)
+    truthy = {"1", "true", "yes", "y", "t", "on", "1.0"}
+    return col.map(lambda v: np.nan if pd.isna(v) else float(str(v).strip().lower() in truthy))
+
+
+def fit_metadata(df: pd.DataFrame, config: ModelConfig) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    for feat in config.input_features:
+        col = df[feat.col]
+        if feat.type == "number":
+            values = pd.to_numeric(col, errors="coerce").dropna().astype(float)
+            std = float(values.std(ddof=0)) or 1.0
+            span = float(values.max() - values.min()) or 1.0
+            meta[feat.name] = {"mean": float(values.mean()), "std": std, "min": float(values.min()), "span": span}
+        elif feat.type == "category":
+            cp = feat.preprocessing
+            counts = Counter(col.dropna().astype(str))
+            kept = [v for v, c in counts.most_common(cp.most_common) if c >= cp.min_frequency]
+            meta[feat.name] = {"vocab": [UNK, *kept]}
+        elif feat.type == "text":
+            tp = feat.preprocessing
+            counts = Counter(t for text in col.dropna().astype(str) for t in tokenize(text, tp.lowercase))
+            kept = [v for v, c in counts.most_common(tp.most_common) if c >= tp.min_frequency]
+            meta[feat.name] = {"vocab": [PAD, UNK, *kept]}
+        else:
+            meta[feat.name] = {}
+    out = config.output_features[0]
+    col = df[out.col].dropna()
+    if out.type == "category":
+        meta[out.name] = {"classes": sorted(col.astype(str).unique().tolist())}
+    elif out.type == "binary":
+        meta[out.name] = {}
+    else:
+        values = pd.to_numeric(col, errors="coerce").dropna().astype(float)
+        meta[out.name] = {"mean": float(values.mean()), "std": float(values.std(ddof=0)) or 1.0}
+    return meta
+
+
+def transform(
+    df: pd.DataFrame, config: ModelConfig, meta: dict[str, Any], *, with_outputs: bool
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Arrays for each feature, and the mask of rows kept (drop_row strategies)."""
+    keep = np.ones(len(df), dtype=bool)
+    arrays: dict[str, np.ndarray] = {}
+    for feat in config.input_features:
+        col = df[feat.col]
+        m = meta[feat.name]
+        if feat.type == "number":
+            p = feat.preprocessing
+            values = pd.to_numeric(col, errors="coerce").astype(float)
+            if p.missing_value_strategy == "drop_row":
+                keep &= values.notna().to_numpy()
+            fill = m["mean"] if p.missing_value_strategy == "fill_with_mean" else p.fill_value
+            values = values.fillna(fill).to_numpy()
+            if p.normalization == "zscore":
+                values = (values - m["mean"]) / m["std"]
+            elif p.normalization == "minmax":
+                values = (values - m["min"]) / m["span"]
+            arrays[feat.name] = values.astype(np.float32)[:, None]
+        elif feat.type == "category":
+            cp = feat.preprocessing
+            if cp.missing_value_strategy == "drop_row":
+                keep &= col.notna().to_numpy()
+            index = {v: i for i, v in enumerate(m["vocab"])}
+            values = col.astype(object).where(col.notna(), cp.fill_value).astype(str)
+            arrays[feat.name] = np.array([index.get(v, 0) for v in values], dtype=np.int64)
+        elif feat.type == "binary":
+            values = _binary_values(col)
+            if feat.preprocessing.missing_value_strategy == "drop_row":
+                keep &= values.notna().to_numpy()
+            arrays[feat.name] = values.fillna(0.0).to_numpy(dtype=np.float32)[:, None]
+        else:
+            index = {v: i for i, v in enumerate(m["vocab"])}
+            ids = np.zeros((len(df), TEXT_LENGTH), dtype=np.int64)
+            for r, text in enumerate(col.fillna("").astype(str)):
+                tokens = [index.get(t, 1) for t in tokenize(text, feat.preprocessing.lowercase)][:TEXT_LENGTH]
+                ids[r, : len(tokens)] = tokens
+            arrays[feat.name] = ids
+    if with_outputs:
+        out = config.output_features[0]
+        col = df[out.col]
+        keep &= col.notna().to_numpy()
+        m = meta[out.name]
+        if out.type == "category":
+            index = {v: i for i, v in enumerate(m["classes"])}
+            arrays[out.name] = np.array([index.get(str(v), 0) for v in col.fillna("")], dtype=np.int64)
+        elif out.type == "binary":
+            arrays[out.name] = _binary_values(col).fillna(0.0).to_numpy(dtype=np.float32)
+        else:
+            values = pd.to_numeric(col, errors="coerce").fillna(m["mean"]).to_numpy(dtype=np.float64)
+            arrays[out.name] = ((values - m["mean"]) / m["std"]).astype(np.float32)
+    return {k: v[keep] for k, v in arrays.items()}, keep
+
+
+def split_rows(n: int, probabilities: tuple[float, float, float], seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    order = np.random.default_rng(seed).permutation(n)
+    n_train = max(1, round(probabilities[0] * n))
+    n_val = round(probabilities[1] * n)
+    return order[:n_train], order[n_train : n_train + n_val], order[n_train + n_val :]

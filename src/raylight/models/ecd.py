@@ -1,0 +1,74 @@
+"""Encoder-combiner-decoder model built from a ModelConfig and preprocessing metadata.
+
+Encoders: numbers and binaries pass through; categories get an embedding; text gets a
+mean bag of token embeddings (padding ignored). The concat combiner feeds an MLP; the
+decoder is one linear layer: a logit (binary), class logits (category) or a value
+(number, in standardised units).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from raylight.config.declarative import ModelConfig
+
+
+class DeclarativeModel(nn.Module):
+    def __init__(self, config: ModelConfig, meta: dict[str, Any]) -> None:
+        super().__init__()
+        self.inputs = [(f.name, f.type) for f in config.input_features]
+        self.embeddings = nn.ModuleDict()
+        width = 0
+        for feat in config.input_features:
+            if feat.type == "category":
+                self.embeddings[feat.name] = nn.Embedding(len(meta[feat.name]["vocab"]), feat.encoder.embedding_size)
+                width += feat.encoder.embedding_size
+            elif feat.type == "text":
+                self.embeddings[feat.name] = nn.EmbeddingBag(
+                    len(meta[feat.name]["vocab"]), feat.encoder.embedding_size, mode="mean", padding_idx=0
+                )
+                width += feat.encoder.embedding_size
+            else:
+                width += 1
+        layers: list[nn.Module] = []
+        for fc in config.combiner.fc_layers:
+            layers += [nn.Linear(width, fc.output_size), nn.ReLU()]
+            if config.combiner.dropout > 0:
+                layers.append(nn.Dropout(config.combiner.dropout))
+            width = fc.output_size
+        self.combiner = nn.Sequential(*layers)
+        out = config.output_features[0]
+        size = len(meta[out.name]["classes"]) if out.type == "category" else 1
+        self.decoder = nn.Linear(width, size)
+        self.output_type = out.type
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        parts = []
+        for name, kind in self.inputs:
+            x = batch[name]
+            parts.append(self.embeddings[name](x) if kind in ("category", "text") else x)
+        out = self.decoder(self.combiner(torch.cat(parts, dim=1)))
+        return out if self.output_type == "category" else out.squeeze(1)
+
+
+def build_model(config: ModelConfig, meta: dict[str, Any]) -> DeclarativeModel:
+    torch.manual_seed(config.trainer.seed)
+    return DeclarativeModel(config, meta)
+
+
+def loss_for(output_type: str) -> nn.Module:
+    return {"binary": nn.BCEWithLogitsLoss(), "category": nn.CrossEntropyLoss(), "number": nn.MSELoss()}[output_type]
+
+
+def predictions(output_type: str, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Predicted values and, for classifiers, probabilities."""
+    if output_type == "binary":
+        prob = torch.sigmoid(out)
+        return (prob >= 0.5).long(), prob
+    if output_type == "category":
+        prob = torch.softmax(out, dim=1)
+        return prob.argmax(1), prob
+    return out, None

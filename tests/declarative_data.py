@@ -1,0 +1,49 @@
+"""A small mixed-type dataset for the declarative tests, generated (no download)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+CONFIG = """\
+input_features:
+  - {name: age, type: number}
+  - {name: workclass, type: category}
+  - {name: smoker, type: binary}
+  - {name: review, type: text}
+output_features:
+  - {name: income, type: binary}
+combiner: {type: concat, fc_layers: [{output_size: 32}], dropout: 0.1}
+trainer: {epochs: 6, batch_size: 32, learning_rate: auto, optimizer: {type: adam}, early_stop: 5}
+preprocessing: {split: {type: random, probabilities: [0.7, 0.1, 0.2]}}
+backend: {type: local}
+"""
+
+
+def frame(n: int = 400, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    age = rng.normal(40, 10, n)
+    work = rng.choice(["private", "gov", "self"], n)
+    smoker = rng.choice([True, False], n)
+    words = np.array(["great", "bad", "ok", "excellent", "poor", "fine"])
+    review = [" ".join(rng.choice(words, 5)) for _ in range(n)]
+    sentiment = np.array([r.count("great") + r.count("excellent") - r.count("bad") - r.count("poor") for r in review])
+    score = (age - 40) / 10 + (work == "gov") - 0.5 * smoker + 0.7 * sentiment
+    df = pd.DataFrame({"age": age, "workclass": work, "smoker": smoker, "review": review, "income": score + rng.normal(0, 0.3, n) > 0})
+    df.loc[::37, "age"] = np.nan
+    return df
+
+
+def write(tmp_path, *, fmt: str = "csv", df: pd.DataFrame | None = None, config: str = CONFIG) -> tuple[str, str]:
+    df = frame() if df is None else df
+    data = str(tmp_path / f"data.{fmt}")
+    if fmt == "csv":
+        df.to_csv(data, index=False)
+    elif fmt == "parquet":
+        df.to_parquet(data)
+    else:
+        df.to_json(data, orient="records", lines=True)
+    cfg = str(tmp_path / "config.yaml")
+    with open(cfg, "w") as f:
+        f.write(config)
+    return cfg, data

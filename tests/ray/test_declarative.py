@@ -1,0 +1,48 @@
+"""Declarative training on the ray backend (the session's 2-CPU local Ray)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from raylight.config.loading import load_config
+from raylight.declarative import api
+from raylight.exceptions import ConfigError
+from tests.declarative_data import CONFIG, write
+
+pytestmark = pytest.mark.timeout(240)
+
+RAY_CONFIG = CONFIG.replace(
+    "backend: {type: local}",
+    "backend: {type: ray, processor: {type: pandas}, trainer: {num_workers: 2, resources_per_worker: {CPU: 1}}}",
+).replace("batch_size: 32", "batch_size: auto")
+
+
+def test_two_workers_on_two_cpus_finish_adaptively(ray_cluster, tmp_path):
+    """Ludwig's Ray backend hangs here (workers take every CPU; data tasks never run);
+    raylight preprocesses before the workers claim CPUs."""
+    cfg, data = write(tmp_path, config=RAY_CONFIG)
+    out = api.train(load_config(cfg), data, output_directory=str(tmp_path / "run"), progress=False)
+    assert out["backend"] == "ray" and out["evaluation"]["test"]["accuracy"] > 0.6
+    run = tmp_path / "run"
+    assert (run / "adaptive.jsonl").exists() and (run / "model" / "weights.safetensors").exists()
+
+
+def test_more_gpus_than_exist_is_a_config_error(ray_cluster, tmp_path):
+    cfg, data = write(tmp_path, config=RAY_CONFIG.replace("num_workers: 2,", "num_workers: 2, use_gpu: true,"))
+    with pytest.raises(ConfigError) as err:
+        api.train(load_config(cfg), data, output_directory=str(tmp_path / "run"), progress=False)
+    assert "GPU" in str(err.value) and "backend.trainer" in str(err.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_unreachable_ray_address_exits_2(tmp_path):
+    cfg, data = write(tmp_path, config=RAY_CONFIG)
+    env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:1"}
+    res = subprocess.run(
+        [sys.executable, "-m", "raylight.cli", "train", "--config", cfg, "--dataset", data, "--output-directory", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert res.returncode == 2 and "could not reach the Ray cluster at '127.0.0.1:1'" in res.stderr
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,132 @@
+"""Declarative training with the local backend (no Ray): config, data checks, train, predict."""
+
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from raylight.config.loading import apply_overrides, load_config, render_config
+from raylight.declarative import api
+from raylight.declarative.train import load_model
+from raylight.exceptions import ConfigError
+from tests.declarative_data import CONFIG, frame, write
+
+CLI = [sys.executable, "-m", "raylight.cli"]
+
+
+def run_cli(*args, cwd=None):
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def bad_config(tmp_path, text):
+    cfg, _ = write(tmp_path, config=text)
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg)
+    return str(err.value)
+
+
+def test_unknown_key_names_the_path(tmp_path):
+    text = bad_config(tmp_path, CONFIG.replace("dropout: 0.1", "dropuot: 0.1"))
+    assert "combiner.dropuot: unknown key" in text
+
+
+def test_wrong_type_names_the_path_and_value(tmp_path):
+    text = bad_config(tmp_path, CONFIG.replace("epochs: 6", "epochs: six"))
+    assert "trainer.epochs" in text and "'six'" in text
+
+
+def test_unknown_feature_type_lists_the_allowed(tmp_path):
+    text = bad_config(tmp_path, CONFIG.replace("{name: age, type: number}", "{name: age, type: numbr}"))
+    assert "input_features.0" in text and "'numbr'" in text
+    for allowed in ("'number'", "'category'", "'binary'", "'text'"):
+        assert allowed in text
+
+
+def test_overrides_and_render(tmp_path):
+    cfg, _ = write(tmp_path)
+    config = load_config(cfg, ["trainer.epochs=3", "input_features.0.preprocessing.normalization=minmax"])
+    assert config.trainer.epochs == 3 and config.input_features[0].preprocessing.normalization == "minmax"
+    rendered = render_config(config)
+    assert "missing_value_strategy: fill_with_mean" in rendered and "embedding_size: 32" in rendered
+    with pytest.raises(ConfigError, match="key.path=value"):
+        apply_overrides({}, ["trainer.epochs"])
+    with pytest.raises(ConfigError, match="not an index"):
+        apply_overrides({"input_features": []}, ["input_features.3.name=x"])
+
+
+@pytest.mark.parametrize(
+    "mutate,expected",
+    [
+        (lambda df: df.drop(columns=["workclass"]), "needs column 'workclass', which dataset"),
+        (lambda df: df.assign(age=None), "column 'age' of dataset"),
+        (lambda df: df.iloc[:0], "is empty: it has no rows"),
+        (lambda df: df.assign(income=True), "has only one class"),
+        (lambda df: df.assign(age=df["age"].astype(object).where(df.index != 5, "forty")), "holds non-numeric values such as ['forty'] (first at row 5)"),
+    ],
+    ids=["missing-column", "all-null", "empty", "one-class", "non-numeric"],
+)
+def test_bad_data_is_a_config_error_naming_the_column(tmp_path, mutate, expected):
+    cfg, data = write(tmp_path, df=mutate(frame()))
+    with pytest.raises(ConfigError) as err:
+        api.prepare(load_config(cfg), data)
+    assert expected in str(err.value)
+
+
+def test_missing_dataset_path(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        api.prepare(load_config(write(tmp_path)[0]), str(tmp_path / "nope.csv"))
+    with pytest.raises(ConfigError, match="unknown format"):
+        api.prepare(load_config(write(tmp_path)[0]), str(tmp_path / "data.xlsx"))
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet", "jsonl"])
+def test_train_predict_evaluate_local(tmp_path, fmt):
+    cfg, data = write(tmp_path, fmt=fmt)
+    out = api.train(load_config(cfg), data, output_directory=str(tmp_path / "run"), progress=False)
+    run = tmp_path / "run"
+    for name in ("config.yaml", "metrics.jsonl", "evaluation.json", "learning_curves.png", "model/model.json", "model/weights.safetensors"):
+        assert (run / name).exists(), name
+    assert out["evaluation"]["test"]["accuracy"] > 0.6
+    model = load_model(str(run / "model"))
+    df = frame(50, seed=1)
+    pred = model.predict(df)
+    assert len(pred) == 50 and list(pred.columns) == ["income_predictions", "income_probabilities"]
+    assert pred["income_probabilities"].between(0, 1).all()
+    # One row per input row, in order: a row's prediction does not depend on its neighbours.
+    assert pred.iloc[7].tolist() == model.predict(df.iloc[[7]]).iloc[0].tolist()
+    assert model.evaluate(df)["accuracy"] > 0.5
+
+
+def test_cli_exit_codes_and_nothing_half_written(tmp_path):
+    cfg, data = write(tmp_path, config=CONFIG.replace("epochs: 6", "epochs: 0"))
+    out = tmp_path / "out"
+    res = run_cli("train", "--config", cfg, "--dataset", data, "--output-directory", str(out))
+    assert res.returncode == 2 and "trainer.epochs" in res.stderr
+    assert not out.exists()
+    res = run_cli("train", "--config", cfg, "--dataset", str(tmp_path / "missing.csv"))
+    assert res.returncode == 2
+    res = run_cli("train", "--config", cfg)
+    assert res.returncode == 2 and "--dataset" in res.stderr  # usage error
+    res = run_cli("render-config", "--config", cfg, "--set", "trainer.epochs=4")
+    assert res.returncode == 0 and "epochs: 4" in res.stdout
+
+
+def test_cli_train_predict_init_and_check(tmp_path):
+    cfg, data = write(tmp_path)
+    res = run_cli("check", "--config", cfg, "--dataset", data)
+    assert res.returncode == 0 and "training rows" in res.stderr
+    res = run_cli("init-config", "--dataset", data, "--target", "income")
+    assert res.returncode == 0
+    assert "name: income" in res.stdout and "type: binary" in res.stdout and "type: text" in res.stdout
+    out = tmp_path / "run"
+    res = run_cli("train", "--config", cfg, "--dataset", data, "--output-directory", str(out), "--quiet")
+    assert res.returncode == 0, res.stderr
+    preds = tmp_path / "p.parquet"
+    res = run_cli("predict", "--model-path", str(out / "model"), "--dataset", data, "--output", str(preds))
+    assert res.returncode == 0, res.stderr
+    assert len(pd.read_parquet(preds)) == len(pd.read_csv(data))
+    res = run_cli("predict", "--model-path", str(tmp_path), "--dataset", data)
+    assert res.returncode == 2 and "not a raylight model directory" in res.stderr
+    assert os.path.exists(out / "evaluation.json")
