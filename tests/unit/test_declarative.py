@@ -50,7 +50,7 @@ def test_overrides_and_render(tmp_path):
     assert config.trainer.epochs == 3 and config.input_features[0].preprocessing.normalization == "minmax"
     rendered = render_config(config)
     assert "missing_value_strategy: fill_with_mean" in rendered and "embedding_size: 32" in rendered
-    with pytest.raises(ConfigError, match="key.path=value"):
+    with pytest.raises(ConfigError, match=r"key\.path=value"):
         apply_overrides({}, ["trainer.epochs"])
     with pytest.raises(ConfigError, match="not an index"):
         apply_overrides({"input_features": []}, ["input_features.3.name=x"])
