@@ -2,7 +2,7 @@
 
 Run:  make bench-adaptive                (installs the `bench` extra, then runs this file)
       python bench/adaptive.py [--reps 3] [--resize-reps 2] [--epochs 40] [--target 0.95]
-      python bench/adaptive.py --quick   (smoke run: few epochs, 1 repetition)
+      python bench/adaptive.py --quick   (smoke run: 8 epochs to 90%, 1 repetition)
 
 The job: scikit-learn's bundled 8x8 digits (no download; 1,347 training and 450 held-out
 images, a fixed stratified split), an MLP 64 -> 128 -> 10, SGD with momentum, initial
@@ -96,7 +96,12 @@ def digits_arrays(seed: int) -> dict[str, Any]:
     x_tr, x_te, y_tr, y_te = train_test_split(
         digits.data / 16.0, digits.target, test_size=0.25, random_state=seed, stratify=digits.target
     )
-    return {"x_train": x_tr.tolist(), "y_train": y_tr.tolist(), "x_test": x_te.tolist(), "y_test": y_te.tolist()}
+    return {
+        "x_train": x_tr.tolist(),
+        "y_train": y_tr.tolist(),
+        "x_test": x_te.tolist(),
+        "y_test": y_te.tolist(),
+    }
 
 
 def tensors(job: dict[str, Any], part: str) -> TensorDataset:
@@ -138,13 +143,24 @@ class Timeline:
 
     def epoch_end(self, epoch: int, acc: float, batch: int) -> None:
         self.epochs.append(
-            {"epoch": epoch, "time": time.time(), "accuracy": acc, "micro_steps": self.steps,
-             "samples": self.samples, "global_batch": batch}
+            {
+                "epoch": epoch,
+                "time": time.time(),
+                "accuracy": acc,
+                "micro_steps": self.steps,
+                "samples": self.samples,
+                "global_batch": batch,
+            }
         )
 
     def write(self, path: str) -> None:
-        data = {"first_batch": self.first_batch, "first_step_end": self.first_step_end, "epochs": self.epochs,
-                "torch_threads": torch.get_num_threads(), "pid": os.getpid()}
+        data = {
+            "first_batch": self.first_batch,
+            "first_step_end": self.first_step_end,
+            "epochs": self.epochs,
+            "torch_threads": torch.get_num_threads(),
+            "pid": os.getpid(),
+        }
         Path(path).write_text(json.dumps(data))
 
 
@@ -181,14 +197,27 @@ def train_to_target(
 def raylight_ttt_loop(ctx: Any, job: dict[str, Any]) -> None:
     torch.set_num_threads(1)
     model = ctx.prepare_model(digits_model(job["seed"]))
-    opt = ctx.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"]))
+    opt = ctx.prepare_optimizer(
+        torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"])
+    )
     adaptive = job["system"] == "raylight_adaptive"
     loader = ctx.prepare_loader(
-        tensors(job, "train"), batch_size=job["batch_size"], shuffle=True, seed=job["seed"], adaptive=adaptive
+        tensors(job, "train"),
+        batch_size=job["batch_size"],
+        shuffle=True,
+        seed=job["seed"],
+        adaptive=adaptive,
     )
     train_to_target(
-        model, opt, loader, ctx.epochs(job["epochs"]), ctx.report,
-        lambda: ctx.batch_size or job["batch_size"], job, ctx.rank, ctx.world_size,
+        model,
+        opt,
+        loader,
+        ctx.epochs(job["epochs"]),
+        ctx.report,
+        lambda: ctx.batch_size or job["batch_size"],
+        job,
+        ctx.rank,
+        ctx.world_size,
     )
 
 
@@ -211,8 +240,15 @@ def ray_train_ttt_loop(job: dict[str, Any]) -> None:
             yield epoch
 
     train_to_target(
-        model, opt, loader, epochs(), ray.train.report, lambda: job["batch_size"], job,
-        ctx.get_world_rank(), world_size,
+        model,
+        opt,
+        loader,
+        epochs(),
+        ray.train.report,
+        lambda: job["batch_size"],
+        job,
+        ctx.get_world_rank(),
+        world_size,
     )
 
 
@@ -231,10 +267,15 @@ def throughput_loop(ctx: Any, job: dict[str, Any]) -> None:
     model = ctx.prepare_model(
         nn.Sequential(nn.Linear(64, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, 10))
     )
-    opt = ctx.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"]))
+    opt = ctx.prepare_optimizer(
+        torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"])
+    )
     loader = ctx.prepare_loader(
-        synthetic(job["samples"], job["seed"]), batch_size=job["batch_size"], shuffle=True,
-        seed=job["seed"], adaptive=job["system"] == "raylight_pinned",
+        synthetic(job["samples"], job["seed"]),
+        batch_size=job["batch_size"],
+        shuffle=True,
+        seed=job["seed"],
+        adaptive=job["system"] == "raylight_pinned",
     )
     loss_fn = nn.CrossEntropyLoss()
     stamps: list[float] = []
@@ -248,26 +289,40 @@ def throughput_loop(ctx: Any, job: dict[str, Any]) -> None:
             batches.append(len(y) * ctx.world_size)
     if ctx.rank == 0:
         steady = stamps[SKIP_STEPS:]
-        rate = sum(batches[SKIP_STEPS + 1 :]) / (steady[-1] - steady[0]) if len(steady) > 1 else None
+        rate = (
+            sum(batches[SKIP_STEPS + 1 :]) / (steady[-1] - steady[0]) if len(steady) > 1 else None
+        )
         gaps = sorted(b - a for a, b in itertools.pairwise(steady))
-        Path(job["result_path"]).write_text(json.dumps({
-            "steps": len(stamps), "steady_samples_per_s": rate,
-            "median_step_ms": 1e3 * gaps[len(gaps) // 2] if gaps else None,
-            "global_batch": ctx.batch_size or job["batch_size"], "torch_threads": torch.get_num_threads(),
-        }))
+        Path(job["result_path"]).write_text(
+            json.dumps(
+                {
+                    "steps": len(stamps),
+                    "steady_samples_per_s": rate,
+                    "median_step_ms": 1e3 * gaps[len(gaps) // 2] if gaps else None,
+                    "global_batch": ctx.batch_size or job["batch_size"],
+                    "torch_threads": torch.get_num_threads(),
+                }
+            )
+        )
 
 
 def elastic_loop(ctx: Any, job: dict[str, Any]) -> None:
     """Trains digits until the stop file appears (agreed by all ranks at an epoch end);
     checkpoints every epoch so that a resize can restart from it."""
     model = ctx.prepare_model(digits_model(job["seed"]))
-    opt = ctx.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"]))
+    opt = ctx.prepare_optimizer(
+        torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"])
+    )
     if (ckpt := ctx.get_checkpoint()) is not None:
         state = ckpt.load()
         ctx.unwrap_model(model).load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
     loader = ctx.prepare_loader(
-        tensors(job, "train"), batch_size=job["batch_size"], shuffle=True, seed=job["seed"], adaptive=True
+        tensors(job, "train"),
+        batch_size=job["batch_size"],
+        shuffle=True,
+        seed=job["seed"],
+        adaptive=True,
     )
     test = tensors(job, "test")
     loss_fn = nn.CrossEntropyLoss()
@@ -327,8 +382,13 @@ def child_raylight(job: dict[str, Any]) -> None:
         loop = throughput_loop
     try:
         result = raylight.fit(
-            loop, config=job, num_workers=NUM_WORKERS, adaptive=adaptive_config(job),
-            progress=False, storage_path=job["storage_path"], name="bench",
+            loop,
+            config=job,
+            num_workers=NUM_WORKERS,
+            adaptive=adaptive_config(job),
+            progress=False,
+            storage_path=job["storage_path"],
+            name="bench",
         )
         write_driver_info(job, result)
     finally:
@@ -344,8 +404,11 @@ def child_ray_train(job: dict[str, Any]) -> None:
     from ray.train.torch import TorchTrainer
 
     ray.init(
-        address="local", num_cpus=NUM_WORKERS, include_dashboard=False,
-        logging_level=logging.WARNING, _temp_dir=job["ray_temp_dir"],
+        address="local",
+        num_cpus=NUM_WORKERS,
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+        _temp_dir=job["ray_temp_dir"],
     )
     try:
         job = dict(job, data=digits_arrays(job["split_seed"]))
@@ -391,7 +454,9 @@ def child_resize(job: dict[str, Any]) -> None:
         train_loop_config=job,
         config=TrainerConfig(
             scaling=ScalingConfig(
-                num_workers=(1, NUM_WORKERS), scaling_policy="max", resize_interval_s=0.3,
+                num_workers=(1, NUM_WORKERS),
+                scaling_policy="max",
+                resize_interval_s=0.3,
                 resize_in_place=job["resize_kind"] == "in_place",
             ),
             run=RunConfig(storage_path=job["storage_path"], name="bench", progress=False),
@@ -409,13 +474,17 @@ def child_resize(job: dict[str, Any]) -> None:
     thread.start()
     events: dict[str, float] = {}
     try:
-        if _wait_for(lambda: any(run_dir.glob("checkpoints/*/meta.json")) or not thread.is_alive(), 120):
+        if _wait_for(
+            lambda: any(run_dir.glob("checkpoints/*/meta.json")) or not thread.is_alive(), 120
+        ):
             events["blocker_killed"] = time.time()
             ray.kill(blocker)
 
             def resized() -> bool:
                 trace = run_dir / "adaptive.jsonl"
-                return (trace.exists() and '"event": "resized"' in trace.read_text()) or not thread.is_alive()
+                return (
+                    trace.exists() and '"event": "resized"' in trace.read_text()
+                ) or not thread.is_alive()
 
             _wait_for(resized, 120)
     finally:
@@ -426,7 +495,9 @@ def child_resize(job: dict[str, Any]) -> None:
     result = out["result"]
     write_driver_info(job, result)
     workers = [m.get("workers") for m in result.metrics_history]
-    Path(job["result_path"]).write_text(json.dumps({"events": events, "workers_per_epoch": workers}))
+    Path(job["result_path"]).write_text(
+        json.dumps({"events": events, "workers_per_epoch": workers})
+    )
     ray.shutdown()
 
 
@@ -449,11 +520,20 @@ def run_child(child: str, base_job: dict[str, Any], timeout_s: float) -> dict[st
         stop_file=str(run_dir / "stop"),
     )
     stderr = run_dir / "stderr.log"
-    command = [sys.executable, str(Path(__file__).resolve()), "--child", child, "--job", json.dumps(job)]
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        child,
+        "--job",
+        json.dumps(job),
+    ]
     record: dict[str, Any] = {"ok": False}
     with (run_dir / "stdout.log").open("wb") as out, stderr.open("wb") as err:
         launched = time.time()
-        proc = subprocess.Popen(command, stdout=out, stderr=err, env=child_env(), start_new_session=True)
+        proc = subprocess.Popen(
+            command, stdout=out, stderr=err, env=child_env(), start_new_session=True
+        )
         try:
             returncode = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -490,7 +570,11 @@ def run_child(child: str, base_job: dict[str, Any], timeout_s: float) -> dict[st
 
 
 def ttt_record(system: str, job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    record = run_child("ray_train" if system == "ray_train_fixed" else "raylight", dict(job, system=system), timeout_s)
+    record = run_child(
+        "ray_train" if system == "ray_train_fixed" else "raylight",
+        dict(job, system=system),
+        timeout_s,
+    )
     record["system"] = system
     raw, launched = record.pop("raw"), record.pop("launched")
     if not record["ok"]:
@@ -531,7 +615,18 @@ def tput_record(system: str, job: dict[str, Any], timeout_s: float) -> dict[str,
     record.pop("launched")
     record.pop("_png", None)
     if record["ok"]:
-        record.update({k: raw.get(k) for k in ("steps", "steady_samples_per_s", "median_step_ms", "global_batch", "torch_threads")})
+        record.update(
+            {
+                k: raw.get(k)
+                for k in (
+                    "steps",
+                    "steady_samples_per_s",
+                    "median_step_ms",
+                    "global_batch",
+                    "torch_threads",
+                )
+            }
+        )
     return record
 
 
@@ -550,7 +645,11 @@ def resize_record(kind: str, job: dict[str, Any], timeout_s: float) -> dict[str,
     if grow is None:
         record.update(ok=False, error=f"no 1 -> 2 resize happened (resizes: {resizes})")
         return record
-    record.update(resize_kind_seen=grow["kind"], first_step_s=grow.get("first_step_s"), pause_s=grow.get("pause_s"))
+    record.update(
+        resize_kind_seen=grow["kind"],
+        first_step_s=grow.get("first_step_s"),
+        pause_s=grow.get("pause_s"),
+    )
     if grow["kind"] != kind:
         record.update(ok=False, error=f"asked for a {kind} resize, got {grow['kind']}")
     return record
@@ -559,7 +658,9 @@ def resize_record(kind: str, job: dict[str, Any], timeout_s: float) -> dict[str,
 # -- the throughput model's prediction error ----------------------------------------------
 
 
-def leave_one_layout_out(profile_rows: list[list[Any]], min_steps: int = MIN_PROFILE_STEPS) -> dict[str, Any]:
+def leave_one_layout_out(
+    profile_rows: list[list[Any]], min_steps: int = MIN_PROFILE_STEPS
+) -> dict[str, Any]:
     """For each layout with at least ``min_steps`` optimizer steps (of the most common
     thread count), fit the throughput model on the other such layouts and predict its
     mean seconds per optimizer step (accumulation micro-steps included)."""
@@ -572,7 +673,7 @@ def leave_one_layout_out(profile_rows: list[list[Any]], min_steps: int = MIN_PRO
     if not usable:
         return {"layouts": [], "usable_layouts": 0}
     counts: dict[int, int] = {}
-    for (_, _, _, t) in usable:
+    for _, _, _, t in usable:
         counts[t] = counts.get(t, 0) + 1
     threads = max(counts, key=lambda t: counts[t])
     layouts = sorted(k for k in usable if k[3] == threads)
@@ -588,11 +689,16 @@ def leave_one_layout_out(profile_rows: list[list[Any]], min_steps: int = MIN_PRO
         measured = (stats.optim_time + stats.accum_time) / stats.optim_count
         nodes, replicas, atomic, _ = held
         predicted = float(predict_step_time(params, nodes, replicas, atomic, accum))
-        rows.append({
-            "layout": list(held), "optim_steps": stats.optim_count, "accum_steps_per_step": accum,
-            "measured_s": measured, "predicted_s": predicted,
-            "relative_error": abs(predicted - measured) / measured,
-        })
+        rows.append(
+            {
+                "layout": list(held),
+                "optim_steps": stats.optim_count,
+                "accum_steps_per_step": accum,
+                "measured_s": measured,
+                "predicted_s": predicted,
+                "relative_error": abs(predicted - measured) / measured,
+            }
+        )
     return {"layouts": rows, "usable_layouts": len(layouts), "threads": threads}
 
 
@@ -616,7 +722,9 @@ def prediction_error(profiles: list[tuple[str, list[list[Any]]]]) -> dict[str, A
 # -- summary ----------------------------------------------------------------------------
 
 
-def median_of(records: list[dict[str, Any]], key: str, missing_as_inf: bool = False) -> float | None:
+def median_of(
+    records: list[dict[str, Any]], key: str, missing_as_inf: bool = False
+) -> float | None:
     """Median over successful records; with ``missing_as_inf`` a missing value (target not
     reached) counts as slower than any, so the median is None when most runs missed."""
     values = []
@@ -635,16 +743,26 @@ def median_of(records: list[dict[str, Any]], key: str, missing_as_inf: bool = Fa
 
 
 TTT_METRICS = (
-    "start_to_first_step_s", "to_target_from_launch_s", "to_target_from_first_step_s",
-    "epochs_to_target", "final_accuracy", "best_accuracy", "training_s", "micro_steps",
-    "final_global_batch", "process_s",
+    "start_to_first_step_s",
+    "to_target_from_launch_s",
+    "to_target_from_first_step_s",
+    "epochs_to_target",
+    "final_accuracy",
+    "best_accuracy",
+    "training_s",
+    "micro_steps",
+    "final_global_batch",
+    "process_s",
 )
 
 
 def summarize_ttt(reps: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     out = {}
     for name, records in reps.items():
-        med = {m: median_of(records, m, missing_as_inf=m.startswith(("to_target", "epochs_to"))) for m in TTT_METRICS}
+        med = {
+            m: median_of(records, m, missing_as_inf=m.startswith(("to_target", "epochs_to")))
+            for m in TTT_METRICS
+        }
         out[name] = {
             "median": med,
             "ok_reps": sum(r["ok"] for r in records),
@@ -669,7 +787,9 @@ def figures(
         delta = 100.0 * (adapt["final_accuracy"] - fixed["final_accuracy"])
     rate_fixed = tput["raylight_fixed"]["median"]["steady_samples_per_s"]
     rate_pinned = tput["raylight_pinned"]["median"]["steady_samples_per_s"]
-    overhead = None if not rate_fixed or not rate_pinned else 100.0 * (rate_fixed / rate_pinned - 1.0)
+    overhead = (
+        None if not rate_fixed or not rate_pinned else 100.0 * (rate_fixed / rate_pinned - 1.0)
+    )
     in_place = resize["in_place"]["median"]
     from_ckpt = resize["checkpoint"]["median"]
     err = pred["mean_relative_error"]
@@ -687,17 +807,23 @@ def figures(
             "time_to_target": {
                 "goal": f"adaptive_vs_fixed_time_to_target >= {GOAL_SPEEDUP} and "
                 f"final_accuracy_delta_pts >= {GOAL_ACC_PTS}",
-                "met": None if speedup is None or delta is None else speedup >= GOAL_SPEEDUP and delta >= GOAL_ACC_PTS,
+                "met": None
+                if speedup is None or delta is None
+                else speedup >= GOAL_SPEEDUP and delta >= GOAL_ACC_PTS,
             },
             "step_time_prediction_error": {
-                "goal": f"< {GOAL_PRED_ERR}", "met": None if err is None else err < GOAL_PRED_ERR,
+                "goal": f"< {GOAL_PRED_ERR}",
+                "met": None if err is None else err < GOAL_PRED_ERR,
             },
             "resize_in_place_s": {
                 "goal": f"< {GOAL_RESIZE_S} s",
-                "met": None if in_place["first_step_s"] is None else in_place["first_step_s"] < GOAL_RESIZE_S,
+                "met": None
+                if in_place["first_step_s"] is None
+                else in_place["first_step_s"] < GOAL_RESIZE_S,
             },
             "noise_overhead_pct": {
-                "goal": f"< {GOAL_NOISE_PCT}%", "met": None if overhead is None else overhead < GOAL_NOISE_PCT,
+                "goal": f"< {GOAL_NOISE_PCT}%",
+                "met": None if overhead is None else overhead < GOAL_NOISE_PCT,
             },
         },
     }
@@ -717,7 +843,9 @@ def print_table(results: dict[str, Any]) -> None:
         f"{'system':<18} {'ok':>4} {'hit':>4} {'start->1st s':>12} {'target from':>12} {'target from':>12} "
         f"{'epochs to':>10} {'final acc':>10} {'train s':>8} {'final':>6}"
     )
-    print(f"{'':<18} {'':>4} {'':>4} {'':>12} {'launch s':>12} {'1st step s':>12} {'target':>10} {'%':>10} {'':>8} {'batch':>6}")
+    print(
+        f"{'':<18} {'':>4} {'':>4} {'':>12} {'launch s':>12} {'1st step s':>12} {'target':>10} {'%':>10} {'':>8} {'batch':>6}"
+    )
     for name, s in ttt.items():
         m = s["median"]
         print(
@@ -728,14 +856,18 @@ def print_table(results: dict[str, Any]) -> None:
             f"{fmt(m['training_s'], '.2f'):>8} {fmt(m['final_global_batch'], '.0f'):>6}"
         )
     tput = results["noise_overhead"]
-    print(f"\nSteady throughput, MLP 64-{cfg['tput_hidden']}-{cfg['tput_hidden']}-10, global batch {cfg['batch_size']}")
+    print(
+        f"\nSteady throughput, MLP 64-{cfg['tput_hidden']}-{cfg['tput_hidden']}-10, global batch {cfg['batch_size']}"
+    )
     for name, s in tput.items():
         m = s["median"]
         print(
             f"{name:<18} {s['ok_reps']}/{len(s['reps']):<2} {fmt(m['steady_samples_per_s'], ',.0f'):>10} samples/s "
             f"{fmt(m['median_step_ms'], '.2f'):>7} ms/step"
         )
-    print("\nResize 1 -> 2 workers (decision -> first step at the new size; pause = stop -> first step)")
+    print(
+        "\nResize 1 -> 2 workers (decision -> first step at the new size; pause = stop -> first step)"
+    )
     for kind, s in results["resize"].items():
         m = s["median"]
         print(
@@ -746,16 +878,30 @@ def print_table(results: dict[str, Any]) -> None:
     print(
         f"\nStep-time prediction (leave one layout out): {pred['held_out_predictions']} held-out layouts "
         f"from {', '.join(r['source'] for r in pred['runs'] if r['layouts']) or 'no run'}"
-        + (" (wide run added: the time-to-target runs saw too few layouts)" if pred.get("wide_run") else "")
+        + (
+            " (wide run added: the time-to-target runs saw too few layouts)"
+            if pred.get("wide_run")
+            else ""
+        )
     )
     fig = results["figures"]
     goals = fig["goals"]
     print("\nfigure                                       measured   goal")
     rows = [
-        ("adaptive_vs_fixed_time_to_target", fig["adaptive_vs_fixed_time_to_target"], ".2f", goals["time_to_target"]),
+        (
+            "adaptive_vs_fixed_time_to_target",
+            fig["adaptive_vs_fixed_time_to_target"],
+            ".2f",
+            goals["time_to_target"],
+        ),
         ("  (from launch)", fig["adaptive_vs_fixed_time_to_target_from_launch"], ".2f", None),
         ("final_accuracy_delta_pts", fig["final_accuracy_delta_pts"], "+.2f", None),
-        ("step_time_prediction_error", fig["step_time_prediction_error"], ".3f", goals["step_time_prediction_error"]),
+        (
+            "step_time_prediction_error",
+            fig["step_time_prediction_error"],
+            ".3f",
+            goals["step_time_prediction_error"],
+        ),
         ("resize_in_place_s", fig["resize_in_place_s"], ".2f", goals["resize_in_place_s"]),
         ("  pause_s", fig["resize_in_place_pause_s"], ".2f", None),
         ("resize_from_checkpoint_s", fig["resize_from_checkpoint_s"], ".2f", None),
@@ -763,25 +909,44 @@ def print_table(results: dict[str, Any]) -> None:
         ("noise_overhead_pct", fig["noise_overhead_pct"], ".1f", goals["noise_overhead_pct"]),
     ]
     for name, value, spec, goal in rows:
-        note = "" if goal is None else f"{goal['goal']}: {'met' if goal['met'] else 'NOT met' if goal['met'] is False else '-'}"
+        note = (
+            ""
+            if goal is None
+            else f"{goal['goal']}: {'met' if goal['met'] else 'NOT met' if goal['met'] is False else '-'}"
+        )
         print(f"{name:<44} {fmt(value, spec):>9}   {note}")
     for section in ("time_to_target", "noise_overhead", "resize"):
         for name, s in results[section].items():
             for rep in s["reps"]:
                 if not rep["ok"]:
-                    print(f"  {section}/{name} FAILED: {rep['error']}\n    " + rep.get("stderr_tail", "")[-600:])
+                    print(
+                        f"  {section}/{name} FAILED: {rep['error']}\n    "
+                        + rep.get("stderr_tail", "")[-600:]
+                    )
 
 
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     adaptive = {
         "max_batch_size": args.max_batch_size,
-        "local_batch_bounds": [args.batch_size // NUM_WORKERS // 2, args.max_batch_size // NUM_WORKERS],
+        "local_batch_bounds": [
+            args.batch_size // NUM_WORKERS // 2,
+            args.max_batch_size // NUM_WORKERS,
+        ],
         "lr_rule": "adascale",
         "decision_interval_s": args.decision_interval,
     }
     half = args.batch_size // NUM_WORKERS
-    pinned = {"max_batch_size": args.batch_size, "local_batch_bounds": [half, half], "accumulation": False}
-    common = {"batch_size": args.batch_size, "lr": args.lr, "momentum": args.momentum, "split_seed": 0}
+    pinned = {
+        "max_batch_size": args.batch_size,
+        "local_batch_bounds": [half, half],
+        "accumulation": False,
+    }
+    common = {
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "momentum": args.momentum,
+        "split_seed": 0,
+    }
     ttt_job = dict(common, kind="ttt", epochs=args.epochs, target=args.target)
     tput_job = dict(common, kind="tput", samples=args.tput_samples, hidden=args.tput_hidden)
     sections = set(args.sections.split(","))
@@ -792,29 +957,41 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     def show(label: str, record: dict[str, Any]) -> None:
         extra = ""
         if record["ok"] and "to_target_from_first_step_s" in record:
-            extra = f", target after {fmt(record['to_target_from_first_step_s'], '.2f')}s of training"
+            extra = (
+                f", target after {fmt(record['to_target_from_first_step_s'], '.2f')}s of training"
+            )
         elif record["ok"] and "first_step_s" in record:
             extra = f", first step after {fmt(record['first_step_s'], '.2f')}s"
-        status = f"{record['process_s']:.1f}s{extra}" if record["ok"] else f"FAILED ({record['error']})"
+        status = (
+            f"{record['process_s']:.1f}s{extra}" if record["ok"] else f"FAILED ({record['error']})"
+        )
         print(f"{label} {status}", flush=True)
 
     for rep in range(args.reps):  # interleaved, so drift hits every system alike
         seeded = {"seed": rep}
         if "ttt" in sections:
             for name in TTT_SYSTEMS:
-                job = dict(ttt_job, **seeded, adaptive=adaptive if name == "raylight_adaptive" else None)
+                job = dict(
+                    ttt_job, **seeded, adaptive=adaptive if name == "raylight_adaptive" else None
+                )
                 print(f"rep {rep + 1}/{args.reps}: time to target, {name} ...", end=" ", flush=True)
                 ttt_reps[name].append(ttt_record(name, job, args.timeout))
                 show("", ttt_reps[name][-1])
         if "tput" in sections:
             for name in TPUT_SYSTEMS:
-                job = dict(tput_job, **seeded, adaptive=pinned if name == "raylight_pinned" else None)
+                job = dict(
+                    tput_job, **seeded, adaptive=pinned if name == "raylight_pinned" else None
+                )
                 print(f"rep {rep + 1}/{args.reps}: throughput, {name} ...", end=" ", flush=True)
                 tput_reps[name].append(tput_record(name, job, args.timeout))
                 show("", tput_reps[name][-1])
         if "resize" in sections and rep < args.resize_reps:
             for kind in RESIZE_KINDS:
-                print(f"rep {rep + 1}/{args.resize_reps}: resize 1 -> 2, {kind} ...", end=" ", flush=True)
+                print(
+                    f"rep {rep + 1}/{args.resize_reps}: resize 1 -> 2, {kind} ...",
+                    end=" ",
+                    flush=True,
+                )
                 resize_reps[kind].append(resize_record(kind, dict(common, **seeded), args.timeout))
                 show("", resize_reps[kind][-1])
 
@@ -823,15 +1000,23 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     # when none of them saw enough layouts to leave one out.
     profiles = [
         (f"raylight_adaptive rep {i + 1}", r["engine_state"]["profile"])
-        for i, r in enumerate(ttt_reps["raylight_adaptive"]) if r["ok"] and r.get("engine_state")
+        for i, r in enumerate(ttt_reps["raylight_adaptive"])
+        if r["ok"] and r.get("engine_state")
     ]
     pred = prediction_error(profiles)
     wide = None
     if not pred["held_out_predictions"] and "ttt" in sections:
-        print("the adaptive runs saw too few layouts to leave one out; a wide adaptive run ...", end=" ", flush=True)
+        print(
+            "the adaptive runs saw too few layouts to leave one out; a wide adaptive run ...",
+            end=" ",
+            flush=True,
+        )
         wide_cfg = {
-            "max_batch_size": 1024, "local_batch_bounds": [4, 512], "lr_rule": "adascale",
-            "gain_threshold": 0.0, "decision_interval_s": 0.3,
+            "max_batch_size": 1024,
+            "local_batch_bounds": [4, 512],
+            "lr_rule": "adascale",
+            "gain_threshold": 0.0,
+            "decision_interval_s": 0.3,
         }
         job = dict(ttt_job, seed=0, epochs=args.wide_epochs, adaptive=wide_cfg)
         wide = ttt_record("raylight_adaptive", job, args.timeout)
@@ -852,15 +1037,19 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
 
     tput = {
         name: {
-            "median": {k: median_of(r, k) for k in ("steady_samples_per_s", "median_step_ms", "process_s")},
-            "ok_reps": sum(x["ok"] for x in r), "reps": r,
+            "median": {
+                k: median_of(r, k) for k in ("steady_samples_per_s", "median_step_ms", "process_s")
+            },
+            "ok_reps": sum(x["ok"] for x in r),
+            "reps": r,
         }
         for name, r in tput_reps.items()
     }
     resize = {
         kind: {
             "median": {k: median_of(r, k) for k in ("first_step_s", "pause_s", "process_s")},
-            "ok_reps": sum(x["ok"] for x in r), "reps": r,
+            "ok_reps": sum(x["ok"] for x in r),
+            "reps": r,
         }
         for kind, r in resize_reps.items()
     }
@@ -902,29 +1091,43 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3, help="repetitions of each system")
-    parser.add_argument("--resize-reps", type=int, default=2, help="repetitions of each resize kind")
+    parser.add_argument(
+        "--resize-reps", type=int, default=2, help="repetitions of each resize kind"
+    )
     parser.add_argument("--epochs", type=int, default=40, help="epoch budget of every digits run")
     parser.add_argument("--target", type=float, default=0.95, help="target held-out accuracy")
     parser.add_argument("--batch-size", type=int, default=32, help="initial global batch")
     parser.add_argument("--lr", type=float, default=0.01, help="initial learning rate")
     parser.add_argument("--momentum", type=float, default=0.9)
-    parser.add_argument("--max-batch-size", type=int, default=512, help="adaptive: largest global batch")
-    parser.add_argument("--decision-interval", type=float, default=0.5, help="adaptive: seconds between decisions")
+    parser.add_argument(
+        "--max-batch-size", type=int, default=512, help="adaptive: largest global batch"
+    )
+    parser.add_argument(
+        "--decision-interval", type=float, default=0.5, help="adaptive: seconds between decisions"
+    )
     parser.add_argument("--tput-hidden", type=int, default=512, help="width of the throughput MLP")
-    parser.add_argument("--tput-samples", type=int, default=20_000, help="samples of the throughput run")
-    parser.add_argument("--wide-epochs", type=int, default=15, help="epochs of the wide adaptive run")
+    parser.add_argument(
+        "--tput-samples", type=int, default=20_000, help="samples of the throughput run"
+    )
+    parser.add_argument(
+        "--wide-epochs", type=int, default=15, help="epochs of the wide adaptive run"
+    )
     parser.add_argument("--sections", default="ttt,tput,resize", help=argparse.SUPPRESS)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per child run")
-    parser.add_argument("--quick", action="store_true", help="smoke run: few epochs, 1 repetition")
     parser.add_argument(
-        "--out", type=Path, default=None,
+        "--quick", action="store_true", help="smoke run: 8 epochs, target 0.9, 1 repetition"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
         help="JSON results (default bench/results/adaptive.json, adaptive-quick.json with --quick)",
     )
     parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     parser.add_argument("--job", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
-        args.reps, args.resize_reps, args.epochs = 1, 1, 6
+        args.reps, args.resize_reps, args.epochs, args.target = 1, 1, 8, 0.9
         args.tput_samples, args.wide_epochs = 3_200, 4
     if args.out is None:
         args.out = RESULTS_DIR / ("adaptive-quick.json" if args.quick else "adaptive.json")

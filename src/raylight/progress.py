@@ -73,7 +73,15 @@ class ProgressDisplay:
         if self.enabled:
             self.console.print(text)
 
-    def update(self, poll: GroupPoll, *, num_workers: int, num_restarts: int) -> None:
+    def update(
+        self,
+        poll: GroupPoll,
+        *,
+        num_workers: int,
+        num_restarts: int,
+        batch_size: int | None = None,
+        efficiency: float | None = None,
+    ) -> None:
         if not self.enabled:
             return
         for report in poll.reports:
@@ -83,6 +91,10 @@ class ProgressDisplay:
         rank0 = next((p for p in poll.polls if p.rank == 0), None)
         epoch = rank0.progress.epoch if rank0 is not None else None
         info = f"{format_metrics(self._metrics)}  {rate:,.0f} samples/s  workers={num_workers}"
+        if batch_size is not None:
+            info += f"  batch={batch_size}"
+        if efficiency is not None:
+            info += f"  efficiency={efficiency:.2f}"
         if num_restarts:
             info += f"  restarts={num_restarts}"
         if self._progress is not None and rank0 is not None:

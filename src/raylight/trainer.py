@@ -174,7 +174,10 @@ class Trainer:
             failure_policy=FailurePolicy(cfg.failure.max_failures),
             poll_interval_s=cfg.failure.poll_interval_s,
             on_poll=lambda poll, c: display.update(
-                poll, num_workers=c.num_workers, num_restarts=c.num_restarts
+                poll,
+                num_workers=c.num_workers,
+                num_restarts=c.num_restarts,
+                **(engine.display_fields(c.num_workers, c.threads) if engine is not None else {}),
             ),
             engine=engine,
             elastic=scaling.elastic,

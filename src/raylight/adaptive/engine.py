@@ -190,6 +190,18 @@ class AdaptiveEngine:
         )
 
     # -- observability ------------------------------------------------------------------
+    def display_fields(self, num_workers: int, threads: int) -> dict[str, Any]:
+        """Global batch and statistical efficiency now, for the progress display."""
+        plan = self.state.plan
+        if plan is None or self.state.init_batch_size is None:
+            return {}
+        batch = plan.global_batch(num_workers)
+        fields: dict[str, Any] = {"batch_size": batch}
+        if self.settings.adaptive and self.noise_measured:
+            fn = GoodputFunction(PerfParams(0, 0, 0, 0, 0, 0, 1), self.grad_params(), self.state.init_batch_size)
+            fields["efficiency"] = float(fn.efficiency(batch))
+        return fields
+
     def trace_row(self, *, num_workers: int, threads: int, throughput: float, num_nodes: int = 1) -> dict[str, Any]:
         st = self.state
         plan = st.plan
