@@ -15,14 +15,15 @@ pytestmark = pytest.mark.timeout(240)
 
 RAY_CONFIG = CONFIG.replace(
     "backend: {type: local}",
-    "backend: {type: ray, processor: {type: pandas}, trainer: {num_workers: 2, resources_per_worker: {CPU: 1}}}",
+    "backend: {type: ray, processor: {type: ray_data}, trainer: {num_workers: 2, resources_per_worker: {CPU: 1}}}",
 ).replace("batch_size: 32", "batch_size: auto")
 
 
-def test_two_workers_on_two_cpus_finish_adaptively(ray_cluster, tmp_path):
-    """Ludwig's Ray backend hangs here (workers take every CPU; data tasks never run);
-    raylight preprocesses before the workers claim CPUs."""
-    cfg, data = write(tmp_path, config=RAY_CONFIG)
+@pytest.mark.parametrize("processor", ["ray_data", "pandas"])
+def test_two_workers_on_two_cpus_finish_adaptively(ray_cluster, tmp_path, processor):
+    """Ludwig's Ray backend hangs here (workers take every CPU; Ray Data's tasks never
+    run); raylight preprocesses on Ray Data before the workers claim CPUs."""
+    cfg, data = write(tmp_path, fmt="parquet", config=RAY_CONFIG.replace("type: ray_data", f"type: {processor}"))
     out = api.train(load_config(cfg), data, output_directory=str(tmp_path / "run"), progress=False)
     assert out["backend"] == "ray" and out["evaluation"]["test"]["accuracy"] > 0.6
     run = tmp_path / "run"

@@ -130,8 +130,14 @@ def train(
     from raylight.declarative.train import declarative_loop, evaluate_arrays, load_model, save_model
 
     out = _new_output_dir(output_directory)
-    prepared = prepare(config, dataset)
     resolved = resolve_backend(config, backend)
+    if resolved.kind == "ray" and config.backend.processor.type == "ray_data":
+        from raylight.declarative.ray_data import prepare_ray_data
+
+        parts = prepare_ray_data(config, dataset, progress=progress)
+        prepared = Prepared(config, parts["meta"], parts["train"], parts["validation"], parts["test"], None)
+    else:
+        prepared = prepare(config, dataset)
     t = config.trainer
     auto_batch = t.batch_size == "auto"
     adaptive = t.adaptive
@@ -170,10 +176,14 @@ def train(
     save_model(model_dir, config, prepared.meta, best["state"])
     evaluation: dict[str, Any] = {"best_epoch": best["epoch"], "epochs_run": len(result.metrics_history)}
     if prepared.test is not None:
+        import torch
+
+        from raylight.declarative.ray_data import gather
+
         model = load_model(model_dir)
-        evaluation["test"] = evaluate_arrays(
-            model.model, prepared.test, model.output, prepared.meta, __import__("torch").device("cpu")
-        )
+        test = gather(prepared.test)
+        assert test is not None
+        evaluation["test"] = evaluate_arrays(model.model, test, model.output, prepared.meta, torch.device("cpu"))
     with open(os.path.join(out, "evaluation.json"), "w") as f:
         json.dump(evaluation, f, indent=2)
     _plot_learning_curves(result.metrics_history, os.path.join(out, "learning_curves.png"))

@@ -58,9 +58,12 @@ def evaluate_arrays(model: torch.nn.Module, arrays: dict[str, np.ndarray], outpu
 
 def declarative_loop(ctx: Any, config: dict[str, Any]) -> None:
     """The per-worker loop raylight.fit runs for `raylight train`."""
+    from raylight.declarative.ray_data import gather
     from raylight.models import build_model, loss_for
 
     cfg = ModelConfig.model_validate(config["model_config"])
+    train_arrays, val_arrays = gather(config["train"]), gather(config["validation"])
+    assert train_arrays is not None, "the training split is never empty"
     meta, out = config["meta"], cfg.output_features[0]
     torch.manual_seed(cfg.trainer.seed)
     model = ctx.prepare_model(build_model(cfg, meta))
@@ -82,7 +85,7 @@ def declarative_loop(ctx: Any, config: dict[str, Any]) -> None:
         opt.load_state_dict(state["opt"])
         best = state["best"]
     loader = ctx.prepare_loader(
-        ArrayDataset(config["train"]),
+        ArrayDataset(train_arrays),
         batch_size=config["batch_size"],
         shuffle=True,
         seed=cfg.trainer.seed,
@@ -102,8 +105,8 @@ def declarative_loop(ctx: Any, config: dict[str, Any]) -> None:
         with stats.synchronized():
             train_loss = stats[f"loss{epoch}"] / max(stats[f"n{epoch}"], 1)
         report: dict[str, Any] = {"epoch": epoch, "train_loss": train_loss, "batch_size": ctx.batch_size}
-        if config["validation"] is not None:  # every rank: the same numbers, the same decision
-            val = evaluate_arrays(model, config["validation"], out, meta, ctx.device)
+        if val_arrays is not None:  # every rank: the same numbers, the same decision
+            val = evaluate_arrays(model, val_arrays, out, meta, ctx.device)
             report.update({f"validation_{k}": v for k, v in val.items()})
             metric = val["loss"]
         else:

@@ -1,0 +1,161 @@
+"""Preprocessing on Ray Data (the ray backend's `processor: ray_data`).
+
+Reading, checks, the split, statistics and vocabularies are computed by Ray Data tasks
+over blocks; the driver only sees small summaries (counts, means, vocabularies) and
+object references. The transformed arrays stay in the object store: each worker fetches
+the blocks into its own memory (zero-copy on its node) and the loader shards by position.
+All of it runs before the training workers claim their CPUs, so the two never compete.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from raylight.config.declarative import ModelConfig
+from raylight.declarative.dataset import dataset_format, expand
+from raylight.declarative.preprocess import PAD, UNK, tokenize, transform
+from raylight.exceptions import ConfigError
+
+
+def _read(path: str) -> Any:
+    import fsspec
+    import ray.data
+
+    fmt = dataset_format(path)
+    files = expand(path)
+    fs, _ = fsspec.core.url_to_fs(files[0])
+    kwargs: dict[str, Any] = {}
+    if "://" in files[0] and not files[0].startswith("file://"):
+        from pyarrow.fs import FSSpecHandler, PyFileSystem
+
+        kwargs["filesystem"] = PyFileSystem(FSSpecHandler(fs))
+        files = [fs._strip_protocol(f) for f in files]
+    reader = {"csv": ray.data.read_csv, "parquet": ray.data.read_parquet, "json": ray.data.read_json}[fmt]
+    return reader(files, **kwargs)
+
+
+def _summary(df: pd.DataFrame, config: ModelConfig) -> pd.DataFrame:
+    """Per block: rows, non-null counts, non-numeric values in number columns (one example)."""
+    row: dict[str, Any] = {"rows": len(df)}
+    for feat in (*config.input_features, *config.output_features):
+        col = df[feat.col]
+        row[f"notnull:{feat.col}"] = int(col.notna().sum())
+        if feat.type == "number" and feat in config.input_features:
+            bad = col[pd.to_numeric(col, errors="coerce").isna() & col.notna()]
+            row[f"bad:{feat.col}"] = len(bad)
+            row[f"example:{feat.col}"] = str(bad.iloc[0]) if len(bad) else ""
+    return pd.DataFrame([row])
+
+
+def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True) -> dict[str, Any]:
+    import logging
+
+    from ray.data import DataContext
+
+    DataContext.get_current().enable_progress_bars = progress
+    if not progress:
+        logging.getLogger("ray.data").setLevel(logging.WARNING)
+    ds = _read(dataset)
+    columns = ds.schema().names
+    for kind, feats in (("input_features", config.input_features), ("output_features", config.output_features)):
+        for feat in feats:
+            if feat.col not in columns:
+                raise ConfigError(
+                    f"{kind}: feature {feat.name!r} needs column {feat.col!r}, which dataset {dataset!r} "
+                    f"does not have; its columns are {columns}. Fix the name (or set `column:`)."
+                )
+    summary = ds.map_batches(lambda df: _summary(df, config), batch_format="pandas").to_pandas()
+    rows = int(summary["rows"].sum())
+    if rows == 0:
+        raise ConfigError(f"dataset {dataset!r} is empty: it has no rows")
+    for feat in (*config.input_features, *config.output_features):
+        if int(summary[f"notnull:{feat.col}"].sum()) == 0:
+            raise ConfigError(f"column {feat.col!r} of dataset {dataset!r} is entirely empty (all null); drop the feature or fill the column")
+        if f"bad:{feat.col}" in summary and int(summary[f"bad:{feat.col}"].sum()):
+            example = next(e for e in summary[f"example:{feat.col}"] if e)
+            raise ConfigError(
+                f"column {feat.col!r} (input_features {feat.name!r}, type number) holds non-numeric "
+                f"values such as [{example!r}]; clean the column or declare the feature as category"
+            )
+    out = config.output_features[0]
+    if out.type in ("binary", "category"):
+        classes = [c for c in ds.unique(out.col) if c is not None and not (isinstance(c, float) and np.isnan(c))]
+        if len(classes) < 2:
+            raise ConfigError(f"target column {out.col!r} ({out.type}) of dataset {dataset!r} has only one class ({classes}); a classifier needs at least two")
+        if out.type == "binary" and len(classes) > 2:
+            raise ConfigError(f"target column {out.col!r} is declared binary but has {len(classes)} classes; declare it as category")
+    p = config.preprocessing.split.probabilities
+    shuffled = ds.random_shuffle(seed=config.trainer.seed)
+    train, val, test = shuffled.split_proportionately([p[0], p[1]])
+    meta = _fit_metadata(train, config)
+
+    def to_arrays(df: pd.DataFrame) -> dict[str, np.ndarray]:
+        return transform(df, config, meta, with_outputs=True)[0]
+
+    def refs(part: Any) -> list[Any] | None:
+        if part.count() == 0:
+            return None
+        return part.map_batches(to_arrays, batch_format="pandas").materialize().to_numpy_refs()
+
+    return {"meta": meta, "train": refs(train), "validation": refs(val), "test": refs(test)}
+
+
+def _fit_metadata(train: Any, config: ModelConfig) -> dict[str, Any]:
+    from ray.data.aggregate import Count, Max, Mean, Min, Std
+
+    meta: dict[str, Any] = {}
+    numeric = [f for f in config.input_features if f.type == "number"]
+    out = config.output_features[0]
+    number_cols = [f.col for f in numeric] + ([out.col] if out.type == "number" else [])
+    if number_cols:
+        def coerce(df: pd.DataFrame) -> pd.DataFrame:
+            return pd.DataFrame({c: pd.to_numeric(df[c], errors="coerce").astype(float) for c in number_cols})
+
+        cast = train.map_batches(coerce, batch_format="pandas")
+        aggs: list[Any] = [a(c, ignore_nulls=True) for c in number_cols for a in (Mean, Min, Max)]
+        aggs += [Std(c, ddof=0, ignore_nulls=True) for c in number_cols]
+        stats = cast.aggregate(*aggs)
+    for feat in config.input_features:
+        if feat.type == "number":
+            std = float(stats[f"std({feat.col})"] or 1.0) or 1.0
+            span = float(stats[f"max({feat.col})"] - stats[f"min({feat.col})"]) or 1.0
+            meta[feat.name] = {"mean": float(stats[f"mean({feat.col})"]), "std": std, "min": float(stats[f"min({feat.col})"]), "span": span}
+        elif feat.type == "category":
+            counts = train.groupby(feat.col).aggregate(Count()).to_pandas()
+            counts = counts[counts[feat.col].notna()].sort_values("count()", ascending=False)
+            kept = [str(v) for v, c in zip(counts[feat.col], counts["count()"], strict=True) if c >= feat.preprocessing.min_frequency]
+            meta[feat.name] = {"vocab": [UNK, *kept[: feat.preprocessing.most_common]]}
+        elif feat.type == "text":
+            tp = feat.preprocessing
+
+            def count_tokens(df: pd.DataFrame, col: str = feat.col, lower: bool = tp.lowercase) -> pd.DataFrame:
+                c = Counter(t for text in df[col].dropna().astype(str) for t in tokenize(text, lower))
+                return pd.DataFrame({"token": list(c), "n": list(c.values())})
+
+            tokens = train.map_batches(count_tokens, batch_format="pandas").to_pandas()
+            totals = tokens.groupby("token")["n"].sum().sort_values(ascending=False)
+            kept = [t for t, n in totals.items() if n >= tp.min_frequency][: tp.most_common]
+            meta[feat.name] = {"vocab": [PAD, UNK, *kept]}
+        else:
+            meta[feat.name] = {}
+    if out.type == "category":
+        meta[out.name] = {"classes": sorted(str(c) for c in train.unique(out.col) if c is not None)}
+    elif out.type == "binary":
+        meta[out.name] = {}
+    else:
+        meta[out.name] = {"mean": float(stats[f"mean({out.col})"]), "std": float(stats[f"std({out.col})"] or 1.0) or 1.0}
+    return meta
+
+
+def gather(arrays: Any) -> dict[str, np.ndarray] | None:
+    """Arrays from object-store blocks (a list of refs), or arrays as they are."""
+    if arrays is None or isinstance(arrays, dict):
+        return arrays
+    import ray
+
+    blocks = [b for b in ray.get(list(arrays)) if len(next(iter(b.values()))) > 0]
+    return {k: np.concatenate([b[k] for b in blocks]) for k in blocks[0]}
