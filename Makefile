@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint unit bench clean
+.PHONY: run run-digits test lint unit bench bench-adaptive clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,9 @@ $(STAMP): $(PY) pyproject.toml constraints.txt
 	touch $(STAMP)
 
 run: $(STAMP)
+	$(PY) examples/declarative/demo.py
+
+run-digits: $(STAMP)
 	$(PY) examples/digits.py
 
 lint: $(STAMP)
@@ -33,6 +36,10 @@ unit: $(STAMP)
 bench: $(STAMP)
 	$(PIP) install -q -c constraints.txt -e ".[bench]"
 	$(PY) bench/overhead.py
+
+bench-adaptive: $(STAMP)
+	$(PIP) install -q -c constraints.txt -e ".[bench,examples]"
+	$(PY) bench/adaptive.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

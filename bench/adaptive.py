@@ -75,6 +75,7 @@ TPUT_SYSTEMS = ("raylight_fixed", "raylight_pinned")
 RESIZE_KINDS = ("in_place", "checkpoint")
 SKIP_STEPS = 20  # steps left out of steady throughput
 MIN_PROFILE_STEPS = 5  # optimizer steps a layout needs to count (the engine's default)
+SWEEP_ATOMIC = (4, 8, 16, 64, 256)  # forced layouts, when the adaptive runs saw too few
 
 GOAL_SPEEDUP = 2.0  # adaptive reaches the target at least this many times sooner
 GOAL_ACC_PTS = -0.5  # ... with final accuracy no more than 0.5 points below fixed
@@ -280,6 +281,7 @@ def throughput_loop(ctx: Any, job: dict[str, Any]) -> None:
     loss_fn = nn.CrossEntropyLoss()
     stamps: list[float] = []
     batches: list[int] = []
+    first_step_end = None
     for _ in ctx.epochs(1):
         for x, y in loader:
             opt.zero_grad()
@@ -287,6 +289,8 @@ def throughput_loop(ctx: Any, job: dict[str, Any]) -> None:
             opt.step()
             stamps.append(time.perf_counter())
             batches.append(len(y) * ctx.world_size)
+            if len(stamps) == 1:
+                first_step_end = time.time()
     if ctx.rank == 0:
         steady = stamps[SKIP_STEPS:]
         rate = (
@@ -301,6 +305,8 @@ def throughput_loop(ctx: Any, job: dict[str, Any]) -> None:
                     "median_step_ms": 1e3 * gaps[len(gaps) // 2] if gaps else None,
                     "global_batch": ctx.batch_size or job["batch_size"],
                     "torch_threads": torch.get_num_threads(),
+                    "first_step_end": first_step_end,
+                    "last_step_end": time.time(),
                 }
             )
         )
@@ -368,7 +374,7 @@ def write_driver_info(job: dict[str, Any], result: Any) -> None:
 
 def child_raylight(job: dict[str, Any]) -> None:
     """raylight_fixed / raylight_adaptive (time to target), raylight_fixed /
-    raylight_pinned (throughput), raylight_wide (profile only)."""
+    raylight_pinned (throughput)."""
     import ray
 
     import raylight
@@ -393,6 +399,47 @@ def child_raylight(job: dict[str, Any]) -> None:
         write_driver_info(job, result)
     finally:
         ray.shutdown()
+
+
+def child_sweep(job: dict[str, Any]) -> None:
+    """Forced layouts for the throughput model: short adaptive runs on digits, one per
+    atomic batch, each pinned there (local_batch_bounds=(m, m)), in one Ray session; their
+    profiles are merged as the engine merges increments."""
+    import ray
+
+    import raylight
+    from raylight import AdaptiveConfig, runtime
+    from raylight.adaptive.profile import StepProfile
+
+    runtime.start_embedded(num_cpus=NUM_WORKERS, temp_dir=job["ray_temp_dir"])
+    data = digits_arrays(job["split_seed"])
+    merged = StepProfile()
+    runs = []
+    try:
+        for atomic in job["atomic_sizes"]:
+            batch = NUM_WORKERS * atomic
+            epochs = max(1, math.ceil(job["steps"] * batch / len(data["y_train"])))
+            config = dict(
+                job, data=data, batch_size=batch, epochs=epochs, system="raylight_adaptive"
+            )
+            pinned = AdaptiveConfig(
+                max_batch_size=batch, local_batch_bounds=(atomic, atomic), accumulation=False
+            )
+            result = raylight.fit(
+                raylight_ttt_loop,
+                config=config,
+                num_workers=NUM_WORKERS,
+                adaptive=pinned,
+                progress=False,
+                storage_path=job["storage_path"],
+                name=f"sweep-{atomic}",
+            )
+            state = json.loads((Path(result.path) / "adaptive_state.json").read_text())
+            merged.merge(StepProfile.from_json(state["profile"]))
+            runs.append({"atomic": atomic, "epochs": epochs, "profile": state["profile"]})
+    finally:
+        ray.shutdown()
+    Path(job["result_path"]).write_text(json.dumps({"profile": merged.to_json(), "runs": runs}))
 
 
 def child_ray_train(job: dict[str, Any]) -> None:
@@ -501,7 +548,12 @@ def child_resize(job: dict[str, Any]) -> None:
     ray.shutdown()
 
 
-CHILDREN = {"raylight": child_raylight, "ray_train": child_ray_train, "resize": child_resize}
+CHILDREN = {
+    "raylight": child_raylight,
+    "ray_train": child_ray_train,
+    "resize": child_resize,
+    "sweep": child_sweep,
+}
 
 
 # -- the parent: launch, time, clean up -------------------------------------------------
@@ -528,7 +580,8 @@ def run_child(child: str, base_job: dict[str, Any], timeout_s: float) -> dict[st
         "--job",
         json.dumps(job),
     ]
-    record: dict[str, Any] = {"ok": False}
+    # 1-minute load average around the run: other work on the machine shows up here.
+    record: dict[str, Any] = {"ok": False, "loadavg_before": os.getloadavg()[0]}
     with (run_dir / "stdout.log").open("wb") as out, stderr.open("wb") as err:
         launched = time.time()
         proc = subprocess.Popen(
@@ -540,6 +593,7 @@ def run_child(child: str, base_job: dict[str, Any], timeout_s: float) -> dict[st
             stop_group(proc)
             returncode = None
         record["process_s"] = time.time() - launched
+    record["loadavg_after"] = os.getloadavg()[0]
     record["leftover_pids"] = reap_leftovers(proc.pid, str(run_dir))
     raw: dict[str, Any] = {}
     try:
@@ -612,8 +666,11 @@ def tput_record(system: str, job: dict[str, Any], timeout_s: float) -> dict[str,
     record = run_child("raylight", dict(job, system=system), timeout_s)
     record["system"] = system
     raw = record.pop("raw")
-    record.pop("launched")
+    launched = record.pop("launched")
     record.pop("_png", None)
+    if record["ok"] and raw.get("first_step_end"):
+        record["start_to_first_step_s"] = raw["first_step_end"] - launched
+        record["wall_s"] = raw["last_step_end"] - launched
     if record["ok"]:
         record.update(
             {
@@ -742,6 +799,13 @@ def median_of(
     return None if math.isinf(med) else med
 
 
+TPUT_METRICS = (
+    "steady_samples_per_s",
+    "median_step_ms",
+    "start_to_first_step_s",
+    "wall_s",
+    "process_s",
+)
 TTT_METRICS = (
     "start_to_first_step_s",
     "to_target_from_launch_s",
@@ -879,8 +943,8 @@ def print_table(results: dict[str, Any]) -> None:
         f"\nStep-time prediction (leave one layout out): {pred['held_out_predictions']} held-out layouts "
         f"from {', '.join(r['source'] for r in pred['runs'] if r['layouts']) or 'no run'}"
         + (
-            " (wide run added: the time-to-target runs saw too few layouts)"
-            if pred.get("wide_run")
+            " (forced layouts added: the time-to-target runs saw too few)"
+            if pred.get("forced_layouts")
             else ""
         )
     )
@@ -1004,28 +1068,28 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         if r["ok"] and r.get("engine_state")
     ]
     pred = prediction_error(profiles)
-    wide = None
-    if not pred["held_out_predictions"] and "ttt" in sections:
+    if "sweep" in sections or (not pred["held_out_predictions"] and "ttt" in sections):
         print(
-            "the adaptive runs saw too few layouts to leave one out; a wide adaptive run ...",
+            "the adaptive runs saw too few layouts to leave one out; forcing layouts "
+            f"(atomic batches {', '.join(map(str, SWEEP_ATOMIC))}) ...",
             end=" ",
             flush=True,
         )
-        wide_cfg = {
-            "max_batch_size": 1024,
-            "local_batch_bounds": [4, 512],
-            "lr_rule": "adascale",
-            "gain_threshold": 0.0,
-            "decision_interval_s": 0.3,
+        job = dict(common, seed=0, atomic_sizes=list(SWEEP_ATOMIC), steps=args.sweep_steps)
+        sweep = run_child("sweep", job, args.timeout)
+        raw = sweep.pop("raw")
+        sweep.pop("launched")
+        sweep.pop("_png", None)
+        show("", sweep)
+        if sweep["ok"]:
+            pred = prediction_error([*profiles, ("forced layouts", raw["profile"])])
+            sweep["runs"] = raw["runs"]
+        pred["forced_layouts"] = {
+            "why": "no time-to-target adaptive run saw 3 layouts with enough steps",
+            "atomic_sizes": list(SWEEP_ATOMIC),
+            "steps_per_layout": args.sweep_steps,
+            "record": sweep,
         }
-        job = dict(ttt_job, seed=0, epochs=args.wide_epochs, adaptive=wide_cfg)
-        wide = ttt_record("raylight_adaptive", job, args.timeout)
-        wide["system"] = "raylight_wide"
-        show("", wide)
-        wide.pop("_png", None)
-        if wide["ok"] and wide.get("engine_state"):
-            pred = prediction_error([*profiles, ("raylight_wide", wide["engine_state"]["profile"])])
-        pred["wide_run"] = {"adaptive": wide_cfg, "epochs": args.wide_epochs, "record": wide}
 
     # The adaptive trace of the median repetition (by time to target).
     adaptive_ok = [r for r in ttt_reps["raylight_adaptive"] if r["ok"] and r.get("_png")]
@@ -1037,9 +1101,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
 
     tput = {
         name: {
-            "median": {
-                k: median_of(r, k) for k in ("steady_samples_per_s", "median_step_ms", "process_s")
-            },
+            "median": {k: median_of(r, k) for k in TPUT_METRICS},
             "ok_reps": sum(x["ok"] for x in r),
             "reps": r,
         }
@@ -1110,7 +1172,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--tput-samples", type=int, default=20_000, help="samples of the throughput run"
     )
     parser.add_argument(
-        "--wide-epochs", type=int, default=15, help="epochs of the wide adaptive run"
+        "--sweep-steps", type=int, default=30, help="steps per forced layout (if needed)"
     )
     parser.add_argument("--sections", default="ttt,tput,resize", help=argparse.SUPPRESS)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per child run")
@@ -1128,7 +1190,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.reps, args.resize_reps, args.epochs, args.target = 1, 1, 8, 0.9
-        args.tput_samples, args.wide_epochs = 3_200, 4
+        args.tput_samples, args.sweep_steps = 3_200, 12
     if args.out is None:
         args.out = RESULTS_DIR / ("adaptive-quick.json" if args.quick else "adaptive.json")
     return args

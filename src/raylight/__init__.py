@@ -22,6 +22,14 @@ from raylight.exceptions import (
 )
 from raylight.trainer import Result, Trainer, fit
 
+
+def load_model(path: str):
+    """Load a model trained by `raylight train` (``<output-directory>/model``); predicts
+    with ``.predict(df)`` in plain Python, no Ray. Needs the declarative extra."""
+    from raylight.declarative.train import load_model as _load
+
+    return _load(path)
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -45,4 +53,5 @@ __all__ = [
     "WorkerStartError",
     "__version__",
     "fit",
+    "load_model",
 ]

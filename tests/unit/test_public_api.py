@@ -12,7 +12,7 @@ PUBLIC = [
     "AdaptiveConfig", "Checkpoint", "ClusterConnectionError", "ConfigError", "FailureConfig",
     "InsufficientResourcesError", "RaylightError", "Result", "RunConfig", "ScalingConfig",
     "TrainContext", "Trainer", "TrainerConfig", "TrainingFailedError", "WorkerDiedError",
-    "WorkerError", "WorkerHangError", "WorkerStartError", "__version__", "fit",
+    "WorkerError", "WorkerHangError", "WorkerStartError", "__version__", "fit", "load_model",
 ]
 
 

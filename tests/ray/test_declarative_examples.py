@@ -1,0 +1,55 @@
+"""Every example config in examples/declarative trains end to end with 2 workers; the
+`make run` demo runs as users run it."""
+
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+
+import raylight
+from raylight.config.loading import load_config
+from raylight.declarative import api
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.timeout(300)
+
+EXAMPLES = os.path.join(REPO, "examples", "declarative")
+sys.path.insert(0, EXAMPLES)
+from make_datasets import write_all  # noqa: E402
+
+CONFIGS = sorted(glob.glob(os.path.join(EXAMPLES, "*.yaml")))
+DATASET = {"breast_cancer": "breast_cancer", "wine": "wine", "reviews": "reviews"}
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory):
+    return write_all(str(tmp_path_factory.mktemp("data")))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[os.path.basename(p) for p in CONFIGS])
+def test_example_config_trains(ray_cluster, tmp_path, datasets, path):
+    name = os.path.basename(path)[: -len(".yaml")]
+    overrides = ["trainer.epochs=3", "backend.type=ray", "backend.trainer.num_workers=2"]
+    out = api.train(load_config(path, overrides), datasets[DATASET[name]], output_directory=str(tmp_path / "run"), progress=False)
+    assert set(out["evaluation"]["test"]) >= {"loss"}
+    model = raylight.load_model(out["model_path"])
+    import pandas as pd
+
+    frame = pd.read_parquet(datasets[name]) if datasets[name].endswith(".parquet") else (
+        pd.read_csv(datasets[name]) if datasets[name].endswith(".csv") else pd.read_json(datasets[name], lines=True)
+    )
+    pred = model.predict(frame.head(20))
+    assert len(pred) == 20 and pred.columns[0].endswith("_predictions")
+
+
+def test_make_run_demo(tmp_path):
+    env = {**os.environ, "PYTHONPATH": REPO}
+    env.pop("RAY_ADDRESS", None)
+    res = subprocess.run(
+        [sys.executable, os.path.join(EXAMPLES, "demo.py"), "--epochs", "4", "--quiet", "--output-directory", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=280, env=env, cwd=REPO,
+    )
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "accuracy" in res.stdout and (tmp_path / "run" / "evaluation.json").exists()
