@@ -130,3 +130,33 @@ def test_cli_train_predict_init_and_check(tmp_path):
     res = run_cli("predict", "--model-path", str(tmp_path), "--dataset", data)
     assert res.returncode == 2 and "not a raylight model directory" in res.stderr
     assert os.path.exists(out / "evaluation.json")
+
+
+def test_cache_dir_reuses_preprocessing_until_config_or_data_change(tmp_path):
+    import fsspec
+
+    cfg_text = CONFIG.replace("backend: {type: local}", "backend: {type: local, cache_dir: 'memory://rl-cache'}")
+    cfg, data = write(tmp_path, config=cfg_text)
+    config = load_config(cfg)
+    first = api.prepare(config, data)
+    fs = fsspec.filesystem("memory")
+    entries = fs.ls("/rl-cache")
+    assert len(entries) == 1 and fs.exists(entries[0]["name"] + "/meta.json")
+    again = api.prepare(config, data)
+    assert again.meta == first.meta and (again.train["age"] == first.train["age"]).all()
+    api.prepare(load_config(cfg, ["input_features.0.preprocessing.normalization=minmax"]), data)
+    assert len(fs.ls("/rl-cache")) == 2, "a different preprocessing config is a different entry"
+
+
+def test_dataset_globs_and_fsspec_uris(tmp_path):
+    import fsspec
+
+    df = frame()
+    with fsspec.open("memory://rl-data/part-0.csv", "w") as f:
+        df.iloc[:200].to_csv(f, index=False)
+    with fsspec.open("memory://rl-data/part-1.csv", "w") as f:
+        df.iloc[200:].to_csv(f, index=False)
+    cfg, _ = write(tmp_path)
+    prepared = api.prepare(load_config(cfg), "memory://rl-data/part-*.csv")
+    total = sum(len(next(iter(p.values()))) for p in (prepared.train, prepared.validation, prepared.test) if p)
+    assert total == len(df)

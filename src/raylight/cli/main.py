@@ -147,7 +147,7 @@ def check(config: ConfigOpt, dataset: DatasetOpt, set_: SetOpt = None) -> None:
 
     try:
         cfg = _config(config, set_)
-        prepared = api.prepare(cfg, dataset)
+        prepared = api.prepare(cfg, dataset, use_cache=False)
     except RaylightError as exc:
         _fail(exc)
     rows = len(next(iter(prepared.train.values())))

@@ -88,13 +88,30 @@ def resolve_backend(config: ModelConfig, override: str | None) -> Backend:
 class Prepared:
     config: ModelConfig
     meta: dict[str, Any]
-    train: dict[str, Any]
+    train: Any  # dict of arrays, or object refs of their blocks (Ray Data)
     validation: dict[str, Any] | None
     test: dict[str, Any] | None
     test_frame: pd.DataFrame | None
 
 
-def prepare(config: ModelConfig, dataset: str) -> Prepared:
+def prepare(config: ModelConfig, dataset: str, *, use_cache: bool = True) -> Prepared:
+    cache_dir = config.backend.cache_dir if use_cache else None
+    if cache_dir:
+        from raylight.declarative import cache
+
+        key = cache.cache_key(config, dataset)
+        hit = cache.load(cache_dir, key)
+        if hit is not None:
+            log.info("preprocessed data from the cache %s/%s", cache_dir, key)
+            meta, splits = hit
+            return Prepared(config, meta, splits["train"], splits["validation"], splits["test"], None)
+    prepared = _prepare(config, dataset)
+    if cache_dir:
+        cache.save(cache_dir, key, prepared.meta, {"train": prepared.train, "validation": prepared.validation, "test": prepared.test})
+    return prepared
+
+
+def _prepare(config: ModelConfig, dataset: str) -> Prepared:
     df = read_pandas(dataset)
     check_columns(df, config, with_outputs=True, source=dataset)
     check_target(df, config, dataset)
@@ -134,6 +151,8 @@ def train(
     if resolved.kind == "ray" and config.backend.processor.type == "ray_data":
         from raylight.declarative.ray_data import prepare_ray_data
 
+        if config.backend.cache_dir:
+            log.warning("backend.cache_dir is not used by the ray_data processor yet; set processor: {type: pandas} to cache")
         parts = prepare_ray_data(config, dataset, progress=progress)
         prepared = Prepared(config, parts["meta"], parts["train"], parts["validation"], parts["test"], None)
     else:
