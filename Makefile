@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: run run-digits test lint unit bench bench-adaptive clean
+.PHONY: run run-digits test lint unit bench bench-adaptive bench-declarative clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,9 @@ bench: $(STAMP)
 bench-adaptive: $(STAMP)
 	$(PIP) install -q -c constraints.txt -e ".[bench,examples]"
 	$(PY) bench/adaptive.py
+
+bench-declarative: $(STAMP)
+	$(PY) bench/declarative.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
