@@ -14,7 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from raylight.adaptive.goodput import GoodputFunction, GradParams, PerfParams, predict_step_time
+from raylight.adaptive.goodput import (
+    GoodputFunction,
+    GradParams,
+    PerfParams,
+    gain,
+    predict_step_time,
+)
 from raylight.adaptive.perf_model import fit_perf_params
 from raylight.adaptive.policy import BatchSizePolicy, ElasticPolicy, Layout, LayoutDecision
 from raylight.adaptive.profile import StepProfile
@@ -198,8 +204,8 @@ class AdaptiveEngine:
         batch = plan.global_batch(num_workers)
         fields: dict[str, Any] = {"batch_size": batch}
         if self.settings.adaptive and self.noise_measured:
-            fn = GoodputFunction(PerfParams(0, 0, 0, 0, 0, 0, 1), self.grad_params(), self.state.init_batch_size)
-            fields["efficiency"] = float(fn.efficiency(batch))
+            scale = batch / self.state.init_batch_size
+            fields["efficiency"] = float(gain(scale, self.grad_params())) / scale
         return fields
 
     def trace_row(self, *, num_workers: int, threads: int, throughput: float, num_nodes: int = 1) -> dict[str, Any]:

@@ -77,6 +77,15 @@ def predict_step_time(
     return np.asarray(accum_steps, dtype=float) * grad + overlapped
 
 
+def gain(scale: ArrayLike, grad_params: GradParams) -> Array:
+    """AdaScale's gain r = (var + sqr) / (var / S + sqr) at batch scale S = M / M0: the
+    progress of one step in steps at M0 (1 when nothing is known about the noise)."""
+    s = np.asarray(scale, dtype=float)
+    sqr, var = max(grad_params.sqr, 0.0), max(grad_params.var, 0.0)
+    denom = var / s + sqr
+    return np.where(denom > 0, (var + sqr) / np.where(denom > 0, denom, 1.0), 1.0)
+
+
 class GoodputFunction:
     """GOODPUT(N, K, m, s) = THROUGHPUT(N, K, m, s) * EFFICIENCY(K * m * (s + 1))."""
 
@@ -110,14 +119,11 @@ class GoodputFunction:
     def efficiency(self, batch_size: ArrayLike) -> Array:
         """Progress per sample at ``batch_size`` relative to M0; 1 at M0, in (0, 1] above."""
         scale = np.asarray(batch_size, dtype=float) / self.init_batch_size
-        sqr, var = max(self.grad_params.sqr, 0.0), max(self.grad_params.var, 0.0)
-        denom = var / scale + sqr
-        gain = np.where(denom > 0, (var + sqr) / np.where(denom > 0, denom, 1.0), 1.0)
-        return np.asarray(gain / scale)
+        return np.asarray(gain(scale, self.grad_params) / scale)
 
     def gain(self, batch_size: ArrayLike) -> Array:
         """r: progress of one step at ``batch_size`` in steps at M0 (AdaScale's gain)."""
-        return self.efficiency(batch_size) * np.asarray(batch_size, dtype=float) / self.init_batch_size
+        return gain(np.asarray(batch_size, dtype=float) / self.init_batch_size, self.grad_params)
 
     def optimize(
         self,

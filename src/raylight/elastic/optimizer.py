@@ -43,6 +43,7 @@ class AdaptiveOptimizer:
         self._adam = _is_adam(optimizer)
         self._snapshot: list[torch.Tensor] | None = None  # one replica: gradients so far
         self._micro_sqr = 0.0
+        self._groups: dict[int, dict[str, Any]] | None = None
 
     # -- the optimizer interface the loop uses ------------------------------------------
     @property
@@ -115,20 +116,26 @@ class AdaptiveOptimizer:
     def _grads(self) -> list[torch.Tensor]:
         return [p.grad for p in self._params() if p.grad is not None]
 
+    def _group_of(self, p: torch.Tensor) -> dict[str, Any]:
+        if self._groups is None:  # built once: parameter -> its param group
+            self._groups = {id(q): g for g in self.optimizer.param_groups for q in g["params"]}
+        return self._groups[id(p)]
+
     def preconditioned_sqr(self, grads: list[torch.Tensor], params: list[torch.Tensor]) -> float:
-        total = torch.zeros((), dtype=torch.float64)
+        """Sum of squared (preconditioned, for Adam) gradient entries; one sync at the end."""
+        if not self._adam:
+            return sqr_norm(grads)
+        parts = []
         for g, p in zip(grads, params, strict=True):
-            g = g.detach().to(torch.float64)
-            if self._adam:
-                state = self.optimizer.state.get(p, {})
-                if "exp_avg_sq" in state and "step" in state:
-                    group = next(gr for gr in self.optimizer.param_groups if any(q is p for q in gr["params"]))
-                    beta2 = group["betas"][1]
-                    step = float(state["step"])
-                    v_hat = state["exp_avg_sq"].to(torch.float64) / (1 - beta2**step)
-                    g = g / (v_hat.sqrt() + group["eps"])
-            total += g.pow(2).sum().cpu()
-        return float(total)
+            state = self.optimizer.state.get(p, {})
+            g = g.detach()
+            if "exp_avg_sq" in state and "step" in state:
+                group = self._group_of(p)
+                beta2 = group["betas"][1]
+                v_hat = state["exp_avg_sq"] / (1 - beta2 ** float(state["step"]))
+                g = g / (v_hat.sqrt() + group["eps"])
+            parts.append(g)
+        return sqr_norm(parts)
 
     def _measure_micro_step(self, last: bool) -> None:
         """One replica: the gradient of this micro-step is the total so far minus the
@@ -168,6 +175,13 @@ class AdaptiveOptimizer:
         )
 
 
+def sqr_norm(tensors: list[torch.Tensor]) -> float:
+    """Sum of squares of all entries, with one device sync."""
+    if not tensors:
+        return 0.0
+    return float(torch.nn.utils.get_total_norm([t.detach() for t in tensors], norm_type=2.0)) ** 2
+
+
 class NoiseHook:
     """A DDP comm hook that sums squared norms of each bucket's local gradient (before the
     all-reduce) and of the averaged one (after); the optimizer harvests them at its step."""
@@ -180,7 +194,7 @@ class NoiseHook:
     def _sqr(self, tensors: list[torch.Tensor], params: list[torch.Tensor]) -> float:
         if self.optimizer is not None:
             return self.optimizer.preconditioned_sqr(tensors, params)
-        return float(sum(float(t.detach().double().pow(2).sum()) for t in tensors))
+        return sqr_norm(tensors)
 
     # DDP checks a hook's annotations against the real GradBucket class, which
     # postponed (string) annotations never equal: leave the parameters unannotated.
@@ -188,14 +202,15 @@ class NoiseHook:
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
         params = bucket.parameters()
-        grads = bucket.gradients()
+        flat = self.optimizer is None or not self.optimizer._adam  # no per-parameter scaling
+        grads = [bucket.buffer()] if flat else bucket.gradients()
         self.local += self._sqr(grads, params)
         sizes = [g.numel() for g in grads]
         shapes = [g.shape for g in grads]
 
         def after(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
             averaged = fut.value()
-            views = [v.view(shape) for v, shape in zip(averaged.split(sizes), shapes, strict=True)]
+            views = [averaged] if flat else [v.view(s) for v, s in zip(averaged.split(sizes), shapes, strict=True)]
             self.big += self._sqr(views, params)
             return averaged
 

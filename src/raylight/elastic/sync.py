@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from raylight.adaptive.goodput import GoodputFunction, PerfParams
+from raylight.adaptive.goodput import gain
 from raylight.adaptive.lr import LRRule, lr_factor, progress_increment
 from raylight.adaptive.noise import NoiseScaleEstimator
 from raylight.adaptive.profile import StepProfile
@@ -79,6 +79,7 @@ class StepSync:
         self.uniform_step = True  # False for an epoch's short last step
         self._last_tick: float | None = None
         self._prev: tuple[bool, bool, int] | None = None
+        self._gain_cache: tuple[tuple[int, int], float] | None = None
 
     # -- called from the actor's main thread -------------------------------------------
     def set_plan(self, plan: BatchPlan) -> None:
@@ -175,16 +176,22 @@ class StepSync:
         scale = self.scale()
         if not self.gns.ready or scale == 1.0:
             return 1.0  # no noise measured yet: no claim that a big batch is worth more
-        fn = GoodputFunction(PerfParams(0, 0, 0, 0, 0, 0, 1), self.gns.grad_params(self.init_batch_size), self.init_batch_size)
-        return float(fn.gain(self.plan.global_batch(self.world_size)))
+        return float(gain(scale, self.gns.grad_params(self.init_batch_size)))
+
+    def _gain_now(self) -> float:
+        """gain() for the current plan and noise estimate, computed once per change."""
+        key = (self.plan.version, self.gns.num_updates)
+        if self._gain_cache is None or self._gain_cache[0] != key:
+            self._gain_cache = (key, self.gain())
+        return self._gain_cache[1]
 
     def lr_factor(self) -> float:
         return float(
-            lr_factor(self.lr_rule, self.scale(), self.gain(), progress=self.progress, warmup_steps=self.lr_warmup_steps)
+            lr_factor(self.lr_rule, self.scale(), self._gain_now(), progress=self.progress, warmup_steps=self.lr_warmup_steps)
         )
 
     def advance_progress(self) -> None:
-        self.progress += progress_increment(self.lr_rule, self.scale(), self.gain())
+        self.progress += progress_increment(self.lr_rule, self.scale(), self._gain_now())
 
     # -- checkpoint state -------------------------------------------------------------
     def state_dict(self) -> dict:
