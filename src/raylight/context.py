@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 from raylight._time import wall
 from raylight.checkpoint import RAYLIGHT_KEY, Checkpoint, deserialize_state, serialize_state
 from raylight.data.loader import ElasticLoader, prepare_loader
-from raylight.elastic.optimizer import AdaptiveOptimizer, NoiseHook
+from raylight.elastic.optimizer import AdaptiveOptimizer
 from raylight.elastic.state import Accumulator
 from raylight.elastic.sync import StepSync
 from raylight.strategies import DDPStrategy
@@ -132,7 +132,6 @@ class TrainContext:
         self._accumulators: list[Accumulator] = []
         self._ddp_models: list[nn.Module] = []
         self._optimizer: AdaptiveOptimizer | None = None
-        self._noise_hook: NoiseHook | None = None
         self._epoch: int | None = None
         self._plan_given = adaptive is not None and adaptive.plan is not None
         self.sync: StepSync | None = None
@@ -159,13 +158,6 @@ class TrainContext:
         wrapped = self._strategy.wrap_model(model, device=self.device, world_size=self.world_size)
         if wrapped is not model:
             self._ddp_models.append(wrapped)
-            if self.sync is not None and self.sync.adaptive:
-                if self._noise_hook is None:
-                    self._noise_hook = NoiseHook()
-                    if self._optimizer is not None:
-                        self._optimizer.noise_hook = self._noise_hook
-                        self._noise_hook.optimizer = self._optimizer
-                wrapped.register_comm_hook(None, self._noise_hook.hook)  # type: ignore[operator]
         return wrapped
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
@@ -178,7 +170,7 @@ class TrainContext:
         measurement. Without ``fit(adaptive=...)`` it is returned unchanged."""
         if self.sync is None or not self.sync.adaptive:
             return optimizer
-        self._optimizer = AdaptiveOptimizer(optimizer, sync=self.sync, noise_hook=self._noise_hook)
+        self._optimizer = AdaptiveOptimizer(optimizer, sync=self.sync)
         return self._optimizer  # type: ignore[return-value]
 
     def prepare_loader(

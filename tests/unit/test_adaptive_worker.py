@@ -25,11 +25,16 @@ def test_boundary_adopts_the_newest_plan_and_stops_when_asked():
     sync = make_sync()
     sync.set_plan(BatchPlan(16, 1, 2))
     sync.set_plan(BatchPlan(4, 0, 1))  # older: ignored
-    assert sync.boundary() == BatchPlan(16, 1, 2)
-    assert sync.boundary() == BatchPlan(16, 1, 2)
+    assert sync.begin_step() == BatchPlan(16, 1, 2), "step 0 is a control step"
+    sync.set_plan(BatchPlan(32, 0, 3))
+    for _ in range(sync.every - 1):
+        assert sync.begin_step() == BatchPlan(16, 1, 2), "plans change only at control steps"
+    assert sync.begin_step() == BatchPlan(32, 0, 3)
     sync.request_stop()
+    for _ in range(sync.every - 1):
+        sync.begin_step()
     with pytest.raises(ResizeInterrupt):
-        sync.boundary()
+        sync.begin_step()
 
 
 def test_optimizer_accumulates_then_steps_with_scaled_lr_and_restores_it():
@@ -63,15 +68,15 @@ def test_single_replica_noise_measurement_from_accumulation():
     sync = make_sync(plan=BatchPlan(8, 3, 1), m0=8)
     opt = AdaptiveOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), sync=sync)
     sync.micro_steps = 4
-    for _ in range(30):
+    for _ in range(30 * sync.every):
+        sync.begin_step()  # measures on one step in `every`; folds it in at the next control step
         for j in range(4):
             sync.micro = j
             opt.zero_grad()
             x = torch.randn(8, 4)
             ((model(x) - x.sum(1, keepdim=True) - 3 * torch.randn(8, 1)) ** 2).mean().backward()
             opt.step()
-        sync.boundary()  # folds the step's statistics into the estimator
-    assert sync.gns.num_updates == 30 and sync.gns.var > 0
+    assert sync.gns.num_updates == 29 and sync.gns.var > 0
 
 
 def test_adam_preconditioning_changes_the_norm():

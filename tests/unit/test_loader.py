@@ -21,7 +21,9 @@ class ScheduledSync:
         self.uniform_step = True
         self.plan = plans[0]
 
-    def boundary(self):
+    measuring = False
+
+    def begin_step(self):
         self.plan = self.plans[min(self.step, len(self.plans) - 1)]
         self.step += 1
         return self.plan

@@ -200,7 +200,7 @@ class ElasticLoader:
         sync = self.sync
         sync.pause_clock()
         while not self.epoch_done:
-            plan = sync.boundary()
+            plan = sync.begin_step()
             size = plan.global_batch(self.world_size)
             if self.drop_last and self.num_samples - self.cursor < size:
                 break
@@ -216,7 +216,9 @@ class ElasticLoader:
                 sync.tick(sync_step=last)
                 if self._on_batch is not None:
                     self._on_batch(epoch, step_index, steps_total, len(indices))
-                if not last and self._no_sync is not None:
+                # Accumulation micro-steps skip DDP's all-reduce; so does a whole step that
+                # measures gradient noise (the optimizer all-reduces it once, itself).
+                if (not last or sync.measuring) and self._no_sync is not None and sync.world_size > 1:
                     with self._no_sync():
                         yield batch
                 else:

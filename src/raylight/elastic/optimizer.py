@@ -7,12 +7,14 @@ steps at the last one, after dividing the summed gradients by ``s + 1``. The lea
 of each param group is multiplied by the rule's factor for that one step and restored, so
 the user's schedulers keep working on the unscaled rate.
 
-Gradient statistics for the noise scale: with several replicas, a DDP comm hook measures
-each bucket's local gradient before the all-reduce and the averaged one after it; with one
-replica, the gradients of the micro-steps are compared through a snapshot (one copy of
-the gradients; with no accumulation, consecutive steps are compared, which is biased
-because the parameters moved in between). Adam-family optimizers precondition by
-sqrt(v_hat) + eps before norms are taken.
+Gradient statistics for the noise scale are measured on the steps ``StepSync`` marks
+(one in ``every``): with several replicas the loader runs the whole step without DDP's
+all-reduce, and the optimizer takes the local gradient's norm, all-reduces the gradients
+itself in one flat tensor and takes the averaged gradient's norm; with one replica, the
+gradients of the micro-steps are compared through a snapshot (with no accumulation, two
+consecutive steps are, which is biased because the parameters moved in between).
+Adam-family optimizers precondition by sqrt(v_hat) + eps before norms are taken. Other
+steps pay nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from raylight.elastic.sync import StepSync
 
@@ -30,16 +33,11 @@ def _is_adam(optimizer: torch.optim.Optimizer) -> bool:
 
 
 class AdaptiveOptimizer:
-    def __init__(
-        self, optimizer: torch.optim.Optimizer, *, sync: StepSync, noise_hook: NoiseHook | None = None
-    ) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, *, sync: StepSync) -> None:
         if isinstance(optimizer, AdaptiveOptimizer):
             raise TypeError("this optimizer was already prepared with ctx.prepare_optimizer")
         self.optimizer = optimizer
         self.sync = sync
-        self.noise_hook = noise_hook
-        if noise_hook is not None:
-            noise_hook.optimizer = self
         self._adam = _is_adam(optimizer)
         self._snapshot: list[torch.Tensor] | None = None  # one replica: gradients so far
         self._micro_sqr = 0.0
@@ -68,20 +66,12 @@ class AdaptiveOptimizer:
     def step(self, closure: Callable[[], float] | None = None) -> Any:
         sync = self.sync
         last = sync.micro == sync.micro_steps - 1
-        if sync.world_size == 1 and sync.adaptive:
+        if sync.world_size == 1 and sync.measuring:
             self._measure_micro_step(last)
         if not last:
             return None  # accumulating: the gradients stay for the next micro-step
-        if self.noise_hook is not None:
-            local, big = self.noise_hook.harvest()
-            steps = sync.micro_steps
-            if sync.uniform_step and sync.adaptive:
-                sync.set_grad_stats(
-                    small_sqr=local / steps**2,
-                    big_sqr=big / steps**2,
-                    small_batch=sync.plan.atomic_bsz * steps,
-                    big_batch=sync.plan.atomic_bsz * steps * sync.world_size,
-                )
+        if sync.world_size > 1 and sync.measuring:
+            self._allreduce_and_measure()
         if sync.micro_steps > 1:
             for grad in self._grads():
                 grad.div_(sync.micro_steps)
@@ -137,6 +127,32 @@ class AdaptiveOptimizer:
             parts.append(g)
         return sqr_norm(parts)
 
+    def _allreduce_and_measure(self) -> None:
+        """Average the (unsynchronised) gradients over replicas in one flat all-reduce,
+        measuring the local and the averaged squared norms around it."""
+        sync = self.sync
+        params = list(self._params())
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads:
+            return
+        local = self.preconditioned_sqr(grads, params)
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        flat.div_(sync.world_size)
+        dist.all_reduce(flat)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+        big = self.preconditioned_sqr(grads, params)
+        steps = sync.micro_steps
+        if sync.uniform_step:
+            sync.set_grad_stats(
+                small_sqr=local / steps**2,
+                big_sqr=big / steps**2,
+                small_batch=sync.plan.atomic_bsz * steps,
+                big_batch=sync.plan.atomic_bsz * steps * sync.world_size,
+            )
+
     def _measure_micro_step(self, last: bool) -> None:
         """One replica: the gradient of this micro-step is the total so far minus the
         snapshot; compare micro-step norms with the norm of their mean."""
@@ -161,9 +177,11 @@ class AdaptiveOptimizer:
                     big_batch=sync.plan.atomic_bsz * steps,
                 )
             return
-        # No accumulation: this step against the previous one (biased).
-        prev = self._snapshot
-        self._snapshot = totals
+        # No accumulation: a step against the one before it (biased): snapshot the first.
+        if sync.phase == 0:
+            self._snapshot = totals
+            return
+        prev, self._snapshot = self._snapshot, None
         if prev is None or len(prev) != len(totals):
             return
         mean = [(t + s) / 2 for t, s in zip(totals, prev, strict=True)]
@@ -180,43 +198,3 @@ def sqr_norm(tensors: list[torch.Tensor]) -> float:
     if not tensors:
         return 0.0
     return float(torch.nn.utils.get_total_norm([t.detach() for t in tensors], norm_type=2.0)) ** 2
-
-
-class NoiseHook:
-    """A DDP comm hook that sums squared norms of each bucket's local gradient (before the
-    all-reduce) and of the averaged one (after); the optimizer harvests them at its step."""
-
-    def __init__(self) -> None:
-        self.local = 0.0
-        self.big = 0.0
-        self.optimizer: AdaptiveOptimizer | None = None
-
-    def _sqr(self, tensors: list[torch.Tensor], params: list[torch.Tensor]) -> float:
-        if self.optimizer is not None:
-            return self.optimizer.preconditioned_sqr(tensors, params)
-        return sqr_norm(tensors)
-
-    # DDP checks a hook's annotations against the real GradBucket class, which
-    # postponed (string) annotations never equal: leave the parameters unannotated.
-    def hook(self, state, bucket):
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-        params = bucket.parameters()
-        flat = self.optimizer is None or not self.optimizer._adam  # no per-parameter scaling
-        grads = [bucket.buffer()] if flat else bucket.gradients()
-        self.local += self._sqr(grads, params)
-        sizes = [g.numel() for g in grads]
-        shapes = [g.shape for g in grads]
-
-        def after(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
-            averaged = fut.value()
-            views = [averaged] if flat else [v.view(s) for v, s in zip(averaged.split(sizes), shapes, strict=True)]
-            self.big += self._sqr(views, params)
-            return averaged
-
-        return allreduce_hook(None, bucket).then(after)  # type: ignore[arg-type]
-
-    def harvest(self) -> tuple[float, float]:
-        local, big = self.local, self.big
-        self.local = self.big = 0.0
-        return local, big

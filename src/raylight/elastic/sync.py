@@ -1,10 +1,12 @@
-"""StepSync: one small all-reduce per optimizer step that keeps every rank in agreement.
+"""StepSync: a small all-reduce every ``every`` optimizer steps that keeps ranks in agreement.
 
 The vector carries, from rank 0, the newest batch plan the driver sent it; from every
-rank, its local gradient statistics of the last step and whether the driver asked it to
-stop. After the all-reduce every rank sees the same plan, updates an identical noise
-estimator, and either continues or raises ``ResizeInterrupt`` at the same boundary, so
-no rank is left waiting in a collective for a peer that stopped.
+rank, its gradient statistics of the last measured step and whether the driver asked it
+to stop. After the all-reduce every rank sees the same plan, updates an identical noise
+estimator, and either continues or raises ``ResizeInterrupt`` at the same boundary, so no
+rank is left waiting in a collective for a peer that stopped. Control steps are those
+whose index is a multiple of ``every`` (the same on every rank); the gradient noise is
+measured on the same steps, so both cost 1/``every`` of a step's worth of overhead.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class StepSync:
         lr_rule: LRRule = "none",
         lr_warmup_steps: float = 0.0,
         noise_smoothing: float = 0.98,
+        every: int = 8,
     ) -> None:
         self.rank = rank
         self.world_size = world_size
@@ -77,6 +80,10 @@ class StepSync:
         self.micro = 0
         self.micro_steps = 1
         self.uniform_step = True  # False for an epoch's short last step
+        self.every = every
+        self.step_count = 0  # optimizer steps begun by this context
+        self.measuring = False  # this step measures gradient noise (all micro-steps unsynced)
+        self.phase = 0  # step_count % every of the current step
         self._last_tick: float | None = None
         self._prev: tuple[bool, bool, int] | None = None
         self._gain_cache: tuple[tuple[int, int], float] | None = None
@@ -108,6 +115,18 @@ class StepSync:
     # -- called from the training thread -------------------------------------------------
     def set_grad_stats(self, *, small_sqr: float, big_sqr: float, small_batch: float, big_batch: float) -> None:
         self._stats = _GradStats(small_sqr, big_sqr, small_batch, big_batch, True)
+
+    def begin_step(self) -> BatchPlan:
+        """Called by the training loader before each optimizer step: on control steps,
+        agree with the other ranks; returns the plan for this step."""
+        self.phase = self.step_count % self.every
+        self.step_count += 1
+        if self.phase == 0:
+            self.boundary()
+        # Replicas compare local and averaged gradients; one replica compares micro-steps
+        # (phase 0) or two consecutive steps (phases 0 and 1).
+        self.measuring = self.adaptive and (self.phase == 0 or (self.world_size == 1 and self.phase == 1))
+        return self.plan
 
     def boundary(self) -> BatchPlan:
         """Agree on the plan for the next optimizer step; raise ResizeInterrupt if any rank
