@@ -1,6 +1,6 @@
 """python bench/adaptive.py: adaptive vs fixed batch, time to target accuracy, and costs.
 
-Run:  make bench-adaptive                (installs the `bench` extra, then runs this file)
+Run:  make bench-adaptive   (installs the `bench` and `examples` extras, then runs this file)
       python bench/adaptive.py [--reps 3] [--resize-reps 2] [--epochs 40] [--target 0.95]
       python bench/adaptive.py --quick   (smoke run: 8 epochs to 90%, 1 repetition)
 
@@ -459,20 +459,12 @@ def child_sweep(job: dict[str, Any]) -> None:
 
 
 def child_ray_train(job: dict[str, Any]) -> None:
-    import logging
+    from common import init_local_ray
 
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # bind Ray to 127.0.0.1
-    import ray
+    ray = init_local_ray(NUM_WORKERS, job["ray_temp_dir"])
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    ray.init(
-        address="local",
-        num_cpus=NUM_WORKERS,
-        include_dashboard=False,
-        logging_level=logging.WARNING,
-        _temp_dir=job["ray_temp_dir"],
-    )
     try:
         job = dict(job, data=digits_arrays(job["split_seed"]))
         TorchTrainer(
@@ -575,6 +567,21 @@ CHILDREN = {
 # -- the parent: launch, time, clean up -------------------------------------------------
 
 
+def source_fingerprint() -> str:
+    """A hash of raylight's Python sources as the children will import them: a run whose
+    fingerprint changed measured a tree that someone edited meanwhile."""
+    import hashlib
+    from importlib.util import find_spec
+
+    spec = find_spec("raylight")
+    root = Path(next(iter(spec.submodule_search_locations or []))) if spec else None
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")) if root else []:
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def run_child(child: str, base_job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     """Launch one cold child process; returns its record with the launch timestamp."""
     from overhead import child_env, reap_leftovers, stop_group, tail
@@ -598,6 +605,7 @@ def run_child(child: str, base_job: dict[str, Any], timeout_s: float) -> dict[st
     ]
     # 1-minute load average around the run: other work on the machine shows up here.
     record: dict[str, Any] = {"ok": False, "loadavg_before": os.getloadavg()[0]}
+    record["raylight_source"] = source_fingerprint()
     with (run_dir / "stdout.log").open("wb") as out, stderr.open("wb") as err:
         launched = time.time()
         proc = subprocess.Popen(
@@ -610,6 +618,8 @@ def run_child(child: str, base_job: dict[str, Any], timeout_s: float) -> dict[st
             returncode = None
         record["process_s"] = time.time() - launched
     record["loadavg_after"] = os.getloadavg()[0]
+    if source_fingerprint() != record["raylight_source"]:
+        record["raylight_source_changed"] = True  # edited while this child ran
     record["leftover_pids"] = reap_leftovers(proc.pid, str(run_dir))
     raw: dict[str, Any] = {}
     try:
@@ -967,6 +977,12 @@ def print_table(results: dict[str, Any]) -> None:
             f"{kind:<18} {s['ok_reps']}/{len(s['reps']):<2} first step {fmt(m['first_step_s'], '.2f'):>6} s  "
             f"pause {fmt(m['pause_s'], '.2f'):>6} s"
         )
+    source = results["raylight_source"]
+    if source["at_start"] != source["at_end"]:
+        print(
+            f"\nWARNING: raylight's source changed during the benchmark ({source['at_start']} -> "
+            f"{source['at_end']}); see raylight_source in each repetition"
+        )
     pred = results["prediction"]
     print(
         f"\nStep-time prediction (leave one layout out): {pred['held_out_predictions']} held-out layouts "
@@ -1043,6 +1059,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     ttt_job = dict(common, kind="ttt", epochs=args.epochs, target=args.target)
     tput_job = dict(common, kind="tput", samples=args.tput_samples, hidden=args.tput_hidden)
     sections = set(args.sections.split(","))
+    source_at_start = source_fingerprint()
     ttt_reps: dict[str, list[dict[str, Any]]] = {s: [] for s in TTT_SYSTEMS}
     tput_reps: dict[str, list[dict[str, Any]]] = {s: [] for s in TPUT_SYSTEMS}
     resize_reps: dict[str, list[dict[str, Any]]] = {k: [] for k in RESIZE_KINDS}
@@ -1169,6 +1186,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "backend": "gloo (CPU)",
         },
         "machine": machine_info(),
+        "raylight_source": {"at_start": source_at_start, "at_end": source_fingerprint()},
         "time_to_target": ttt,
         "noise_overhead": tput,
         "resize": resize,

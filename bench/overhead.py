@@ -189,20 +189,12 @@ def raylight_loop(ctx: Any, job: dict[str, Any]) -> None:
 
 
 def child_ray_train(job: dict[str, Any]) -> None:
-    import logging
+    from common import init_local_ray
 
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # bind Ray to 127.0.0.1
-    import ray
+    ray = init_local_ray(NUM_WORKERS, job["ray_temp_dir"])
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    ray.init(
-        address="local",
-        num_cpus=NUM_WORKERS,
-        include_dashboard=False,
-        logging_level=logging.WARNING,
-        _temp_dir=job["ray_temp_dir"],
-    )
     try:
         TorchTrainer(
             ray_train_loop,
