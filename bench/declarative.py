@@ -63,8 +63,12 @@ def ludwig_available(python: str) -> str | None:
         return f"no interpreter {python!r}"
     res = subprocess.run([python, "-c", "import ludwig; print(ludwig.__version__)"], capture_output=True, text=True, timeout=120)
     if res.returncode != 0:
-        last = (res.stderr.strip().splitlines() or ["?"])[-1]
-        return f"{python} cannot import ludwig ({last}); Ludwig 0.17 needs Python 3.12 with its own torch build, which this machine's CPU wheel (cp311) does not cover"
+        lines = [ln.strip() for ln in res.stderr.splitlines() if ln.strip()]
+        why = next((ln for ln in lines if "Error" in ln or "not found" in ln or "command" in ln), lines[-1] if lines else "?")
+        return (
+            f"{python} cannot import ludwig ({why}); Ludwig 0.17 needs Python 3.12 and a torch "
+            "build for it, and this machine's only CPU torch wheel is for Python 3.11"
+        )
     return None
 
 
