@@ -148,6 +148,7 @@ class TrainContext:
                 lr_rule=spec.lr_rule,  # type: ignore[arg-type]
                 lr_warmup_steps=spec.lr_warmup_steps,
                 noise_smoothing=spec.noise_smoothing,
+                every=spec.control_interval_steps,
             )
             if "sync" in self._restored:
                 self.sync.load_state_dict(self._restored["sync"])

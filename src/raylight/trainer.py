@@ -150,6 +150,7 @@ class Trainer:
                 lr_rule=a.lr_rule if a else "none",
                 lr_warmup_steps=a.lr_warmup_steps if a else 0.0,
                 noise_smoothing=a.noise_smoothing if a else 0.98,
+                control_interval_steps=a.control_interval_steps if a else 8,
             )
         group = RayWorkerGroup(
             self.train_loop,

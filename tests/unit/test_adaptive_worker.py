@@ -154,3 +154,16 @@ def test_engine_max_policy_and_state_round_trip():
     again = engine()
     again.load_state_dict(eng.state_dict())
     assert again.state.plan == BatchPlan(8) and again.state.explored == {1}
+
+
+def test_control_interval_sets_which_steps_agree_and_measure():
+    sync = StepSync(rank=0, world_size=1, num_nodes=1, threads=1, plan=BatchPlan(8), init_batch_size=8, adaptive=True, every=3)
+    plans, measuring = [], []
+    for step in range(7):
+        if step == 1:
+            sync.set_plan(BatchPlan(16, 0, 1))
+        plans.append(sync.begin_step().atomic_bsz)
+        measuring.append(sync.measuring)
+    assert plans == [8, 8, 8, 16, 16, 16, 16], "a new plan waits for the next control step"
+    # One replica measures on the control step and the one after it (consecutive steps).
+    assert measuring == [True, True, False, True, True, False, True]

@@ -162,6 +162,12 @@ class AdaptiveConfig(_Model):
     min_profile_steps: int = Field(
         5, ge=1, description="Optimizer steps a layout needs before its timing is trusted."
     )
+    control_interval_steps: int = Field(
+        8,
+        ge=1,
+        description="Every this many optimizer steps the workers agree on the plan and stop "
+        "requests, and measure gradient noise; larger is cheaper but reacts later.",
+    )
     noise_smoothing: float = Field(
         0.98, ge=0, lt=1, description="EMA smoothing of the gradient-noise statistics."
     )

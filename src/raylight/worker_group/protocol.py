@@ -36,6 +36,7 @@ class AdaptiveSpec:
     lr_rule: str = "none"
     lr_warmup_steps: float = 0.0
     noise_smoothing: float = 0.98
+    control_interval_steps: int = 8
     plan: BatchPlan | None = None  # None: derive from the loader's batch_size
     num_nodes: int = 1
 
