@@ -22,7 +22,7 @@ from raylight.config import (
 from raylight.progress import ProgressDisplay
 from raylight.recorder import RunRecorder
 from raylight.storage import RunStorage, default_storage_path
-from raylight.worker_group.protocol import Progress, Report
+from raylight.worker_group.protocol import Report
 
 log = logging.getLogger("raylight")
 
@@ -239,14 +239,12 @@ class _InProcessSink:
 
     def __init__(self, recorder: RunRecorder) -> None:
         self.recorder = recorder
-        self.progress_state = Progress()
 
     def report(self, report: Report) -> None:
         self.recorder.record(report, num_workers=1)
 
     def progress(self, epoch: int, step: int, steps_per_epoch: int, samples: int) -> None:
-        prev = self.progress_state.samples
-        self.progress_state = Progress(epoch, step + 1, steps_per_epoch, prev + samples)
+        pass  # no display in this mode; nothing reads it
 
     def heartbeat(self) -> None:
         pass

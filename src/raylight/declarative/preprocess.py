@@ -26,43 +26,63 @@ def tokenize(text: str, lowercase: bool) -> list[str]:
     return _TOKEN.findall(text.lower() if lowercase else text)
 
 
+# The data errors, one wording for the pandas and the Ray Data checks alike.
+def missing_column(kind: str, feat: Any, source: str, columns: list[str]) -> ConfigError:
+    return ConfigError(
+        f"{kind}: feature {feat.name!r} needs column {feat.col!r}, which dataset {source!r} "
+        f"does not have; its columns are {columns}. Fix the name (or set `column:`)."
+    )
+
+
+def all_null(feat: Any, source: str) -> ConfigError:
+    return ConfigError(
+        f"column {feat.col!r} of dataset {source!r} is entirely empty (all null); drop the "
+        "feature or fill the column"
+    )
+
+
+def non_numeric(kind: str, feat: Any, examples: list[str], where: str = "") -> ConfigError:
+    return ConfigError(
+        f"column {feat.col!r} ({kind} {feat.name!r}, type number) holds non-numeric values "
+        f"such as {examples}{where}; clean the column or declare the feature as category"
+    )
+
+
+def check_classes(out: Any, classes: list[Any], source: str) -> None:
+    """A classifier's target needs two classes; a binary one at most two."""
+    if out.type not in ("binary", "category"):
+        return
+    if len(classes) < 2:
+        raise ConfigError(
+            f"target column {out.col!r} ({out.type}) of dataset {source!r} has only one class "
+            f"({classes}); a classifier needs at least two"
+        )
+    if out.type == "binary" and len(classes) > 2:
+        raise ConfigError(
+            f"target column {out.col!r} is declared binary but has {len(classes)} classes; "
+            "declare it as category"
+        )
+
+
 def check_columns(df: pd.DataFrame, config: ModelConfig, *, with_outputs: bool, source: str) -> None:
     features = list(config.input_features) + (list(config.output_features) if with_outputs else [])
-    have = list(df.columns)
     for i, feat in enumerate(features):
         kind = "input_features" if i < len(config.input_features) else "output_features"
         if feat.col not in df.columns:
-            raise ConfigError(
-                f"{kind}: feature {feat.name!r} needs column {feat.col!r}, which dataset {source!r} "
-                f"does not have; its columns are {have}. Fix the name (or set `column:`)."
-            )
+            raise missing_column(kind, feat, source, list(df.columns))
         col = df[feat.col]
         if col.isna().all():
-            raise ConfigError(f"column {feat.col!r} of dataset {source!r} is entirely empty (all null); drop the feature or fill the column")
+            raise all_null(feat, source)
         if feat.type == "number":
             bad = col[pd.to_numeric(col, errors="coerce").isna() & col.notna()]
             if len(bad):
-                raise ConfigError(
-                    f"column {feat.col!r} ({kind} {feat.name!r}, type number) holds non-numeric values "
-                    f"such as {bad.astype(str).unique()[:3].tolist()} (first at row {bad.index[0]}); "
-                    "clean the column or declare the feature as category"
-                )
+                examples = bad.astype(str).unique()[:3].tolist()
+                raise non_numeric(kind, feat, examples, f" (first at row {bad.index[0]})")
 
 
 def check_target(df: pd.DataFrame, config: ModelConfig, source: str) -> None:
     out = config.output_features[0]
-    if out.type in ("binary", "category"):
-        classes = df[out.col].dropna().unique()
-        if len(classes) < 2:
-            raise ConfigError(
-                f"target column {out.col!r} ({out.type}) of dataset {source!r} has only one class "
-                f"({classes.tolist()}); a classifier needs at least two"
-            )
-        if out.type == "binary" and len(classes) > 2:
-            raise ConfigError(
-                f"target column {out.col!r} is declared binary but has {len(classes)} classes; "
-                "declare it as category"
-            )
+    check_classes(out, df[out.col].dropna().unique().tolist(), source)
 
 
 def _binary_values(col: pd.Series) -> pd.Series:

@@ -17,7 +17,16 @@ import pandas as pd
 
 from raylight.config.declarative import ModelConfig
 from raylight.declarative.dataset import dataset_format, expand
-from raylight.declarative.preprocess import PAD, UNK, tokenize, transform
+from raylight.declarative.preprocess import (
+    PAD,
+    UNK,
+    all_null,
+    check_classes,
+    missing_column,
+    non_numeric,
+    tokenize,
+    transform,
+)
 from raylight.exceptions import ConfigError
 
 
@@ -64,30 +73,21 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
     for kind, feats in (("input_features", config.input_features), ("output_features", config.output_features)):
         for feat in feats:
             if feat.col not in columns:
-                raise ConfigError(
-                    f"{kind}: feature {feat.name!r} needs column {feat.col!r}, which dataset {dataset!r} "
-                    f"does not have; its columns are {columns}. Fix the name (or set `column:`)."
-                )
+                raise missing_column(kind, feat, dataset, columns)
     summary = ds.map_batches(lambda df: _summary(df, config), batch_format="pandas").to_pandas()
     rows = int(summary["rows"].sum())
     if rows == 0:
         raise ConfigError(f"dataset {dataset!r} is empty: it has no rows")
     for feat in (*config.input_features, *config.output_features):
         if int(summary[f"notnull:{feat.col}"].sum()) == 0:
-            raise ConfigError(f"column {feat.col!r} of dataset {dataset!r} is entirely empty (all null); drop the feature or fill the column")
+            raise all_null(feat, dataset)
         if f"bad:{feat.col}" in summary and int(summary[f"bad:{feat.col}"].sum()):
-            example = next(e for e in summary[f"example:{feat.col}"] if e)
-            raise ConfigError(
-                f"column {feat.col!r} (input_features {feat.name!r}, type number) holds non-numeric "
-                f"values such as [{example!r}]; clean the column or declare the feature as category"
-            )
+            examples = [e for e in summary[f"example:{feat.col}"] if e][:3]
+            raise non_numeric("input_features", feat, examples)
     out = config.output_features[0]
     if out.type in ("binary", "category"):
         classes = [c for c in ds.unique(out.col) if c is not None and not (isinstance(c, float) and np.isnan(c))]
-        if len(classes) < 2:
-            raise ConfigError(f"target column {out.col!r} ({out.type}) of dataset {dataset!r} has only one class ({classes}); a classifier needs at least two")
-        if out.type == "binary" and len(classes) > 2:
-            raise ConfigError(f"target column {out.col!r} is declared binary but has {len(classes)} classes; declare it as category")
+        check_classes(out, classes, dataset)
     p = config.preprocessing.split.probabilities
     shuffled = ds.random_shuffle(seed=config.trainer.seed)
     train, val, test = shuffled.split_proportionately([p[0], p[1]])
