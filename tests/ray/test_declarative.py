@@ -47,3 +47,15 @@ def test_unreachable_ray_address_exits_2(tmp_path):
     )
     assert res.returncode == 2 and "could not reach the Ray cluster at '127.0.0.1:1'" in res.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_ray_data_finds_non_numeric_strings_in_a_number_column(ray_cluster, tmp_path):
+    from raylight.declarative.ray_data import prepare_ray_data
+    from tests.declarative_data import frame
+
+    df = frame()
+    df["age"] = df["age"].astype(object).where(df.index != 5, "forty")
+    cfg, data = write(tmp_path, df=df, config=RAY_CONFIG)
+    with pytest.raises(ConfigError) as err:
+        prepare_ray_data(load_config(cfg), data, progress=False)
+    assert "column 'age' (input_features 'age', type number) holds non-numeric values such as ['forty']" in str(err.value)

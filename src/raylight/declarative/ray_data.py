@@ -54,7 +54,9 @@ def _summary(df: pd.DataFrame, config: ModelConfig) -> pd.DataFrame:
         col = df[feat.col]
         row[f"notnull:{feat.col}"] = int(col.notna().sum())
         if feat.type == "number" and feat in config.input_features:
-            bad = col[pd.to_numeric(col, errors="coerce").isna() & col.notna()]
+            # Ray Data reads a CSV column holding text as strings, with "" for missing values.
+            present = col.notna() & (col.astype(str).str.strip() != "")
+            bad = col[pd.to_numeric(col.astype(object), errors="coerce").isna() & present]
             row[f"bad:{feat.col}"] = len(bad)
             row[f"example:{feat.col}"] = str(bad.iloc[0]) if len(bad) else ""
     return pd.DataFrame([row])
