@@ -10,7 +10,7 @@ def plot_adaptive(rows: list[dict[str, Any]]) -> bytes | None:
     """A PNG of workers, global batch, LR factor, noise scale, efficiency and throughput
     over time; None when there is nothing to plot."""
     points = [r for r in rows if "time" in r and "global_batch" in r]
-    if len(points) < 2:
+    if not points:
         return None
     import matplotlib
 
@@ -29,7 +29,7 @@ def plot_adaptive(rows: list[dict[str, Any]]) -> bytes | None:
     ]
     fig, axes = plt.subplots(len(panels), 1, figsize=(7, 10), sharex=True)
     for ax, (key, label) in zip(axes, panels, strict=True):
-        ax.plot(t, [r.get(key, float("nan")) for r in points], drawstyle="steps-post")
+        ax.plot(t, [r.get(key, float("nan")) for r in points], drawstyle="steps-post", marker=".")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     for r in rows:

@@ -327,9 +327,17 @@ class RayWorkerGroup:
         stopped_at = monotonic()
         for m in self._members:
             m.actor.interrupt.remote()
-        deadline = monotonic() + self._failure.worker_start_timeout_s
+        # Live workers stop at their next control step. With a dead peer, one may instead
+        # sit in a collective that never completes: past a health-check period it is
+        # treated as hung and replaced.
+        wait_s = self._failure.worker_start_timeout_s
+        deadline = None
         while True:
             poll = self.poll()
+            if deadline is None:
+                if any(f.kind == "died" for f in poll.failures):
+                    wait_s = self._failure.health_check_timeout_s
+                deadline = stopped_at + wait_s
             reports.extend(poll.reports)
             shadow.extend(poll.shadow_reports)
             if any(p.state == "finished" for p in poll.polls):
@@ -370,6 +378,13 @@ class RayWorkerGroup:
         for extra in added[max(0, num_workers - len(survivors)) :]:
             ray.kill(extra.actor, no_restart=True)
         added = added[: max(0, num_workers - len(survivors))]
+        short = num_workers - len(survivors) - len(added)
+        self._members = survivors + added  # the bundles of those removed are free again
+        if short > 0:  # replace workers lost or hung while stopping (their bundles are free)
+            try:
+                added += self._spawn(short)
+            except (InsufficientResourcesError, WorkerStartError) as exc:
+                log.warning("could not replace %d worker(s) (%s); continuing with %d", short, exc, len(survivors) + len(added))
         try:
             self._launch(survivors + added, broadcast=commit >= 0, threads=threads, plan=plan)
         except WorkerStartError as exc:
