@@ -89,6 +89,7 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 TTT_SYSTEMS = ("raylight_fixed", "ray_train_fixed", "raylight_adaptive")
 TPUT_SYSTEMS = ("raylight_fixed", "raylight_pinned")
 RESIZE_KINDS = ("in_place", "checkpoint")
+DEFAULT_BUDGET = {"diamonds": (12, 0.75), "digits": (40, 0.95)}  # epochs, target
 SKIP_STEPS = 20  # steps left out of steady throughput
 MIN_PROFILE_STEPS = 5  # optimizer steps a layout needs to count (the engine's default)
 SWEEP_ATOMIC = (4, 8, 16, 64, 256)  # forced layouts, when the adaptive runs saw too few
@@ -103,32 +104,72 @@ GOAL_NOISE_PCT = 5.0
 # -- the jobs (run inside the workers) ------------------------------------------------
 
 
-def digits_arrays(seed: int) -> dict[str, Any]:
-    """Digits as nested lists (the worker config travels as plain data): a stratified
-    75/25 split fixed by ``seed``."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+DATASETS = {
+    "diamonds": "plotnine's bundled diamonds (53,940 rows): predict the 5-class cut from carat, "
+    "depth, table, price, x, y, z (z-scored) and one-hot colour and clarity; 43,940 training and "
+    "10,000 held-out rows (a fixed random split, seed 0); MLP 22 -> 64 -> 64 -> 5",
+    "digits": "scikit-learn's bundled 8x8 digits: 1,347 training and 450 held-out images "
+    "(stratified, random_state=0); MLP 64 -> 128 -> 10",
+}
 
-    digits = load_digits()
-    x_tr, x_te, y_tr, y_te = train_test_split(
-        digits.data / 16.0, digits.target, test_size=0.25, random_state=seed, stratify=digits.target
-    )
-    return {
-        "x_train": x_tr.tolist(),
-        "y_train": y_tr.tolist(),
-        "x_test": x_te.tolist(),
-        "y_test": y_te.tolist(),
-    }
+
+def dataset_arrays(name: str, seed: int) -> tuple[Any, Any, Any, Any]:
+    """(x_train, y_train, x_test, y_test) as numpy arrays; every process loads its own copy
+    from the installed package (no download, nothing shipped through the config), once."""
+    cache = sys.modules[__name__].__dict__.setdefault("_DATASET_CACHE", {})
+    if (name, seed) not in cache:
+        cache[(name, seed)] = _load_arrays(name, seed)
+    return cache[(name, seed)]
+
+
+def _load_arrays(name: str, seed: int) -> tuple[Any, Any, Any, Any]:
+    import numpy as np
+
+    if name == "digits":
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+
+        digits = load_digits()
+        x_tr, x_te, y_tr, y_te = train_test_split(
+            digits.data / 16.0,
+            digits.target,
+            test_size=0.25,
+            random_state=seed,
+            stratify=digits.target,
+        )
+        return x_tr, y_tr, x_te, y_te
+    if name == "diamonds":
+        import pandas as pd
+        import plotnine
+
+        df = pd.read_csv(Path(plotnine.__file__).parent / "data" / "diamonds.csv")
+        y = pd.Categorical(df["cut"]).codes.astype(np.int64)
+        num = df[["carat", "depth", "table", "price", "x", "y", "z"]].astype(float)
+        num = (num - num.mean()) / num.std()
+        x = pd.concat(
+            [num, pd.get_dummies(df["color"]), pd.get_dummies(df["clarity"])], axis=1
+        ).to_numpy(np.float32)
+        order = np.random.default_rng(seed).permutation(len(x))
+        test, train = order[:10_000], order[10_000:]
+        return x[train], y[train], x[test], y[test]
+    raise ValueError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS)}")
 
 
 def tensors(job: dict[str, Any], part: str) -> TensorDataset:
-    x = torch.tensor(job["data"][f"x_{part}"], dtype=torch.float32)
-    return TensorDataset(x, torch.tensor(job["data"][f"y_{part}"], dtype=torch.long))
+    x_tr, y_tr, x_te, y_te = dataset_arrays(job["dataset"], job["split_seed"])
+    x, y = (x_tr, y_tr) if part == "train" else (x_te, y_te)
+    return TensorDataset(
+        torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y, dtype=torch.long)
+    )
 
 
-def digits_model(seed: int, hidden: int = 128) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+def task_model(job: dict[str, Any]) -> nn.Module:
+    torch.manual_seed(job["seed"])
+    if job["dataset"] == "digits":
+        return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    return nn.Sequential(
+        nn.Linear(22, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 5)
+    )
 
 
 def accuracy(model: nn.Module, test: TensorDataset) -> float:
@@ -213,7 +254,7 @@ def train_to_target(
 
 def raylight_ttt_loop(ctx: Any, job: dict[str, Any]) -> None:
     torch.set_num_threads(1)
-    model = ctx.prepare_model(digits_model(job["seed"]))
+    model = ctx.prepare_model(task_model(job))
     opt = ctx.prepare_optimizer(
         torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"])
     )
@@ -248,7 +289,7 @@ def ray_train_ttt_loop(job: dict[str, Any]) -> None:
     loader = ray.train.torch.prepare_data_loader(
         DataLoader(tensors(job, "train"), batch_size=job["batch_size"] // world_size, shuffle=True)
     )
-    model = ray.train.torch.prepare_model(digits_model(job["seed"]))
+    model = ray.train.torch.prepare_model(task_model(job))
     opt = torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"])
 
     def epochs() -> Iterable[int]:
@@ -331,7 +372,7 @@ def throughput_loop(ctx: Any, job: dict[str, Any]) -> None:
 def elastic_loop(ctx: Any, job: dict[str, Any]) -> None:
     """Trains digits until the stop file appears (agreed by all ranks at an epoch end);
     checkpoints every epoch so that a resize can restart from it."""
-    model = ctx.prepare_model(digits_model(job["seed"]))
+    model = ctx.prepare_model(task_model(job))
     opt = ctx.prepare_optimizer(
         torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"])
     )
@@ -398,7 +439,6 @@ def child_raylight(job: dict[str, Any]) -> None:
 
     runtime.start_embedded(num_cpus=NUM_WORKERS, temp_dir=job["ray_temp_dir"])
     if job["kind"] == "ttt":
-        job = dict(job, data=digits_arrays(job["split_seed"]))
         loop: Callable[..., Any] = raylight_ttt_loop
     else:
         loop = throughput_loop
@@ -428,16 +468,14 @@ def child_sweep(job: dict[str, Any]) -> None:
     from raylight.adaptive.profile import StepProfile
 
     runtime.start_embedded(num_cpus=NUM_WORKERS, temp_dir=job["ray_temp_dir"])
-    data = digits_arrays(job["split_seed"])
+    train_size = len(tensors(job, "train"))
     merged = StepProfile()
     runs = []
     try:
         for atomic in job["atomic_sizes"]:
             batch = NUM_WORKERS * atomic
-            epochs = max(1, math.ceil(job["steps"] * batch / len(data["y_train"])))
-            config = dict(
-                job, data=data, batch_size=batch, epochs=epochs, system="raylight_adaptive"
-            )
+            epochs = max(1, math.ceil(job["steps"] * batch / train_size))
+            config = dict(job, batch_size=batch, epochs=epochs, system="raylight_adaptive")
             pinned = AdaptiveConfig(
                 max_batch_size=batch, local_batch_bounds=(atomic, atomic), accumulation=False
             )
@@ -466,7 +504,6 @@ def child_ray_train(job: dict[str, Any]) -> None:
     from ray.train.torch import TorchTrainer
 
     try:
-        job = dict(job, data=digits_arrays(job["split_seed"]))
         TorchTrainer(
             ray_train_ttt_loop,
             train_loop_config=job,
@@ -500,7 +537,6 @@ def child_resize(job: dict[str, Any]) -> None:
         def ready(self) -> bool:
             return True
 
-    job = dict(job, data=digits_arrays(job["split_seed"]))
     blocker = Blocker.remote()  # type: ignore[attr-defined]
     ray.get(blocker.ready.remote())
     run_dir = Path(job["storage_path"]) / "bench"
@@ -939,7 +975,7 @@ def fmt(value: Any, spec: str) -> str:
 def print_table(results: dict[str, Any]) -> None:
     cfg, ttt = results["config"], results["time_to_target"]
     print(
-        f"\nTime to {100 * cfg['target']:.0f}% held-out accuracy, digits, {cfg['epochs']}-epoch budget "
+        f"\nTime to {100 * cfg['target']:.0f}% held-out accuracy, {cfg['dataset'].split(':')[0]}, {cfg['epochs']}-epoch budget "
         f"(medians of {cfg['reps']} reps)"
     )
     print(
@@ -1055,6 +1091,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "lr": args.lr,
         "momentum": args.momentum,
         "split_seed": 0,
+        "dataset": args.dataset,
     }
     ttt_job = dict(common, kind="ttt", epochs=args.epochs, target=args.target)
     tput_job = dict(common, kind="tput", samples=args.tput_samples, hidden=args.tput_hidden)
@@ -1102,7 +1139,9 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
                     end=" ",
                     flush=True,
                 )
-                resize_reps[kind].append(resize_record(kind, dict(common, **seeded), args.timeout))
+                resize_reps[kind].append(
+                    resize_record(kind, dict(common, dataset="digits", **seeded), args.timeout)
+                )
                 show("", resize_reps[kind][-1])
 
     ttt = summarize_ttt(ttt_reps)
@@ -1172,7 +1211,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "resize_reps": min(args.resize_reps, args.reps),
             "num_workers": NUM_WORKERS,
             "torch_threads_per_worker": 1,
-            "dataset": "sklearn digits, 1347 train / 450 test (stratified, random_state=0)",
+            "dataset": DATASETS[args.dataset],
+            "resize_dataset": DATASETS["digits"],
             "model": "MLP 64-128-10 float32",
             "optimizer": f"SGD lr={args.lr} momentum={args.momentum}",
             "adaptive": adaptive,
@@ -1203,8 +1243,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--resize-reps", type=int, default=2, help="repetitions of each resize kind"
     )
-    parser.add_argument("--epochs", type=int, default=40, help="epoch budget of every digits run")
-    parser.add_argument("--target", type=float, default=0.95, help="target held-out accuracy")
+    parser.add_argument(
+        "--dataset", choices=sorted(DATASETS), default="diamonds", help="the time-to-target task"
+    )
+    parser.add_argument(
+        "--epochs", type=int, default=None, help="epoch budget (diamonds 12, digits 40)"
+    )
+    parser.add_argument(
+        "--target",
+        type=float,
+        default=None,
+        help="target held-out accuracy (diamonds 0.75, digits 0.95)",
+    )
     parser.add_argument("--batch-size", type=int, default=32, help="initial global batch")
     parser.add_argument("--lr", type=float, default=0.01, help="initial learning rate")
     parser.add_argument("--momentum", type=float, default=0.9)
@@ -1235,8 +1285,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     parser.add_argument("--job", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    epochs, target = DEFAULT_BUDGET[args.dataset]
+    args.epochs = epochs if args.epochs is None else args.epochs
+    args.target = target if args.target is None else args.target
     if args.quick:
-        args.reps, args.resize_reps, args.epochs, args.target = 1, 1, 8, 0.9
+        args.reps, args.resize_reps = 1, 1
+        args.epochs, args.target = max(3, args.epochs // 4), args.target - 0.05
         args.tput_samples, args.sweep_steps = 3_200, 12
     if args.out is None:
         args.out = RESULTS_DIR / ("adaptive-quick.json" if args.quick else "adaptive.json")

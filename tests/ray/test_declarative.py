@@ -59,3 +59,43 @@ def test_ray_data_finds_non_numeric_strings_in_a_number_column(ray_cluster, tmp_
     with pytest.raises(ConfigError) as err:
         prepare_ray_data(load_config(cfg), data, progress=False)
     assert "column 'age' (input_features 'age', type number) holds non-numeric values such as ['forty']" in str(err.value)
+
+
+def test_ray_data_splits_stay_in_blocks_and_the_cache_reads_them_back(ray_cluster, tmp_path):
+    """Ray Data's splits are left in the object store (BlockRefs, several blocks from
+    several files), the workers read them a block at a time, and a cache_dir entry is
+    written and read back a block at a time with the same rows."""
+    import numpy as np
+    import pandas as pd
+    import ray
+    import ray.data
+
+    from raylight.declarative.ray_data import BlockRefs
+    from tests.declarative_data import frame
+
+    df = frame()
+    cfg, _ = write(tmp_path, fmt="parquet", config=RAY_CONFIG.replace("processor: {type: ray_data}", f"processor: {{type: ray_data}}, cache_dir: '{tmp_path / 'cache'}'"))
+    files = tmp_path / "parts"
+    files.mkdir()
+    for i, part in enumerate(np.array_split(np.arange(len(df)), 4)):
+        df.iloc[part].to_parquet(files / f"part-{i}.parquet")
+    config = load_config(cfg)
+    ctx = ray.data.DataContext.get_current()
+    saved = ctx.target_max_block_size
+    ctx.target_max_block_size = 4096  # small blocks, as a large dataset would have
+    try:
+        first = api.prepare(config, str(files / "*.parquet"), processor="ray_data", progress=False)
+    finally:
+        ctx.target_max_block_size = saved
+    assert isinstance(first.train, BlockRefs) and len(first.train.blocks) > 1
+    assert len(first.train) + len(first.validation) + len(first.test) == len(df)
+    assert (tmp_path / "cache").exists() and len(list((tmp_path / "cache").iterdir())) == 1
+    again = api.prepare(config, str(files / "*.parquet"), processor="ray_data", progress=False)
+    assert isinstance(again.train, BlockRefs) and again.train.lengths == first.train.lengths
+
+    def rows(refs):
+        return pd.concat([pd.DataFrame({k: list(v) for k, v in ray.get(b).items()}) for b in refs.blocks], ignore_index=True)
+
+    pd.testing.assert_frame_equal(rows(first.train), rows(again.train))
+    out = api.train(config, str(files / "*.parquet"), output_directory=str(tmp_path / "run"), progress=False)
+    assert out["evaluation"]["test"]["accuracy"] > 0.6

@@ -4,8 +4,10 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from raylight.config.loading import apply_overrides, load_config, render_config
 from raylight.declarative import api
@@ -160,3 +162,38 @@ def test_dataset_globs_and_fsspec_uris(tmp_path):
     prepared = api.prepare(load_config(cfg), "memory://rl-data/part-*.csv")
     total = sum(len(next(iter(p.values()))) for p in (prepared.train, prepared.validation, prepared.test) if p)
     assert total == len(df)
+
+
+class _Passthrough(torch.nn.Module):
+    def forward(self, batch):
+        return batch["x"]
+
+
+@pytest.mark.parametrize("kind", ["category", "number"])
+def test_streamed_evaluation_equals_the_metrics_of_all_rows_at_once(kind, monkeypatch):
+    from types import SimpleNamespace
+
+    from raylight.declarative import train as dtrain
+    from raylight.declarative.ray_data import BlockRefs
+
+    rng = np.random.default_rng(0)
+    n = 103
+    if kind == "category":
+        arrays = {"x": rng.normal(size=(n, 4)).astype(np.float32), "y": rng.integers(0, 4, n)}
+    else:
+        arrays = {"x": rng.normal(size=n).astype(np.float32), "y": rng.normal(size=n).astype(np.float32)}
+    output, meta = SimpleNamespace(name="y", type=kind), {"y": {"std": 2.0}}
+    x, y = torch.from_numpy(arrays["x"]), torch.from_numpy(arrays["y"])
+    if kind == "category":
+        expected = {"loss": float(torch.nn.functional.cross_entropy(x, y)), "accuracy": float((x.argmax(1) == y).float().mean())}
+    else:
+        err = ((x - y) * 2.0).double()
+        var = float(((y - y.mean()) * 2.0).double().pow(2).mean())
+        expected = {"loss": float(((x - y) ** 2).mean()), "mse": float(err.pow(2).mean()), "mae": float(err.abs().mean()), "r2": 1 - float(err.pow(2).mean()) / var}
+    monkeypatch.setattr(dtrain, "EVAL_ROWS", 10)  # 11 chunks
+    chunked = dtrain.evaluate_data(_Passthrough(), arrays, output, meta, torch.device("cpu"))
+    assert chunked == pytest.approx(expected, rel=1e-5)
+    blocks = [{k: v[lo : lo + 40] for k, v in arrays.items()} for lo in range(0, n, 40)]
+    refs = BlockRefs(blocks, [len(b["y"]) for b in blocks])
+    monkeypatch.setattr("raylight.data.blocks._ray_get", lambda b: b)
+    assert dtrain.evaluate_data(_Passthrough(), refs, output, meta, torch.device("cpu")) == pytest.approx(expected, rel=1e-5)

@@ -1,9 +1,11 @@
 """The loader's position logic: global batches, exact coverage across resizes and plans."""
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import TensorDataset
 
+from raylight.data.blocks import BlockDataset
 from raylight.data.loader import ElasticLoader, micro_batches, move_to_device
 from raylight.worker_group.protocol import BatchPlan
 
@@ -39,11 +41,19 @@ def ids(n):
     return TensorDataset(torch.arange(n))
 
 
-def loaders(n, k, *, batch_size, plans=None, shuffle=True, state=None):
+def block_ids(n, block=7):
+    """The same ids held as blocks of ``block`` rows (the last one shorter), plus an empty
+    block, read through a fetch that records what it was asked for."""
+    blocks = [{"id": np.arange(lo, min(lo + block, n))} for lo in range(0, n, block)]
+    blocks.insert(1, {"id": np.arange(0)})
+    return BlockDataset(blocks, [len(b["id"]) for b in blocks], fetch=lambda b: b)
+
+
+def loaders(n, k, *, batch_size, plans=None, shuffle=True, state=None, data=ids):
     out = []
     for r in range(k):
         sync = ScheduledSync(plans, k) if plans else None
-        ld = ElasticLoader(ids(n), init_batch_size=batch_size, rank=r, world_size=k, device=torch.device("cpu"), shuffle=shuffle, seed=3, sync=sync)
+        ld = ElasticLoader(data(n), init_batch_size=batch_size, rank=r, world_size=k, device=torch.device("cpu"), shuffle=shuffle, seed=3, sync=sync)
         if state:
             ld.load_state_dict(state)
         out.append(ld)
@@ -57,7 +67,8 @@ def take(lds, steps=None):
     for ld in lds:
         mine, count = [], 0
         it = iter(ld)
-        for (batch,) in it:
+        for item in it:
+            batch = item["id"] if isinstance(item, dict) else item[0]
             mine.append(batch.tolist())
             sync = ld.sync
             if sync is None or sync.micro == sync.micro_steps - 1:
@@ -76,9 +87,10 @@ def test_each_global_batch_is_the_single_process_batch(k):
         assert sorted(i for r in range(k) for i in shards[r][step]) == sorted(batch)
 
 
+@pytest.mark.parametrize("data", [ids, block_ids])
 @pytest.mark.parametrize("n,bs,k", [(100, 16, 2), (101, 10, 4), (7, 4, 3), (50, 8, 3)])
-def test_epoch_covers_every_sample_once(n, bs, k):
-    shards = take(loaders(n, k, batch_size=bs))
+def test_epoch_covers_every_sample_once(n, bs, k, data):
+    shards = take(loaders(n, k, batch_size=bs, data=data))
     assert len({len(s) for s in shards}) == 1, "every rank takes the same number of steps"
     seen = [i for s in shards for b in s for i in b]
     assert set(seen) == set(range(n))
@@ -87,19 +99,23 @@ def test_epoch_covers_every_sample_once(n, bs, k):
     assert len(seen) == n + extra
 
 
-def test_resize_and_replan_mid_epoch_neither_repeats_nor_skips():
+@pytest.mark.parametrize("data", [ids, block_ids])
+def test_resize_and_replan_mid_epoch_neither_repeats_nor_skips(data):
     n = 240
-    first = loaders(n, 2, batch_size=16, plans=[BatchPlan(8)])
+    first = loaders(n, 2, batch_size=16, plans=[BatchPlan(8)], data=data)
     part1 = take(first, steps=5)  # 5 steps x 16 samples
     state = first[0].state_dict()
     assert state == {"epoch": 0, "cursor": 80, "num_samples": n}
     # Three workers, atomic 5 with one accumulation step (30 per step), then atomic 10.
-    second = loaders(n, 3, batch_size=16, plans=[BatchPlan(5, 1, 1), BatchPlan(5, 1, 1), BatchPlan(10, 0, 2)], state=state)
+    second = loaders(n, 3, batch_size=16, plans=[BatchPlan(5, 1, 1), BatchPlan(5, 1, 1), BatchPlan(10, 0, 2)], state=state, data=data)
     part2 = take(second)
     seen = [i for part in (part1, part2) for rank in part for b in rank for i in b]
     assert sorted(seen) == list(range(n))
     # The same order a single process would have consumed.
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(3)).tolist()
+    if data is ids:
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(3)).tolist()
+    else:
+        order = data(n).epoch_order(shuffle=True, seed=3, epoch=0).tolist()
     assert sorted(i for rank in part1 for b in rank for i in b) == sorted(order[:80])
 
 
@@ -136,3 +152,27 @@ def test_move_to_device_nested():
     batch = {"x": torch.ones(2), "y": [torch.zeros(1), 3], "s": "k"}
     out = move_to_device(batch, torch.device("cpu"))
     assert torch.equal(out["x"], batch["x"]) and out["y"][1] == 3 and out["s"] == "k"
+
+
+def test_block_order_is_a_seeded_permutation_of_blocks_then_rows():
+    data = block_ids(50)
+    order = data.epoch_order(shuffle=True, seed=3, epoch=0)
+    assert sorted(order.tolist()) == list(range(50))
+    assert torch.equal(order, block_ids(50).epoch_order(shuffle=True, seed=3, epoch=0)), "the same on every rank"
+    assert not torch.equal(order, data.epoch_order(shuffle=True, seed=3, epoch=1)), "reshuffled every epoch"
+    runs = [order[i : i + 7] // 7 for i in range(0, 49, 7)]  # block runs, but the short last block
+    blocks = [int(r[0]) for r in runs if len(set(r.tolist())) == 1]
+    assert len(blocks) >= 5 and blocks != sorted(blocks), "rows of a block stay together, blocks are permuted"
+    assert data.epoch_order(shuffle=False, seed=3, epoch=0).tolist() == list(range(50))
+
+
+def test_a_rank_reads_a_few_blocks_at_a_time_never_the_whole_dataset():
+    k, n = 2, 700
+    lds = loaders(n, k, batch_size=20, data=lambda n: block_ids(n, block=50))
+    for ld in lds:
+        held = 0
+        for _ in ld:
+            held = max(held, len(ld.dataset.cached))
+        assert held <= 2, "at most cache_blocks blocks are held"
+        # Contiguous slices of a block-ordered epoch: each block is fetched about once.
+        assert ld.dataset.fetches <= ld.dataset.num_blocks + 2

@@ -9,7 +9,8 @@ DDP's gradient averaging, K workers compute exactly the gradient one process com
 the same global batch, whatever K is. After a restart with another K or another plan the
 epoch continues at the same position: no sample of the epoch is repeated or skipped. The
 order of an epoch is ``torch.randperm(n)`` seeded with ``seed + epoch`` (``arange(n)``
-without shuffling), the same on every rank. An epoch's last step is shorter; if it has
+without shuffling), the same on every rank; a dataset with its own ``epoch_order(shuffle=, seed=, epoch=)``
+method (``BlockDataset``) supplies it instead. An epoch's last step is shorter; if it has
 fewer samples than workers, the workers left without one repeat the epoch's first sample.
 
 A step counts as consumed when its last micro-batch is handed out, so a checkpoint
@@ -186,7 +187,11 @@ class ElasticLoader:
         if self.epoch_done:  # a finished epoch: move on to the next one
             self.epoch, self.cursor = self.epoch + 1, 0
         epoch = self.epoch
-        order = epoch_order(self.num_samples, shuffle=self.shuffle, seed=self.seed, epoch=epoch)
+        own_order = getattr(self.dataset, "epoch_order", None)  # e.g. BlockDataset's
+        if own_order is not None:
+            order = own_order(shuffle=self.shuffle, seed=self.seed, epoch=epoch)
+        else:
+            order = epoch_order(self.num_samples, shuffle=self.shuffle, seed=self.seed, epoch=epoch)
         steps_total = len(self)
         step_index = self.cursor // self.batch_size
         if self.sync is None:
@@ -255,6 +260,11 @@ def prepare_loader(
         raise TypeError(
             "prepare_loader needs a map-style dataset (with __len__ and __getitem__); "
             f"got the IterableDataset {type(dataset).__name__}"
+        )
+    if num_workers > 0 and hasattr(dataset, "epoch_order"):
+        raise ValueError(
+            f"{type(dataset).__name__} reads blocks from Ray's object store and cannot be read by "
+            "DataLoader worker processes; build the DataLoader with num_workers=0"
         )
     if not hasattr(dataset, "__len__"):
         raise TypeError(f"prepare_loader needs a dataset with __len__, got {type(dataset).__name__}")

@@ -88,24 +88,35 @@ def resolve_backend(config: ModelConfig, override: str | None) -> Backend:
 class Prepared:
     config: ModelConfig
     meta: dict[str, Any]
-    train: Any  # dict of arrays, or object refs of their blocks (Ray Data)
-    validation: dict[str, Any] | None
-    test: dict[str, Any] | None
+    # Each split: a dict of arrays, or BlockRefs (Ray Data: blocks left in the object store).
+    train: Any
+    validation: Any
+    test: Any
     test_frame: pd.DataFrame | None
 
 
-def prepare(config: ModelConfig, dataset: str, *, use_cache: bool = True) -> Prepared:
+def prepare(
+    config: ModelConfig, dataset: str, *, use_cache: bool = True, processor: str = "pandas", progress: bool = True
+) -> Prepared:
+    """Preprocessed splits, from ``backend.cache_dir`` when an entry matches. ``processor``
+    "ray_data" leaves the splits in the object store as blocks (``BlockRefs``)."""
     cache_dir = config.backend.cache_dir if use_cache else None
     if cache_dir:
         from raylight.declarative import cache
 
-        key = cache.cache_key(config, dataset)
+        key = cache.cache_key(config, dataset, layout="blocks" if processor == "ray_data" else "arrays")
         hit = cache.load(cache_dir, key)
         if hit is not None:
             log.info("preprocessed data from the cache %s/%s", cache_dir, key)
             meta, splits = hit
             return Prepared(config, meta, splits["train"], splits["validation"], splits["test"], None)
-    prepared = _prepare(config, dataset)
+    if processor == "ray_data":
+        from raylight.declarative.ray_data import prepare_ray_data
+
+        parts = prepare_ray_data(config, dataset, progress=progress)
+        prepared = Prepared(config, parts["meta"], parts["train"], parts["validation"], parts["test"], None)
+    else:
+        prepared = _prepare(config, dataset)
     if cache_dir:
         cache.save(cache_dir, key, prepared.meta, {"train": prepared.train, "validation": prepared.validation, "test": prepared.test})
     return prepared
@@ -144,17 +155,12 @@ def train(
 ) -> dict[str, Any]:
     """Train, save the model to ``<output_directory>/model`` and evaluate on the test split."""
     import raylight
-    from raylight.declarative.train import declarative_loop, evaluate_arrays, load_model, save_model
+    from raylight.declarative.train import declarative_loop, evaluate_data, load_model, save_model
 
     out = _new_output_dir(output_directory)
     resolved = resolve_backend(config, backend)
     if resolved.kind == "ray" and config.backend.processor.type == "ray_data":
-        from raylight.declarative.ray_data import prepare_ray_data
-
-        if config.backend.cache_dir:
-            log.warning("backend.cache_dir is not used by the ray_data processor yet; set processor: {type: pandas} to cache")
-        parts = prepare_ray_data(config, dataset, progress=progress)
-        prepared = Prepared(config, parts["meta"], parts["train"], parts["validation"], parts["test"], None)
+        prepared = prepare(config, dataset, processor="ray_data", progress=progress)
     else:
         prepared = prepare(config, dataset)
     t = config.trainer
@@ -197,12 +203,8 @@ def train(
     if prepared.test is not None:
         import torch
 
-        from raylight.declarative.ray_data import gather
-
         model = load_model(model_dir)
-        test = gather(prepared.test)
-        assert test is not None
-        evaluation["test"] = evaluate_arrays(model.model, test, model.output, prepared.meta, torch.device("cpu"))
+        evaluation["test"] = evaluate_data(model.model, prepared.test, model.output, prepared.meta, torch.device("cpu"))
     with open(os.path.join(out, "evaluation.json"), "w") as f:
         json.dump(evaluation, f, indent=2)
     _plot_learning_curves(result.metrics_history, os.path.join(out, "learning_curves.png"))

@@ -2,7 +2,10 @@
 fingerprint (file names, sizes, modification times), on any fsspec URI.
 
 A cache entry is ``<cache_dir>/<key>/{train,validation,test}.npz`` plus ``meta.json``,
-written last as the commit marker, so a crash mid-write is never read back.
+written last as the commit marker, so a crash mid-write is never read back. The Ray Data
+processor's entries (``layout="blocks"``, their own key) keep its blocks: one file per
+block, ``<split>/block-NNNNN.npz``, listed in ``blocks.json``; they are written and read
+back a block at a time, so the driver never holds a whole split.
 """
 
 from __future__ import annotations
@@ -21,13 +24,14 @@ from raylight.declarative.dataset import expand
 SPLITS = ("train", "validation", "test")
 
 
-def cache_key(config: ModelConfig, dataset: str) -> str:
+def cache_key(config: ModelConfig, dataset: str, *, layout: str = "arrays") -> str:
     relevant = {
         "inputs": [f.model_dump(mode="json") for f in config.input_features],
         "outputs": [f.model_dump(mode="json") for f in config.output_features],
         "split": config.preprocessing.split.model_dump(mode="json"),
         "seed": config.trainer.seed,
         "format": 1,
+        **({"layout": layout} if layout != "arrays" else {}),
     }
     files = []
     for uri in expand(dataset):
@@ -38,33 +42,72 @@ def cache_key(config: ModelConfig, dataset: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def load(cache_dir: str, key: str) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray] | None]] | None:
+def _read_npz(fs: Any, path: str) -> dict[str, np.ndarray]:
+    with fs.open(path, "rb") as f:
+        data = np.load(io.BytesIO(f.read()), allow_pickle=False)
+        return {k: data[k] for k in data.files}
+
+
+def _write_npz(fs: Any, path: str, arrays: dict[str, np.ndarray]) -> None:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)  # type: ignore[arg-type]
+    with fs.open(path, "wb") as f:
+        f.write(buf.getvalue())
+
+
+def load(cache_dir: str, key: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(meta, splits), or None on a miss. Block entries come back as ``BlockRefs`` (each
+    block put into the object store as it is read)."""
     fs, root = fsspec.core.url_to_fs(cache_dir.rstrip("/") + "/" + key)
     if not fs.exists(f"{root}/meta.json"):
         return None
     with fs.open(f"{root}/meta.json", "r") as f:
         meta = json.load(f)
-    splits: dict[str, dict[str, np.ndarray] | None] = {}
+    splits: dict[str, Any] = {}
+    if fs.exists(f"{root}/blocks.json"):
+        import ray
+
+        from raylight.declarative.ray_data import BlockRefs
+
+        with fs.open(f"{root}/blocks.json", "r") as f:
+            layout = json.load(f)
+        for split in SPLITS:
+            lengths = layout.get(split)
+            splits[split] = None if not lengths else BlockRefs(
+                [ray.put(_read_npz(fs, f"{root}/{split}/block-{i:05d}.npz")) for i in range(len(lengths))],
+                list(lengths),
+            )
+        return meta, splits
     for split in SPLITS:
         path = f"{root}/{split}.npz"
         if not fs.exists(path):
             splits[split] = None
             continue
-        with fs.open(path, "rb") as f:
-            data = np.load(io.BytesIO(f.read()), allow_pickle=False)
-            splits[split] = {k: data[k] for k in data.files}
+        splits[split] = _read_npz(fs, path)
     return meta, splits
 
 
-def save(cache_dir: str, key: str, meta: dict[str, Any], splits: dict[str, dict[str, np.ndarray] | None]) -> None:
+def save(cache_dir: str, key: str, meta: dict[str, Any], splits: dict[str, Any]) -> None:
+    """Write an entry: arrays as one file per split, ``BlockRefs`` one block at a time."""
+    from raylight.declarative.ray_data import BlockRefs
+
     fs, root = fsspec.core.url_to_fs(cache_dir.rstrip("/") + "/" + key)
     fs.makedirs(root, exist_ok=True)
-    for split, arrays in splits.items():
-        if arrays is None:
+    layout: dict[str, list[int]] = {}
+    for split, data in splits.items():
+        if data is None:
             continue
-        buf = io.BytesIO()
-        np.savez(buf, **arrays)  # type: ignore[arg-type]
-        with fs.open(f"{root}/{split}.npz", "wb") as f:
-            f.write(buf.getvalue())
+        if isinstance(data, BlockRefs):
+            import ray
+
+            fs.makedirs(f"{root}/{split}", exist_ok=True)
+            for i, block in enumerate(data.blocks):
+                _write_npz(fs, f"{root}/{split}/block-{i:05d}.npz", ray.get(block))
+            layout[split] = list(data.lengths)
+        else:
+            _write_npz(fs, f"{root}/{split}.npz", data)
+    if layout:
+        with fs.open(f"{root}/blocks.json", "w") as f:
+            json.dump(layout, f)
     with fs.open(f"{root}/meta.json", "w") as f:  # the commit marker, last
         json.dump(meta, f)

@@ -2,14 +2,17 @@
 
 Reading, checks, the split, statistics and vocabularies are computed by Ray Data tasks
 over blocks; the driver only sees small summaries (counts, means, vocabularies) and
-object references. The transformed arrays stay in the object store: each worker fetches
-the blocks into its own memory (zero-copy on its node) and the loader shards by position.
+object references. The transformed arrays stay in the object store (spilled to disk when
+they do not fit): each worker reads the blocks it needs one or two at a time (zero-copy on
+its node) through ``BlockDataset``, and the loader shards by position; validation and test
+metrics are computed a block at a time.
 All of it runs before the training workers claim their CPUs, so the two never compete.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -98,10 +101,8 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
     def to_arrays(df: pd.DataFrame) -> dict[str, np.ndarray]:
         return transform(df, config, meta, with_outputs=True)[0]
 
-    def refs(part: Any) -> list[Any] | None:
-        if part.count() == 0:
-            return None
-        return part.map_batches(to_arrays, batch_format="pandas").materialize().to_numpy_refs()
+    def refs(part: Any) -> BlockRefs | None:
+        return _block_refs(part.map_batches(to_arrays, batch_format="pandas").materialize())
 
     return {"meta": meta, "train": refs(train), "validation": refs(val), "test": refs(test)}
 
@@ -153,11 +154,27 @@ def _fit_metadata(train: Any, config: ModelConfig) -> dict[str, Any]:
     return meta
 
 
-def gather(arrays: Any) -> dict[str, np.ndarray] | None:
-    """Arrays from object-store blocks (a list of refs), or arrays as they are."""
-    if arrays is None or isinstance(arrays, dict):
-        return arrays
+@dataclass(frozen=True)
+class BlockRefs:
+    """A split left in the object store: its blocks (dicts of arrays) and their row counts."""
+
+    blocks: list[Any]
+    lengths: list[int]
+
+    def __len__(self) -> int:
+        return sum(self.lengths)
+
+
+def _block_refs(materialized: Any) -> BlockRefs | None:
     import ray
 
-    blocks = [b for b in ray.get(list(arrays)) if len(next(iter(b.values()))) > 0]
-    return {k: np.concatenate([b[k] for b in blocks]) for k in blocks[0]}
+    @ray.remote(num_cpus=0)
+    def rows(block: dict[str, np.ndarray]) -> int:
+        return len(next(iter(block.values()))) if block else 0
+
+    blocks = materialized.to_numpy_refs()
+    lengths = ray.get([rows.remote(b) for b in blocks])  # runs where each block lives
+    kept = [(b, n) for b, n in zip(blocks, lengths, strict=True) if n > 0]
+    if not kept:
+        return None
+    return BlockRefs([b for b, _ in kept], [n for _, n in kept])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,7 @@ import pandas as pd
 import torch
 
 from raylight.config.declarative import ModelConfig
+from raylight.data.blocks import BlockDataset
 
 TARGET_KEY = "__target__"
 
@@ -31,39 +33,77 @@ class ArrayDataset(torch.utils.data.Dataset):
         return {k: v[i] for k, v in self.arrays.items()}
 
 
-def metrics_for(output_type: str, out: torch.Tensor, target: torch.Tensor, meta: dict[str, Any]) -> dict[str, float]:
+EVAL_ROWS = 65_536  # rows per evaluation chunk of in-memory arrays
+
+
+def _chunks(data: Any) -> Iterator[dict[str, np.ndarray]]:
+    """In-memory arrays in slices of EVAL_ROWS rows, or object-store blocks one at a time."""
+    from raylight.declarative.ray_data import BlockRefs
+
+    if isinstance(data, BlockRefs):
+        yield from BlockDataset(data.blocks, data.lengths, cache_blocks=1).iter_blocks()
+        return
+    n = len(next(iter(data.values())))
+    for lo in range(0, n, EVAL_ROWS):
+        yield {k: v[lo : lo + EVAL_ROWS] for k, v in data.items()}
+
+
+def evaluate_data(model: torch.nn.Module, data: Any, output: Any, meta: dict[str, Any], device: torch.device) -> dict[str, float]:
+    """Loss and metrics of ``model`` on ``data`` (arrays or object-store blocks), streamed
+    chunk by chunk: sums over chunks, so nothing larger than a chunk is held at once."""
     from raylight.models import loss_for, predictions
 
-    loss = float(loss_for(output_type)(out, target))
-    if output_type in ("binary", "category"):
-        pred, _ = predictions(output_type, out)
-        return {"loss": loss, "accuracy": float((pred == target.long()).float().mean())}
-    std = meta.get("std", 1.0)
-    err = (out - target) * std
-    var = float(((target - target.mean()) * std).pow(2).mean()) or 1.0
-    mse = float(err.pow(2).mean())
-    return {"loss": loss, "mse": mse, "mae": float(err.abs().mean()), "r2": 1.0 - mse / var}
-
-
-def evaluate_arrays(model: torch.nn.Module, arrays: dict[str, np.ndarray], output: Any, meta: dict[str, Any], device: torch.device) -> dict[str, float]:
-    data = ArrayDataset(arrays)
+    std = meta[output.name].get("std", 1.0)
+    classifier = output.type in ("binary", "category")
+    sums = dict.fromkeys(("n", "loss", "correct", "sse", "sae", "t", "t2"), 0.0)
+    was_training = model.training
     model.eval()
     with torch.no_grad():
-        batch = {k: v.to(device) for k, v in data.arrays.items()}
-        target = batch.pop(output.name)
-        out = model(batch)
-    model.train()
-    return metrics_for(output.type, out.cpu(), target.cpu(), meta[output.name])
+        for chunk in _chunks(data):
+            batch = {k: torch.from_numpy(np.array(v)).to(device) for k, v in chunk.items()}
+            target = batch.pop(output.name)
+            out = model(batch).cpu()
+            target = target.cpu()
+            n = len(target)
+            if n == 0:
+                continue
+            sums["n"] += n
+            sums["loss"] += float(loss_for(output.type)(out, target)) * n
+            if classifier:
+                pred, _ = predictions(output.type, out)
+                sums["correct"] += float((pred == target.long()).sum())
+            else:
+                err = ((out - target) * std).double()
+                scaled = (target * std).double()
+                sums["sse"] += float(err.pow(2).sum())
+                sums["sae"] += float(err.abs().sum())
+                sums["t"] += float(scaled.sum())
+                sums["t2"] += float(scaled.pow(2).sum())
+    model.train(was_training)
+    n = sums["n"] or 1.0
+    if classifier:
+        return {"loss": sums["loss"] / n, "accuracy": sums["correct"] / n}
+    mse = sums["sse"] / n
+    var = (sums["t2"] / n - (sums["t"] / n) ** 2) or 1.0
+    return {"loss": sums["loss"] / n, "mse": mse, "mae": sums["sae"] / n, "r2": 1.0 - mse / var}
+
+
+def training_dataset(data: Any) -> torch.utils.data.Dataset:
+    """Object-store blocks stay there (read a block at a time); arrays are held in memory."""
+    from raylight.declarative.ray_data import BlockRefs
+
+    if isinstance(data, BlockRefs):
+        return BlockDataset(data.blocks, data.lengths)
+    return ArrayDataset(data)
 
 
 def declarative_loop(ctx: Any, config: dict[str, Any]) -> None:
     """The per-worker loop raylight.fit runs for `raylight train`."""
-    from raylight.declarative.ray_data import gather
     from raylight.models import build_model, loss_for
 
     cfg = ModelConfig.model_validate(config["model_config"])
-    train_arrays, val_arrays = gather(config["train"]), gather(config["validation"])
-    assert train_arrays is not None, "the training split is never empty"
+    assert config["train"] is not None, "the training split is never empty"
+    train_data, val_data = training_dataset(config["train"]), config["validation"]
     meta, out = config["meta"], cfg.output_features[0]
     torch.manual_seed(cfg.trainer.seed)
     model = ctx.prepare_model(build_model(cfg, meta))
@@ -85,7 +125,7 @@ def declarative_loop(ctx: Any, config: dict[str, Any]) -> None:
         opt.load_state_dict(state["opt"])
         best = state["best"]
     loader = ctx.prepare_loader(
-        ArrayDataset(train_arrays),
+        train_data,
         batch_size=config["batch_size"],
         shuffle=True,
         seed=cfg.trainer.seed,
@@ -105,8 +145,8 @@ def declarative_loop(ctx: Any, config: dict[str, Any]) -> None:
         with stats.synchronized():
             train_loss = stats[f"loss{epoch}"] / max(stats[f"n{epoch}"], 1)
         report: dict[str, Any] = {"epoch": epoch, "train_loss": train_loss, "batch_size": ctx.batch_size}
-        if val_arrays is not None:  # every rank: the same numbers, the same decision
-            val = evaluate_arrays(model, val_arrays, out, meta, ctx.device)
+        if val_data is not None:  # every rank: the same numbers, the same decision
+            val = evaluate_data(model, val_data, out, meta, ctx.device)
             report.update({f"validation_{k}": v for k, v in val.items()})
             metric = val["loss"]
         else:
@@ -196,7 +236,7 @@ class LoadedModel:
 
         check_target(df, self.config, "input")
         arrays, _ = self._arrays(df, with_outputs=True)
-        return evaluate_arrays(self.model, arrays, self.output, self.meta, torch.device("cpu"))
+        return evaluate_data(self.model, arrays, self.output, self.meta, torch.device("cpu"))
 
 
 def load_model(path: str) -> LoadedModel:
