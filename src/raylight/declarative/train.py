@@ -80,12 +80,12 @@ def evaluate_data(model: torch.nn.Module, data: Any, output: Any, meta: dict[str
                 sums["t"] += float(scaled.sum())
                 sums["t2"] += float(scaled.pow(2).sum())
     model.train(was_training)
-    n = sums["n"] or 1.0
+    rows = sums["n"] or 1.0
     if classifier:
-        return {"loss": sums["loss"] / n, "accuracy": sums["correct"] / n}
-    mse = sums["sse"] / n
-    var = (sums["t2"] / n - (sums["t"] / n) ** 2) or 1.0
-    return {"loss": sums["loss"] / n, "mse": mse, "mae": sums["sae"] / n, "r2": 1.0 - mse / var}
+        return {"loss": sums["loss"] / rows, "accuracy": sums["correct"] / rows}
+    mse = sums["sse"] / rows
+    var = (sums["t2"] / rows - (sums["t"] / rows) ** 2) or 1.0
+    return {"loss": sums["loss"] / rows, "mse": mse, "mae": sums["sae"] / rows, "r2": 1.0 - mse / var}
 
 
 def training_dataset(data: Any) -> torch.utils.data.Dataset:
