@@ -136,7 +136,7 @@ class TrainContext:
         self._plan_given = adaptive is not None and adaptive.plan is not None
         self.sync: StepSync | None = None
         if adaptive is not None or elastic:
-            spec = adaptive or AdaptiveSpec(adaptive=False)
+            spec = adaptive or AdaptiveSpec.from_config(None)
             self.sync = StepSync(
                 rank=rank,
                 world_size=world_size,

@@ -145,13 +145,7 @@ class Trainer:
             )
             if cfg.run.resume and (saved := recorder.engine_state()) is not None:
                 engine.load_state_dict(saved)
-            spec = AdaptiveSpec(
-                adaptive=a is not None,
-                lr_rule=a.lr_rule if a else "none",
-                lr_warmup_steps=a.lr_warmup_steps if a else 0.0,
-                noise_smoothing=a.noise_smoothing if a else 0.98,
-                control_interval_steps=a.control_interval_steps if a else 8,
-            )
+            spec = AdaptiveSpec.from_config(a)
         group = RayWorkerGroup(
             self.train_loop,
             self.train_loop_config,

@@ -163,7 +163,7 @@ class AdaptiveConfig(_Model):
         5, ge=1, description="Optimizer steps a layout needs before its timing is trusted."
     )
     control_interval_steps: int = Field(
-        8,
+        16,
         ge=1,
         description="Every this many optimizer steps the workers agree on the plan and stop "
         "requests, and measure gradient noise; larger is cheaper but reacts later.",

@@ -33,12 +33,27 @@ class AdaptiveSpec:
     """Adaptive and elastic settings a worker's context needs (from the driver)."""
 
     adaptive: bool  # batch size and LR follow the plan and the LR rule
-    lr_rule: str = "none"
-    lr_warmup_steps: float = 0.0
-    noise_smoothing: float = 0.98
-    control_interval_steps: int = 8
+    lr_rule: str
+    lr_warmup_steps: float
+    noise_smoothing: float
+    control_interval_steps: int  # AdaptiveConfig holds the defaults
     plan: BatchPlan | None = None  # None: derive from the loader's batch_size
     num_nodes: int = 1
+
+    @classmethod
+    def from_config(cls, config: Any = None) -> AdaptiveSpec:
+        """From an ``AdaptiveConfig``; None (elastic without adaptive=): its defaults drive
+        the step sync, and the batch size and LR stay as the user set them."""
+        from raylight.config import AdaptiveConfig
+
+        settings = config or AdaptiveConfig()
+        return cls(
+            adaptive=config is not None,
+            lr_rule=settings.lr_rule if config else "none",
+            lr_warmup_steps=settings.lr_warmup_steps if config else 0.0,
+            noise_smoothing=settings.noise_smoothing,
+            control_interval_steps=settings.control_interval_steps,
+        )
 
 
 @dataclass(frozen=True)
