@@ -85,7 +85,10 @@ def test_grows_when_resources_free_up_with_exact_data_coverage(ray_cluster, tmp_
     resize = result.resizes[0]
     assert (resize["from"], resize["to"]) == (1, 2)
     assert resize["kind"] == ("in_place" if in_place else "checkpoint")
-    assert resize["first_step_s"] > 0
+    assert 0 < resize["pause_s"] <= resize["first_step_s"]
+    if in_place:  # where the time went: start and warm the new worker, agree the stop, launch
+        assert set(resize["phases"]) == {"spawn_s", "warm_s", "stop_s", "launch_s"}
+        assert resize["phases"]["warm_s"] > 0
     assert os.path.exists(os.path.join(run_dir, "adaptive.jsonl"))
 
 

@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from raylight._time import monotonic
+from raylight._time import monotonic, wall
 from raylight.adaptive.engine import AdaptiveEngine
 from raylight.adaptive.policy import Layout
 from raylight.adaptive.profile import SampleRate
@@ -208,8 +208,18 @@ class Controller:
         if self._watch is not None:
             rank0 = next((p for p in poll.polls if p.rank == 0), None)
             if rank0 is not None and rank0.progress.batches_since_start > 0:
-                self._watch["first_step_s"] = now - self._watch["decided_at"]
-                self._watch["pause_s"] = now - self._watch.pop("stopped_at", self._watch["decided_at"])
+                # Timed from rank 0's own stamp of its first batch where it has one (wall
+                # clocks: the driver's poll interval does not count); else from this poll.
+                first = rank0.progress.first_batch_wall
+                decided_wall = self._watch.pop("decided_wall", None)
+                stopped_wall = self._watch.pop("stopped_wall", None)
+                stopped_at = self._watch.pop("stopped_at", self._watch["decided_at"])
+                if first is not None and decided_wall is not None:
+                    self._watch["first_step_s"] = max(0.0, first - decided_wall)
+                    self._watch["pause_s"] = max(0.0, first - (stopped_wall or decided_wall))
+                else:
+                    self._watch["first_step_s"] = now - self._watch["decided_at"]
+                    self._watch["pause_s"] = now - stopped_at
                 if self.engine is not None:
                     self.engine.record_restart(self._watch["first_step_s"])
                 self.resizes.append(self._watch)
@@ -266,7 +276,7 @@ class Controller:
         assert self._pending_resize is not None
         target, reason = self._pending_resize
         self._pending_resize = None
-        decided_at = self.clock()
+        decided_at, decided_wall = self.clock(), wall()
         old = self.num_workers
         threads = self.threads_for(target)
         plan = None
@@ -309,6 +319,9 @@ class Controller:
             "decided_at": decided_at,
             "restored_checkpoint": None if latest is None else latest.metadata.get("index"),
             "stopped_at": outcome.stopped_at if outcome.stopped_at is not None else decided_at,
+            "phases": {k: round(v, 4) for k, v in outcome.phases.items()},
+            "decided_wall": decided_wall,
+            "stopped_wall": outcome.stopped_wall if outcome.stopped_wall is not None else decided_wall,
         }
 
     def _recover_lost_reports(

@@ -90,6 +90,7 @@ class Progress:
     steps_per_epoch: int | None = None
     samples: int = 0
     batches_since_start: int = 0  # batches handed out since the loop last (re)started
+    first_batch_wall: float | None = None  # wall-clock time of the first of those
 
 
 @dataclass(frozen=True)
@@ -180,6 +181,8 @@ class ResizeOutcome:
     # the driver heard of it): (index, state, report seq); the driver commits it.
     adopted: tuple[int, bytes, int] | None = None
     stopped_at: float | None = None  # monotonic time the old group was told to stop
+    stopped_wall: float | None = None  # the same moment on the wall clock
+    phases: dict[str, float] = field(default_factory=dict)  # seconds: spawn, stop, launch
 
 
 class WorkerGroup(Protocol):

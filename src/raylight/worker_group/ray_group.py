@@ -27,7 +27,7 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from raylight._time import monotonic
+from raylight._time import monotonic, wall
 from raylight.config import FailureConfig, ScalingConfig
 from raylight.exceptions import InsufficientResourcesError, WorkerStartError
 from raylight.strategies import build_strategy
@@ -45,6 +45,9 @@ from raylight.worker_group.worker import RankInfo, RaylightWorker, StartSpec
 log = logging.getLogger("raylight")
 
 _RemoteWorker = ray.remote(RaylightWorker)
+
+
+STOP_POLL_S = 0.02  # how often a resize checks whether every worker has stopped
 
 
 def _fmt(resources: dict[str, float]) -> str:
@@ -318,13 +321,16 @@ class RayWorkerGroup:
         and restart the loop from that state, broadcast from a survivor."""
         reports: list[Report] = []
         shadow: list[Report] = []
+        began = monotonic()
         # New workers start (and import torch) while the others still train.
         try:
             added = self._spawn(num_workers - len(self._members)) if num_workers > len(self._members) else []
         except (InsufficientResourcesError, WorkerStartError) as exc:
             log.warning("could not add workers (%s); keeping %d", exc, len(self._members))
             added = []
-        stopped_at = monotonic()
+        warm_s = self._warm(added)
+        stopped_at, stopped_wall = monotonic(), wall()
+        phases = {"spawn_s": stopped_at - began - warm_s, "warm_s": warm_s}
         for m in self._members:
             m.actor.interrupt.remote()
         # Live workers stop at their next control step. With a dead peer, one may instead
@@ -346,7 +352,8 @@ class RayWorkerGroup:
                 return ResizeOutcome("finished", reports, shadow=shadow)
             if all(p.state != "running" for p in poll.polls) or monotonic() > deadline:
                 break
-            time.sleep(self._failure.poll_interval_s)
+            time.sleep(min(self._failure.poll_interval_s, STOP_POLL_S))  # training is paused
+        phases["stop_s"] = monotonic() - stopped_at
         # Checkpoints rank 0 reported while stopping are committed by the driver after
         # this returns; the state to restore is the newest of them.
         commit += sum(1 for r in reports if r.checkpoint is not None)
@@ -366,10 +373,10 @@ class RayWorkerGroup:
             commit = newest
         holders = [r for r, p in live.items() if p.commit == commit]
         if commit >= 0 and not holders:
-            return ResizeOutcome("fallback", reports, f"no live worker holds checkpoint {commit}", shadow, None, stopped_at)
+            return ResizeOutcome("fallback", reports, f"no live worker holds checkpoint {commit}", shadow, None, stopped_at, stopped_wall, phases)
         keep_ranks = ([holders[0]] if holders else []) + [r for r in sorted(live) if r not in holders[:1]]
         if not keep_ranks:
-            return ResizeOutcome("fallback", reports, "no live worker left", shadow, None, stopped_at)
+            return ResizeOutcome("fallback", reports, "no live worker left", shadow, None, stopped_at, stopped_wall, phases)
         keep_ranks = keep_ranks[:num_workers]
         for rank in sorted(live):
             if rank not in keep_ranks:
@@ -385,12 +392,28 @@ class RayWorkerGroup:
                 added += self._spawn(short)
             except (InsufficientResourcesError, WorkerStartError) as exc:
                 log.warning("could not replace %d worker(s) (%s); continuing with %d", short, exc, len(survivors) + len(added))
+        launch_began = monotonic()
         try:
             self._launch(survivors + added, broadcast=commit >= 0, threads=threads, plan=plan)
         except WorkerStartError as exc:
-            return ResizeOutcome("fallback", reports, str(exc), shadow, adopted, stopped_at)
+            return ResizeOutcome("fallback", reports, str(exc), shadow, adopted, stopped_at, stopped_wall, phases)
+        phases["launch_s"] = monotonic() - launch_began
         self._release_unused_groups()
-        return ResizeOutcome("in_place", reports, shadow=shadow, adopted=adopted, stopped_at=stopped_at)
+        return ResizeOutcome(
+            "in_place", reports, shadow=shadow, adopted=adopted, stopped_at=stopped_at, stopped_wall=stopped_wall, phases=phases
+        )
+
+    def _warm(self, added: list[_Member]) -> float:
+        """New workers import what a running one has imported, while training goes on."""
+        if not added or not self._members:
+            return 0.0
+        began = monotonic()
+        try:
+            modules = self._get([self._members[0].actor.loaded_modules.remote()], self._failure.worker_start_timeout_s, "list their modules")[0]
+            self._get([m.actor.warm.remote(self._fn, self._loop_config, modules) for m in added], self._failure.worker_start_timeout_s, "warm up")
+        except WorkerStartError as exc:  # only slower: the loop imports what it needs
+            log.warning("warming new workers failed (%s); continuing", exc)
+        return monotonic() - began
 
     def _release_unused_groups(self) -> None:
         """Remove placement groups none of whose bundles holds a worker any more."""

@@ -6,11 +6,14 @@ The loop runs in its own thread so the actor's main thread stays free to answer
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import os
 import socket
+import sys
 import threading
 import traceback
+import warnings
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
@@ -134,6 +137,30 @@ class RaylightWorker:
         self._store = None
         return self._commit[0] if self._commit is not None else -1
 
+    def loaded_modules(self) -> list[str]:
+        """Names of the modules this process has imported (a survivor's, for ``warm``)."""
+        return [
+            name
+            for name, module in list(sys.modules.items())
+            if module is not None and not name.startswith(("__main__", "__mp_main__"))
+        ]
+
+    def warm(self, fn: Any, config: Any, modules: list[str]) -> float:
+        """Before joining a running group: import what a running worker has imported
+        (torch, the user's libraries) so the training pause does not pay for it. ``fn`` and
+        ``config`` are unpickled on the way in, importing what they refer to. A module that
+        fails to import here is skipped; the loop imports it itself. Returns seconds."""
+        began = monotonic()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for name in modules:
+                if name not in sys.modules:
+                    try:
+                        importlib.import_module(name)
+                    except Exception:  # best effort, see above
+                        continue
+        return monotonic() - began
+
     def held_commit(self) -> tuple[int, bytes, int] | None:
         """The checkpoint this worker holds in memory, for the driver to adopt."""
         return self._commit
@@ -150,7 +177,7 @@ class RaylightWorker:
     def start(self, fn: Any, config: dict[str, Any] | None, spec: StartSpec, ckpt: bytes | None) -> None:
         self._last_progress = monotonic()
         self._error = None
-        self._progress = replace(self._progress, batches_since_start=0)
+        self._progress = replace(self._progress, batches_since_start=0, first_batch_wall=None)
         self._sync = None
         self._thread = threading.Thread(
             target=self._run, args=(fn, config, spec, ckpt), name="raylight-train-loop", daemon=True
@@ -193,7 +220,8 @@ class RaylightWorker:
         with self._lock:
             self._samples += samples
             since = self._progress.batches_since_start + 1
-            self._progress = Progress(epoch, step + 1, steps_per_epoch, self._samples, since)
+            first = wall() if since == 1 else self._progress.first_batch_wall
+            self._progress = Progress(epoch, step + 1, steps_per_epoch, self._samples, since, first)
             self._last_progress = monotonic()
 
     def heartbeat(self) -> None:
