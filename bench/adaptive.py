@@ -47,8 +47,9 @@ Also measured, each in child processes of its own:
   resize latency     an elastic job num_workers=(1, 2), scaling_policy="max", started while
                      a blocker actor holds one of the 2 CPUs; after the first checkpoint the
                      blocker is killed and the job grows 1 -> 2, in place or from the
-                     checkpoint. result.resizes gives first_step_s (decision -> first batch at
-                     the new size; the driver sees it at its 0.2 s poll) and pause_s.
+                     checkpoint. result.resizes gives first_step_s (decision -> rank 0's first
+                     batch at the new size, by rank 0's own clock stamp), pause_s (old workers
+                     told to stop -> that batch) and, in place, the phases spawn/warm/stop/launch.
   prediction error   leave-one-layout-out on the profile in the adaptive runs'
                      adaptive_state.json: for each layout (nodes, replicas, atomic batch,
                      threads) with at least 5 optimizer steps, fit_perf_params on the other
@@ -96,6 +97,7 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 TTT_SYSTEMS = ("raylight_fixed", "ray_train_fixed", "raylight_adaptive")
 TPUT_SYSTEMS = ("raylight_fixed", "raylight_pinned")
 RESIZE_KINDS = ("in_place", "checkpoint")
+PHASES = ("spawn_s", "warm_s", "stop_s", "launch_s")  # of an in-place resize
 DEFAULT_BUDGET = {"diamonds": (8, 0.75), "digits": (40, 0.95)}  # epochs, target
 SKIP_STEPS = 20  # steps left out of steady throughput
 MIN_PROFILE_STEPS = 5  # optimizer steps a layout needs to count (the engine's default)
@@ -775,6 +777,7 @@ def resize_record(kind: str, job: dict[str, Any], timeout_s: float) -> dict[str,
         resize_kind_seen=grow["kind"],
         first_step_s=grow.get("first_step_s"),
         pause_s=grow.get("pause_s"),
+        **{f"{k}": v for k, v in grow.get("phases", {}).items()},
     )
     if grow["kind"] != kind:
         record.update(ok=False, error=f"asked for a {kind} resize, got {grow['kind']}")
@@ -935,8 +938,8 @@ def figures(
             "- that of raylight_fixed), after the epoch budget",
             "step_time_prediction_error": "mean relative error of leave-one-layout-out "
             "step-time predictions",
-            "resize_*_s": "median first_step_s (resize decision -> first batch at 2 workers, "
-            "seen at the driver's 0.2 s poll); *_pause_s: median pause_s",
+            "resize_*_s": "median first_step_s (resize decision -> rank 0's first batch at 2 "
+            "workers); *_pause_s: median pause_s (stop -> that batch: training time lost)",
             "noise_overhead_pct": "100 x (raylight_fixed steady samples/s / raylight_pinned "
             "steady samples/s - 1), medians",
         },
@@ -1018,7 +1021,8 @@ def print_table(results: dict[str, Any]) -> None:
         m = s["median"]
         print(
             f"{kind:<18} {s['ok_reps']}/{len(s['reps']):<2} first step {fmt(m['first_step_s'], '.2f'):>6} s  "
-            f"pause {fmt(m['pause_s'], '.2f'):>6} s"
+            f"pause {fmt(m['pause_s'], '.2f'):>6} s  "
+            + "  ".join(f"{k[:-2]} {fmt(m.get(k), '.2f')}" for k in PHASES if m.get(k) is not None)
         )
     source = results["raylight_source"]
     if source["at_start"] != source["at_end"]:
@@ -1201,7 +1205,9 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     }
     resize = {
         kind: {
-            "median": {k: median_of(r, k) for k in ("first_step_s", "pause_s", "process_s")},
+            "median": {
+                k: median_of(r, k) for k in ("first_step_s", "pause_s", "process_s", *PHASES)
+            },
             "ok_reps": sum(x["ok"] for x in r),
             "reps": r,
         }
