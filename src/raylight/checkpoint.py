@@ -57,6 +57,7 @@ class Checkpoint:
         self.path = path
         self.metadata = dict(metadata or {})
         self._data = data
+        self._state: dict[str, Any] | None = None  # deserialized once, handed to load() once
 
     def to_bytes(self) -> bytes:
         if self._data is None:
@@ -65,11 +66,20 @@ class Checkpoint:
                 self._data = f.read()
         return self._data
 
+    def full_state(self) -> dict[str, Any]:
+        """The whole stored state, raylight's own part included; deserialized once and
+        kept until ``load()`` takes it."""
+        if self._state is None:
+            self._state = deserialize_state(self.to_bytes())
+        return self._state
+
     def load(self) -> dict[str, Any]:
-        """Return the state dict that was reported, tensors on the CPU."""
-        state = deserialize_state(self.to_bytes())
-        state.pop(RAYLIGHT_KEY, None)
-        return state
+        """Return the state dict that was reported, tensors on the CPU. Each call returns
+        fresh objects (mutating one result does not change the next)."""
+        state, self._state = self._state, None
+        if state is None:
+            state = deserialize_state(self.to_bytes())
+        return {k: v for k, v in state.items() if k != RAYLIGHT_KEY}
 
     def __repr__(self) -> str:
         return f"Checkpoint(path={self.path!r}, index={self.metadata.get('index')})"

@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from raylight._time import wall
-from raylight.checkpoint import RAYLIGHT_KEY, Checkpoint, deserialize_state, serialize_state
+from raylight.checkpoint import RAYLIGHT_KEY, Checkpoint, serialize_state
 from raylight.data.loader import ElasticLoader, prepare_loader
 from raylight.elastic.optimizer import AdaptiveOptimizer
 from raylight.elastic.state import Accumulator
@@ -358,7 +358,7 @@ class TrainContext:
 def _raylight_state(checkpoint: Checkpoint | None) -> dict[str, Any]:
     if checkpoint is None:
         return {}
-    state = deserialize_state(checkpoint.to_bytes()).get(RAYLIGHT_KEY)
+    state = checkpoint.full_state().get(RAYLIGHT_KEY)
     return state if isinstance(state, dict) else {}
 
 

@@ -111,3 +111,21 @@ def test_atomic_file_write_leaves_no_temp(tmp_path):
     storage.write_text("a/config.json", '{"x": 1}')
     assert os.listdir(tmp_path / "a") == ["config.json"]
     assert storage.read_text("a/config.json") == '{"x": 1}'
+
+
+def test_restart_deserializes_the_checkpoint_once_and_load_returns_fresh_objects(monkeypatch):
+    import raylight.checkpoint as ckpt_mod
+    from raylight.checkpoint import RAYLIGHT_KEY
+    from raylight.context import _raylight_state
+
+    data = serialize_state({"w": torch.ones(2), RAYLIGHT_KEY: {"commit": 3}})
+    calls = []
+    real = ckpt_mod.deserialize_state
+    monkeypatch.setattr(ckpt_mod, "deserialize_state", lambda b: calls.append(1) or real(b))
+    ckpt = Checkpoint(None, data=data)
+    assert _raylight_state(ckpt) == {"commit": 3}  # what a worker's context reads first
+    first = ckpt.load()
+    assert len(calls) == 1 and set(first) == {"w"}
+    first["w"].add_(1)
+    second = ckpt.load()
+    assert torch.equal(second["w"], torch.ones(2)) and len(calls) == 2
