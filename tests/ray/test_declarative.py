@@ -99,3 +99,17 @@ def test_ray_data_splits_stay_in_blocks_and_the_cache_reads_them_back(ray_cluste
     pd.testing.assert_frame_equal(rows(first.train), rows(again.train))
     out = api.train(config, str(files / "*.parquet"), output_directory=str(tmp_path / "run"), progress=False)
     assert out["evaluation"]["test"]["accuracy"] > 0.6
+
+
+def test_ray_data_counts_empty_csv_strings_as_missing(ray_cluster, tmp_path):
+    """Ray Data reads a CSV text column with "" for missing values: a column of only
+    those is all-null, as with pandas."""
+    from raylight.declarative.ray_data import prepare_ray_data
+    from tests.declarative_data import frame
+
+    df = frame()
+    df["workclass"] = None
+    cfg, data = write(tmp_path, df=df, fmt="csv", config=RAY_CONFIG)
+    with pytest.raises(ConfigError) as err:
+        prepare_ray_data(load_config(cfg), data, progress=False)
+    assert "column 'workclass' of dataset" in str(err.value) and "null" in str(err.value)
