@@ -4,6 +4,10 @@ and `raylight hyperopt` end to end."""
 
 from __future__ import annotations
 
+import json
+import os
+import runpy
+import sys
 import time
 
 import pytest
@@ -13,35 +17,19 @@ pytest.importorskip("ray.tune")
 from ray import tune
 
 import raylight.tune as rt
+from raylight.config.loading import load_config
 from raylight.exceptions import InsufficientResourcesError
+from tests.conftest import REPO
 from tests.ray.tune_loops import long_loop, offset_loop, pbt_loop
+
+sys.path.insert(0, os.path.join(REPO, "examples", "declarative"))
+from make_datasets import write_all
 
 pytestmark = pytest.mark.timeout(240)
 
 
 def _run_config(tmp_path, name):
     return tune.RunConfig(storage_path=str(tmp_path / "tune"), name=name, verbose=0)
-
-
-def test_asha_stops_bad_trials(ray_cluster, tmp_path):
-    """Three 2-worker trials one at a time (2 CPUs); the first is good, so ASHA stops
-    the two bad ones at the first rung."""
-    trainable = rt.trainable(offset_loop, num_workers=2, base_config={"epochs": 3})
-    plan = rt.check_resources(trainable, num_trials=3)
-    assert plan.max_concurrent == 1
-    grid = tune.Tuner(
-        trainable,
-        param_space={"offset": tune.grid_search([0.0, 10.0, 10.0])},
-        tune_config=tune.TuneConfig(
-            metric="loss", mode="min", max_concurrent_trials=plan.max_concurrent,
-            scheduler=tune.schedulers.ASHAScheduler(max_t=3, grace_period=1, reduction_factor=2),
-        ),
-        run_config=_run_config(tmp_path, "asha"),
-    ).fit()
-    assert not grid.errors
-    results = sorted(grid, key=lambda r: r.path)  # grid order: the good trial first
-    iters = [r.metrics["training_iteration"] for r in results]
-    assert iters == [3, 1, 1], [(r.config, r.metrics_dataframe["loss"].tolist()) for r in results]
 
 
 def test_pbt_restores_checkpoints(ray_cluster, tmp_path):
@@ -92,3 +80,81 @@ def test_over_large_trial_fails_fast(ray_cluster):
     with pytest.raises(InsufficientResourcesError, match=r"bundle \{CPU: 4\}"):
         rt.check_resources(rt.get_tune_resources(1, cpus_per_worker=4))
     assert time.monotonic() - start < 5
+
+
+# -- raylight hyperopt ---------------------------------------------------------------
+HYPEROPT_YAML = os.path.join(REPO, "examples", "tune", "breast_cancer_hyperopt.yaml")
+
+
+@pytest.fixture(scope="module")
+def breast_cancer(tmp_path_factory):
+    return write_all(str(tmp_path_factory.mktemp("data")))["breast_cancer"]
+
+
+def _cli(*args: str):
+    from typer.testing import CliRunner
+
+    from raylight.cli.main import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def test_hyperopt_cli_end_to_end(ray_cluster, tmp_path, breast_cancer):
+    """The example YAML as a grid of four learning rates, one good and three too small
+    to learn: four 2-worker trials on 2 CPUs with max_concurrent_trials auto (so one
+    at a time, the good one first), Ray Data preprocessing once before them, and ASHA
+    stopping the bad trials at the first rung."""
+    out = tmp_path / "search"
+    res = _cli(
+        "hyperopt", "--config", HYPEROPT_YAML, "--dataset", breast_cancer, "--output-directory", str(out), "--quiet",
+        "--set", "trainer.epochs=2",
+        "--set", "hyperopt.parameters={trainer.learning_rate: {space: grid, values: [0.05, 1.0e-6, 2.0e-6, 3.0e-6]}}",
+        "--set", "hyperopt.search_alg={type: grid}",
+        "--set", "hyperopt.executor={num_samples: 1, scheduler: {type: asha, max_t: 2, grace_period: 1, reduction_factor: 4}}",
+    )
+    assert res.exit_code == 0, res.output
+    results = json.loads((out / "results.json").read_text())
+    trials = sorted(results["trials"], key=lambda t: t["trial"])
+    assert results["metric"] == "validation_accuracy"
+    assert [t["config.trainer.learning_rate"] for t in trials] == [0.05, 1e-6, 2e-6, 3e-6]
+    assert [(t["status"], t["epochs"]) for t in trials] == [("COMPLETED", 2)] + [("STOPPED", 1)] * 3, trials
+    assert (out / "results.csv").read_text().count("\n") == 5
+    assert (out / "hyperopt.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The best config is a plain training config with the best trial's values.
+    best = load_config(str(out / "best_config.yaml"))
+    assert best.hyperopt is None and best.trainer.learning_rate == 0.05
+    check = _cli("check", "--config", str(out / "best_config.yaml"), "--dataset", breast_cancer)
+    assert check.exit_code == 0, check.output
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (("num_samples: 4", "num_samples: 0"), "hyperopt.executor.num_samples: Input should be greater than or equal to 1"),
+        (("trainer.learning_rate: {space", "trainer.learnig_rate: {space"), "parameters.trainer.learnig_rate: trainer.learnig_rate is not a key"),
+        (("num_workers: 2", "num_workers: 3"), "one trial needs {CPU: 3} but the cluster has {CPU: 2} in all"),
+    ],
+    ids=["bad-value", "bad-key-path", "trial-too-large"],
+)
+def test_hyperopt_cli_bad_input_exits_2(ray_cluster, tmp_path, breast_cancer, edit, expected):
+    with open(HYPEROPT_YAML) as f:
+        text = f.read()
+    assert edit[0] in text
+    config = tmp_path / "bad.yaml"
+    config.write_text(text.replace(edit[0], edit[1]))
+    out = tmp_path / "search"
+    start = time.monotonic()
+    res = _cli("hyperopt", "--config", str(config), "--dataset", breast_cancer, "--output-directory", str(out), "--quiet")
+    assert res.exit_code == 2, res.output
+    assert expected in " ".join(res.output.split()), res.output
+    assert not out.exists(), "bad input left an output directory"
+    assert time.monotonic() - start < 15
+
+
+def test_digits_tune_example(ray_cluster, tmp_path):
+    """examples/tune/digits_tune.py as users run it (as __main__), kept small."""
+    path = os.path.join(REPO, "examples", "tune", "digits_tune.py")
+    module = runpy.run_path(path, run_name="digits_tune_example")
+    out = module["main"](["--num-samples", "2", "--epochs", "2", "--workers", "1", "--storage", str(tmp_path)])
+    assert out["num_trials"] == 2 and out["errors"] == 0
+    assert out["best_metrics"]["accuracy"] > 0.5

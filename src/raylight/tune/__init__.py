@@ -7,6 +7,7 @@ Optional extra: needs ``ray[tune]`` (``pip install 'raylight[tune]'``).
   checkpoints become ``ray.tune.Checkpoint`` (and back, for PBT).
 - ``get_tune_resources(num_workers=..., use_gpu=..., cpus_per_worker=...)``: the trial's
   ``PlacementGroupFactory``.
+- ``connect(address=None)``: start or join Ray the way raylight does, before a Tuner.
 - ``check_resources(...)``: fail fast when a trial can never be placed, and the number
   of trials that fit side by side.
 - ``TuneReportCallback``, ``TuneReportCheckpointCallback``: Lightning callbacks that
@@ -31,6 +32,7 @@ __all__ = [
     "TuneReportCallback",
     "TuneReportCheckpointCallback",
     "check_resources",
+    "connect",
     "from_tune_checkpoint",
     "get_tune_resources",
     "hyperopt",
@@ -38,6 +40,15 @@ __all__ = [
     "to_tune_checkpoint",
     "trainable",
 ]
+
+
+def connect(address: str | None = None) -> None:
+    """Connect to Ray as ``raylight.fit`` does, before building a ``Tuner``: the running
+    Ray of this process, ``address`` or ``RAY_ADDRESS``, else an embedded local one
+    bound to 127.0.0.1 (never some other cluster found on the machine)."""
+    from raylight import runtime
+
+    runtime.connect(address)
 
 
 def check_resources(resources: Any, *, num_trials: int = 1, max_concurrent_trials: int | str = "auto") -> ConcurrencyPlan:
