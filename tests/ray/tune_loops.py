@@ -58,3 +58,42 @@ def long_loop(ctx, config):
             nn.functional.mse_loss(model(x), y).backward()
             opt.step()
         ctx.report({"epoch": epoch, "loss": float(nn.functional.mse_loss(model(x), y))})
+
+
+def lightning_trial(config):
+    """A Tune trainable running a tiny Lightning fit in the trial's process, reporting
+    through raylight's Lightning callbacks."""
+    import lightning.pytorch as pl
+
+    from raylight.tune import TuneReportCallback, TuneReportCheckpointCallback
+
+    torch.set_num_threads(1)
+
+    class Regressor(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = initial_model().float()
+
+        def training_step(self, batch, _):
+            x, y = batch
+            return nn.functional.mse_loss(self.net(x), y)
+
+        def validation_step(self, batch, _):
+            x, y = batch
+            self.log("val_loss", nn.functional.mse_loss(self.net(x), y))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=config["lr"])
+
+    x, y = regression_data(64).tensors
+    data = torch.utils.data.TensorDataset(x.float(), y.float())
+    loader = torch.utils.data.DataLoader(data, batch_size=16)
+    trainer = pl.Trainer(
+        max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=config["root"],
+        callbacks=[
+            TuneReportCallback({"loss": "val_loss"}, on="validation_end"),
+            TuneReportCheckpointCallback({"loss": "val_loss"}, filename="model.ckpt", on="train_epoch_end"),
+        ],
+    )
+    trainer.fit(Regressor(), loader, loader)
