@@ -227,3 +227,65 @@ def test_worker_bundles_in_a_trials_placement_group():
     assert worker_bundles([one, one, one], one, 2) == [1, 2]  # head bundle first
     assert worker_bundles([{"CPU": 0.5}, one, one], one, 2) == [1, 2]
     assert worker_bundles([one], one, 2) == [0]  # too few: the group says so when it starts
+
+
+def test_tune_public_surface_snapshot():
+    pytest.importorskip("ray.tune")
+    import inspect
+
+    import raylight.tune as rt
+    from raylight.cli.main import hyperopt
+
+    assert sorted(rt.__all__) == sorted([
+        "ConcurrencyPlan", "TuneReportCallback", "TuneReportCheckpointCallback", "check_resources", "connect",
+        "from_tune_checkpoint", "get_tune_resources", "hyperopt", "plan_concurrency", "to_tune_checkpoint", "trainable",
+    ])
+    assert list(inspect.signature(rt.trainable).parameters) == [
+        "train_loop", "num_workers", "use_gpu", "resources_per_worker", "config", "base_config",
+    ]
+    assert list(inspect.signature(hyperopt).parameters) == ["config", "dataset", "output_directory", "set_", "quiet"]
+
+
+def _counting_loop(ctx, config):
+    start = 0
+    if (ckpt := ctx.get_checkpoint()) is not None:
+        start = ckpt.load()["epoch"] + 1
+    for epoch in range(start, config["epochs"]):
+        ctx.report({"epoch": epoch, "start": start}, checkpoint={"epoch": epoch})
+
+
+def test_trainer_on_report_and_resume_from(tmp_path):
+    """The two Trainer hooks the Tune trial uses, in process (no Ray)."""
+    import raylight
+    from raylight.config import RunConfig, ScalingConfig, TrainerConfig
+
+    def config(name):
+        return TrainerConfig(scaling=ScalingConfig(num_workers=0), run=RunConfig(storage_path=str(tmp_path), name=name, progress=False))
+
+    seen = []
+    first = raylight.Trainer(
+        _counting_loop, train_loop_config={"epochs": 2}, config=config("a"),
+        on_report=lambda metrics, ckpt: seen.append((metrics["epoch"], ckpt.load()["epoch"] if ckpt else None)),
+    ).fit()
+    assert seen == [(0, 0), (1, 1)]
+    second = raylight.Trainer(
+        _counting_loop, train_loop_config={"epochs": 4}, config=config("b"), resume_from=first.checkpoint,
+    ).fit()
+    assert [m["epoch"] for m in second.metrics_history] == [2, 3] and second.metrics["start"] == 2
+
+
+def test_tune_checkpoint_round_trip(tmp_path):
+    pytest.importorskip("ray.tune")
+    import torch
+
+    from raylight.checkpoint import Checkpoint, serialize_state
+    from raylight.tune import from_tune_checkpoint, to_tune_checkpoint
+
+    original = Checkpoint(None, metadata={"index": 3}, data=serialize_state({"w": torch.arange(3.0)}))
+    back = from_tune_checkpoint(to_tune_checkpoint(original, str(tmp_path / "ckpt")))
+    assert torch.equal(back.load()["w"], torch.arange(3.0)) and back.metadata == {"index": 3}
+    (tmp_path / "empty").mkdir()
+    from ray.tune import Checkpoint as TuneCheckpoint
+
+    with pytest.raises(ValueError, match="holds no raylight state"):
+        from_tune_checkpoint(TuneCheckpoint.from_directory(str(tmp_path / "empty")))
