@@ -36,10 +36,11 @@ def _run_config(tmp_path, name):
 def test_pbt_restores_checkpoints(ray_cluster, tmp_path):
     """Two 1-worker trials side by side: the slow one exploits the fast one's raylight
     checkpoint (through a ray.tune.Checkpoint) and continues from its score. Epochs are
-    long enough (real work) that both trials are still running when PBT decides."""
-    trainable = rt.trainable(pbt_loop, num_workers=1, base_config={"epochs": 6, "steps": 8000})
+    long (real work, ~1-2 s) and PBT may act at every one, so the trials' start-up skew
+    cannot make both finish before PBT sees them side by side."""
+    trainable = rt.trainable(pbt_loop, num_workers=1, base_config={"epochs": 5, "steps": 8000})
     pbt = tune.schedulers.PopulationBasedTraining(
-        time_attr="training_iteration", perturbation_interval=2, quantile_fraction=0.5,
+        time_attr="training_iteration", perturbation_interval=1, quantile_fraction=0.5,
         resample_probability=0.0, hyperparam_mutations={"rate": [0.0, 1.0]},
     )
     grid = tune.Tuner(
@@ -61,8 +62,8 @@ def test_pbt_restores_checkpoints(ray_cluster, tmp_path):
 
 
 def test_time_budget_stops_search(ray_cluster, tmp_path):
-    """Trials that would run for minutes; the search ends at time_budget_s."""
-    trainable = rt.trainable(long_loop, num_workers=1, base_config={"epochs": 3000})
+    """Four trials that would each run for minutes; the search ends at time_budget_s."""
+    trainable = rt.trainable(long_loop, num_workers=1, base_config={"epochs": 20000})
     start = time.monotonic()
     grid = tune.Tuner(
         trainable,
@@ -72,8 +73,9 @@ def test_time_budget_stops_search(ray_cluster, tmp_path):
     ).fit()
     elapsed = time.monotonic() - start
     assert elapsed < 50, f"the search ran {elapsed:.0f}s, past a time budget of 15s"
-    epochs = [r.metrics.get("training_iteration", 0) for r in grid]
-    assert max(epochs) < 3000 and sum(epochs) > 0, epochs
+    # Stopped, not finished (on a loaded machine a trial may not reach its first report).
+    epochs = [r.metrics.get("training_iteration", 0) if r.metrics else 0 for r in grid]
+    assert max(epochs) < 20000, epochs
 
 
 def test_over_large_trial_fails_fast(ray_cluster):
