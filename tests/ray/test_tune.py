@@ -186,3 +186,26 @@ def test_lightning_report_callbacks(ray_cluster, tmp_path):
     assert grid[0].checkpoint is not None
     with grid[0].checkpoint.as_directory() as d:
         assert os.path.exists(os.path.join(d, "model.ckpt"))
+
+
+def test_worker_group_too_small_placement_group_fails_fast(ray_cluster):
+    """raylight.fit inside a placement group with one worker bundle, asked for two
+    workers: a clear error at once, not a nested group waiting forever."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from tests.ray.tune_loops import fit_inside_placement_group
+
+    pg = placement_group([{"CPU": 1}])
+    try:
+        assert ray.get(pg.ready(), timeout=30) is not None
+        task = ray.remote(fit_inside_placement_group).options(
+            num_cpus=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_capture_child_tasks=True),
+        )
+        message = ray.get(task.remote(2), timeout=60)
+    finally:
+        remove_placement_group(pg)
+    assert message is not None and "hold 1 workers x {CPU: 1}, but 2 are needed" in message
+    assert "get_tune_resources(num_workers=...)" in message

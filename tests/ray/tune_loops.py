@@ -97,3 +97,17 @@ def lightning_trial(config):
         ],
     )
     trainer.fit(Regressor(), loader, loader)
+
+
+def fit_inside_placement_group(num_workers):
+    """Run raylight.fit from a Ray task placed in a placement group; the error's text
+    (or None) comes back."""
+    import raylight
+    from tests.ray.loops import sgd_loop
+
+    try:
+        raylight.fit(sgd_loop, config={"lr": 0.1, "batch_size": 16, "epochs": 1}, num_workers=num_workers, progress=False,
+                     storage_path="memory://pg-test")
+    except raylight.InsufficientResourcesError as exc:
+        return str(exc)
+    return None

@@ -141,7 +141,7 @@ class RayWorkerGroup:
         self._pgs: list[PlacementGroup] = []
         # Running inside a placement group (a Tune trial): workers go into its bundles,
         # which this group never removes.
-        self._outer = get_current_placement_group()
+        self._outer = get_current_placement_group() if ray.is_initialized() else None
         self._outer_bundles: list[int] = []
         if self._outer is not None:
             self._outer_bundles = worker_bundles(
