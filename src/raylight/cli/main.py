@@ -93,6 +93,8 @@ def hyperopt(
     except RaylightError as exc:
         _fail(exc)
     console.print_json(json.dumps({k: out[k] for k in ("best", "best_metric", "metric", "num_trials")}, default=str))
+    console.print(f"trials at once: {out['max_concurrent_trials']} ({out['concurrency']})", highlight=False)
+    console.print(f"results: {out['results_csv']}; plot: {out['plot']}")
     console.print(f"best config: {out['best_config']}")
 
 

@@ -201,6 +201,7 @@ def hyperopt(config: ModelConfig, dataset: str, *, output_directory: str, progre
         "output_directory": out,
         "num_trials": len(rows),
         "max_concurrent_trials": concurrency.max_concurrent,
+        "concurrency": concurrency.reason,
         "best": {k: best_row[f"config.{k}"] for k in h.parameters},
         "best_metric": best_row["best"],
         "metric": h.metric_name,
