@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from raylight.checkpoint import Checkpoint
@@ -26,8 +27,15 @@ ENGINE_FILE = "adaptive_state.json"
 
 
 class RunRecorder:
-    def __init__(self, storage: RunStorage, *, checkpoints_to_keep: int) -> None:
+    def __init__(
+        self,
+        storage: RunStorage,
+        *,
+        checkpoints_to_keep: int,
+        on_record: Callable[[dict[str, Any], Checkpoint | None], None] | None = None,
+    ) -> None:
         self.storage = storage
+        self.on_record = on_record
         self.keep = checkpoints_to_keep
         self.history: list[dict[str, Any]] = []
         self.latest: Checkpoint | None = None
@@ -40,9 +48,11 @@ class RunRecorder:
     def path(self) -> str:
         return self.storage.uri
 
-    def open(self, config: dict[str, Any], *, resume: bool) -> Checkpoint | None:
+    def open(
+        self, config: dict[str, Any], *, resume: bool, start_from: Checkpoint | None = None
+    ) -> Checkpoint | None:
         """Create (or, with ``resume``, reopen) the run directory. Returns the checkpoint
-        to start from."""
+        to start from: the last committed one, or ``start_from`` for a new run."""
         exists = self.storage.exists(CONFIG_FILE)
         if exists and not resume:
             raise ConfigError(
@@ -52,7 +62,12 @@ class RunRecorder:
         self.storage.makedirs()
         self.storage.write_text(CONFIG_FILE, json.dumps(config, indent=2, default=str))
         if not resume:
-            return None
+            # A checkpoint from elsewhere precedes every report of this run.
+            if start_from is not None:
+                self.latest = Checkpoint(
+                    start_from.path, metadata={**start_from.metadata, "report": -1}, data=start_from.to_bytes()
+                )
+            return self.latest
         if not exists:
             log.warning("resume=True but %s holds no run yet; starting from scratch", self.storage.uri)
             return None
@@ -105,6 +120,8 @@ class RunRecorder:
                     raise ValueError(f"checkpoint {commit_index} is older than the last committed one")
                 self._next_ckpt = commit_index
             self._commit(report, index)
+        if self.on_record is not None:
+            self.on_record(report.metrics, self.latest if report.checkpoint is not None else None)
 
     def trace(self, row: dict[str, Any], engine_state: dict[str, Any] | None = None) -> None:
         """Append one row to adaptive.jsonl (and keep the engine's state beside it)."""

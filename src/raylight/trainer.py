@@ -56,6 +56,11 @@ class Trainer:
             the ``train_loop_config`` dict.
         train_loop_config: passed to the loop as its second argument.
         config: every other setting, validated (see ``TrainerConfig``).
+        on_report: called on the driver after each of rank 0's reports is recorded, with
+            its metrics and the checkpoint it committed (or None); Ray Tune integration
+            forwards reports to ``ray.tune.report`` this way.
+        resume_from: a checkpoint (e.g. from another run, or a Tune trial's) that a new
+            run starts from, as if it had committed it itself.
     """
 
     def __init__(
@@ -64,18 +69,22 @@ class Trainer:
         *,
         train_loop_config: dict[str, Any] | None = None,
         config: TrainerConfig | None = None,
+        on_report: Callable[[dict[str, Any], Checkpoint | None], None] | None = None,
+        resume_from: Checkpoint | None = None,
     ) -> None:
         if not callable(train_loop):
             raise TypeError(f"train_loop must be callable, got {type(train_loop).__name__}")
         self.train_loop = train_loop
         self.train_loop_config = dict(train_loop_config or {})
         self.config = config or TrainerConfig()
+        self.on_report = on_report
+        self.resume_from = resume_from
 
     def fit(self) -> Result:
         run = self.config.run
         name = run.name or _default_name()
         storage = RunStorage(f"{(run.storage_path or default_storage_path()).rstrip('/')}/{name}")
-        recorder = RunRecorder(storage, checkpoints_to_keep=run.checkpoints_to_keep)
+        recorder = RunRecorder(storage, checkpoints_to_keep=run.checkpoints_to_keep, on_record=self.on_report)
         resolved = {
             **self.config.model_dump(),
             "run": {**run.model_dump(), "name": name},
@@ -88,7 +97,9 @@ class Trainer:
             embedded = runtime.connect(
                 self.config.address, connect_timeout_s=self.config.failure.connect_timeout_s
             ).embedded
-        recorder.open(resolved, resume=run.resume)
+        if self.resume_from is not None and run.resume:
+            raise ValueError("pass either resume_from or RunConfig.resume=True, not both")
+        recorder.open(resolved, resume=run.resume, start_from=self.resume_from)
         resizes: list[dict[str, Any]] = []
         with ProgressDisplay(enabled=run.progress) as display:
             if self.config.scaling.num_workers == 0:

@@ -103,6 +103,11 @@ def test_boundaries():
     assert adaptive <= {"__future__", "numpy", "scipy", "math", "collections", "dataclasses", "typing", "raylight"}
     # Config is pure data: nothing else of raylight but its error type.
     cfg = {d for d in _deps("raylight.config") if d.startswith("raylight")}
-    assert cfg <= {"raylight.config.schema", "raylight.config.declarative", "raylight.config.validation", "raylight.exceptions"}
+    assert cfg <= {
+        "raylight.config.schema", "raylight.config.declarative", "raylight.config.hyperopt",
+        "raylight.config.validation", "raylight.exceptions",
+    }
+    # Tune is a leaf: only the CLI reaches it (lazily).
+    assert not {m for m, deps in MODULES.items() if not m.startswith("raylight.tune") and any(d.startswith("raylight.tune") for d in deps)}
     # Strategies know torch.distributed, not Ray.
     assert not {d for d in _deps("raylight.strategies") if d.startswith("ray.") or d == "ray"}

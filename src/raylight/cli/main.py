@@ -78,6 +78,27 @@ def experiment(
 
 
 @app.command()
+def hyperopt(
+    config: ConfigOpt,
+    dataset: DatasetOpt,
+    output_directory: Annotated[str, typer.Option(help="Where the search is written.")] = "results/hyperopt",
+    set_: SetOpt = None,
+    quiet: Annotated[bool, typer.Option(help="No progress display or results table.")] = False,
+) -> None:
+    """Search the hyperopt: section's parameters on Ray Tune; each trial trains on raylight workers."""
+    try:
+        from raylight.tune.hyperopt import hyperopt as run_search
+
+        out = run_search(_config(config, set_), dataset, output_directory=output_directory, progress=not quiet)
+    except RaylightError as exc:
+        _fail(exc)
+    console.print_json(json.dumps({k: out[k] for k in ("best", "best_metric", "metric", "num_trials")}, default=str))
+    console.print(f"trials at once: {out['max_concurrent_trials']} ({out['concurrency']})", highlight=False)
+    console.print(f"results: {out['results_csv']}; plot: {out['plot']}")
+    console.print(f"best config: {out['best_config']}")
+
+
+@app.command()
 def evaluate(
     model_path: Annotated[str, typer.Option(help="<output-directory>/model of a trained run.")],
     dataset: DatasetOpt,

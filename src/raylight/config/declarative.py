@@ -6,10 +6,21 @@ naming the key path and the allowed values.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import copy
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import to_jsonable_python
 
+from raylight.config.hyperopt import HyperoptConfig
 from raylight.config.schema import AdaptiveConfig
 
 
@@ -195,6 +206,30 @@ class ModelConfig(_Model):
         default_factory=lambda: PreprocessingSection(), description="Dataset-level preprocessing."
     )
     backend: BackendConfig = Field(default_factory=lambda: BackendConfig(), description="Where it runs.")
+    hyperopt: HyperoptConfig | None = Field(
+        None, description="Hyperparameter search run by `raylight hyperopt`; ignored by `raylight train`."
+    )
+
+    @field_validator("hyperopt")
+    @classmethod
+    def _check_hyperopt(cls, value: HyperoptConfig | None, info: ValidationInfo) -> HyperoptConfig | None:
+        if value is None or not {"output_features", "preprocessing", "backend"} <= set(info.data):
+            return value  # nothing to check, or earlier sections already failed
+        base = to_jsonable_python(info.data)
+        kind = info.data["output_features"][0].type
+        allowed = {"binary": ["loss", "accuracy"], "category": ["loss", "accuracy"], "number": ["loss", "mse", "mae", "r2"]}[kind]
+        if value.split == "training":
+            allowed = ["loss"]
+        if value.metric not in allowed:
+            raise ValueError(f"metric {value.metric!r} is not measured on the {value.split} split of a {kind} output; allowed: {allowed}")
+        if value.split == "validation" and info.data["preprocessing"].split.probabilities[1] == 0:
+            raise ValueError("split is validation but preprocessing.split.probabilities gives it 0; give it a fraction or set split: training")
+        t = info.data["backend"].trainer
+        if t.min_workers is not None or t.max_workers is not None:
+            raise ValueError("trials need a fixed size: set backend.trainer.num_workers, not min_workers/max_workers")
+        for key, space in value.parameters.items():
+            _check_parameter(base, key, space)
+        return value
 
     @model_validator(mode="after")
     def _unique_names(self) -> ModelConfig:
@@ -203,3 +238,60 @@ class ModelConfig(_Model):
         if dupes:
             raise ValueError(f"feature names must be unique; repeated: {dupes}")
         return self
+
+
+def _representatives(space: Any) -> list[Any]:
+    if space.space == "choice":
+        return list(space.categories)
+    if space.space == "grid":
+        return list(space.values)
+    if space.space == "randint":
+        return [space.lower, space.upper - 1]
+    return [space.lower, space.upper]
+
+
+def set_path(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+    """A copy of ``data`` with the dotted ``key`` (list items by index) set to ``value``;
+    KeyError naming the first part that does not exist."""
+    out = copy.deepcopy(data)
+    node: Any = out
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        where = ".".join(parts[: i + 1])
+        last = i == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise KeyError(f"{where} is not an index of a list of {len(node)}")
+            if last:
+                node[int(part)] = value
+            node = node[int(part)]
+        elif isinstance(node, dict):
+            if part not in node:
+                options = sorted(node)
+                raise KeyError(f"{where} is not a key of the config; keys there: {options}")
+            if last:
+                node[part] = value
+            node = node[part]
+        else:
+            raise KeyError(f"{'.'.join(parts[:i])} is a value, not a section")
+    return out
+
+
+def _check_parameter(base: dict[str, Any], key: str, space: Any) -> None:
+    """``key`` names a config value, and every corner of ``space`` is a valid value."""
+    if key.split(".")[0] == "hyperopt":
+        raise ValueError(f"parameters.{key}: the hyperopt section itself cannot be searched")
+    for candidate in _representatives(space):
+        try:
+            trial = set_path(base, key, candidate)
+        except KeyError as exc:
+            raise ValueError(f"parameters.{key}: {exc.args[0]}") from None
+        try:
+            ModelConfig.model_validate(trial)
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise ValueError(
+                f"parameters.{key}: the value {candidate!r} of its {space.space} space is not valid there "
+                f"({where}: {first['msg']})"
+            ) from None

@@ -138,7 +138,7 @@ def _prepare(config: ModelConfig, dataset: str) -> Prepared:
     return Prepared(config, meta, train, val, test, df.iloc[test_idx] if len(test_idx) else None)
 
 
-def _new_output_dir(path: str) -> str:
+def new_output_dir(path: str) -> str:
     path = os.path.abspath(path)
     if os.path.exists(path) and os.listdir(path):
         raise ConfigError(f"output directory {path!r} already exists and is not empty; choose another --output-directory")
@@ -157,30 +157,13 @@ def train(
     import raylight
     from raylight.declarative.train import declarative_loop, evaluate_data, load_model, save_model
 
-    out = _new_output_dir(output_directory)
+    out = new_output_dir(output_directory)
     resolved = resolve_backend(config, backend)
     if resolved.kind == "ray" and config.backend.processor.type == "ray_data":
         prepared = prepare(config, dataset, processor="ray_data", progress=progress)
     else:
         prepared = prepare(config, dataset)
-    t = config.trainer
-    auto_batch = t.batch_size == "auto"
-    adaptive = t.adaptive
-    if adaptive is None and auto_batch:
-        rule = "adascale" if t.optimizer.type == "sgd" else "sqrt"
-        adaptive = raylight.AdaptiveConfig(lr_rule=rule)
-    if resolved.kind == "local" and adaptive is not None:
-        log.warning("trainer: the adaptive engine runs on the ray backend only; the local backend keeps batch %s", 64 if auto_batch else t.batch_size)
-        adaptive = None
-    loop_config = {
-        "model_config": config.model_dump(mode="json"),
-        "meta": prepared.meta,
-        "train": prepared.train,
-        "validation": prepared.validation,
-        "learning_rate": DEFAULT_LR[t.optimizer.type] if t.learning_rate == "auto" else float(t.learning_rate),
-        "batch_size": 64 if auto_batch else int(t.batch_size),
-        "adaptive": adaptive is not None,
-    }
+    loop_config, adaptive = loop_settings(config, prepared, on_ray=resolved.kind == "ray")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "config.yaml"), "w") as f:
         f.write(render_config(config))
@@ -209,6 +192,31 @@ def train(
         json.dump(evaluation, f, indent=2)
     _plot_learning_curves(result.metrics_history, os.path.join(out, "learning_curves.png"))
     return {"output_directory": out, "model_path": model_dir, "evaluation": evaluation, "backend": resolved.kind}
+
+
+def loop_settings(config: ModelConfig, prepared: Prepared, *, on_ray: bool) -> tuple[dict[str, Any], Any]:
+    """The declarative loop's config and the adaptive settings for one training run."""
+    import raylight
+
+    t = config.trainer
+    auto_batch = t.batch_size == "auto"
+    adaptive = t.adaptive
+    if adaptive is None and auto_batch:
+        rule = "adascale" if t.optimizer.type == "sgd" else "sqrt"
+        adaptive = raylight.AdaptiveConfig(lr_rule=rule)
+    if not on_ray and adaptive is not None:
+        log.warning("trainer: the adaptive engine runs on the ray backend only; the local backend keeps batch %s", 64 if auto_batch else t.batch_size)
+        adaptive = None
+    loop_config = {
+        "model_config": config.model_dump(mode="json"),
+        "meta": prepared.meta,
+        "train": prepared.train,
+        "validation": prepared.validation,
+        "learning_rate": DEFAULT_LR[t.optimizer.type] if t.learning_rate == "auto" else float(t.learning_rate),
+        "batch_size": 64 if auto_batch else int(t.batch_size),
+        "adaptive": adaptive is not None,
+    }
+    return loop_config, adaptive
 
 
 def _plot_learning_curves(history: list[dict[str, Any]], path: str) -> None:

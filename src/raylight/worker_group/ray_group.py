@@ -1,7 +1,9 @@
 """RayWorkerGroup: workers as Ray actors in one placement group.
 
 Start-up: reserve a placement group (fail fast when the cluster can never fit it,
-else wait at most ``placement_timeout_s``), give ranks by node, create one actor per
+else wait at most ``placement_timeout_s``), or, when this process already runs inside
+one (a Ray Tune trial's), use that group's bundles, since a nested group could never be
+scheduled beside it; give ranks by node, create one actor per
 bundle, open the rendezvous store on rank 0's node, start the loops. Polling: one
 ``poll`` call per worker, bounded by ``health_check_timeout_s``; dead actors and
 workers without progress for ``hang_timeout_s`` become failures. Shutdown kills every
@@ -21,6 +23,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.placement_group import (
     PlacementGroup,
+    get_current_placement_group,
     placement_group,
     placement_group_table,
     remove_placement_group,
@@ -82,6 +85,14 @@ def check_feasible(
     return None
 
 
+def worker_bundles(bundles: list[dict[str, float]], per_worker: dict[str, float], max_workers: int) -> list[int]:
+    """Indices of the bundles of an existing placement group that hold workers: those
+    big enough for one worker, the last ``max_workers`` of them (a trial's head bundle,
+    where its driver runs, comes first, as in Ray Tune's layout)."""
+    fits = [i for i, b in enumerate(bundles) if all(b.get(k, 0.0) >= v for k, v in per_worker.items())]
+    return fits[-max_workers:] if max_workers > 0 else []
+
+
 def assign_ranks(bundle_nodes: list[str]) -> list[RankInfo]:
     """Ranks for bundles placed on ``bundle_nodes``: contiguous per node, nodes in the
     order they first appear. Returns one RankInfo per bundle, in bundle order."""
@@ -131,6 +142,15 @@ class RayWorkerGroup:
         self._adaptive = adaptive
         self._members: list[_Member] = []  # index = rank
         self._pgs: list[PlacementGroup] = []
+        # Running inside a placement group (a Tune trial): workers go into its bundles,
+        # which this group never removes.
+        self._outer = get_current_placement_group() if ray.is_initialized() else None
+        self._outer_bundles: list[int] = []
+        if self._outer is not None:
+            self._outer_bundles = worker_bundles(
+                self._outer.bundle_specs, scaling.worker_resources(), scaling.max_workers
+            )
+            log.info("running inside placement group %s: workers use its bundles %s", self._outer.id.hex(), self._outer_bundles)
 
     @property
     def num_workers(self) -> int:
@@ -182,6 +202,8 @@ class RayWorkerGroup:
         """Bundles this group reserved that no live worker uses and Ray has placed (after
         a shrink, or a lost node's bundles re-placed when the node came back)."""
         used = {(id(m.pg), m.bundle) for m in self._members}
+        if self._outer is not None:
+            return [(self._outer, b) for b in self._outer_bundles if (id(self._outer), b) not in used]
         alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
         slots = []
         for pg in self._pgs:
@@ -199,6 +221,13 @@ class RayWorkerGroup:
         if count <= 0:
             return []
         slots = self._free_slots()[:count]
+        if len(slots) < count and self._outer is not None:
+            raise InsufficientResourcesError(
+                f"this runs inside a placement group (e.g. a Ray Tune trial's) whose bundles "
+                f"hold {len(self._outer_bundles)} workers x {{{_fmt(self._scaling.worker_resources())}}}, "
+                f"but {count + len(self._members)} are needed; give the trial one bundle per "
+                "worker (raylight.tune.get_tune_resources(num_workers=...)) or lower num_workers"
+            )
         if len(slots) < count:
             pg = self._reserve(count - len(slots))
             self._pgs.append(pg)
@@ -302,6 +331,8 @@ class RayWorkerGroup:
     def capacity(self) -> int:
         """How many workers could run now: the current ones, free bundles of this group,
         and what the cluster's free resources fit."""
+        if self._outer is not None:
+            return len(self._members) + len(self._free_slots())
         per_worker = self._scaling.worker_resources()
         free = ray.available_resources()
         extra = min(int(free.get(k, 0.0) // v) for k, v in per_worker.items() if v > 0)
@@ -418,7 +449,7 @@ class RayWorkerGroup:
     def _release_unused_groups(self) -> None:
         """Remove placement groups none of whose bundles holds a worker any more."""
         used = {id(m.pg) for m in self._members}
-        for pg in self._pgs:
+        for pg in self._pgs:  # never the outer group: it is not in self._pgs
             if id(pg) not in used:
                 with contextlib.suppress(Exception):
                     remove_placement_group(pg)

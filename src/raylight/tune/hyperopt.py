@@ -1,0 +1,322 @@
+"""`raylight hyperopt`: a declarative search on Ray Tune, each trial a raylight run.
+
+Order of work: validate the config and the dataset, connect to Ray, size the trials
+and check they can ever be placed (fail fast with the numbers, where Tune would wait
+forever), preprocess once (on Ray Data or pandas; finished before any trial claims
+CPUs), then run the Tuner with as many trials at once as fit. Only then is the output
+directory written: the trials under ``tune/``, ``results.csv``/``results.json``,
+``best_config.yaml`` (ready for ``raylight train``) and ``hyperopt.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from raylight.config.declarative import ModelConfig, set_path
+from raylight.config.hyperopt import HyperoptConfig
+from raylight.exceptions import ConfigError, RaylightError
+from raylight.tune import search
+from raylight.tune.resources import (
+    ConcurrencyPlan,
+    check_bundles_fit,
+    cluster_view,
+    plan_concurrency,
+    total,
+    trial_bundles,
+)
+
+log = logging.getLogger("raylight")
+
+
+@dataclass(frozen=True)
+class TrialShape:
+    """One trial: its workers and the bundles it asks for."""
+
+    num_workers: int
+    per_worker: dict[str, float]
+    use_gpu: bool
+    bundles: list[dict[str, float]]
+    setting: str  # the settings that size it, for error messages
+
+
+def trial_shape(config: ModelConfig) -> TrialShape:
+    """Workers per trial and their resources, from backend.trainer and
+    hyperopt.executor.{cpu,gpu}_resources_per_trial (pure)."""
+    h = config.hyperopt
+    assert h is not None
+    t = config.backend.trainer
+    ex = h.executor
+    per = {k: float(v) for k, v in (t.resources_per_worker or {}).items()}
+    per.setdefault("CPU", 1.0)
+    cpw = per["CPU"]
+    if t.num_workers is not None:
+        workers = t.num_workers
+        if ex.cpu_resources_per_trial is not None and not math.isclose(ex.cpu_resources_per_trial, workers * cpw):
+            raise ConfigError(
+                f"hyperopt.executor.cpu_resources_per_trial={ex.cpu_resources_per_trial:g} disagrees with "
+                f"backend.trainer.num_workers={workers} x {cpw:g} CPU per worker = {workers * cpw:g}; "
+                "set only one of them"
+            )
+    elif ex.cpu_resources_per_trial is not None:
+        if cpw <= 0 or ex.cpu_resources_per_trial < cpw:
+            raise ConfigError(
+                f"hyperopt.executor.cpu_resources_per_trial={ex.cpu_resources_per_trial:g} is less than one "
+                f"worker's {cpw:g} CPU (backend.trainer.resources_per_worker); raise it"
+            )
+        workers = int(ex.cpu_resources_per_trial // cpw)
+    else:
+        workers = 1
+    use_gpu = t.use_gpu or ex.gpu_resources_per_trial > 0
+    if ex.gpu_resources_per_trial > 0:
+        per["GPU"] = ex.gpu_resources_per_trial / workers
+    elif use_gpu:
+        per.setdefault("GPU", 1.0)
+    per = {k: v for k, v in per.items() if v > 0}
+    bundles = trial_bundles(num_workers=workers, resources_per_worker=per, cpus_per_worker=cpw)
+    setting = "backend.trainer.num_workers, backend.trainer.resources_per_worker or hyperopt.executor.cpu_resources_per_trial"
+    if use_gpu:
+        setting += " / gpu_resources_per_trial"
+    return TrialShape(workers, per, use_gpu, bundles, setting)
+
+
+def plan(config: ModelConfig, cluster: dict[str, float], nodes: list[dict[str, float]]) -> tuple[TrialShape, ConcurrencyPlan]:
+    """The trial's shape and how many run at once on a cluster (pure)."""
+    h = config.hyperopt
+    assert h is not None
+    shape = trial_shape(config)
+    check_bundles_fit(shape.bundles, nodes, shape.setting)
+    concurrency = plan_concurrency(
+        per_trial=total(shape.bundles),
+        cluster=cluster,
+        nodes=nodes,
+        num_trials=search.num_trials(h),
+        requested=h.executor.max_concurrent_trials,
+        setting=shape.setting,
+    )
+    return shape, concurrency
+
+
+def trial_config(base: dict[str, Any], sampled: dict[str, Any]) -> ModelConfig:
+    """The model config of one trial: ``base`` with each sampled dotted key set."""
+    data = dict(base)
+    for key, value in sampled.items():
+        data = set_path(data, key, value)
+    data.pop("hyperopt", None)
+    return ModelConfig.model_validate(data)
+
+
+def _declarative_trial(sampled: dict[str, Any], *, base: dict[str, Any], prepared: Any, shape: TrialShape) -> None:
+    """One trial, inside Tune: the sampled config trains on the trial's workers."""
+    from raylight.config import FailureConfig, RunConfig, ScalingConfig, TrainerConfig
+    from raylight.declarative.api import loop_settings
+    from raylight.declarative.train import declarative_loop
+    from raylight.tune.trial import run_trial
+
+    config = trial_config(base, sampled)
+    loop_config, adaptive = loop_settings(config, prepared, on_ray=True)
+    trainer_config = TrainerConfig(
+        scaling=ScalingConfig(num_workers=shape.num_workers, use_gpu=shape.use_gpu, resources_per_worker=shape.per_worker),
+        run=RunConfig(progress=False),
+        failure=FailureConfig(),
+        adaptive=adaptive,
+    )
+    run_trial(declarative_loop, loop_config, trainer_config)
+
+
+def hyperopt(config: ModelConfig, dataset: str, *, output_directory: str, progress: bool = True) -> dict[str, Any]:
+    """Run the search of ``config.hyperopt`` on ``dataset``; returns the output paths,
+    the best trial's parameters and metric."""
+    from ray import tune
+
+    from raylight import runtime
+    from raylight.declarative import api
+    from raylight.declarative.dataset import read_pandas
+    from raylight.declarative.preprocess import check_columns, check_target
+
+    h = config.hyperopt
+    if h is None:
+        raise ConfigError(
+            "the config has no hyperopt: section; add one, e.g. hyperopt: {parameters: "
+            "{trainer.learning_rate: {space: loguniform, lower: 0.0001, upper: 0.1}}}"
+        )
+    if config.backend.type == "local":
+        log.warning("backend.type: local is ignored by hyperopt; every trial runs its workers on Ray")
+    out = api.new_output_dir(output_directory)
+    search.search_algorithm(h)  # optuna missing is a usage error, before any work
+    frame = read_pandas(dataset)
+    check_columns(frame, config, with_outputs=True, source=dataset)
+    check_target(frame, config, dataset)
+    del frame
+    runtime.connect(None)
+    cluster, nodes = cluster_view()
+    shape, concurrency = plan(config, cluster, nodes)
+    log.info("hyperopt: %d worker(s) per trial, %s", shape.num_workers, concurrency.reason)
+    # Preprocess once, before any trial holds CPUs (Ray Data needs them free).
+    if config.backend.processor.type == "ray_data":
+        from raylight.declarative.ray_data import prepare_ray_data
+
+        parts = prepare_ray_data(config, dataset, progress=progress)
+        prepared = api.Prepared(config, parts["meta"], parts["train"], parts["validation"], parts["test"], None)
+    else:
+        prepared = api.prepare(config, dataset)
+    base = config.model_dump(mode="json")
+    os.makedirs(out, exist_ok=True)
+    trial_fn = tune.with_resources(
+        tune.with_parameters(_declarative_trial, base=base, prepared=prepared, shape=shape),
+        tune.PlacementGroupFactory(shape.bundles),
+    )
+    tuner = tune.Tuner(
+        trial_fn,
+        param_space=search.search_space_for(h),
+        tune_config=tune.TuneConfig(
+            metric=h.metric_name,
+            mode=search.mode(h),
+            search_alg=search.search_algorithm(h),
+            scheduler=search.scheduler(h),
+            num_samples=h.executor.num_samples,
+            max_concurrent_trials=concurrency.max_concurrent,
+            time_budget_s=h.executor.time_budget_s,
+        ),
+        run_config=tune.RunConfig(
+            storage_path=out, name="tune", verbose=1 if progress else 0,
+        ),
+    )
+    grid = tuner.fit()
+    rows = results_table(grid, h, base)
+    ok = [r for r in rows if r.get("best") is not None]
+    if not ok:
+        first = next((r["error"] for r in rows if r.get("error")), "no trial reported the metric")
+        raise RaylightError(f"hyperopt: no trial reported {h.metric_name}; first error: {first}")
+    best_row = (min if h.goal == "minimize" else max)(ok, key=lambda r: r["best"])
+    best = trial_config(base, {k: best_row[f"config.{k}"] for k in h.parameters})
+    paths = write_outputs(out, rows, best, h)
+    if progress:
+        print_table(rows, h)
+    return {
+        "output_directory": out,
+        "num_trials": len(rows),
+        "max_concurrent_trials": concurrency.max_concurrent,
+        "concurrency": concurrency.reason,
+        "best": {k: best_row[f"config.{k}"] for k in h.parameters},
+        "best_metric": best_row["best"],
+        "metric": h.metric_name,
+        **paths,
+    }
+
+
+def results_table(grid: Any, h: HyperoptConfig, base: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per trial: parameters, best and last metric, epochs run, and status:
+    COMPLETED (all epochs, or its own early stop), STOPPED (by the scheduler or the
+    time budget) or ERROR."""
+    metric = h.metric_name
+    better = min if h.goal == "minimize" else max
+    rows = []
+    for result in grid:
+        history = result.metrics_dataframe
+        values = [] if history is None or metric not in history else [float(v) for v in history[metric].dropna()]
+        trial_id = (result.metrics or {}).get("trial_id") or os.path.basename(result.path or "")
+        row: dict[str, Any] = {"trial": trial_id}
+        for key in h.parameters:
+            row[f"config.{key}"] = (result.config or {}).get(key)
+        sampled = {k: v for k, v in (result.config or {}).items() if k in h.parameters}
+        epochs = trial_config(base, sampled).trainer.epochs if len(sampled) == len(h.parameters) else None
+        finished = bool((result.metrics or {}).get("early_stop")) or len(values) == epochs
+        row.update(
+            {
+                "best": better(values) if values else None,
+                "last": values[-1] if values else None,
+                "epochs": len(values),
+                "status": "ERROR" if result.error else ("COMPLETED" if finished else "STOPPED"),
+                "error": None if result.error is None else f"{type(result.error).__name__}: {result.error}"[:500],
+                "history": values,
+            }
+        )
+        rows.append(row)
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]], h: HyperoptConfig) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"hyperopt: {h.goal} {h.metric_name}")
+    keys = [f"config.{k}" for k in h.parameters]
+    for col in ["trial", *keys, "best", "last", "epochs", "status"]:
+        table.add_column(col.removeprefix("config."))
+    for r in sorted(rows, key=lambda r: (r["best"] is None, r["best"] if h.goal == "minimize" else -(r["best"] or 0))):
+        table.add_row(*[_cell(r.get(c)) for c in ["trial", *keys, "best", "last", "epochs", "status"]])
+    Console(stderr=True).print(table)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value)
+
+
+def _atomic_write(path: str, text: str) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write_outputs(out: str, rows: list[dict[str, Any]], best: ModelConfig, h: HyperoptConfig) -> dict[str, str]:
+    import pandas as pd
+
+    from raylight.config.loading import render_config
+
+    flat = [{k: v for k, v in r.items() if k != "history"} for r in rows]
+    csv_path, json_path = os.path.join(out, "results.csv"), os.path.join(out, "results.json")
+    _atomic_write(csv_path, pd.DataFrame(flat).to_csv(index=False))
+    _atomic_write(json_path, json.dumps({"metric": h.metric_name, "goal": h.goal, "trials": rows}, indent=2, default=str))
+    best_path = os.path.join(out, "best_config.yaml")
+    header = f"# the best trial's config ({h.metric_name}); train it with:\n#   raylight train --config {best_path} --dataset DATASET\n"
+    _atomic_write(best_path, header + render_config(best))
+    plot_path = os.path.join(out, "hyperopt.png")
+    plot_search(rows, h, plot_path)
+    return {"results_csv": csv_path, "results_json": json_path, "best_config": best_path, "plot": plot_path}
+
+
+def plot_search(rows: list[dict[str, Any]], h: HyperoptConfig, path: str) -> None:
+    """Left: the metric per epoch of every trial. Right: each trial's best metric
+    against each numeric parameter (categorical ones by position)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = list(h.parameters)
+    fig, axes = plt.subplots(1, 1 + len(keys), figsize=(4.5 * (1 + len(keys)), 3.8), squeeze=False)
+    ax = axes[0][0]
+    for r in rows:
+        if r["history"]:
+            ax.plot(range(1, len(r["history"]) + 1), r["history"], marker=".", alpha=0.8)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(h.metric_name)
+    ax.set_title("trials")
+    ax.grid(alpha=0.3)
+    for ax, key in zip(axes[0][1:], keys, strict=True):
+        pts = [(r[f"config.{key}"], r["best"]) for r in rows if r["best"] is not None]
+        xs = [p[0] for p in pts]
+        numeric = all(isinstance(x, int | float) and not isinstance(x, bool) for x in xs)
+        if numeric:
+            ax.scatter(xs, [p[1] for p in pts])
+            if h.parameters[key].space == "loguniform":
+                ax.set_xscale("log")
+        else:
+            labels = sorted({str(x) for x in xs})
+            ax.scatter([labels.index(str(x)) for x in xs], [p[1] for p in pts])
+            ax.set_xticks(range(len(labels)), labels)
+        ax.set_xlabel(key)
+        ax.set_ylabel(f"best {h.metric_name}")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path + ".tmp.png", dpi=80)
+    plt.close(fig)
+    os.replace(path + ".tmp.png", path)

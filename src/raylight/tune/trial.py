@@ -1,0 +1,136 @@
+"""A Ray Tune trial that is itself a distributed raylight run.
+
+The trial function (Tune's trainable, running in the trial's head bundle) builds a
+``raylight.Trainer`` whose worker group places its workers in the trial's placement
+group. Each report of rank 0 goes to ``ray.tune.report`` from the trial driver, with the
+committed checkpoint converted to a ``ray.tune.Checkpoint``; a trial that Tune restores
+(PBT's exploit, a resumed experiment) starts from the Tune checkpoint converted back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from raylight.checkpoint import Checkpoint
+from raylight.config import TrainerConfig
+from raylight.storage import STATE_FILE
+from raylight.tune.resources import get_tune_resources
+
+META_FILE = "raylight_meta.json"
+
+
+def to_tune_checkpoint(checkpoint: Checkpoint, directory: str) -> Any:
+    """Write ``checkpoint`` into ``directory`` (the state file and its metadata) and
+    return it as a ``ray.tune.Checkpoint``."""
+    from ray.tune import Checkpoint as TuneCheckpoint
+
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, STATE_FILE), "wb") as f:
+        f.write(checkpoint.to_bytes())
+    with open(os.path.join(directory, META_FILE), "w") as f:
+        json.dump(checkpoint.metadata, f, default=str)
+    return TuneCheckpoint.from_directory(directory)
+
+
+def from_tune_checkpoint(checkpoint: Any) -> Checkpoint:
+    """A raylight ``Checkpoint`` (loaded with ``weights_only=True``) from a
+    ``ray.tune.Checkpoint`` written by ``to_tune_checkpoint``."""
+    with checkpoint.as_directory() as d:
+        path = os.path.join(d, STATE_FILE)
+        if not os.path.exists(path):
+            raise ValueError(f"Tune checkpoint {checkpoint.path!r} holds no raylight state ({STATE_FILE})")
+        with open(path, "rb") as f:
+            data = f.read()
+        meta: dict[str, Any] = {}
+        if os.path.exists(os.path.join(d, META_FILE)):
+            with open(os.path.join(d, META_FILE)) as f:
+                meta = json.load(f)
+    return Checkpoint(None, metadata=meta, data=data)
+
+
+def run_trial(
+    train_loop: Callable[..., Any],
+    loop_config: dict[str, Any],
+    trainer_config: TrainerConfig,
+) -> None:
+    """Run one trial from inside Tune: train, forwarding every report to Tune."""
+    from ray import tune
+
+    import raylight
+
+    ctx = tune.get_context()
+    storage = trainer_config.run.storage_path or ctx.get_trial_dir()
+    restored = tune.get_checkpoint()
+    run = trainer_config.run.model_copy(
+        update={"storage_path": storage, "name": f"raylight-{uuid.uuid4().hex[:8]}", "progress": False}
+    )
+    cfg = trainer_config.model_copy(update={"run": run})
+    scratch = tempfile.mkdtemp(prefix="raylight-tune-")
+
+    def forward(metrics: dict[str, Any], checkpoint: Checkpoint | None) -> None:
+        if checkpoint is None:
+            tune.report(dict(metrics))
+            return
+        target = os.path.join(scratch, uuid.uuid4().hex[:8])
+        try:
+            tune.report(dict(metrics), checkpoint=to_tune_checkpoint(checkpoint, target))
+        finally:  # Tune has copied it into the trial's storage
+            shutil.rmtree(target, ignore_errors=True)
+
+    try:
+        raylight.Trainer(
+            train_loop,
+            train_loop_config=loop_config,
+            config=cfg,
+            on_report=forward,
+            resume_from=from_tune_checkpoint(restored) if restored is not None else None,
+        ).fit()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def trainable(
+    train_loop: Callable[..., Any],
+    *,
+    num_workers: int = 1,
+    use_gpu: bool = False,
+    resources_per_worker: dict[str, float] | None = None,
+    config: TrainerConfig | None = None,
+    base_config: dict[str, Any] | None = None,
+) -> Any:
+    """A Tune trainable (pass it to ``ray.tune.Tuner``) whose every trial trains
+    ``train_loop(ctx, config)`` on ``num_workers`` raylight workers.
+
+    Each trial's ``config`` is Tune's sampled config merged over ``base_config``. The
+    trial's resources are ``get_tune_resources(...)``: an empty head bundle for the
+    trial's driver and one bundle per worker, where the workers are placed. ``config``
+    gives every other raylight setting (failures, adaptive, ...); its scaling section is
+    replaced by ``num_workers``, ``use_gpu`` and ``resources_per_worker``.
+    """
+    from ray import tune
+
+    from raylight.config import ScalingConfig, validate
+
+    scaling = validate(
+        ScalingConfig,
+        {"num_workers": num_workers, "use_gpu": use_gpu, "resources_per_worker": resources_per_worker},
+    )
+    if scaling.elastic or num_workers < 1:
+        raise ValueError(f"a Tune trial needs a fixed num_workers >= 1, got {num_workers}")
+    base = (config or TrainerConfig()).model_copy(update={"scaling": scaling})
+    fixed = dict(base_config or {})
+
+    def raylight_trial(trial_config: dict[str, Any]) -> None:
+        run_trial(train_loop, {**fixed, **trial_config}, base)
+
+    per_worker = scaling.worker_resources()
+    return tune.with_resources(
+        raylight_trial,
+        get_tune_resources(num_workers, use_gpu=use_gpu, resources_per_worker=per_worker),
+    )

@@ -1,0 +1,291 @@
+"""The hyperopt section, its translation to Ray Tune, and the trial-sizing arithmetic
+(no Ray cluster)."""
+
+from __future__ import annotations
+
+import pytest
+
+from raylight.config.declarative import ModelConfig, set_path
+from raylight.config.validation import validate
+from raylight.exceptions import ConfigError, InsufficientResourcesError
+from raylight.tune.resources import check_bundles_fit, plan_concurrency, total, trial_bundles
+from raylight.worker_group.ray_group import worker_bundles
+
+BASE = {
+    "input_features": [{"name": "x", "type": "number"}, {"name": "c", "type": "category"}],
+    "output_features": [{"name": "y", "type": "binary"}],
+    "combiner": {"fc_layers": [{"output_size": 16}]},
+    "backend": {"trainer": {"num_workers": 2}},
+}
+LR = {"space": "loguniform", "lower": 1e-4, "upper": 1e-1}
+
+
+def config(hyperopt, **over):
+    return validate(ModelConfig, {**BASE, **over, "hyperopt": hyperopt})
+
+
+def error(hyperopt, **over) -> str:
+    with pytest.raises(ConfigError) as info:
+        config(hyperopt, **over)
+    return str(info.value)
+
+
+def test_valid_section_and_metric_name():
+    h = config({"parameters": {"trainer.learning_rate": LR}, "goal": "maximize", "metric": "accuracy"}).hyperopt
+    assert h is not None and h.metric_name == "validation_accuracy"
+    assert h.executor.max_concurrent_trials == "auto" and h.executor.scheduler.type == "fifo"
+    assert config({"parameters": {"trainer.learning_rate": LR}, "split": "training"}).hyperopt.metric_name == "train_loss"
+
+
+@pytest.mark.parametrize(
+    ("hyperopt", "expected"),
+    [
+        ({"parameters": {"trainer.learnig_rate": LR}}, "parameters.trainer.learnig_rate: trainer.learnig_rate is not a key of the config; keys there: ['adaptive', 'batch_size'"),
+        ({"parameters": {"combiner.fc_layers.3.output_size": {"space": "choice", "categories": [8]}}}, "combiner.fc_layers.3 is not an index of a list of 1"),
+        ({"parameters": {"trainer.epochs": {"space": "choice", "categories": [0, 3]}}}, "the value 0 of its choice space is not valid there (trainer.epochs: Input should be greater than or equal to 1)"),
+        ({"parameters": {"trainer.learning_rate": {"space": "logunif", "lower": 1, "upper": 2}}}, "hyperopt.parameters.trainer.learning_rate: Input tag 'logunif' found using 'space' does not match any of the expected tags: 'choice', 'grid', 'uniform', 'loguniform', 'randint'"),
+        ({"parameters": {"trainer.learning_rate": {"space": "loguniform", "lower": 0, "upper": 2}}}, "hyperopt.parameters.trainer.learning_rate.loguniform.lower: Input should be greater than 0"),
+        ({"parameters": {"trainer.learning_rate": {"space": "uniform", "lower": 2, "upper": 1}}}, "needs lower < upper, got lower=2, upper=1"),
+        ({"parameters": {"trainer.learning_rate": LR}, "metric": "r2"}, "metric 'r2' is not measured on the validation split of a binary output; allowed: ['loss', 'accuracy']"),
+        ({"parameters": {"trainer.learning_rate": LR}, "split": "training", "metric": "accuracy"}, "allowed: ['loss']"),
+        ({"parameters": {"trainer.learning_rate": LR}, "goal": "lower"}, "hyperopt.goal: Input should be 'minimize' or 'maximize'"),
+        ({"parameters": {"trainer.learning_rate": LR}, "search_alg": {"type": "bayes"}}, "hyperopt.search_alg.type: Input should be 'random', 'grid' or 'optuna'"),
+        ({"parameters": {"trainer.learning_rate": LR}, "search_alg": {"type": "grid"}}, "search_alg grid needs grid or choice spaces; ['trainer.learning_rate']"),
+        ({"parameters": {"trainer.learning_rate": LR}, "executor": {"max_concurrent_trials": 0}}, "max_concurrent_trials must be >= 1 or 'auto', got 0"),
+        ({"parameters": {"trainer.learning_rate": LR}, "executor": {"num_samples": 0}}, "hyperopt.executor.num_samples: Input should be greater than or equal to 1"),
+        ({"parameters": {"trainer.learning_rate": LR}, "executor": {"scheduler": {"type": "hyperband"}}}, "hyperopt.executor.scheduler: Input tag 'hyperband' found using 'type' does not match any of the expected tags: 'fifo', 'async_hyperband', 'asha', 'median_stopping', 'pbt'"),
+        ({"parameters": {"trainer.learning_rate": LR}, "executor": {"scheduler": {"type": "asha", "max_tt": 3}}}, "hyperopt.executor.scheduler.asha.max_tt: unknown key"),
+        ({"parameters": {"trainer.learning_rate": LR}, "executor": {"scheduler": {"type": "asha", "max_t": 2, "grace_period": 3}}}, "grace_period (3) must not exceed max_t (2)"),
+        ({"parameters": {"trainer.learning_rate": LR}, "executor": {"gpus": 1}}, "hyperopt.executor.gpus: unknown key"),
+        ({"parameters": {}}, "hyperopt.parameters: Dictionary should have at least 1 item"),
+        ({"parameters": {"hyperopt.goal": {"space": "choice", "categories": ["maximize"]}}}, "the hyperopt section itself cannot be searched"),
+    ],
+)
+def test_bad_sections_name_the_key(hyperopt, expected):
+    assert expected in error(hyperopt)
+
+
+def test_validation_split_needs_rows_and_trials_need_fixed_size():
+    lr = {"parameters": {"trainer.learning_rate": LR}}
+    assert "preprocessing.split.probabilities gives it 0" in error(lr, preprocessing={"split": {"probabilities": [0.8, 0.0, 0.2]}})
+    assert "set backend.trainer.num_workers, not min_workers/max_workers" in error(lr, backend={"trainer": {"min_workers": 1, "max_workers": 2}})
+
+
+def test_set_path():
+    data = {"a": {"b": [{"c": 1}]}}
+    assert set_path(data, "a.b.0.c", 5) == {"a": {"b": [{"c": 5}]}}
+    assert data == {"a": {"b": [{"c": 1}]}}  # a copy
+    with pytest.raises(KeyError, match=r"a\.x is not a key"):
+        set_path(data, "a.x", 1)
+    with pytest.raises(KeyError, match=r"a\.b\.c is not an index"):
+        set_path(data, "a.b.c", 1)
+
+
+def test_search_space_translation():
+    pytest.importorskip("ray.tune")
+    from ray.tune.search.sample import Categorical, Float, Integer
+
+    from raylight.tune import search
+
+    h = config(
+        {
+            "parameters": {
+                "trainer.learning_rate": LR,
+                "trainer.optimizer.type": {"space": "choice", "categories": ["adam", "sgd"]},
+                "combiner.dropout": {"space": "uniform", "lower": 0.0, "upper": 0.5},
+                "trainer.batch_size": {"space": "randint", "lower": 16, "upper": 65},
+                "combiner.fc_layers.0.output_size": {"space": "grid", "values": [8, 16, 32]},
+            },
+            "executor": {"num_samples": 2},
+        }
+    ).hyperopt
+    space = search.param_space(h)
+    lr = space["trainer.learning_rate"]
+    assert isinstance(lr, Float) and (lr.lower, lr.upper) == (1e-4, 1e-1) and type(lr.sampler).__name__ == "_LogUniform"
+    assert isinstance(space["trainer.optimizer.type"], Categorical) and space["trainer.optimizer.type"].categories == ["adam", "sgd"]
+    assert isinstance(space["combiner.dropout"], Float) and type(space["combiner.dropout"].sampler).__name__ == "_Uniform"
+    assert isinstance(space["trainer.batch_size"], Integer) and (space["trainer.batch_size"].lower, space["trainer.batch_size"].upper) == (16, 65)
+    assert space["combiner.fc_layers.0.output_size"] == {"grid_search": [8, 16, 32]}
+    assert search.num_trials(h) == 6  # 2 samples x a grid of 3
+    assert search.mode(h) == "min" and search.search_algorithm(h) is None
+
+
+def test_grid_search_alg_crosses_choices():
+    pytest.importorskip("ray.tune")
+    from raylight.tune import search
+
+    h = config(
+        {
+            "parameters": {
+                "trainer.optimizer.type": {"space": "choice", "categories": ["adam", "sgd"]},
+                "combiner.fc_layers.0.output_size": {"space": "grid", "values": [8, 16, 32]},
+            },
+            "search_alg": {"type": "grid"},
+            "executor": {"num_samples": 1},
+        }
+    ).hyperopt
+    assert search.search_space_for(h)["trainer.optimizer.type"] == {"grid_search": ["adam", "sgd"]}
+    assert search.num_trials(h) == 6
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "cls"),
+    [
+        ({"type": "fifo"}, "FIFOScheduler"),
+        ({"type": "asha", "max_t": 4}, "AsyncHyperBandScheduler"),
+        ({"type": "async_hyperband"}, "AsyncHyperBandScheduler"),
+        ({"type": "median_stopping", "grace_period": 2}, "MedianStoppingRule"),
+        ({"type": "pbt", "perturbation_interval": 3}, "PopulationBasedTraining"),
+    ],
+)
+def test_schedulers(scheduler, cls):
+    pytest.importorskip("ray.tune")
+    from raylight.tune import search
+
+    h = config({"parameters": {"trainer.learning_rate": LR}, "executor": {"scheduler": scheduler}}).hyperopt
+    assert type(search.scheduler(h)).__name__ == cls
+
+
+def test_optuna_searcher_or_a_clear_error():
+    pytest.importorskip("ray.tune")
+    from raylight.tune import search
+
+    h = config({"parameters": {"trainer.learning_rate": LR}, "search_alg": {"type": "optuna", "seed": 1}}).hyperopt
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        with pytest.raises(ConfigError, match="optuna needs the optuna package"):
+            search.search_algorithm(h)
+    else:
+        assert type(search.search_algorithm(h)).__name__ == "OptunaSearch"
+
+
+# -- sizing ----------------------------------------------------------------------------
+TWO_CPUS = {"CPU": 2.0, "memory": 1e9}
+
+
+def test_trial_bundles_head_needs_no_cpu():
+    assert trial_bundles(num_workers=2) == [{}, {"CPU": 1.0}, {"CPU": 1.0}]
+    assert trial_bundles(num_workers=1, use_gpu=True, cpus_per_worker=2, head_cpus=1) == [{"CPU": 1.0}, {"CPU": 2.0, "GPU": 1.0}]
+    assert total(trial_bundles(num_workers=3)) == {"CPU": 3.0}
+
+
+@pytest.mark.parametrize(
+    ("per_trial", "cluster", "trials", "requested", "reserve", "expected"),
+    [
+        ({"CPU": 2}, TWO_CPUS, 4, "auto", None, 1),  # 2-worker trials on 2 CPUs: one at a time
+        ({"CPU": 1}, TWO_CPUS, 4, "auto", None, 2),
+        ({"CPU": 1}, TWO_CPUS, 4, "auto", {"CPU": 1}, 1),  # one CPU kept free for Ray Data
+        ({"CPU": 2}, {"CPU": 16}, 3, "auto", None, 3),  # never more than there are trials
+        ({"CPU": 2, "GPU": 1}, {"CPU": 16, "GPU": 2}, 8, "auto", None, 2),  # GPUs bind
+        ({"CPU": 1}, {"CPU": 16}, 8, 3, None, 3),
+        ({"CPU": 1}, {"CPU": 16}, 2, 5, None, 2),
+        ({"CPU": 3}, {"CPU": 4}, 4, "auto", {"CPU": 2}, 1),  # at least one
+    ],
+)
+def test_plan_concurrency(per_trial, cluster, trials, requested, reserve, expected):
+    plan = plan_concurrency(per_trial=per_trial, cluster=cluster, nodes=[cluster], num_trials=trials, requested=requested, reserve=reserve)
+    assert plan.max_concurrent == expected, plan.reason
+
+
+def test_a_trial_larger_than_the_cluster_fails_with_the_numbers():
+    with pytest.raises(InsufficientResourcesError, match=r"one trial needs \{CPU: 3\} but the cluster has \{CPU: 2\} in all.*lower backend.trainer.num_workers"):
+        plan_concurrency(per_trial={"CPU": 3}, cluster=TWO_CPUS, nodes=[TWO_CPUS], num_trials=1, requested="auto", setting="backend.trainer.num_workers")
+    with pytest.raises(InsufficientResourcesError, match=r"GPU: 1.*GPU: 0"):
+        plan_concurrency(per_trial={"CPU": 1, "GPU": 1}, cluster=TWO_CPUS, nodes=[TWO_CPUS], num_trials=1, requested=2)
+    with pytest.raises(InsufficientResourcesError, match=r"no node of the cluster can hold one bundle \{CPU: 3\}"):
+        check_bundles_fit([{}, {"CPU": 3}], [{"CPU": 2}, {"CPU": 2}], "resources_per_worker")
+
+
+def test_trial_shape():
+    from raylight.tune.hyperopt import plan, trial_shape
+
+    lr = {"parameters": {"trainer.learning_rate": LR}}
+    assert trial_shape(config(lr)).bundles == [{}, {"CPU": 1.0}, {"CPU": 1.0}]
+    four = config({**lr, "executor": {"cpu_resources_per_trial": 4}}, backend={"trainer": {}})
+    assert trial_shape(four).num_workers == 4
+    assert trial_shape(config(lr, backend={"trainer": {}})).num_workers == 1
+    with pytest.raises(ConfigError, match=r"cpu_resources_per_trial=3 disagrees with backend\.trainer\.num_workers=2"):
+        trial_shape(config({**lr, "executor": {"cpu_resources_per_trial": 3}}))
+    shape, concurrency = plan(config(lr), TWO_CPUS, [TWO_CPUS])
+    assert shape.num_workers == 2 and concurrency.max_concurrent == 1
+    with pytest.raises(InsufficientResourcesError, match=r"\{CPU: 3\}.*\{CPU: 2\}.*backend.trainer.num_workers"):
+        plan(config(lr, backend={"trainer": {"num_workers": 3}}), TWO_CPUS, [TWO_CPUS])
+
+
+def test_trial_config_sets_sampled_values():
+    from raylight.tune.hyperopt import trial_config
+
+    cfg = config({"parameters": {"trainer.learning_rate": LR, "combiner.fc_layers.0.output_size": {"space": "choice", "categories": [8]}}})
+    trial = trial_config(cfg.model_dump(mode="json"), {"trainer.learning_rate": 0.01, "combiner.fc_layers.0.output_size": 8})
+    assert trial.trainer.learning_rate == 0.01 and trial.combiner.fc_layers[0].output_size == 8 and trial.hyperopt is None
+
+
+def test_worker_bundles_in_a_trials_placement_group():
+    one = {"CPU": 1.0}
+    assert worker_bundles([one, one], one, 2) == [0, 1]  # Tune drops an empty head bundle
+    assert worker_bundles([one, one, one], one, 2) == [1, 2]  # head bundle first
+    assert worker_bundles([{"CPU": 0.5}, one, one], one, 2) == [1, 2]
+    assert worker_bundles([one], one, 2) == [0]  # too few: the group says so when it starts
+
+
+def test_tune_public_surface_snapshot():
+    pytest.importorskip("ray.tune")
+    import inspect
+
+    import raylight.tune as rt
+    from raylight.cli.main import hyperopt
+
+    assert sorted(rt.__all__) == sorted([
+        "ConcurrencyPlan", "TuneReportCallback", "TuneReportCheckpointCallback", "check_resources", "connect",
+        "from_tune_checkpoint", "get_tune_resources", "hyperopt", "plan_concurrency", "to_tune_checkpoint", "trainable",
+    ])
+    assert list(inspect.signature(rt.trainable).parameters) == [
+        "train_loop", "num_workers", "use_gpu", "resources_per_worker", "config", "base_config",
+    ]
+    assert list(inspect.signature(hyperopt).parameters) == ["config", "dataset", "output_directory", "set_", "quiet"]
+
+
+def _counting_loop(ctx, config):
+    start = 0
+    if (ckpt := ctx.get_checkpoint()) is not None:
+        start = ckpt.load()["epoch"] + 1
+    for epoch in range(start, config["epochs"]):
+        ctx.report({"epoch": epoch, "start": start}, checkpoint={"epoch": epoch})
+
+
+def test_trainer_on_report_and_resume_from(tmp_path):
+    """The two Trainer hooks the Tune trial uses, in process (no Ray)."""
+    import raylight
+    from raylight.config import RunConfig, ScalingConfig, TrainerConfig
+
+    def config(name):
+        return TrainerConfig(scaling=ScalingConfig(num_workers=0), run=RunConfig(storage_path=str(tmp_path), name=name, progress=False))
+
+    seen = []
+    first = raylight.Trainer(
+        _counting_loop, train_loop_config={"epochs": 2}, config=config("a"),
+        on_report=lambda metrics, ckpt: seen.append((metrics["epoch"], ckpt.load()["epoch"] if ckpt else None)),
+    ).fit()
+    assert seen == [(0, 0), (1, 1)]
+    second = raylight.Trainer(
+        _counting_loop, train_loop_config={"epochs": 4}, config=config("b"), resume_from=first.checkpoint,
+    ).fit()
+    assert [m["epoch"] for m in second.metrics_history] == [2, 3] and second.metrics["start"] == 2
+
+
+def test_tune_checkpoint_round_trip(tmp_path):
+    pytest.importorskip("ray.tune")
+    import torch
+
+    from raylight.checkpoint import Checkpoint, serialize_state
+    from raylight.tune import from_tune_checkpoint, to_tune_checkpoint
+
+    original = Checkpoint(None, metadata={"index": 3}, data=serialize_state({"w": torch.arange(3.0)}))
+    back = from_tune_checkpoint(to_tune_checkpoint(original, str(tmp_path / "ckpt")))
+    assert torch.equal(back.load()["w"], torch.arange(3.0)) and back.metadata == {"index": 3}
+    (tmp_path / "empty").mkdir()
+    from ray.tune import Checkpoint as TuneCheckpoint
+
+    with pytest.raises(ValueError, match="holds no raylight state"):
+        from_tune_checkpoint(TuneCheckpoint.from_directory(str(tmp_path / "empty")))
