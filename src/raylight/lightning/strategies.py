@@ -193,7 +193,14 @@ class RayStrategy(DDPStrategy):
 class RayFSDPStrategy(FSDPStrategy):
     """Fully sharded data parallel over raylight workers; arguments as ``RayStrategy``,
     plus ``**fsdp_kwargs`` for Lightning's ``FSDPStrategy`` (e.g.
-    ``auto_wrap_policy``, ``sharding_strategy``, ``state_dict_type``)."""
+    ``auto_wrap_policy``, ``sharding_strategy``, ``state_dict_type``).
+
+    Needs ``use_gpu=True``: Lightning's FSDPStrategy wraps the model in torch's
+    ``FullyShardedDataParallel`` with the root device's index, which is None on CPU, and
+    torch (2.4 and later) then refuses a CPU-only process ("FSDP needs a non-CPU
+    accelerator device"); even given the CPU device explicitly, its flat-parameter
+    sharding fails on CPU with gloo. On CPU, use ``RayStrategy`` (DDP).
+    """
 
     strategy_name = "raylight_fsdp"
 
@@ -210,6 +217,12 @@ class RayFSDPStrategy(FSDPStrategy):
         checkpoint_io: CheckpointIO | None = None,
         **fsdp_kwargs: Any,
     ) -> None:
+        if not use_gpu:
+            raise ConfigError(
+                "RayFSDPStrategy(use_gpu=False): torch's FullyShardedDataParallel, which "
+                "Lightning's FSDPStrategy uses, does not run on CPU-only workers with gloo. "
+                "Set use_gpu=True (workers with GPUs), or use RayStrategy (DDP) on CPU."
+            )
         self.settings = make_settings(
             "RayFSDPStrategy",
             num_workers=num_workers,

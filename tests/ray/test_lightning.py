@@ -1,0 +1,163 @@
+"""raylight.lightning on a real local Ray (2 CPUs), real gloo, real Lightning: the
+Trainer stays in this process, fit/validate/test/predict run on 2 worker actors."""
+
+from __future__ import annotations
+
+import copy
+import glob
+import os
+import sys
+
+import pytest
+import ray.cloudpickle
+import torch
+
+pl = pytest.importorskip("lightning.pytorch")
+
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+from raylight.lightning import RayStrategy  # noqa: E402
+from tests.conftest import REPO  # noqa: E402
+
+pytestmark = pytest.mark.timeout(150)
+
+EXAMPLES = os.path.join(REPO, "examples", "lightning")
+sys.path.insert(0, EXAMPLES)
+import ddp_digits  # noqa: E402
+
+ray.cloudpickle.register_pickle_by_value(ddp_digits)  # workers need not import the example
+
+QUIET = {"enable_progress_bar": False, "enable_model_summary": False}
+
+
+def _data() -> ddp_digits.DigitsDataModule:
+    dm = ddp_digits.DigitsDataModule(batch_size=32)
+    dm.setup("fit")
+    return dm
+
+
+def _loss(model: torch.nn.Module, dataset) -> float:
+    x, y = dataset.tensors
+    with torch.no_grad():
+        return float(torch.nn.functional.cross_entropy(model(x), y))
+
+
+def test_two_workers_match_one_process_with_the_same_global_batch(ray_cluster, tmp_path):
+    # Full-batch steps: 2 workers x 700 samples make the same gradient as 1 x 1400, so
+    # the two runs must agree to float precision; a wrong sampler (each worker seeing
+    # all the data) doubles the steps and fails.
+    dm = _data()
+    torch.manual_seed(0)
+    init = ddp_digits.DigitsClassifier(lr=0.5)
+    one, two = copy.deepcopy(init), copy.deepcopy(init)
+    common = {"max_epochs": 12, "logger": False, "enable_checkpointing": False, **QUIET}
+    single = pl.Trainer(accelerator="cpu", devices=1, **common)
+    single.fit(one, DataLoader(dm.train_set, batch_size=1400))
+    ray_trainer = pl.Trainer(strategy=RayStrategy(num_workers=2), **common)
+    ray_trainer.fit(two, DataLoader(dm.train_set, batch_size=700))
+    assert ray_trainer.global_step == single.global_step == 12
+    assert _loss(init, dm.train_set) - _loss(two, dm.train_set) > 0.5, "training must lower the loss"
+    assert abs(_loss(one, dm.train_set) - _loss(two, dm.train_set)) < 1e-4
+    for (name, p1), p2 in zip(one.state_dict().items(), two.state_dict().values(), strict=True):
+        assert torch.allclose(p1, p2, atol=1e-5, rtol=0), name
+    assert float(ray_trainer.callback_metrics["train_loss"]) == pytest.approx(
+        float(single.callback_metrics["train_loss"]), abs=1e-4
+    )
+
+
+def test_fit_twice_then_validate_test_predict(ray_cluster, tmp_path):
+    dm = ddp_digits.DigitsDataModule(batch_size=32)
+    torch.manual_seed(0)
+    model = ddp_digits.DigitsClassifier()
+    init = copy.deepcopy(model.state_dict())
+    trainer = pl.Trainer(
+        max_epochs=2,
+        strategy=RayStrategy(num_workers=2),
+        callbacks=[ModelCheckpoint(monitor="val_acc", mode="max")],
+        default_root_dir=str(tmp_path),
+        **QUIET,
+    )
+    trainer.fit(model, datamodule=dm)
+    steps = 2 * 22  # 1400 samples / 2 workers / batch 32, rounded up, per epoch
+    assert trainer.state.finished and trainer.current_epoch == 2 and trainer.global_step == steps
+    assert not torch.equal(model.state_dict()["net.0.weight"], init["net.0.weight"])
+    assert {"train_loss", "val_loss", "val_acc"} <= set(trainer.callback_metrics)
+    assert {"train_loss", "val_acc"} <= set(trainer.logged_metrics)
+    best = trainer.checkpoint_callback.best_model_path
+    assert best.startswith(str(tmp_path)) and os.path.isfile(best)
+    assert float(trainer.checkpoint_callback.best_model_score) == pytest.approx(float(trainer.callback_metrics["val_acc"]))
+
+    # A second fit of the same Trainer behaves as in one process: max_epochs is reached.
+    trained = copy.deepcopy(model.state_dict())
+    trainer.fit(model, datamodule=dm)
+    assert trainer.global_step == steps and trainer.current_epoch == 2
+    assert all(torch.equal(trained[k], v) for k, v in model.state_dict().items())
+
+    # validate/test/predict run the driver's (trained) weights on the workers.
+    dm.setup("validate")
+    val = dm.val_set
+    x, y = val.tensors
+    with torch.no_grad():
+        pred = model(x).argmax(1)
+    metrics = trainer.validate(model, datamodule=dm)[0]
+    assert metrics["val_acc"] == pytest.approx(float((pred == y).float().mean()), abs=0.01)
+    assert trainer.callback_metrics.keys() == {"val_loss", "val_acc"}
+    test = trainer.test(model, datamodule=dm)[0]
+    assert test["test_acc"] == pytest.approx(metrics["val_acc"]) and test["test_acc"] > 0.8
+    predictions = torch.cat(trainer.predict(model, datamodule=dm))
+    # Rank 0's share, as with Lightning's own DDP: samples 0, 2, 4, ... of 397.
+    assert torch.equal(predictions, pred[0::2])
+
+    # A new Trainer continues training the same model object.
+    again = pl.Trainer(max_epochs=1, strategy=RayStrategy(num_workers=2), logger=False, enable_checkpointing=False, **QUIET)
+    again.fit(model, datamodule=dm)
+    assert again.global_step == 22
+    assert not torch.equal(model.state_dict()["net.0.weight"], trained["net.0.weight"])
+
+
+def test_checkpoint_resume_and_rank_zero_loggers(ray_cluster, tmp_path):
+    dm = ddp_digits.DigitsDataModule(batch_size=64)
+    ckpt_dir = tmp_path / "ckpt"
+
+    def trainer(epochs: int) -> pl.Trainer:
+        return pl.Trainer(
+            max_epochs=epochs,
+            strategy=RayStrategy(num_workers=2),
+            callbacks=[ModelCheckpoint(dirpath=ckpt_dir, save_last=True)],
+            logger=[CSVLogger(tmp_path / "csv"), TensorBoardLogger(tmp_path / "tb")],
+            log_every_n_steps=1,
+            **QUIET,
+        )
+
+    first = trainer(2)
+    first.fit(ddp_digits.DigitsClassifier(), datamodule=dm)
+    last = os.path.join(ckpt_dir, "last.ckpt")
+    state = torch.load(last, weights_only=True)
+    assert state["epoch"] == 1 and state["global_step"] == 2 * 11
+    assert not glob.glob(os.path.join(ckpt_dir, ".tmp-*")), "atomic writes leave no temp files"
+    # Rank 0 alone logs, where the driver's loggers point.
+    assert first.logger.log_dir == str(tmp_path / "csv" / "lightning_logs" / "version_0")
+    assert os.listdir(tmp_path / "csv" / "lightning_logs") == ["version_0"]
+    assert os.path.isfile(os.path.join(first.logger.log_dir, "metrics.csv"))
+    assert glob.glob(str(tmp_path / "tb" / "lightning_logs" / "version_0" / "events.out.tfevents.*"))
+
+    resumed = trainer(4)
+    model = ddp_digits.DigitsClassifier()
+    resumed.fit(model, datamodule=dm, ckpt_path=last)
+    assert resumed.current_epoch == 4 and resumed.global_step == 4 * 11
+    import csv
+
+    with open(os.path.join(resumed.logger.log_dir, "metrics.csv")) as f:
+        epochs = {int(row["epoch"]) for row in csv.DictReader(f) if row.get("epoch")}
+    assert epochs == {2, 3}, "the resumed run trains epochs 2 and 3 only"
+    assert torch.equal(
+        torch.load(last, weights_only=True)["state_dict"]["net.0.weight"], model.state_dict()["net.0.weight"]
+    )
+
+
+def test_example_runs(ray_cluster, tmp_path):
+    out = ddp_digits.main(["--num-workers", "2", "--epochs", "2", "--root-dir", str(tmp_path)])
+    assert out["epochs"] == 2 and out["test_acc"] > 0.8
+    assert glob.glob(str(tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "*.ckpt"))
