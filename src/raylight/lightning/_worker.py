@@ -51,7 +51,7 @@ class _Heartbeat(Callback):
 def run_on_worker(ctx: Any, config: dict[str, Any]) -> None:
     """raylight train loop: run the Trainer entry point, then report rank 0's results."""
     trainer, function, args, kwargs = config[CALL_KEY]
-    trainer.strategy.attach_worker(ctx)
+    trainer.strategy.attach_worker(ctx, trainer)
     trainer.callbacks.append(_Heartbeat(ctx))
     results = function(*args, **kwargs)
     output = collect(trainer, results)

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+from lightning.pytorch.trainer.states import RunningStage
+from torch.utils.data import DataLoader
 
 from raylight.config import (
     AdaptiveConfig,
@@ -28,6 +30,7 @@ from raylight.config import (
 )
 from raylight.exceptions import ConfigError
 from raylight.lightning._launcher import RayLauncher
+from raylight.lightning.adaptive import AdaptiveSteps, adapt_train_loader, lightning_adaptive
 from raylight.lightning.checkpoint_io import AtomicCheckpointIO
 from raylight.lightning.environment import RaylightEnvironment
 
@@ -100,8 +103,9 @@ def _environment(settings: RaySettings) -> RaylightEnvironment:
     return RaylightEnvironment(world_size=settings.scaling.min_workers)
 
 
-def _attach(strategy: Any, ctx: Any) -> None:
-    """On a worker: take the rank and device raylight gave this process."""
+def _attach(strategy: Any, ctx: Any, trainer: Any) -> None:
+    """On a worker: take the rank and device raylight gave this process; with adaptive
+    training, drive raylight's StepSync from Lightning's loop."""
     strategy.cluster_environment = RaylightEnvironment(
         world_size=ctx.world_size,
         global_rank=ctx.rank,
@@ -109,6 +113,13 @@ def _attach(strategy: Any, ctx: Any) -> None:
         node_rank=ctx.node_rank,
     )
     strategy._raylight_ctx = ctx
+    if _adaptive_sync(strategy) is not None:
+        trainer.callbacks.append(AdaptiveSteps(ctx.sync, strategy))
+
+
+def _adaptive_sync(strategy: Any) -> Any:
+    ctx = strategy._raylight_ctx
+    return ctx.sync if ctx is not None and ctx.sync is not None and ctx.sync.adaptive else None
 
 
 def _root_device(strategy: Any) -> torch.device:
@@ -164,7 +175,7 @@ class RayStrategy(DDPStrategy):
             placement=placement,
             threads_per_worker=threads_per_worker,
             failure=failure,
-            adaptive=adaptive,
+            adaptive=lightning_adaptive(adaptive),
             address=address,
             kwargs=ddp_kwargs,
         )
@@ -175,8 +186,8 @@ class RayStrategy(DDPStrategy):
         )
         self._raylight_ctx: Any = None
 
-    def attach_worker(self, ctx: Any) -> None:
-        _attach(self, ctx)
+    def attach_worker(self, ctx: Any, trainer: Any) -> None:
+        _attach(self, ctx, trainer)
 
     @property
     def root_device(self) -> torch.device:
@@ -188,6 +199,29 @@ class RayStrategy(DDPStrategy):
 
     def _configure_launcher(self) -> None:
         self._launcher = RayLauncher(self.settings)
+
+    def process_dataloader(self, dataloader: Any) -> Any:
+        sync = _adaptive_sync(self)
+        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+        if sync is None or sync.ready or trainer is None or trainer.state.stage != RunningStage.TRAINING:
+            return dataloader
+        if not isinstance(dataloader, DataLoader):
+            raise ConfigError(
+                f"RayStrategy(adaptive=...) needs a torch DataLoader for training, got "
+                f"{type(dataloader).__name__}; drop adaptive= or return a DataLoader"
+            )
+        return adapt_train_loader(dataloader, sync, self.world_size)
+
+    def setup_optimizers(self, trainer: Any) -> None:
+        super().setup_optimizers(trainer)
+        if _adaptive_sync(self) is None:
+            return
+        if len(self.optimizers) != 1:
+            raise ConfigError(
+                f"RayStrategy(adaptive=...) adapts one optimizer; configure_optimizers returned "
+                f"{len(self.optimizers)}. Drop adaptive= or use a single optimizer"
+            )
+        self.optimizers = [self._raylight_ctx.prepare_optimizer(self.optimizers[0])]
 
 
 class RayFSDPStrategy(FSDPStrategy):
@@ -242,8 +276,8 @@ class RayFSDPStrategy(FSDPStrategy):
         )
         self._raylight_ctx: Any = None
 
-    def attach_worker(self, ctx: Any) -> None:
-        _attach(self, ctx)
+    def attach_worker(self, ctx: Any, trainer: Any) -> None:
+        _attach(self, ctx, trainer)
 
     @property
     def root_device(self) -> torch.device:
