@@ -10,7 +10,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "raylight.lightning needs PyTorch Lightning: pip install 'raylight[lightning]' "
-        "(lightning>=2.4,<2.7)"
+        f"(lightning>=2.4,<2.7); importing it failed with: {exc}"
     ) from exc
 
 from raylight.lightning.checkpoint_io import AtomicCheckpointIO
