@@ -184,6 +184,28 @@ def test_adaptive_batch_size_and_lr(ray_cluster, tmp_path):
     assert float(trainer.callback_metrics["val_acc"]) > 0.85
 
 
+class _FailsOnRank1(ddp_digits.DigitsClassifier):
+    def training_step(self, batch, batch_idx):
+        if self.global_rank == 1 and batch_idx == 2:
+            raise ValueError("boom on rank 1")
+        return super().training_step(batch, batch_idx)
+
+
+def test_worker_error_reaches_the_driver(ray_cluster, tmp_path):
+    seen = []
+
+    class Seen(pl.Callback):
+        def on_exception(self, trainer, pl_module, exception):
+            seen.append(type(exception).__name__)
+
+    trainer = pl.Trainer(max_epochs=1, strategy=RayStrategy(num_workers=2), callbacks=[Seen()], logger=False, **QUIET)
+    with pytest.raises(raylight.WorkerError) as info:
+        trainer.fit(_FailsOnRank1(), datamodule=ddp_digits.DigitsDataModule())
+    assert info.value.rank == 1 and "boom on rank 1" in str(info.value)
+    assert "training_step" in info.value.worker_traceback
+    assert trainer.state.status == "interrupted" and seen == ["WorkerError"]
+
+
 def test_example_runs(ray_cluster, tmp_path):
     out = ddp_digits.main(["--num-workers", "2", "--epochs", "2", "--root-dir", str(tmp_path)])
     assert out["epochs"] == 2 and out["test_acc"] > 0.8
