@@ -55,7 +55,9 @@ def run_on_worker(ctx: Any, config: dict[str, Any]) -> None:
     trainer.callbacks.append(_Heartbeat(ctx))
     results = function(*args, **kwargs)
     output = collect(trainer, results)
-    metrics = {k: v for k, v in output["callback_metrics"].items() if v.numel() == 1}
+    metrics = {
+        k: v for k, v in output["callback_metrics"].items() if isinstance(v, torch.Tensor) and v.numel() == 1
+    }
     ctx.report(metrics, checkpoint=output if ctx.rank == 0 else None)
 
 

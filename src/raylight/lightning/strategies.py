@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 from lightning.pytorch.trainer.states import RunningStage
@@ -113,6 +114,9 @@ def _attach(strategy: Any, ctx: Any, trainer: Any) -> None:
         node_rank=ctx.node_rank,
     )
     strategy._raylight_ctx = ctx
+    if ctx.device.type == "cuda" and not isinstance(strategy.accelerator, CUDAAccelerator):
+        # The driver may have no GPU (its Trainer chose the CPU); the worker has one.
+        strategy.accelerator = CUDAAccelerator()
     if _adaptive_sync(strategy) is not None:
         trainer.callbacks.append(AdaptiveSteps(ctx.sync, strategy))
 
@@ -202,9 +206,10 @@ class RayStrategy(DDPStrategy):
 
     def process_dataloader(self, dataloader: Any) -> Any:
         sync = _adaptive_sync(self)
-        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
-        if sync is None or sync.ready or trainer is None or trainer.state.stage != RunningStage.TRAINING:
+        if sync is None or sync.ready or self.lightning_module is None:
             return dataloader
+        if self.lightning_module.trainer.state.stage != RunningStage.TRAINING:
+            return dataloader  # only the training loader follows the plan
         if not isinstance(dataloader, DataLoader):
             raise ConfigError(
                 f"RayStrategy(adaptive=...) needs a torch DataLoader for training, got "
