@@ -183,12 +183,12 @@ class RayStrategy(DDPStrategy):
             address=address,
             kwargs=ddp_kwargs,
         )
+        self._raylight_ctx: Any = None  # the worker's TrainContext, set on the worker
         super().__init__(
             cluster_environment=_environment(self.settings),
             checkpoint_io=checkpoint_io or AtomicCheckpointIO(),
             **ddp_kwargs,
         )
-        self._raylight_ctx: Any = None
 
     def attach_worker(self, ctx: Any, trainer: Any) -> None:
         _attach(self, ctx, trainer)
@@ -236,7 +236,7 @@ class RayFSDPStrategy(FSDPStrategy):
 
     Needs ``use_gpu=True``: Lightning's FSDPStrategy wraps the model in torch's
     ``FullyShardedDataParallel`` with the root device's index, which is None on CPU, and
-    torch (2.4 and later) then refuses a CPU-only process ("FSDP needs a non-CPU
+    torch (2.13, tested) then refuses a CPU-only process ("FSDP needs a non-CPU
     accelerator device"); even given the CPU device explicitly, its flat-parameter
     sharding fails on CPU with gloo. On CPU, use ``RayStrategy`` (DDP).
     """
@@ -274,12 +274,12 @@ class RayFSDPStrategy(FSDPStrategy):
             address=address,
             kwargs=fsdp_kwargs,
         )
+        self._raylight_ctx = None
         super().__init__(
             cluster_environment=_environment(self.settings),
             checkpoint_io=checkpoint_io or AtomicCheckpointIO(),
             **fsdp_kwargs,
         )
-        self._raylight_ctx: Any = None
 
     def attach_worker(self, ctx: Any, trainer: Any) -> None:
         _attach(self, ctx, trainer)
