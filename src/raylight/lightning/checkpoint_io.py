@@ -52,8 +52,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
         safe = True if weights_only is None else weights_only
+        fs = get_filesystem(path)
+        if not fs.exists(path):
+            raise FileNotFoundError(f"Checkpoint file not found: {path}")
         try:
-            return super().load_checkpoint(path, map_location=map_location, weights_only=safe)
+            # Loaded here, not by the base class: its weights_only argument is Lightning >= 2.5.
+            with fs.open(path, "rb") as f:
+                return torch.load(f, map_location=map_location, weights_only=safe)
         except pickle.UnpicklingError as exc:
             if not safe:
                 raise
