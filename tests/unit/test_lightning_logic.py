@@ -15,6 +15,7 @@ import torch
 
 pl = pytest.importorskip("lightning.pytorch")
 
+from lightning.pytorch.callbacks import EarlyStopping  # noqa: E402
 from torch.utils.data import DataLoader, SequentialSampler, TensorDataset  # noqa: E402
 
 import raylight  # noqa: E402
@@ -129,13 +130,13 @@ def test_rank_zero_results_round_trip_to_a_fresh_trainer(tmp_path):
     torch.manual_seed(0)
     data = DataLoader(TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,))), batch_size=4)
     kwargs = {"max_epochs": 2, "default_root_dir": str(tmp_path), "enable_progress_bar": False, "enable_model_summary": False}
-    worker = pl.Trainer(accelerator="cpu", devices=1, **kwargs)
+    worker = pl.Trainer(accelerator="cpu", devices=1, callbacks=[EarlyStopping("loss", patience=0, mode="max")], **kwargs)
     trained = _Tiny()
     worker.fit(trained, data)
     # What a worker sends, through the same serialisation (loaded with weights_only=True).
     output = deserialize_state(serialize_state(collect(worker, None)))
 
-    driver = pl.Trainer(accelerator="cpu", devices=1, **kwargs)
+    driver = pl.Trainer(accelerator="cpu", devices=1, callbacks=[EarlyStopping("loss", patience=0, mode="max")], **kwargs)
     fresh = _Tiny()
     driver.strategy.connect(fresh)
     recover(driver, output)
@@ -144,6 +145,10 @@ def test_rank_zero_results_round_trip_to_a_fresh_trainer(tmp_path):
     assert driver.checkpoint_callback.best_model_path == worker.checkpoint_callback.best_model_path
     assert float(driver.callback_metrics["loss"]) == float(worker.callback_metrics["loss"])
     assert set(driver.logged_metrics) == set(worker.logged_metrics)
+    # The loss falls, so this EarlyStopping (mode="max", patience=0) stops after epoch 1.
+    stopper = driver.early_stopping_callback
+    assert stopper.stopped_epoch == worker.early_stopping_callback.stopped_epoch > 0
+    assert float(stopper.best_score) == float(worker.early_stopping_callback.best_score)
 
 
 def _lightning_imports(path: pathlib.Path) -> set[str]:

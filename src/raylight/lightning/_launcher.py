@@ -82,7 +82,8 @@ def _fix_logger_versions(trainer: pl.Trainer) -> None:
 
 def recover(trainer: pl.Trainer, output: dict[str, Any]) -> None:
     """Put rank 0's results in the driver's Trainer: weights (after fit), checkpoint
-    callbacks' best paths, metrics, the fit loop's progress and the trainer state."""
+    callbacks' best paths, other callbacks' states, metrics, the fit loop's progress and
+    the trainer state."""
     weights = output.get("weights")
     if weights is not None:
         module = trainer.lightning_module
@@ -96,6 +97,10 @@ def recover(trainer: pl.Trainer, output: dict[str, Any]) -> None:
         for key in CHECKPOINT_STATE_KEYS:
             if key in state:
                 setattr(callback, key, state[key])
+    states = output.get("callback_states", {})
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]  # set by Lightning at init
+        if callback.state_key in states:
+            callback.load_state_dict(states[callback.state_key])
     for name in ("callback_metrics", "logged_metrics", "progress_bar_metrics"):
         target = getattr(trainer, name)
         target.clear()

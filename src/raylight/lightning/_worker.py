@@ -9,11 +9,14 @@ reports it as raylight's checkpoint, which the driver loads with ``weights_only=
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
+
+log = logging.getLogger("raylight")
 
 CALL_KEY = "lightning_call"
 # ModelCheckpoint attributes the driver gets back (all public, all plain data).
@@ -73,6 +76,29 @@ def _cpu(value: Any) -> Any:
     return value
 
 
+def _callback_states(trainer: Any) -> dict[str, Any]:
+    """Other callbacks' ``state_dict()`` (e.g. EarlyStopping's), by ``state_key``; a state
+    a ``weights_only`` load would refuse stays on the worker, with a warning."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from raylight.checkpoint import deserialize_state, serialize_state
+
+    states = {}
+    for callback in trainer.callbacks:
+        if isinstance(callback, ModelCheckpoint | _Heartbeat) or type(callback).__module__.startswith("raylight."):
+            continue
+        state = _cpu(callback.state_dict())
+        if not state:
+            continue
+        try:
+            deserialize_state(serialize_state({"state": state}))
+        except Exception as exc:
+            log.warning("the state of callback %s stays on the worker: %s", callback.state_key, exc)
+            continue
+        states[callback.state_key] = state
+    return states
+
+
 def collect(trainer: Any, results: Any) -> dict[str, Any]:
     """Rank 0's results for the driver, as plain data a ``weights_only`` load accepts.
     Every rank must call it: gathering a sharded state dict is a collective."""
@@ -85,6 +111,7 @@ def collect(trainer: Any, results: Any) -> dict[str, Any]:
         )
     state = trainer.state
     return {
+        "callback_states": _callback_states(trainer),
         "weights": _cpu(weights) if weights is not None else None,
         "checkpoint_callbacks": callbacks,
         "callback_metrics": _cpu(dict(trainer.callback_metrics)),
