@@ -167,3 +167,34 @@ def test_control_interval_sets_which_steps_agree_and_measure():
     assert plans == [8, 8, 8, 16, 16, 16, 16], "a new plan waits for the next control step"
     # One replica measures on the control step and the one after it (consecutive steps).
     assert measuring == [True, True, False, True, True, False, True]
+
+
+def test_step_with_a_closure_runs_it_before_scaling_the_rate():
+    # Lightning hands step() a closure that makes the gradients: it must run first, and
+    # the step must then use the scaled rate once and restore the user's rate.
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    sync = make_sync(BatchPlan(16), "linear", m0=8)  # scale 2: the rate doubles
+    opt = AdaptiveOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), sync=sync)
+    x = torch.randn(8, 3)
+    before = model.weight.detach().clone()
+    calls = []
+
+    def closure():
+        calls.append(1)
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        return loss
+
+    sync.begin_step()
+    sync.micro_steps = 2
+    sync.micro = 0  # accumulating: the closure still runs, the weights stay
+    assert float(opt.step(closure)) > 0 and calls == [1]
+    assert torch.equal(model.weight.detach(), before)
+    grad = model.weight.grad.detach().clone()
+    sync.micro = 1
+    opt.step(closure)
+    assert calls == [1, 1]
+    assert torch.allclose(model.weight.detach(), before - 0.2 * grad), "mean of 2 equal micro-grads, rate x2"
+    assert opt.param_groups[0]["lr"] == 0.1

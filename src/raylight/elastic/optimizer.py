@@ -64,6 +64,14 @@ class AdaptiveOptimizer:
             self._micro_sqr = 0.0
 
     def step(self, closure: Callable[[], float] | None = None) -> Any:
+        if closure is not None:  # (Lightning) the closure makes the gradients: run it first
+            with torch.enable_grad():
+                loss = closure()
+            self._step()
+            return loss
+        return self._step()
+
+    def _step(self) -> Any:
         sync = self.sync
         last = sync.micro == sync.micro_steps - 1
         if sync.world_size == 1 and sync.measuring:
@@ -80,7 +88,7 @@ class AdaptiveOptimizer:
         for group in self.optimizer.param_groups:
             group["lr"] = group["lr"] * factor
         try:
-            out = self.optimizer.step(closure)
+            out = self.optimizer.step()
         finally:
             for group, lr in zip(self.optimizer.param_groups, saved, strict=True):
                 group["lr"] = lr

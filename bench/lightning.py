@@ -1,0 +1,268 @@
+"""Lightning on Ray: Ray Train's Lightning integration vs raylight's RayStrategy.
+
+Run:  make bench-lightning
+      python bench/lightning.py [--reps 2] [--samples 16000] [--epochs 2]
+
+One LightningModule (an MLP 32 -> 256 -> 256 -> 10 on a seeded synthetic set, SGD,
+global batch 128 = 2 workers x 64, gloo on CPU, 1 torch thread per worker), trained by:
+
+  ray_train  Ray Train's TorchTrainer running the Lightning Trainer in each worker, with
+             ray.train.lightning's RayDDPStrategy, RayLightningEnvironment and
+             prepare_trainer (the documented way)
+  raylight   pl.Trainer on the driver with raylight.lightning.RayStrategy(num_workers=2)
+
+Each run is a cold child process with its own local Ray (2 CPUs); the systems are
+interleaved across repetitions. A callback on global rank 0 timestamps every optimizer
+step; measured from the moment the parent launched the child (the same way as
+bench/overhead.py): start_to_first_step_s, wall_s (to the last step), process_s (the
+child has exited), steady_samples_per_s (after step 20). Results: a table, ratios
+(raylight / Ray Train) and bench/results/lightning.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# This file is named lightning.py: with its directory first on sys.path, `import
+# lightning` would find it instead of the package, here and in Ray's workers (which put
+# the driver script's directory first). So the bench helpers' directory goes after
+# site-packages, and children run from a boot snippet in their own directory, with this
+# module and its helpers pickled by value (see CHILD_BOOT).
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
+
+from overhead import (  # noqa: E402
+    StepClock,
+    child_env,
+    fmt,
+    machine_info,
+    make_dataset,
+    make_model,
+    medians,
+    package_version,
+    ratio,
+    read_result,
+    reap_leftovers,
+    stop_group,
+    tail,
+)
+
+SYSTEMS = ("ray_train", "raylight")
+NUM_WORKERS = 2
+RESULTS = Path(__file__).resolve().parent / "results" / "lightning.json"
+
+
+def lightning_parts(job: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """The LightningModule, its DataLoader (per-worker batch) and the step-timing callback."""
+    import lightning.pytorch as pl
+    import torch
+    from torch.utils.data import DataLoader
+
+    class MLP(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = make_model(job["seed"])
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=job["lr"], momentum=0.9)
+
+    class StepTimer(pl.Callback):
+        def __init__(self) -> None:
+            self.clock = StepClock()
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            if trainer.is_global_zero:
+                self.clock.tick(len(batch[1]) * trainer.world_size)
+
+        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+            if trainer.is_global_zero:
+                Path(job["result_path"]).write_text(json.dumps(self.clock.summary()))
+
+    loader = DataLoader(
+        make_dataset(job["samples"], job["seed"]), batch_size=job["batch_size"] // NUM_WORKERS, shuffle=True
+    )
+    return MLP(), loader, StepTimer()
+
+
+TRAINER_KWARGS = {
+    "logger": False,
+    "enable_checkpointing": False,
+    "enable_progress_bar": False,
+    "enable_model_summary": False,
+}
+
+
+def ray_train_loop(job: dict[str, Any]) -> None:
+    import lightning.pytorch as pl
+    import torch
+    from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
+
+    torch.set_num_threads(1)
+    model, loader, timer = lightning_parts(job)
+    trainer = pl.Trainer(
+        max_epochs=job["epochs"],
+        accelerator="cpu",
+        devices="auto",
+        strategy=RayDDPStrategy(),
+        plugins=[RayLightningEnvironment()],
+        callbacks=[timer],
+        **TRAINER_KWARGS,
+    )
+    prepare_trainer(trainer).fit(model, loader)
+
+
+def child_ray_train(job: dict[str, Any]) -> None:
+    from common import init_local_ray
+
+    ray = init_local_ray(NUM_WORKERS, job["ray_temp_dir"])
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    try:
+        TorchTrainer(
+            ray_train_loop,
+            train_loop_config=job,
+            scaling_config=ScalingConfig(num_workers=NUM_WORKERS, resources_per_worker={"CPU": 1}),
+            run_config=RunConfig(storage_path=job["storage_path"], name="bench"),
+        ).fit()
+    finally:
+        ray.shutdown()
+
+
+def child_raylight(job: dict[str, Any]) -> None:
+    import lightning.pytorch as pl
+    import ray
+
+    from raylight import runtime
+    from raylight.lightning import RayStrategy
+
+    runtime.start_embedded(num_cpus=NUM_WORKERS, temp_dir=job["ray_temp_dir"])
+    try:
+        model, loader, timer = lightning_parts(job)
+        trainer = pl.Trainer(
+            max_epochs=job["epochs"],
+            strategy=RayStrategy(num_workers=NUM_WORKERS, threads_per_worker=1),
+            callbacks=[timer],
+            default_root_dir=job["storage_path"],
+            **TRAINER_KWARGS,
+        )
+        trainer.fit(model, loader)
+    finally:
+        ray.shutdown()
+
+
+CHILDREN = {"ray_train": child_ray_train, "raylight": child_raylight}
+
+CHILD_BOOT = """
+import importlib.util, json, sys
+sys.path.append({here!r})
+spec = importlib.util.spec_from_file_location("bench_lightning", {file!r})
+bench = importlib.util.module_from_spec(spec)
+sys.modules["bench_lightning"] = bench
+spec.loader.exec_module(bench)
+import overhead, ray.cloudpickle
+ray.cloudpickle.register_pickle_by_value(bench)
+ray.cloudpickle.register_pickle_by_value(overhead)
+bench.CHILDREN[sys.argv[1]](json.loads(sys.argv[2]))
+"""
+
+
+def run_once(system: str, base_job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    run_dir = Path(tempfile.mkdtemp(prefix="rlb-", dir="/tmp"))  # short: Ray's socket paths
+    job = dict(
+        base_job,
+        result_path=str(run_dir / "result.json"),
+        ray_temp_dir=str(run_dir / "r"),
+        storage_path=str(run_dir / "storage"),
+    )
+    boot = CHILD_BOOT.format(here=_HERE, file=os.path.abspath(__file__))
+    cmd = [sys.executable, "-c", boot, system, json.dumps(job)]
+    stdout, stderr = run_dir / "stdout.log", run_dir / "stderr.log"
+    record: dict[str, Any] = {"system": system, "ok": False}
+    with stdout.open("wb") as out, stderr.open("wb") as err:
+        launched = time.time()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=child_env(), cwd=run_dir, start_new_session=True)
+        try:
+            returncode = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            stop_group(proc)
+            returncode = None
+        record["process_s"] = time.time() - launched
+    record["leftover_pids"] = reap_leftovers(proc.pid, str(run_dir))
+    if returncode is None:
+        record["error"] = f"timed out after {timeout_s:.0f}s"
+    elif returncode != 0:
+        record["error"] = f"exit code {returncode}"
+    else:
+        record.update(read_result(job["result_path"], launched))
+    if "error" in record:
+        record["stderr_tail"] = tail(stderr)
+        record["run_dir"] = str(run_dir)
+    else:
+        record["ok"] = True
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return record
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--samples", type=int, default=16_000)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per child run")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    job = {"samples": args.samples, "epochs": args.epochs, "batch_size": 128, "lr": 0.05, "seed": 0}
+    reps: dict[str, list[dict[str, Any]]] = {name: [] for name in SYSTEMS}
+    for rep in range(args.reps):
+        for name in SYSTEMS:  # interleaved, so drift hits both alike
+            print(f"rep {rep + 1}/{args.reps}: {name} ...", end=" ", flush=True)
+            record = run_once(name, job, args.timeout)
+            reps[name].append(record)
+            print(f"{record['process_s']:.1f}s" if record["ok"] else f"FAILED ({record['error']})")
+    summary = {n: {"median": medians(r), "ok_reps": sum(x["ok"] for x in r), "reps": r} for n, r in reps.items()}
+    med = {n: s["median"] for n, s in summary.items()}
+    ratios = {
+        f"raylight_vs_ray_train_{metric}": ratio(med["raylight"][metric], med["ray_train"][metric])
+        for metric in ("start_to_first_step_s", "wall_s", "process_s", "steady_samples_per_s")
+    }
+    print(f"\n{'system':<10} {'ok':>5} {'start->1st step s':>18} {'wall s':>8} {'process s':>10} {'steady samples/s':>17}")
+    for name, s in summary.items():
+        m = s["median"]
+        print(
+            f"{name:<10} {s['ok_reps']}/{len(s['reps']):<3} {fmt(m['start_to_first_step_s'], '.2f'):>18} "
+            f"{fmt(m['wall_s'], '.2f'):>8} {fmt(m['process_s'], '.2f'):>10} {fmt(m['steady_samples_per_s'], ',.0f'):>17}"
+        )
+        for rep in s["reps"]:
+            if not rep["ok"]:
+                print(f"  FAILED: {rep['error']}\n    " + rep["stderr_tail"][-600:])
+    print("(medians over successful repetitions)")
+    for key, value in ratios.items():
+        print(f"{key}: {fmt(value, '.3f')}")
+    results = {
+        "config": {**job, "num_workers": NUM_WORKERS, "reps": args.reps, "model": "MLP 32-256-256-10",
+                   "backend": "gloo (CPU)", "torch_threads_per_worker": 1},
+        "machine": {**machine_info(), "lightning": package_version("lightning")},
+        "systems": summary,
+        **ratios,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"results: {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""RayLauncher: Lightning's launcher axis, implemented with raylight's worker group.
+
+This is the one module that uses a private Lightning API: the launcher base class
+(``lightning.pytorch.strategies.launchers.launcher._Launcher``) that a strategy's
+``_configure_launcher`` hook installs. Lightning has no public way to plug in a
+launcher; everything else here uses public Trainer attributes. Supported range and the
+reason are in docs/lightning.md.
+
+On the driver, ``launch`` runs the Trainer's entry point (fit, validate, test or
+predict) on ``num_workers`` Ray actors through ``raylight.Trainer``, so placement
+groups, rendezvous, health checks and every timeout are raylight's own. Rank 0 sends
+back what the driver's Trainer needs (see ``_worker.collect``); ``recover`` puts it in
+place, so the driver's model is trained afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.strategies.launchers.launcher import _Launcher
+from lightning.pytorch.trainer.states import RunningStage, TrainerFn, TrainerStatus
+
+from raylight.checkpoint import RAYLIGHT_KEY
+from raylight.lightning._worker import CALL_KEY, CHECKPOINT_STATE_KEYS, run_on_worker
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+    from raylight.lightning.strategies import RaySettings
+
+log = logging.getLogger("raylight")
+
+
+class RayLauncher(_Launcher):
+    """Runs a Trainer entry point on raylight workers and recovers rank 0's results."""
+
+    def __init__(self, settings: RaySettings) -> None:
+        self._settings = settings
+
+    @property
+    def is_interactive_compatible(self) -> bool:
+        return True  # workers are Ray actors, not forks of a notebook kernel
+
+    def launch(self, function: Any, *args: Any, trainer: pl.Trainer | None = None, **kwargs: Any) -> Any:
+        if trainer is None:
+            raise ValueError("RayLauncher.launch needs the Trainer (trainer=...)")
+        from raylight.trainer import Trainer
+
+        _fix_logger_versions(trainer)
+        run_dir = tempfile.mkdtemp(prefix="raylight-lightning-")
+        try:
+            config = self._settings.trainer_config(storage_path=run_dir)
+            result = Trainer(
+                run_on_worker,
+                train_loop_config={CALL_KEY: (trainer, function, args, kwargs)},
+                config=config,
+            ).fit()
+            if result.checkpoint is None:
+                raise RuntimeError("rank 0 finished without sending its results back")
+            output = result.checkpoint.load()  # torch.load(weights_only=True)
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        output.pop(RAYLIGHT_KEY, None)
+        recover(trainer, output)
+        return output["results"]
+
+    def kill(self, signum: Any) -> None:
+        pass  # the workers are Ray actors: raylight's group kills them on any exit
+
+
+def _fix_logger_versions(trainer: pl.Trainer) -> None:
+    """Resolve file loggers' versions on the driver, so workers write where the driver's
+    ``trainer.log_dir`` points (a version resolved later would be the next one)."""
+    for logger in trainer.loggers:
+        if isinstance(logger, CSVLogger | TensorBoardLogger):
+            _ = logger.version
+
+
+def recover(trainer: pl.Trainer, output: dict[str, Any]) -> None:
+    """Put rank 0's results in the driver's Trainer: weights (after fit), checkpoint
+    callbacks' best paths, other callbacks' states, metrics, the fit loop's progress and
+    the trainer state."""
+    weights = output.get("weights")
+    if weights is not None:
+        module = trainer.lightning_module
+        missing, unexpected = module.load_state_dict(weights, strict=False)
+        if missing or unexpected:
+            log.warning(
+                "the driver's model differs from the trained one: missing %s, unexpected %s",
+                missing, unexpected,
+            )
+    for callback, state in zip(trainer.checkpoint_callbacks, output["checkpoint_callbacks"], strict=False):
+        for key in CHECKPOINT_STATE_KEYS:
+            if key in state:
+                setattr(callback, key, state[key])
+    states = output.get("callback_states", {})
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]  # set by Lightning at init
+        if callback.state_key in states:
+            callback.load_state_dict(states[callback.state_key])
+    for name in ("callback_metrics", "logged_metrics", "progress_bar_metrics"):
+        target = getattr(trainer, name)
+        target.clear()
+        target.update(output[name])
+    if output.get("fit_loop") is not None:
+        trainer.fit_loop.load_state_dict(output["fit_loop"])
+    state = output["state"]
+    trainer.state.fn = TrainerFn(state["fn"]) if state["fn"] else None
+    trainer.state.status = TrainerStatus(state["status"])
+    trainer.state.stage = RunningStage(state["stage"]) if state["stage"] else None
+    trainer.should_stop = bool(output.get("should_stop", False))

@@ -1,0 +1,296 @@
+"""RayStrategy (DDP) and RayFSDPStrategy: Lightning strategies whose processes are
+raylight workers on Ray.
+
+Each is Lightning's own strategy (public ``DDPStrategy`` / ``FSDPStrategy``) with four
+changes, the same for both and written once as functions below: the launcher is
+``RayLauncher``; the cluster environment is ``RaylightEnvironment``, filled in on the
+worker from raylight's TrainContext; the root device is the worker's; and the sampler
+shards over raylight's world size (not Lightning's device count). The process group is
+formed by raylight before Lightning starts, and Lightning reuses it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning.pytorch.plugins.io import CheckpointIO
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+from lightning.pytorch.trainer.states import RunningStage
+from torch.utils.data import DataLoader
+
+from raylight.config import (
+    AdaptiveConfig,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+    TrainerConfig,
+    validate,
+)
+from raylight.exceptions import ConfigError
+from raylight.lightning._launcher import RayLauncher
+from raylight.lightning.adaptive import AdaptiveSteps, adapt_train_loader, lightning_adaptive
+from raylight.lightning.checkpoint_io import AtomicCheckpointIO
+from raylight.lightning.environment import RaylightEnvironment
+
+_RESERVED = ("cluster_environment", "parallel_devices", "start_method", "accelerator")
+
+
+@dataclass(frozen=True)
+class RaySettings:
+    """Where and how the strategy's workers run (validated raylight configs)."""
+
+    scaling: ScalingConfig
+    failure: FailureConfig = field(default_factory=FailureConfig)
+    adaptive: AdaptiveConfig | None = None
+    address: str | None = None
+
+    def trainer_config(self, *, storage_path: str) -> TrainerConfig:
+        return TrainerConfig(
+            scaling=self.scaling,
+            failure=self.failure,
+            adaptive=self.adaptive,
+            address=self.address,
+            run=RunConfig(storage_path=storage_path, name="lightning", progress=False, checkpoints_to_keep=1),
+        )
+
+
+def make_settings(
+    owner: str,
+    *,
+    num_workers: Any,
+    use_gpu: bool,
+    resources_per_worker: dict[str, float] | None,
+    placement: str,
+    threads_per_worker: int | None,
+    failure: FailureConfig | None,
+    adaptive: AdaptiveConfig | None,
+    address: str | None,
+    kwargs: dict[str, Any],
+) -> RaySettings:
+    """Validate the strategy's arguments; errors name ``owner(argument=...)``."""
+    for key in _RESERVED:
+        if key in kwargs:
+            raise ConfigError(
+                f"{owner}({key}=...) is not accepted: raylight chooses the {key} of its "
+                "workers; remove the argument"
+            )
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+        raise ConfigError(
+            f"{owner}(num_workers={num_workers!r}): needs an int >= 1 (the number of Ray "
+            "worker processes); elastic (min, max) sizes are not supported with Lightning"
+        )
+    if failure is not None and not isinstance(failure, FailureConfig):
+        raise ConfigError(f"{owner}(failure=...) must be a raylight.FailureConfig, got {type(failure).__name__}")
+    if adaptive is not None and not isinstance(adaptive, AdaptiveConfig):
+        raise ConfigError(f"{owner}(adaptive=...) must be a raylight.AdaptiveConfig, got {type(adaptive).__name__}")
+    scaling = validate(
+        ScalingConfig,
+        {
+            "num_workers": num_workers,
+            "use_gpu": use_gpu,
+            "resources_per_worker": resources_per_worker,
+            "placement": placement,
+            "threads_per_worker": threads_per_worker,
+        },
+        prefix=owner,
+    )
+    return RaySettings(scaling=scaling, failure=failure or FailureConfig(), adaptive=adaptive, address=address)
+
+
+def _environment(settings: RaySettings) -> RaylightEnvironment:
+    return RaylightEnvironment(world_size=settings.scaling.min_workers)
+
+
+def _attach(strategy: Any, ctx: Any, trainer: Any) -> None:
+    """On a worker: take the rank and device raylight gave this process; with adaptive
+    training, drive raylight's StepSync from Lightning's loop."""
+    strategy.cluster_environment = RaylightEnvironment(
+        world_size=ctx.world_size,
+        global_rank=ctx.rank,
+        local_rank=ctx.local_rank,
+        node_rank=ctx.node_rank,
+    )
+    strategy._raylight_ctx = ctx
+    if ctx.device.type == "cuda" and not isinstance(strategy.accelerator, CUDAAccelerator):
+        # The driver may have no GPU (its Trainer chose the CPU); the worker has one.
+        strategy.accelerator = CUDAAccelerator()
+    if _adaptive_sync(strategy) is not None:
+        trainer.callbacks.append(AdaptiveSteps(ctx.sync, strategy))
+
+
+def _adaptive_sync(strategy: Any) -> Any:
+    ctx = strategy._raylight_ctx
+    return ctx.sync if ctx is not None and ctx.sync is not None and ctx.sync.adaptive else None
+
+
+def _root_device(strategy: Any) -> torch.device:
+    ctx = strategy._raylight_ctx
+    if ctx is not None:
+        return ctx.device
+    devices = strategy.parallel_devices
+    return devices[0] if devices else torch.device("cpu")
+
+
+def _sampler_kwargs(strategy: Any) -> dict[str, Any]:
+    return {"num_replicas": strategy.world_size, "rank": strategy.global_rank}
+
+
+class RayStrategy(DDPStrategy):
+    """DDP over ``num_workers`` raylight workers on Ray; the Trainer stays on the driver.
+
+    Args:
+        num_workers: number of worker processes (Ray actors), one rank each.
+        use_gpu: give each worker a GPU (NCCL); else CPU with gloo.
+        resources_per_worker: Ray resources per worker, e.g. ``{"CPU": 2}``.
+        placement: placement-group strategy: PACK, SPREAD, STRICT_PACK, STRICT_SPREAD.
+        threads_per_worker: torch threads per worker (default: its CPUs).
+        failure: raylight ``FailureConfig`` (timeouts, ``max_failures``).
+        adaptive: raylight ``AdaptiveConfig``: adapt batch size and LR online (see
+            docs/lightning.md for what is adapted).
+        address: Ray cluster address; default: the running or an embedded local Ray.
+        checkpoint_io: default ``AtomicCheckpointIO`` (atomic writes, safe loads).
+        **ddp_kwargs: passed to Lightning's ``DDPStrategy`` (e.g. ``find_unused_parameters``).
+    """
+
+    strategy_name = "raylight_ddp"
+
+    def __init__(
+        self,
+        num_workers: int = 1,
+        *,
+        use_gpu: bool = False,
+        resources_per_worker: dict[str, float] | None = None,
+        placement: str = "PACK",
+        threads_per_worker: int | None = None,
+        failure: FailureConfig | None = None,
+        adaptive: AdaptiveConfig | None = None,
+        address: str | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        **ddp_kwargs: Any,
+    ) -> None:
+        self.settings = make_settings(
+            "RayStrategy",
+            num_workers=num_workers,
+            use_gpu=use_gpu,
+            resources_per_worker=resources_per_worker,
+            placement=placement,
+            threads_per_worker=threads_per_worker,
+            failure=failure,
+            adaptive=lightning_adaptive(adaptive),
+            address=address,
+            kwargs=ddp_kwargs,
+        )
+        self._raylight_ctx: Any = None  # the worker's TrainContext, set on the worker
+        super().__init__(
+            cluster_environment=_environment(self.settings),
+            checkpoint_io=checkpoint_io or AtomicCheckpointIO(),
+            **ddp_kwargs,
+        )
+
+    def attach_worker(self, ctx: Any, trainer: Any) -> None:
+        _attach(self, ctx, trainer)
+
+    @property
+    def root_device(self) -> torch.device:
+        return _root_device(self)
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        return _sampler_kwargs(self)
+
+    def _configure_launcher(self) -> None:
+        self._launcher = RayLauncher(self.settings)
+
+    def process_dataloader(self, dataloader: Any) -> Any:
+        sync = _adaptive_sync(self)
+        if sync is None or sync.ready or self.lightning_module is None:
+            return dataloader
+        if self.lightning_module.trainer.state.stage != RunningStage.TRAINING:
+            return dataloader  # only the training loader follows the plan
+        if not isinstance(dataloader, DataLoader):
+            raise ConfigError(
+                f"RayStrategy(adaptive=...) needs a torch DataLoader for training, got "
+                f"{type(dataloader).__name__}; drop adaptive= or return a DataLoader"
+            )
+        return adapt_train_loader(dataloader, sync, self.world_size)
+
+    def setup_optimizers(self, trainer: Any) -> None:
+        super().setup_optimizers(trainer)
+        if _adaptive_sync(self) is None:
+            return
+        if len(self.optimizers) != 1:
+            raise ConfigError(
+                f"RayStrategy(adaptive=...) adapts one optimizer; configure_optimizers returned "
+                f"{len(self.optimizers)}. Drop adaptive= or use a single optimizer"
+            )
+        self.optimizers = [self._raylight_ctx.prepare_optimizer(self.optimizers[0])]
+
+
+class RayFSDPStrategy(FSDPStrategy):
+    """Fully sharded data parallel over raylight workers; arguments as ``RayStrategy``,
+    plus ``**fsdp_kwargs`` for Lightning's ``FSDPStrategy`` (e.g.
+    ``auto_wrap_policy``, ``sharding_strategy``, ``state_dict_type``).
+
+    Needs ``use_gpu=True``: Lightning's FSDPStrategy wraps the model in torch's
+    ``FullyShardedDataParallel`` with the root device's index, which is None on CPU, and
+    torch (2.13, tested) then refuses a CPU-only process ("FSDP needs a non-CPU
+    accelerator device"); even given the CPU device explicitly, its flat-parameter
+    sharding fails on CPU with gloo. On CPU, use ``RayStrategy`` (DDP).
+    """
+
+    strategy_name = "raylight_fsdp"
+
+    def __init__(
+        self,
+        num_workers: int = 1,
+        *,
+        use_gpu: bool = False,
+        resources_per_worker: dict[str, float] | None = None,
+        placement: str = "PACK",
+        threads_per_worker: int | None = None,
+        failure: FailureConfig | None = None,
+        address: str | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        **fsdp_kwargs: Any,
+    ) -> None:
+        if not use_gpu:
+            raise ConfigError(
+                "RayFSDPStrategy(use_gpu=False): torch's FullyShardedDataParallel, which "
+                "Lightning's FSDPStrategy uses, does not run on CPU-only workers with gloo. "
+                "Set use_gpu=True (workers with GPUs), or use RayStrategy (DDP) on CPU."
+            )
+        self.settings = make_settings(
+            "RayFSDPStrategy",
+            num_workers=num_workers,
+            use_gpu=use_gpu,
+            resources_per_worker=resources_per_worker,
+            placement=placement,
+            threads_per_worker=threads_per_worker,
+            failure=failure,
+            adaptive=None,
+            address=address,
+            kwargs=fsdp_kwargs,
+        )
+        self._raylight_ctx = None
+        super().__init__(
+            cluster_environment=_environment(self.settings),
+            checkpoint_io=checkpoint_io or AtomicCheckpointIO(),
+            **fsdp_kwargs,
+        )
+
+    def attach_worker(self, ctx: Any, trainer: Any) -> None:
+        _attach(self, ctx, trainer)
+
+    @property
+    def root_device(self) -> torch.device:
+        return _root_device(self)
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        return _sampler_kwargs(self)
+
+    def _configure_launcher(self) -> None:
+        self._launcher = RayLauncher(self.settings)

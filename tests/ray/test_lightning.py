@@ -1,0 +1,226 @@
+"""raylight.lightning on a real local Ray (2 CPUs), real gloo, real Lightning: the
+Trainer stays in this process, fit/validate/test/predict run on 2 worker actors."""
+
+from __future__ import annotations
+
+import copy
+import glob
+import os
+import sys
+
+import pytest
+import ray.cloudpickle
+import torch
+
+pl = pytest.importorskip("lightning.pytorch")
+
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+import raylight  # noqa: E402
+from raylight.lightning import RayStrategy  # noqa: E402
+from tests.conftest import REPO  # noqa: E402
+
+pytestmark = pytest.mark.timeout(150)
+
+EXAMPLES = os.path.join(REPO, "examples", "lightning")
+sys.path.insert(0, EXAMPLES)
+import ddp_digits  # noqa: E402
+
+ray.cloudpickle.register_pickle_by_value(ddp_digits)  # workers need not import the example
+
+QUIET = {"enable_progress_bar": False, "enable_model_summary": False}
+
+
+def _data() -> ddp_digits.DigitsDataModule:
+    dm = ddp_digits.DigitsDataModule(batch_size=32)
+    dm.setup("fit")
+    return dm
+
+
+def _loss(model: torch.nn.Module, dataset) -> float:
+    x, y = dataset.tensors
+    with torch.no_grad():
+        return float(torch.nn.functional.cross_entropy(model(x), y))
+
+
+def test_two_workers_match_one_process_with_the_same_global_batch(ray_cluster, tmp_path):
+    # Full-batch steps: 2 workers x 700 samples make the same gradient as 1 x 1400, so
+    # the two runs must agree to float precision; a wrong sampler (each worker seeing
+    # all the data) doubles the steps and fails.
+    dm = _data()
+    torch.manual_seed(0)
+    init = ddp_digits.DigitsClassifier(lr=0.5)
+    one, two = copy.deepcopy(init), copy.deepcopy(init)
+    common = {"max_epochs": 12, "logger": False, "enable_checkpointing": False, **QUIET}
+    single = pl.Trainer(accelerator="cpu", devices=1, **common)
+    single.fit(one, DataLoader(dm.train_set, batch_size=1400))
+    ray_trainer = pl.Trainer(strategy=RayStrategy(num_workers=2), **common)
+    ray_trainer.fit(two, DataLoader(dm.train_set, batch_size=700))
+    assert ray_trainer.global_step == single.global_step == 12
+    assert _loss(init, dm.train_set) - _loss(two, dm.train_set) > 0.5, "training must lower the loss"
+    assert abs(_loss(one, dm.train_set) - _loss(two, dm.train_set)) < 1e-4
+    for (name, p1), p2 in zip(one.state_dict().items(), two.state_dict().values(), strict=True):
+        assert torch.allclose(p1, p2, atol=1e-5, rtol=0), name
+    assert float(ray_trainer.callback_metrics["train_loss"]) == pytest.approx(
+        float(single.callback_metrics["train_loss"]), abs=1e-4
+    )
+
+
+def test_fit_twice_then_validate_test_predict(ray_cluster, tmp_path):
+    dm = ddp_digits.DigitsDataModule(batch_size=32)
+    torch.manual_seed(0)
+    model = ddp_digits.DigitsClassifier()
+    init = copy.deepcopy(model.state_dict())
+    trainer = pl.Trainer(
+        max_epochs=2,
+        strategy=RayStrategy(num_workers=2),
+        callbacks=[ModelCheckpoint(monitor="val_acc", mode="max")],
+        default_root_dir=str(tmp_path),
+        **QUIET,
+    )
+    trainer.fit(model, datamodule=dm)
+    steps = 2 * 22  # 1400 samples / 2 workers / batch 32, rounded up, per epoch
+    assert trainer.state.finished and trainer.current_epoch == 2 and trainer.global_step == steps
+    assert not torch.equal(model.state_dict()["net.0.weight"], init["net.0.weight"])
+    assert {"train_loss", "val_loss", "val_acc"} <= set(trainer.callback_metrics)
+    assert {"train_loss", "val_acc"} <= set(trainer.logged_metrics)
+    best = trainer.checkpoint_callback.best_model_path
+    assert best.startswith(str(tmp_path)) and os.path.isfile(best)
+    assert float(trainer.checkpoint_callback.best_model_score) == pytest.approx(float(trainer.callback_metrics["val_acc"]))
+
+    # A second fit of the same Trainer behaves as in one process: max_epochs is reached.
+    trained = copy.deepcopy(model.state_dict())
+    trainer.fit(model, datamodule=dm)
+    assert trainer.global_step == steps and trainer.current_epoch == 2
+    assert all(torch.equal(trained[k], v) for k, v in model.state_dict().items())
+
+    # validate/test/predict run the driver's (trained) weights on the workers.
+    dm.setup("validate")
+    val = dm.val_set
+    x, y = val.tensors
+    with torch.no_grad():
+        pred = model(x).argmax(1)
+    metrics = trainer.validate(model, datamodule=dm)[0]
+    assert metrics["val_acc"] == pytest.approx(float((pred == y).float().mean()), abs=0.01)
+    assert trainer.callback_metrics.keys() == {"val_loss", "val_acc"}
+    assert metrics["val_acc"] > 0.8
+    predictions = torch.cat(trainer.predict(model, datamodule=dm))
+    # Rank 0's share, as with Lightning's own DDP: samples 0, 2, 4, ... of 397.
+    assert torch.equal(predictions, pred[0::2])
+
+
+
+def test_checkpoint_resume_and_rank_zero_loggers(ray_cluster, tmp_path):
+    dm = ddp_digits.DigitsDataModule(batch_size=64)
+    ckpt_dir = tmp_path / "ckpt"
+
+    def trainer(epochs: int) -> pl.Trainer:
+        return pl.Trainer(
+            max_epochs=epochs,
+            strategy=RayStrategy(num_workers=2),
+            callbacks=[ModelCheckpoint(dirpath=ckpt_dir, save_last=True)],
+            logger=[CSVLogger(tmp_path / "csv"), TensorBoardLogger(tmp_path / "tb")],
+            log_every_n_steps=1,
+            **QUIET,
+        )
+
+    first = trainer(2)
+    first.fit(ddp_digits.DigitsClassifier(), datamodule=dm)
+    last = os.path.join(ckpt_dir, "last.ckpt")
+    state = torch.load(last, weights_only=True)
+    assert state["epoch"] == 1 and state["global_step"] == 2 * 11
+    assert not glob.glob(os.path.join(ckpt_dir, ".tmp-*")), "atomic writes leave no temp files"
+    # Rank 0 alone logs, where the driver's loggers point.
+    assert first.logger.log_dir == str(tmp_path / "csv" / "lightning_logs" / "version_0")
+    assert os.listdir(tmp_path / "csv" / "lightning_logs") == ["version_0"]
+    assert os.path.isfile(os.path.join(first.logger.log_dir, "metrics.csv"))
+    assert glob.glob(str(tmp_path / "tb" / "lightning_logs" / "version_0" / "events.out.tfevents.*"))
+
+    resumed = trainer(4)
+    model = ddp_digits.DigitsClassifier()
+    resumed.fit(model, datamodule=dm, ckpt_path=last)
+    assert resumed.current_epoch == 4 and resumed.global_step == 4 * 11
+    import csv
+
+    with open(os.path.join(resumed.logger.log_dir, "metrics.csv")) as f:
+        epochs = {int(row["epoch"]) for row in csv.DictReader(f) if row.get("epoch")}
+    assert epochs == {2, 3}, "the resumed run trains epochs 2 and 3 only"
+    assert torch.equal(
+        torch.load(last, weights_only=True)["state_dict"]["net.0.weight"], model.state_dict()["net.0.weight"]
+    )
+
+
+def test_adaptive_batch_size_and_lr(ray_cluster, tmp_path):
+    # The driver's AdaptiveEngine picks the batch plan from the workers' step times and
+    # gradient noise; the workers log what they train with.
+    import csv
+
+    dm = ddp_digits.DigitsDataModule(batch_size=8)
+    adaptive = raylight.AdaptiveConfig(max_batch_size=256, decision_interval_s=1.0, control_interval_steps=4)
+    trainer = pl.Trainer(
+        max_epochs=5,
+        strategy=RayStrategy(num_workers=2, adaptive=adaptive),
+        logger=CSVLogger(tmp_path),
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        **QUIET,
+    )
+    model = ddp_digits.DigitsClassifier(lr=0.05)
+    trainer.fit(model, datamodule=dm)
+    with open(os.path.join(trainer.logger.log_dir, "metrics.csv")) as f:
+        rows = [r for r in csv.DictReader(f) if r.get("adaptive/batch_size")]
+    sizes = [float(r["adaptive/batch_size"]) for r in rows]
+    factors = [float(r["adaptive/lr_factor"]) for r in rows]
+    assert sizes[0] == 16 and max(sizes) > 16, "the global batch starts at 2 x 8 and grows"
+    assert max(factors) > 1.0, "AdaScale raises the LR once the noise is measured"
+    assert trainer.global_step < 5 * 88, "bigger batches take fewer steps"
+    assert float(trainer.callback_metrics["val_acc"]) > 0.85
+
+
+class _FailsOnRank1(ddp_digits.DigitsClassifier):
+    def training_step(self, batch, batch_idx):
+        if self.global_rank == 1 and batch_idx == 2:
+            raise ValueError("boom on rank 1")
+        return super().training_step(batch, batch_idx)
+
+
+def test_worker_error_reaches_the_driver(ray_cluster, tmp_path):
+    seen = []
+
+    class Seen(pl.Callback):
+        def on_exception(self, trainer, pl_module, exception):
+            seen.append(type(exception).__name__)
+
+    trainer = pl.Trainer(max_epochs=1, strategy=RayStrategy(num_workers=2), callbacks=[Seen()], logger=False, **QUIET)
+    with pytest.raises(raylight.WorkerError) as info:
+        trainer.fit(_FailsOnRank1(), datamodule=ddp_digits.DigitsDataModule())
+    assert info.value.rank == 1 and "boom on rank 1" in str(info.value)
+    assert "training_step" in info.value.worker_traceback
+    assert trainer.state.status == "interrupted" and seen == ["WorkerError"]
+
+
+def test_example_runs(ray_cluster, tmp_path):
+    out = ddp_digits.main(["--num-workers", "2", "--epochs", "1", "--root-dir", str(tmp_path)])
+    assert out["epochs"] == 1 and out["test_acc"] > 0.8
+    assert glob.glob(str(tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "*.ckpt"))
+
+
+@pytest.mark.timeout(240)
+def test_notebook_runs_in_a_real_kernel(tmp_path):
+    # The kernel is its own driver process with its own embedded Ray; the model is
+    # defined in the notebook, so it reaches the workers by value.
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    nb = nbformat.read(os.path.join(EXAMPLES, "notebook.ipynb"), as_version=4)
+    client = nbclient.NotebookClient(
+        nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
+    client.execute()
+    text = "".join(
+        out.get("text", "") for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", [])
+    )
+    assert "epochs=2 steps=44" in text
+    values = dict(part.split("=") for part in text.split() if part.startswith("local_acc="))
+    assert float(values["local_acc"]) > 0.8, "the kernel's model object is trained"
