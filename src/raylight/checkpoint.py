@@ -16,6 +16,10 @@ import fsspec
 from raylight.storage import STATE_FILE
 
 RAYLIGHT_KEY = "_raylight"  # reserved key: raylight's own state (loader positions, ...)
+# Metric names under this prefix are raylight's own markers on a report, not user metrics:
+INTERNAL_METRIC = "raylight/internal"  # a report for raylight itself (never sent to Tune)
+LIGHTNING_CKPT_METRIC = "raylight/lightning_checkpoint"  # the checkpoint holds a .ckpt file
+LIGHTNING_CKPT_KEY = "lightning_checkpoint"  # ... its bytes (uint8 tensor), with "filename"
 
 
 def serialize_state(state: dict[str, Any]) -> bytes:

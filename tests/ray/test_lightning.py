@@ -224,3 +224,20 @@ def test_notebook_runs_in_a_real_kernel(tmp_path):
     assert "epochs=2 steps=44" in text
     values = dict(part.split("=") for part in text.split() if part.startswith("local_acc="))
     assert float(values["local_acc"]) > 0.8, "the kernel's model object is trained"
+
+
+@pytest.mark.timeout(300)
+def test_tune_example_reports_from_workers_through_the_trial(ray_cluster, tmp_path):
+    """ray_lightning's Tune example: RayStrategy inside Tune trials, the report callback
+    on the workers; each epoch's report and the Lightning checkpoint reach Tune."""
+    pytest.importorskip("ray.tune")
+    import tune_digits
+
+    ray.cloudpickle.register_pickle_by_value(tune_digits)
+    out = tune_digits.main(["--num-samples", "2", "--epochs", "2", "--num-workers", "2", "--storage-path", str(tmp_path)])
+    assert out["trials"] == 2 and out["errors"] == 0
+    assert out["iterations"] == [2, 2], "one report per epoch, and none for the driver's results"
+    assert 0 < out["best_loss"] < 2.3 and 0 <= out["best_acc"] <= 1
+    with out["checkpoint"].as_directory() as d:
+        restored = ddp_digits.DigitsClassifier.load_from_checkpoint(os.path.join(d, tune_digits.CHECKPOINT))
+    assert restored.hparams.lr == pytest.approx(out["best_config"]["lr"])

@@ -107,7 +107,7 @@ def test_boundaries():
         "raylight.config.schema", "raylight.config.declarative", "raylight.config.hyperopt",
         "raylight.config.validation", "raylight.exceptions",
     }
-    # Tune is a leaf: only the CLI reaches it (lazily).
+    # Tune is a leaf: only the CLI and the Lightning launcher reach it (lazily).
     assert not {m for m, deps in MODULES.items() if not m.startswith("raylight.tune") and any(d.startswith("raylight.tune") for d in deps)}
     # Strategies know torch.distributed, not Ray.
     assert not {d for d in _deps("raylight.strategies") if d.startswith("ray.") or d == "ray"}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import sys
 import tempfile
 from typing import TYPE_CHECKING, Any
 
@@ -52,24 +53,38 @@ class RayLauncher(_Launcher):
 
         _fix_logger_versions(trainer)
         run_dir = tempfile.mkdtemp(prefix="raylight-lightning-")
+        forward = _tune_forwarder()
         try:
             config = self._settings.trainer_config(storage_path=run_dir)
             result = Trainer(
                 run_on_worker,
                 train_loop_config={CALL_KEY: (trainer, function, args, kwargs)},
                 config=config,
+                on_report=forward,
             ).fit()
             if result.checkpoint is None:
                 raise RuntimeError("rank 0 finished without sending its results back")
             output = result.checkpoint.load()  # torch.load(weights_only=True)
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)
+            if forward is not None:
+                forward.close()
         output.pop(RAYLIGHT_KEY, None)
         recover(trainer, output)
         return output["results"]
 
     def kill(self, signum: Any) -> None:
         pass  # the workers are Ray actors: raylight's group kills them on any exit
+
+
+def _tune_forwarder() -> Any:
+    """Inside a Ray Tune trial: what sends the workers' reports (``TuneReportCallback``
+    on rank 0) on to Tune from here, the trial's process; otherwise None."""
+    if "ray.tune" not in sys.modules:
+        return None
+    from raylight.tune.trial import TuneForwarder, in_tune_session
+
+    return TuneForwarder() if in_tune_session() else None
 
 
 def _fix_logger_versions(trainer: pl.Trainer) -> None:

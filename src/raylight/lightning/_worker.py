@@ -16,6 +16,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 
+from raylight.checkpoint import INTERNAL_METRIC
+
 log = logging.getLogger("raylight")
 
 CALL_KEY = "lightning_call"
@@ -58,9 +60,10 @@ def run_on_worker(ctx: Any, config: dict[str, Any]) -> None:
     trainer.callbacks.append(_Heartbeat(ctx))
     results = function(*args, **kwargs)
     output = collect(trainer, results)
-    metrics = {
+    metrics: dict[str, Any] = {
         k: v for k, v in output["callback_metrics"].items() if isinstance(v, torch.Tensor) and v.numel() == 1
     }
+    metrics[INTERNAL_METRIC] = 1  # the driver's results, not a report for Ray Tune
     ctx.report(metrics, checkpoint=output if ctx.rank == 0 else None)
 
 

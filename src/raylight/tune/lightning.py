@@ -1,8 +1,10 @@
 """Lightning callbacks that report to Ray Tune (``ray.tune.report``).
 
-Plain ``lightning.pytorch.Callback`` subclasses, independent of the strategy: they run
-where Lightning's callbacks run on global rank 0, which must be the Tune trial's process
-(a ``pl.Trainer`` inside a Tune trainable). Metrics are read from
+Plain ``lightning.pytorch.Callback`` subclasses. In a ``pl.Trainer`` that runs in the Tune
+trial's process they call ``ray.tune.report`` on global rank 0. Under ``RayStrategy`` the
+callbacks run on raylight's workers, where there is no Tune session: every rank reports
+through raylight (``ctx.report``; saving a checkpoint is a collective) and the trial's
+process sends rank 0's report on to Tune. Metrics are read from
 ``trainer.callback_metrics``.
 """
 
@@ -75,14 +77,21 @@ class TuneReportCallback(pl.Callback):
             setattr(self, _HOOKS[hook], self._hook)
 
     def _hook(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
-        if trainer.sanity_checking or not trainer.is_global_zero:
+        if trainer.sanity_checking:
             return
-        self._report(trainer, _metrics(trainer, self._metrics))
+        ctx = getattr(trainer.strategy, "_raylight_ctx", None)
+        if ctx is not None:  # a raylight worker (RayStrategy): every rank takes part
+            self._report_on_worker(ctx, trainer, _metrics(trainer, self._metrics))
+        elif trainer.is_global_zero:
+            self._report(trainer, _metrics(trainer, self._metrics))
 
     def _report(self, trainer: Any, metrics: dict[str, Any]) -> None:
         from ray import tune
 
         tune.report(metrics)
+
+    def _report_on_worker(self, ctx: Any, trainer: Any, metrics: dict[str, Any]) -> None:
+        ctx.report(metrics)
 
 
 class TuneReportCheckpointCallback(TuneReportCallback):
@@ -106,4 +115,22 @@ class TuneReportCheckpointCallback(TuneReportCallback):
             trainer.save_checkpoint(os.path.join(directory, self._filename))
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
         finally:  # Tune copied it into the trial's storage
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def _report_on_worker(self, ctx: Any, trainer: Any, metrics: dict[str, Any]) -> None:
+        import torch
+
+        from raylight.checkpoint import LIGHTNING_CKPT_KEY, LIGHTNING_CKPT_METRIC
+
+        directory = tempfile.mkdtemp(prefix="raylight-lightning-")
+        try:
+            path = os.path.join(directory, self._filename)
+            trainer.save_checkpoint(path)  # every rank: a collective; rank 0 writes
+            state = None
+            if trainer.is_global_zero:
+                with open(path, "rb") as f:
+                    data = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
+                state = {LIGHTNING_CKPT_KEY: data, "filename": self._filename}
+            ctx.report({**metrics, LIGHTNING_CKPT_METRIC: 1}, checkpoint=state)
+        finally:
             shutil.rmtree(directory, ignore_errors=True)

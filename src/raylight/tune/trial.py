@@ -17,7 +17,12 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from raylight.checkpoint import Checkpoint
+from raylight.checkpoint import (
+    INTERNAL_METRIC,
+    LIGHTNING_CKPT_KEY,
+    LIGHTNING_CKPT_METRIC,
+    Checkpoint,
+)
 from raylight.config import TrainerConfig
 from raylight.storage import STATE_FILE
 from raylight.tune.resources import get_tune_resources
@@ -54,6 +59,57 @@ def from_tune_checkpoint(checkpoint: Any) -> Checkpoint:
     return Checkpoint(None, metadata=meta, data=data)
 
 
+def in_tune_session() -> bool:
+    """Whether this code runs in a Ray Tune trial's process."""
+    import warnings
+
+    from ray import tune
+
+    with warnings.catch_warnings():  # outside a trial Ray warns and returns None
+        warnings.simplefilter("ignore")
+        try:
+            return tune.get_context().get_trial_id() is not None
+        except Exception:
+            return False
+
+
+class TuneForwarder:
+    """``Trainer(on_report=...)`` inside a Tune trial: sends each of rank 0's reports to
+    ``ray.tune.report``, its checkpoint as a ``ray.tune.Checkpoint``. A raylight checkpoint
+    becomes the state file (``from_tune_checkpoint`` reads it back); one made by
+    ``TuneReportCheckpointCallback`` on a worker becomes the Lightning ``.ckpt`` file it
+    holds. Reports raylight makes for itself, and its marker metrics, are not sent."""
+
+    def __init__(self) -> None:
+        self.scratch = tempfile.mkdtemp(prefix="raylight-tune-")
+
+    def __call__(self, metrics: dict[str, Any], checkpoint: Checkpoint | None) -> None:
+        from ray import tune
+
+        if metrics.get(INTERNAL_METRIC):
+            return
+        public = {k: v for k, v in metrics.items() if not k.startswith("raylight/")}
+        if checkpoint is None:
+            tune.report(public)
+            return
+        target = os.path.join(self.scratch, uuid.uuid4().hex[:8])
+        try:
+            if metrics.get(LIGHTNING_CKPT_METRIC):
+                state = checkpoint.load()  # weights_only
+                os.makedirs(target)
+                with open(os.path.join(target, str(state["filename"])), "wb") as f:
+                    f.write(state[LIGHTNING_CKPT_KEY].numpy().tobytes())
+                tune_checkpoint = tune.Checkpoint.from_directory(target)
+            else:
+                tune_checkpoint = to_tune_checkpoint(checkpoint, target)
+            tune.report(public, checkpoint=tune_checkpoint)
+        finally:  # Tune has copied it into the trial's storage
+            shutil.rmtree(target, ignore_errors=True)
+
+    def close(self) -> None:
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
 def run_trial(
     train_loop: Callable[..., Any],
     loop_config: dict[str, Any],
@@ -71,18 +127,7 @@ def run_trial(
         update={"storage_path": storage, "name": f"raylight-{uuid.uuid4().hex[:8]}", "progress": False}
     )
     cfg = trainer_config.model_copy(update={"run": run})
-    scratch = tempfile.mkdtemp(prefix="raylight-tune-")
-
-    def forward(metrics: dict[str, Any], checkpoint: Checkpoint | None) -> None:
-        if checkpoint is None:
-            tune.report(dict(metrics))
-            return
-        target = os.path.join(scratch, uuid.uuid4().hex[:8])
-        try:
-            tune.report(dict(metrics), checkpoint=to_tune_checkpoint(checkpoint, target))
-        finally:  # Tune has copied it into the trial's storage
-            shutil.rmtree(target, ignore_errors=True)
-
+    forward = TuneForwarder()
     try:
         raylight.Trainer(
             train_loop,
@@ -92,7 +137,7 @@ def run_trial(
             resume_from=from_tune_checkpoint(restored) if restored is not None else None,
         ).fit()
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        forward.close()
 
 
 def trainable(
