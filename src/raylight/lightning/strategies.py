@@ -138,7 +138,29 @@ def _sampler_kwargs(strategy: Any) -> dict[str, Any]:
     return {"num_replicas": strategy.world_size, "rank": strategy.global_rank}
 
 
-class RayStrategy(DDPStrategy):
+class _RayWorkers:
+    """What both strategies change in Lightning's: the launcher, the worker's rank and
+    device, and the sampler's world. Listed first in their bases, so it takes precedence."""
+
+    settings: RaySettings
+    _launcher: Any  # Lightning's Strategy attribute, set by _configure_launcher
+
+    def attach_worker(self, ctx: Any, trainer: Any) -> None:
+        _attach(self, ctx, trainer)
+
+    @property
+    def root_device(self) -> torch.device:
+        return _root_device(self)
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        return _sampler_kwargs(self)
+
+    def _configure_launcher(self) -> None:
+        self._launcher = RayLauncher(self.settings)
+
+
+class RayStrategy(_RayWorkers, DDPStrategy):
     """DDP over ``num_workers`` raylight workers on Ray; the Trainer stays on the driver.
 
     Args:
@@ -190,19 +212,6 @@ class RayStrategy(DDPStrategy):
             **ddp_kwargs,
         )
 
-    def attach_worker(self, ctx: Any, trainer: Any) -> None:
-        _attach(self, ctx, trainer)
-
-    @property
-    def root_device(self) -> torch.device:
-        return _root_device(self)
-
-    @property
-    def distributed_sampler_kwargs(self) -> dict[str, Any]:
-        return _sampler_kwargs(self)
-
-    def _configure_launcher(self) -> None:
-        self._launcher = RayLauncher(self.settings)
 
     def process_dataloader(self, dataloader: Any) -> Any:
         sync = _adaptive_sync(self)
@@ -229,7 +238,7 @@ class RayStrategy(DDPStrategy):
         self.optimizers = [self._raylight_ctx.prepare_optimizer(self.optimizers[0])]
 
 
-class RayFSDPStrategy(FSDPStrategy):
+class RayFSDPStrategy(_RayWorkers, FSDPStrategy):
     """Fully sharded data parallel over raylight workers; arguments as ``RayStrategy``,
     plus ``**fsdp_kwargs`` for Lightning's ``FSDPStrategy`` (e.g.
     ``auto_wrap_policy``, ``sharding_strategy``, ``state_dict_type``).
@@ -281,16 +290,3 @@ class RayFSDPStrategy(FSDPStrategy):
             **fsdp_kwargs,
         )
 
-    def attach_worker(self, ctx: Any, trainer: Any) -> None:
-        _attach(self, ctx, trainer)
-
-    @property
-    def root_device(self) -> torch.device:
-        return _root_device(self)
-
-    @property
-    def distributed_sampler_kwargs(self) -> dict[str, Any]:
-        return _sampler_kwargs(self)
-
-    def _configure_launcher(self) -> None:
-        self._launcher = RayLauncher(self.settings)
