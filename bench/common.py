@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 
@@ -20,3 +21,23 @@ def init_local_ray(num_cpus: int, temp_dir: str) -> Any:
         _temp_dir=temp_dir,
     )
     return ray
+
+
+def run_ray_train(
+    loop: Callable[[dict[str, Any]], None], job: dict[str, Any], num_workers: int
+) -> None:
+    """One child run of Ray Train: ``loop(job)`` on ``num_workers`` workers of 1 CPU
+    under ``TorchTrainer``, on a local Ray of its own that is shut down afterwards."""
+    ray = init_local_ray(num_workers, job["ray_temp_dir"])
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    try:
+        TorchTrainer(
+            loop,
+            train_loop_config=job,
+            scaling_config=ScalingConfig(num_workers=num_workers, resources_per_worker={"CPU": 1}),
+            run_config=RunConfig(storage_path=job["storage_path"], name="bench"),
+        ).fit()
+    finally:
+        ray.shutdown()

@@ -189,21 +189,9 @@ def raylight_loop(ctx: Any, job: dict[str, Any]) -> None:
 
 
 def child_ray_train(job: dict[str, Any]) -> None:
-    from common import init_local_ray
+    from common import run_ray_train
 
-    ray = init_local_ray(NUM_WORKERS, job["ray_temp_dir"])
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-
-    try:
-        TorchTrainer(
-            ray_train_loop,
-            train_loop_config=job,
-            scaling_config=ScalingConfig(num_workers=NUM_WORKERS, resources_per_worker={"CPU": 1}),
-            run_config=RunConfig(storage_path=job["storage_path"], name="bench"),
-        ).fit()
-    finally:
-        ray.shutdown()
+    run_ray_train(ray_train_loop, job, NUM_WORKERS)
 
 
 def child_raylight(job: dict[str, Any]) -> None:
