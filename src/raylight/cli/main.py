@@ -30,6 +30,9 @@ console = Console(stderr=True)
 ConfigOpt = Annotated[str, typer.Option("--config", "-c", help="YAML config: local path or fsspec URI.")]
 DatasetOpt = Annotated[str, typer.Option("--dataset", "-d", help="CSV, Parquet or JSON-lines file, glob or URI.")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a config key: trainer.epochs=5 (repeatable).")]
+BackendOpt = Annotated[str | None, typer.Option(help="local or ray (overrides backend.type).")]
+QuietOpt = Annotated[bool, typer.Option(help="No progress display.")]
+ModelPathOpt = Annotated[str, typer.Option(help="<output-directory>/model of a trained run.")]
 
 
 def _fail(exc: BaseException) -> None:
@@ -49,9 +52,9 @@ def train(
     config: ConfigOpt,
     dataset: DatasetOpt,
     output_directory: Annotated[str, typer.Option(help="Where the run is written.")] = "results/run",
-    backend: Annotated[str | None, typer.Option(help="local or ray (overrides backend.type).")] = None,
+    backend: BackendOpt = None,
     set_: SetOpt = None,
-    quiet: Annotated[bool, typer.Option(help="No progress display.")] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Train a model described by CONFIG on DATASET."""
     from raylight.declarative import api
@@ -69,9 +72,9 @@ def experiment(
     config: ConfigOpt,
     dataset: DatasetOpt,
     output_directory: Annotated[str, typer.Option(help="Where the run is written.")] = "results/experiment",
-    backend: Annotated[str | None, typer.Option(help="local or ray.")] = None,
+    backend: BackendOpt = None,
     set_: SetOpt = None,
-    quiet: Annotated[bool, typer.Option(help="No progress display.")] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Train, then evaluate on the test split (written to evaluation.json)."""
     train(config, dataset, output_directory, backend, set_, quiet)
@@ -100,7 +103,7 @@ def hyperopt(
 
 @app.command()
 def evaluate(
-    model_path: Annotated[str, typer.Option(help="<output-directory>/model of a trained run.")],
+    model_path: ModelPathOpt,
     dataset: DatasetOpt,
 ) -> None:
     """Evaluate a trained model on DATASET."""
@@ -115,7 +118,7 @@ def evaluate(
 
 @app.command()
 def predict(
-    model_path: Annotated[str, typer.Option(help="<output-directory>/model of a trained run.")],
+    model_path: ModelPathOpt,
     dataset: DatasetOpt,
     output: Annotated[str | None, typer.Option(help="predictions.csv, .parquet or .jsonl; default: stdout as CSV.")] = None,
 ) -> None:
