@@ -466,6 +466,40 @@ def child_raylight(job: dict[str, Any]) -> None:
         ray.shutdown()
 
 
+TPUT_ORDER = ("raylight_fixed", "raylight_pinned", "raylight_pinned", "raylight_fixed")
+
+
+def child_tput(job: dict[str, Any]) -> None:
+    """The throughput pair in one child and one embedded cluster, in the order fixed,
+    pinned, pinned, fixed: drift within the child hits both systems alike, and the
+    repetition's overhead is the ratio of the two systems' mean rates."""
+    import ray
+
+    import raylight
+    from raylight import runtime
+
+    runtime.start_embedded(num_cpus=NUM_WORKERS, temp_dir=job["ray_temp_dir"])
+    runs = []
+    try:
+        for i, system in enumerate(TPUT_ORDER):
+            run_job = dict(job, system=system, result_path=f"{job['result_path']}.{i}")
+            if system != "raylight_pinned":
+                run_job["adaptive"] = None
+            raylight.fit(
+                throughput_loop,
+                config=run_job,
+                num_workers=NUM_WORKERS,
+                adaptive=adaptive_config(run_job),
+                progress=False,
+                storage_path=f"{job['storage_path']}/{i}",
+                name="bench",
+            )
+            runs.append({"system": system, **json.loads(Path(run_job["result_path"]).read_text())})
+    finally:
+        ray.shutdown()
+    Path(job["result_path"]).write_text(json.dumps({"runs": runs}))
+
+
 def child_sweep(job: dict[str, Any]) -> None:
     """Forced layouts for the throughput model: short adaptive runs on digits, one per
     atomic batch, each pinned there (local_batch_bounds=(m, m)), in one Ray session; their
@@ -594,6 +628,7 @@ CHILDREN = {
     "ray_train": child_ray_train,
     "resize": child_resize,
     "sweep": child_sweep,
+    "tput": child_tput,
 }
 
 
@@ -721,28 +756,23 @@ def ttt_record(system: str, job: dict[str, Any], timeout_s: float) -> dict[str, 
     return record
 
 
-def tput_record(system: str, job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    record = run_child("raylight", dict(job, system=system), timeout_s)
-    record["system"] = system
+def tput_record(job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """One repetition of the throughput pair: per-system runs and their ratio."""
+    record = run_child("tput", job, timeout_s)
     raw = record.pop("raw")
-    launched = record.pop("launched")
+    record.pop("launched")
     record.pop("_png", None)
-    if record["ok"] and raw.get("first_step_end"):
-        record["start_to_first_step_s"] = raw["first_step_end"] - launched
-        record["wall_s"] = raw["last_step_end"] - launched
     if record["ok"]:
-        record.update(
-            {
-                k: raw.get(k)
-                for k in (
-                    "steps",
-                    "steady_samples_per_s",
-                    "median_step_ms",
-                    "global_batch",
-                    "torch_threads",
-                )
-            }
-        )
+        runs = raw["runs"]
+        record["runs"] = runs
+        rate = {
+            system: statistics.mean(
+                r["steady_samples_per_s"] for r in runs if r["system"] == system
+            )
+            for system in TPUT_SYSTEMS
+        }
+        record["steady_samples_per_s"] = rate
+        record["overhead_pct"] = 100.0 * (rate["raylight_fixed"] / rate["raylight_pinned"] - 1.0)
     return record
 
 
@@ -859,13 +889,7 @@ def median_of(
     return None if math.isinf(med) else med
 
 
-TPUT_METRICS = (
-    "steady_samples_per_s",
-    "median_step_ms",
-    "start_to_first_step_s",
-    "wall_s",
-    "process_s",
-)
+TPUT_METRICS = ("steady_samples_per_s", "median_step_ms")
 TTT_METRICS = (
     "start_to_first_step_s",
     "to_target_from_launch_s",
@@ -909,11 +933,7 @@ def figures(
     delta = None
     if fixed["final_accuracy"] is not None and adapt["final_accuracy"] is not None:
         delta = 100.0 * (adapt["final_accuracy"] - fixed["final_accuracy"])
-    rate_fixed = tput["raylight_fixed"]["median"]["steady_samples_per_s"]
-    rate_pinned = tput["raylight_pinned"]["median"]["steady_samples_per_s"]
-    overhead = (
-        None if not rate_fixed or not rate_pinned else 100.0 * (rate_fixed / rate_pinned - 1.0)
-    )
+    overhead = tput["median_overhead_pct"]
     in_place = resize["in_place"]["median"]
     from_ckpt = resize["checkpoint"]["median"]
     err = pred["mean_relative_error"]
@@ -928,8 +948,9 @@ def figures(
             "step-time predictions",
             "resize_*_s": "median first_step_s (resize decision -> rank 0's first batch at 2 "
             "workers); *_pause_s: median pause_s (stop -> that batch: training time lost)",
-            "noise_overhead_pct": "100 x (raylight_fixed steady samples/s / raylight_pinned "
-            "steady samples/s - 1), medians",
+            "noise_overhead_pct": "median over repetitions of 100 x (raylight_fixed mean "
+            "steady samples/s / raylight_pinned mean steady samples/s - 1), each repetition "
+            "one child running fixed, pinned, pinned, fixed on one embedded cluster",
         },
         "adaptive_vs_fixed_time_to_target": speedup,
         "adaptive_vs_fixed_time_to_target_from_launch": speedup_launch,
@@ -996,12 +1017,14 @@ def print_table(results: dict[str, Any]) -> None:
     print(
         f"\nSteady throughput, MLP 64-{cfg['tput_hidden']}-{cfg['tput_hidden']}-10, global batch {cfg['batch_size']}"
     )
-    for name, s in tput.items():
+    for name, s in tput["systems"].items():
         m = s["median"]
         print(
-            f"{name:<18} {s['ok_reps']}/{len(s['reps']):<2} {fmt(m['steady_samples_per_s'], ',.0f'):>10} samples/s "
+            f"{name:<18} {s['runs']:>2} runs {fmt(m['steady_samples_per_s'], ',.0f'):>10} samples/s "
             f"{fmt(m['median_step_ms'], '.2f'):>7} ms/step"
         )
+    per_rep = ", ".join(fmt(v, ".1f") for v in tput["overhead_pct_per_rep"])
+    print(f"overhead per repetition (%): {per_rep}")
     print(
         "\nResize 1 -> 2 workers (decision -> first step at the new size; pause = stop -> first step)"
     )
@@ -1059,14 +1082,14 @@ def print_table(results: dict[str, Any]) -> None:
             else f"{goal['goal']}: {'met' if goal['met'] else 'NOT met' if goal['met'] is False else '-'}"
         )
         print(f"{name:<44} {fmt(value, spec):>9}   {note}")
-    for section in ("time_to_target", "noise_overhead", "resize"):
-        for name, s in results[section].items():
-            for rep in s["reps"]:
-                if not rep["ok"]:
-                    print(
-                        f"  {section}/{name} FAILED: {rep['error']}\n    "
-                        + rep.get("stderr_tail", "")[-600:]
-                    )
+    failed = [
+        (f"time_to_target/{n}", r) for n, s in results["time_to_target"].items() for r in s["reps"]
+    ]
+    failed += [(f"resize/{n}", r) for n, s in results["resize"].items() for r in s["reps"]]
+    failed += [("noise_overhead", r) for r in results["noise_overhead"]["reps"]]
+    for section, rep in failed:
+        if not rep["ok"]:
+            print(f"  {section} FAILED: {rep['error']}\n    " + rep.get("stderr_tail", "")[-600:])
 
 
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
@@ -1097,7 +1120,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     sections = set(args.sections.split(","))
     source_at_start = source_fingerprint()
     ttt_reps: dict[str, list[dict[str, Any]]] = {s: [] for s in TTT_SYSTEMS}
-    tput_reps: dict[str, list[dict[str, Any]]] = {s: [] for s in TPUT_SYSTEMS}
+    tput_reps: list[dict[str, Any]] = []
     resize_reps: dict[str, list[dict[str, Any]]] = {k: [] for k in RESIZE_KINDS}
 
     def show(label: str, record: dict[str, Any]) -> None:
@@ -1124,13 +1147,16 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
                 ttt_reps[name].append(ttt_record(name, job, args.timeout))
                 show("", ttt_reps[name][-1])
         if "tput" in sections:
-            for name in TPUT_SYSTEMS:
-                job = dict(
-                    tput_job, **seeded, adaptive=pinned if name == "raylight_pinned" else None
-                )
-                print(f"rep {rep + 1}/{args.reps}: throughput, {name} ...", end=" ", flush=True)
-                tput_reps[name].append(tput_record(name, job, args.timeout))
-                show("", tput_reps[name][-1])
+            job = dict(tput_job, **seeded, adaptive=pinned)
+            print(
+                f"rep {rep + 1}/{args.reps}: throughput, {' / '.join(TPUT_ORDER)} ...",
+                end=" ",
+                flush=True,
+            )
+            tput_reps.append(tput_record(job, args.timeout))
+            show("", tput_reps[-1])
+            if tput_reps[-1]["ok"]:
+                print(f"  noise overhead {tput_reps[-1]['overhead_pct']:.1f}%", flush=True)
         if "resize" in sections and rep < args.resize_reps:
             for kind in RESIZE_KINDS:
                 print(
@@ -1183,13 +1209,26 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         for r in records:
             r.pop("_png", None)
 
+    tput_runs = {
+        name: [
+            dict(run, ok=True)
+            for r in tput_reps
+            if r["ok"]
+            for run in r["runs"]
+            if run["system"] == name
+        ]
+        for name in TPUT_SYSTEMS
+    }
     tput = {
-        name: {
-            "median": {k: median_of(r, k) for k in TPUT_METRICS},
-            "ok_reps": sum(x["ok"] for x in r),
-            "reps": r,
-        }
-        for name, r in tput_reps.items()
+        "systems": {
+            name: {"median": {k: median_of(runs, k) for k in TPUT_METRICS}, "runs": len(runs)}
+            for name, runs in tput_runs.items()
+        },
+        "order": TPUT_ORDER,
+        "ok_reps": sum(r["ok"] for r in tput_reps),
+        "overhead_pct_per_rep": [r.get("overhead_pct") for r in tput_reps],
+        "median_overhead_pct": median_of(tput_reps, "overhead_pct"),
+        "reps": tput_reps,
     }
     resize = {
         kind: {
@@ -1267,7 +1306,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--tput-hidden", type=int, default=512, help="width of the throughput MLP")
     parser.add_argument(
-        "--tput-samples", type=int, default=20_000, help="samples of the throughput run"
+        "--tput-samples", type=int, default=40_000, help="samples of each throughput run"
     )
     parser.add_argument(
         "--sweep-steps", type=int, default=30, help="steps per forced layout (if needed)"

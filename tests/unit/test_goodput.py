@@ -116,6 +116,10 @@ def test_fit_recovers_step_times_within_10_percent(seed):
     want = predict_step_time(true, n, k, m, s)
     got = predict_step_time(fitted, n, k, m, s)
     assert np.max(np.abs(got / want - 1)) < 0.10
+    # A refit started from this fit (the driver's refits as steps accumulate) is as good.
+    nodes2, replicas2, m2, accum2, optim2 = _observations(true, rng)
+    refined = fit_perf_params(nodes2, replicas2, m2, accum2, optim2, start=fitted)
+    assert np.max(np.abs(predict_step_time(refined, n, k, m, s) / want - 1)) < 0.10
 
 
 def test_fit_pins_what_the_data_cannot_identify():

@@ -138,3 +138,40 @@ def test_lr_rules_values():
     assert progress_increment("adascale", 4.0, 2.5) == 2.5 and progress_increment("sqrt", 4.0, 2.5) == 4.0
     with pytest.raises(ValueError, match="lr_rule"):
         lr_factor("cubic", 1.0, 1.0)  # type: ignore[arg-type]
+
+
+def test_engine_refits_the_throughput_model_only_when_the_profile_grew(monkeypatch):
+    """The driver refits when a layout is new or its step count grew by REFIT_GROWTH,
+    not on every poll (each fit costs tens of ms of the driver's CPU)."""
+    import raylight.adaptive.engine as engine_mod
+    from raylight.adaptive.engine import REFIT_GROWTH, AdaptiveEngine, EngineSettings
+    from raylight.adaptive.profile import StepProfile
+
+    fits = []
+    real_fit = engine_mod.fit_perf_params
+    monkeypatch.setattr(
+        engine_mod, "fit_perf_params", lambda *obs, start: fits.append((obs, start)) or real_fit(*obs, start=start)
+    )
+    eng = AdaptiveEngine(EngineSettings(adaptive=True, elastic=False, min_workers=2, max_workers=2, min_profile_steps=5))
+
+    def steps(layout, n):
+        prof = StepProfile()
+        for _ in range(n):
+            prof.add(layout, optim_time=0.01 + 1e-4 * layout[2])
+        eng.state.profile.merge(prof)
+
+    assert eng.perf_params(1) is None  # nothing measured
+    steps((1, 2, 16, 1), 100)
+    first = eng.perf_params(1)
+    assert len(fits) == 1
+    steps((1, 2, 16, 1), int(100 * (REFIT_GROWTH - 1)) - 1)  # grown, but under the factor
+    assert eng.perf_params(1) is first and len(fits) == 1
+    steps((1, 2, 16, 1), 1)  # reaches the factor
+    assert eng.perf_params(1) is not first and len(fits) == 2
+    assert fits[-1][1] is first  # refined from the last fit
+    steps((1, 2, 64, 1), 5)  # a new layout: a fresh fit
+    eng.perf_params(1)
+    assert len(fits) == 3 and len(fits[-1][0][0]) == 2 and fits[-1][1] is None
+    steps((1, 2, 128, 2), 50)  # another thread count: its own model
+    eng.perf_params(1)
+    assert len(fits) == 3

@@ -57,11 +57,21 @@ class EngineState:
     restart_costs: list[float] = field(default_factory=list)
 
 
+REFIT_GROWTH = 1.25  # refit a layout's model when its step count grew by this factor
+
+
+def _needs_refit(fitted: dict[Any, int], counts: dict[Any, int]) -> bool:
+    """A new (or lost) layout, or one with REFIT_GROWTH times the steps it had at the fit."""
+    if fitted.keys() != counts.keys():
+        return True
+    return any(counts[k] >= REFIT_GROWTH * fitted[k] for k in counts)
+
+
 class AdaptiveEngine:
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
         self.state = EngineState()
-        self._fits: dict[int, tuple[int, PerfParams]] = {}  # threads -> (profile size, fit)
+        self._fits: dict[int, tuple[dict[Any, int], PerfParams]] = {}  # threads -> (step counts, fit)
         self.last_batch_reason = ""
         s = settings
         self.elastic_policy = ElasticPolicy(
@@ -92,13 +102,23 @@ class AdaptiveEngine:
 
     # -- models ---------------------------------------------------------------------
     def perf_params(self, threads: int) -> PerfParams | None:
-        obs = self.state.profile.observations(threads=threads, min_steps=self.settings.min_profile_steps)
-        if len(obs[0]) == 0:
+        """The throughput model for ``threads`` threads per worker, refitted when a layout
+        is new or its step count grew by ``REFIT_GROWTH`` since the last fit: the means of
+        a layout settle, so refitting on every poll would only cost the driver CPU."""
+        min_steps = self.settings.min_profile_steps
+        counts = {
+            layout: s.optim_count
+            for layout, s in self.state.profile.layouts.items()
+            if layout[3] == threads and s.optim_count >= min_steps
+        }
+        if not counts:
             return None
-        size = int(sum(s.optim_count for (_, _, _, t), s in self.state.profile.layouts.items() if t == threads))
         cached = self._fits.get(threads)
-        if cached is None or cached[0] != size:
-            self._fits[threads] = (size, fit_perf_params(*obs))
+        if cached is None or _needs_refit(cached[0], counts):
+            obs = self.state.profile.observations(threads=threads, min_steps=min_steps)
+            # Same layouts, more steps: refine the last fit rather than search afresh.
+            start = cached[1] if cached is not None and cached[0].keys() == counts.keys() else None
+            self._fits[threads] = (counts, fit_perf_params(*obs, start=start))
         return self._fits[threads][1]
 
     @property
@@ -243,6 +263,7 @@ class AdaptiveEngine:
 
     def load_state_dict(self, data: dict[str, Any]) -> None:
         st = self.state
+        self._fits.clear()
         st.profile = StepProfile.from_json(data["profile"])
         st.init_batch_size = data["init_batch_size"]
         st.grad_sqr, st.grad_var = data["grad_sqr"], data["grad_var"]
