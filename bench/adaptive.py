@@ -96,8 +96,10 @@ NUM_WORKERS = 2
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 TTT_SYSTEMS = ("raylight_fixed", "ray_train_fixed", "raylight_adaptive")
 TPUT_SYSTEMS = ("raylight_fixed", "raylight_pinned")
-RESIZE_KINDS = ("in_place", "checkpoint")
-PHASES = ("spawn_s", "warm_s", "stop_s", "launch_s")  # of an in-place resize
+# in_place: a warm spare process waits beside rank 0 (the default); in_place_cold: none
+# (warm_spare=False), the new worker starts and imports when the grow is decided.
+RESIZE_KINDS = ("in_place", "in_place_cold", "checkpoint")
+PHASES = ("spawn_s", "warm_s", "stop_s", "launch_s", "spares")  # of an in-place resize
 DEFAULT_BUDGET = {"diamonds": (8, 0.75), "digits": (40, 0.95)}  # epochs, target
 SKIP_STEPS = 20  # steps left out of steady throughput
 MIN_PROFILE_STEPS = 5  # optimizer steps a layout needs to count (the engine's default)
@@ -555,7 +557,8 @@ def _wait_for(cond: Callable[[], bool], timeout_s: float) -> bool:
 
 
 def child_resize(job: dict[str, Any]) -> None:
-    """Grow 1 -> 2 workers: a blocker holds one CPU until the first checkpoint."""
+    """Grow 1 -> 2 workers: a blocker holds one CPU until the first checkpoint (and, for
+    in_place, until the warm spare is ready: the CPU comes back while one waits)."""
     import ray
 
     import raylight
@@ -579,7 +582,8 @@ def child_resize(job: dict[str, Any]) -> None:
                 num_workers=(1, NUM_WORKERS),
                 scaling_policy="max",
                 resize_interval_s=0.3,
-                resize_in_place=job["resize_kind"] == "in_place",
+                resize_in_place=job["resize_kind"] != "checkpoint",
+                warm_spare=job["resize_kind"] == "in_place",
             ),
             run=RunConfig(storage_path=job["storage_path"], name="bench", progress=False),
         ),
@@ -596,14 +600,22 @@ def child_resize(job: dict[str, Any]) -> None:
     thread.start()
     events: dict[str, float] = {}
     try:
-        if _wait_for(
-            lambda: any(run_dir.glob("checkpoints/*/meta.json")) or not thread.is_alive(), 120
-        ):
+        trace = run_dir / "adaptive.jsonl"
+
+        def ready_to_grow() -> bool:
+            if not thread.is_alive():
+                return True
+            if not any(run_dir.glob("checkpoints/*/meta.json")):
+                return False
+            return job["resize_kind"] != "in_place" or (
+                trace.exists() and '"event": "spare_ready"' in trace.read_text()
+            )
+
+        if _wait_for(ready_to_grow, 120):
             events["blocker_killed"] = time.time()
             ray.kill(blocker)
 
             def resized() -> bool:
-                trace = run_dir / "adaptive.jsonl"
                 return (
                     trace.exists() and '"event": "resized"' in trace.read_text()
                 ) or not thread.is_alive()
@@ -797,8 +809,11 @@ def resize_record(kind: str, job: dict[str, Any], timeout_s: float) -> dict[str,
         pause_s=grow.get("pause_s"),
         **{f"{k}": v for k, v in grow.get("phases", {}).items()},
     )
-    if grow["kind"] != kind:
-        record.update(ok=False, error=f"asked for a {kind} resize, got {grow['kind']}")
+    want = "checkpoint" if kind == "checkpoint" else "in_place"
+    if grow["kind"] != want:
+        record.update(ok=False, error=f"asked for a {want} resize, got {grow['kind']}")
+    elif kind == "in_place" and not grow.get("phases", {}).get("spares"):
+        record.update(ok=False, error="the grow did not use the warm spare")
     return record
 
 
@@ -935,6 +950,7 @@ def figures(
         delta = 100.0 * (adapt["final_accuracy"] - fixed["final_accuracy"])
     overhead = tput["median_overhead_pct"]
     in_place = resize["in_place"]["median"]
+    cold = resize["in_place_cold"]["median"]
     from_ckpt = resize["checkpoint"]["median"]
     err = pred["mean_relative_error"]
     return {
@@ -947,7 +963,9 @@ def figures(
             "step_time_prediction_error": "mean relative error of leave-one-layout-out "
             "step-time predictions",
             "resize_*_s": "median first_step_s (resize decision -> rank 0's first batch at 2 "
-            "workers); *_pause_s: median pause_s (stop -> that batch: training time lost)",
+            "workers); *_pause_s: median pause_s (stop -> that batch: training time lost); "
+            "in_place: the warm spare joins (the CPU returns after it is ready); "
+            "in_place_cold: warm_spare=False, a new process starts",
             "noise_overhead_pct": "median over repetitions of 100 x (raylight_fixed mean "
             "steady samples/s / raylight_pinned mean steady samples/s - 1), each repetition "
             "one child running fixed, pinned, pinned, fixed on one embedded cluster",
@@ -958,6 +976,8 @@ def figures(
         "step_time_prediction_error": err,
         "resize_in_place_s": in_place["first_step_s"],
         "resize_in_place_pause_s": in_place["pause_s"],
+        "resize_in_place_cold_s": cold["first_step_s"],
+        "resize_in_place_cold_pause_s": cold["pause_s"],
         "resize_from_checkpoint_s": from_ckpt["first_step_s"],
         "resize_from_checkpoint_pause_s": from_ckpt["pause_s"],
         "noise_overhead_pct": overhead,
@@ -1033,7 +1053,11 @@ def print_table(results: dict[str, Any]) -> None:
         print(
             f"{kind:<18} {s['ok_reps']}/{len(s['reps']):<2} first step {fmt(m['first_step_s'], '.2f'):>6} s  "
             f"pause {fmt(m['pause_s'], '.2f'):>6} s  "
-            + "  ".join(f"{k[:-2]} {fmt(m.get(k), '.2f')}" for k in PHASES if m.get(k) is not None)
+            + "  ".join(
+                f"{k.removesuffix('_s')} {fmt(m.get(k), '.2f')}"
+                for k in PHASES
+                if m.get(k) is not None
+            )
         )
     source = results["raylight_source"]
     if source["at_start"] != source["at_end"]:
@@ -1071,6 +1095,8 @@ def print_table(results: dict[str, Any]) -> None:
         ),
         ("resize_in_place_s", fig["resize_in_place_s"], ".2f", goals["resize_in_place_s"]),
         ("  pause_s", fig["resize_in_place_pause_s"], ".2f", None),
+        ("resize_in_place_cold_s", fig["resize_in_place_cold_s"], ".2f", None),
+        ("  pause_s", fig["resize_in_place_cold_pause_s"], ".2f", None),
         ("resize_from_checkpoint_s", fig["resize_from_checkpoint_s"], ".2f", None),
         ("  pause_s", fig["resize_from_checkpoint_pause_s"], ".2f", None),
         ("noise_overhead_pct", fig["noise_overhead_pct"], ".1f", goals["noise_overhead_pct"]),

@@ -56,8 +56,11 @@ def _run_in_thread(trainer):
     return thread, out
 
 
-@pytest.mark.parametrize("in_place", [True, False], ids=["in_place", "from_checkpoint"])
-def test_grows_when_resources_free_up_with_exact_data_coverage(ray_cluster, tmp_path, in_place):
+@pytest.mark.parametrize("kind", ["in_place_spare", "in_place_cold", "from_checkpoint"])
+def test_grows_when_resources_free_up_with_exact_data_coverage(ray_cluster, tmp_path, kind):
+    """in_place_spare: the CPU comes back once the warm spare is ready and the spare joins;
+    in_place_cold: no spare (warm_spare=False), a new process starts and warms."""
+    in_place, spare = kind != "from_checkpoint", kind == "in_place_spare"
     blocker = Blocker.remote()
     ray.get(blocker.ready.remote())
     run_dir = str(tmp_path / "grow")
@@ -66,13 +69,21 @@ def test_grows_when_resources_free_up_with_exact_data_coverage(ray_cluster, tmp_
         loops.elastic_loop,
         train_loop_config={"batch_size": 16, "epochs": 10_000, "stop_file": str(stop)},
         config=TrainerConfig(
-            scaling=ScalingConfig(num_workers=(1, 2), scaling_policy="max", resize_interval_s=0.3, resize_in_place=in_place),
+            scaling=ScalingConfig(
+                num_workers=(1, 2), scaling_policy="max", resize_interval_s=0.3, resize_in_place=in_place, warm_spare=spare
+            ),
             run=RunConfig(storage_path=str(tmp_path), name="grow", progress=False),
         ),
     )
     thread, out = _run_in_thread(trainer)
     try:
         wait_until(lambda: _committed(run_dir) or not thread.is_alive(), 120, "a first checkpoint")
+        if spare:
+            wait_until(
+                lambda: any(r.get("event") == "spare_ready" for r in read_trace(run_dir)) or not thread.is_alive(),
+                120,
+                "the warm spare",
+            )
         ray.kill(blocker)
         wait_until(lambda: any(r.get("event") == "resized" for r in read_trace(run_dir)) or not thread.is_alive(), 120, "a resize")
     finally:
@@ -87,8 +98,12 @@ def test_grows_when_resources_free_up_with_exact_data_coverage(ray_cluster, tmp_
     assert resize["kind"] == ("in_place" if in_place else "checkpoint")
     assert 0 < resize["pause_s"] <= resize["first_step_s"]
     if in_place:  # where the time went: start and warm the new worker, agree the stop, launch
-        assert set(resize["phases"]) == {"spawn_s", "warm_s", "stop_s", "launch_s"}
-        assert resize["phases"]["warm_s"] > 0
+        phases = resize["phases"]
+        assert set(phases) == {"spawn_s", "warm_s", "stop_s", "launch_s", "spares"}
+        if spare:  # the spare joined: nothing to start or import
+            assert phases["spares"] == 1 and phases["warm_s"] == 0
+        else:
+            assert phases["spares"] == 0 and phases["warm_s"] > 0
     assert os.path.exists(os.path.join(run_dir, "adaptive.jsonl"))
 
 

@@ -67,6 +67,13 @@ class ScalingConfig(_Model):
         description="Resize elastic jobs in place (live workers keep running, new ones get "
         "the state by broadcast); False always restarts from the last checkpoint.",
     )
+    warm_spare: bool = Field(
+        True,
+        description="Elastic CPU jobs below max workers keep one pre-started, warmed worker "
+        "process beside rank 0; it holds no Ray resources until a grow reserves a bundle on "
+        "its node and it joins (decision to first step well under a second instead of a "
+        "process start). False: grow by starting new processes.",
+    )
     autoscale: bool = Field(
         False,
         description="When more workers would help than fit, ask the Ray autoscaler for them "

@@ -198,7 +198,13 @@ class Controller:
             return
         self._decide(poll)
 
+    _spare_ready = False
+
     def _record(self, poll: GroupPoll) -> None:
+        if poll.spare_ready != self._spare_ready:
+            self._spare_ready = poll.spare_ready
+            if poll.spare_ready and self.trace is not None:
+                self.trace({"event": "spare_ready", "workers": self.num_workers})
         for report in poll.reports:
             self.recorder.record(report, num_workers=self.num_workers)
             self._last_seq = max(self._last_seq, report.seq)

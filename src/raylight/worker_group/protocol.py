@@ -134,6 +134,7 @@ class GroupPoll:
 
     polls: list[WorkerPoll]
     failures: list[WorkerFailure] = field(default_factory=list)
+    spare_ready: bool = False  # a warm spare waits to join when the group grows
 
     @property
     def finished(self) -> bool:

@@ -28,7 +28,10 @@ from ray.util.placement_group import (
     placement_group_table,
     remove_placement_group,
 )
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import (
+    NodeAffinitySchedulingStrategy,
+    PlacementGroupSchedulingStrategy,
+)
 
 from raylight._time import monotonic, wall
 from raylight.config import FailureConfig, ScalingConfig
@@ -117,6 +120,19 @@ class _Member:
     node: dict[str, Any]  # ip, node_id, pid, gpu_ids
     pg: PlacementGroup
     bundle: int
+    warm: bool = False  # already imported what the running workers have (a spare)
+
+
+@dataclass
+class _Spare:
+    """A pre-started worker process beside rank 0, with no Ray resources of its own: when
+    the group grows and a bundle it reserves lands on this node, the spare joins in that
+    bundle's place (the bundle's reservation accounts for it) instead of a new process."""
+
+    actor: Any
+    node_id: str
+    refs: list[Any]  # [node_info, warm]
+    ready: bool = False
 
 
 class RayWorkerGroup:
@@ -142,6 +158,8 @@ class RayWorkerGroup:
         self._adaptive = adaptive
         self._members: list[_Member] = []  # index = rank
         self._pgs: list[PlacementGroup] = []
+        self._spare: _Spare | None = None
+        self._resizing = False
         # Running inside a placement group (a Tune trial): workers go into its bundles,
         # which this group never removes.
         self._outer = get_current_placement_group() if ray.is_initialized() else None
@@ -232,10 +250,13 @@ class RayWorkerGroup:
             pg = self._reserve(count - len(slots))
             self._pgs.append(pg)
             slots += [(pg, b) for b in range(pg.bundle_count)]
+        spare_at, spare = self._take_spare(slots)
         per_worker = self._scaling.worker_resources()
         custom = {k: v for k, v in per_worker.items() if k not in ("CPU", "GPU")}
         actors: list[Any] = [
-            _RemoteWorker.options(
+            spare.actor
+            if i == spare_at and spare is not None
+            else _RemoteWorker.options(
                 num_cpus=per_worker.get("CPU", 0),
                 num_gpus=per_worker.get("GPU", 0),
                 resources=custom or None,
@@ -252,7 +273,68 @@ class RayWorkerGroup:
             for actor in actors:
                 ray.kill(actor, no_restart=True)
             raise
-        return [_Member(a, n, pg, b) for a, n, (pg, b) in zip(actors, nodes, slots, strict=True)]
+        return [
+            _Member(a, n, pg, b, warm=i == spare_at)
+            for i, (a, n, (pg, b)) in enumerate(zip(actors, nodes, slots, strict=True))
+        ]
+
+    # -- the warm spare -------------------------------------------------------------------
+    def _spare_wanted(self) -> bool:
+        s = self._scaling
+        return (
+            s.warm_spare and s.elastic and s.resize_in_place and not s.use_gpu
+            and self._outer is None and 0 < len(self._members) < s.max_workers
+        )
+
+    def _tend_spare(self, polls: list[WorkerPoll]) -> None:
+        """Start the spare once rank 0 trains (so it has imported what the loop needs);
+        drop it when the group can no longer grow."""
+        if self._resizing:
+            return
+        if not self._spare_wanted():
+            self._drop_spare()
+            return
+        spare = self._spare
+        if spare is not None and not spare.ready:
+            done, _ = ray.wait(spare.refs, num_returns=len(spare.refs), timeout=0)
+            spare.ready = len(done) == len(spare.refs)
+        rank0 = next((p for p in polls if p.rank == 0), None)
+        if spare is not None or rank0 is None or rank0.progress.batches_since_start == 0:
+            return
+        node_id = self._members[0].node["node_id"]
+        actor: Any = _RemoteWorker.options(
+            num_cpus=0,
+            max_restarts=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+        ).remote(RankInfo(0, 0, 1, 1, 0), self._run_name)
+        modules = self._members[0].actor.loaded_modules.remote()
+        self._spare = _Spare(actor, node_id, [actor.node_info.remote(), actor.warm.remote(self._fn, self._loop_config, modules)])
+
+    def _take_spare(self, slots: list[tuple[PlacementGroup, int]]) -> tuple[int, _Spare | None]:
+        """The slot (index into ``slots``) on the spare's node, and the spare, ready;
+        (-1, None) when there is no usable spare."""
+        spare = self._spare
+        if spare is None:
+            return -1, None
+        nodes = [placement_group_table(pg).get("bundles_to_node_id", {}).get(b) for pg, b in slots]
+        if spare.node_id not in nodes:
+            return -1, None
+        at = nodes.index(spare.node_id)
+        self._spare = None
+        try:  # normally long ready; if not, it is still ahead of a new process
+            self._get(spare.refs, self._failure.worker_start_timeout_s, "warm up (the spare)")
+        except WorkerStartError as exc:
+            log.warning("the warm spare is not usable (%s); starting a new worker", exc)
+            with contextlib.suppress(Exception):
+                ray.kill(spare.actor, no_restart=True)
+            return -1, None
+        return at, spare
+
+    def _drop_spare(self) -> None:
+        if self._spare is not None:
+            with contextlib.suppress(Exception):
+                ray.kill(self._spare.actor, no_restart=True)
+            self._spare = None
 
     def _launch(
         self,
@@ -350,6 +432,15 @@ class RayWorkerGroup:
         """Resize in place: stop live workers at a step boundary, keep those holding
         checkpoint ``commit`` in memory, add or remove workers, re-form the process group
         and restart the loop from that state, broadcast from a survivor."""
+        self._resizing = True
+        try:
+            return self._resize(num_workers=num_workers, threads=threads, plan=plan, commit=commit)
+        finally:
+            self._resizing = False
+
+    def _resize(
+        self, *, num_workers: int, threads: int | None, plan: BatchPlan | None, commit: int
+    ) -> ResizeOutcome:
         reports: list[Report] = []
         shadow: list[Report] = []
         began = monotonic()
@@ -361,7 +452,7 @@ class RayWorkerGroup:
             added = []
         warm_s = self._warm(added)
         stopped_at, stopped_wall = monotonic(), wall()
-        phases = {"spawn_s": stopped_at - began - warm_s, "warm_s": warm_s}
+        phases = {"spawn_s": stopped_at - began - warm_s, "warm_s": warm_s, "spares": sum(m.warm for m in added)}
         for m in self._members:
             m.actor.interrupt.remote()
         # Live workers stop at their next control step. With a dead peer, one may instead
@@ -436,6 +527,7 @@ class RayWorkerGroup:
 
     def _warm(self, added: list[_Member]) -> float:
         """New workers import what a running one has imported, while training goes on."""
+        added = [m for m in added if not m.warm]
         if not added or not self._members:
             return 0.0
         began = monotonic()
@@ -504,10 +596,14 @@ class RayWorkerGroup:
                         **where,
                     )
                 )
-        return GroupPoll(polls, GroupPoll.root_cause_first(failures))
+        if not failures:
+            self._tend_spare(polls)
+        spare_ready = self._spare is not None and self._spare.ready
+        return GroupPoll(polls, GroupPoll.root_cause_first(failures), spare_ready=spare_ready)
 
     # -- shutdown -------------------------------------------------------------------
     def shutdown(self) -> None:
+        self._drop_spare()
         pgs = self._pgs
         for m in self._members:
             with contextlib.suppress(Exception):  # already dead
