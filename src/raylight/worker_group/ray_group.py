@@ -307,8 +307,7 @@ class RayWorkerGroup:
             max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
         ).remote(RankInfo(0, 0, 1, 1, 0), self._run_name)
-        modules = self._members[0].actor.loaded_modules.remote()
-        self._spare = _Spare(actor, node_id, [actor.node_info.remote(), actor.warm.remote(self._fn, self._loop_config, modules)])
+        self._spare = _Spare(actor, node_id, [actor.node_info.remote(), *self._warm_refs([actor])])
 
     def _take_spare(self, slots: list[tuple[PlacementGroup, int]]) -> tuple[int, _Spare | None]:
         """The slot (index into ``slots``) on the spare's node, and the spare, ready;
@@ -532,11 +531,16 @@ class RayWorkerGroup:
             return 0.0
         began = monotonic()
         try:
-            modules = self._get([self._members[0].actor.loaded_modules.remote()], self._failure.worker_start_timeout_s, "list their modules")[0]
-            self._get([m.actor.warm.remote(self._fn, self._loop_config, modules) for m in added], self._failure.worker_start_timeout_s, "warm up")
+            self._get(self._warm_refs([m.actor for m in added]), self._failure.worker_start_timeout_s, "warm up")
         except WorkerStartError as exc:  # only slower: the loop imports what it needs
             log.warning("warming new workers failed (%s); continuing", exc)
         return monotonic() - began
+
+    def _warm_refs(self, actors: list[Any]) -> list[Any]:
+        """Start ``actors`` importing what rank 0 has imported (its module list is passed
+        as a reference, resolved by Ray); one result per actor."""
+        modules = self._members[0].actor.loaded_modules.remote()
+        return [a.warm.remote(self._fn, self._loop_config, modules) for a in actors]
 
     def _release_unused_groups(self) -> None:
         """Remove placement groups none of whose bundles holds a worker any more."""
