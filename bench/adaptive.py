@@ -73,6 +73,7 @@ adaptive repetition); --quick writes adaptive-quick.json / adaptive-quick.png in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import math
@@ -84,7 +85,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -440,32 +441,44 @@ def write_driver_info(job: dict[str, Any], result: Any) -> None:
     Path(job["result_path"]).with_name("driver.json").write_text(json.dumps(info, default=str))
 
 
-def child_raylight(job: dict[str, Any]) -> None:
-    """raylight_fixed / raylight_adaptive (time to target), raylight_fixed /
-    raylight_pinned (throughput)."""
+@contextlib.contextmanager
+def embedded_ray(job: dict[str, Any]) -> Iterator[None]:
+    """The child's own local Ray (NUM_WORKERS CPUs, the job's temp dir), shut down after."""
     import ray
 
-    import raylight
     from raylight import runtime
 
     runtime.start_embedded(num_cpus=NUM_WORKERS, temp_dir=job["ray_temp_dir"])
-    if job["kind"] == "ttt":
-        loop: Callable[..., Any] = raylight_ttt_loop
-    else:
-        loop = throughput_loop
     try:
-        result = raylight.fit(
-            loop,
-            config=job,
-            num_workers=NUM_WORKERS,
-            adaptive=adaptive_config(job),
-            progress=False,
-            storage_path=job["storage_path"],
-            name="bench",
-        )
-        write_driver_info(job, result)
+        yield
     finally:
         ray.shutdown()
+
+
+def bench_fit(
+    loop: Callable[..., Any], config: dict[str, Any], adaptive: Any, storage_path: str, name: str
+) -> Any:
+    """One raylight run as every raylight child runs it: NUM_WORKERS workers, no display."""
+    import raylight
+
+    return raylight.fit(
+        loop,
+        config=config,
+        num_workers=NUM_WORKERS,
+        adaptive=adaptive,
+        progress=False,
+        storage_path=storage_path,
+        name=name,
+    )
+
+
+def child_raylight(job: dict[str, Any]) -> None:
+    """raylight_fixed / raylight_adaptive (time to target)."""
+    with embedded_ray(job):
+        result = bench_fit(
+            raylight_ttt_loop, job, adaptive_config(job), job["storage_path"], "bench"
+        )
+        write_driver_info(job, result)
 
 
 TPUT_ORDER = ("raylight_fixed", "raylight_pinned", "raylight_pinned", "raylight_fixed")
@@ -475,30 +488,13 @@ def child_tput(job: dict[str, Any]) -> None:
     """The throughput pair in one child and one embedded cluster, in the order fixed,
     pinned, pinned, fixed: drift within the child hits both systems alike, and the
     repetition's overhead is the ratio of the two systems' mean rates."""
-    import ray
-
-    import raylight
-    from raylight import runtime
-
-    runtime.start_embedded(num_cpus=NUM_WORKERS, temp_dir=job["ray_temp_dir"])
     runs = []
-    try:
+    with embedded_ray(job):
         for i, system in enumerate(TPUT_ORDER):
             run_job = dict(job, system=system, result_path=f"{job['result_path']}.{i}")
-            if system != "raylight_pinned":
-                run_job["adaptive"] = None
-            raylight.fit(
-                throughput_loop,
-                config=run_job,
-                num_workers=NUM_WORKERS,
-                adaptive=adaptive_config(run_job),
-                progress=False,
-                storage_path=f"{job['storage_path']}/{i}",
-                name="bench",
-            )
+            adaptive = adaptive_config(job) if system == "raylight_pinned" else None
+            bench_fit(throughput_loop, run_job, adaptive, f"{job['storage_path']}/{i}", "bench")
             runs.append({"system": system, **json.loads(Path(run_job["result_path"]).read_text())})
-    finally:
-        ray.shutdown()
     Path(job["result_path"]).write_text(json.dumps({"runs": runs}))
 
 
@@ -506,17 +502,13 @@ def child_sweep(job: dict[str, Any]) -> None:
     """Forced layouts for the throughput model: short adaptive runs on digits, one per
     atomic batch, each pinned there (local_batch_bounds=(m, m)), in one Ray session; their
     profiles are merged as the engine merges increments."""
-    import ray
-
-    import raylight
-    from raylight import AdaptiveConfig, runtime
+    from raylight import AdaptiveConfig
     from raylight.adaptive.profile import StepProfile
 
-    runtime.start_embedded(num_cpus=NUM_WORKERS, temp_dir=job["ray_temp_dir"])
     train_size = len(tensors(job, "train"))
     merged = StepProfile()
     runs = []
-    try:
+    with embedded_ray(job):
         for atomic in job["atomic_sizes"]:
             batch = NUM_WORKERS * atomic
             epochs = max(1, math.ceil(job["steps"] * batch / train_size))
@@ -524,20 +516,12 @@ def child_sweep(job: dict[str, Any]) -> None:
             pinned = AdaptiveConfig(
                 max_batch_size=batch, local_batch_bounds=(atomic, atomic), accumulation=False
             )
-            result = raylight.fit(
-                raylight_ttt_loop,
-                config=config,
-                num_workers=NUM_WORKERS,
-                adaptive=pinned,
-                progress=False,
-                storage_path=job["storage_path"],
-                name=f"sweep-{atomic}",
+            result = bench_fit(
+                raylight_ttt_loop, config, pinned, job["storage_path"], f"sweep-{atomic}"
             )
             state = json.loads((Path(result.path) / "adaptive_state.json").read_text())
             merged.merge(StepProfile.from_json(state["profile"]))
             runs.append({"atomic": atomic, "epochs": epochs, "profile": state["profile"]})
-    finally:
-        ray.shutdown()
     Path(job["result_path"]).write_text(json.dumps({"profile": merged.to_json(), "runs": runs}))
 
 
@@ -562,77 +546,76 @@ def child_resize(job: dict[str, Any]) -> None:
     import ray
 
     import raylight
-    from raylight import RunConfig, ScalingConfig, TrainerConfig, runtime
+    from raylight import RunConfig, ScalingConfig, TrainerConfig
 
-    runtime.start_embedded(num_cpus=NUM_WORKERS, temp_dir=job["ray_temp_dir"])
+    with embedded_ray(job):
 
-    @ray.remote(num_cpus=1)
-    class Blocker:
-        def ready(self) -> bool:
-            return True
-
-    blocker = Blocker.remote()  # type: ignore[attr-defined]
-    ray.get(blocker.ready.remote())
-    run_dir = Path(job["storage_path"]) / "bench"
-    trainer = raylight.Trainer(
-        elastic_loop,
-        train_loop_config=job,
-        config=TrainerConfig(
-            scaling=ScalingConfig(
-                num_workers=(1, NUM_WORKERS),
-                scaling_policy="max",
-                resize_interval_s=0.3,
-                resize_in_place=job["resize_kind"] != "checkpoint",
-                warm_spare=job["resize_kind"] == "in_place",
-            ),
-            run=RunConfig(storage_path=job["storage_path"], name="bench", progress=False),
-        ),
-    )
-    out: dict[str, Any] = {}
-
-    def fit() -> None:
-        try:
-            out["result"] = trainer.fit()
-        except BaseException as exc:  # reported by the parent through the exit code
-            out["error"] = exc
-
-    thread = threading.Thread(target=fit, name="fit")
-    thread.start()
-    events: dict[str, float] = {}
-    try:
-        trace = run_dir / "adaptive.jsonl"
-
-        def ready_to_grow() -> bool:
-            if not thread.is_alive():
+        @ray.remote(num_cpus=1)
+        class Blocker:
+            def ready(self) -> bool:
                 return True
-            if not any(run_dir.glob("checkpoints/*/meta.json")):
-                return False
-            return job["resize_kind"] != "in_place" or (
-                trace.exists() and '"event": "spare_ready"' in trace.read_text()
-            )
 
-        if _wait_for(ready_to_grow, 120):
-            events["blocker_killed"] = time.time()
-            ray.kill(blocker)
+        blocker = Blocker.remote()  # type: ignore[attr-defined]
+        ray.get(blocker.ready.remote())
+        run_dir = Path(job["storage_path"]) / "bench"
+        trainer = raylight.Trainer(
+            elastic_loop,
+            train_loop_config=job,
+            config=TrainerConfig(
+                scaling=ScalingConfig(
+                    num_workers=(1, NUM_WORKERS),
+                    scaling_policy="max",
+                    resize_interval_s=0.3,
+                    resize_in_place=job["resize_kind"] != "checkpoint",
+                    warm_spare=job["resize_kind"] == "in_place",
+                ),
+                run=RunConfig(storage_path=job["storage_path"], name="bench", progress=False),
+            ),
+        )
+        out: dict[str, Any] = {}
 
-            def resized() -> bool:
-                return (
-                    trace.exists() and '"event": "resized"' in trace.read_text()
-                ) or not thread.is_alive()
+        def fit() -> None:
+            try:
+                out["result"] = trainer.fit()
+            except BaseException as exc:  # reported by the parent through the exit code
+                out["error"] = exc
 
-            _wait_for(resized, 120)
-    finally:
-        Path(job["stop_file"]).touch()
-        thread.join(180)
-    if "error" in out:
-        raise out["error"]
-    result = out["result"]
-    write_driver_info(job, result)
-    workers = [m.get("workers") for m in result.metrics_history]
-    Path(job["result_path"]).write_text(
-        json.dumps({"events": events, "workers_per_epoch": workers})
-    )
-    ray.shutdown()
+        thread = threading.Thread(target=fit, name="fit")
+        thread.start()
+        events: dict[str, float] = {}
+        try:
+            trace = run_dir / "adaptive.jsonl"
+
+            def ready_to_grow() -> bool:
+                if not thread.is_alive():
+                    return True
+                if not any(run_dir.glob("checkpoints/*/meta.json")):
+                    return False
+                return job["resize_kind"] != "in_place" or (
+                    trace.exists() and '"event": "spare_ready"' in trace.read_text()
+                )
+
+            if _wait_for(ready_to_grow, 120):
+                events["blocker_killed"] = time.time()
+                ray.kill(blocker)
+
+                def resized() -> bool:
+                    return (
+                        trace.exists() and '"event": "resized"' in trace.read_text()
+                    ) or not thread.is_alive()
+
+                _wait_for(resized, 120)
+        finally:
+            Path(job["stop_file"]).touch()
+            thread.join(180)
+        if "error" in out:
+            raise out["error"]
+        result = out["result"]
+        write_driver_info(job, result)
+        workers = [m.get("workers") for m in result.metrics_history]
+        Path(job["result_path"]).write_text(
+            json.dumps({"events": events, "workers_per_epoch": workers})
+        )
 
 
 CHILDREN = {
