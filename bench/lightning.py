@@ -24,11 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +36,9 @@ from typing import Any
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
 
+import overhead  # noqa: E402
 from overhead import (  # noqa: E402
     StepClock,
-    child_env,
     fmt,
     machine_info,
     make_dataset,
@@ -50,10 +46,6 @@ from overhead import (  # noqa: E402
     medians,
     package_version,
     ratio,
-    read_result,
-    reap_leftovers,
-    stop_group,
-    tail,
 )
 
 SYSTEMS = ("ray_train", "raylight")
@@ -83,7 +75,9 @@ def lightning_parts(job: dict[str, Any]) -> tuple[Any, Any, Any]:
         def __init__(self) -> None:
             self.clock = StepClock()
 
-        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        def on_train_batch_end(
+            self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+        ) -> None:
             if trainer.is_global_zero:
                 self.clock.tick(len(batch[1]) * trainer.world_size)
 
@@ -92,7 +86,9 @@ def lightning_parts(job: dict[str, Any]) -> tuple[Any, Any, Any]:
                 Path(job["result_path"]).write_text(json.dumps(self.clock.summary()))
 
     loader = DataLoader(
-        make_dataset(job["samples"], job["seed"]), batch_size=job["batch_size"] // NUM_WORKERS, shuffle=True
+        make_dataset(job["samples"], job["seed"]),
+        batch_size=job["batch_size"] // NUM_WORKERS,
+        shuffle=True,
     )
     return MLP(), loader, StepTimer()
 
@@ -168,41 +164,14 @@ bench.CHILDREN[sys.argv[1]](json.loads(sys.argv[2]))
 """
 
 
-def run_once(system: str, base_job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    run_dir = Path(tempfile.mkdtemp(prefix="rlb-", dir="/tmp"))  # short: Ray's socket paths
-    job = dict(
-        base_job,
-        result_path=str(run_dir / "result.json"),
-        ray_temp_dir=str(run_dir / "r"),
-        storage_path=str(run_dir / "storage"),
-    )
+def child_command(system: str, job: dict[str, Any]) -> list[str]:
     boot = CHILD_BOOT.format(here=_HERE, file=os.path.abspath(__file__))
-    cmd = [sys.executable, "-c", boot, system, json.dumps(job)]
-    stdout, stderr = run_dir / "stdout.log", run_dir / "stderr.log"
-    record: dict[str, Any] = {"system": system, "ok": False}
-    with stdout.open("wb") as out, stderr.open("wb") as err:
-        launched = time.time()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=child_env(), cwd=run_dir, start_new_session=True)
-        try:
-            returncode = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            stop_group(proc)
-            returncode = None
-        record["process_s"] = time.time() - launched
-    record["leftover_pids"] = reap_leftovers(proc.pid, str(run_dir))
-    if returncode is None:
-        record["error"] = f"timed out after {timeout_s:.0f}s"
-    elif returncode != 0:
-        record["error"] = f"exit code {returncode}"
-    else:
-        record.update(read_result(job["result_path"], launched))
-    if "error" in record:
-        record["stderr_tail"] = tail(stderr)
-        record["run_dir"] = str(run_dir)
-    else:
-        record["ok"] = True
-        shutil.rmtree(run_dir, ignore_errors=True)
-    return record
+    return [sys.executable, "-c", boot, system, json.dumps(job)]
+
+
+def run_once(system: str, base_job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """One cold child (overhead.run_once), booted by CHILD_BOOT in its own directory."""
+    return overhead.run_once(system, base_job, timeout_s, command=child_command, in_run_dir=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -221,13 +190,18 @@ def main(argv: list[str] | None = None) -> None:
             record = run_once(name, job, args.timeout)
             reps[name].append(record)
             print(f"{record['process_s']:.1f}s" if record["ok"] else f"FAILED ({record['error']})")
-    summary = {n: {"median": medians(r), "ok_reps": sum(x["ok"] for x in r), "reps": r} for n, r in reps.items()}
+    summary = {
+        n: {"median": medians(r), "ok_reps": sum(x["ok"] for x in r), "reps": r}
+        for n, r in reps.items()
+    }
     med = {n: s["median"] for n, s in summary.items()}
     ratios = {
         f"raylight_vs_ray_train_{metric}": ratio(med["raylight"][metric], med["ray_train"][metric])
         for metric in ("start_to_first_step_s", "wall_s", "process_s", "steady_samples_per_s")
     }
-    print(f"\n{'system':<10} {'ok':>5} {'start->1st step s':>18} {'wall s':>8} {'process s':>10} {'steady samples/s':>17}")
+    print(
+        f"\n{'system':<10} {'ok':>5} {'start->1st step s':>18} {'wall s':>8} {'process s':>10} {'steady samples/s':>17}"
+    )
     for name, s in summary.items():
         m = s["median"]
         print(
@@ -241,8 +215,14 @@ def main(argv: list[str] | None = None) -> None:
     for key, value in ratios.items():
         print(f"{key}: {fmt(value, '.3f')}")
     results = {
-        "config": {**job, "num_workers": NUM_WORKERS, "reps": args.reps, "model": "MLP 32-256-256-10",
-                   "backend": "gloo (CPU)", "torch_threads_per_worker": 1},
+        "config": {
+            **job,
+            "num_workers": NUM_WORKERS,
+            "reps": args.reps,
+            "model": "MLP 32-256-256-10",
+            "backend": "gloo (CPU)",
+            "torch_threads_per_worker": 1,
+        },
         "machine": {**machine_info(), "lightning": package_version("lightning")},
         "systems": summary,
         **ratios,

@@ -285,8 +285,17 @@ def tail(path: Path, lines: int = 15) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def run_once(system: str, base_job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """Launch one cold run of ``system`` and measure it from the launch timestamp."""
+def run_once(
+    system: str,
+    base_job: dict[str, Any],
+    timeout_s: float,
+    *,
+    command: Callable[[str, dict[str, Any]], list[str]] | None = None,
+    in_run_dir: bool = False,
+) -> dict[str, Any]:
+    """Launch one cold run of ``system`` and measure it from the launch timestamp.
+    ``command`` builds the child's command line (default ``child_command``); with
+    ``in_run_dir`` the child runs in its own temporary directory."""
     run_dir = Path(tempfile.mkdtemp(prefix="rlb-", dir="/tmp"))  # short: Ray's socket paths
     job = dict(
         base_job,
@@ -299,10 +308,11 @@ def run_once(system: str, base_job: dict[str, Any], timeout_s: float) -> dict[st
     with stdout.open("wb") as out, stderr.open("wb") as err:
         launched = time.time()
         proc = subprocess.Popen(
-            child_command(system, job),
+            (command or child_command)(system, job),
             stdout=out,
             stderr=err,
             env=child_env(),
+            cwd=run_dir if in_run_dir else None,
             start_new_session=True,
         )
         try:
