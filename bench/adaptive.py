@@ -43,7 +43,9 @@ Also measured, each in child processes of its own:
 
   noise overhead     steady samples/s of raylight fixed vs raylight adaptive with the batch
                      pinned at the initial size (so only the gradient-noise measurement and
-                     the per-step sync differ), on a bigger MLP (64 -> 512 -> 512 -> 10)
+                     the per-step sync differ), on a bigger MLP (64 -> 512 -> 512 -> 10);
+                     per repetition, --tput-blocks blocks of runs fixed, pinned, pinned,
+                     fixed; the figure is the median of the blocks' overheads
   resize latency     an elastic job num_workers=(1, 2), scaling_policy="max", started while
                      a blocker actor holds one of the 2 CPUs; after the first checkpoint the
                      blocker is killed and the job grows 1 -> 2, in place or from the
@@ -211,7 +213,7 @@ class Timeline:
         if self.first_step_end is None:
             self.first_step_end = time.time()
 
-    def epoch_end(self, epoch: int, acc: float, batch: int) -> None:
+    def epoch_end(self, epoch: int, acc: float, batch: int, progress: float) -> None:
         self.epochs.append(
             {
                 "epoch": epoch,
@@ -220,6 +222,7 @@ class Timeline:
                 "micro_steps": self.steps,
                 "samples": self.samples,
                 "global_batch": batch,
+                "progress": progress,
             }
         )
 
@@ -234,9 +237,45 @@ class Timeline:
         Path(path).write_text(json.dumps(data))
 
 
+class Budget:
+    """The training budget in scale-invariant steps (AdaScale, Johnson et al. 2020): the
+    job's epochs of optimizer steps at the initial batch. ``progress()`` counts optimizer
+    steps for a fixed batch and the sum of AdaScale gains for the adaptive run, so every
+    system trains the same amount and the LR drops 10x at the same point of it
+    (``lr_decay_at``; 0: never)."""
+
+    def __init__(
+        self,
+        job: dict[str, Any],
+        sgd: torch.optim.SGD,
+        scale_invariant: Callable[[], float] | None = None,
+    ):
+        steps_per_epoch = math.ceil(len(tensors(job, "train")) / job["batch_size"])
+        self.steps = job["epochs"] * steps_per_epoch
+        decay = job.get("lr_decay_at", 0.0)
+        self.decay_at = decay * self.steps if decay > 0 else math.inf
+        self.sgd, self.lr = sgd, job["lr"]
+        self.scale_invariant = scale_invariant  # the adaptive optimizer's progress
+        self.taken = 0  # optimizer steps (loop iterations) taken
+
+    def progress(self) -> float:
+        return self.scale_invariant() if self.scale_invariant is not None else self.taken
+
+    @property
+    def spent(self) -> bool:
+        return self.progress() >= self.steps
+
+    def set_lr(self) -> None:
+        """The base LR for the next step (the adaptive run's LR rule scales it)."""
+        lr = self.lr * (0.1 if self.progress() >= self.decay_at else 1.0)
+        for group in self.sgd.param_groups:
+            group["lr"] = lr
+
+
 def train_to_target(
     model: nn.Module,
     opt: Any,
+    budget: Budget,
     loader: Iterable,
     epochs: Iterable[int],
     report: Callable[[dict[str, Any]], None],
@@ -245,7 +284,8 @@ def train_to_target(
     rank: int,
     world_size: int,
 ) -> None:
-    """The loop all three systems run; rank 0 writes its Timeline to the result file."""
+    """The loop all three systems run, until the budget is spent (an epoch cut short
+    then is evaluated too); rank 0 writes its Timeline to the result file."""
     test = tensors(job, "test")
     loss_fn = nn.CrossEntropyLoss()
     clock = Timeline()
@@ -253,23 +293,40 @@ def train_to_target(
         model.train()
         for x, y in loader:
             clock.before_step()
+            budget.set_lr()
             opt.zero_grad()
             loss_fn(model(x), y).backward()
             opt.step()
+            budget.taken += 1
             clock.after_step(len(y) * world_size)
+            if budget.spent:
+                break
         acc = accuracy(model, test)
-        clock.epoch_end(epoch, acc, global_batch())
+        clock.epoch_end(epoch, acc, global_batch(), budget.progress())
         report({"epoch": epoch, "test_accuracy": acc})
+        if budget.spent:
+            break
     if rank == 0:
         clock.write(job["result_path"])
+
+
+def sgd(model: nn.Module, job: dict[str, Any]) -> torch.optim.SGD:
+    return torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"])
+
+
+def max_epochs(job: dict[str, Any]) -> int:
+    """Epochs a run may take to spend its budget: the budget at the largest batch with no
+    gain at all (AdaScale's gain is at least 1 per step, so never more)."""
+    return job["epochs"] * math.ceil(
+        job.get("max_batch_size", job["batch_size"]) / job["batch_size"]
+    )
 
 
 def raylight_ttt_loop(ctx: Any, job: dict[str, Any]) -> None:
     torch.set_num_threads(1)
     model = ctx.prepare_model(task_model(job))
-    opt = ctx.prepare_optimizer(
-        torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"])
-    )
+    base = sgd(model, job)
+    opt = ctx.prepare_optimizer(base)
     adaptive = job["system"] == "raylight_adaptive"
     loader = ctx.prepare_loader(
         tensors(job, "train"),
@@ -281,8 +338,9 @@ def raylight_ttt_loop(ctx: Any, job: dict[str, Any]) -> None:
     train_to_target(
         model,
         opt,
+        Budget(job, base, (lambda: opt.progress) if adaptive else None),
         loader,
-        ctx.epochs(job["epochs"]),
+        ctx.epochs(max_epochs(job) if adaptive else job["epochs"]),
         ctx.report,
         lambda: ctx.batch_size or job["batch_size"],
         job,
@@ -302,7 +360,7 @@ def ray_train_ttt_loop(job: dict[str, Any]) -> None:
         DataLoader(tensors(job, "train"), batch_size=job["batch_size"] // world_size, shuffle=True)
     )
     model = ray.train.torch.prepare_model(task_model(job))
-    opt = torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"])
+    opt = sgd(model, job)
 
     def epochs() -> Iterable[int]:
         for epoch in range(job["epochs"]):
@@ -312,6 +370,7 @@ def ray_train_ttt_loop(job: dict[str, Any]) -> None:
     train_to_target(
         model,
         opt,
+        Budget(job, opt),
         loader,
         epochs(),
         ray.train.report,
@@ -436,6 +495,7 @@ def write_driver_info(job: dict[str, Any], result: Any) -> None:
         rows = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
         info["trace_rows"] = len(rows)
         info["batch_decisions"] = [r.get("reason") for r in rows if r.get("decision") == "batch"]
+        info["forward_predictions"] = forward_predictions(rows)
     if (run_dir / "adaptive.png").exists():
         shutil.copy(run_dir / "adaptive.png", Path(job["result_path"]).with_name("adaptive.png"))
     Path(job["result_path"]).with_name("driver.json").write_text(json.dumps(info, default=str))
@@ -485,16 +545,20 @@ TPUT_ORDER = ("raylight_fixed", "raylight_pinned", "raylight_pinned", "raylight_
 
 
 def child_tput(job: dict[str, Any]) -> None:
-    """The throughput pair in one child and one embedded cluster, in the order fixed,
-    pinned, pinned, fixed: drift within the child hits both systems alike, and the
-    repetition's overhead is the ratio of the two systems' mean rates."""
+    """The throughput pair in one child and one embedded cluster: ``tput_blocks`` blocks,
+    each in the order fixed, pinned, pinned, fixed. Rates drift by several percent from
+    one run to the next on a shared machine; within a block the drift hits both systems
+    alike, and each block's overhead is the ratio of the two systems' mean rates."""
     runs = []
     with embedded_ray(job):
-        for i, system in enumerate(TPUT_ORDER):
-            run_job = dict(job, system=system, result_path=f"{job['result_path']}.{i}")
-            adaptive = adaptive_config(job) if system == "raylight_pinned" else None
-            bench_fit(throughput_loop, run_job, adaptive, f"{job['storage_path']}/{i}", "bench")
-            runs.append({"system": system, **json.loads(Path(run_job["result_path"]).read_text())})
+        for block in range(job["tput_blocks"]):
+            for system in TPUT_ORDER:
+                i = len(runs)
+                run_job = dict(job, system=system, result_path=f"{job['result_path']}.{i}")
+                adaptive = adaptive_config(job) if system == "raylight_pinned" else None
+                bench_fit(throughput_loop, run_job, adaptive, f"{job['storage_path']}/{i}", "bench")
+                result = json.loads(Path(run_job["result_path"]).read_text())
+                runs.append({"system": system, "block": block, **result})
     Path(job["result_path"]).write_text(json.dumps({"runs": runs}))
 
 
@@ -736,6 +800,10 @@ def ttt_record(system: str, job: dict[str, Any], timeout_s: float) -> dict[str, 
         epochs_to_target=None if hit is None else hit["epoch"] + 1,
         final_accuracy=last["accuracy"],
         best_accuracy=max(e["accuracy"] for e in epochs),
+        # after the same number of epochs as the fixed runs (their final accuracy)
+        accuracy_at_epoch_budget=epochs[min(job["epochs"], len(epochs)) - 1]["accuracy"],
+        epochs_trained=len(epochs),
+        final_progress=last["progress"],
         training_s=last["time"] - raw["first_batch"],
         micro_steps=last["micro_steps"],
         final_global_batch=last["global_batch"],
@@ -748,11 +816,12 @@ def ttt_record(system: str, job: dict[str, Any], timeout_s: float) -> dict[str, 
     if "engine_state" in driver:
         record["engine_state"] = driver["engine_state"]
         record["batch_decisions"] = driver.get("batch_decisions", [])
+        record["forward_predictions"] = driver.get("forward_predictions", [])
     return record
 
 
 def tput_record(job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """One repetition of the throughput pair: per-system runs and their ratio."""
+    """One repetition of the throughput pair: per-system runs and each block's ratio."""
     record = run_child("tput", job, timeout_s)
     raw = record.pop("raw")
     record.pop("launched")
@@ -760,14 +829,19 @@ def tput_record(job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     if record["ok"]:
         runs = raw["runs"]
         record["runs"] = runs
-        rate = {
-            system: statistics.mean(
-                r["steady_samples_per_s"] for r in runs if r["system"] == system
-            )
-            for system in TPUT_SYSTEMS
-        }
-        record["steady_samples_per_s"] = rate
-        record["overhead_pct"] = 100.0 * (rate["raylight_fixed"] / rate["raylight_pinned"] - 1.0)
+        per_block = []
+        for block in sorted({r["block"] for r in runs}):
+            rate = {
+                system: statistics.mean(
+                    r["steady_samples_per_s"]
+                    for r in runs
+                    if r["system"] == system and r["block"] == block
+                )
+                for system in TPUT_SYSTEMS
+            }
+            per_block.append(100.0 * (rate["raylight_fixed"] / rate["raylight_pinned"] - 1.0))
+        record["overhead_pct_per_block"] = per_block
+        record["overhead_pct"] = statistics.median(per_block)
     return record
 
 
@@ -801,6 +875,35 @@ def resize_record(kind: str, job: dict[str, Any], timeout_s: float) -> dict[str,
 
 
 # -- the throughput model's prediction error ----------------------------------------------
+
+
+PLAN_KEYS = ("workers", "threads", "atomic_bsz", "accum_steps")
+
+
+def forward_predictions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each decision row's predicted seconds per optimizer step for the running plan,
+    against the mean measured over the steps up to the next row (held out: they came
+    after the fit it predicted with), where the plan did not change in between."""
+    rows = [r for r in rows if "event" not in r]
+    pairs = []
+    for row, later in itertools.pairwise(rows):
+        if "predicted_step_time" not in row or "measured_step_time" not in later:
+            continue
+        if any(row.get(k) != later.get(k) for k in PLAN_KEYS):
+            continue
+        if later["measured_steps"] < MIN_PROFILE_STEPS:
+            continue
+        measured, predicted = later["measured_step_time"], row["predicted_step_time"]
+        pairs.append(
+            {
+                **{k: row[k] for k in PLAN_KEYS},
+                "steps": later["measured_steps"],
+                "predicted_s": predicted,
+                "measured_s": measured,
+                "relative_error": abs(predicted - measured) / measured,
+            }
+        )
+    return pairs
 
 
 def leave_one_layout_out(
@@ -894,6 +997,8 @@ TTT_METRICS = (
     "to_target_from_first_step_s",
     "epochs_to_target",
     "final_accuracy",
+    "accuracy_at_epoch_budget",
+    "epochs_trained",
     "best_accuracy",
     "training_s",
     "micro_steps",
@@ -935,7 +1040,8 @@ def figures(
     in_place = resize["in_place"]["median"]
     cold = resize["in_place_cold"]["median"]
     from_ckpt = resize["checkpoint"]["median"]
-    err = pred["mean_relative_error"]
+    err = pred["forward"]["mean_relative_error"]
+    unseen = pred["mean_relative_error"]
     return {
         "definitions": {
             "adaptive_vs_fixed_time_to_target": "median to_target_from_first_step_s of "
@@ -943,20 +1049,28 @@ def figures(
             "adaptive_vs_fixed_time_to_target_from_launch": "the same with to_target_from_launch_s",
             "final_accuracy_delta_pts": "100 x (median final accuracy of raylight_adaptive "
             "- that of raylight_fixed), after the epoch budget",
-            "step_time_prediction_error": "mean relative error of leave-one-layout-out "
-            "step-time predictions",
+            "step_time_prediction_error": "mean relative error over held-out steps: at each "
+            "decision of the adaptive runs, the engine's predicted seconds per optimizer step "
+            "for the running plan against the mean over the steps up to the next decision "
+            "(after the fit it predicted with), weighted by those steps; intervals where the "
+            "plan changed, or with fewer than 5 steps, are left out",
+            "step_time_prediction_error_unseen_layouts": "mean relative error of "
+            "leave-one-layout-out predictions (each layout a run visited, predicted by a fit "
+            "to its other layouts)",
             "resize_*_s": "median first_step_s (resize decision -> rank 0's first batch at 2 "
             "workers); *_pause_s: median pause_s (stop -> that batch: training time lost); "
             "in_place: the warm spare joins (the CPU returns after it is ready); "
             "in_place_cold: warm_spare=False, a new process starts",
-            "noise_overhead_pct": "median over repetitions of 100 x (raylight_fixed mean "
-            "steady samples/s / raylight_pinned mean steady samples/s - 1), each repetition "
-            "one child running fixed, pinned, pinned, fixed on one embedded cluster",
+            "noise_overhead_pct": "median over blocks of 100 x (raylight_fixed mean steady "
+            "samples/s / raylight_pinned mean steady samples/s - 1), each block the runs "
+            "fixed, pinned, pinned, fixed in a row; each repetition one child running "
+            "--tput-blocks blocks on one embedded cluster",
         },
         "adaptive_vs_fixed_time_to_target": speedup,
         "adaptive_vs_fixed_time_to_target_from_launch": speedup_launch,
         "final_accuracy_delta_pts": delta,
         "step_time_prediction_error": err,
+        "step_time_prediction_error_unseen_layouts": unseen,
         "resize_in_place_s": in_place["first_step_s"],
         "resize_in_place_pause_s": in_place["pause_s"],
         "resize_in_place_cold_s": cold["first_step_s"],
@@ -1026,8 +1140,8 @@ def print_table(results: dict[str, Any]) -> None:
             f"{name:<18} {s['runs']:>2} runs {fmt(m['steady_samples_per_s'], ',.0f'):>10} samples/s "
             f"{fmt(m['median_step_ms'], '.2f'):>7} ms/step"
         )
-    per_rep = ", ".join(fmt(v, ".1f") for v in tput["overhead_pct_per_rep"])
-    print(f"overhead per repetition (%): {per_rep}")
+    per_block = ", ".join(fmt(v, ".1f") for v in tput["overhead_pct_per_block"])
+    print(f"overhead per block of fixed, pinned, pinned, fixed (%): {per_block}")
     print(
         "\nResize 1 -> 2 workers (decision -> first step at the new size; pause = stop -> first step)"
     )
@@ -1049,8 +1163,10 @@ def print_table(results: dict[str, Any]) -> None:
             f"{source['at_end']}); see raylight_source in each repetition"
         )
     pred = results["prediction"]
+    fwd = pred["forward"]
     print(
-        f"\nStep-time prediction (leave one layout out): {pred['held_out_predictions']} held-out layouts "
+        f"\nStep-time prediction: {fwd['intervals']} decision intervals ahead ({fwd['steps']} "
+        f"held-out steps); {pred['held_out_predictions']} layouts left out "
         f"from {', '.join(r['source'] for r in pred['runs'] if r['layouts']) or 'no run'}"
         + (
             " (forced layouts added: the time-to-target runs saw too few)"
@@ -1076,6 +1192,7 @@ def print_table(results: dict[str, Any]) -> None:
             ".3f",
             goals["step_time_prediction_error"],
         ),
+        ("  (unseen layouts)", fig["step_time_prediction_error_unseen_layouts"], ".3f", None),
         ("resize_in_place_s", fig["resize_in_place_s"], ".2f", goals["resize_in_place_s"]),
         ("  pause_s", fig["resize_in_place_pause_s"], ".2f", None),
         ("resize_in_place_cold_s", fig["resize_in_place_cold_s"], ".2f", None),
@@ -1124,8 +1241,21 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "split_seed": 0,
         "dataset": args.dataset,
     }
-    ttt_job = dict(common, kind="ttt", epochs=args.epochs, target=args.target)
-    tput_job = dict(common, kind="tput", samples=args.tput_samples, hidden=args.tput_hidden)
+    ttt_job = dict(
+        common,
+        kind="ttt",
+        epochs=args.epochs,
+        target=args.target,
+        lr_decay_at=args.lr_decay_at,
+        max_batch_size=args.max_batch_size,
+    )
+    tput_job = dict(
+        common,
+        kind="tput",
+        samples=args.tput_samples,
+        hidden=args.tput_hidden,
+        tput_blocks=args.tput_blocks,
+    )
     sections = set(args.sections.split(","))
     source_at_start = source_fingerprint()
     ttt_reps: dict[str, list[dict[str, Any]]] = {s: [] for s in TTT_SYSTEMS}
@@ -1187,6 +1317,23 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         if r["ok"] and r.get("engine_state")
     ]
     pred = prediction_error(profiles)
+    forward = [
+        p
+        for r in ttt_reps["raylight_adaptive"]
+        if r["ok"]
+        for p in r.get("forward_predictions", [])
+    ]
+    steps = sum(p["steps"] for p in forward)
+    pred["forward"] = {
+        "mean_relative_error": sum(p["relative_error"] * p["steps"] for p in forward) / steps
+        if steps
+        else None,
+        "median_interval_relative_error": statistics.median(p["relative_error"] for p in forward)
+        if forward
+        else None,
+        "intervals": len(forward),
+        "steps": steps,
+    }
     if "sweep" in sections or (not pred["held_out_predictions"] and "ttt" in sections):
         print(
             "the adaptive runs saw too few layouts to leave one out; forcing layouts "
@@ -1228,6 +1375,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         ]
         for name in TPUT_SYSTEMS
     }
+    blocks = [v for r in tput_reps if r["ok"] for v in r["overhead_pct_per_block"]]
     tput = {
         "systems": {
             name: {"median": {k: median_of(runs, k) for k in TPUT_METRICS}, "runs": len(runs)}
@@ -1236,7 +1384,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "order": TPUT_ORDER,
         "ok_reps": sum(r["ok"] for r in tput_reps),
         "overhead_pct_per_rep": [r.get("overhead_pct") for r in tput_reps],
-        "median_overhead_pct": median_of(tput_reps, "overhead_pct"),
+        "overhead_pct_per_block": blocks,
+        "median_overhead_pct": statistics.median(blocks) if blocks else None,
         "reps": tput_reps,
     }
     resize = {
@@ -1262,12 +1411,14 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "torch_threads_per_worker": 1,
             "dataset": DATASETS[args.dataset],
             "resize_dataset": DATASETS["digits"],
-            "model": "MLP 64-128-10 float32",
+            "resize_model": "MLP 64-128-10 float32",
             "optimizer": f"SGD lr={args.lr} momentum={args.momentum}",
+            "lr_decay_at": args.lr_decay_at,
             "adaptive": adaptive,
             "pinned_adaptive": pinned,
             "tput_hidden": args.tput_hidden,
             "tput_samples": args.tput_samples,
+            "tput_blocks": args.tput_blocks,
             "skip_steps": SKIP_STEPS,
             "min_profile_steps": MIN_PROFILE_STEPS,
             "timeout_s": args.timeout,
@@ -1308,6 +1459,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.01, help="initial learning rate")
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument(
+        "--lr-decay-at",
+        type=float,
+        default=0.75,
+        help="time to target: the LR drops 10x after this fraction of the budget, in "
+        "scale-invariant steps (0: constant LR)",
+    )
+    parser.add_argument(
         "--max-batch-size", type=int, default=512, help="adaptive: largest global batch"
     )
     parser.add_argument(
@@ -1315,7 +1473,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--tput-hidden", type=int, default=512, help="width of the throughput MLP")
     parser.add_argument(
-        "--tput-samples", type=int, default=40_000, help="samples of each throughput run"
+        "--tput-samples", type=int, default=20_000, help="samples of each throughput run"
+    )
+    parser.add_argument(
+        "--tput-blocks",
+        type=int,
+        default=4,
+        help="blocks of fixed, pinned, pinned, fixed runs per repetition",
     )
     parser.add_argument(
         "--sweep-steps", type=int, default=30, help="steps per forced layout (if needed)"
@@ -1340,7 +1504,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         args.reps, args.resize_reps = 1, 1
         args.epochs, args.target = max(3, args.epochs // 4), args.target - 0.05
-        args.tput_samples, args.sweep_steps = 3_200, 12
+        args.tput_samples, args.sweep_steps, args.tput_blocks = 3_200, 12, 1
     if args.out is None:
         args.out = RESULTS_DIR / ("adaptive-quick.json" if args.quick else "adaptive.json")
     return args

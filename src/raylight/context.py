@@ -149,6 +149,7 @@ class TrainContext:
                 lr_warmup_steps=spec.lr_warmup_steps,
                 noise_smoothing=spec.noise_smoothing,
                 every=spec.control_interval_steps,
+                device=device,
             )
             if "sync" in self._restored:
                 self.sync.load_state_dict(self._restored["sync"])

@@ -137,6 +137,11 @@ def test_engine_grows_the_batch_under_noise_and_plans_for_a_resize():
     assert resized is not None and resized.version == 1 and resized.global_batch(4) >= 16
     row = eng.trace_row(num_workers=2, threads=1, throughput=100.0)
     assert row["noise_scale"] == pytest.approx(50.0) and 0 < row["efficiency"] <= 1
+    # The steps since the previous row at the running plan, against the prediction.
+    assert row["measured_steps"] == 10
+    assert row["measured_step_time"] == pytest.approx(float(predict_step_time(perf, 1, 2, 8, 0)))
+    assert row["predicted_step_time"] > 0
+    assert "measured_step_time" not in eng.trace_row(num_workers=2, threads=1, throughput=1.0)
 
 
 def test_engine_without_adaptive_keeps_the_global_batch():

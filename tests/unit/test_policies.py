@@ -1,5 +1,8 @@
 """Adaptive policies with no Ray: given fitted models and resources, the expected decision."""
 
+import math
+
+import numpy as np
 import pytest
 
 from raylight.adaptive.goodput import GoodputFunction, GradParams, PerfParams
@@ -140,38 +143,62 @@ def test_lr_rules_values():
         lr_factor("cubic", 1.0, 1.0)  # type: ignore[arg-type]
 
 
-def test_engine_refits_the_throughput_model_only_when_the_profile_grew(monkeypatch):
-    """The driver refits when a layout is new or its step count grew by REFIT_GROWTH,
-    not on every poll (each fit costs tens of ms of the driver's CPU)."""
+def test_engine_refits_the_throughput_model_only_when_the_profile_grew_and_the_fit_misses(monkeypatch):
+    """The driver fits afresh when the layouts change; when a layout's step count grew by
+    REFIT_GROWTH it refines the fit only if it misses a layout's mean by more than
+    REFIT_TOLERANCE: not on every poll (each fit costs tens of ms of the driver's CPU)."""
     import raylight.adaptive.engine as engine_mod
-    from raylight.adaptive.engine import REFIT_GROWTH, AdaptiveEngine, EngineSettings
+    from raylight.adaptive.engine import (
+        REFIT_GROWTH,
+        REFIT_TOLERANCE,
+        AdaptiveEngine,
+        EngineSettings,
+    )
     from raylight.adaptive.profile import StepProfile
 
     fits = []
     real_fit = engine_mod.fit_perf_params
     monkeypatch.setattr(
-        engine_mod, "fit_perf_params", lambda *obs, start: fits.append((obs, start)) or real_fit(*obs, start=start)
+        engine_mod,
+        "fit_perf_params",
+        lambda *obs, start=None: fits.append((obs, start)) or real_fit(*obs, start=start),
     )
     eng = AdaptiveEngine(EngineSettings(adaptive=True, elastic=False, min_workers=2, max_workers=2, min_profile_steps=5))
 
-    def steps(layout, n):
+    def steps(layout, n, slower=1.0):
         prof = StepProfile()
         for _ in range(n):
-            prof.add(layout, optim_time=0.01 + 1e-4 * layout[2])
+            prof.add(layout, optim_time=slower * (0.01 + 1e-4 * layout[2]))
         eng.state.profile.merge(prof)
 
     assert eng.perf_params(1) is None  # nothing measured
     steps((1, 2, 16, 1), 100)
     first = eng.perf_params(1)
     assert len(fits) == 1
-    steps((1, 2, 16, 1), int(100 * (REFIT_GROWTH - 1)) - 1)  # grown, but under the factor
-    assert eng.perf_params(1) is first and len(fits) == 1
-    steps((1, 2, 16, 1), 1)  # reaches the factor
-    assert eng.perf_params(1) is not first and len(fits) == 2
-    assert fits[-1][1] is first  # refined from the last fit
+    steps((1, 2, 16, 1), int(100 * (REFIT_GROWTH - 1)))  # grown by the factor, same times
+    assert eng.perf_params(1) is first and len(fits) == 1, "the fit still predicts the mean"
+    # Steps now slower: once the count grows by the factor again, the mean has moved by
+    # more than the tolerance and the fit is refined from the last one.
+    slower = 1.0 + 10 * REFIT_TOLERANCE
+    steps((1, 2, 16, 1), math.ceil(125 * (REFIT_GROWTH - 1)) - 1, slower=slower)
+    assert eng.perf_params(1) is first and len(fits) == 1, "not grown enough to check"
+    steps((1, 2, 16, 1), 1, slower=slower)
+    refined = eng.perf_params(1)
+    assert refined is not first and len(fits) == 2 and fits[-1][1] is first
     steps((1, 2, 64, 1), 5)  # a new layout: a fresh fit
     eng.perf_params(1)
     assert len(fits) == 3 and len(fits[-1][0][0]) == 2 and fits[-1][1] is None
     steps((1, 2, 128, 2), 50)  # another thread count: its own model
     eng.perf_params(1)
     assert len(fits) == 3
+
+
+def test_fit_error_is_the_largest_relative_miss():
+    from raylight.adaptive.perf_model import fit_error
+
+    perf = PerfParams(0.01, 1e-3, 0.0, 0.0, 0.0, 0.0, 1.0)  # one replica: grad time only
+    exact = [0.01 + 1e-3 * 16, 0.01 + 1e-3 * 32]
+    assert fit_error(perf, [1, 1], [1, 1], [16, 32], [np.nan, exact[1]], exact) == pytest.approx(0.0, abs=1e-12)
+    slow = fit_error(perf, [1, 1], [1, 1], [16, 32], [np.nan, np.nan], [exact[0], 1.1 * exact[1]])
+    assert slow == pytest.approx(1 - 1 / 1.1)
+    assert fit_error(perf, [1], [1], [16], [0.5 * exact[0]], [exact[0]]) == pytest.approx(1.0), "accumulation steps count"

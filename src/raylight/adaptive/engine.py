@@ -21,7 +21,7 @@ from raylight.adaptive.goodput import (
     gain,
     predict_step_time,
 )
-from raylight.adaptive.perf_model import fit_perf_params
+from raylight.adaptive.perf_model import fit_error, fit_perf_params
 from raylight.adaptive.policy import BatchSizePolicy, ElasticPolicy, Layout, LayoutDecision
 from raylight.adaptive.profile import StepProfile
 from raylight.worker_group.protocol import AdaptiveStats, BatchPlan
@@ -57,13 +57,12 @@ class EngineState:
     restart_costs: list[float] = field(default_factory=list)
 
 
-REFIT_GROWTH = 1.25  # refit a layout's model when its step count grew by this factor
+REFIT_GROWTH = 1.25  # check a layout's fit when its step count grew by this factor
+REFIT_TOLERANCE = 0.02  # and refit when it misses a layout's mean step time by more
 
 
-def _needs_refit(fitted: dict[Any, int], counts: dict[Any, int]) -> bool:
-    """A new (or lost) layout, or one with REFIT_GROWTH times the steps it had at the fit."""
-    if fitted.keys() != counts.keys():
-        return True
+def _grown(fitted: dict[Any, int], counts: dict[Any, int]) -> bool:
+    """A layout with REFIT_GROWTH times the steps it had when the fit was last checked."""
     return any(counts[k] >= REFIT_GROWTH * fitted[k] for k in counts)
 
 
@@ -72,6 +71,7 @@ class AdaptiveEngine:
         self.settings = settings
         self.state = EngineState()
         self._fits: dict[int, tuple[dict[Any, int], PerfParams]] = {}  # threads -> (step counts, fit)
+        self._since_row = StepProfile()  # steps observed since the last trace row
         self.last_batch_reason = ""
         s = settings
         self.elastic_policy = ElasticPolicy(
@@ -85,7 +85,9 @@ class AdaptiveEngine:
     # -- observations ---------------------------------------------------------------
     def observe(self, stats: AdaptiveStats) -> None:
         st = self.state
-        st.profile.merge(StepProfile.from_json(stats.profile))
+        increment = StepProfile.from_json(stats.profile)
+        st.profile.merge(increment)
+        self._since_row.merge(increment)
         st.init_batch_size = stats.init_batch_size
         st.grad_sqr, st.grad_var = stats.grad_sqr, stats.grad_var
         st.plan = stats.plan
@@ -102,9 +104,11 @@ class AdaptiveEngine:
 
     # -- models ---------------------------------------------------------------------
     def perf_params(self, threads: int) -> PerfParams | None:
-        """The throughput model for ``threads`` threads per worker, refitted when a layout
-        is new or its step count grew by ``REFIT_GROWTH`` since the last fit: the means of
-        a layout settle, so refitting on every poll would only cost the driver CPU."""
+        """The throughput model for ``threads`` threads per worker. It is fitted afresh
+        when the set of layouts changes; when a layout's step count grew by
+        ``REFIT_GROWTH`` since the last check, the fit is refined only if it misses a
+        layout's mean step time by more than ``REFIT_TOLERANCE``. The means of a layout
+        settle, and every fit costs the driver CPU that the workers beside it could use."""
         min_steps = self.settings.min_profile_steps
         counts = {
             layout: s.optim_count
@@ -114,11 +118,16 @@ class AdaptiveEngine:
         if not counts:
             return None
         cached = self._fits.get(threads)
-        if cached is None or _needs_refit(cached[0], counts):
+        if cached is not None and cached[0].keys() == counts.keys():
+            if _grown(cached[0], counts):
+                obs = self.state.profile.observations(threads=threads, min_steps=min_steps)
+                fit = cached[1]
+                if fit_error(fit, *obs) > REFIT_TOLERANCE:  # refine the last fit
+                    fit = fit_perf_params(*obs, start=fit)
+                self._fits[threads] = (counts, fit)
+        else:
             obs = self.state.profile.observations(threads=threads, min_steps=min_steps)
-            # Same layouts, more steps: refine the last fit rather than search afresh.
-            start = cached[1] if cached is not None and cached[0].keys() == counts.keys() else None
-            self._fits[threads] = (counts, fit_perf_params(*obs, start=start))
+            self._fits[threads] = (counts, fit_perf_params(*obs))
         return self._fits[threads][1]
 
     @property
@@ -246,6 +255,14 @@ class AdaptiveEngine:
             row["predicted_step_time"] = float(
                 predict_step_time(fn.perf_params, num_nodes, num_workers, plan.atomic_bsz, plan.accum_steps)
             )
+        # The steps since the previous row, at this plan: held out from the fit that row
+        # predicted with (adaptive.jsonl pairs one row's prediction with the next's).
+        since, self._since_row = self._since_row, StepProfile()
+        if plan is not None:
+            seen = since.layouts.get((num_nodes, num_workers, plan.atomic_bsz, threads))
+            if seen is not None and seen.optim_count:
+                row["measured_step_time"] = (seen.optim_time + seen.accum_time) / seen.optim_count
+                row["measured_steps"] = seen.optim_count
         row["throughput"] = throughput
         return row
 

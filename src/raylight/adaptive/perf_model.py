@@ -137,3 +137,25 @@ def fit_perf_params(
             best = res
     assert best is not None
     return PerfParams(*(float(v) for v in unpack(best.x)))
+
+
+def fit_error(
+    params: PerfParams,
+    num_nodes: ArrayLike,
+    num_replicas: ArrayLike,
+    atomic_bsz: ArrayLike,
+    accum_step_time: ArrayLike,
+    optim_step_time: ArrayLike,
+) -> float:
+    """The largest relative error of ``params`` on the observed mean step times (the
+    arrays ``fit_perf_params`` takes; NaN accumulation times are not compared)."""
+    p = np.asarray(params, dtype=float)
+    atomic = np.asarray(atomic_bsz, dtype=float)
+    optim = np.asarray(optim_step_time, dtype=float)
+    accum = np.asarray(accum_step_time, dtype=float)
+    errors = np.abs(_optim_time(p, np.asarray(num_nodes, dtype=float), np.asarray(num_replicas, dtype=float), atomic) / optim - 1.0)
+    seen = np.isfinite(accum) & (accum > 0)
+    if np.any(seen):
+        grad = predict_grad_time(params, atomic[seen])
+        errors = np.concatenate([errors, np.abs(grad / accum[seen] - 1.0)])
+    return float(np.max(errors)) if errors.size else 0.0

@@ -10,7 +10,8 @@ the user's schedulers keep working on the unscaled rate.
 Gradient statistics for the noise scale are measured on the steps ``StepSync`` marks
 (one in ``every``): with several replicas the loader runs the whole step without DDP's
 all-reduce, and the optimizer takes the local gradient's norm, all-reduces the gradients
-itself in one flat tensor and takes the averaged gradient's norm; with one replica, the
+itself in one flat tensor, with StepSync's control vector at its end (so the control
+step needs no collective of its own), and takes the averaged gradient's norm; with one replica, the
 gradients of the micro-steps are compared through a snapshot (with no accumulation, two
 consecutive steps are, which is biased because the parameters moved in between).
 Adam-family optimizers precondition by sqrt(v_hat) + eps before norms are taken. Other
@@ -38,6 +39,7 @@ class AdaptiveOptimizer:
             raise TypeError("this optimizer was already prepared with ctx.prepare_optimizer")
         self.optimizer = optimizer
         self.sync = sync
+        sync.carrier = True  # its control-step all-reduce carries StepSync's control vector
         self._adam = _is_adam(optimizer)
         self._snapshot: list[torch.Tensor] | None = None  # one replica: gradients so far
         self._micro_sqr = 0.0
@@ -79,7 +81,7 @@ class AdaptiveOptimizer:
         if not last:
             return None  # accumulating: the gradients stay for the next micro-step
         if sync.world_size > 1 and sync.measuring:
-            self._allreduce_and_measure()
+            agreed = self._allreduce_and_measure()
         if sync.micro_steps > 1:
             for grad in self._grads():
                 grad.div_(sync.micro_steps)
@@ -93,6 +95,8 @@ class AdaptiveOptimizer:
             for group, lr in zip(self.optimizer.param_groups, saved, strict=True):
                 group["lr"] = lr
         sync.advance_progress()
+        if sync.world_size > 1 and sync.measuring:
+            sync.received(agreed)  # the step is done: the next one may change
         return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -135,31 +139,60 @@ class AdaptiveOptimizer:
             parts.append(g)
         return sqr_norm(parts)
 
-    def _allreduce_and_measure(self) -> None:
-        """Average the (unsynchronised) gradients over replicas in one flat all-reduce,
-        measuring the local and the averaged squared norms around it."""
+    def _allreduce_and_measure(self) -> list[float]:
+        """Average the (unsynchronised) gradients over replicas in one flat all-reduce
+        that also carries StepSync's control vector, measuring the local and the averaged
+        squared norms around it. Returns the summed control vector."""
         sync = self.sync
-        params = list(self._params())
-        grads = [p.grad for p in params if p.grad is not None]
-        if not grads:
-            return
-        local = self.preconditioned_sqr(grads, params)
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        flat.div_(sync.world_size)
+        params = [p for p in self._params() if p.grad is not None]
+        grads = [p.grad for p in params]
+        outgoing = sync.take_outgoing()
+        device = grads[0].device if grads else sync.device
+        # At least float32: the control slots hold integers (plan sizes) exactly.
+        dtype = torch.float32
+        for g in grads:
+            dtype = torch.promote_types(dtype, g.dtype)
+        numel = sum(g.numel() for g in grads)
+        flat = torch.empty(numel + len(outgoing), dtype=dtype, device=device)
+        offset = 0
+        for g in grads:
+            flat[offset : offset + g.numel()].copy_(g.reshape(-1))
+            offset += g.numel()
+        body = flat[:numel]
+        scale = self._preconditioner(params, dtype) if self._adam else None
+        local = _sqr(body, scale)
+        body.div_(sync.world_size)
+        flat[numel:] = torch.tensor(outgoing, dtype=dtype)
         dist.all_reduce(flat)
         offset = 0
         for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            g.copy_(body[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
-        big = self.preconditioned_sqr(grads, params)
-        steps = sync.micro_steps
-        if sync.uniform_step:
+        agreed = flat[numel:].tolist()
+        if grads and sync.uniform_step:
+            big = _sqr(body, scale)
+            steps = sync.micro_steps
             sync.set_grad_stats(
                 small_sqr=local / steps**2,
                 big_sqr=big / steps**2,
                 small_batch=sync.plan.atomic_bsz * steps,
                 big_batch=sync.plan.atomic_bsz * steps * sync.world_size,
             )
+        return agreed
+
+    def _preconditioner(self, params: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        """1 / (sqrt(v_hat) + eps) for each gradient entry, flat, in ``params`` order (1
+        where Adam has no state yet)."""
+        parts = []
+        for p in params:
+            state = self.optimizer.state.get(p, {})
+            if "exp_avg_sq" in state and "step" in state:
+                group = self._group_of(p)
+                v_hat = state["exp_avg_sq"] / (1 - group["betas"][1] ** float(state["step"]))
+                parts.append((1.0 / (v_hat.sqrt() + group["eps"])).reshape(-1).to(dtype))
+            else:
+                parts.append(torch.ones(p.numel(), dtype=dtype, device=p.device))
+        return torch.cat(parts) if parts else torch.ones(0, dtype=dtype)
 
     def _measure_micro_step(self, last: bool) -> None:
         """One replica: the gradient of this micro-step is the total so far minus the
@@ -199,6 +232,14 @@ class AdaptiveOptimizer:
             small_batch=sync.plan.atomic_bsz,
             big_batch=2 * sync.plan.atomic_bsz,
         )
+
+
+def _sqr(flat: torch.Tensor, scale: torch.Tensor | None) -> float:
+    """Sum of squares of ``flat`` (times ``scale``, entry by entry): one dot product."""
+    if flat.numel() == 0:
+        return 0.0
+    v = flat if scale is None else flat * scale
+    return float(torch.dot(v, v))
 
 
 def sqr_norm(tensors: list[torch.Tensor]) -> float:

@@ -1,18 +1,28 @@
-"""StepSync: a small all-reduce every ``every`` optimizer steps that keeps ranks in agreement.
+"""StepSync: keeps ranks in agreement, every ``every`` optimizer steps, at a step boundary.
 
-The vector carries, from rank 0, the newest batch plan the driver sent it; from every
-rank, its gradient statistics of the last measured step and whether the driver asked it
-to stop. After the all-reduce every rank sees the same plan, updates an identical noise
-estimator, and either continues or raises ``ResizeInterrupt`` at the same boundary, so no
-rank is left waiting in a collective for a peer that stopped. Control steps are those
-whose index is a multiple of ``every`` (the same on every rank); the gradient noise is
-measured on the same steps, so both cost 1/``every`` of a step's worth of overhead.
+A small control vector is summed over ranks on control steps. It carries, from rank 0,
+the newest batch plan the driver sent it; from every rank, its gradient statistics of
+the last measured step and whether the driver asked it to stop. After the all-reduce
+every rank sees the same plan, updates an identical noise estimator, and either
+continues or raises ``ResizeInterrupt`` at the same boundary, so no rank is left waiting
+in a collective for a peer that stopped. Control steps are those whose index is a
+multiple of ``every`` (the same on every rank); the gradient noise is measured on the
+same steps.
+
+With several replicas measuring gradient noise, the control step's gradients are
+all-reduced by ``AdaptiveOptimizer`` in one flat tensor: the control vector rides at its
+end (``take_outgoing`` / ``received``), so a control step costs no collective of its
+own. What it brings applies once that optimizer step is done: the plan and the noise
+estimate from the next step on, and a stop at the next ``begin_step``. Otherwise (one
+replica, elastic runs without adaptive batches, a loop without ``prepare_optimizer``)
+``begin_step`` runs the control all-reduce itself (``boundary``).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +42,7 @@ class ResizeInterrupt(BaseException):
 # Slots of the control vector. Rank-0-only slots are zero elsewhere, so a SUM
 # all-reduce hands rank 0's values to everyone.
 _STOP, _VERSION, _ATOMIC, _ACCUM, _SMALL_SQR, _BIG_SQR, _SMALL_B, _BIG_B, _VALID = range(9)
+CONTROL_SLOTS = 9
 
 
 @dataclass
@@ -58,6 +69,7 @@ class StepSync:
         lr_warmup_steps: float = 0.0,
         noise_smoothing: float = 0.98,
         every: int = 8,
+        device: torch.device | None = None,
     ) -> None:
         self.rank = rank
         self.world_size = world_size
@@ -81,6 +93,12 @@ class StepSync:
         self.micro_steps = 1
         self.uniform_step = True  # False for an epoch's short last step
         self.every = every
+        self.device = device or torch.device("cpu")
+        # Set by AdaptiveOptimizer: its control-step all-reduce carries the control vector.
+        self.carrier = False
+        self.exchanging = False  # this step's control vector rides on the gradients
+        self._stop_agreed = False  # a stop agreed in a step's all-reduce: raised at the next begin_step
+        self._received = True  # the last exchanging step's vector came back
         self.step_count = 0  # optimizer steps begun by this context
         self.measuring = False  # this step measures gradient noise (all micro-steps unsynced)
         self.phase = 0  # step_count % every of the current step
@@ -118,22 +136,40 @@ class StepSync:
 
     def begin_step(self) -> BatchPlan:
         """Called by the training loader before each optimizer step: on control steps,
-        agree with the other ranks; returns the plan for this step."""
+        agree with the other ranks (here, or in this step's gradient all-reduce); returns
+        the plan for this step."""
+        if self.exchanging and not self._received:
+            self.boundary()  # that step never reached the optimizer (every rank alike): agree now
+        self.exchanging = False
+        if self._stop_agreed:
+            self._stop_agreed = False
+            raise ResizeInterrupt()
         self.phase = self.step_count % self.every
         self.step_count += 1
-        if self.phase == 0:
-            self.boundary()
         # Replicas compare local and averaged gradients; one replica compares micro-steps
         # (phase 0) or two consecutive steps (phases 0 and 1).
         self.measuring = self.adaptive and (self.phase == 0 or (self.world_size == 1 and self.phase == 1))
+        self.exchanging = self.phase == 0 and self.measuring and self.world_size > 1 and self.carrier
+        self._received = not self.exchanging
+        if self.phase == 0 and not self.exchanging:
+            self.boundary()
         return self.plan
 
     def boundary(self) -> BatchPlan:
-        """Agree on the plan for the next optimizer step; raise ResizeInterrupt if any rank
-        was asked to stop."""
-        vec = torch.zeros(9, dtype=torch.float64)
+        """Agree on the plan for the next optimizer step with a control all-reduce of its
+        own; raise ResizeInterrupt if any rank was asked to stop."""
+        vec = torch.tensor(self.take_outgoing(), dtype=torch.float64, device=self.device)
+        if self.world_size > 1:
+            dist.all_reduce(vec)
+        self._apply(vec.tolist(), stop_now=True)
+        return self.plan
+
+    def take_outgoing(self) -> list[float]:
+        """This rank's control vector (to be summed over ranks); hands over the gradient
+        statistics it carries."""
+        vec = [0.0] * CONTROL_SLOTS
         vec[_STOP] = 1.0 if self._stop.is_set() else 0.0
-        stats = self._stats
+        stats, self._stats = self._stats, _GradStats()
         vec[_SMALL_SQR] = stats.small_sqr if stats.valid else 0.0
         if self.rank == 0:
             with self._lock:
@@ -144,11 +180,19 @@ class StepSync:
                 vec[_BIG_SQR], vec[_SMALL_B], vec[_BIG_B], vec[_VALID] = (
                     stats.big_sqr, stats.small_batch, stats.big_batch, 1.0,
                 )
-        if self.world_size > 1:
-            dist.all_reduce(vec)
-        self._stats = _GradStats()
+        return vec
+
+    def received(self, vec: Sequence[float]) -> None:
+        """The summed control vector from a step's gradient all-reduce; call it after
+        that optimizer step (its plan and LR factor are this step's)."""
+        self._received = True
+        self._apply(vec, stop_now=False)
+
+    def _apply(self, vec: Sequence[float], *, stop_now: bool) -> None:
         if vec[_STOP] > 0:
-            raise ResizeInterrupt()
+            if stop_now:
+                raise ResizeInterrupt()
+            self._stop_agreed = True
         version = int(vec[_VERSION])
         if version > self.plan.version:
             self.plan = BatchPlan(int(vec[_ATOMIC]), int(vec[_ACCUM]), version)
@@ -162,7 +206,6 @@ class StepSync:
                 big_sqr=float(vec[_BIG_SQR]),
                 big_batch=float(vec[_BIG_B]),
             )
-        return self.plan
 
     def tick(self, *, sync_step: bool) -> None:
         """Called as each micro-batch is handed out: the time since the previous one is

@@ -1,0 +1,127 @@
+"""StepSync and AdaptiveOptimizer across two real gloo processes (no Ray): the control
+vector rides on the measuring step's gradient all-reduce, and every rank agrees on plans,
+the noise estimate and where to stop, exactly as with a control all-reduce of its own."""
+
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from raylight.elastic.optimizer import AdaptiveOptimizer
+from raylight.elastic.sync import ResizeInterrupt, StepSync
+from raylight.worker_group.protocol import BatchPlan
+
+pytestmark = pytest.mark.timeout(120)
+
+EVERY = 4
+STOP_BEFORE = 9  # rank 1 is asked to stop before this step
+
+
+def run_rank(rank: int, port: int, carrier: bool, events: bool, queue) -> None:
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        model = DDP(nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1)))
+        sync = StepSync(
+            rank=rank, world_size=2, num_nodes=1, threads=1, plan=BatchPlan(8), init_batch_size=16,
+            adaptive=True, lr_rule="adascale", every=EVERY,
+        )
+        opt = AdaptiveOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), sync=sync)
+        sync.carrier = carrier
+        gen = torch.Generator().manual_seed(100 + rank)
+        plans, stopped_at, exchanges = [], None, 0
+        for step in range(40):
+            if events and rank == 0 and step == 2:
+                sync.set_plan(BatchPlan(12, 1, 1))
+            if events and rank == 1 and step == STOP_BEFORE:
+                sync.request_stop()
+            try:
+                plan = sync.begin_step()
+            except ResizeInterrupt:
+                stopped_at = step
+                break
+            exchanges += sync.exchanging
+            plans.append((plan.atomic_bsz, plan.accum_steps))
+            sync.micro_steps, sync.uniform_step = plan.accum_steps + 1, True
+            for j in range(sync.micro_steps):
+                sync.micro = j
+                opt.zero_grad()
+                x = torch.randn(plan.atomic_bsz, 6, generator=gen)
+                y = x.sum(1, keepdim=True) + torch.randn(plan.atomic_bsz, 1, generator=gen)
+                last = j == sync.micro_steps - 1
+                with model.no_sync() if (sync.measuring or not last) else torch.enable_grad():
+                    ((model(x) - y) ** 2).mean().backward()
+                opt.step()
+        queue.put(
+            {
+                "rank": rank,
+                "plans": plans,
+                "stopped_at": stopped_at,
+                "exchanges": exchanges,
+                "gns": (sync.gns.num_updates, sync.gns.sqr, sync.gns.var),
+                "params": [p.detach().reshape(-1).tolist() for p in model.parameters()],
+            }
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def run_pair(carrier: bool, events: bool = True) -> dict[int, dict]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=run_rank, args=(r, port, carrier, events, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        out = {}
+        for _ in procs:
+            item = queue.get(timeout=90)
+            out[item["rank"]] = item
+        return out
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+
+
+def test_control_vector_rides_on_the_gradient_all_reduce():
+    ranks = run_pair(carrier=True)
+    zero, one = ranks[0], ranks[1]
+    assert zero["exchanges"] > 0, "measuring steps carried the control vector"
+    assert zero["plans"] == one["plans"], "every rank ran every step with the same plan"
+    assert zero["plans"][:2] == [(8, 0)] * 2
+    # The plan sent before step 2 was agreed in step 4's all-reduce: it applies from step 5.
+    assert zero["plans"][4] == (8, 0) and zero["plans"][5] == (12, 1)
+    # Asked before step 9: agreed in step 12's all-reduce, raised before step 13 on both.
+    assert zero["stopped_at"] == one["stopped_at"] == 13
+    assert zero["gns"] == one["gns"] and zero["gns"][0] >= 2
+    for a, b in zip(zero["params"], one["params"], strict=True):
+        assert a == b, "replicas stay identical"
+
+
+def test_a_control_all_reduce_of_its_own_stops_at_the_control_step():
+    own = run_pair(carrier=False)
+    assert own[0]["exchanges"] == 0
+    assert own[0]["stopped_at"] == own[1]["stopped_at"] == 12
+    assert own[0]["plans"][4] == (12, 1), "and adopts the plan there"
+
+
+def test_the_same_gradient_statistics_reach_the_noise_estimator_either_way():
+    riding, own = run_pair(carrier=True, events=False), run_pair(carrier=False, events=False)
+    assert riding[0]["stopped_at"] is None and riding[0]["exchanges"] == 40 // EVERY
+    n_riding, sqr_riding, var_riding = riding[0]["gns"]
+    n_own, sqr_own, var_own = own[0]["gns"]
+    assert n_riding == n_own == 40 // EVERY - 1
+    assert sqr_riding == pytest.approx(sqr_own, rel=1e-4) and var_riding == pytest.approx(var_own, rel=1e-4)
+    for a, b in zip(riding[0]["params"], own[0]["params"], strict=True):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-7)
