@@ -17,7 +17,10 @@ The time-to-target job (--dataset, no download either way):
 SGD (lr 0.01, momentum 0.9), initial global batch 32, 2 workers of 1 CPU and 1 torch
 thread, DDP over gloo; the same for every system, with model init and data order seeded
 by the repetition. Every epoch each system evaluates held-out accuracy on the same test
-split; every run trains the same budget of epochs. The adaptive run may grow the global
+split. Every run trains the same budget in scale-invariant steps (AdaScale): --epochs
+epochs of optimizer steps at the initial batch, counted as steps by the fixed runs and as
+the adaptive optimizer's progress (the sum of its gains) by the adaptive run, which
+therefore runs more, shorter epochs; the LR drops 10x at --lr-decay-at of the budget. The adaptive run may grow the global
 batch to 512 (local_batch_bounds (8, 256)) and decides every 0.5 s (the default 3 s is
 long against runs this short). The resize measurements always use digits.
 
@@ -37,7 +40,9 @@ moment the parent launched the child they give, identically for all systems:
                                target accuracy (interpreter, Ray and worker start included)
   to_target_from_first_step_s  start of the first training step -> the same evaluation
                                (start-up separated out: training time only)
-  final_accuracy               held-out accuracy after the last epoch of the budget
+  final_accuracy               held-out accuracy once the budget is spent (the adaptive
+                               run's accuracy after as many epochs as the fixed runs is
+                               accuracy_at_epoch_budget)
 
 Also measured, each in child processes of its own:
 
@@ -52,14 +57,18 @@ Also measured, each in child processes of its own:
                      checkpoint. result.resizes gives first_step_s (decision -> rank 0's first
                      batch at the new size, by rank 0's own clock stamp), pause_s (old workers
                      told to stop -> that batch) and, in place, the phases spawn/warm/stop/launch.
-  prediction error   leave-one-layout-out on the profile in the adaptive runs'
-                     adaptive_state.json: for each layout (nodes, replicas, atomic batch,
-                     threads) with at least 5 optimizer steps, fit_perf_params on the other
-                     layouts and predict its mean seconds per optimizer step with
-                     predict_step_time; the mean relative error over all held-out layouts.
-                     When no adaptive run saw 3 such layouts, layouts are forced: short
-                     adaptive runs pinned at atomic batches 4, 8, 16, 64 and 256 (one Ray
-                     session), their profiles merged; the results say when this happened.
+  prediction error   on held-out steps: at each decision of the adaptive runs, the
+                     engine's predicted seconds per optimizer step for the running plan
+                     (adaptive.jsonl's predicted_step_time) against the mean over the steps
+                     up to the next decision (the next row's measured_step_time: steps
+                     after the fit it predicted with), weighted by those steps; intervals
+                     where the plan changed or with fewer than 5 steps are left out.
+                     Also given, for unseen layouts: leave-one-layout-out on the profile
+                     in adaptive_state.json (for each layout with at least 5 optimizer
+                     steps, fit_perf_params on the other layouts, predict its mean seconds
+                     per optimizer step). When no adaptive run saw 3 such layouts, layouts
+                     are forced: short adaptive runs pinned at atomic batches 4, 8, 16, 64
+                     and 256 (one Ray session), their profiles merged.
 
 adaptive_vs_fixed_time_to_target is raylight fixed over raylight adaptive, medians of
 to_target_from_first_step_s (both pay the same start-up; the from-launch ratio is also
