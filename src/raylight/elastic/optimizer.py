@@ -144,8 +144,9 @@ class AdaptiveOptimizer:
         that also carries StepSync's control vector, measuring the local and the averaged
         squared norms around it. Returns the summed control vector."""
         sync = self.sync
-        params = [p for p in self._params() if p.grad is not None]
-        grads = [p.grad for p in params]
+        pairs = [(p, p.grad) for p in self._params() if p.grad is not None]
+        params = [p for p, _ in pairs]
+        grads: list[torch.Tensor] = [g for _, g in pairs if g is not None]
         outgoing = sync.take_outgoing()
         device = grads[0].device if grads else sync.device
         # At least float32: the control slots hold integers (plan sizes) exactly.
