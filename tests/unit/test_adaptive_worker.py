@@ -89,6 +89,13 @@ def test_adam_preconditioning_changes_the_norm():
     params = list(model.parameters())
     plain = sum(float(g.pow(2).sum()) for g in grads)
     assert opt.preconditioned_sqr(grads, params) != pytest.approx(plain)
+    # The flat path (several replicas: one preconditioner over the flat gradient) agrees.
+    from raylight.elastic.optimizer import _sqr
+
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    assert _sqr(flat, opt._preconditioner(params, torch.float32)) == pytest.approx(
+        opt.preconditioned_sqr(grads, params), rel=1e-6
+    )
 
 
 def test_accumulator_outside_and_inside_sync_and_state():

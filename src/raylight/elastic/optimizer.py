@@ -80,8 +80,7 @@ class AdaptiveOptimizer:
             self._measure_micro_step(last)
         if not last:
             return None  # accumulating: the gradients stay for the next micro-step
-        if sync.world_size > 1 and sync.measuring:
-            agreed = self._allreduce_and_measure()
+        agreed = self._allreduce_and_measure() if sync.world_size > 1 and sync.measuring else None
         if sync.micro_steps > 1:
             for grad in self._grads():
                 grad.div_(sync.micro_steps)
@@ -95,7 +94,7 @@ class AdaptiveOptimizer:
             for group, lr in zip(self.optimizer.param_groups, saved, strict=True):
                 group["lr"] = lr
         sync.advance_progress()
-        if sync.world_size > 1 and sync.measuring:
+        if agreed is not None:
             sync.received(agreed)  # the step is done: the next one may change
         return out
 
@@ -123,20 +122,23 @@ class AdaptiveOptimizer:
             self._groups = {id(q): g for g in self.optimizer.param_groups for q in g["params"]}
         return self._groups[id(p)]
 
+    def _adam_denominator(self, p: torch.Tensor) -> torch.Tensor | None:
+        """Adam's sqrt(v_hat) + eps for ``p``, or None before its first step."""
+        state = self.optimizer.state.get(p, {})
+        if "exp_avg_sq" not in state or "step" not in state:
+            return None
+        group = self._group_of(p)
+        v_hat = state["exp_avg_sq"] / (1 - group["betas"][1] ** float(state["step"]))
+        return v_hat.sqrt() + group["eps"]
+
     def preconditioned_sqr(self, grads: list[torch.Tensor], params: list[torch.Tensor]) -> float:
         """Sum of squared (preconditioned, for Adam) gradient entries; one sync at the end."""
         if not self._adam:
             return sqr_norm(grads)
         parts = []
         for g, p in zip(grads, params, strict=True):
-            state = self.optimizer.state.get(p, {})
-            g = g.detach()
-            if "exp_avg_sq" in state and "step" in state:
-                group = self._group_of(p)
-                beta2 = group["betas"][1]
-                v_hat = state["exp_avg_sq"] / (1 - beta2 ** float(state["step"]))
-                g = g / (v_hat.sqrt() + group["eps"])
-            parts.append(g)
+            denom = self._adam_denominator(p)
+            parts.append(g.detach() if denom is None else g.detach() / denom)
         return sqr_norm(parts)
 
     def _allreduce_and_measure(self) -> list[float]:
@@ -144,9 +146,8 @@ class AdaptiveOptimizer:
         that also carries StepSync's control vector, measuring the local and the averaged
         squared norms around it. Returns the summed control vector."""
         sync = self.sync
-        pairs = [(p, p.grad) for p in self._params() if p.grad is not None]
-        params = [p for p, _ in pairs]
-        grads: list[torch.Tensor] = [g for _, g in pairs if g is not None]
+        params = list(self._params())
+        grads = [p.grad for p in params if p.grad is not None]
         outgoing = sync.take_outgoing()
         device = grads[0].device if grads else sync.device
         # At least float32: the control slots hold integers (plan sizes) exactly.
@@ -186,13 +187,11 @@ class AdaptiveOptimizer:
         where Adam has no state yet)."""
         parts = []
         for p in params:
-            state = self.optimizer.state.get(p, {})
-            if "exp_avg_sq" in state and "step" in state:
-                group = self._group_of(p)
-                v_hat = state["exp_avg_sq"] / (1 - group["betas"][1] ** float(state["step"]))
-                parts.append((1.0 / (v_hat.sqrt() + group["eps"])).reshape(-1).to(dtype))
-            else:
+            denom = self._adam_denominator(p)
+            if denom is None:
                 parts.append(torch.ones(p.numel(), dtype=dtype, device=p.device))
+            else:
+                parts.append((1.0 / denom).reshape(-1).to(dtype))
         return torch.cat(parts) if parts else torch.ones(0, dtype=dtype)
 
     def _measure_micro_step(self, last: bool) -> None:

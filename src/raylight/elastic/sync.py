@@ -41,8 +41,8 @@ class ResizeInterrupt(BaseException):
 
 # Slots of the control vector. Rank-0-only slots are zero elsewhere, so a SUM
 # all-reduce hands rank 0's values to everyone.
-_STOP, _VERSION, _ATOMIC, _ACCUM, _SMALL_SQR, _BIG_SQR, _SMALL_B, _BIG_B, _VALID = range(9)
 CONTROL_SLOTS = 9
+_STOP, _VERSION, _ATOMIC, _ACCUM, _SMALL_SQR, _BIG_SQR, _SMALL_B, _BIG_B, _VALID = range(CONTROL_SLOTS)
 
 
 @dataclass
