@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--num-samples", type=int, default=8)
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the search (which configs are sampled)")
     parser.add_argument("--storage", default=None, help="Tune's storage_path (default: a temporary directory)")
     args = parser.parse_args(argv)
 
@@ -79,11 +80,12 @@ def main(argv: list[str] | None = None) -> dict:
     plan = rt.check_resources(trainable, num_trials=args.num_samples)  # fails fast if a trial never fits
     tuner = tune.Tuner(
         trainable,
-        param_space={"lr": tune.loguniform(1e-3, 3e-1), "hidden": tune.choice([32, 64, 128])},
+        param_space={"lr": tune.loguniform(2e-2, 3e-1), "hidden": tune.choice([32, 64, 128])},
         tune_config=tune.TuneConfig(
             metric="loss",
             mode="min",
             num_samples=args.num_samples,
+            search_alg=tune.search.BasicVariantGenerator(random_state=args.seed),
             max_concurrent_trials=plan.max_concurrent,
             scheduler=tune.schedulers.ASHAScheduler(max_t=args.epochs, grace_period=1, reduction_factor=2),
         ),
