@@ -139,3 +139,39 @@ def test_fit_rejects_bad_observations():
         fit_perf_params([1], [1, 2], [32], [0.1], [0.1])
     with pytest.raises(ValueError, match="positive"):
         fit_perf_params([1], [1], [32], [0.1], [0.0])
+
+
+@pytest.mark.parametrize(
+    "obs",
+    [
+        # several nodes, more than 2 replicas, accumulation seen: every parameter free
+        ([1, 1, 2, 2, 2, 1, 1], [1, 2, 2, 4, 3, 3, 4], [16, 32, 32, 16, 64, 8, 8],
+         [0.01, np.nan, 0.02, np.nan, 0.03, 0.005, np.nan], [0.012, 0.03, 0.05, 0.06, 0.07, 0.02, 0.025]),
+        # one node, up to 2 replicas: cross-node terms tied to in-node ones, beta_* pinned
+        ([1, 1, 1, 1], [1, 2, 1, 2], [32, 32, 64, 64], [np.nan] * 4, [0.1, 0.15, 0.18, 0.23]),
+        # one replica: no sync terms
+        ([1] * 3, [1] * 3, [8, 16, 32], [0.01, 0.02, np.nan], [0.011, 0.021, 0.04]),
+    ],
+)
+def test_fit_objective_gradient_matches_finite_differences(obs, monkeypatch):
+    """The fit hands L-BFGS-B an analytic gradient; it must be the objective's."""
+    import scipy.optimize
+
+    import raylight.adaptive.perf_model as perf_model
+
+    seen = []
+
+    def spy(fun, x0, **kwargs):
+        seen.append((fun, x0, kwargs["bounds"]))
+        return scipy.optimize.minimize(fun, x0, **kwargs)
+
+    monkeypatch.setattr(perf_model, "minimize", spy)
+    fit_perf_params(*obs)
+    fun, x0, bounds = seen[0]
+    lo, hi = np.array(bounds).T
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        x = np.clip(x0 + rng.normal(0, 0.5, len(x0)), lo, hi)
+        _, grad = fun(x)
+        numeric = scipy.optimize.approx_fprime(x, lambda z: fun(z)[0], 1e-7)
+        assert np.allclose(grad, numeric, rtol=1e-4, atol=1e-6 * np.max(np.abs(numeric)))

@@ -103,19 +103,62 @@ def fit_perf_params(
 
     log_optim = np.log(optim)
     log_accum = np.log(np.where(has_accum, accum, 1.0))
+    n_accum = int(np.count_nonzero(has_accum))
+    # Which sync term each row uses (none with one replica): d T_sync / d parameter.
+    extra = np.maximum(replicas - 2, 0.0)
+    cross = (replicas > 1) & (nodes > 1)
+    local = (replicas > 1) & (nodes <= 1)
+    d_sync = {"alpha_n": cross * 1.0, "beta_n": cross * extra, "alpha_r": local * 1.0, "beta_r": local * extra}
+    index = {k: i for i, k in enumerate(_FIELDS)}
 
-    def loss(x: np.ndarray) -> float:
+    def objective(x: np.ndarray) -> tuple[float, np.ndarray]:
+        """The loss and its gradient in x (analytic: L-BFGS-B needs no finite differences,
+        so a fit costs the driver a fraction of the CPU)."""
         p = unpack(x)
-        err = np.log(np.maximum(_optim_time(p, nodes, replicas, atomic), _TINY)) - log_optim
+        a_c, b_c, g = p[index["alpha_c"]], p[index["beta_c"]], p[index["gamma"]]
+        d = np.zeros(len(_FIELDS))  # d loss / d p
+        # Optimizer steps: T = (G^g + S^g)^(1/g) on log scale.
+        grad = a_c + b_c * atomic
+        sync = predict_sync_time(PerfParams(*p), nodes, replicas)
+        has_sync = sync > 0
+        g_pow = grad**g
+        s_pow = np.where(has_sync, sync, 0.0) ** g * has_sync
+        total_pow = g_pow + s_pow
+        step = total_pow ** (1.0 / g)
+        err = np.log(np.maximum(step, _TINY)) - log_optim
         total = float(np.mean(err**2))
-        if np.any(has_accum):
-            grad = np.log(np.maximum(p[0] + p[1] * atomic, _TINY)) - log_accum
-            total += float(np.mean(grad[has_accum] ** 2))
+        w = 2.0 * err * (step > _TINY) / len(err)  # d loss / d log T, per row
+        d_grad = w * grad ** (g - 1.0) / total_pow
+        d_s = w * np.where(has_sync, np.where(has_sync, sync, 1.0) ** (g - 1.0), 0.0) / total_pow
+        d[index["alpha_c"]] += np.sum(d_grad)
+        d[index["beta_c"]] += np.sum(d_grad * atomic)
+        for k, mask in d_sync.items():
+            d[index[k]] += np.sum(d_s * mask)
+        s_log = np.where(has_sync, s_pow * np.log(np.where(has_sync, sync, 1.0)), 0.0)
+        d[index["gamma"]] += np.sum(w * (-np.log(total_pow) / g**2 + (g_pow * np.log(grad) + s_log) / (g * total_pow)))
+        # Accumulation micro-steps: T_grad = alpha_c + beta_c * m.
+        if n_accum:
+            clamped = np.maximum(grad, _TINY)
+            e = np.where(has_accum, np.log(clamped) - log_accum, 0.0)
+            total += float(np.sum(e**2) / n_accum)
+            we = 2.0 * e * (grad > _TINY) / n_accum / clamped
+            d[index["alpha_c"]] += np.sum(we)
+            d[index["beta_c"]] += np.sum(we * atomic)
         # Priors: cross-node sync no cheaper than in-node; gamma near 1 (no overlap).
-        total += 1e-2 * (max(p[4] - p[2], 0.0) / max(p[4], _TINY)) ** 2
-        total += 1e-2 * (max(p[5] - p[3], 0.0) / max(p[5], _TINY)) ** 2
-        total += 1e-4 * (p[6] - 1.0) ** 2
-        return total
+        for n_key, r_key in (("alpha_n", "alpha_r"), ("beta_n", "beta_r")):
+            vn, vr = p[index[n_key]], p[index[r_key]]
+            if vr > vn and vr > _TINY:
+                r = (vr - vn) / vr
+                total += 1e-2 * r**2
+                d[index[n_key]] += 2e-2 * r * (-1.0 / vr)
+                d[index[r_key]] += 2e-2 * r * (vn / vr**2)
+        total += 1e-4 * (g - 1.0) ** 2
+        d[index["gamma"]] += 2e-4 * (g - 1.0)
+        # Chain to x: log-space parameters (and the ones tied to them) scale by their value.
+        for k, src in tied.items():
+            d[index[src]] += d[index[k]]
+        dx = np.array([d[index[k]] * (1.0 if k == "gamma" else p[index[k]]) for k in free])
+        return total, dx
 
     if not free:
         return PerfParams(*(float(v) for v in unpack(np.array([]))))
@@ -132,7 +175,7 @@ def fit_perf_params(
             np.clip(gamma0, *gamma_bounds) if k == "gamma" else np.clip(np.log(max(init[k], _TINY)), *log_bounds)
             for k in free
         ])
-        res = minimize(loss, x0, method="L-BFGS-B", bounds=bounds)
+        res = minimize(objective, x0, jac=True, method="L-BFGS-B", bounds=bounds)
         if best is None or res.fun < best.fun:
             best = res
     assert best is not None
