@@ -443,6 +443,8 @@ def throughput_loop(ctx: Any, job: dict[str, Any]) -> None:
         timed = [(measuring[i], stamps[i] - stamps[i - 1]) for i in range(SKIP_STEPS + 1, len(stamps))]
         meas = [t for m, t in timed if m]
         other = [t for m, t in timed if not m]
+        meas_s = statistics.fmean(meas) if meas else None
+        other_s = statistics.fmean(other) if other else None
         Path(job["result_path"]).write_text(
             json.dumps(
                 {
@@ -450,13 +452,12 @@ def throughput_loop(ctx: Any, job: dict[str, Any]) -> None:
                     "steady_samples_per_s": rate,
                     "median_step_ms": 1e3 * gaps[len(gaps) // 2] if gaps else None,
                     "measuring_steps": len(meas),
-                    "measuring_step_ms": 1e3 * statistics.fmean(meas) if meas else None,
-                    "other_step_ms": 1e3 * statistics.fmean(other) if other else None,
+                    "measuring_step_ms": None if meas_s is None else 1e3 * meas_s,
+                    "other_step_ms": None if other_s is None else 1e3 * other_s,
                     # the time measuring added to the run, over the time it would have taken
-                    "measuring_overhead_pct": 100.0 * len(meas) * (statistics.fmean(meas) - statistics.fmean(other))
-                    / (len(timed) * statistics.fmean(other))
-                    if meas and other
-                    else None,
+                    "measuring_overhead_pct": None
+                    if meas_s is None or other_s is None
+                    else 100.0 * len(meas) * (meas_s - other_s) / (len(timed) * other_s),
                     "global_batch": ctx.batch_size or job["batch_size"],
                     "torch_threads": torch.get_num_threads(),
                     "first_step_end": first_step_end,
@@ -870,9 +871,13 @@ def tput_record(job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
             per_block.append(100.0 * (rate["raylight_fixed"] / rate["raylight_pinned"] - 1.0))
         record["overhead_pct_per_block"] = per_block
         record["overhead_pct"] = statistics.median(per_block)
-        record["measuring_overhead_pct_per_run"] = [
-            r["measuring_overhead_pct"] for r in runs if r["system"] == "raylight_pinned"
+        per_run = [
+            r["measuring_overhead_pct"]
+            for r in runs
+            if r["system"] == "raylight_pinned" and r["measuring_overhead_pct"] is not None
         ]
+        record["measuring_overhead_pct_per_run"] = per_run
+        record["measuring_overhead_pct"] = statistics.median(per_run) if per_run else None
     return record
 
 
@@ -1337,10 +1342,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             tput_reps.append(tput_record(job, args.timeout))
             show("", tput_reps[-1])
             if tput_reps[-1]["ok"]:
-                per_run = [v for v in tput_reps[-1]["measuring_overhead_pct_per_run"] if v is not None]
-                measured = statistics.median(per_run) if per_run else None
                 print(
-                    f"  noise measurement {fmt(measured, '.1f')}%, all of adaptive "
+                    f"  noise measurement {fmt(tput_reps[-1]['measuring_overhead_pct'], '.1f')}%, all of adaptive "
                     f"{tput_reps[-1]['overhead_pct']:.1f}%",
                     flush=True,
                 )
@@ -1424,13 +1427,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         for name in TPUT_SYSTEMS
     }
     blocks = [v for r in tput_reps if r["ok"] for v in r["overhead_pct_per_block"]]
-    measuring = [
-        v
-        for r in tput_reps
-        if r["ok"]
-        for v in r["measuring_overhead_pct_per_run"]
-        if v is not None
-    ]
+    measuring = [v for r in tput_reps if r["ok"] for v in r["measuring_overhead_pct_per_run"]]
     tput = {
         "systems": {
             name: {"median": {k: median_of(runs, k) for k in TPUT_METRICS}, "runs": len(runs)}

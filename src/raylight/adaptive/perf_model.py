@@ -121,20 +121,21 @@ def fit_perf_params(
         grad = a_c + b_c * atomic
         sync = predict_sync_time(PerfParams(*p), nodes, replicas)
         has_sync = sync > 0
+        safe_sync = np.where(has_sync, sync, 1.0)  # no 0 ** (g - 1) or log(0) where unsynced
         g_pow = grad**g
-        s_pow = np.where(has_sync, sync, 0.0) ** g * has_sync
+        s_pow = sync**g  # 0 without sync (g >= 1)
         total_pow = g_pow + s_pow
         step = total_pow ** (1.0 / g)
         err = np.log(np.maximum(step, _TINY)) - log_optim
         total = float(np.mean(err**2))
         w = 2.0 * err * (step > _TINY) / len(err)  # d loss / d log T, per row
         d_grad = w * grad ** (g - 1.0) / total_pow
-        d_s = w * np.where(has_sync, np.where(has_sync, sync, 1.0) ** (g - 1.0), 0.0) / total_pow
+        d_s = w * has_sync * safe_sync ** (g - 1.0) / total_pow
         d[index["alpha_c"]] += np.sum(d_grad)
         d[index["beta_c"]] += np.sum(d_grad * atomic)
         for k, mask in d_sync.items():
             d[index[k]] += np.sum(d_s * mask)
-        s_log = np.where(has_sync, s_pow * np.log(np.where(has_sync, sync, 1.0)), 0.0)
+        s_log = s_pow * np.log(safe_sync)  # S^g log S, 0 without sync
         d[index["gamma"]] += np.sum(w * (-np.log(total_pow) / g**2 + (g_pow * np.log(grad) + s_log) / (g * total_pow)))
         # Accumulation micro-steps: T_grad = alpha_c + beta_c * m.
         if n_accum:
