@@ -965,9 +965,9 @@ def leave_one_layout_out(
     for held in layouts:
         others = StepProfile({k: profile.layouts[k] for k in layouts if k != held})
         obs = others.observations(threads=threads, min_steps=min_steps)
-        if len(obs[0]) < 2:  # one layout cannot tell fixed from per-sample costs
+        if len(obs.num_nodes) < 2:  # one layout cannot tell fixed from per-sample costs
             continue
-        params = fit_perf_params(*obs)
+        params = fit_perf_params(**obs._asdict())
         stats = profile.layouts[held]
         accum = stats.accum_count / stats.optim_count
         measured = (stats.optim_time + stats.accum_time) / stats.optim_count

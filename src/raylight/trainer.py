@@ -148,6 +148,8 @@ class Trainer:
                     accumulation=a.accumulation if a else False,
                     gain_threshold=a.gain_threshold if a else 0.05,
                     min_profile_steps=a.min_profile_steps if a else 5,
+                    # elastic-only runs fit the throughput model too
+                    profile_memory_steps=(a or AdaptiveConfig()).profile_memory_steps,
                     scaling_policy=scaling.scaling_policy,
                     utility_threshold=scaling.utility_threshold,
                     resize_hysteresis=scaling.resize_hysteresis,

@@ -210,3 +210,31 @@ def test_step_with_a_closure_runs_it_before_scaling_the_rate():
     assert calls == [1, 1]
     assert torch.allclose(model.weight.detach(), before - 0.2 * grad), "mean of 2 equal micro-grads, rate x2"
     assert opt.param_groups[0]["lr"] == 0.1
+
+
+def test_first_steps_at_a_layout_are_not_profiled(monkeypatch):
+    """Each micro-step is timed from one hand-out to the next; the first
+    PROFILE_WARMUP_STEPS optimizer steps at a layout (their micro-steps too) pay one-off
+    costs and stay out of the profile, again after the batch size changes."""
+    import raylight.elastic.sync as sync_mod
+    from raylight.elastic.sync import PROFILE_WARMUP_STEPS
+
+    clock = iter(range(1000))
+    monkeypatch.setattr(sync_mod.time, "perf_counter", lambda: float(next(clock)))
+    sync = make_sync(plan=BatchPlan(8, 1))
+
+    def steps(n):  # n optimizer steps of 2 micro-steps each (1 accumulation)
+        for _ in range(n):
+            sync.tick(sync_step=False)
+            sync.tick(sync_step=True)
+
+    steps(PROFILE_WARMUP_STEPS + 3)
+    stats = sync.profile.layouts[(1, 1, 8, 1)]
+    # the last micro-step is timed at the next tick: 3 optimizer steps minus the open one
+    assert (stats.optim_count, stats.accum_count) == (2, 3)
+    assert stats.optim_time == stats.accum_time / 3 * 2 == 2.0  # one clock unit each
+    sync.plan = BatchPlan(16, 1, 1)
+    steps(PROFILE_WARMUP_STEPS + 2)
+    assert sync.profile.layouts[(1, 1, 8, 1)].optim_count == 3  # the step that was open
+    stats = sync.profile.layouts.get((1, 1, 16, 1))
+    assert stats is not None and (stats.optim_count, stats.accum_count) == (1, 2)

@@ -167,7 +167,14 @@ def test_fit_objective_gradient_matches_finite_differences(obs, monkeypatch):
 
     monkeypatch.setattr(perf_model, "minimize", spy)
     fit_perf_params(*obs)
-    fun, x0, bounds = seen[0]
+    fit_perf_params(*obs, weights=np.arange(1.0, len(obs[0]) + 1))  # weighted rows too
+    for fun, x0, bounds in (seen[0], seen[-1]):
+        _check_gradient(fun, x0, bounds)
+
+
+def _check_gradient(fun, x0, bounds):
+    import scipy.optimize
+
     lo, hi = np.array(bounds).T
     rng = np.random.default_rng(0)
     for _ in range(10):
@@ -175,3 +182,25 @@ def test_fit_objective_gradient_matches_finite_differences(obs, monkeypatch):
         _, grad = fun(x)
         numeric = scipy.optimize.approx_fprime(x, lambda z: fun(z)[0], 1e-7)
         assert np.allclose(grad, numeric, rtol=1e-4, atol=1e-6 * np.max(np.abs(numeric)))
+
+
+def test_fit_weights_favour_the_well_measured_layouts():
+    """Means the model cannot match all at once (per-sample cost that falls with the
+    batch): the weighted fit is closest where the weight is."""
+    nodes, replicas = [1, 1, 1], [1, 1, 1]
+    atomic = [16, 64, 256]
+    optim = [0.016, 0.040, 0.100]  # concave in the batch: no line through all three
+    accum = [np.nan] * 3
+
+    def miss(**kw):
+        fitted = fit_perf_params(nodes, replicas, atomic, accum, optim, **kw)
+        return np.abs(predict_step_time(fitted, 1, 1, np.array(atomic), 0) / np.array(optim) - 1)
+
+    plain = miss()
+    heavy = miss(weights=[1.0, 1.0, 1000.0])
+    assert heavy[2] < 0.005 < plain[2]
+    assert heavy[2] < plain[2] / 4
+    with pytest.raises(ValueError, match="weights"):
+        fit_perf_params(nodes, replicas, atomic, accum, optim, weights=[1.0, 0.0, 1.0])
+    with pytest.raises(ValueError, match="weights"):
+        fit_perf_params(nodes, replicas, atomic, accum, optim, weights=[1.0, 1.0])

@@ -161,7 +161,7 @@ def test_engine_refits_the_throughput_model_only_when_the_profile_grew_and_the_f
     monkeypatch.setattr(
         engine_mod,
         "fit_perf_params",
-        lambda *obs, start=None: fits.append((obs, start)) or real_fit(*obs, start=start),
+        lambda start=None, **obs: fits.append((obs, start)) or real_fit(**obs, start=start),
     )
     eng = AdaptiveEngine(EngineSettings(adaptive=True, elastic=False, min_workers=2, max_workers=2, min_profile_steps=5))
 
@@ -187,7 +187,7 @@ def test_engine_refits_the_throughput_model_only_when_the_profile_grew_and_the_f
     assert refined is not first and len(fits) == 2 and fits[-1][1] is first
     steps((1, 2, 64, 1), 5)  # a new layout: a fresh fit
     eng.perf_params(1)
-    assert len(fits) == 3 and len(fits[-1][0][0]) == 2 and fits[-1][1] is None
+    assert len(fits) == 3 and len(fits[-1][0]["num_nodes"]) == 2 and fits[-1][1] is None
     steps((1, 2, 128, 2), 50)  # another thread count: its own model
     eng.perf_params(1)
     assert len(fits) == 3
@@ -202,3 +202,74 @@ def test_fit_error_is_the_largest_relative_miss():
     slow = fit_error(perf, [1, 1], [1, 1], [16, 32], [np.nan, np.nan], [exact[0], 1.1 * exact[1]])
     assert slow == pytest.approx(1 - 1 / 1.1)
     assert fit_error(perf, [1], [1], [16], [0.5 * exact[0]], [exact[0]]) == pytest.approx(1.0), "accumulation steps count"
+
+
+def test_profile_recent_means_forget_at_the_memory_rate_and_totals_do_not():
+    from raylight.adaptive.profile import StepProfile
+
+    memory = 100.0
+    per_step, by_increment = StepProfile(memory_steps=memory), StepProfile(memory_steps=memory)
+    layout, other = (1, 2, 16, 1), (1, 2, 64, 1)
+    for prof in (per_step, by_increment):
+        prof.add(other, optim_time=0.05)
+    for t, n in ((0.01, 300), (0.02, 200)):
+        inc = StepProfile()  # a worker's increment: plain sums
+        for _ in range(n):
+            per_step.add(layout, optim_time=t, accum_time=t / 2)
+            inc.add(layout, optim_time=t, accum_time=t / 2)
+        by_increment.merge(inc)
+    # 200 steps at 20 ms after 300 at 10 ms: the old steps weigh exp(-200/memory) as much
+    old = sum(math.exp(-(200 + i) / memory) for i in range(300))
+    new = sum(math.exp(-i / memory) for i in range(200))
+    want = (0.01 * old + 0.02 * new) / (old + new)
+    obs = per_step.observations()
+    assert obs.optim_step_time[0] == pytest.approx(want, rel=1e-9)
+    assert obs.accum_step_time[0] == pytest.approx(want / 2, rel=1e-2)  # micro-steps decay with their step
+    assert obs.weights[0] == pytest.approx(old + new)
+    stats = per_step.layouts[layout]
+    assert stats.optim_count == 500 and stats.optim_time / stats.optim_count == pytest.approx(0.014)
+    # A layout that stopped running keeps its weight: nothing newer says it changed.
+    assert obs.optim_step_time[1] == 0.05 and obs.weights[1] == 1.0
+    # Increments decay at their end (a poll's steps weigh alike): near the per-step means.
+    assert by_increment.observations().optim_step_time[0] == pytest.approx(want, rel=0.05)
+    # The state file keeps both; a worker's increment (totals only) loads as equal sums.
+    back = StepProfile.from_json(per_step.to_json(), memory_steps=memory)
+    assert back.layouts == per_step.layouts
+    assert [len(row) for row in per_step.to_json()] == [8, 12]  # the idle layout: totals only
+    assert StepProfile.from_json(StepProfile.to_json(inc)).observations().weights[0] == 200
+    # Without a memory, recent means are the totals' means.
+    flat = StepProfile()
+    flat.merge(inc)
+    flat.merge(inc)
+    assert flat.observations().optim_step_time[0] == pytest.approx(0.02)
+
+
+@pytest.mark.parametrize("memory", [None, 200.0])
+def test_engine_prediction_follows_a_machine_that_slows_down(memory):
+    """Each step of one layout takes 2x longer from some point on: with a memory the
+    predicted step time moves to the new speed; without, it stays near the run's mean."""
+    from raylight.adaptive.engine import AdaptiveEngine, EngineSettings
+    from raylight.adaptive.goodput import predict_step_time
+    from raylight.adaptive.profile import StepProfile
+
+    eng = AdaptiveEngine(
+        EngineSettings(adaptive=True, elastic=False, min_workers=2, max_workers=2, profile_memory_steps=memory)
+    )
+
+    def run(layout, n, scale):
+        for _ in range(n // 50):  # the increments one poll brings
+            inc = StepProfile()
+            for _ in range(50):
+                inc.add(layout, optim_time=scale * (0.002 + 1e-5 * layout[2]))
+            eng.state.profile.merge(inc)
+            eng.perf_params(1)  # the driver checks the fit as steps arrive
+
+    run((1, 2, 32, 1), 500, 1.0)
+    run((1, 2, 128, 1), 2000, 1.0)
+    run((1, 2, 128, 1), 1000, 2.0)  # the machine slows down
+    now = 2 * (0.002 + 1e-5 * 128)
+    predicted = float(predict_step_time(eng.perf_params(1), 1, 2, 128, 0))
+    if memory is None:
+        assert predicted < 0.8 * now  # averaged with 2000 fast steps
+    else:
+        assert predicted == pytest.approx(now, rel=0.05)

@@ -38,6 +38,7 @@ class EngineSettings:
     accumulation: bool = True
     gain_threshold: float = 0.05
     min_profile_steps: int = 5
+    profile_memory_steps: float | None = None  # AdaptiveConfig's; None: no decay
     scaling_policy: str = "goodput"
     utility_threshold: float = 0.5
     resize_hysteresis: float = 0.1
@@ -58,18 +59,22 @@ class EngineState:
 
 
 REFIT_GROWTH = 1.25  # check a layout's fit when its step count grew by this factor
+REFIT_MEMORY_SHARE = 0.125  # or by this share of the profile's memory, whichever is fewer
 REFIT_TOLERANCE = 0.02  # and refit when it misses a layout's mean step time by more
 
 
-def _grown(fitted: dict[Any, int], counts: dict[Any, int]) -> bool:
-    """A layout with REFIT_GROWTH times the steps it had when the fit was last checked."""
-    return any(counts[k] >= REFIT_GROWTH * fitted[k] for k in counts)
+def _grown(fitted: dict[Any, int], counts: dict[Any, int], memory_steps: float | None) -> bool:
+    """A layout with REFIT_GROWTH times the steps it had when the fit was last checked,
+    or, when the profile forgets, a share of its memory more: a recent mean keeps moving
+    however many steps came before."""
+    more = math.inf if memory_steps is None else REFIT_MEMORY_SHARE * memory_steps
+    return any(counts[k] >= min(REFIT_GROWTH * fitted[k], fitted[k] + more) for k in counts)
 
 
 class AdaptiveEngine:
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
-        self.state = EngineState()
+        self.state = EngineState(profile=StepProfile(memory_steps=settings.profile_memory_steps))
         self._fits: dict[int, tuple[dict[Any, int], PerfParams]] = {}  # threads -> (step counts, fit)
         self._since_row = StepProfile()  # steps observed since the last trace row
         self.last_batch_reason = ""
@@ -104,11 +109,12 @@ class AdaptiveEngine:
 
     # -- models ---------------------------------------------------------------------
     def perf_params(self, threads: int) -> PerfParams | None:
-        """The throughput model for ``threads`` threads per worker. It is fitted afresh
-        when the set of layouts changes; when a layout's step count grew by
-        ``REFIT_GROWTH`` since the last check, the fit is refined only if it misses a
-        layout's mean step time by more than ``REFIT_TOLERANCE``. The means of a layout
-        settle, and every fit costs the driver CPU that the workers beside it could use."""
+        """The throughput model for ``threads`` threads per worker, fitted to each
+        layout's recency-weighted mean step time (weighted by its decayed step count). It
+        is fitted afresh when the set of layouts changes; when a layout's step count grew
+        enough since the last check (see ``_grown``), the fit is refined only if it misses
+        a layout's mean by more than ``REFIT_TOLERANCE``: every fit costs the driver CPU
+        that the workers beside it could use."""
         min_steps = self.settings.min_profile_steps
         counts = {
             layout: s.optim_count
@@ -119,15 +125,15 @@ class AdaptiveEngine:
             return None
         cached = self._fits.get(threads)
         if cached is not None and cached[0].keys() == counts.keys():
-            if _grown(cached[0], counts):
+            if _grown(cached[0], counts, self.settings.profile_memory_steps):
                 obs = self.state.profile.observations(threads=threads, min_steps=min_steps)
                 fit = cached[1]
-                if fit_error(fit, *obs) > REFIT_TOLERANCE:  # refine the last fit
-                    fit = fit_perf_params(*obs, start=fit)
+                if fit_error(fit, *obs.times) > REFIT_TOLERANCE:  # refine the last fit
+                    fit = fit_perf_params(**obs._asdict(), start=fit)
                 self._fits[threads] = (counts, fit)
         else:
             obs = self.state.profile.observations(threads=threads, min_steps=min_steps)
-            self._fits[threads] = (counts, fit_perf_params(*obs))
+            self._fits[threads] = (counts, fit_perf_params(**obs._asdict()))
         return self._fits[threads][1]
 
     @property
@@ -281,7 +287,7 @@ class AdaptiveEngine:
     def load_state_dict(self, data: dict[str, Any]) -> None:
         st = self.state
         self._fits.clear()
-        st.profile = StepProfile.from_json(data["profile"])
+        st.profile = StepProfile.from_json(data["profile"], memory_steps=self.settings.profile_memory_steps)
         st.init_batch_size = data["init_batch_size"]
         st.grad_sqr, st.grad_var = data["grad_sqr"], data["grad_var"]
         st.plan = BatchPlan(*data["plan"]) if data["plan"] else None

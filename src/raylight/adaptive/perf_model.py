@@ -41,6 +41,7 @@ def fit_perf_params(
     optim_step_time: ArrayLike,
     *,
     start: PerfParams | None = None,
+    weights: ArrayLike | None = None,
 ) -> PerfParams:
     """Fit PerfParams to observations (one row per observed step, arrays of equal length).
 
@@ -58,6 +59,10 @@ def fit_perf_params(
     if np.any(~np.isfinite(optim)) or np.any(optim <= 0):
         raise ValueError("optim_step_time must be positive and finite")
     has_accum = np.isfinite(accum) & (accum > 0)
+    wt = np.ones_like(optim) if weights is None else np.asarray(weights, dtype=float)
+    if wt.shape != optim.shape or np.any(~np.isfinite(wt)) or np.any(wt <= 0):
+        raise ValueError("weights must be positive, finite and one per observation")
+    wt = wt / wt.sum()
 
     # Compute time per micro-step, for initial guesses: accumulation steps where seen,
     # else single-replica optimizer steps (no sync), else the fastest step.
@@ -127,8 +132,8 @@ def fit_perf_params(
         total_pow = g_pow + s_pow
         step = total_pow ** (1.0 / g)
         err = np.log(np.maximum(step, _TINY)) - log_optim
-        total = float(np.mean(err**2))
-        w = 2.0 * err * (step > _TINY) / len(err)  # d loss / d log T, per row
+        total = float(np.sum(wt * err**2))
+        w = 2.0 * wt * err * (step > _TINY)  # d loss / d log T, per row
         d_grad = w * grad ** (g - 1.0) / total_pow
         d_s = w * has_sync * safe_sync ** (g - 1.0) / total_pow
         d[index["alpha_c"]] += np.sum(d_grad)
@@ -141,8 +146,9 @@ def fit_perf_params(
         if n_accum:
             clamped = np.maximum(grad, _TINY)
             e = np.where(has_accum, np.log(clamped) - log_accum, 0.0)
-            total += float(np.sum(e**2) / n_accum)
-            we = 2.0 * e * (grad > _TINY) / n_accum / clamped
+            wa = np.where(has_accum, wt, 0.0) / np.sum(np.where(has_accum, wt, 0.0))
+            total += float(np.sum(wa * e**2))
+            we = 2.0 * wa * e * (grad > _TINY) / clamped
             d[index["alpha_c"]] += np.sum(we)
             d[index["beta_c"]] += np.sum(we * atomic)
         # Priors: cross-node sync no cheaper than in-node; gamma near 1 (no overlap).

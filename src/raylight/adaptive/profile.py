@@ -1,14 +1,20 @@
 """StepProfile: observed step times per layout, the input of fit_perf_params.
 
 Workers send increments (sums and counts per layout); the driver merges them. Sums keep
-the profile small however long the run, like AdaptDL's profile.
+the profile small however long the run, like AdaptDL's profile. Beside the totals, each
+layout keeps recency-weighted sums: with ``memory_steps`` set, a step's weight decays by
+exp(-1/memory_steps) with each later optimizer step of its layout, so the means the model
+is fitted to follow a machine whose speed drifts (other work, thermal limits, a noisy
+neighbour) instead of averaging over the whole run. A layout that is not running keeps
+its weights: nothing newer says it changed.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -21,54 +27,113 @@ class LayoutStats:
     accum_time: float = 0.0  # sum of non-synchronising micro-step times
     optim_count: int = 0
     optim_time: float = 0.0  # sum of synchronising micro-step times
+    # Recency-weighted sums (equal to the totals when nothing decays).
+    accum_weight: float = 0.0
+    accum_recent: float = 0.0
+    optim_weight: float = 0.0
+    optim_recent: float = 0.0
 
-    def merge(self, other: LayoutStats) -> None:
+    def merge(self, other: LayoutStats, decay: float = 1.0) -> None:
+        """Add ``other``'s steps, after decaying this layout's recent sums by ``decay``."""
         self.accum_count += other.accum_count
         self.accum_time += other.accum_time
         self.optim_count += other.optim_count
         self.optim_time += other.optim_time
+        self.accum_weight = decay * self.accum_weight + other.accum_weight
+        self.accum_recent = decay * self.accum_recent + other.accum_recent
+        self.optim_weight = decay * self.optim_weight + other.optim_weight
+        self.optim_recent = decay * self.optim_recent + other.optim_recent
+
+
+class Observations(NamedTuple):
+    """Recency-weighted mean step times per layout, named as fit_perf_params takes them:
+    ``fit_perf_params(**obs._asdict())``."""
+
+    num_nodes: np.ndarray
+    num_replicas: np.ndarray
+    atomic_bsz: np.ndarray
+    accum_step_time: np.ndarray
+    optim_step_time: np.ndarray
+    weights: np.ndarray  # each mean's (decayed) number of optimizer steps
+
+    @property
+    def times(self) -> tuple[np.ndarray, ...]:
+        """The five arrays fit_error and the unweighted fit take."""
+        return tuple(self[:5])
 
 
 @dataclass
 class StepProfile:
     layouts: dict[Layout, LayoutStats] = field(default_factory=dict)
+    memory_steps: float | None = None  # None: every step weighs alike
 
     def add(self, layout: Layout, *, accum_time: float | None = None, optim_time: float | None = None) -> None:
-        stats = self.layouts.setdefault(layout, LayoutStats())
+        """One micro-step (a worker's hot path: plain increments)."""
+        s = self.layouts.setdefault(layout, LayoutStats())
         if accum_time is not None:
-            stats.accum_count += 1
-            stats.accum_time += accum_time
+            s.accum_count += 1
+            s.accum_time += accum_time
+            s.accum_weight += 1.0
+            s.accum_recent += accum_time
         if optim_time is not None:
-            stats.optim_count += 1
-            stats.optim_time += optim_time
+            if self.memory_steps is not None:  # one optimizer step later: older ones decay
+                decay = math.exp(-1.0 / self.memory_steps)
+                s.accum_weight, s.accum_recent = decay * s.accum_weight, decay * s.accum_recent
+                s.optim_weight, s.optim_recent = decay * s.optim_weight, decay * s.optim_recent
+            s.optim_count += 1
+            s.optim_time += optim_time
+            s.optim_weight += 1.0
+            s.optim_recent += optim_time
 
     def merge(self, other: StepProfile) -> None:
+        """Add an increment; with ``memory_steps``, a layout's earlier steps decay by one
+        factor per optimizer step the increment brings (increments are short: a poll's
+        worth of steps weigh alike among themselves)."""
         for layout, stats in other.layouts.items():
-            self.layouts.setdefault(layout, LayoutStats()).merge(stats)
+            decay = 1.0 if self.memory_steps is None else math.exp(-stats.optim_count / self.memory_steps)
+            self.layouts.setdefault(layout, LayoutStats()).merge(stats, decay)
 
-    def observations(self, *, threads: int | None = None, min_steps: int = 1) -> tuple[np.ndarray, ...]:
-        """Arrays (nodes, replicas, atomic_bsz, accum_step_time, optim_step_time) of mean
-        times per layout with at least ``min_steps`` optimizer steps, for one thread count."""
+    def observations(self, *, threads: int | None = None, min_steps: int = 1) -> Observations:
+        """Recency-weighted mean times per layout with at least ``min_steps`` optimizer
+        steps, for one thread count (NaN accumulation time where a layout had none)."""
         rows = [
-            (n, k, m, s.accum_time / s.accum_count if s.accum_count else np.nan, s.optim_time / s.optim_count)
+            (
+                n, k, m,
+                s.accum_recent / s.accum_weight if s.accum_weight > 0 else np.nan,
+                s.optim_recent / s.optim_weight,
+                s.optim_weight,
+            )
             for (n, k, m, t), s in sorted(self.layouts.items())
-            if s.optim_count >= min_steps and (threads is None or t == threads)
+            if s.optim_count >= min_steps and s.optim_weight > 0 and (threads is None or t == threads)
         ]
         if not rows:
-            return tuple(np.array([]) for _ in range(5))
-        return tuple(np.array(col, dtype=float) for col in zip(*rows, strict=True))
+            return Observations(*(np.array([]) for _ in range(6)))
+        return Observations(*(np.array(col, dtype=float) for col in zip(*rows, strict=True)))
 
     def thread_counts(self) -> list[int]:
         return sorted({t for (_, _, _, t) in self.layouts})
 
     def to_json(self) -> list[list[Any]]:
-        return [[*layout, s.accum_count, s.accum_time, s.optim_count, s.optim_time] for layout, s in self.layouts.items()]
+        """One row per layout: the layout, the totals, then the recent sums where they
+        differ from the totals (a worker's increment is the first eight columns only)."""
+        rows = []
+        for layout, s in self.layouts.items():
+            row = [*layout, s.accum_count, s.accum_time, s.optim_count, s.optim_time]
+            recent = [s.accum_weight, s.accum_recent, s.optim_weight, s.optim_recent]
+            if recent != [s.accum_count, s.accum_time, s.optim_count, s.optim_time]:
+                row += recent
+            rows.append(row)
+        return rows
 
     @classmethod
-    def from_json(cls, rows: list[list[Any]]) -> StepProfile:
-        prof = cls()
-        for n, k, m, t, ac, at, oc, ot in rows:
-            prof.layouts[(int(n), int(k), int(m), int(t))] = LayoutStats(int(ac), float(at), int(oc), float(ot))
+    def from_json(cls, rows: list[list[Any]], memory_steps: float | None = None) -> StepProfile:
+        prof = cls(memory_steps=memory_steps)
+        for row in rows:
+            n, k, m, t, ac, at, oc, ot = row[:8]
+            recent = row[8:] or [ac, at, oc, ot]
+            prof.layouts[(int(n), int(k), int(m), int(t))] = LayoutStats(
+                int(ac), float(at), int(oc), float(ot), *(float(v) for v in recent)
+            )
         return prof
 
 

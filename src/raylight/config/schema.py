@@ -169,6 +169,13 @@ class AdaptiveConfig(_Model):
     min_profile_steps: int = Field(
         5, ge=1, description="Optimizer steps a layout needs before its timing is trusted."
     )
+    profile_memory_steps: float | None = Field(
+        500.0,
+        gt=0,
+        description="The throughput model follows recent step times: a step of a layout "
+        "weighs exp(-n / this) once n more optimizer steps of that layout have run, so the "
+        "model tracks a machine whose speed drifts. None: every step weighs alike (AdaptDL).",
+    )
     control_interval_steps: int = Field(
         16,
         ge=1,
