@@ -46,9 +46,9 @@ _STOP, _VERSION, _ATOMIC, _ACCUM, _SMALL_SQR, _BIG_SQR, _SMALL_B, _BIG_B, _VALID
 
 # The first optimizer steps at a new layout (a new batch size, or a new worker group) pay
 # one-off costs, memory for the new tensor sizes among them, that the steady-state
-# throughput model does not describe: they are not profiled. Measured on digits with 2
-# CPU workers: the first step took 4.2x the median step, the next nine 1.6-1.9x, later
-# ones 1.3x on average (mean over median).
+# throughput model does not describe: they are not profiled. Measured on the adaptive
+# benchmark's task (diamonds, 2 CPU workers): the first step at a new batch size took 4.2x
+# the median step, the next nine 1.6-1.9x, later ones 1.3x on average (mean over median).
 PROFILE_WARMUP_STEPS = 5
 
 
