@@ -48,6 +48,8 @@ def fit_perf_params(
     ``start``: a previous fit to the same layouts (more steps of each since), to start a
     single local search from instead of the several starts a fresh fit makes: about a
     tenth of the cost, for a driver that refits as observations accumulate.
+    ``weights``: how much each row counts in the least squares (the engine passes each
+    layout's decayed step count); rows count alike without it.
     """
     nodes = np.asarray(num_nodes, dtype=float)
     replicas = np.asarray(num_replicas, dtype=float)
@@ -109,6 +111,9 @@ def fit_perf_params(
     log_optim = np.log(optim)
     log_accum = np.log(np.where(has_accum, accum, 1.0))
     n_accum = int(np.count_nonzero(has_accum))
+    accum_wt = np.where(has_accum, wt, 0.0)
+    if n_accum:
+        accum_wt = accum_wt / accum_wt.sum()  # the accumulation rows' weights, summing to 1
     # Which sync term each row uses (none with one replica): d T_sync / d parameter.
     extra = np.maximum(replicas - 2, 0.0)
     cross = (replicas > 1) & (nodes > 1)
@@ -146,9 +151,8 @@ def fit_perf_params(
         if n_accum:
             clamped = np.maximum(grad, _TINY)
             e = np.where(has_accum, np.log(clamped) - log_accum, 0.0)
-            wa = np.where(has_accum, wt, 0.0) / np.sum(np.where(has_accum, wt, 0.0))
-            total += float(np.sum(wa * e**2))
-            we = 2.0 * wa * e * (grad > _TINY) / clamped
+            total += float(np.sum(accum_wt * e**2))
+            we = 2.0 * accum_wt * e * (grad > _TINY) / clamped
             d[index["alpha_c"]] += np.sum(we)
             d[index["beta_c"]] += np.sum(we * atomic)
         # Priors: cross-node sync no cheaper than in-node; gamma near 1 (no overlap).
