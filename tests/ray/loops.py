@@ -154,3 +154,15 @@ def elastic_loop(ctx, config):
         stop = 1.0 if config.get("stop_file") and os.path.exists(config["stop_file"]) else 0.0
         if ctx.all_reduce(stop, op="max") > 0:
             break
+
+
+def gc_loop(ctx, config):
+    """Reports how many objects the garbage collector holds frozen at the loop's start,
+    and after the loop's setup made ``setup_objects`` more and its first batch came."""
+    import gc
+
+    at_start = gc.get_freeze_count()
+    kept = [[i] for i in range(config["setup_objects"])]  # lists: always tracked
+    loader = ctx.prepare_loader(regression_data(), batch_size=32)
+    next(iter(loader))
+    ctx.report({"at_start": at_start, "after_first_batch": gc.get_freeze_count(), "kept": len(kept)})

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import TensorDataset
+from torch.utils.data import TensorDataset, default_collate
 
 from raylight.data.blocks import BlockDataset
-from raylight.data.loader import ElasticLoader, micro_batches, move_to_device
+from raylight.data.loader import ElasticLoader, fetch_batch, micro_batches, move_to_device
 from raylight.worker_group.protocol import BatchPlan
 
 
@@ -176,3 +176,50 @@ def test_a_rank_reads_a_few_blocks_at_a_time_never_the_whole_dataset():
         assert held <= 2, "at most cache_blocks blocks are held"
         # Contiguous slices of a block-ordered epoch: each block is fetched about once.
         assert ld.dataset.fetches <= ld.dataset.num_blocks + 2
+
+
+def _same(a, b):
+    assert type(a) is type(b)
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _same(a[k], b[k])
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            _same(x, y)
+    else:
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+def test_batched_fetch_is_what_collating_sample_by_sample_gives():
+    gen = torch.Generator().manual_seed(0)
+    tensors = TensorDataset(torch.randn(40, 3, 2, generator=gen), torch.randint(0, 5, (40,), generator=gen), torch.arange(40.0))
+    rows = {"x": np.random.default_rng(0).normal(size=(40, 4)).astype(np.float32), "y": np.arange(40), "w": np.linspace(0, 1, 40)}
+    blocks = [{k: v[lo : lo + 9] for k, v in rows.items()} for lo in range(0, 40, 9)]
+    frozen = [{k: v.copy() for k, v in b.items()} for b in blocks]
+    for b in frozen:  # read-only, as blocks from the object store are
+        for v in b.values():
+            v.flags.writeable = False
+    table = BlockDataset(frozen, [9, 9, 9, 9, 4], fetch=lambda b: b)
+    for indices in ([5], [3, 3, 0], [8, 9, 10, 30, 2, 39], list(range(40))[::-1]):
+        for data in (tensors, table):
+            _same(fetch_batch(data, indices, default_collate), default_collate([data[i] for i in indices]))
+    out = fetch_batch(table, [1, 2], default_collate)
+    out["x"] += 1  # a copy, writable, not a view of the block
+    assert out["x"].shape == (2, 4) and frozen[0]["x"][1, 0] == rows["x"][1, 0]
+
+
+def test_batched_fetch_keeps_a_custom_collate_and_checks_indices():
+    data = TensorDataset(torch.arange(10))
+    seen = []
+
+    def collate(samples):
+        seen.append(len(samples))
+        return default_collate(samples)
+
+    assert fetch_batch(data, [4, 1], collate)[0].tolist() == [4, 1] and seen == [2]
+    with pytest.raises(IndexError, match="index 70 out of range for 50 rows"):
+        block_ids(50).get_batch([3, 70])
+    with pytest.raises(IndexError, match="at least one index"):
+        block_ids(50).get_batch([])

@@ -99,6 +99,25 @@ class BlockDataset(Dataset):
         # A copy: blocks from the object store are read-only, which torch warns about.
         return {k: torch.from_numpy(np.array(v[j])) for k, v in self.block(b).items()}
 
+    def get_batch(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        """Rows ``indices`` as one dict of stacked tensors, in that order: what
+        ``default_collate`` makes of ``[self[i] for i in indices]``, read a block at a time."""
+        if not indices:
+            raise IndexError("get_batch needs at least one index")
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.min() < 0 or idx.max() >= len(self):
+            bad = idx[(idx < 0) | (idx >= len(self))][0]
+            raise IndexError(f"index {bad} out of range for {len(self)} rows")
+        which = np.searchsorted(self.offsets, idx, side="right") - 1
+        cuts = np.flatnonzero(np.diff(which)) + 1
+        parts: dict[str, list[np.ndarray]] = {}
+        for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(idx)], strict=True):
+            b = int(which[lo])
+            for k, v in self.block(b).items():
+                parts.setdefault(k, []).append(v[idx[lo:hi] - self.offsets[b]])
+        # np.concatenate copies: blocks from the object store are read-only.
+        return {k: torch.from_numpy(np.concatenate(v)) for k, v in parts.items()}
+
     def iter_blocks(self) -> Any:
         """Every block in order, one at a time (for streaming evaluation)."""
         for b in range(self.num_blocks):
