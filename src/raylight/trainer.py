@@ -136,29 +136,10 @@ class Trainer:
         engine = None
         spec = None
         if adaptive is not None or scaling.elastic:
-            a = adaptive
-            engine = AdaptiveEngine(
-                EngineSettings(
-                    adaptive=a is not None,
-                    elastic=scaling.elastic,
-                    min_workers=scaling.min_workers,
-                    max_workers=scaling.max_workers,
-                    max_batch_size=a.max_batch_size if a else None,
-                    local_batch_bounds=a.local_batch_bounds if a else None,
-                    accumulation=a.accumulation if a else False,
-                    gain_threshold=a.gain_threshold if a else 0.05,
-                    min_profile_steps=a.min_profile_steps if a else 5,
-                    # elastic-only runs fit the throughput model too
-                    profile_memory_steps=(a or AdaptiveConfig()).profile_memory_steps,
-                    scaling_policy=scaling.scaling_policy,
-                    utility_threshold=scaling.utility_threshold,
-                    resize_hysteresis=scaling.resize_hysteresis,
-                    resize_horizon_s=scaling.resize_horizon_s,
-                )
-            )
+            engine = AdaptiveEngine(EngineSettings.from_config(scaling, adaptive))
             if cfg.run.resume and (saved := recorder.engine_state()) is not None:
                 engine.load_state_dict(saved)
-            spec = AdaptiveSpec.from_config(a)
+            spec = AdaptiveSpec.from_config(adaptive)
         group = RayWorkerGroup(
             self.train_loop,
             self.train_loop_config,

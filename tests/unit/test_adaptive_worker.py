@@ -8,6 +8,7 @@ from raylight.adaptive.engine import AdaptiveEngine, EngineSettings
 from raylight.adaptive.goodput import PerfParams, predict_step_time
 from raylight.adaptive.policy import Layout
 from raylight.adaptive.profile import StepProfile
+from raylight.config.schema import AdaptiveConfig, ScalingConfig
 from raylight.elastic.optimizer import AdaptiveOptimizer
 from raylight.elastic.state import Accumulator
 from raylight.elastic.sync import ResizeInterrupt, StepSync
@@ -127,10 +128,10 @@ def profile_for(perf, layouts, steps=10):
     return prof
 
 
-def engine(**kw):
-    args = dict(adaptive=True, elastic=True, min_workers=1, max_workers=4, max_batch_size=512, local_batch_bounds=(4, 128), min_profile_steps=3)
-    args.update(kw)
-    return AdaptiveEngine(EngineSettings(**args))
+def engine(*, adaptive=True, scaling_policy="goodput"):
+    scaling = ScalingConfig(num_workers=(1, 4), scaling_policy=scaling_policy)
+    config = AdaptiveConfig(max_batch_size=512, local_batch_bounds=(4, 128), min_profile_steps=3)
+    return AdaptiveEngine(EngineSettings.from_config(scaling, config if adaptive else None))
 
 
 def test_engine_grows_the_batch_under_noise_and_plans_for_a_resize():

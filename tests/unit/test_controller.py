@@ -301,6 +301,7 @@ def test_engine_decisions_reach_the_group(recorder):
     from raylight.adaptive.engine import AdaptiveEngine, EngineSettings
     from raylight.adaptive.goodput import PerfParams, predict_step_time
     from raylight.adaptive.profile import StepProfile
+    from raylight.config.schema import AdaptiveConfig, ScalingConfig
     from raylight.worker_group.protocol import AdaptiveStats
 
     perf = PerfParams(0.01, 1e-4, 0.05, 0.01, 0.02, 0.005, 1.0)
@@ -313,7 +314,7 @@ def test_engine_decisions_reach_the_group(recorder):
     group = FakeGroup([poll, running(), running()], capacity=2)
     requested = []
     group.request_resources = requested.append
-    eng = AdaptiveEngine(EngineSettings(adaptive=True, elastic=True, min_workers=1, max_workers=4, max_batch_size=256, local_batch_bounds=(4, 64), min_profile_steps=3, scaling_policy="max"))
+    eng = AdaptiveEngine(EngineSettings.from_config(ScalingConfig(num_workers=(1, 4), scaling_policy="max"), AdaptiveConfig(max_batch_size=256, local_batch_bounds=(4, 64), min_profile_steps=3)))
     clock = Clock()
     trace = []
     c = Controller(

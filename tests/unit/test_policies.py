@@ -155,6 +155,7 @@ def test_engine_refits_the_throughput_model_only_when_the_profile_grew_and_the_f
         EngineSettings,
     )
     from raylight.adaptive.profile import StepProfile
+    from raylight.config.schema import AdaptiveConfig, ScalingConfig
 
     fits = []
     real_fit = engine_mod.fit_perf_params
@@ -163,7 +164,7 @@ def test_engine_refits_the_throughput_model_only_when_the_profile_grew_and_the_f
         "fit_perf_params",
         lambda start=None, **obs: fits.append((obs, start)) or real_fit(**obs, start=start),
     )
-    eng = AdaptiveEngine(EngineSettings(adaptive=True, elastic=False, min_workers=2, max_workers=2, min_profile_steps=5))
+    eng = AdaptiveEngine(EngineSettings.from_config(ScalingConfig(num_workers=2), AdaptiveConfig(min_profile_steps=5)))
 
     def steps(layout, n, slower=1.0):
         prof = StepProfile()
@@ -251,9 +252,10 @@ def test_engine_prediction_follows_a_machine_that_slows_down(memory):
     from raylight.adaptive.engine import AdaptiveEngine, EngineSettings
     from raylight.adaptive.goodput import predict_step_time
     from raylight.adaptive.profile import StepProfile
+    from raylight.config.schema import AdaptiveConfig, ScalingConfig
 
     eng = AdaptiveEngine(
-        EngineSettings(adaptive=True, elastic=False, min_workers=2, max_workers=2, profile_memory_steps=memory)
+        EngineSettings.from_config(ScalingConfig(num_workers=2), AdaptiveConfig(profile_memory_steps=memory))
     )
 
     def run(layout, n, scale):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,23 +26,53 @@ from raylight.adaptive.policy import BatchSizePolicy, ElasticPolicy, Layout, Lay
 from raylight.adaptive.profile import StepProfile
 from raylight.worker_group.protocol import AdaptiveStats, BatchPlan
 
+if TYPE_CHECKING:
+    from raylight.config.schema import AdaptiveConfig, ScalingConfig
 
-@dataclass
+
+@dataclass(frozen=True)
 class EngineSettings:
+    """What the engine needs of the run's config; built by ``from_config``, so every
+    default has its one home in ``raylight.config.schema``."""
+
     adaptive: bool
     elastic: bool
     min_workers: int
     max_workers: int
-    max_batch_size: int | None = None
-    local_batch_bounds: tuple[int, int] | None = None
-    accumulation: bool = True
-    gain_threshold: float = 0.05
-    min_profile_steps: int = 5
-    profile_memory_steps: float | None = None  # AdaptiveConfig's; None: no decay
-    scaling_policy: str = "goodput"
-    utility_threshold: float = 0.5
-    resize_hysteresis: float = 0.1
-    resize_horizon_s: float = 120.0
+    max_batch_size: int | None
+    local_batch_bounds: tuple[int, int] | None
+    accumulation: bool
+    gain_threshold: float
+    min_profile_steps: int
+    profile_memory_steps: float | None  # None: every step weighs alike
+    scaling_policy: str
+    utility_threshold: float
+    resize_hysteresis: float
+    resize_horizon_s: float
+
+    @classmethod
+    def from_config(cls, scaling: ScalingConfig, adaptive: AdaptiveConfig | None) -> EngineSettings:
+        """Without ``adaptive`` (an elastic-only run) the global batch stays fixed, but the
+        throughput model is still fitted, with the schema's profile settings."""
+        from raylight.config.schema import AdaptiveConfig
+
+        a = adaptive or AdaptiveConfig()
+        return cls(
+            adaptive=adaptive is not None,
+            elastic=scaling.elastic,
+            min_workers=scaling.min_workers,
+            max_workers=scaling.max_workers,
+            max_batch_size=a.max_batch_size,
+            local_batch_bounds=a.local_batch_bounds,
+            accumulation=adaptive is not None and a.accumulation,
+            gain_threshold=a.gain_threshold,
+            min_profile_steps=a.min_profile_steps,
+            profile_memory_steps=a.profile_memory_steps,
+            scaling_policy=scaling.scaling_policy,
+            utility_threshold=scaling.utility_threshold,
+            resize_hysteresis=scaling.resize_hysteresis,
+            resize_horizon_s=scaling.resize_horizon_s,
+        )
 
 
 @dataclass
