@@ -245,6 +245,52 @@ def test_profile_recent_means_forget_at_the_memory_rate_and_totals_do_not():
     assert flat.observations().optim_step_time[0] == pytest.approx(0.02)
 
 
+def test_a_stall_does_not_become_a_layouts_recent_mean_but_a_lasting_slowdown_does():
+    from raylight.adaptive.profile import STALL_FACTOR, StepProfile
+
+    layout = (1, 2, 64, 1)
+
+    def poll(prof, step_s, n=50):
+        inc = StepProfile()
+        for _ in range(n):
+            inc.add(layout, optim_time=step_s, accum_time=step_s / 4)
+        prof.merge(inc)
+        return prof.observations().optim_step_time[0] + prof.observations().accum_step_time[0] / 4
+
+    def per_step(prof):
+        s = prof.layouts[layout]
+        return (s.optim_recent + s.accum_recent) / s.optim_weight
+
+    clipped, plain = StepProfile(memory_steps=500.0), StepProfile()
+    for prof in (clipped, plain):
+        for _ in range(20):
+            poll(prof, 0.003)
+    before = per_step(clipped)
+    for _ in range(2):  # 100 steps 30x slower: a few seconds of a stalled machine
+        poll(clipped, 0.09)
+        poll(plain, 0.09)
+    after = per_step(clipped)
+    # Each stalled poll counted as STALL_FACTOR x the recent mean, not 30x.
+    w = math.exp(-50 / 500.0)
+    bound = before
+    for _ in range(2):
+        bound = w * bound + (1 - w) * STALL_FACTOR * bound
+    assert after == pytest.approx(bound, rel=0.05) and after < 1.5 * before
+    stats = clipped.layouts[layout]
+    assert stats.optim_time == pytest.approx(1000 * 0.003 + 100 * 0.09), "totals keep what was measured"
+    assert per_step(plain) > 3 * before, "without a memory nothing is clipped (AdaptDL's averages)"
+    # Steps at the old speed again: the recent mean is back within 5% after 15 polls (the
+    # memory's pace; unclipped, the stall would have left it 2x too slow by then).
+    for _ in range(15):
+        poll(clipped, 0.003)
+    assert per_step(clipped) == pytest.approx(0.003 * 1.25, rel=0.05)
+    # A lasting 5x slowdown is followed all the same (the reference doubles with each poll),
+    # at the memory's pace once it is past the clip: 2,000 steps, 4 memories.
+    for _ in range(40):
+        poll(clipped, 0.015)
+    assert per_step(clipped) == pytest.approx(0.015 * 1.25, rel=0.05)
+
+
 @pytest.mark.parametrize("memory", [None, 200.0])
 def test_engine_prediction_follows_a_machine_that_slows_down(memory):
     """Each step of one layout takes 2x longer from some point on: with a memory the

@@ -7,18 +7,28 @@ exp(-1/memory_steps) with each later optimizer step of its layout, so the means 
 is fitted to follow a machine whose speed drifts (other work, thermal limits, a noisy
 neighbour) instead of averaging over the whole run. A layout that is not running keeps
 its weights: nothing newer says it changed.
+
+Because a layout that stops running keeps its recent mean, a stall (the machine slows
+several times over for a few seconds) must not become that mean: the engine would leave
+the layout and never learn that it recovered. So, with a memory, an increment whose mean
+step time exceeds STALL_FACTOR times the layout's recent mean enters the recent sums as
+STALL_FACTOR times that mean; the totals keep what was measured. A lasting slowdown is
+still followed: each increment may double the reference it is compared with.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import numpy as np
 
 Layout = tuple[int, int, int, int]  # (num_nodes, num_replicas, atomic_bsz, threads)
+
+STALL_FACTOR = 2.0  # an increment counts as at most this many times the recent mean
+STALL_MIN_STEPS = 5.0  # once the layout's recent sums weigh this many optimizer steps
 
 
 @dataclass
@@ -43,6 +53,19 @@ class LayoutStats:
         self.accum_recent = decay * self.accum_recent + other.accum_recent
         self.optim_weight = decay * self.optim_weight + other.optim_weight
         self.optim_recent = decay * self.optim_recent + other.optim_recent
+
+    def stall_clipped(self, inc: LayoutStats) -> LayoutStats:
+        """``inc`` with its recent times scaled so that its mean time per optimizer step
+        (accumulation micro-steps included) is at most STALL_FACTOR times this layout's
+        recent mean; unchanged below that, or before STALL_MIN_STEPS."""
+        if self.optim_weight < STALL_MIN_STEPS or inc.optim_weight <= 0:
+            return inc
+        limit = STALL_FACTOR * (self.optim_recent + self.accum_recent) / self.optim_weight
+        mean = (inc.optim_recent + inc.accum_recent) / inc.optim_weight
+        if mean <= limit:
+            return inc
+        scale = limit / mean
+        return replace(inc, accum_recent=inc.accum_recent * scale, optim_recent=inc.optim_recent * scale)
 
 
 class Observations(NamedTuple):
@@ -88,10 +111,15 @@ class StepProfile:
     def merge(self, other: StepProfile) -> None:
         """Add an increment; with ``memory_steps``, a layout's earlier steps decay by one
         factor per optimizer step the increment brings (increments are short: a poll's
-        worth of steps weigh alike among themselves)."""
+        worth of steps weigh alike among themselves), and a stalled increment counts as
+        STALL_FACTOR times the layout's recent mean."""
         for layout, stats in other.layouts.items():
-            decay = 1.0 if self.memory_steps is None else math.exp(-stats.optim_count / self.memory_steps)
-            self.layouts.setdefault(layout, LayoutStats()).merge(stats, decay)
+            mine = self.layouts.setdefault(layout, LayoutStats())
+            if self.memory_steps is None:
+                mine.merge(stats)
+            else:
+                decay = math.exp(-stats.optim_count / self.memory_steps)
+                mine.merge(mine.stall_clipped(stats), decay)
 
     def observations(self, *, threads: int | None = None, min_steps: int = 1) -> Observations:
         """Recency-weighted mean times per layout with at least ``min_steps`` optimizer

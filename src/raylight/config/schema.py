@@ -174,7 +174,9 @@ class AdaptiveConfig(_Model):
         gt=0,
         description="The throughput model follows recent step times: a step of a layout "
         "weighs exp(-n / this) once n more optimizer steps of that layout have run, so the "
-        "model tracks a machine whose speed drifts. None: every step weighs alike (AdaptDL).",
+        "model tracks a machine whose speed drifts; a poll's steps count as at most 2x the "
+        "layout's recent mean, so a stall of a few seconds is not taken for its speed. None: "
+        "every step weighs alike (AdaptDL).",
     )
     control_interval_steps: int = Field(
         16,
