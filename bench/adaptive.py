@@ -970,7 +970,7 @@ def leave_one_layout_out(
         params = fit_perf_params(**obs._asdict())
         stats = profile.layouts[held]
         accum = stats.accum_count / stats.optim_count
-        measured = (stats.optim_time + stats.accum_time) / stats.optim_count
+        measured = stats.step_time
         nodes, replicas, atomic, _ = held
         predicted = float(predict_step_time(params, nodes, replicas, atomic, accum))
         rows.append(

@@ -258,8 +258,7 @@ def test_a_stall_does_not_become_a_layouts_recent_mean_but_a_lasting_slowdown_do
         return prof.observations().optim_step_time[0] + prof.observations().accum_step_time[0] / 4
 
     def per_step(prof):
-        s = prof.layouts[layout]
-        return (s.optim_recent + s.accum_recent) / s.optim_weight
+        return prof.layouts[layout].recent_step_time
 
     clipped, plain = StepProfile(memory_steps=500.0), StepProfile()
     for prof in (clipped, plain):

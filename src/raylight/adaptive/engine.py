@@ -297,7 +297,7 @@ class AdaptiveEngine:
         if plan is not None:
             seen = since.layouts.get((num_nodes, num_workers, plan.atomic_bsz, threads))
             if seen is not None and seen.optim_count:
-                row["measured_step_time"] = (seen.optim_time + seen.accum_time) / seen.optim_count
+                row["measured_step_time"] = seen.step_time
                 row["measured_steps"] = seen.optim_count
         row["throughput"] = throughput
         return row

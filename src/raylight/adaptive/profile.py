@@ -54,14 +54,24 @@ class LayoutStats:
         self.optim_weight = decay * self.optim_weight + other.optim_weight
         self.optim_recent = decay * self.optim_recent + other.optim_recent
 
+    @property
+    def step_time(self) -> float:
+        """Mean seconds per optimizer step over every step, accumulation micro-steps included."""
+        return (self.optim_time + self.accum_time) / self.optim_count
+
+    @property
+    def recent_step_time(self) -> float:
+        """The same, recency-weighted."""
+        return (self.optim_recent + self.accum_recent) / self.optim_weight
+
     def stall_clipped(self, inc: LayoutStats) -> LayoutStats:
         """``inc`` with its recent times scaled so that its mean time per optimizer step
         (accumulation micro-steps included) is at most STALL_FACTOR times this layout's
         recent mean; unchanged below that, or before STALL_MIN_STEPS."""
         if self.optim_weight < STALL_MIN_STEPS or inc.optim_weight <= 0:
             return inc
-        limit = STALL_FACTOR * (self.optim_recent + self.accum_recent) / self.optim_weight
-        mean = (inc.optim_recent + inc.accum_recent) / inc.optim_weight
+        limit = STALL_FACTOR * self.recent_step_time
+        mean = inc.recent_step_time
         if mean <= limit:
             return inc
         scale = limit / mean
