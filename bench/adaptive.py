@@ -930,16 +930,43 @@ def forward_predictions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if later["measured_steps"] < MIN_PROFILE_STEPS:
             continue
         measured, predicted = later["measured_step_time"], row["predicted_step_time"]
-        pairs.append(
-            {
-                **{k: row[k] for k in PLAN_KEYS},
-                "steps": later["measured_steps"],
-                "predicted_s": predicted,
-                "measured_s": measured,
-                "relative_error": abs(predicted - measured) / measured,
-            }
-        )
+        pair = {
+            **{k: row[k] for k in PLAN_KEYS},
+            "steps": later["measured_steps"],
+            "predicted_s": predicted,
+            "measured_s": measured,
+            "relative_error": abs(predicted - measured) / measured,
+        }
+        # The naive prediction beside it: the interval before the decision, at this plan.
+        if row.get("measured_steps", 0) >= MIN_PROFILE_STEPS:
+            last = row["measured_step_time"]
+            pair.update(last_interval_s=last, last_interval_error=abs(last - measured) / measured)
+        pairs.append(pair)
     return pairs
+
+
+def forward_summary(pairs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Step-weighted mean relative errors of the forward predictions, and, over the
+    intervals that have one, of the naive last-interval prediction beside the model's."""
+
+    def weighted(rows: list[dict[str, Any]], key: str) -> float | None:
+        steps = sum(p["steps"] for p in rows)
+        return sum(p[key] * p["steps"] for p in rows) / steps if steps else None
+
+    paired = [p for p in pairs if "last_interval_error" in p]
+    return {
+        "mean_relative_error": weighted(pairs, "relative_error"),
+        "median_interval_relative_error": statistics.median(p["relative_error"] for p in pairs)
+        if pairs
+        else None,
+        "intervals": len(pairs),
+        "steps": sum(p["steps"] for p in pairs),
+        "last_interval": {
+            "mean_relative_error": weighted(paired, "last_interval_error"),
+            "model_mean_relative_error": weighted(paired, "relative_error"),
+            "intervals": len(paired),
+        },
+    }
 
 
 def leave_one_layout_out(
@@ -1079,6 +1106,7 @@ def figures(
     from_ckpt = resize["checkpoint"]["median"]
     err = pred["forward"]["mean_relative_error"]
     unseen = pred["mean_relative_error"]
+    naive = pred["forward"]["last_interval"]
     return {
         "definitions": {
             "adaptive_vs_fixed_time_to_target": "median to_target_from_first_step_s of "
@@ -1091,6 +1119,11 @@ def figures(
             "for the running plan against the mean over the steps up to the next decision "
             "(after the fit it predicted with), weighted by those steps; intervals where the "
             "plan changed, or with fewer than 5 steps, are left out",
+            "step_time_prediction_error_last_interval": "the same error for a naive "
+            "prediction, the mean over the interval before the decision at the same plan, "
+            "on the intervals that have one (the model's error on those same intervals: "
+            "prediction.forward.last_interval.model_mean_relative_error); how much the "
+            "machine's speed moves from one interval to the next",
             "step_time_prediction_error_unseen_layouts": "mean relative error of "
             "leave-one-layout-out predictions (each layout a run visited, predicted by a fit "
             "to its other layouts)",
@@ -1113,6 +1146,7 @@ def figures(
         "adaptive_vs_fixed_time_to_target_from_launch": speedup_launch,
         "final_accuracy_delta_pts": delta,
         "step_time_prediction_error": err,
+        "step_time_prediction_error_last_interval": naive["mean_relative_error"],
         "step_time_prediction_error_unseen_layouts": unseen,
         "resize_in_place_s": in_place["first_step_s"],
         "resize_in_place_pause_s": in_place["pause_s"],
@@ -1220,6 +1254,13 @@ def print_table(results: dict[str, Any]) -> None:
             else ""
         )
     )
+    naive = fwd.get("last_interval")
+    if naive and naive["intervals"]:
+        print(
+            f"  on the {naive['intervals']} intervals that follow one at the same plan: the model "
+            f"{fmt(naive['model_mean_relative_error'], '.3f')}, the last interval's mean "
+            f"{fmt(naive['mean_relative_error'], '.3f')}"
+        )
     fig = results["figures"]
     goals = fig["goals"]
     print("\nfigure                                       measured   goal")
@@ -1238,6 +1279,7 @@ def print_table(results: dict[str, Any]) -> None:
             ".3f",
             goals["step_time_prediction_error"],
         ),
+        ("  (naive: the last interval)", fig["step_time_prediction_error_last_interval"], ".3f", None),
         ("  (unseen layouts)", fig["step_time_prediction_error_unseen_layouts"], ".3f", None),
         ("resize_in_place_s", fig["resize_in_place_s"], ".2f", goals["resize_in_place_s"]),
         ("  pause_s", fig["resize_in_place_pause_s"], ".2f", None),
@@ -1374,17 +1416,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         if r["ok"]
         for p in r.get("forward_predictions", [])
     ]
-    steps = sum(p["steps"] for p in forward)
-    pred["forward"] = {
-        "mean_relative_error": sum(p["relative_error"] * p["steps"] for p in forward) / steps
-        if steps
-        else None,
-        "median_interval_relative_error": statistics.median(p["relative_error"] for p in forward)
-        if forward
-        else None,
-        "intervals": len(forward),
-        "steps": steps,
-    }
+    pred["forward"] = forward_summary(forward)
     if "sweep" in sections or (not pred["held_out_predictions"] and "ttt" in sections):
         print(
             "the adaptive runs saw too few layouts to leave one out; forcing layouts "
