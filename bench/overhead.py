@@ -22,6 +22,10 @@ child, they give, identically for all three:
   wall_s                 launch -> end of the last step
   process_s              launch -> the child process has exited (shutdown included)
   steady_samples_per_s   global samples/s from the end of step 20 to the last step
+  window_change          over the same steps, cut into 0.5 s windows: the mean relative
+                         change of the mean step time from one window to the next, the
+                         error of "the next window is as fast as the last" at a fixed plan
+                         (what the adaptive benchmark's prediction error reads against)
 
 Results: a table on stdout and bench/results/overhead.json (medians, raw repetitions,
 machine info, and the ratios raylight/Ray Train start-up and raylight/torchrun
@@ -31,6 +35,7 @@ throughput against the goals <= 0.5 and >= 0.95).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -87,6 +92,7 @@ class StepClock:
         self.steady_start: float | None = None
         self.last_step_end: float | None = None
         self.steady_samples = 0
+        self.steady_ends: list[float] = []  # every steady step's end
 
     def tick(self, global_samples: int) -> None:
         now = time.time()
@@ -97,6 +103,8 @@ class StepClock:
             self.steady_start = now
         elif self.steps > self.skip:
             self.steady_samples += global_samples
+        if self.steps >= self.skip:
+            self.steady_ends.append(now)
         self.last_step_end = now
 
     def summary(self) -> dict[str, Any]:
@@ -109,9 +117,32 @@ class StepClock:
             "first_step_end": self.first_step_end,
             "last_step_end": self.last_step_end,
             "steady_samples_per_s": steady,
+            "window_change": window_change(self.steady_ends),
             "torch_threads": torch.get_num_threads(),
             "pid": os.getpid(),
         }
+
+
+WINDOW_S = 0.5  # the adaptive benchmark's decision interval
+MIN_WINDOW_STEPS = 5
+
+
+def window_change(ends: list[float], window_s: float = WINDOW_S) -> float | None:
+    """How much the mean step time moves from one window to the next: the mean over
+    consecutive windows of |mean_k - mean_(k-1)| / mean_k, each mean over the steps that
+    ended in a window of ``window_s`` (at least MIN_WINDOW_STEPS of them). The error a
+    prediction "the next window is as fast as the last" makes, at a fixed plan: the
+    adaptive benchmark's step_time_prediction_error reads against it."""
+    means = []
+    start, durations = None, []
+    for prev, end in itertools.pairwise(ends):
+        if start is None or end - start >= window_s:
+            if start is not None:
+                means.append(sum(durations) / len(durations) if len(durations) >= MIN_WINDOW_STEPS else None)
+            start, durations = end, []
+        durations.append(end - prev)
+    pairs = [(a, b) for a, b in itertools.pairwise(means) if a is not None and b is not None]
+    return statistics.fmean(abs(b - a) / b for a, b in pairs) if pairs else None
 
 
 def train(
@@ -348,6 +379,7 @@ def read_result(path: str, launched: float) -> dict[str, Any]:
         "start_to_first_step_s": raw["first_step_end"] - launched,
         "wall_s": raw["last_step_end"] - launched,
         "steady_samples_per_s": raw["steady_samples_per_s"],
+        "window_change": raw.get("window_change"),
         "steps": raw["steps"],
         "torch_threads": raw["torch_threads"],
     }
@@ -355,7 +387,7 @@ def read_result(path: str, launched: float) -> dict[str, Any]:
 
 # -- summary --------------------------------------------------------------------------
 
-METRICS = ("start_to_first_step_s", "wall_s", "process_s", "steady_samples_per_s")
+METRICS = ("start_to_first_step_s", "wall_s", "process_s", "steady_samples_per_s", "window_change")
 
 
 def medians(reps: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -412,7 +444,7 @@ def fmt(value: float | None, spec: str) -> str:
 def print_table(summary: dict[str, dict[str, Any]], verdict: dict[str, Any]) -> None:
     print(
         f"\n{'system':<10} {'ok':>5} {'start->1st step s':>18} {'wall s':>8} "
-        f"{'process s':>10} {'steady samples/s':>17}"
+        f"{'process s':>10} {'steady samples/s':>17} {'window change':>14}"
     )
     for name, s in summary.items():
         m = s["median"]
@@ -420,9 +452,12 @@ def print_table(summary: dict[str, dict[str, Any]], verdict: dict[str, Any]) -> 
         print(
             f"{name:<10} {status:>5} {fmt(m['start_to_first_step_s'], '.2f'):>18} "
             f"{fmt(m['wall_s'], '.2f'):>8} {fmt(m['process_s'], '.2f'):>10} "
-            f"{fmt(m['steady_samples_per_s'], ',.0f'):>17}"
+            f"{fmt(m['steady_samples_per_s'], ',.0f'):>17} {fmt(m['window_change'], '.3f'):>14}"
         )
-    print("(medians over successful repetitions)")
+    print(
+        f"(medians over successful repetitions; window change: the mean relative change of "
+        f"the mean step time from one {WINDOW_S} s window to the next)"
+    )
     for name, s in summary.items():
         for rep in s["reps"]:
             if not rep["ok"]:
