@@ -290,6 +290,16 @@ def test_a_stall_does_not_become_a_layouts_recent_mean_but_a_lasting_slowdown_do
     assert per_step(clipped) == pytest.approx(0.015 * 1.25, rel=0.05)
 
 
+def test_the_schema_states_the_stall_factor_the_profile_uses():
+    """raylight.config imports nothing of raylight's, so profile_memory_steps' description
+    states STALL_FACTOR in words; this keeps the two together."""
+    from raylight.adaptive.profile import STALL_FACTOR
+    from raylight.config.schema import AdaptiveConfig
+
+    description = AdaptiveConfig.model_fields["profile_memory_steps"].description or ""
+    assert f" {STALL_FACTOR:g}x " in description, description
+
+
 @pytest.mark.parametrize("memory", [None, 200.0])
 def test_engine_prediction_follows_a_machine_that_slows_down(memory):
     """Each step of one layout takes 2x longer from some point on: with a memory the
