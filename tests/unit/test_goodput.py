@@ -172,6 +172,34 @@ def test_fit_objective_gradient_matches_finite_differences(obs, monkeypatch):
         _check_gradient(fun, x0, bounds)
 
 
+def test_fit_searches_with_one_blas_thread(monkeypatch):
+    """OpenBLAS's idle threads spin after each call: a driver refitting beside its
+    workers must not start them. The search runs with every BLAS at one thread, and the
+    caller's setting is back afterwards."""
+    import scipy.optimize
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    import raylight.adaptive.perf_model as perf_model
+
+    def blas_threads():
+        return {lib["filepath"]: lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"}
+
+    during = []
+
+    def spy(fun, x0, **kwargs):
+        during.append(blas_threads())
+        return scipy.optimize.minimize(fun, x0, **kwargs)
+
+    monkeypatch.setattr(perf_model, "minimize", spy)
+    obs = ([1, 1, 1, 1], [1, 2, 1, 2], [32, 32, 64, 64], [np.nan] * 4, [0.1, 0.15, 0.18, 0.23])
+    with threadpool_limits(limits=2, user_api="blas"):
+        before = blas_threads()
+        assert before and set(before.values()) == {2}  # a setting the fit must change
+        fit_perf_params(*obs)
+        assert blas_threads() == before
+    assert during and all(set(seen.values()) == {1} for seen in during)
+
+
 def _check_gradient(fun, x0, bounds):
     import scipy.optimize
 

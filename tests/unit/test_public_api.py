@@ -98,9 +98,13 @@ def test_boundaries():
     # The controller sees data and decisions: no torch, no Ray.
     ctrl = _deps("raylight.controller") | MODULES["raylight.recorder"] | MODULES["raylight.worker_group.protocol"]
     assert not {d for d in ctrl if d.split(".")[0] in ("torch", "ray")}
-    # The adaptive math and policies are pure: numpy and scipy only.
+    # The adaptive math and policies are pure: numpy and scipy only (and threadpoolctl,
+    # which keeps the fit's BLAS on one thread).
     adaptive = {d.split(".")[0] for d in _deps("raylight.adaptive")}
-    assert adaptive <= {"__future__", "numpy", "scipy", "math", "collections", "dataclasses", "typing", "raylight"}
+    assert adaptive <= {
+        "__future__", "numpy", "scipy", "threadpoolctl", "math", "collections", "contextlib", "dataclasses", "typing",
+        "raylight",
+    }
     # Config is pure data: nothing else of raylight but its error type.
     cfg = {d for d in _deps("raylight.config") if d.startswith("raylight")}
     assert cfg <= {

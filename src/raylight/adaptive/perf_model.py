@@ -11,18 +11,35 @@ to explore: with one batch size seen, alpha_c is 10% of the compute time; with n
 multi-replica data, synchronisation is free; with one node, cross-node terms equal the
 in-node ones; with K <= 2 only, per-replica terms are 0; with no synchronisation seen,
 gamma = 1.
+
+The search runs with BLAS limited to one thread: its vectors are a handful of numbers, and
+OpenBLAS's idle threads spin for tens of milliseconds after each call. On the driver,
+beside the workers, that spinning took 16-20% of a core from a 2-core machine's workers
+while a run refitted every half second.
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+
 import numpy as np
 from numpy.typing import ArrayLike
 from scipy.optimize import minimize
+from threadpoolctl import ThreadpoolController
 
 from raylight.adaptive.goodput import PerfParams, predict_grad_time, predict_sync_time
 
 _FIELDS = PerfParams._fields  # alpha_c, beta_c, alpha_n, beta_n, alpha_r, beta_r, gamma
 _TINY = 1e-8
+_blas: ThreadpoolController | None = None  # found on first use, once scipy's BLAS is loaded
+
+
+def serial_blas() -> AbstractContextManager[object]:
+    """A context in which the BLAS libraries loaded in this process use one thread."""
+    global _blas
+    if _blas is None:
+        _blas = ThreadpoolController()
+    return _blas.limit(limits=1, user_api="blas")
 
 
 def _optim_time(p: np.ndarray, nodes, replicas, atomic) -> np.ndarray:
@@ -181,14 +198,15 @@ def fit_perf_params(
     # The overlap term is not convex in gamma: start from several values when it is free,
     # unless a previous fit says where to start.
     gammas = (start.gamma,) if start is not None else (1.0, 2.0, 5.0) if "gamma" in free else (1.0,)
-    for gamma0 in gammas:
-        x0 = np.array([
-            np.clip(gamma0, *gamma_bounds) if k == "gamma" else np.clip(np.log(max(init[k], _TINY)), *log_bounds)
-            for k in free
-        ])
-        res = minimize(objective, x0, jac=True, method="L-BFGS-B", bounds=bounds)
-        if best is None or res.fun < best.fun:
-            best = res
+    with serial_blas():
+        for gamma0 in gammas:
+            x0 = np.array([
+                np.clip(gamma0, *gamma_bounds) if k == "gamma" else np.clip(np.log(max(init[k], _TINY)), *log_bounds)
+                for k in free
+            ])
+            res = minimize(objective, x0, jac=True, method="L-BFGS-B", bounds=bounds)
+            if best is None or res.fun < best.fun:
+                best = res
     assert best is not None
     return PerfParams(*(float(v) for v in unpack(best.x)))
 
