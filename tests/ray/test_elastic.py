@@ -126,3 +126,32 @@ def test_adaptive_batch_size_grows_on_noisy_gradients(ray_cluster, tmp_path):
     assert any(r.get("lr_factor", 1.0) > 1.0 for r in trace), "adascale raises the LR with the batch"
     assert os.path.exists(os.path.join(str(tmp_path), "adapt", "adaptive.png"))
     assert epochs[-1]["sse"] < epochs[0]["sse"]
+
+
+def test_elastic_reserve_places_fewer_when_the_cluster_cannot_place_all(ray_cluster):
+    """What an elastic start does when free resources read a moment earlier are gone:
+    it asks for 2, Ray cannot place them (a blocker holds 1 of the 2 CPUs), and it takes
+    the 1 that fits instead of failing after placement_timeout_s. With at_least=2 it
+    fails, naming the setting."""
+    from raylight.config import FailureConfig
+    from raylight.exceptions import InsufficientResourcesError
+    from raylight.worker_group.ray_group import RayWorkerGroup
+
+    blocker = Blocker.remote()
+    ray.get(blocker.ready.remote())
+    group = RayWorkerGroup(
+        loops.elastic_loop,
+        {},
+        scaling=ScalingConfig(num_workers=(1, 2)),
+        failure=FailureConfig(placement_timeout_s=1.0),
+        run_name="reserve",
+        embedded=True,
+    )
+    try:
+        assert group.reserve(2, at_least=1) == 1
+        assert len(group._free_slots()) == 1  # held for start()
+        with pytest.raises(InsufficientResourcesError, match="placement_timeout_s=1s"):
+            group.reserve(2, at_least=2)
+    finally:
+        group.shutdown()
+        ray.kill(blocker)

@@ -30,8 +30,10 @@ from raylight.worker_group.protocol import (
 
 
 class FakeGroup:
-    def __init__(self, polls, start_errors=(), resize_outcomes=(), capacity=8):
+    def __init__(self, polls, start_errors=(), resize_outcomes=(), capacity=8, placeable=None):
         self.polls = list(polls)
+        self.placeable = placeable  # how many workers reserve() can place (None: any)
+        self.reserves: list[tuple[int, int]] = []
         self.start_errors = list(start_errors)
         self.resize_outcomes = list(resize_outcomes)
         self.starts: list[tuple[int, object]] = []
@@ -49,6 +51,13 @@ class FakeGroup:
 
     def request_resources(self, num_workers):
         pass
+
+    def reserve(self, num_workers, *, at_least):
+        self.reserves.append((num_workers, at_least))
+        placed = num_workers if self.placeable is None else min(num_workers, self.placeable)
+        if placed < at_least:
+            raise InsufficientResourcesError(f"only {self.placeable} fit")
+        return placed
 
     def resize(self, *, num_workers, threads, plan, commit):
         self.resizes.append({"num_workers": num_workers, "threads": threads, "plan": plan, "commit": commit})
@@ -264,6 +273,38 @@ def test_elastic_run_shrinks_in_place_when_a_worker_dies(recorder):
     assert c.step() is State.RUNNING
     assert group.resizes[0]["num_workers"] == 1 and c.num_failures == 0
     assert c.step() is State.FINISHED
+
+
+def test_elastic_start_runs_what_the_cluster_places(recorder):
+    """The start size comes from a view of free resources that can be stale: the group
+    places what it can, down to min_workers, and the run starts at that size."""
+    group = FakeGroup([running(n=2), finished(n=2)], placeable=2)
+    c = Controller(
+        group=group, recorder=recorder, num_workers=3, failure_policy=FailurePolicy(0),
+        elastic=True, min_workers=1, max_workers=4, threads_for=lambda k: 6 // k,
+    )
+    c.step()
+    assert c.step() is State.RUNNING
+    assert group.reserves == [(3, 1)] and group.starts[-1][0] == 2
+    assert c.num_workers == 2 and c.threads == 3
+
+
+def test_elastic_start_fails_when_not_even_min_workers_fit(recorder):
+    group = FakeGroup([], placeable=1)
+    c = Controller(
+        group=group, recorder=recorder, num_workers=3, failure_policy=FailurePolicy(0),
+        elastic=True, min_workers=2, max_workers=4,
+    )
+    c.step()
+    assert c.step() is State.ERRORED and group.starts == []
+    assert isinstance(c.error, InsufficientResourcesError)
+
+
+def test_fixed_size_start_reserves_nothing_first(recorder):
+    group = FakeGroup([running(), finished()])
+    c = make(group, recorder)
+    c.step(), c.step()
+    assert group.reserves == [] and group.starts[0][0] == 2
 
 
 def test_resize_never_goes_outside_min_and_max(recorder):

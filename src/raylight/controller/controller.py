@@ -157,6 +157,15 @@ class Controller:
         self.state = State.SCHEDULING
 
     def _schedule(self) -> None:
+        try:
+            if self.elastic and self.num_workers > self.min_workers:  # what the cluster places now
+                placed = self.group.reserve(self.num_workers, at_least=self.min_workers)
+                if placed != self.num_workers:
+                    log.warning("starting %d of %d workers: the cluster placed no more now", placed, self.num_workers)
+                    self.num_workers, self.threads = placed, self.threads_for(placed)
+        except InsufficientResourcesError as exc:
+            self._fail(exc)
+            return
         plan = None
         if self.engine is not None:
             plan = self.engine.plan_for(self.num_workers, old_workers=self._plan_workers, threads=self.threads)

@@ -205,6 +205,13 @@ class WorkerGroup(Protocol):
         Raises InsufficientResourcesError or WorkerStartError.
         """
 
+    def reserve(self, num_workers: int, *, at_least: int) -> int:
+        """Hold resources for up to ``num_workers`` workers, fewer (down to ``at_least``)
+        where the cluster cannot place them now; returns how many. ``start`` uses them.
+
+        Raises InsufficientResourcesError when not even ``at_least`` can be placed.
+        """
+
     def poll(self) -> GroupPoll: ...
 
     def shutdown(self) -> None:

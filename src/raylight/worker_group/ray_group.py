@@ -54,6 +54,10 @@ _RemoteWorker = ray.remote(RaylightWorker)
 
 
 STOP_POLL_S = 0.02  # how often a resize checks whether every worker has stopped
+# An elastic start waits this long for a size above its minimum before trying fewer: a
+# healthy cluster places a group in milliseconds; free resources read a moment earlier
+# can already be taken.
+ELASTIC_PLACEMENT_WAIT_S = 2.0
 
 
 def _fmt(resources: dict[str, float]) -> str:
@@ -191,7 +195,37 @@ class RayWorkerGroup:
             self.shutdown()
             raise
 
-    def _reserve(self, num_workers: int, *, fail_fast: bool = True) -> PlacementGroup:
+    def reserve(self, num_workers: int, *, at_least: int) -> int:
+        """Hold bundles for up to ``num_workers`` workers (this group's free bundles count)
+        and return how many it holds. Where the cluster cannot place them all now, fewer,
+        down to ``at_least``: each size above that waits ELASTIC_PLACEMENT_WAIT_S (at most
+        FailureConfig.placement_timeout_s), then the next size tried is what the cluster's
+        free resources fit (a view that can lag: the placement group is the authority);
+        ``at_least`` waits placement_timeout_s, then InsufficientResourcesError."""
+        at_least = max(1, min(at_least, num_workers))
+        if self._outer is not None:  # a trial's bundles are fixed: start() checks them
+            return num_workers
+        timeout = self._failure.placement_timeout_s
+        want = num_workers
+        while True:
+            need = want - len(self._members) - len(self._free_slots())
+            if need <= 0:
+                return want
+            last = want <= at_least
+            pg = self._reserve(need, wait_s=timeout if last else min(timeout, ELASTIC_PLACEMENT_WAIT_S), fail_fast=last)
+            if pg is not None:
+                self._pgs.append(pg)
+                return want
+            if last:
+                per_worker, placement = self._scaling.worker_resources(), self._scaling.placement
+                raise self._unplaced(need, check_feasible(need, per_worker, placement, _node_capacities()))
+            log.info("the cluster did not place %d more worker(s) now; trying fewer", need)
+            want = max(at_least, min(want - 1, self.capacity()))
+
+    def _reserve(self, num_workers: int, *, wait_s: float | None = None, fail_fast: bool = True) -> PlacementGroup | None:
+        """A placement group for ``num_workers`` workers, placed within ``wait_s``
+        (None: FailureConfig.placement_timeout_s, then InsufficientResourcesError);
+        None where ``wait_s`` was given and it was not placed, or could never be."""
         per_worker = self._scaling.worker_resources()
         placement = self._scaling.placement
         reason = check_feasible(num_workers, per_worker, placement, _node_capacities())
@@ -201,20 +235,28 @@ class RayWorkerGroup:
                 "autoscaler; lower num_workers or resources_per_worker, or connect to a "
                 "larger cluster with address=."
             )
+        if reason and self._embedded:  # never here: let the caller try fewer
+            return None
         pg = placement_group([dict(per_worker)] * num_workers, strategy=placement)
+        ready, _ = ray.wait([pg.ready()], timeout=self._failure.placement_timeout_s if wait_s is None else wait_s)
+        if ready:
+            return pg
+        remove_placement_group(pg)
+        if wait_s is not None:
+            return None
+        raise self._unplaced(num_workers, reason)
+
+    def _unplaced(self, num_workers: int, reason: str | None) -> InsufficientResourcesError:
+        per_worker = self._scaling.worker_resources()
         timeout = self._failure.placement_timeout_s
-        ready, _ = ray.wait([pg.ready()], timeout=timeout)
-        if not ready:
-            remove_placement_group(pg)
-            available = {k: v for k, v in ray.available_resources().items() if k in per_worker}
-            why = f" ({reason})" if reason else ""
-            raise InsufficientResourcesError(
-                f"the cluster did not place {num_workers} workers x {{{_fmt(per_worker)}}} "
-                f"within FailureConfig.placement_timeout_s={timeout:g}s{why}; available now: "
-                f"{{{_fmt(available)}}}. Lower num_workers or resources_per_worker, free "
-                "resources, or raise placement_timeout_s for an autoscaling cluster."
-            )
-        return pg
+        available = {k: v for k, v in ray.available_resources().items() if k in per_worker}
+        why = f" ({reason})" if reason else ""
+        return InsufficientResourcesError(
+            f"the cluster did not place {num_workers} workers x {{{_fmt(per_worker)}}} "
+            f"within FailureConfig.placement_timeout_s={timeout:g}s{why}; available now: "
+            f"{{{_fmt(available)}}}. Lower num_workers or resources_per_worker, free "
+            "resources, or raise placement_timeout_s for an autoscaling cluster."
+        )
 
     def _free_slots(self) -> list[tuple[PlacementGroup, int]]:
         """Bundles this group reserved that no live worker uses and Ray has placed (after
@@ -248,6 +290,7 @@ class RayWorkerGroup:
             )
         if len(slots) < count:
             pg = self._reserve(count - len(slots))
+            assert pg is not None  # without wait_s it raises instead
             self._pgs.append(pg)
             slots += [(pg, b) for b in range(pg.bundle_count)]
         spare_at, spare = self._take_spare(slots)
