@@ -369,3 +369,31 @@ def test_engine_decisions_reach_the_group(recorder):
     assert group.plans and group.plans[0].version == 1 and group.plans[0].global_batch(2) > 16
     assert trace and trace[-1]["decision"] == "batch"
     assert requested == [4], "more workers would help than fit: ask the autoscaler"
+
+
+def test_trace_rows_report_the_samples_per_second_since_the_previous_row(recorder):
+    """Each row's throughput covers the same interval as its measured step time, not the
+    display's 5 s window, which would lag a batch change by 5 s."""
+    from raylight.adaptive.engine import AdaptiveEngine, EngineSettings
+    from raylight.config.schema import AdaptiveConfig, ScalingConfig
+    from raylight.worker_group.protocol import Progress
+
+    def at(samples):  # both workers at ``samples`` each
+        return GroupPoll([WorkerPoll(r, "running", progress=Progress(samples=samples)) for r in range(2)])
+
+    # 100 samples/s in all for 10 s, then 1,000 samples/s.
+    polls = [at(0), *(at(50 * t) for t in range(1, 11)), *(at(500 + 500 * t) for t in range(1, 6))]
+    group = FakeGroup(polls)
+    eng = AdaptiveEngine(EngineSettings.from_config(ScalingConfig(num_workers=2), AdaptiveConfig()))
+    clock, trace = Clock(), []
+    c = Controller(
+        group=group, recorder=recorder, num_workers=2, failure_policy=FailurePolicy(0), engine=eng,
+        decision_interval_s=2.0, trace=trace.append, clock=clock,
+    )
+    c.step(), c.step(), c.step()  # initialise, schedule, then the first poll at t=0
+    for t in range(1, 16):
+        clock.now = float(t)
+        c.step()
+    rates = [row["throughput"] for row in trace]
+    assert len(rates) == 7  # rows at t = 2, 4, ..., 14
+    assert rates[1:] == [pytest.approx(100.0)] * 4 + [pytest.approx(1000.0)] * 2  # the new rate at once

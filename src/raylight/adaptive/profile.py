@@ -195,3 +195,8 @@ class SampleRate:
             self._points.popleft()
         (t0, s0), (t1, s1) = self._points[0], self._points[-1]
         return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+
+    @property
+    def total(self) -> int:
+        """Samples counted since the first update, across restarts."""
+        return self._total

@@ -201,7 +201,7 @@ class Controller:
             return
         if poll.finished:
             if self.engine is not None and self.trace is not None:  # the final state
-                self.trace(self.engine.trace_row(num_workers=self.num_workers, threads=self.threads, throughput=self._throughput))
+                self.trace(self.engine.trace_row(num_workers=self.num_workers, threads=self.threads, throughput=self._row_rate()))
             self.state = State.FINISHED
             self.group.shutdown()
             return
@@ -248,7 +248,18 @@ class Controller:
                 self.engine.observe(p.adaptive)
         self._throughput = rate
 
-    _throughput = 0.0
+    _throughput = 0.0  # samples/s over the rate's window (seconds)
+    _row_mark: tuple[float, int] | None = None  # (time, samples) at the last trace row
+
+    def _row_rate(self) -> float:
+        """Samples/s since the previous trace row (the window's rate for the first row):
+        what each row reports, for the same interval as its measured step time; the
+        window's rate lags a batch change by its whole width."""
+        now, total = self.clock(), self.rate.total
+        mark, self._row_mark = self._row_mark, (now, total)
+        if mark is None or now <= mark[0]:
+            return self._throughput
+        return (total - mark[1]) / (now - mark[0])
 
     def _decide(self, poll: GroupPoll) -> None:
         decision = self.scaling_policy.decide(poll, num_workers=self.num_workers)
@@ -261,7 +272,7 @@ class Controller:
         if now - self._last_batch_decision >= self.decision_interval_s:
             self._last_batch_decision = now
             plan = engine.decide_batch(num_workers=self.num_workers, threads=self.threads)
-            row = engine.trace_row(num_workers=self.num_workers, threads=self.threads, throughput=self._throughput)
+            row = engine.trace_row(num_workers=self.num_workers, threads=self.threads, throughput=self._row_rate())
             if plan is not None:
                 self.group.set_plan(plan)
                 row.update(decision="batch", reason=engine.last_batch_reason)
