@@ -8,7 +8,9 @@ from typing import Any
 
 def plot_adaptive(rows: list[dict[str, Any]]) -> bytes | None:
     """A PNG of workers, global batch, LR factor, noise scale, efficiency and throughput
-    over time; None when there is nothing to plot."""
+    over time; None when there is nothing to plot. Each row summarises the interval that
+    ends at it (the plan that ran, the samples/s measured), so it is drawn over that
+    interval: a batch decided at one row shows from that row on."""
     points = [r for r in rows if "time" in r and "global_batch" in r]
     if not points:
         return None
@@ -29,7 +31,7 @@ def plot_adaptive(rows: list[dict[str, Any]]) -> bytes | None:
     ]
     fig, axes = plt.subplots(len(panels), 1, figsize=(7, 10), sharex=True)
     for ax, (key, label) in zip(axes, panels, strict=True):
-        ax.plot(t, [r.get(key, float("nan")) for r in points], drawstyle="steps-post", marker=".")
+        ax.plot(t, [r.get(key, float("nan")) for r in points], drawstyle="steps-pre", marker=".")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     for r in rows:
