@@ -211,14 +211,12 @@ class RayWorkerGroup:
             need = want - len(self._members) - len(self._free_slots())
             if need <= 0:
                 return want
-            last = want <= at_least
-            pg = self._reserve(need, wait_s=timeout if last else min(timeout, ELASTIC_PLACEMENT_WAIT_S), fail_fast=last)
+            pg = self._reserve(need) if want <= at_least else self._reserve(
+                need, wait_s=min(timeout, ELASTIC_PLACEMENT_WAIT_S), fail_fast=False
+            )
             if pg is not None:
                 self._pgs.append(pg)
                 return want
-            if last:
-                per_worker, placement = self._scaling.worker_resources(), self._scaling.placement
-                raise self._unplaced(need, check_feasible(need, per_worker, placement, _node_capacities()))
             log.info("the cluster did not place %d more worker(s) now; trying fewer", need)
             want = max(at_least, min(want - 1, self.capacity()))
 
@@ -238,20 +236,16 @@ class RayWorkerGroup:
         if reason and self._embedded:  # never here: let the caller try fewer
             return None
         pg = placement_group([dict(per_worker)] * num_workers, strategy=placement)
-        ready, _ = ray.wait([pg.ready()], timeout=self._failure.placement_timeout_s if wait_s is None else wait_s)
+        timeout = self._failure.placement_timeout_s
+        ready, _ = ray.wait([pg.ready()], timeout=timeout if wait_s is None else wait_s)
         if ready:
             return pg
         remove_placement_group(pg)
         if wait_s is not None:
             return None
-        raise self._unplaced(num_workers, reason)
-
-    def _unplaced(self, num_workers: int, reason: str | None) -> InsufficientResourcesError:
-        per_worker = self._scaling.worker_resources()
-        timeout = self._failure.placement_timeout_s
         available = {k: v for k, v in ray.available_resources().items() if k in per_worker}
         why = f" ({reason})" if reason else ""
-        return InsufficientResourcesError(
+        raise InsufficientResourcesError(
             f"the cluster did not place {num_workers} workers x {{{_fmt(per_worker)}}} "
             f"within FailureConfig.placement_timeout_s={timeout:g}s{why}; available now: "
             f"{{{_fmt(available)}}}. Lower num_workers or resources_per_worker, free "
