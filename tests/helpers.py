@@ -29,3 +29,74 @@ def read_trace(run_dir: str) -> list[dict[str, Any]]:
         return []
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def _proc_listeners() -> dict[int, tuple[str, int]]:
+    """Every listening TCP socket on this machine: {inode: (address, port)}, from
+    /proc/net/tcp and tcp6 (state 0A is LISTEN)."""
+    import ipaddress
+    import struct
+
+    found: dict[int, tuple[str, int]] = {}
+    for name, v6 in (("tcp", False), ("tcp6", True)):
+        try:
+            with open(f"/proc/net/{name}") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            parts = row.split()
+            if parts[3] != "0A":
+                continue
+            hex_addr, hex_port = parts[1].split(":")
+            raw = bytes.fromhex(hex_addr)
+            if v6:  # four 32-bit words, each in host (little-endian) order
+                raw = b"".join(struct.pack(">I", struct.unpack("<I", raw[i : i + 4])[0]) for i in range(0, 16, 4))
+                v6addr = ipaddress.IPv6Address(raw)
+                # An IPv4 address mapped into IPv6 (::ffff:127.0.0.1) is that address.
+                address = str(v6addr.ipv4_mapped or v6addr)
+            else:
+                address = str(ipaddress.IPv4Address(struct.pack(">I", struct.unpack("<I", raw)[0])))
+            found[int(parts[9])] = (address, int(hex_port, 16))
+    return found
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and every process descended from it."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, []))
+    return tree
+
+
+def listening_sockets(pids: list[int]) -> list[tuple[int, str, int]]:
+    """(pid, address, port) of every TCP socket the processes ``pids`` listen on."""
+    listeners = _proc_listeners()
+    out = []
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # gone, or not ours to read
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inode = int(target[8:-1])
+                if inode in listeners:
+                    out.append((pid, *listeners[inode]))
+    return sorted(set(out))

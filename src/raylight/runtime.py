@@ -1,7 +1,9 @@
 """Connecting to Ray: a given cluster, or an embedded local one started once.
 
 The embedded cluster binds to 127.0.0.1 only (Ray otherwise advertises the machine's
-network address), keeps Ray's token authentication on, and is shut down at exit.
+network address), keeps Ray's token authentication on (the default of the Ray versions
+raylight requires: a new local cluster gets a token, ``~/.ray/auth_token``), warns when
+``RAY_AUTH_MODE=disabled`` turns it off, and is shut down at exit.
 ``ray.init()`` with no address may attach to some other cluster on the machine, so
 raylight never calls it that way: no address means embedded, ``"auto"`` means "the
 running cluster".
@@ -25,6 +27,9 @@ log = logging.getLogger("raylight")
 # Ray advertises 127.0.0.1 instead of the machine's address when this is off; it is
 # read once when Ray is imported, and again below for a Ray imported before raylight.
 _LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+# Ray's own switch for token authentication; Ray >= 2.60 turns it on for new local
+# clusters when unset. raylight only reads it: Ray caches it once imported.
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,7 @@ def start_embedded(
     if ray.is_initialized():
         return current()
     _force_loopback()
+    warn_if_auth_disabled()
     ray.init(
         address="local",
         num_cpus=num_cpus,
@@ -66,7 +72,28 @@ def start_embedded(
     address = ray.get_runtime_context().gcs_address
     _started_embedded[:] = [address]
     atexit.register(ray.shutdown)
+    if os.environ.get(AUTH_MODE_ENV, "").lower() != "token" and not auth_disabled():
+        log.warning(
+            "the embedded Ray cluster started without token authentication (this Ray "
+            "does not turn it on by default); raylight needs ray>=2.60"
+        )
     return RayRuntime(embedded=True, address=address)
+
+
+def auth_disabled() -> bool:
+    return os.environ.get(AUTH_MODE_ENV, "").lower() == "disabled"
+
+
+def warn_if_auth_disabled() -> None:
+    """Ray's token authentication is what keeps other local users and processes from
+    running code in the cluster; say so when it is switched off."""
+    if auth_disabled():
+        log.warning(
+            "%s=disabled: Ray's token authentication is off, so any process that can "
+            "reach this cluster's ports can run code in it and read its data. Unset it "
+            "(or set %s=token) unless the network is yours alone.",
+            AUTH_MODE_ENV, AUTH_MODE_ENV,
+        )
 
 
 def current() -> RayRuntime:
@@ -116,6 +143,7 @@ def connect(address: str | None, *, connect_timeout_s: float = 15.0) -> RayRunti
             ) from None
         if _is_loopback(target[0]):
             _force_loopback()  # stay on loopback rather than the machine's address
+    warn_if_auth_disabled()
     try:
         ray.init(address=address, logging_level=logging.WARNING)
     except Exception as exc:

@@ -166,3 +166,17 @@ def gc_loop(ctx, config):
     loader = ctx.prepare_loader(regression_data(), batch_size=32)
     next(iter(loader))
     ctx.report({"at_start": at_start, "after_first_batch": gc.get_freeze_count(), "kept": len(kept)})
+
+
+def listening_loop(ctx, config):
+    """Exchanges objects over gloo, writes this worker's pid, then holds the group up
+    until the test has listed the sockets (the file ``release`` appears)."""
+    import torch.distributed as dist
+
+    gathered: list = [None] * ctx.world_size
+    dist.all_gather_object(gathered, {"rank": ctx.rank})
+    with open(os.path.join(config["dir"], f"pid{ctx.rank}"), "w") as f:
+        f.write(str(os.getpid()))
+    wait_until(lambda: os.path.exists(config["release"]), 120, "the test to list the sockets")
+    ctx.barrier()
+    ctx.report({"gathered": len(gathered)})

@@ -181,8 +181,8 @@ def test_hang_error_names_the_timeout_setting(recorder):
 
 
 def test_worker_exception_carries_type_message_traceback_and_cause(recorder):
-    info = ErrorInfo("ValueError", "boom", "Traceback...\n  in explode\nValueError: boom", pickle.dumps(ValueError("boom")))
-    c = make(FakeGroup([failed("error", error=info)]), recorder)
+    info = ErrorInfo("ValueError", "boom", "Traceback...\n  in explode\nValueError: boom")
+    c = make(FakeGroup([failed("error", error=info, cause=ValueError("boom"))]), recorder)
     c.run()
     err = c.error
     assert isinstance(err, WorkerError)

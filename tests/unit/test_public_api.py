@@ -115,3 +115,16 @@ def test_boundaries():
     assert not {m for m, deps in MODULES.items() if not m.startswith("raylight.tune") and any(d.startswith("raylight.tune") for d in deps)}
     # Strategies know torch.distributed, not Ray.
     assert not {d for d in _deps("raylight.strategies") if d.startswith("ray.") or d == "ray"}
+
+
+def test_nothing_from_a_worker_is_unpickled_outside_ray():
+    """Worker exceptions reach the driver through Ray's own deserialisation only, and
+    checkpoints load with weights_only: no module of raylight calls a pickle loader."""
+    calls = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("loads", "load", "Unpickler"):
+                base = node.value
+                if isinstance(base, ast.Name) and base.id in ("pickle", "cloudpickle", "dill"):
+                    calls.append(f"{path.relative_to(SRC)}:{node.lineno}")
+    assert not calls, calls

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import pickle
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -436,9 +435,6 @@ class Controller:
             worker_traceback=info.traceback,
             **common,
         )
-        if info.pickled is not None:
-            try:
-                err.__cause__ = pickle.loads(info.pickled)
-            except Exception:  # the exception's class may not exist on the driver
-                pass
+        if failure.cause is not None:  # fetched by the group through Ray, never unpickled here
+            err.__cause__ = failure.cause
         return err

@@ -10,6 +10,7 @@ committed checkpoint converted to a ``ray.tune.Checkpoint``; a trial that Tune r
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -28,6 +29,8 @@ from raylight.storage import STATE_FILE
 from raylight.tune.resources import get_tune_resources
 
 META_FILE = "raylight_meta.json"
+
+log = logging.getLogger("raylight")
 
 
 def to_tune_checkpoint(checkpoint: Checkpoint, directory: str) -> Any:
@@ -73,6 +76,24 @@ def in_tune_session() -> bool:
             return False
 
 
+DEFAULT_CKPT_NAME = "checkpoint.ckpt"
+
+
+def safe_filename(name: Any) -> str:
+    """``name`` (read from a checkpoint's content) as a plain file name inside the
+    directory it is written to: a checkpoint's content never chooses a path. Anything
+    else (a path, ``..``, an empty or odd name) becomes ``checkpoint.ckpt``."""
+    text = name if isinstance(name, str) else ""
+    bad = (
+        not text or text in (".", "..") or text != os.path.basename(text) or "\\" in text
+        or any(ord(c) < 32 for c in text) or len(text.encode()) > 255
+    )
+    if bad:
+        log.warning("checkpoint file name %r is not a plain file name; writing %s", name, DEFAULT_CKPT_NAME)
+        return DEFAULT_CKPT_NAME
+    return text
+
+
 class TuneForwarder:
     """``Trainer(on_report=...)`` inside a Tune trial: sends each of rank 0's reports to
     ``ray.tune.report``, its checkpoint as a ``ray.tune.Checkpoint``. A raylight checkpoint
@@ -97,7 +118,7 @@ class TuneForwarder:
             if metrics.get(LIGHTNING_CKPT_METRIC):
                 state = checkpoint.load()  # weights_only
                 os.makedirs(target)
-                with open(os.path.join(target, str(state["filename"])), "wb") as f:
+                with open(os.path.join(target, safe_filename(state.get("filename"))), "wb") as f:
                     f.write(state[LIGHTNING_CKPT_KEY].numpy().tobytes())
                 tune_checkpoint = tune.Checkpoint.from_directory(target)
             else:

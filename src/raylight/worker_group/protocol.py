@@ -98,7 +98,9 @@ class ErrorInfo:
     exc_type: str
     message: str
     traceback: str
-    pickled: bytes | None = None  # the exception itself, when it pickles
+    # The exception itself, as an object in Ray's store (Ray's serialisation, the only
+    # one): the worker group fetches it into WorkerFailure.cause. None: not serialisable.
+    exception: Any = None
     time: float = 0.0  # wall clock when it was raised
 
 
@@ -123,6 +125,7 @@ class WorkerFailure:
     pid: int | None = None
     error: ErrorInfo | None = None
     seconds_since_progress: float = 0.0
+    cause: BaseException | None = None  # the worker's exception, where it could be fetched
 
 
 _SEVERITY = {"died": 0, "hang": 1, "error": 2}

@@ -623,6 +623,7 @@ class RayWorkerGroup:
                         "error",
                         f"raised {poll.error.exc_type}: {poll.error.message}",
                         error=poll.error,
+                        cause=self._fetch_exception(poll.error.exception),
                         **where,
                     )
                 )
@@ -641,6 +642,17 @@ class RayWorkerGroup:
             self._tend_spare(polls)
         spare_ready = self._spare is not None and self._spare.ready
         return GroupPoll(polls, GroupPoll.root_cause_first(failures), spare_ready=spare_ready)
+
+    def _fetch_exception(self, ref: Any) -> BaseException | None:
+        """A worker's exception, deserialised by Ray from the object the worker put; None
+        where it cannot be (its class does not exist here, the worker is gone)."""
+        if ref is None:
+            return None
+        try:
+            value = ray.get(ref, timeout=self._failure.health_check_timeout_s)
+        except Exception:  # the text, type and traceback still reach the user
+            return None
+        return value if isinstance(value, BaseException) else None
 
     # -- shutdown -------------------------------------------------------------------
     def shutdown(self) -> None:

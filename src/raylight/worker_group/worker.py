@@ -9,8 +9,8 @@ from __future__ import annotations
 import gc
 import importlib
 import inspect
+import logging
 import os
-import socket
 import sys
 import threading
 import traceback
@@ -19,10 +19,9 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
-import cloudpickle
-
 from raylight._time import monotonic, wall
 from raylight.checkpoint import Checkpoint
+from raylight.worker_group.net import interface_for, listen_socket, loopback_interface
 from raylight.worker_group.protocol import (
     AdaptiveSpec,
     BatchPlan,
@@ -95,10 +94,17 @@ def call_train_loop(fn: Any, ctx: Any, config: dict[str, Any] | None) -> Any:
 
 
 def error_info(exc: BaseException) -> ErrorInfo:
+    """What the driver learns of ``exc``. The exception itself travels only through Ray's
+    own serialisation (an object in the store the group fetches), never as a second
+    pickle channel; one that Ray cannot serialise arrives as its type, text and traceback."""
+    exception = None
     try:
-        pickled: bytes | None = cloudpickle.dumps(exc)
-    except Exception:
-        pickled = None
+        import ray
+
+        if ray.is_initialized():
+            exception = ray.put(exc)
+    except Exception:  # not serialisable: the text is enough
+        exception = None
     exc_type = type(exc)
     name = exc_type.__qualname__
     if exc_type.__module__ not in ("builtins", "__main__"):
@@ -107,14 +113,9 @@ def error_info(exc: BaseException) -> ErrorInfo:
         exc_type=name,
         message=str(exc),
         traceback="".join(traceback.format_exception(exc)),
-        pickled=pickled,
+        exception=exception,
         time=wall(),
     )
-
-
-def loopback_interface() -> str:
-    names = {name for _, name in socket.if_nameindex()}
-    return "lo" if "lo" in names else "lo0"
 
 
 class RaylightWorker:
@@ -134,6 +135,9 @@ class RaylightWorker:
         self._thread: threading.Thread | None = None
         self._sync: Any = None  # the running context's StepSync
         self._commit: tuple[int, bytes, int] | None = None  # (index, state, seq) in memory
+        self._ip = ""  # this node's address, as Ray knows it
+        # An interface the user chose for gloo (runtime_env) wins over raylight's choice.
+        self._user_gloo_ifname = os.environ.get("GLOO_SOCKET_IFNAME")
 
     def __repr__(self) -> str:  # Ray prefixes this actor's log lines with it
         return f"raylight {self.run_name} rank={self.info.rank}"
@@ -142,8 +146,9 @@ class RaylightWorker:
     def node_info(self) -> dict[str, Any]:
         import ray
 
+        self._ip = ray.util.get_node_ip_address()
         return {
-            "ip": ray.util.get_node_ip_address(),
+            "ip": self._ip,
             "node_id": ray.get_runtime_context().get_node_id(),
             "pid": os.getpid(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
@@ -186,13 +191,38 @@ class RaylightWorker:
         return self._commit
 
     def open_store(self, host: str, world_size: int, timeout_s: float) -> int:
-        """Rank 0: start the rendezvous store on a free port and return the port."""
+        """Rank 0: start the rendezvous store listening on ``host`` alone (loopback in a
+        one-node group, this node's cluster address otherwise; ``TCPStore(host, ...)``
+        itself would listen on every interface) and return the port the system chose."""
         import torch.distributed as dist
 
-        self._store = dist.TCPStore(
-            host, 0, world_size, True, timedelta(seconds=timeout_s), wait_for_workers=False
-        )
+        sock = listen_socket(host)
+        try:
+            self._store = dist.TCPStore(
+                host, sock.getsockname()[1], world_size, True, timedelta(seconds=timeout_s),
+                wait_for_workers=False, master_listen_fd=sock.fileno(),
+            )
+        except BaseException:
+            sock.close()
+            raise
+        sock.detach()  # the store owns the descriptor now and closes it
         return int(self._store.port)
+
+    def _gloo_interface(self, loopback: bool) -> None:
+        """Bind gloo's sockets to one interface: loopback in a one-node group, else the
+        one holding this node's cluster address."""
+        if self._user_gloo_ifname is not None:
+            os.environ["GLOO_SOCKET_IFNAME"] = self._user_gloo_ifname
+            return
+        name = loopback_interface() if loopback else interface_for(self._ip)
+        if name is None:
+            os.environ.pop("GLOO_SOCKET_IFNAME", None)
+            logging.getLogger("raylight").warning(
+                "no network interface holds this node's address %s; gloo chooses its own "
+                "(set GLOO_SOCKET_IFNAME in the workers' runtime_env to choose)", self._ip
+            )
+            return
+        os.environ["GLOO_SOCKET_IFNAME"] = name
 
     def start(self, fn: Any, config: dict[str, Any] | None, spec: StartSpec, ckpt: bytes | None) -> None:
         self._last_progress = monotonic()
@@ -285,8 +315,7 @@ class RaylightWorker:
                 LOCAL_WORLD_SIZE=str(info.local_world_size),
                 NODE_RANK=str(info.node_rank),
             )
-            if spec.loopback:
-                os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())
+            self._gloo_interface(spec.loopback)
             if spec.cuda_visible_devices is not None:
                 os.environ["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices
             torch.set_num_threads(spec.threads)

@@ -1,0 +1,52 @@
+"""What a run exposes: its listeners, and what crosses from workers to the driver."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import threading
+
+import pytest
+
+import raylight
+from tests.helpers import listening_sockets, process_tree, wait_until
+from tests.ray import loops
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_a_single_node_run_listens_on_loopback_only(ray_cluster, tmp_path):
+    """Every listening socket of the run's process tree (this driver, the embedded Ray
+    and the workers), while rank 0's rendezvous store and gloo are up."""
+    release = tmp_path / "release"
+    config = {"dir": str(tmp_path), "release": str(release)}
+    outcome: dict = {}
+
+    def train() -> None:
+        try:
+            outcome["result"] = raylight.fit(
+                loops.listening_loop, config=config, num_workers=2, storage_path=str(tmp_path), progress=False
+            )
+        except BaseException as exc:  # surfaced by the main thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=train, daemon=True)
+    thread.start()
+    try:
+        wait_until(
+            lambda: all((tmp_path / f"pid{r}").exists() for r in (0, 1)) or "error" in outcome,
+            120, "both workers to rendezvous",
+        )
+        assert "error" not in outcome, outcome.get("error")
+        workers = {int((tmp_path / f"pid{r}").read_text()) for r in (0, 1)}
+        sockets = listening_sockets(process_tree(os.getpid()))
+    finally:
+        release.touch()
+        thread.join(120)
+    assert "error" not in outcome, outcome["error"]
+    assert outcome["result"].metrics["gathered"] == 2
+    by_worker = [s for s in sockets if s[0] in workers]
+    # The rendezvous store (rank 0) and gloo (both ranks) listen: the listing sees them.
+    assert {pid for pid, _, _ in by_worker} == workers, sockets
+    exposed = [s for s in sockets if not ipaddress.ip_address(s[1]).is_loopback]
+    assert not exposed, f"listening beyond loopback: {exposed} (all: {sockets})"
