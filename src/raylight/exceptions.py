@@ -12,6 +12,7 @@ __all__ = [
     "ConfigError",
     "InsufficientResourcesError",
     "RaylightError",
+    "RunInUseError",
     "TrainingFailedError",
     "WorkerDiedError",
     "WorkerError",
@@ -40,6 +41,19 @@ class ConfigError(RaylightError, ValueError):
 
 class ClusterConnectionError(RaylightError, ConnectionError):
     """The Ray cluster named by ``address`` (or ``RAY_ADDRESS``) cannot be reached."""
+
+
+class RunInUseError(RaylightError):
+    """Another driver is writing this run (it holds the run directory's lease), or took
+    it over from this one.
+
+    Attributes:
+        holder: what the lease file says of the holder: host, pid, id, since.
+    """
+
+    def __init__(self, message: str, *, holder: dict | None = None) -> None:
+        super().__init__(message)
+        self.holder = dict(holder or {})
 
 
 class InsufficientResourcesError(RaylightError):

@@ -96,6 +96,30 @@ def warn_if_auth_disabled() -> None:
         )
 
 
+def would_start_embedded(address: str | None) -> bool:
+    """Whether ``connect(address)`` would start the embedded local Ray."""
+    if ray.is_initialized():
+        return False
+    if address is None:
+        return not os.environ.get("RAY_ADDRESS")
+    return address == "local"
+
+
+def local_capacity() -> dict[str, float]:
+    """The most an embedded local Ray started now can have, known without starting it:
+    CPUs as Ray counts them at most (it may see fewer in a container), GPUs where they are
+    certain (CUDA_VISIBLE_DEVICES, or no NVIDIA driver at all); no custom resources."""
+    import multiprocessing
+
+    capacity: dict[str, float] = {"CPU": float(multiprocessing.cpu_count())}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        capacity["GPU"] = float(len([d for d in visible.split(",") if d.strip() not in ("", "-1")]))
+    elif not (os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia/version")):
+        capacity["GPU"] = 0.0
+    return capacity
+
+
 def current() -> RayRuntime:
     address = ray.get_runtime_context().gcs_address
     return RayRuntime(embedded=address in _started_embedded, address=address)

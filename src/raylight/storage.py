@@ -4,23 +4,37 @@ Layout of a run directory::
 
     <storage_path>/<name>/
         config.json             the resolved configuration
+        status.json             running | finished | failed (the last attempt's outcome)
+        lease.json              who writes this run now (see lease.py)
         metrics.jsonl           every report of rank 0, in order
         checkpoints/checkpoint_000007/{state.pt, meta.json}
 
 A checkpoint counts only once its ``meta.json`` exists. On a local disk the whole
-directory is written under a temporary name and renamed into place (atomic); on
-object stores ``meta.json`` is written last and is the commit marker (each object
-write is atomic there). Either way a crash mid-write leaves the previous checkpoint
-as the latest loadable one.
+directory is written under a temporary name, fsynced and renamed into place (atomic; an
+existing target is swapped with ``renameat2(RENAME_EXCHANGE)``), then the parent
+directory is fsynced; a deleted checkpoint is first renamed away (it disappears at once)
+and then removed. On object stores ``meta.json`` is written last and is the commit
+marker (each object write is atomic there), and deletes remove it first. Either way a
+crash mid-write leaves the previous checkpoint as the latest loadable one, and what a
+crash leaves behind (temporary and half-deleted directories) is debris that
+``clean_debris`` removes when the run is next opened by its one writer. ``meta.json``
+records the size and SHA-256 of ``state.pt``, so a damaged checkpoint is told apart
+from a good one without unpickling anything.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
+import hashlib
 import json
+import logging
 import os
 import re
+import shutil
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
@@ -28,11 +42,21 @@ from fsspec.implementations.local import LocalFileSystem
 
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
+CHECKPOINTS = "checkpoints"
 _CKPT_RE = re.compile(r"^checkpoint_(\d{6,})$")
+TMP_PREFIX = ".tmp-"  # files and checkpoint directories being written
+TRASH_PREFIX = ".trash-"  # checkpoint directories being deleted
+DAMAGED_PREFIX = "damaged-"  # checkpoints that do not load, kept aside for inspection
+
+log = logging.getLogger("raylight")
 
 
 def default_storage_path() -> str:
     return os.path.join(os.path.expanduser("~"), "raylight_results")
+
+
+def checkpoint_name(index: int) -> str:
+    return f"checkpoint_{index:06d}"
 
 
 @dataclass(frozen=True)
@@ -40,6 +64,88 @@ class CommittedCheckpoint:
     index: int
     path: str  # URI of the checkpoint directory
     meta: dict[str, Any]
+
+
+@dataclass
+class CheckpointScan:
+    """What ``checkpoints/`` holds: committed checkpoints (oldest first), those whose
+    ``meta.json`` exists but cannot be read (damage), and debris of interrupted writes
+    and deletes (names relative to the run directory)."""
+
+    committed: list[CommittedCheckpoint] = field(default_factory=list)
+    unreadable: list[tuple[int, str]] = field(default_factory=list)  # (index, why)
+    debris: list[str] = field(default_factory=list)
+
+
+def _fsync_dir(path: str) -> None:
+    """Make a rename or a new entry in ``path`` durable (a no-op where directories
+    cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _rename_exchange(a: str, b: str) -> bool:
+    """Atomically swap the paths ``a`` and ``b`` (Linux renameat2). False where the
+    system or filesystem cannot."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), b)
+
+
+def replace_dir(tmp: str, final: str) -> None:
+    """Put directory ``tmp`` at ``final`` in one atomic step, whether or not ``final``
+    exists; the old ``final`` (if any) is removed afterwards."""
+    try:
+        os.rename(tmp, final)  # atomic; fails when final exists and is not empty
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+    if _rename_exchange(tmp, final):
+        shutil.rmtree(tmp)  # now the old directory
+        return
+    # No exchange on this filesystem: move the old one aside first (readers may see
+    # neither for a moment; the committed checkpoints before this index are untouched).
+    aside = f"{os.path.dirname(final)}/{TRASH_PREFIX}{os.path.basename(final)}-{uuid.uuid4().hex[:8]}"
+    os.rename(final, aside)
+    os.rename(tmp, final)
+    shutil.rmtree(aside)
+
+
+def state_digest(state: bytes) -> dict[str, Any]:
+    return {"state_bytes": len(state), "state_sha256": hashlib.sha256(state).hexdigest()}
+
+
+def check_state(state: bytes, meta: dict[str, Any]) -> str | None:
+    """Why ``state`` is not the one ``meta`` describes, or None (None too for metadata
+    written before sizes and digests were recorded)."""
+    size, digest = meta.get("state_bytes"), meta.get("state_sha256")
+    if size is not None and len(state) != size:
+        return f"{STATE_FILE} has {len(state)} bytes, {META_FILE} records {size}"
+    if digest is not None and hashlib.sha256(state).hexdigest() != digest:
+        return f"{STATE_FILE} does not match the SHA-256 in {META_FILE}"
+    return None
 
 
 class RunStorage:
@@ -59,11 +165,16 @@ class RunStorage:
         return f"{self.uri}/{rel}" if rel else self.uri
 
     # -- plain files ----------------------------------------------------------------
-    def exists(self, rel: str) -> bool:
+    def exists(self, rel: str = "") -> bool:
         return bool(self.fs.exists(self._p(rel)))
 
     def makedirs(self, rel: str = "") -> None:
-        self.fs.makedirs(self._p(rel), exist_ok=True)
+        path = self._p(rel)
+        if self.is_local and not os.path.isdir(path):
+            os.makedirs(path, exist_ok=True)
+            _fsync_dir(os.path.dirname(path))
+        else:
+            self.fs.makedirs(path, exist_ok=True)
 
     def read_bytes(self, rel: str) -> bytes:
         with self.fs.open(self._p(rel), "rb") as f:
@@ -76,38 +187,63 @@ class RunStorage:
         """Write a whole file atomically: readers see the old or the new content."""
         path = self._p(rel)
         parent = path.rsplit("/", 1)[0]
-        self.fs.makedirs(parent, exist_ok=True)
         if not self.is_local:
+            self.fs.makedirs(parent, exist_ok=True)
             with self.fs.open(path, "wb") as f:
                 f.write(data)
             return
-        tmp = f"{parent}/.tmp-{uuid.uuid4().hex}-{path.rsplit('/', 1)[1]}"
+        os.makedirs(parent, exist_ok=True)
+        tmp = f"{parent}/{TMP_PREFIX}{uuid.uuid4().hex}-{path.rsplit('/', 1)[1]}"
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        _fsync_dir(parent)
 
     def write_text(self, rel: str, text: str) -> None:
         self.write_bytes(rel, text.encode())
 
+    def append_line(self, rel: str, line: str, *, durable: bool) -> None:
+        """Append one line (local disk; object stores cannot append: the caller
+        rewrites). ``durable``: fsync before returning."""
+        with open(self._p(rel), "a") as f:
+            f.write(line + "\n")
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+
+    def remove(self, rel: str) -> None:
+        path = self._p(rel)
+        if self.fs.exists(path):
+            self.fs.rm(path, recursive=self.fs.isdir(path))
+
+    def entries(self, rel: str = "") -> list[str]:
+        """Names directly inside ``rel`` (none if it does not exist)."""
+        path = self._p(rel)
+        if not self.fs.exists(path):
+            return []
+        return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in self.fs.ls(path, detail=False))
+
     # -- checkpoints --------------------------------------------------------------
     def commit_checkpoint(self, index: int, state: bytes, meta: dict[str, Any]) -> str:
-        """Write checkpoint ``index`` atomically and return its URI."""
-        name = f"checkpoint_{index:06d}"
-        final = self._p(f"checkpoints/{name}")
-        meta_bytes = json.dumps(meta, default=str).encode()
+        """Write checkpoint ``index`` atomically and return its URI. ``meta`` is stored
+        with the size and SHA-256 of ``state``."""
+        name = checkpoint_name(index)
+        final = self._p(f"{CHECKPOINTS}/{name}")
+        meta_bytes = json.dumps({**meta, **state_digest(state)}, default=str).encode()
         if self.is_local:
-            tmp = self._p(f"checkpoints/.tmp-{name}-{uuid.uuid4().hex}")
+            self.makedirs(CHECKPOINTS)
+            tmp = self._p(f"{CHECKPOINTS}/{TMP_PREFIX}{name}-{uuid.uuid4().hex}")
             os.makedirs(tmp)
             for fname, data in ((STATE_FILE, state), (META_FILE, meta_bytes)):
                 with open(f"{tmp}/{fname}", "wb") as f:
                     f.write(data)
                     f.flush()
                     os.fsync(f.fileno())
-            if os.path.exists(final):  # a leftover from an earlier attempt at this index
-                self.fs.rm(final, recursive=True)
-            os.replace(tmp, final)
+            _fsync_dir(tmp)
+            replace_dir(tmp, final)
+            _fsync_dir(self._p(CHECKPOINTS))
         else:
             if self.fs.exists(final):
                 self.fs.rm(final, recursive=True)
@@ -116,34 +252,84 @@ class RunStorage:
                 f.write(state)
             with self.fs.open(f"{final}/{META_FILE}", "wb") as f:  # commit marker, last
                 f.write(meta_bytes)
-        return self.uri_of(f"checkpoints/{name}")
+        return self.uri_of(f"{CHECKPOINTS}/{name}")
+
+    def scan_checkpoints(self) -> CheckpointScan:
+        """Committed checkpoints, damaged ones and debris (see ``CheckpointScan``)."""
+        scan = CheckpointScan()
+        for name in self.entries(CHECKPOINTS):
+            rel = f"{CHECKPOINTS}/{name}"
+            if name.startswith((TMP_PREFIX, TRASH_PREFIX)):
+                scan.debris.append(rel)
+                continue
+            match = _CKPT_RE.match(name)
+            if not match:
+                continue  # not ours (damaged-..., a user's file): left alone
+            index = int(match.group(1))
+            if not self.exists(f"{rel}/{META_FILE}"):
+                scan.debris.append(rel)  # never committed, or a delete that was cut short
+                continue
+            try:
+                meta = json.loads(self.read_text(f"{rel}/{META_FILE}"))
+                if not isinstance(meta, dict):
+                    raise ValueError(f"{META_FILE} holds {type(meta).__name__}, not an object")
+            except (ValueError, UnicodeDecodeError, OSError) as exc:
+                scan.unreadable.append((index, f"{META_FILE} cannot be read: {exc}"))
+                continue
+            scan.committed.append(CommittedCheckpoint(index, self.uri_of(rel), meta))
+        scan.committed.sort(key=lambda c: c.index)
+        return scan
 
     def list_checkpoints(self) -> list[CommittedCheckpoint]:
         """Committed checkpoints, oldest first. Partial writes are skipped."""
-        base = self._p("checkpoints")
-        if not self.fs.exists(base):
-            return []
-        found = []
-        for entry in self.fs.ls(base, detail=False):
-            name = entry.rstrip("/").rsplit("/", 1)[-1]
-            match = _CKPT_RE.match(name)
-            if not match:
-                continue
-            try:
-                meta = json.loads(self.read_text(f"checkpoints/{name}/{META_FILE}"))
-            except (FileNotFoundError, json.JSONDecodeError):
-                continue  # never committed
-            found.append(
-                CommittedCheckpoint(int(match.group(1)), self.uri_of(f"checkpoints/{name}"), meta)
-            )
-        return sorted(found, key=lambda c: c.index)
+        return self.scan_checkpoints().committed
+
+    def read_state(self, index: int) -> bytes:
+        return self.read_bytes(f"{CHECKPOINTS}/{checkpoint_name(index)}/{STATE_FILE}")
 
     def delete_checkpoint(self, index: int) -> None:
-        path = self._p(f"checkpoints/checkpoint_{index:06d}")
+        rel = f"{CHECKPOINTS}/{checkpoint_name(index)}"
+        path = self._p(rel)
+        if self.is_local:
+            if not os.path.exists(path):
+                return
+            # Gone from the listing in one step; a crash before the removal ends leaves
+            # a .trash- directory, which the next open removes.
+            aside = self._p(f"{CHECKPOINTS}/{TRASH_PREFIX}{checkpoint_name(index)}-{uuid.uuid4().hex[:8]}")
+            os.rename(path, aside)
+            _fsync_dir(self._p(CHECKPOINTS))
+            shutil.rmtree(aside)
+            return
         if self.fs.exists(path):
-            # Remove the marker first so a crash mid-delete leaves no half checkpoint
-            # that still looks committed.
+            # The marker first: a crash mid-delete leaves no half checkpoint that still
+            # looks committed.
             marker = f"{path}/{META_FILE}"
             if self.fs.exists(marker):
                 self.fs.rm(marker)
             self.fs.rm(path, recursive=True)
+
+    def set_aside(self, index: int) -> str:
+        """Move a checkpoint that does not load out of the way (kept for inspection as
+        ``checkpoints/damaged-checkpoint_NNNNNN-<id>``); returns its new name."""
+        name = checkpoint_name(index)
+        target = f"{CHECKPOINTS}/{DAMAGED_PREFIX}{name}-{uuid.uuid4().hex[:8]}"
+        if self.is_local:
+            os.rename(self._p(f"{CHECKPOINTS}/{name}"), self._p(target))
+            _fsync_dir(self._p(CHECKPOINTS))
+        else:
+            self.fs.mv(self._p(f"{CHECKPOINTS}/{name}"), self._p(target), recursive=True)
+        return target
+
+    def clean_debris(self, scan: CheckpointScan | None = None) -> list[str]:
+        """Remove what interrupted writes and deletes left (only the run's one writer
+        may call this: on object stores a checkpoint being written looks the same).
+        Returns the names removed, relative to the run directory."""
+        scan = scan or self.scan_checkpoints()
+        removed = list(scan.debris)
+        removed += [name for name in self.entries() if name.startswith(TMP_PREFIX)]
+        for rel in removed:
+            with contextlib.suppress(FileNotFoundError):
+                self.remove(rel)
+        if removed and self.is_local:
+            _fsync_dir(self._p(CHECKPOINTS))
+        return removed

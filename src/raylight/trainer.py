@@ -84,28 +84,48 @@ class Trainer:
         run = self.config.run
         name = run.name or _default_name()
         storage = RunStorage(f"{(run.storage_path or default_storage_path()).rstrip('/')}/{name}")
-        recorder = RunRecorder(storage, checkpoints_to_keep=run.checkpoints_to_keep, on_record=self.on_report)
+        recorder = RunRecorder(
+            storage,
+            checkpoints_to_keep=run.checkpoints_to_keep,
+            on_record=self.on_report,
+            lease_timeout_s=run.lease_timeout_s,
+        )
         resolved = {
             **self.config.model_dump(),
             "run": {**run.model_dump(), "name": name},
             "train_loop_config": _describe(self.train_loop_config),
         }
-        embedded = False
-        if self.config.scaling.num_workers != 0:  # connect before writing anything
-            from raylight import runtime
-
-            embedded = runtime.connect(
-                self.config.address, connect_timeout_s=self.config.failure.connect_timeout_s
-            ).embedded
         if self.resume_from is not None and run.resume:
             raise ValueError("pass either resume_from or RunConfig.resume=True, not both")
+        on_ray = self.config.scaling.num_workers != 0
+        if on_ray:
+            from raylight import runtime
+
+            if runtime.would_start_embedded(self.config.address):  # before starting Ray
+                from raylight.worker_group.ray_group import check_embedded
+
+                scaling = self.config.scaling
+                check_embedded(scaling.min_workers, scaling.worker_resources(), scaling.placement, runtime.local_capacity())
+        # Checks the run directory and, resuming, takes its lease: a second driver is
+        # refused before it starts anything. A new run's directory appears only once
+        # training starts.
         recorder.open(resolved, resume=run.resume, start_from=self.resume_from)
         resizes: list[dict[str, Any]] = []
-        with ProgressDisplay(enabled=run.progress) as display:
-            if self.config.scaling.num_workers == 0:
-                num_failures = self._fit_in_process(recorder)
-            else:
-                num_failures = self._fit_on_ray(recorder, name, display, embedded=embedded, resizes=resizes)
+        try:
+            embedded = False
+            if on_ray:
+                embedded = runtime.connect(
+                    self.config.address, connect_timeout_s=self.config.failure.connect_timeout_s
+                ).embedded
+            with ProgressDisplay(enabled=run.progress) as display:
+                if self.config.scaling.num_workers == 0:
+                    num_failures = self._fit_in_process(recorder)
+                else:
+                    num_failures = self._fit_on_ray(recorder, name, display, embedded=embedded, resizes=resizes)
+        except BaseException as exc:
+            recorder.close(exc)
+            raise
+        recorder.close()
         return Result(
             metrics=recorder.history[-1] if recorder.history else {},
             metrics_history=list(recorder.history),
@@ -160,7 +180,11 @@ class Trainer:
             group=group,
             recorder=recorder,
             num_workers=num_workers,
-            failure_policy=FailurePolicy(cfg.failure.max_failures),
+            failure_policy=FailurePolicy(
+                cfg.failure.max_failures,
+                backoff_s=cfg.failure.restart_backoff_s,
+                backoff_max_s=cfg.failure.restart_backoff_max_s,
+            ),
             poll_interval_s=cfg.failure.poll_interval_s,
             on_poll=lambda poll, c: display.update(
                 poll,
@@ -205,6 +229,7 @@ class Trainer:
         from raylight.context import TrainContext
         from raylight.worker_group.worker import call_train_loop
 
+        recorder.begin()
         sink = _InProcessSink(recorder)
         device = torch.device("cuda") if self.config.scaling.use_gpu else torch.device("cpu")
         ctx = TrainContext(

@@ -128,11 +128,18 @@ def elastic_loop(ctx, config):
         ctx.unwrap_model(model).load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
     data = id_regression_data(config.get("n", 240), noise=config.get("noise", 0.1))
-    loader = ctx.prepare_loader(data, batch_size=config["batch_size"], shuffle=True, adaptive=True)
+    loader = ctx.prepare_loader(data, batch_size=config["batch_size"], shuffle=True, adaptive=config.get("adaptive", True))
     seen = ctx.accumulator()
+    # kills: [[rank, step], ...]: in the k-th attempt, rank SIGKILLs itself at its step-th
+    # step since the (re)start, once (a marker file per kill records that it happened).
+    kills = config.get("kills", [])
+    attempt = sum(os.path.exists(f"{config.get('marker')}{i}") for i in range(len(kills)))
     step = 0
     for epoch in ctx.epochs(config["epochs"]):
         for ids, x, y in loader:
+            if attempt < len(kills) and kills[attempt] == [ctx.rank, step]:
+                open(f"{config['marker']}{attempt}", "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
             opt.zero_grad()
             loss = nn.functional.mse_loss(model(x), y)
             loss.backward()

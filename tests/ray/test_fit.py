@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import random
 
 import fsspec
 import pytest
@@ -112,3 +113,25 @@ def test_memory_storage_round_trips(ray_cluster):
     assert fresh.load()["epoch"] == 1
     with fsspec.open("memory://rl-tests/mem/metrics.jsonl", "r") as f:
         assert len(f.read().splitlines()) == 2
+
+
+def test_sigkilled_workers_lose_and_repeat_no_sample(ray_cluster, tmp_path):
+    """Workers SIGKILLed mid-epoch at seeded steps (rank 0 too); each restart resumes at
+    the last checkpoint's exact sample: every epoch's sum over samples is the dataset's."""
+    rng = random.Random(16)
+    kills = [[rng.randrange(2), rng.randrange(2, 14)] for _ in range(3)]
+    n = 240
+    config = {
+        "epochs": 3, "n": n, "batch_size": 16, "checkpoint_every": 4, "adaptive": False,
+        "kills": kills, "marker": str(tmp_path / "killed"),
+    }
+    result = raylight.fit(
+        loops.elastic_loop, config=config, num_workers=2, storage_path=str(tmp_path), name="acct",
+        max_failures=len(kills), progress=False,
+    )
+    assert result.num_failures == len(kills)
+    assert all((tmp_path / f"killed{i}").exists() for i in range(len(kills)))
+    epochs = [m for m in result.metrics_history if m.get("kind") == "epoch"]
+    assert [m["epoch"] for m in epochs] == [0, 1, 2]
+    for m in epochs:
+        assert (m["count"], m["sum"], m["sq"]) == (n, n * (n - 1) / 2, sum(i * i for i in range(n))), (kills, m)

@@ -32,6 +32,11 @@ def test_resume_after_the_driver_is_killed(tmp_path, ray_cluster):
     first = subprocess.Popen([*cmd, "0", log], cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_until(marker.exists, 120, "checkpoint 2", first)
+        # A second driver resuming the run while the first writes it is refused, with the
+        # holder named; the first is undisturbed.
+        rival = subprocess.run([*cmd, "1", log], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=60)
+        assert rival.returncode != 0 and "RunInUseError" in rival.stderr, rival.stdout + rival.stderr
+        assert f"pid {first.pid} on" in rival.stderr and first.poll() is None
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait(30)

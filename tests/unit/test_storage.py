@@ -70,7 +70,20 @@ def test_partial_checkpoint_is_ignored(tmp_path):
 
 def test_existing_run_needs_resume(tmp_path):
     storage = RunStorage(str(tmp_path / "r"))
-    RunRecorder(storage, checkpoints_to_keep=1).open({}, resume=False)
+    rec = RunRecorder(storage, checkpoints_to_keep=1)
+    rec.open({}, resume=False)
+    rec.record(Report({"e": 0}, _state(0.0)), num_workers=1)
+    rec.close()
+    with pytest.raises(ConfigError, match="resume=True"):
+        RunRecorder(storage, checkpoints_to_keep=1).open({}, resume=False)
+
+
+def test_a_finished_run_without_checkpoints_is_kept(tmp_path):
+    storage = RunStorage(str(tmp_path / "r"))
+    rec = RunRecorder(storage, checkpoints_to_keep=1)
+    rec.open({}, resume=False)
+    rec.record(Report({"e": 0}), num_workers=1)
+    rec.close()
     with pytest.raises(ConfigError, match="resume=True"):
         RunRecorder(storage, checkpoints_to_keep=1).open({}, resume=False)
 
@@ -82,6 +95,7 @@ def test_resume_drops_reports_after_last_checkpoint(tmp_path):
     rec.record(Report({"e": 0}, _state(0.0)), num_workers=1)
     rec.record(Report({"e": 1}, _state(1.0)), num_workers=1)
     rec.record(Report({"e": 2}), num_workers=1)  # no checkpoint: will be redone
+    rec.close(RuntimeError("the driver stopped"))
     again = RunRecorder(storage, checkpoints_to_keep=3)
     ckpt = again.open({}, resume=True)
     assert ckpt is not None and ckpt.load()["epoch"] == 1

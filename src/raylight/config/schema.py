@@ -217,6 +217,14 @@ class RunConfig(_Model):
         description="Continue the run named `name` from its last committed checkpoint.",
     )
     progress: bool = Field(True, description="Show the live progress display on the driver.")
+    lease_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=86_400,
+        description="Run directories on object stores: a driver holding a run (its lease) "
+        "that has not renewed it for this long is taken to be gone, and another driver may "
+        "take the run over. On a local disk a dead driver's lease ends at once.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -270,6 +278,16 @@ class FailureConfig(_Model):
         gt=0,
         description="torch.distributed timeout for one collective; the driver's hang "
         "detection usually acts first.",
+    )
+    restart_backoff_s: float = Field(
+        1.0,
+        ge=0,
+        description="Wait before a restart that follows another failure with no new "
+        "checkpoint between them; it doubles with each such failure in a row, up to "
+        "restart_backoff_max_s. The first restart after progress is immediate.",
+    )
+    restart_backoff_max_s: float = Field(
+        60.0, ge=0, description="The longest wait between restarts (see restart_backoff_s)."
     )
 
 

@@ -95,6 +95,7 @@ class Controller:
         resize_in_place: bool = True,
         trace: Callable[[dict[str, Any]], None] | None = None,
         clock: Callable[[], float] = monotonic,
+        sleep: Callable[[float], Any] | None = None,
     ) -> None:
         self.group = group
         self.recorder = recorder
@@ -121,7 +122,13 @@ class Controller:
         self.resize_in_place = resize_in_place
         self.trace = trace
         self.clock = clock
+        self.sleep = sleep or self._stop.wait  # interruptible by Ctrl-C
         self.rate = SampleRate()
+        self._restart_delay = 0.0  # the back-off the failure policy asked for
+        self._in_a_row = 0  # failures since the last new checkpoint
+        self._failed_at: int | None = None  # the last checkpoint when it last failed
+        self._last_message = ""
+        self._same = 0  # the same failure message, in a row
         self.resizes: list[dict[str, Any]] = []
         self._pending_resize: tuple[int, str] | None = None  # (workers, reason)
         self._last_batch_decision = clock()
@@ -178,6 +185,11 @@ class Controller:
         except WorkerStartError as exc:
             failure = WorkerFailure(rank=-1, kind="error", message=str(exc))
             self._handle_failure(failure, cause=exc)
+            return
+        try:
+            self.recorder.begin()  # the run directory appears now that training starts
+        except RaylightError as exc:
+            self._fail(exc)
             return
         self._plan_workers = self.num_workers
         self.state = State.RUNNING
@@ -370,6 +382,9 @@ class Controller:
     def _restart(self) -> None:
         self.group.shutdown()
         self.recorder.rollback()
+        if self._restart_delay > 0:  # resources are free while it waits
+            self.sleep(self._restart_delay)
+            self._restart_delay = 0.0
         self.num_restarts += 1
         if self.elastic:  # start with what fits now, within (min, max)
             self.num_workers = max(self.min_workers, min(self.max_workers, self.num_workers))
@@ -379,19 +394,35 @@ class Controller:
     def _handle_failure(self, failure: WorkerFailure, cause: BaseException | None = None) -> None:
         self.num_failures += 1
         self.last_failure = failure
-        decision = self.failure_policy.decide(failure, num_failures=self.num_failures)
+        resume = self.recorder.latest
+        commit = int(resume.metadata.get("index", -1)) if resume is not None else -1
+        self._in_a_row = self._in_a_row + 1 if commit == self._failed_at else 1
+        self._failed_at = commit
+        self._same = self._same + 1 if failure.message == self._last_message and self._in_a_row > 1 else 1
+        self._last_message = failure.message
+        decision = self.failure_policy.decide(failure, num_failures=self.num_failures, in_a_row=self._in_a_row)
         if isinstance(decision, RaiseDecision):
             self._fail(self._error_for(failure), cause=cause)
             return
-        resume = self.recorder.latest
+        self._restart_delay = decision.delay_s
         where = f"checkpoint {resume.metadata.get('index')}" if resume else "the beginning"
+        budget = self.failure_policy.max_failures
+        wait = ""
+        if decision.delay_s > 0:
+            same = ", the same failure each time" if self._same == self._in_a_row else ""
+            wait = (
+                f" in {decision.delay_s:g}s: {self._in_a_row} failures in a row with no new "
+                f"checkpoint{same}; the wait doubles with each, up to "
+                f"FailureConfig.restart_backoff_max_s={self.failure_policy.backoff_max_s:g}s"
+            )
         log.warning(
-            "worker rank %s %s; restarting from %s (failure %d, max_failures=%d)",
+            "worker rank %s %s; restarting from %s%s (failure %d, max_failures=%s)",
             failure.rank,
             failure.message,
             where,
+            wait,
             self.num_failures,
-            self.failure_policy.max_failures,
+            f"{budget} (without limit)" if budget < 0 else budget,
         )
         self.state = State.RESTARTING
 

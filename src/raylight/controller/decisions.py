@@ -14,9 +14,11 @@ class ContinueDecision:
 
 @dataclass(frozen=True)
 class RestartDecision:
-    """Tear the group down and start it again from the last committed checkpoint."""
+    """Tear the group down and start it again from the last committed checkpoint, after
+    ``delay_s`` seconds (a back-off when failures repeat without progress)."""
 
     failure: WorkerFailure
+    delay_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -139,8 +139,23 @@ def _prepare(config: ModelConfig, dataset: str) -> Prepared:
 
 
 def new_output_dir(path: str) -> str:
+    """The absolute output directory, checked before anything is done: it does not exist
+    yet, is empty, or holds only a failed attempt that never committed a checkpoint (which
+    the new run replaces). Its parents are created when training starts."""
+    from raylight.recorder import directory_state
+    from raylight.storage import RunStorage
+
     path = os.path.abspath(path)
-    if os.path.exists(path) and os.listdir(path):
+    parent = os.path.dirname(path)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ConfigError(f"--output-directory {path!r}: {parent!r} is a file, not a directory; choose another path")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"--output-directory {path!r} is a file; choose a directory that does not exist yet")
+    if not os.access(parent, os.W_OK):
+        raise ConfigError(f"--output-directory {path!r}: {parent!r} is not writable; choose another path")
+    if os.path.isdir(path) and os.listdir(path) and directory_state(RunStorage(path)) != "replaceable":
         raise ConfigError(f"output directory {path!r} already exists and is not empty; choose another --output-directory")
     return path
 
@@ -164,10 +179,7 @@ def train(
     else:
         prepared = prepare(config, dataset)
     loop_config, adaptive = loop_settings(config, prepared, on_ray=resolved.kind == "ray")
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "config.yaml"), "w") as f:
-        f.write(render_config(config))
-    result = raylight.fit(
+    result = raylight.fit(  # creates the output directory when training starts
         declarative_loop,
         config=loop_config,
         num_workers=resolved.num_workers,
@@ -178,6 +190,8 @@ def train(
         name=os.path.basename(out),
         progress=progress,
     )
+    with open(os.path.join(out, "config.yaml"), "w") as f:
+        f.write(render_config(config))
     assert result.checkpoint is not None, "every epoch reports a checkpoint"
     best = result.checkpoint.load()["best"]
     model_dir = os.path.join(out, "model")

@@ -92,6 +92,28 @@ def check_feasible(
     return None
 
 
+def embedded_shortfall(reason: str) -> InsufficientResourcesError:
+    return InsufficientResourcesError(
+        f"cannot place the workers: {reason}. The embedded local Ray has no autoscaler; "
+        "lower num_workers or resources_per_worker, or connect to a larger cluster with "
+        "address=."
+    )
+
+
+def check_embedded(num_workers: int, per_worker: dict[str, float], placement: str, capacity: dict[str, float]) -> None:
+    """Before starting the embedded local Ray: fail at once when ``capacity`` (what it
+    would have, ``runtime.local_capacity``) can never place the workers. Resources whose
+    amount is not known without starting Ray (memory; GPUs where a driver exists) are
+    left to Ray."""
+    known = {k: v for k, v in per_worker.items() if k in capacity or k not in _RAY_SIZED}
+    reason = check_feasible(num_workers, known, placement, [capacity])
+    if reason:
+        raise embedded_shortfall(reason)
+
+
+_RAY_SIZED = {"memory", "object_store_memory", "GPU"}  # sized by Ray when it starts
+
+
 def worker_bundles(bundles: list[dict[str, float]], per_worker: dict[str, float], max_workers: int) -> list[int]:
     """Indices of the bundles of an existing placement group that hold workers: those
     big enough for one worker, the last ``max_workers`` of them (a trial's head bundle,
@@ -228,11 +250,7 @@ class RayWorkerGroup:
         placement = self._scaling.placement
         reason = check_feasible(num_workers, per_worker, placement, _node_capacities())
         if reason and self._embedded and fail_fast:
-            raise InsufficientResourcesError(
-                f"cannot place the workers: {reason}. This embedded local Ray has no "
-                "autoscaler; lower num_workers or resources_per_worker, or connect to a "
-                "larger cluster with address=."
-            )
+            raise embedded_shortfall(reason)
         if reason and self._embedded:  # never here: let the caller try fewer
             return None
         pg = placement_group([dict(per_worker)] * num_workers, strategy=placement)
