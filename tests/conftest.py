@@ -40,9 +40,10 @@ def _no_leaks():
     if leaked_pg:
         dist.destroy_process_group()
     # Expected: Ray's settings made when the session cluster starts, torch's inductor
-    # cache dir, which torch sets lazily once per process, and CRC32C_SW_MODE, which
-    # tensorboardX sets when imported (once per process, by Ray Tune's default logger).
-    ignore = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "CRC32C_SW_MODE"} | _SESSION_ENV
+    # cache dir, which torch sets lazily once per process, CRC32C_SW_MODE, which
+    # tensorboardX sets when imported (once per process, by Ray Tune's default logger),
+    # and RAY_CLIENT_MODE, which `import ray` sets (once per process).
+    ignore = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "CRC32C_SW_MODE", "RAY_CLIENT_MODE"} | _SESSION_ENV
     added = {k for k in os.environ if k not in env} - ignore
     changed = {k for k in env if k in os.environ and os.environ[k] != env[k]} - ignore
     for k in added:

@@ -13,6 +13,7 @@ __all__ = [
     "InsufficientResourcesError",
     "RaylightError",
     "RunInUseError",
+    "TrainingDivergedError",
     "TrainingFailedError",
     "WorkerDiedError",
     "WorkerError",
@@ -88,6 +89,11 @@ class TrainingFailedError(RaylightError):
         self.node = node
         self.reason = reason
         self.num_failures = num_failures
+
+
+class TrainingDivergedError(RaylightError):
+    """The loss became NaN or infinite: training cannot go on from there. The message
+    names the epoch and the settings that usually cause it."""
 
 
 class WorkerError(TrainingFailedError):

@@ -73,6 +73,7 @@ class RunRecorder:
         checkpoint to start from: the last committed one, or ``start_from`` for a new
         run. Nothing is written to a new run until ``begin``."""
         self._config = config
+        self._check_writable()
         state = self._existing()
         if not resume:
             if state == "kept":
@@ -99,6 +100,26 @@ class RunRecorder:
 
     def _existing(self) -> str:
         return directory_state(self.storage)
+
+    def _check_writable(self) -> None:
+        """On a local disk: the run directory can be created where it is asked for."""
+        if not self.storage.is_local:
+            return
+        import os
+
+        path = self.storage.root
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise ConfigError(f"run directory {path!r} is a file; choose another RunConfig.name or storage_path")
+        parent = os.path.dirname(path)
+        while parent and not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if parent and not os.path.isdir(parent):
+            raise ConfigError(
+                f"cannot create run directory {path!r}: {parent!r} is a file, not a directory; "
+                "fix RunConfig.storage_path"
+            )
+        if parent and not os.access(parent, os.W_OK):
+            raise ConfigError(f"cannot create run directory {path!r}: {parent!r} is not writable; fix RunConfig.storage_path")
 
     def _reopen(self) -> None:
         """Resume: clean debris, find the newest checkpoint that loads, reload history."""

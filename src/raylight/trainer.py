@@ -74,6 +74,11 @@ class Trainer:
     ) -> None:
         if not callable(train_loop):
             raise TypeError(f"train_loop must be callable, got {type(train_loop).__name__}")
+        if train_loop_config is not None and not isinstance(train_loop_config, dict):
+            raise TypeError(
+                f"the loop's config (fit(config=...), train_loop_config) must be a dict, got "
+                f"{type(train_loop_config).__name__}"
+            )
         self.train_loop = train_loop
         self.train_loop_config = dict(train_loop_config or {})
         self.config = config or TrainerConfig()

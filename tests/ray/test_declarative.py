@@ -113,3 +113,43 @@ def test_ray_data_counts_empty_csv_strings_as_missing(ray_cluster, tmp_path):
     with pytest.raises(ConfigError) as err:
         prepare_ray_data(load_config(cfg), data, progress=False)
     assert "column 'workclass' of dataset" in str(err.value) and "null" in str(err.value)
+
+
+def _ray_data_error(tmp_path, df, config=RAY_CONFIG) -> str:
+    from raylight.declarative.ray_data import prepare_ray_data
+
+    cfg, data = write(tmp_path, df=df, config=config)
+    with pytest.raises(ConfigError) as err:
+        prepare_ray_data(load_config(cfg), data, progress=False)
+    return str(err.value)
+
+
+def test_ray_data_rejects_text_in_a_number_target(ray_cluster, tmp_path):
+    from tests.declarative_data import frame
+
+    df = frame().assign(price=lambda d: d["age"].fillna(0) * 2)
+    df["price"] = df["price"].astype(object).where(df.index != 9, "expensive")
+    text = _ray_data_error(tmp_path, df, RAY_CONFIG.replace("{name: income, type: binary}", "{name: price, type: number}"))
+    assert "column 'price' (output_features 'price', type number) holds non-numeric values such as ['expensive']" in text
+
+
+def test_ray_data_rejects_infinite_numbers(ray_cluster, tmp_path):
+    import numpy as np
+
+    from tests.declarative_data import frame
+
+    df = frame()
+    df.loc[11, "age"] = np.inf
+    text = _ray_data_error(tmp_path, df)
+    assert "column 'age' (input_features 'age', type number) holds infinite values" in text
+
+
+def test_ray_data_rejects_a_split_that_drop_row_empties(ray_cluster, tmp_path):
+    from tests.declarative_data import frame
+
+    df = frame(n=12)
+    config = RAY_CONFIG.replace("{name: age, type: number}", "{name: age, type: number, preprocessing: {missing_value_strategy: drop_row}}")
+    df.loc[1:, "age"] = None
+    df.loc[0, "age"] = 30.0  # one row keeps its age
+    text = _ray_data_error(tmp_path, df, config)
+    assert "split" in text and "empty" in text and "drop_row" in text

@@ -23,7 +23,7 @@ def test_wrong_type_and_range_name_key_and_value():
     with pytest.raises(ConfigError) as err:
         validate(TrainerConfig, {"scaling": {"num_workers": -1}, "failure": {"hang_timeout_s": "x"}})
     text = str(err.value)
-    assert "scaling.num_workers: must be >= 0 (0 runs in this process), got -1\n" in text
+    assert "scaling.num_workers: must be between 0 (0 runs in this process) and 100000, got -1\n" in text
     assert "failure.hang_timeout_s" in text and "'x'" in text
 
 
@@ -34,7 +34,7 @@ def test_placement_lists_allowed_values():
 
 
 def test_elastic_bounds_are_checked():
-    with pytest.raises(ConfigError, match=r"  num_workers: \(min, max\) needs 1 <= min <= max, got \(3, 2\)"):
+    with pytest.raises(ConfigError, match=r"  num_workers: \(min, max\) needs 1 <= min <= max <= 100000, got \(3, 2\)"):
         validate(ScalingConfig, {"num_workers": (3, 2)})
     cfg = ScalingConfig(num_workers=(1, 4))
     assert cfg.elastic and cfg.min_workers == 1 and cfg.max_workers == 4

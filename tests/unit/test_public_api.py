@@ -10,8 +10,8 @@ SRC = pathlib.Path(raylight.__file__).parent
 
 PUBLIC = [
     "AdaptiveConfig", "Checkpoint", "ClusterConnectionError", "ConfigError", "FailureConfig",
-    "InsufficientResourcesError", "RaylightError", "Result", "RunConfig", "ScalingConfig",
-    "TrainContext", "Trainer", "TrainerConfig", "TrainingFailedError", "WorkerDiedError",
+    "InsufficientResourcesError", "RaylightError", "Result", "RunConfig", "RunInUseError", "ScalingConfig",
+    "TrainContext", "Trainer", "TrainerConfig", "TrainingDivergedError", "TrainingFailedError", "WorkerDiedError",
     "WorkerError", "WorkerHangError", "WorkerStartError", "__version__", "fit", "load_model",
 ]
 

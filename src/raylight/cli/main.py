@@ -7,6 +7,7 @@ cluster address, resources), 1 failures at run time.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Annotated
 
@@ -22,9 +23,17 @@ from raylight.exceptions import (
     ConfigError,
     InsufficientResourcesError,
     RaylightError,
+    RunInUseError,
 )
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Distributed, adaptive training on Ray.")
+# Tracebacks of genuine failures never print local variables (they may hold secrets).
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Distributed, adaptive training on Ray.",
+    pretty_exceptions_show_locals=False,
+)
+USAGE_ERRORS = (ConfigError, ClusterConnectionError, InsufficientResourcesError, RunInUseError)
 console = Console(stderr=True)
 
 ConfigOpt = Annotated[str, typer.Option("--config", "-c", help="YAML config: local path or fsspec URI.")]
@@ -36,9 +45,11 @@ ModelPathOpt = Annotated[str, typer.Option(help="<output-directory>/model of a t
 
 
 def _fail(exc: BaseException) -> None:
-    usage = isinstance(exc, ConfigError | ClusterConnectionError | InsufficientResourcesError)
-    console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2 if usage else 1)
+    """Exit 2 for what the user can fix (config, data, paths, cluster, resources, a run in
+    use), 1 for failures at run time; the message, never a traceback."""
+    console.print("[bold red]error:[/] ", end="", highlight=False)
+    console.print(str(exc), highlight=False, soft_wrap=True, markup=False)  # [x] in text stays
+    raise typer.Exit(2 if isinstance(exc, USAGE_ERRORS) else 1)
 
 
 def _config(path: str, overrides: list[str] | None):
@@ -143,12 +154,14 @@ def init_config(
     from raylight.declarative import api
 
     try:
-        text = yaml.safe_dump(api.init_config(dataset, target), sort_keys=False)
+        text = yaml.safe_dump(api.init_config(dataset, target, output), sort_keys=False)
     except RaylightError as exc:
         _fail(exc)
     if output:
-        with open(output, "w") as f:
+        tmp = f"{output}.tmp-{os.getpid()}"
+        with open(tmp, "w") as f:
             f.write(text)
+        os.replace(tmp, output)
     else:
         print(text, end="")
 

@@ -21,11 +21,21 @@ from pydantic import (
 from pydantic_core import to_jsonable_python
 
 from raylight.config.hyperopt import HyperoptConfig
-from raylight.config.schema import AdaptiveConfig
+from raylight.config.schema import AdaptiveConfig, check_resources
+
+# Upper bounds: far beyond any real use, low enough that a typo fails here and not as an
+# allocation of terabytes or a loop of years.
+MAX_WIDTH = 65_536  # units of a layer, size of an embedding
+MAX_VOCAB = 10_000_000
+MAX_EPOCHS = 1_000_000
+MAX_BATCH = 2**24
+MAX_WORKERS = 100_000
+MAX_SEED = 2**32 - 1  # what numpy's and torch's generators take
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # NaN and infinity are never a valid setting: every float must be finite.
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
 
 # -- features ------------------------------------------------------------------------
@@ -38,8 +48,8 @@ class NumberPreprocessing(_Model):
 
 
 class CategoryPreprocessing(_Model):
-    most_common: int = Field(10_000, ge=1, description="Largest vocabulary kept; the rest map to <UNK>.")
-    min_frequency: int = Field(1, ge=1, description="Values seen fewer times map to <UNK>.")
+    most_common: int = Field(10_000, ge=1, le=MAX_VOCAB, description="Largest vocabulary kept; the rest map to <UNK>.")
+    min_frequency: int = Field(1, ge=1, le=2**31, description="Values seen fewer times map to <UNK>.")
     missing_value_strategy: Literal["fill_with_const", "drop_row"] = Field(
         "fill_with_const", description="What replaces a missing value."
     )
@@ -53,18 +63,18 @@ class BinaryPreprocessing(_Model):
 
 
 class TextPreprocessing(_Model):
-    most_common: int = Field(20_000, ge=1, description="Largest vocabulary of tokens.")
-    min_frequency: int = Field(1, ge=1, description="Rarer tokens map to <UNK>.")
+    most_common: int = Field(20_000, ge=1, le=MAX_VOCAB, description="Largest vocabulary of tokens.")
+    min_frequency: int = Field(1, ge=1, le=2**31, description="Rarer tokens map to <UNK>.")
     lowercase: bool = Field(True, description="Lower-case text before tokenising.")
 
 
 class Encoder(_Model):
-    embedding_size: int = Field(32, ge=1, description="Size of category and text embeddings.")
+    embedding_size: int = Field(32, ge=1, le=MAX_WIDTH, description="Size of category and text embeddings.")
 
 
 class _Feature(_Model):
-    name: str = Field(description="Feature name; also the column unless `column` is set.")
-    column: str | None = Field(None, description="Dataset column; default: the name.")
+    name: str = Field(min_length=1, description="Feature name; also the column unless `column` is set.")
+    column: str | None = Field(None, min_length=1, description="Dataset column; default: the name.")
 
     @property
     def col(self) -> str:
@@ -98,30 +108,30 @@ InputFeature = Annotated[NumberInput | CategoryInput | BinaryInput | TextInput, 
 
 class OutputFeature(_Feature):
     type: Literal["binary", "category", "number"] = Field(description="Target type; sets loss and metrics.")
-    loss_weight: float = Field(1.0, gt=0, description="Weight of this output's loss.")
+    loss_weight: float = Field(1.0, gt=0, le=1e6, description="Weight of this output's loss.")
 
 
 # -- model and training ----------------------------------------------------------------
 class FCLayer(_Model):
-    output_size: int = Field(ge=1, description="Units of this fully connected layer.")
+    output_size: int = Field(ge=1, le=MAX_WIDTH, description="Units of this fully connected layer.")
 
 
 class CombinerConfig(_Model):
     type: Literal["concat"] = Field("concat", description="How encoded inputs are combined.")
     fc_layers: list[FCLayer] = Field(
-        default_factory=lambda: [FCLayer(output_size=64)], description="Layers after concatenation."
+        default_factory=lambda: [FCLayer(output_size=64)], max_length=64, description="Layers after concatenation."
     )
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout after each layer.")
 
 
 class OptimizerConfig(_Model):
     type: Literal["adam", "adamw", "sgd"] = Field("adam", description="Optimizer.")
-    momentum: float = Field(0.9, ge=0, description="SGD momentum.")
-    weight_decay: float = Field(0.0, ge=0, description="Weight decay.")
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum.")
+    weight_decay: float = Field(0.0, ge=0, le=1, description="Weight decay.")
 
 
 class TrainerSection(_Model):
-    epochs: int = Field(10, ge=1, description="Passes over the training split.")
+    epochs: int = Field(10, ge=1, le=MAX_EPOCHS, description="Passes over the training split.")
     batch_size: int | Literal["auto"] = Field(
         128, description="Global batch size, or 'auto': start at 64 and let the adaptive engine choose."
     )
@@ -129,24 +139,24 @@ class TrainerSection(_Model):
         "auto", description="Base LR, or 'auto': the optimizer's default (adam 1e-3, sgd 0.05)."
     )
     optimizer: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(), description="Optimizer.")
-    early_stop: int = Field(5, ge=-1, description="Stop after this many epochs without validation improvement; -1 never.")
+    early_stop: int = Field(5, ge=-1, le=MAX_EPOCHS, description="Stop after this many epochs without validation improvement; -1 never.")
     adaptive: AdaptiveConfig | None = Field(
         None, description="Adaptive engine settings; batch_size: auto turns it on with defaults."
     )
-    seed: int = Field(42, description="Seed for model initialisation and data order.")
+    seed: int = Field(42, ge=0, le=MAX_SEED, description="Seed for model initialisation and data order (0 to 2**32 - 1).")
 
     @field_validator("batch_size")
     @classmethod
     def _check_batch(cls, value: int | str) -> int | str:
-        if isinstance(value, int) and value < 1:
-            raise ValueError(f"must be >= 1 or 'auto', got {value}")
+        if isinstance(value, int) and not 1 <= value <= MAX_BATCH:
+            raise ValueError(f"must be between 1 and {MAX_BATCH} or 'auto', got {value}")
         return value
 
     @field_validator("learning_rate")
     @classmethod
     def _check_lr(cls, value: float | str) -> float | str:
-        if isinstance(value, float | int) and value <= 0:
-            raise ValueError(f"must be > 0 or 'auto', got {value}")
+        if isinstance(value, float | int) and not 0 < value <= 100:
+            raise ValueError(f"must be > 0 and at most 100, or 'auto', got {value}")
         return value
 
 
@@ -174,11 +184,16 @@ class ProcessorConfig(_Model):
 
 class BackendTrainer(_Model):
     strategy: Literal["ddp"] = Field("ddp", description="Data-parallel strategy.")
-    num_workers: int | None = Field(None, ge=1, description="Workers; default: what the cluster's CPUs (or GPUs) allow.")
+    num_workers: int | None = Field(None, ge=1, le=MAX_WORKERS, description="Workers; default: what the cluster's CPUs (or GPUs) allow.")
     use_gpu: bool = Field(False, description="One GPU per worker.")
     resources_per_worker: dict[str, float] | None = Field(None, description="Ray resources per worker.")
-    min_workers: int | None = Field(None, ge=1, description="Elastic: fewest workers.")
-    max_workers: int | None = Field(None, ge=1, description="Elastic: most workers.")
+    min_workers: int | None = Field(None, ge=1, le=MAX_WORKERS, description="Elastic: fewest workers.")
+    max_workers: int | None = Field(None, ge=1, le=MAX_WORKERS, description="Elastic: most workers.")
+
+    @field_validator("resources_per_worker")
+    @classmethod
+    def _check_resources(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        return check_resources(value)
 
     @model_validator(mode="after")
     def _check_bounds(self) -> BackendTrainer:

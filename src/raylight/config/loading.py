@@ -13,14 +13,37 @@ from raylight.config.validation import validate
 from raylight.exceptions import ConfigError
 
 
-def load_yaml(path: str) -> dict[str, Any]:
+def read_text_file(path: str, what: str) -> str:
+    """The UTF-8 text of ``path`` (any fsspec URI), or a ConfigError that names the file,
+    says what is wrong with it and how to fix it."""
     try:
-        with fsspec.open(path, "r") as f:
-            data = yaml.safe_load(f)
+        with fsspec.open(path, "rb") as f:
+            raw = f.read()
     except FileNotFoundError:
-        raise ConfigError(f"config file {path!r} does not exist; check the path") from None
+        raise ConfigError(f"{what} {path!r} does not exist; check the path") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{what} {path!r} is a directory; pass a file") from None
+    except PermissionError:
+        raise ConfigError(f"{what} {path!r} cannot be read: permission denied") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{what} {path!r} cannot be read: {exc}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{what} {path!r} is not UTF-8 text (byte {exc.start} is 0x{raw[exc.start]:02x}); "
+            "save it as UTF-8"
+        ) from None
+
+
+def load_yaml(path: str) -> dict[str, Any]:
+    text = read_text_file(path, "config file")
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path!r} is not valid YAML: {exc}") from None
+    if data is None:
+        raise ConfigError(f"config file {path!r} is empty; it needs at least input_features and output_features")
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path!r} must hold a mapping (key: value), got {type(data).__name__}")
     return data
@@ -31,19 +54,31 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     out = copy.deepcopy(data)
     for item in overrides:
         key, sep, raw = item.partition("=")
+        key = key.strip()
         if not sep or not key:
             raise ConfigError(f"override {item!r} must look like key.path=value, e.g. trainer.epochs=5")
-        value = yaml.safe_load(raw)
         parts = key.split(".")
+        if any(not part for part in parts):
+            raise ConfigError(f"override {key!r}: a key path has no empty parts (e.g. trainer.epochs)")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            problem = str(exc).splitlines()[0]
+            raise ConfigError(
+                f"override {item!r}: the value {raw!r} is not valid YAML ({problem}); quote it, "
+                "e.g. --set 'name=\"text\"'"
+            ) from None
         node: Any = out
         for i, part in enumerate(parts[:-1]):
             nxt = parts[i + 1]
             if isinstance(node, list):
                 if not part.isdigit() or int(part) >= len(node):
-                    raise ConfigError(f"override {key!r}: {'.'.join(parts[: i + 1])} is not an index of the list")
+                    raise ConfigError(f"override {key!r}: {'.'.join(parts[: i + 1])} is not an index of the list (it has {len(node)} items)")
                 node = node[int(part)]
-            else:
+            elif isinstance(node, dict):
                 node = node.setdefault(part, [] if nxt.isdigit() else {})
+            else:
+                raise ConfigError(f"override {key!r}: {'.'.join(parts[:i]) or '<root>'} is a value, not a section")
         last = parts[-1]
         if isinstance(node, list):
             if not last.isdigit() or int(last) >= len(node):
@@ -52,7 +87,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         elif isinstance(node, dict):
             node[last] = value
         else:
-            raise ConfigError(f"override {key!r}: {'.'.join(parts[:-1])} is not a mapping")
+            raise ConfigError(f"override {key!r}: {'.'.join(parts[:-1])} is a value, not a section")
     return out
 
 

@@ -13,8 +13,28 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 Placement = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 
 
+MAX_WORKERS = 100_000
+MAX_RESOURCE = 1_000_000.0  # of one resource for one worker
+
+
+def check_resources(value: dict[str, float] | None) -> dict[str, float] | None:
+    """Ray resources of one worker: names are non-empty, amounts finite, in
+    [0, MAX_RESOURCE], and some CPU or GPU."""
+    if value is None:
+        return None
+    for key, amount in value.items():
+        if not key or not key.strip():
+            raise ValueError("resource names must not be empty")
+        if not 0 <= amount <= MAX_RESOURCE:
+            raise ValueError(f"resource {key!r} must be between 0 and {MAX_RESOURCE:g}, got {amount}")
+    if value.get("CPU", 1) == 0 and value.get("GPU", 0) == 0:
+        raise ValueError("a worker needs at least some CPU or GPU, got CPU: 0")
+    return value
+
+
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # NaN and infinity are never a valid setting: every float must be finite.
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
 
 class ScalingConfig(_Model):
@@ -38,6 +58,7 @@ class ScalingConfig(_Model):
     threads_per_worker: int | None = Field(
         None,
         ge=1,
+        le=4096,
         description="torch intra-op threads in each worker. Default: the worker's CPU count.",
     )
     strategy: Literal["ddp"] = Field("ddp", description="Data-parallel strategy.")
@@ -85,10 +106,10 @@ class ScalingConfig(_Model):
     def _check_num_workers(cls, value: int | tuple[int, int]) -> int | tuple[int, int]:
         if isinstance(value, tuple):
             lo, hi = value
-            if not 1 <= lo <= hi:
-                raise ValueError(f"(min, max) needs 1 <= min <= max, got {value}")
-        elif value < 0:
-            raise ValueError(f"must be >= 0 (0 runs in this process), got {value}")
+            if not 1 <= lo <= hi <= MAX_WORKERS:
+                raise ValueError(f"(min, max) needs 1 <= min <= max <= {MAX_WORKERS}, got {value}")
+        elif not 0 <= value <= MAX_WORKERS:
+            raise ValueError(f"must be between 0 (0 runs in this process) and {MAX_WORKERS}, got {value}")
         return value
 
     @property
@@ -106,14 +127,7 @@ class ScalingConfig(_Model):
     @field_validator("resources_per_worker")
     @classmethod
     def _check_resources(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        if value is None:
-            return None
-        for key, amount in value.items():
-            if amount < 0:
-                raise ValueError(f"resource {key!r} must be >= 0, got {amount}")
-        if value.get("CPU", 1) == 0 and value.get("GPU", 0) == 0:
-            raise ValueError("a worker needs at least some CPU or GPU, got CPU: 0")
-        return value
+        return check_resources(value)
 
     @model_validator(mode="after")
     def _check_gpu(self) -> ScalingConfig:
@@ -229,8 +243,14 @@ class RunConfig(_Model):
     @field_validator("name")
     @classmethod
     def _check_name(cls, value: str | None) -> str | None:
-        if value is not None and (not value or "/" in value or value in {".", ".."}):
-            raise ValueError(f"must be a non-empty name without '/', got {value!r}")
+        if value is not None and (
+            not value or "/" in value or "\\" in value or value in {".", ".."}
+            or any(ord(c) < 32 for c in value) or len(value.encode()) > 255
+        ):
+            raise ValueError(
+                f"must be a plain directory name (no '/', '\\' or control characters, at most "
+                f"255 bytes), got {value!r}"
+            )
         return value
 
     @model_validator(mode="after")

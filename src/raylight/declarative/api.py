@@ -20,12 +20,13 @@ from raylight.config.loading import render_config
 from raylight.declarative.dataset import read_pandas
 from raylight.declarative.preprocess import (
     check_columns,
+    check_split_rows,
     check_target,
     fit_metadata,
     split_rows,
     transform,
 )
-from raylight.exceptions import ConfigError
+from raylight.exceptions import ConfigError, TrainingDivergedError
 
 log = logging.getLogger("raylight")
 
@@ -58,12 +59,14 @@ def resolve_backend(config: ModelConfig, override: str | None) -> Backend:
 
     from raylight import runtime
 
-    runtime.connect(None)
-    total = ray.cluster_resources()
     per = dict(t.resources_per_worker or {})
     per.setdefault("CPU", 1.0)
     if t.use_gpu:
         per.setdefault("GPU", 1.0)
+    if runtime.would_start_embedded(None):  # what can be checked before starting Ray
+        _check_resources(t, per, runtime.local_capacity(), "this machine", sized_by_ray=True)
+    runtime.connect(None)
+    total = ray.cluster_resources()
     if t.min_workers is not None or t.max_workers is not None:
         lo = t.min_workers or 1
         hi = t.max_workers or max(lo, int(total.get("CPU", 1) // per["CPU"]))
@@ -73,15 +76,32 @@ def resolve_backend(config: ModelConfig, override: str | None) -> Backend:
         fits = int(min(total.get(k, 0.0) // v for k, v in per.items() if v > 0))
         workers = t.num_workers or max(1, fits)
         need = workers
+    _check_resources(t, per, total, "the cluster", need=need)
+    return Backend("ray", workers, t.use_gpu, per)
+
+
+def _check_resources(
+    t: Any, per: dict[str, float], total: dict[str, float], where: str, *, need: int | None = None, sized_by_ray: bool = False
+) -> None:
+    """The workers backend.trainer asks for fit ``total``. ``sized_by_ray``: ``total`` is
+    what this machine is known to have before Ray starts; resources it does not size
+    (memory, GPUs where a driver exists) are left to Ray."""
+    if need is None:
+        need = t.min_workers or t.num_workers or 1
     for key, amount in per.items():
+        if sized_by_ray and key not in total and key in ("memory", "object_store_memory", "GPU"):
+            continue
         have = total.get(key, 0.0)
         if amount * need > have:
+            fix = "lower backend.trainer.num_workers" + (" (or min_workers)" if t.min_workers else "")
+            if key == "GPU":
+                fix += " or set backend.trainer.use_gpu: false"
+            elif key not in ("CPU", "GPU"):
+                fix = f"remove {key!r} from backend.trainer.resources_per_worker, or run on a cluster that has it"
             raise ConfigError(
                 f"backend.trainer asks for {need} workers x {key}: {amount:g} = {amount * need:g} {key}, "
-                f"but the cluster has {have:g}; lower backend.trainer.num_workers"
-                + (" or set backend.trainer.use_gpu: false" if key == "GPU" else "")
+                f"but {where} has {have:g}; {fix}"
             )
-    return Backend("ray", workers, t.use_gpu, per)
 
 
 @dataclass
@@ -130,12 +150,14 @@ def _prepare(config: ModelConfig, dataset: str) -> Prepared:
     train_idx, val_idx, test_idx = split_rows(len(df), probs, config.trainer.seed)
     train_df = df.iloc[train_idx]
     meta = fit_metadata(train_df, config)
-    train, _ = transform(train_df, config, meta, with_outputs=True)
-    if len(next(iter(train.values()))) == 0:
-        raise ConfigError(f"dataset {dataset!r}: no training rows are left after preprocessing (drop_row strategies)")
-    val = transform(df.iloc[val_idx], config, meta, with_outputs=True)[0] if len(val_idx) else None
-    test = transform(df.iloc[test_idx], config, meta, with_outputs=True)[0] if len(test_idx) else None
-    return Prepared(config, meta, train, val, test, df.iloc[test_idx] if len(test_idx) else None)
+    splits = {
+        name: transform(df.iloc[idx], config, meta, with_outputs=True)[0]
+        for name, idx in (("train", train_idx), ("validation", val_idx), ("test", test_idx))
+    }
+    kept = {name: len(next(iter(arrays.values()))) for name, arrays in splits.items()}
+    check_split_rows(dataset, len(df), kept, probs)
+    train, val, test = (splits[k] if kept[k] else None for k in ("train", "validation", "test"))
+    return Prepared(config, meta, train, val, test, df.iloc[test_idx] if kept["test"] else None)
 
 
 def new_output_dir(path: str) -> str:
@@ -194,6 +216,19 @@ def train(
         f.write(render_config(config))
     assert result.checkpoint is not None, "every epoch reports a checkpoint"
     best = result.checkpoint.load()["best"]
+    if best["state"] is None:  # no epoch had a finite loss
+        last = result.metrics_history[-1] if result.metrics_history else {}
+        raise TrainingDivergedError(
+            f"training diverged: the {'validation' if 'validation_loss' in last else 'training'} loss "
+            f"was NaN or infinite from epoch {last.get('epoch', 0)} on, so there is no model to save "
+            f"(the run is in {out}). Lower trainer.learning_rate (it was "
+            f"{loop_config['learning_rate']:g}), or check the data for extreme values."
+        )
+    if result.metrics_history and result.metrics_history[-1].get("diverged"):
+        log.warning(
+            "training diverged at epoch %s (loss NaN or infinite) and stopped; the model saved is "
+            "the one of epoch %s, the best before it", result.metrics_history[-1].get("epoch"), best["epoch"],
+        )
     model_dir = os.path.join(out, "model")
     save_model(model_dir, config, prepared.meta, best["state"])
     evaluation: dict[str, Any] = {"best_epoch": best["epoch"], "epochs_run": len(result.metrics_history)}
@@ -256,33 +291,62 @@ def _plot_learning_curves(history: list[dict[str, Any]], path: str) -> None:
 def predict(model_path: str, dataset: str, output: str | None) -> pd.DataFrame:
     from raylight.declarative.train import load_model
 
+    if output:
+        check_output_file(output, "--output", FRAME_FORMATS)
     model = load_model(model_path)
-    frame = model.predict(read_pandas(dataset))
+    frame = model.predict(read_pandas(dataset), source=dataset)
     if output:
         write_frame(frame, output)
     return frame
 
 
+FRAME_FORMATS = (".csv", ".parquet", ".jsonl")
+
+
+def check_output_file(path: str, option: str, suffixes: tuple[str, ...] | None = None) -> None:
+    """Before any work: ``path`` can be written as a new file (its directory exists, it
+    is not a directory itself, its suffix names a format we write)."""
+    if suffixes is not None and not path.lower().endswith(suffixes):
+        raise ConfigError(f"{option} {path!r}: use a file ending in {', '.join(suffixes[:-1])} or {suffixes[-1]}")
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ConfigError(f"{option} {path!r} is a directory; give a file name")
+    if not os.path.isdir(parent):
+        what = "is a file" if os.path.exists(parent) else "does not exist"
+        raise ConfigError(f"{option} {path!r}: its directory {parent!r} {what}; create it or choose another path")
+    if not os.access(parent, os.W_OK):
+        raise ConfigError(f"{option} {path!r}: its directory {parent!r} is not writable")
+
+
 def evaluate(model_path: str, dataset: str) -> dict[str, float]:
     from raylight.declarative.train import load_model
 
-    return load_model(model_path).evaluate(read_pandas(dataset))
+    return load_model(model_path).evaluate(read_pandas(dataset), source=dataset)
 
 
 def write_frame(frame: pd.DataFrame, path: str) -> None:
+    """Write ``frame`` whole or not at all (a temporary file renamed into place)."""
+    check_output_file(path, "--output", FRAME_FORMATS)
     lower = path.lower()
-    if lower.endswith(".csv"):
-        frame.to_csv(path, index=False)
-    elif lower.endswith(".parquet"):
-        frame.to_parquet(path, index=False)
-    elif lower.endswith(".jsonl"):
-        frame.to_json(path, orient="records", lines=True)
-    else:
-        raise ConfigError(f"--output {path!r}: use a file ending in .csv, .parquet or .jsonl")
+    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".tmp-{os.getpid()}-{os.path.basename(path)}")
+    try:
+        if lower.endswith(".csv"):
+            frame.to_csv(tmp, index=False)
+        elif lower.endswith(".parquet"):
+            frame.to_parquet(tmp, index=False)
+        else:
+            frame.to_json(tmp, orient="records", lines=True)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
-def init_config(dataset: str, target: str) -> dict[str, Any]:
-    """A config whose feature types are inferred from the data."""
+def init_config(dataset: str, target: str, output: str | None = None) -> dict[str, Any]:
+    """A config whose feature types are inferred from the data (checking first that
+    ``output``, where it will be written, can be)."""
+    if output:
+        check_output_file(output, "--output")
     df = read_pandas(dataset)
     if target not in df.columns:
         raise ConfigError(f"--target {target!r} is not a column of {dataset!r}; columns: {list(df.columns)}")

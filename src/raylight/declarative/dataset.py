@@ -1,4 +1,9 @@
-"""Reading tabular datasets: CSV, Parquet, JSON lines; local paths, globs, fsspec URIs."""
+"""Reading tabular datasets: CSV, Parquet, JSON lines; local paths, globs, fsspec URIs.
+
+Every way a file can be unreadable (missing, a directory, permissions, not UTF-8,
+ragged rows, corrupt Parquet, malformed JSON, no rows) is a ``ConfigError`` that names
+the file and what to do.
+"""
 
 from __future__ import annotations
 
@@ -26,25 +31,62 @@ def expand(path: str) -> list[str]:
     matches = fs.glob(path) if any(c in path for c in "*?[") else ([path] if fs.exists(path) else [])
     if not matches:
         raise ConfigError(f"dataset {path!r} does not exist (no file matches); check the path")
+    fmt = dataset_format(path)
+    files = []
+    for match in matches:
+        if not fs.isdir(match):
+            files.append(match)
+            continue
+        inside = sorted(fs.glob(f"{match.rstrip('/')}/*.parquet")) if fmt == "parquet" else []
+        if not inside:  # a directory of Parquet parts (Spark, Ray Data) is read whole
+            raise ConfigError(
+                f"dataset {match!r} is a directory; pass a file, or a glob of files such as "
+                f"'{match.rstrip('/')}/*.{'jsonl' if fmt == 'json' else fmt}'"
+            )
+        files += inside
+    matches = files
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     if protocol in ("file", "local"):
         return sorted(matches)
     return sorted(m if "://" in m else f"{protocol}://{m}" for m in matches)
 
 
+def _fix(fmt: str) -> str:
+    return {
+        "csv": "it must be UTF-8 CSV with a header row and the same number of fields on every row",
+        "parquet": "it must be a Parquet file (written by pandas, pyarrow, Spark, ...)",
+        "json": "it must hold one JSON object per line (JSON lines)",
+    }[fmt]
+
+
+def _read_one(uri: str, fmt: str) -> pd.DataFrame:
+    import pyarrow
+
+    try:
+        with fsspec.open(uri, "rb") as f:
+            if fmt == "csv":
+                return pd.read_csv(f, encoding="utf-8")
+            if fmt == "parquet":
+                return pd.read_parquet(f)
+            frame = pd.read_json(f, lines=True)
+            return frame if isinstance(frame, pd.DataFrame) else pd.DataFrame(frame)
+    except PermissionError:
+        raise ConfigError(f"dataset {uri!r} cannot be read: permission denied") from None
+    except pd.errors.EmptyDataError:
+        raise ConfigError(f"dataset {uri!r} is empty: it has no header and no rows") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"dataset {uri!r} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    except (pd.errors.ParserError, pyarrow.ArrowException, ValueError, OSError) as exc:
+        problem = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise ConfigError(f"dataset {uri!r} cannot be read as {fmt}: {problem}; {_fix(fmt)}") from None
+
+
 def read_pandas(path: str) -> pd.DataFrame:
     """Read all files of ``path`` into one DataFrame (the local backend)."""
     fmt = dataset_format(path)
-    frames = []
-    for uri in expand(path):
-        with fsspec.open(uri, "rb") as f:
-            if fmt == "csv":
-                frames.append(pd.read_csv(f))
-            elif fmt == "parquet":
-                frames.append(pd.read_parquet(f))
-            else:
-                frames.append(pd.read_json(f, lines=True))
+    frames = [_read_one(uri, fmt) for uri in expand(path)]
     df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     if len(df) == 0:
         raise ConfigError(f"dataset {path!r} is empty: it has no rows")
+    df.columns = [str(c) for c in df.columns]
     return df

@@ -48,6 +48,42 @@ def non_numeric(kind: str, feat: Any, examples: list[str], where: str = "") -> C
     )
 
 
+def non_finite(kind: str, feat: Any, where: str = "") -> ConfigError:
+    return ConfigError(
+        f"column {feat.col!r} ({kind} {feat.name!r}, type number) holds infinite values{where}; "
+        "replace them with finite numbers, or leave the cells empty to treat them as missing"
+    )
+
+
+def no_statistics(feat: Any, what: str) -> ConfigError:
+    return ConfigError(
+        f"column {feat.col!r} (feature {feat.name!r}) has no finite values in the training "
+        f"split, so its {what} cannot be computed; fill the column or drop the feature"
+    )
+
+
+def finite_stats(feat: Any, mean: float, std: float, low: float, high: float) -> dict[str, float]:
+    """A number feature's statistics, checked finite; a constant column scales by 1."""
+    if not all(np.isfinite(v) for v in (mean, low, high)):
+        raise no_statistics(feat, "mean and range")
+    std = std if np.isfinite(std) and std > 0 else 1.0
+    span = high - low if np.isfinite(high - low) and high > low else 1.0
+    return {"mean": float(mean), "std": float(std), "min": float(low), "span": float(span)}
+
+
+def check_split_rows(source: str, rows: int, kept: dict[str, int], probabilities: tuple[float, float, float]) -> None:
+    """Every split with a non-zero fraction keeps at least one row after drop_row."""
+    empty = [name for (name, n), p in zip(kept.items(), probabilities, strict=True) if p > 0 and n == 0]
+    if empty:
+        counts = ", ".join(f"{k} {v}" for k, v in kept.items())
+        raise ConfigError(
+            f"dataset {source!r}: the {' and '.join(empty)} split{'s are' if len(empty) > 1 else ' is'} "
+            f"empty ({rows} rows, after preprocessing and drop_row strategies: {counts}); use more "
+            "data, give the split a larger fraction (preprocessing.split.probabilities), set its "
+            "fraction to 0, or fill missing values instead of dropping rows"
+        )
+
+
 def check_classes(out: Any, classes: list[Any], source: str) -> None:
     """A classifier's target needs two classes; a binary one at most two."""
     if out.type not in ("binary", "category"):
@@ -74,10 +110,14 @@ def check_columns(df: pd.DataFrame, config: ModelConfig, *, with_outputs: bool, 
         if col.isna().all():
             raise all_null(feat, source)
         if feat.type == "number":
-            bad = col[pd.to_numeric(col, errors="coerce").isna() & col.notna()]
+            values = pd.to_numeric(col, errors="coerce")
+            bad = col[values.isna() & col.notna()]
             if len(bad):
                 examples = bad.astype(str).unique()[:3].tolist()
                 raise non_numeric(kind, feat, examples, f" (first at row {bad.index[0]})")
+            infinite = values[np.isinf(values.astype(float))]
+            if len(infinite):
+                raise non_finite(kind, feat, f" (first at row {infinite.index[0]})")
 
 
 def check_target(df: pd.DataFrame, config: ModelConfig, source: str) -> None:
@@ -98,9 +138,9 @@ def fit_metadata(df: pd.DataFrame, config: ModelConfig) -> dict[str, Any]:
         col = df[feat.col]
         if feat.type == "number":
             values = pd.to_numeric(col, errors="coerce").dropna().astype(float)
-            std = float(values.std(ddof=0)) or 1.0
-            span = float(values.max() - values.min()) or 1.0
-            meta[feat.name] = {"mean": float(values.mean()), "std": std, "min": float(values.min()), "span": span}
+            meta[feat.name] = finite_stats(
+                feat, float(values.mean()), float(values.std(ddof=0)), float(values.min()), float(values.max())
+            )
         elif feat.type == "category":
             cp = feat.preprocessing
             counts = Counter(col.dropna().astype(str))
@@ -121,7 +161,8 @@ def fit_metadata(df: pd.DataFrame, config: ModelConfig) -> dict[str, Any]:
         meta[out.name] = {}
     else:
         values = pd.to_numeric(col, errors="coerce").dropna().astype(float)
-        meta[out.name] = {"mean": float(values.mean()), "std": float(values.std(ddof=0)) or 1.0}
+        stats = finite_stats(out, float(values.mean()), float(values.std(ddof=0)), float(values.min()), float(values.max()))
+        meta[out.name] = {"mean": stats["mean"], "std": stats["std"]}
     return meta
 
 

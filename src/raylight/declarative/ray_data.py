@@ -25,7 +25,11 @@ from raylight.declarative.preprocess import (
     UNK,
     all_null,
     check_classes,
+    check_split_rows,
+    finite_stats,
     missing_column,
+    no_statistics,
+    non_finite,
     non_numeric,
     tokenize,
     transform,
@@ -51,17 +55,20 @@ def _read(path: str) -> Any:
 
 
 def _summary(df: pd.DataFrame, config: ModelConfig) -> pd.DataFrame:
-    """Per block: rows, non-null counts, non-numeric values in number columns (one example)."""
+    """Per block: rows, non-null counts, non-numeric values in number columns (one
+    example) and infinite ones (inputs and a number target alike)."""
     row: dict[str, Any] = {"rows": len(df)}
     for feat in (*config.input_features, *config.output_features):
         col = df[feat.col]
         row[f"notnull:{feat.col}"] = int(col.notna().sum())
-        if feat.type == "number" and feat in config.input_features:
+        if feat.type == "number":
             # Ray Data reads a CSV column holding text as strings, with "" for missing values.
             present = col.notna() & (col.astype(str).str.strip() != "")
-            bad = col[pd.to_numeric(col.astype(object), errors="coerce").isna() & present]
+            values = pd.to_numeric(col.astype(object), errors="coerce")
+            bad = col[values.isna() & present]
             row[f"bad:{feat.col}"] = len(bad)
             row[f"example:{feat.col}"] = str(bad.iloc[0]) if len(bad) else ""
+            row[f"inf:{feat.col}"] = int(np.isinf(values.astype(float)).sum())
     return pd.DataFrame([row])
 
 
@@ -84,11 +91,14 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
     if rows == 0:
         raise ConfigError(f"dataset {dataset!r} is empty: it has no rows")
     for feat in (*config.input_features, *config.output_features):
+        kind = "input_features" if feat in config.input_features else "output_features"
         if int(summary[f"notnull:{feat.col}"].sum()) == 0:
             raise all_null(feat, dataset)
         if f"bad:{feat.col}" in summary and int(summary[f"bad:{feat.col}"].sum()):
             examples = [e for e in summary[f"example:{feat.col}"] if e][:3]
-            raise non_numeric("input_features", feat, examples)
+            raise non_numeric(kind, feat, examples)
+        if f"inf:{feat.col}" in summary and int(summary[f"inf:{feat.col}"].sum()):
+            raise non_finite(kind, feat)
     out = config.output_features[0]
     if out.type in ("binary", "category"):
         classes = [c for c in ds.unique(out.col) if c is not None and not (isinstance(c, float) and np.isnan(c))]
@@ -104,7 +114,9 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
     def refs(part: Any) -> BlockRefs | None:
         return _block_refs(part.map_batches(to_arrays, batch_format="pandas").materialize())
 
-    return {"meta": meta, "train": refs(train), "validation": refs(val), "test": refs(test)}
+    splits = {"train": refs(train), "validation": refs(val), "test": refs(test)}
+    check_split_rows(dataset, rows, {k: len(v) if v is not None else 0 for k, v in splits.items()}, p)
+    return {"meta": meta, **splits}
 
 
 def _fit_metadata(train: Any, config: ModelConfig) -> dict[str, Any]:
@@ -122,11 +134,15 @@ def _fit_metadata(train: Any, config: ModelConfig) -> dict[str, Any]:
         aggs: list[Any] = [a(c, ignore_nulls=True) for c in number_cols for a in (Mean, Min, Max)]
         aggs += [Std(c, ddof=0, ignore_nulls=True) for c in number_cols]
         stats = cast.aggregate(*aggs)
+    def number(feat: Any) -> dict[str, float]:
+        values = [stats.get(f"{agg}({feat.col})") for agg in ("mean", "std", "min", "max")]
+        if any(v is None for v in values):  # no values in the training split
+            raise no_statistics(feat, "mean and range")
+        return finite_stats(feat, *(float(v) for v in values))
+
     for feat in config.input_features:
         if feat.type == "number":
-            std = float(stats[f"std({feat.col})"] or 1.0) or 1.0
-            span = float(stats[f"max({feat.col})"] - stats[f"min({feat.col})"]) or 1.0
-            meta[feat.name] = {"mean": float(stats[f"mean({feat.col})"]), "std": std, "min": float(stats[f"min({feat.col})"]), "span": span}
+            meta[feat.name] = number(feat)
         elif feat.type == "category":
             counts = train.groupby(feat.col).aggregate(Count()).to_pandas()
             counts = counts[counts[feat.col].notna()].sort_values("count()", ascending=False)
@@ -150,7 +166,8 @@ def _fit_metadata(train: Any, config: ModelConfig) -> dict[str, Any]:
     elif out.type == "binary":
         meta[out.name] = {}
     else:
-        meta[out.name] = {"mean": float(stats[f"mean({out.col})"]), "std": float(stats[f"std({out.col})"] or 1.0) or 1.0}
+        target = number(out)
+        meta[out.name] = {"mean": target["mean"], "std": target["std"]}
     return meta
 
 

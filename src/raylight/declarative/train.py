@@ -153,11 +153,16 @@ def declarative_loop(ctx: Any, config: dict[str, Any]) -> None:
             metric = train_loss
         if metric < best["metric"]:
             best = {"metric": metric, "epoch": epoch, "state": {k: v.detach().cpu().clone() for k, v in ctx.unwrap_model(model).state_dict().items()}}
-        stop = cfg.trainer.early_stop >= 0 and epoch - best["epoch"] >= cfg.trainer.early_stop
+        diverged = not math.isfinite(metric)  # NaN or inf: training cannot recover from it
+        stop = diverged or (cfg.trainer.early_stop >= 0 and epoch - best["epoch"] >= cfg.trainer.early_stop)
         report["early_stop"] = stop
+        report["diverged"] = diverged
         ctx.report(report, checkpoint={"model": ctx.unwrap_model(model).state_dict(), "opt": opt.state_dict(), "best": best})
         if stop:
             break
+
+
+MODEL_FILE, WEIGHTS_FILE, MODEL_FORMAT = "model.json", "weights.safetensors", 1
 
 
 def save_model(path: str, config: ModelConfig, meta: dict[str, Any], state: dict[str, torch.Tensor]) -> None:
@@ -167,45 +172,100 @@ def save_model(path: str, config: ModelConfig, meta: dict[str, Any], state: dict
     os.makedirs(path, exist_ok=True)
     tmp = os.path.join(path, ".weights.tmp")
     save_file({k: v.contiguous() for k, v in state.items()}, tmp)
-    os.replace(tmp, os.path.join(path, "weights.safetensors"))
+    os.replace(tmp, os.path.join(path, WEIGHTS_FILE))
     with open(os.path.join(path, ".model.json.tmp"), "w") as f:
-        json.dump({"config": config.model_dump(mode="json"), "meta": meta, "format": 1}, f)
-    os.replace(os.path.join(path, ".model.json.tmp"), os.path.join(path, "model.json"))
+        json.dump({"config": config.model_dump(mode="json"), "meta": meta, "format": MODEL_FORMAT}, f)
+    os.replace(os.path.join(path, ".model.json.tmp"), os.path.join(path, MODEL_FILE))
+
+
+def _read_model_json(path: str, damaged: str) -> dict[str, Any]:
+    from raylight.config.loading import read_text_file
+    from raylight.exceptions import ConfigError
+
+    try:
+        saved = json.loads(read_text_file(path, "model file"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path!r} is not valid JSON ({exc}): {damaged}") from None
+    if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict) or not isinstance(saved.get("meta"), dict):
+        raise ConfigError(f"{path!r} lacks its config and preprocessing metadata: {damaged}")
+    return saved
+
+
+def _build_checked(config: ModelConfig, meta: dict[str, Any], model_json: str, damaged: str) -> torch.nn.Module:
+    """The model ``model.json`` describes; its metadata must hold what each feature needs."""
+    from raylight.exceptions import ConfigError
+    from raylight.models import build_model
+
+    try:
+        return build_model(config, meta)
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as exc:
+        raise ConfigError(
+            f"{model_json!r}: its preprocessing metadata does not fit its config "
+            f"({type(exc).__name__}: {exc}): {damaged}"
+        ) from None
+
+
+def _load_weights(model: torch.nn.Module, path: str, damaged: str) -> None:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from raylight.exceptions import ConfigError
+
+    if not os.path.exists(path):
+        raise ConfigError(f"the weights file {path!r} is missing: {damaged}")
+    try:
+        weights = load_file(path)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise ConfigError(f"the weights file {path!r} cannot be read ({exc}): {damaged}") from None
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as exc:
+        first = " ".join(str(exc).split())[:400]
+        raise ConfigError(f"the weights in {path!r} do not fit the model in model.json ({first}): {damaged}") from None
 
 
 class LoadedModel:
     """A trained declarative model: ``predict`` and ``evaluate`` in plain Python, no Ray."""
 
     def __init__(self, path: str) -> None:
-        from safetensors.torch import load_file
-
+        from raylight.config.validation import validate
         from raylight.exceptions import ConfigError
-        from raylight.models import build_model
 
-        model_json = os.path.join(path, "model.json")
+        if not os.path.exists(path):
+            raise ConfigError(f"model path {path!r} does not exist; pass <output-directory>/model of a trained run")
+        if not os.path.isdir(path):
+            raise ConfigError(f"model path {path!r} is a file; pass the model directory, <output-directory>/model")
+        model_json = os.path.join(path, MODEL_FILE)
         if not os.path.exists(model_json):
-            raise ConfigError(f"{path!r} is not a raylight model directory (no model.json); pass <output-directory>/model")
-        with open(model_json) as f:
-            saved = json.load(f)
-        self.config = ModelConfig.model_validate(saved["config"])
+            raise ConfigError(f"{path!r} is not a raylight model directory (no {MODEL_FILE}); pass <output-directory>/model")
+        damaged = f"the model directory {path!r} is damaged or not raylight's; train again, or restore it from the run"
+        saved = _read_model_json(model_json, damaged)
+        fmt = saved.get("format", 1)
+        if fmt != MODEL_FORMAT:
+            raise ConfigError(
+                f"{model_json!r} has format {fmt!r}; this raylight reads format {MODEL_FORMAT} "
+                "(a model written by a newer raylight needs that version)"
+            )
+        self.config = validate(ModelConfig, saved["config"], prefix=f"{MODEL_FILE} config")
         self.meta = saved["meta"]
-        self.model = build_model(self.config, self.meta)
-        self.model.load_state_dict(load_file(os.path.join(path, "weights.safetensors")))
+        self.model = _build_checked(self.config, self.meta, model_json, damaged)
+        _load_weights(self.model, os.path.join(path, WEIGHTS_FILE), damaged)
         self.model.eval()
         self.output = self.config.output_features[0]
 
-    def _arrays(self, df: pd.DataFrame, *, with_outputs: bool) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    def _arrays(self, df: pd.DataFrame, *, with_outputs: bool, source: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
         from raylight.declarative.preprocess import check_columns, transform
 
-        check_columns(df, self.config, with_outputs=with_outputs, source="input")
+        check_columns(df, self.config, with_outputs=with_outputs, source=source)
         return transform(df, self.config, self.meta, with_outputs=with_outputs)
 
-    def predict(self, df: pd.DataFrame) -> pd.DataFrame:
+    def predict(self, df: pd.DataFrame, *, source: str = "input") -> pd.DataFrame:
         """One row per input row, in order: ``<output>_predictions`` and, for
-        classifiers, probabilities. Rows a drop_row strategy rejects get nulls."""
+        classifiers, probabilities. Rows a drop_row strategy rejects get nulls.
+        ``source`` names the data in error messages."""
         from raylight.models import predictions
 
-        arrays, keep = self._arrays(df, with_outputs=False)
+        arrays, keep = self._arrays(df, with_outputs=False, source=source)
         out_name, kind = self.output.name, self.output.type
         result = pd.DataFrame(index=df.index)
         with torch.no_grad():
@@ -231,11 +291,17 @@ class LoadedModel:
                 result[f"{out_name}_probability_{cls}"] = probs
         return result.reset_index(drop=True)
 
-    def evaluate(self, df: pd.DataFrame) -> dict[str, float]:
+    def evaluate(self, df: pd.DataFrame, *, source: str = "input") -> dict[str, float]:
         from raylight.declarative.preprocess import check_target
+        from raylight.exceptions import ConfigError
 
-        check_target(df, self.config, "input")
-        arrays, _ = self._arrays(df, with_outputs=True)
+        arrays, _ = self._arrays(df, with_outputs=True, source=source)  # checks the columns first
+        check_target(df, self.config, source)
+        if len(arrays[self.output.name]) == 0:
+            raise ConfigError(
+                f"no rows to evaluate: every row of the {len(df)} given lacks the target "
+                f"{self.output.col!r} or is dropped by a drop_row strategy"
+            )
         return evaluate_data(self.model, arrays, self.output, self.meta, torch.device("cpu"))
 
 

@@ -15,6 +15,17 @@ from torch import nn
 
 from raylight.config.declarative import ModelConfig
 
+_RESERVED = frozenset(dir(nn.ModuleDict()))  # names a ModuleDict cannot hold as keys
+
+
+def module_key(name: str) -> str:
+    """The ModuleDict key of a feature: its name where torch allows it (so weights files
+    keep their names), else ``~`` + the name with ``%`` and ``.`` escaped. A key of the
+    first kind never starts with ``~``, so no two names share a key."""
+    if name and "." not in name and not name.startswith("~") and name not in _RESERVED:
+        return name
+    return "~" + name.replace("%", "%25").replace(".", "%2E")
+
 
 class DeclarativeModel(nn.Module):
     def __init__(self, config: ModelConfig, meta: dict[str, Any]) -> None:
@@ -24,10 +35,10 @@ class DeclarativeModel(nn.Module):
         width = 0
         for feat in config.input_features:
             if feat.type == "category":
-                self.embeddings[feat.name] = nn.Embedding(len(meta[feat.name]["vocab"]), feat.encoder.embedding_size)
+                self.embeddings[module_key(feat.name)] = nn.Embedding(len(meta[feat.name]["vocab"]), feat.encoder.embedding_size)
                 width += feat.encoder.embedding_size
             elif feat.type == "text":
-                self.embeddings[feat.name] = nn.EmbeddingBag(
+                self.embeddings[module_key(feat.name)] = nn.EmbeddingBag(
                     len(meta[feat.name]["vocab"]), feat.encoder.embedding_size, mode="mean", padding_idx=0
                 )
                 width += feat.encoder.embedding_size
@@ -49,7 +60,7 @@ class DeclarativeModel(nn.Module):
         parts = []
         for name, kind in self.inputs:
             x = batch[name]
-            parts.append(self.embeddings[name](x) if kind in ("category", "text") else x)
+            parts.append(self.embeddings[module_key(name)](x) if kind in ("category", "text") else x)
         out = self.decoder(self.combiner(torch.cat(parts, dim=1)))
         return out if self.output_type == "category" else out.squeeze(1)
 
