@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: run run-digits test lint unit bench bench-adaptive bench-declarative bench-lightning clean
+.PHONY: run run-digits test lint unit bench bench-adaptive bench-declarative bench-lightning bench-adversarial clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,9 @@ bench-adaptive: $(STAMP)
 
 bench-declarative: $(STAMP)
 	$(PY) bench/declarative.py
+
+bench-adversarial: $(STAMP)
+	$(PY) bench/adversarial.py
 
 bench-lightning: $(STAMP)
 	$(PIP) install -q -c constraints.txt -e ".[bench,lightning]"

@@ -1,5 +1,7 @@
 """raylight: simple, efficient, adaptive data-parallel PyTorch training on Ray."""
 
+from typing import TYPE_CHECKING, Any
+
 from raylight.checkpoint import Checkpoint
 from raylight.config import (
     AdaptiveConfig,
@@ -8,7 +10,6 @@ from raylight.config import (
     ScalingConfig,
     TrainerConfig,
 )
-from raylight.context import TrainContext
 from raylight.exceptions import (
     ClusterConnectionError,
     ConfigError,
@@ -22,7 +23,24 @@ from raylight.exceptions import (
     WorkerHangError,
     WorkerStartError,
 )
-from raylight.trainer import Result, Trainer, fit
+
+if TYPE_CHECKING:
+    from raylight.context import TrainContext
+    from raylight.trainer import Result, Trainer, fit
+
+# torch and the engine load on first use, so that `import raylight` (and the CLI's
+# start-up, and its error messages) does not pay seconds for them.
+_LAZY = {"TrainContext": "raylight.context", "Result": "raylight.trainer", "Trainer": "raylight.trainer", "fit": "raylight.trainer"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'raylight' has no attribute {name!r}")
 
 
 def load_model(path: str):

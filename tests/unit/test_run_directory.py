@@ -40,6 +40,14 @@ def _write(rec: RunRecorder, steps, checkpoint_every: int = 1) -> None:
         rec.record(Report({"step": step}, data, time=float(step), seq=step), num_workers=1)
 
 
+def _stopped_run(run, steps, keep: int = 2, failed: bool = True) -> None:
+    """A run that reported ``steps`` (each with a checkpoint), then failed or finished."""
+    rec = _recorder(run, keep=keep)
+    rec.open({}, resume=False)
+    _write(rec, steps)
+    rec.close(RuntimeError("killed") if failed else None)
+
+
 # -- the directory appears when training starts -----------------------------------------
 def test_open_writes_nothing_and_begin_creates_the_run(tmp_path):
     run = tmp_path / "runs" / "r"
@@ -159,10 +167,7 @@ def test_a_recorder_that_lost_its_lease_writes_nothing_more(tmp_path):
 # -- crash debris and atomic commits ----------------------------------------------------
 def test_debris_is_removed_at_the_next_open(tmp_path, caplog):
     run = tmp_path / "r"
-    rec = _recorder(run)
-    rec.open({}, resume=False)
-    _write(rec, [0, 1])
-    rec.close(RuntimeError("killed"))
+    _stopped_run(run, [0, 1])
     ckpts = run / "checkpoints"
     (ckpts / ".tmp-checkpoint_000002-abc").mkdir()  # a commit cut short
     (ckpts / ".tmp-checkpoint_000002-abc" / "state.pt").write_bytes(b"x" * 1000)
@@ -222,10 +227,7 @@ def test_a_delete_cut_short_leaves_no_checkpoint_that_looks_committed(tmp_path, 
 # -- resume survives damage -------------------------------------------------------------
 def test_a_torn_last_metrics_line_is_dropped(tmp_path, caplog):
     run = tmp_path / "r"
-    rec = _recorder(run)
-    rec.open({}, resume=False)
-    _write(rec, [0, 1])
-    rec.close(RuntimeError("killed"))
+    _stopped_run(run, [0, 1])
     with open(run / "metrics.jsonl", "a") as f:
         f.write('{"_report": 2, "step": 2, "lo')  # the driver died mid-append
     again = _recorder(run)
@@ -241,10 +243,7 @@ def test_a_torn_last_metrics_line_is_dropped(tmp_path, caplog):
 
 def test_a_damaged_line_inside_the_history_is_dropped_with_a_warning(tmp_path, caplog):
     run = tmp_path / "r"
-    rec = _recorder(run, keep=5)
-    rec.open({}, resume=False)
-    _write(rec, [0, 1, 2])
-    rec.close()
+    _stopped_run(run, [0, 1, 2], keep=5, failed=False)
     lines = (run / "metrics.jsonl").read_text().splitlines()
     lines[1] = "\x00\x00garbage"
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
@@ -259,10 +258,7 @@ def test_a_damaged_line_inside_the_history_is_dropped_with_a_warning(tmp_path, c
 @pytest.mark.parametrize("damage", ["truncated state", "garbage state", "missing state", "bad meta"])
 def test_a_newest_checkpoint_that_does_not_load_falls_back_to_the_previous(tmp_path, caplog, damage):
     run = tmp_path / "r"
-    rec = _recorder(run, keep=3)
-    rec.open({}, resume=False)
-    _write(rec, [0, 1, 2])
-    rec.close(RuntimeError("killed"))
+    _stopped_run(run, [0, 1, 2], keep=3)
     newest = run / "checkpoints" / "checkpoint_000002"
     if damage == "truncated state":
         data = (newest / "state.pt").read_bytes()
@@ -292,10 +288,7 @@ def test_a_newest_checkpoint_that_does_not_load_falls_back_to_the_previous(tmp_p
 
 def test_no_loadable_checkpoint_resumes_from_the_beginning(tmp_path, caplog):
     run = tmp_path / "r"
-    rec = _recorder(run, keep=1)
-    rec.open({}, resume=False)
-    _write(rec, [0])
-    rec.close(RuntimeError("killed"))
+    _stopped_run(run, [0], keep=1)
     (run / "checkpoints" / "checkpoint_000000" / "state.pt").write_bytes(b"")
     again = _recorder(run, keep=1)
     with caplog.at_level(logging.WARNING, logger="raylight"):
@@ -364,15 +357,14 @@ def test_progress_between_failures_resets_the_back_off(tmp_path):
 # -- resources are checked before the embedded Ray starts -------------------------------
 def test_an_impossible_size_fails_before_ray_starts(tmp_path):
     code = (
-        "import time, ray, raylight; t = time.monotonic()\n"
+        "import ray, raylight\n"
         "try:\n"
         f"    raylight.fit(lambda ctx: None, num_workers=4096, storage_path={str(tmp_path)!r}, progress=False)\n"
         "except raylight.InsufficientResourcesError as e:\n"
-        "    print('ERROR', e); print('STARTED', ray.is_initialized()); print('SECONDS', time.monotonic() - t)\n"
+        "    print('ERROR', e); print('STARTED', ray.is_initialized())\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
     assert "ERROR cannot place the workers: 4096 workers x {CPU: 1} need {CPU: 4096}" in out.stdout, out.stderr
-    assert "STARTED False" in out.stdout and "lower num_workers" in out.stdout
-    assert float(out.stdout.split("SECONDS")[1]) < 2.0
+    assert "STARTED False" in out.stdout and "lower num_workers" in out.stdout  # Ray never started
     assert not os.listdir(tmp_path)

@@ -68,21 +68,12 @@ def test_partial_checkpoint_is_ignored(tmp_path):
     assert Checkpoint(found[0].path).load()["epoch"] == 1
 
 
-def test_existing_run_needs_resume(tmp_path):
+@pytest.mark.parametrize("checkpoint", [True, False], ids=["with a checkpoint", "finished without one"])
+def test_existing_run_needs_resume(tmp_path, checkpoint):
     storage = RunStorage(str(tmp_path / "r"))
     rec = RunRecorder(storage, checkpoints_to_keep=1)
     rec.open({}, resume=False)
-    rec.record(Report({"e": 0}, _state(0.0)), num_workers=1)
-    rec.close()
-    with pytest.raises(ConfigError, match="resume=True"):
-        RunRecorder(storage, checkpoints_to_keep=1).open({}, resume=False)
-
-
-def test_a_finished_run_without_checkpoints_is_kept(tmp_path):
-    storage = RunStorage(str(tmp_path / "r"))
-    rec = RunRecorder(storage, checkpoints_to_keep=1)
-    rec.open({}, resume=False)
-    rec.record(Report({"e": 0}), num_workers=1)
+    rec.record(Report({"e": 0}, _state(0.0) if checkpoint else None), num_workers=1)
     rec.close()
     with pytest.raises(ConfigError, match="resume=True"):
         RunRecorder(storage, checkpoints_to_keep=1).open({}, resume=False)
