@@ -147,9 +147,13 @@ def test_ray_data_rejects_infinite_numbers(ray_cluster, tmp_path):
 def test_ray_data_rejects_a_split_that_drop_row_empties(ray_cluster, tmp_path):
     from tests.declarative_data import frame
 
-    df = frame(n=12)
-    config = RAY_CONFIG.replace("{name: age, type: number}", "{name: age, type: number, preprocessing: {missing_value_strategy: drop_row}}")
+    df = frame(n=12)[["age", "income"]]
     df.loc[1:, "age"] = None
     df.loc[0, "age"] = 30.0  # one row keeps its age
+    config = (  # one input and no vocabularies: the fewest Ray Data stages
+        "input_features: [{name: age, type: number, preprocessing: {missing_value_strategy: drop_row}}]\n"
+        "output_features: [{name: income, type: binary}]\n"
+        "backend: {type: ray, processor: {type: ray_data}, trainer: {num_workers: 1}}\n"
+    )
     text = _ray_data_error(tmp_path, df, config)
     assert "split" in text and "empty" in text and "drop_row" in text

@@ -129,6 +129,7 @@ def test_sigkilled_workers_lose_and_repeat_no_sample(ray_cluster, tmp_path):
         loops.elastic_loop, config=config, num_workers=2, storage_path=str(tmp_path), name="acct",
         max_failures=len(kills), progress=False,
     )
+    assert result.metrics_history, "no report"
     assert result.num_failures == len(kills)
     assert all((tmp_path / f"killed{i}").exists() for i in range(len(kills)))
     epochs = [m for m in result.metrics_history if m.get("kind") == "epoch"]

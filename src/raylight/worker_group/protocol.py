@@ -113,6 +113,9 @@ class WorkerPoll:
     seconds_since_progress: float = 0.0
     error: ErrorInfo | None = None
     adaptive: AdaptiveStats | None = None
+    # False while the worker still joins its process group (the rendezvous, bounded by
+    # worker_start_timeout_s); hang_timeout_s counts from when its loop starts.
+    joined: bool = True
     commit: int = -1  # index of the last checkpoint this worker holds in memory
 
 

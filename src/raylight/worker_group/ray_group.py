@@ -645,6 +645,18 @@ class RayWorkerGroup:
                         **where,
                     )
                 )
+            elif poll.state == "running" and not poll.joined:
+                if poll.seconds_since_progress > self._failure.worker_start_timeout_s:
+                    failures.append(
+                        WorkerFailure(
+                            rank,
+                            "hang",
+                            f"did not join its process group within "
+                            f"FailureConfig.worker_start_timeout_s={self._failure.worker_start_timeout_s:g}s",
+                            seconds_since_progress=poll.seconds_since_progress,
+                            **where,
+                        )
+                    )
             elif poll.state == "running" and poll.seconds_since_progress > self._failure.hang_timeout_s:
                 failures.append(
                     WorkerFailure(

@@ -130,6 +130,7 @@ class RaylightWorker:
         self._progress = Progress()
         self._samples = 0
         self._last_progress = monotonic()
+        self._joined = False  # the loop's process group is formed (see WorkerPoll.joined)
         self._error: ErrorInfo | None = None
         self._store: Any = None
         self._thread: threading.Thread | None = None
@@ -233,6 +234,7 @@ class RaylightWorker:
             target=self._run, args=(fn, config, spec, ckpt), name="raylight-train-loop", daemon=True
         )
         self._state = "running"
+        self._joined = False
         self._thread.start()
 
     def set_plan(self, plan: BatchPlan) -> None:
@@ -255,6 +257,7 @@ class RaylightWorker:
                 reports=reports,
                 progress=self._progress,
                 seconds_since_progress=monotonic() - self._last_progress,
+                joined=self._joined,
                 error=self._error,
                 adaptive=stats,
                 commit=self._commit[0] if self._commit is not None else -1,
@@ -354,6 +357,9 @@ class RaylightWorker:
             )
             self._sync = ctx.sync
             freeze_long_lived("start")
+            with self._lock:  # from here on, silence counts against hang_timeout_s
+                self._joined = True
+                self._last_progress = monotonic()
             call_train_loop(fn, ctx, config)
             with self._lock:
                 self._state = "finished"
