@@ -272,7 +272,7 @@ class FailureConfig(_Model):
         300.0,
         gt=0,
         description="A worker that reports no progress (no batch, report or collective) "
-        "for this long is declared hung.",
+        "for this long, counted from when its loop starts, is declared hung.",
     )
     health_check_timeout_s: float = Field(
         30.0, gt=0, description="A worker that does not answer a health poll in this long is hung."
@@ -291,7 +291,8 @@ class FailureConfig(_Model):
     worker_start_timeout_s: float = Field(
         120.0,
         gt=0,
-        description="How long workers may take to start and join the process group.",
+        description="How long workers may take to start, and to join their process group "
+        "before the loop starts.",
     )
     collective_timeout_s: float = Field(
         1800.0,
