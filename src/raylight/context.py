@@ -8,6 +8,7 @@ driver. It holds no global state: everything a worker needs is on this object.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import numbers
 from collections.abc import Callable, Iterator
@@ -19,13 +20,14 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from raylight._time import wall
+from raylight.adaptive.plan import AdaptiveSpec, BatchPlan
 from raylight.checkpoint import RAYLIGHT_KEY, Checkpoint, serialize_state
 from raylight.data.loader import ElasticLoader, prepare_loader
 from raylight.elastic.optimizer import AdaptiveOptimizer
 from raylight.elastic.state import Accumulator
-from raylight.elastic.sync import StepSync
+from raylight.elastic.sync import ResizeInterrupt, StepSync
 from raylight.strategies import DDPStrategy
-from raylight.worker_group.protocol import AdaptiveSpec, BatchPlan, Report
+from raylight.worker_group.protocol import Report
 
 ReduceOp = Literal["mean", "sum", "max", "min"]
 
@@ -136,7 +138,9 @@ class TrainContext:
         self._plan_given = adaptive is not None and adaptive.plan is not None
         self.sync: StepSync | None = None
         if adaptive is not None or elastic:
-            spec = adaptive or AdaptiveSpec.from_config(None)
+            if adaptive is None:
+                raise ValueError("an elastic worker needs the run's AdaptiveSpec (the driver sends it)")
+            spec = adaptive
             self.sync = StepSync(
                 rank=rank,
                 world_size=world_size,
@@ -354,6 +358,42 @@ class TrainContext:
 
     def __repr__(self) -> str:
         return f"TrainContext(rank={self.rank}, world_size={self.world_size}, device={self.device})"
+
+
+def call_train_loop(fn: Any, ctx: Any, config: dict[str, Any] | None) -> Any:
+    """Call ``fn(ctx, config)``, or ``fn(ctx)`` when it takes one argument."""
+    try:
+        params = inspect.signature(fn).parameters
+        positional = [
+            p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        takes_config = len(positional) >= 2 or any(
+            p.kind == p.VAR_POSITIONAL for p in params.values()
+        )
+    except (TypeError, ValueError):
+        takes_config = True
+    return fn(ctx, config if config is not None else {}) if takes_config else fn(ctx)
+
+
+def run_worker_loop(
+    fn: Any,
+    config: dict[str, Any] | None,
+    *,
+    on_start: Callable[[TrainContext], None] | None = None,
+    **context: Any,
+) -> str:
+    """A worker's entry (the worker group calls it in the loop thread, once the process
+    group is formed): build its TrainContext from ``context`` and run ``fn``. Returns
+    "finished", or "paused" when an elastic resize stopped the loop at a step boundary.
+    ``on_start(ctx)`` runs just before the loop does."""
+    ctx = TrainContext(config=config, **context)
+    if on_start is not None:
+        on_start(ctx)
+    try:
+        call_train_loop(fn, ctx, config)
+    except ResizeInterrupt:
+        return "paused"
+    return "finished"
 
 
 def _raylight_state(checkpoint: Checkpoint | None) -> dict[str, Any]:

@@ -150,89 +150,58 @@ class Trainer:
         embedded: bool,
         resizes: list[dict[str, Any]],
     ) -> int:
-        from raylight.adaptive.engine import AdaptiveEngine, EngineSettings
-        from raylight.controller import Controller, FailurePolicy, State
+        from raylight.context import run_worker_loop
+        from raylight.controller import Controller, FailurePolicy, RunTelemetry, State
         from raylight.plots import plot_adaptive
-        from raylight.worker_group.protocol import AdaptiveSpec
         from raylight.worker_group.ray_group import RayWorkerGroup
 
         cfg = self.config
-        scaling, adaptive = cfg.scaling, cfg.adaptive
-        engine = None
-        spec = None
-        if adaptive is not None or scaling.elastic:
-            engine = AdaptiveEngine(EngineSettings.from_config(scaling, adaptive))
-            if cfg.run.resume and (saved := recorder.engine_state()) is not None:
-                engine.load_state_dict(saved)
-            spec = AdaptiveSpec.from_config(adaptive)
+        adaptive_run = cfg.adaptive is not None or cfg.scaling.elastic
         group = RayWorkerGroup(
             self.train_loop,
             self.train_loop_config,
-            scaling=scaling,
+            entry=run_worker_loop,
+            scaling=cfg.scaling,
             failure=cfg.failure,
             run_name=name,
             embedded=embedded,
-            adaptive=spec,
+            adaptive=adaptive_spec(cfg.adaptive) if adaptive_run else None,
         )
-        num_workers = scaling.min_workers
-        if scaling.elastic:  # start with as many as fit now, within (min, max)
-            num_workers = max(scaling.min_workers, min(scaling.max_workers, group.capacity()))
+        policy: Any = None
 
         def trace(row: dict[str, Any]) -> None:
-            recorder.trace({"time": wall(), **row}, engine.state_dict() if engine else None)
+            recorder.trace({"time": wall(), **row}, policy.state_dict())
 
-        controller = Controller(
-            group=group,
-            recorder=recorder,
-            num_workers=num_workers,
-            failure_policy=FailurePolicy(
-                cfg.failure.max_failures,
-                backoff_s=cfg.failure.restart_backoff_s,
-                backoff_max_s=cfg.failure.restart_backoff_max_s,
-            ),
-            poll_interval_s=cfg.failure.poll_interval_s,
+        telemetry = RunTelemetry(
+            trace=trace if adaptive_run else None,
             on_poll=lambda poll, c: display.update(
-                poll,
-                num_workers=c.num_workers,
-                num_restarts=c.num_restarts,
-                **(engine.display_fields(c.num_workers, c.threads) if engine is not None else {}),
+                poll, num_workers=c.num_workers, num_restarts=c.num_restarts,
+                **policy.display_fields(c.num_workers, c.threads),
             ),
-            engine=engine,
-            elastic=scaling.elastic,
-            min_workers=scaling.min_workers,
-            max_workers=scaling.max_workers,
-            threads_for=self._threads_for,
-            decision_interval_s=adaptive.decision_interval_s if adaptive else 3.0,
-            resize_interval_s=scaling.resize_interval_s,
-            autoscale=scaling.autoscale,
-            resize_in_place=scaling.resize_in_place,
-            trace=trace if engine is not None else None,
+        )
+        policy = build_scaling_policy(cfg, trace=telemetry.trace_row, saved=recorder.engine_state() if cfg.run.resume else None)
+        failure = FailurePolicy(
+            cfg.failure.max_failures, backoff_s=cfg.failure.restart_backoff_s, backoff_max_s=cfg.failure.restart_backoff_max_s
+        )
+        controller = Controller(
+            group=group, recorder=recorder, failure_policy=failure, scaling_policy=policy,
+            telemetry=telemetry, poll_interval_s=cfg.failure.poll_interval_s,
         )
         try:
             controller.run()  # shuts the group down however it ends, Ctrl-C included
         finally:
             resizes.extend(controller.resizes)
-            if engine is not None and (png := plot_adaptive(recorder.trace_rows)) is not None:
+            if adaptive_run and (png := plot_adaptive(recorder.trace_rows)) is not None:
                 recorder.storage.write_bytes("adaptive.png", png)
         if controller.state is State.ERRORED:
             assert controller.error is not None
             raise controller.error
         return controller.num_failures
 
-    def _threads_for(self, num_workers: int) -> int:
-        """torch threads per worker in a layout of ``num_workers``: fixed when set; in an
-        elastic job, the CPUs its largest size reserves, shared by the workers running."""
-        scaling = self.config.scaling
-        if scaling.threads_per_worker is not None or not scaling.elastic:
-            return scaling.worker_threads()
-        budget = scaling.max_workers * scaling.worker_resources().get("CPU", 1.0)
-        return max(1, int(budget // num_workers))
-
     def _fit_in_process(self, recorder: RunRecorder) -> int:
         import torch
 
-        from raylight.context import TrainContext
-        from raylight.worker_group.worker import call_train_loop
+        from raylight.context import TrainContext, call_train_loop
 
         recorder.begin()
         sink = _InProcessSink(recorder)
@@ -269,6 +238,75 @@ class _InProcessSink:
 
     def keep_commit(self, index: int, data: bytes, seq: int) -> None:
         pass
+
+
+def engine_settings(scaling: ScalingConfig, adaptive: AdaptiveConfig | None) -> Any:
+    """The adaptive engine's settings from the run's config (every default's one home is
+    the schema). Without ``adaptive`` (an elastic-only run) the global batch stays fixed,
+    but the throughput model is still fitted, with the schema's profile settings."""
+    from raylight.adaptive.engine import EngineSettings
+
+    a = adaptive or AdaptiveConfig()
+    return EngineSettings(
+        adaptive=adaptive is not None,
+        max_batch_size=a.max_batch_size,
+        local_batch_bounds=a.local_batch_bounds,
+        accumulation=adaptive is not None and a.accumulation,
+        gain_threshold=a.gain_threshold,
+        min_profile_steps=a.min_profile_steps,
+        profile_memory_steps=a.profile_memory_steps,
+        scaling_policy=scaling.scaling_policy,
+        utility_threshold=scaling.utility_threshold,
+        resize_hysteresis=scaling.resize_hysteresis,
+        resize_horizon_s=scaling.resize_horizon_s,
+    )
+
+
+def adaptive_spec(adaptive: AdaptiveConfig | None) -> Any:
+    """What a worker's context needs of the adaptive settings. None (an elastic run
+    without ``adaptive=``): the schema's defaults drive the step sync, and the batch size
+    and LR stay as the user set them."""
+    from raylight.adaptive.plan import AdaptiveSpec
+
+    settings = adaptive or AdaptiveConfig()
+    return AdaptiveSpec(
+        adaptive=adaptive is not None,
+        lr_rule=settings.lr_rule if adaptive else "none",
+        lr_warmup_steps=settings.lr_warmup_steps if adaptive else 0.0,
+        noise_smoothing=settings.noise_smoothing,
+        control_interval_steps=settings.control_interval_steps,
+    )
+
+
+def build_scaling_policy(
+    config: TrainerConfig, *, trace: Callable[[dict[str, Any]], None] | None = None, saved: dict[str, Any] | None = None
+) -> Any:
+    """The run's scaling policy: fixed for a run of one size without ``adaptive=``, else
+    the goodput policy over an adaptive engine (restored from ``saved``, its state in a
+    resumed run's directory)."""
+    from raylight.controller import FixedScalingPolicy, GoodputScalingPolicy, ScalingSettings
+
+    scaling, adaptive = config.scaling, config.adaptive
+    if adaptive is None and not scaling.elastic:
+        return FixedScalingPolicy(scaling.max_workers, scaling.worker_threads())
+    from raylight.adaptive.engine import AdaptiveEngine
+
+    engine = AdaptiveEngine(engine_settings(scaling, adaptive))
+    if saved is not None:
+        engine.load_state_dict(saved)
+    fixed_threads = scaling.threads_per_worker is not None or not scaling.elastic
+    settings = ScalingSettings(
+        elastic=scaling.elastic,
+        min_workers=scaling.min_workers,
+        max_workers=scaling.max_workers,
+        threads_per_worker=scaling.worker_threads(),
+        thread_budget=None if fixed_threads else scaling.max_workers * scaling.worker_resources().get("CPU", 1.0),
+        decision_interval_s=(adaptive or AdaptiveConfig()).decision_interval_s,
+        resize_interval_s=scaling.resize_interval_s,
+        autoscale=scaling.autoscale,
+        resize_in_place=scaling.resize_in_place,
+    )
+    return GoodputScalingPolicy(engine, settings, trace=trace)
 
 
 def _describe(value: Any) -> Any:

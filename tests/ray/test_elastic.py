@@ -142,6 +142,7 @@ def test_elastic_reserve_places_fewer_when_the_cluster_cannot_place_all(ray_clus
     group = RayWorkerGroup(
         loops.elastic_loop,
         {},
+        entry=None,  # never started here
         scaling=ScalingConfig(num_workers=(1, 2)),
         failure=FailureConfig(placement_timeout_s=1.0),
         run_name="reserve",

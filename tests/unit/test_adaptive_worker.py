@@ -4,15 +4,16 @@ import pytest
 import torch
 from torch import nn
 
-from raylight.adaptive.engine import AdaptiveEngine, EngineSettings
+from raylight.adaptive.engine import AdaptiveEngine
 from raylight.adaptive.goodput import PerfParams, predict_step_time
+from raylight.adaptive.plan import AdaptiveStats, BatchPlan
 from raylight.adaptive.policy import Layout
 from raylight.adaptive.profile import StepProfile
 from raylight.config.schema import AdaptiveConfig, ScalingConfig
 from raylight.elastic.optimizer import AdaptiveOptimizer
 from raylight.elastic.state import Accumulator
 from raylight.elastic.sync import ResizeInterrupt, StepSync
-from raylight.worker_group.protocol import AdaptiveStats, BatchPlan
+from raylight.trainer import engine_settings
 
 
 def make_sync(plan=None, rule="adascale", m0=8):
@@ -131,7 +132,7 @@ def profile_for(perf, layouts, steps=10):
 def engine(*, adaptive=True, scaling_policy="goodput"):
     scaling = ScalingConfig(num_workers=(1, 4), scaling_policy=scaling_policy)
     config = AdaptiveConfig(max_batch_size=512, local_batch_bounds=(4, 128), min_profile_steps=3)
-    return AdaptiveEngine(EngineSettings.from_config(scaling, config if adaptive else None))
+    return AdaptiveEngine(engine_settings(scaling, config if adaptive else None))
 
 
 def test_engine_grows_the_batch_under_noise_and_plans_for_a_resize():
@@ -143,13 +144,13 @@ def test_engine_grows_the_batch_under_noise_and_plans_for_a_resize():
     assert "predicted goodput" in eng.last_batch_reason
     resized = eng.plan_for(4, old_workers=2, threads=1)
     assert resized is not None and resized.version == 1 and resized.global_batch(4) >= 16
-    row = eng.trace_row(num_workers=2, threads=1, throughput=100.0)
+    row = eng.trace_row(num_workers=2, threads=1)
     assert row["noise_scale"] == pytest.approx(50.0) and 0 < row["efficiency"] <= 1
     # The steps since the previous row at the running plan, against the prediction.
     assert row["measured_steps"] == 10
     assert row["measured_step_time"] == pytest.approx(float(predict_step_time(perf, 1, 2, 8, 0)))
     assert row["predicted_step_time"] > 0
-    assert "measured_step_time" not in eng.trace_row(num_workers=2, threads=1, throughput=1.0)
+    assert "measured_step_time" not in eng.trace_row(num_workers=2, threads=1)
 
 
 def test_engine_without_adaptive_keeps_the_global_batch():
@@ -162,7 +163,7 @@ def test_engine_without_adaptive_keeps_the_global_batch():
 def test_engine_max_policy_and_state_round_trip():
     eng = engine(scaling_policy="max")
     eng.observe(stats(BatchPlan(8), StepProfile()))
-    decision = eng.decide_layout(current=Layout(2, 1), capacity=3, threads_for={})
+    decision = eng.decide_layout(current=Layout(2, 1), candidates=[Layout(k, 1) for k in (1, 2, 3)])
     assert decision is not None and decision.layout.num_workers == 3
     again = engine()
     again.load_state_dict(eng.state_dict())

@@ -6,9 +6,18 @@ import pickle
 
 import pytest
 
+from raylight.adaptive.plan import BatchPlan
 from raylight.checkpoint import serialize_state
-from raylight.controller import Controller, FailurePolicy, ResizeDecision, State
-from raylight.controller.decisions import ContinueDecision
+from raylight.controller import (
+    Controller,
+    FailurePolicy,
+    FixedScalingPolicy,
+    RequestResources,
+    Resize,
+    RunTelemetry,
+    SetPlan,
+    State,
+)
 from raylight.exceptions import (
     InsufficientResourcesError,
     WorkerDiedError,
@@ -19,7 +28,6 @@ from raylight.exceptions import (
 from raylight.recorder import RunRecorder
 from raylight.storage import RunStorage
 from raylight.worker_group.protocol import (
-    BatchPlan,
     ErrorInfo,
     GroupPoll,
     Report,
@@ -108,13 +116,52 @@ def recorder(tmp_path):
     return rec
 
 
-def make(group, recorder, max_failures=0, n=2, scaling=None):
+class ScriptedPolicy(FixedScalingPolicy):
+    """A fake scaling policy: ``script[i]`` is what its i-th ``decide`` returns; an
+    elastic one accepts down to ``fewest`` workers and resizes to survivors on a loss."""
+
+    def __init__(self, n=2, script=(), *, fewest=None, threads=lambda k: 1, on_lost=False, restart=None):
+        super().__init__(n, 1)
+        self.script = list(script)
+        self._fewest = fewest
+        self._threads_for = threads
+        self._on_lost = on_lost
+        self._restart = restart
+        self.started_sizes: list[int] = []
+        self.observed = 0
+        self.restart_costs: list[float] = []
+
+    def fewest(self, num_workers):
+        return num_workers if self._fewest is None else min(self._fewest, num_workers)
+
+    def restart_size(self, num_workers):
+        return self._restart if self._restart is not None else num_workers
+
+    def threads(self, num_workers):
+        return self._threads_for(num_workers)
+
+    def started(self, num_workers):
+        self.started_sizes.append(num_workers)
+
+    def observe(self, poll):
+        self.observed += 1
+
+    def decide(self, view):
+        return self.script.pop(0) if self.script else []
+
+    def on_lost(self, num_workers, lost):
+        return Resize(num_workers - lost, "lost") if self._on_lost else None
+
+    def record_restart(self, seconds):
+        self.restart_costs.append(seconds)
+
+
+def make(group, recorder, max_failures=0, n=2, policy=None):
     return Controller(
         group=group,
         recorder=recorder,
-        num_workers=n,
         failure_policy=FailurePolicy(max_failures),
-        scaling_policy=scaling,
+        scaling_policy=policy or FixedScalingPolicy(n, 1),
     )
 
 
@@ -218,31 +265,22 @@ def test_root_cause_first():
     assert GroupPoll.root_cause_first([later, first]) == [first, later]
 
 
-class ResizeOnce:
-    def __init__(self, to, after=1):
-        self.to = to
-        self.after = after
-
-    def decide(self, poll, *, num_workers):
-        self.after -= 1
-        if self.after != 0:
-            return ContinueDecision()
-        return ResizeDecision(self.to, "test")
-
-
 def test_resize_in_place_keeps_workers_and_rolls_back_to_the_commit(recorder):
     group = FakeGroup(
         [running(ckpt_report(0)), running(Report({"epoch": 1})), finished(n=3)],
         resize_outcomes=[ResizeOutcome("in_place")],
     )
-    c = make(group, recorder, scaling=ResizeOnce(3, after=2))
+    policy = ScriptedPolicy(2, [[], [Resize(3, "test")]])
+    c = make(group, recorder, policy=policy)
     c.step(), c.step(), c.step()
     assert c.step() is State.RESIZING
+    assert c.phase.resize == Resize(3, "test"), "the pending decision rides in the phase"
     assert c.step() is State.RUNNING
     assert group.resizes == [{"num_workers": 3, "threads": 1, "plan": None, "commit": 0}]
     assert len(group.starts) == 1, "no new group: the survivors kept running"
     assert recorder.history == [{"epoch": 0}], "reports after the commit are rolled back"
     assert c.num_workers == 3 and c.num_failures == 0 and c.num_restarts == 1
+    assert policy.started_sizes == [2, 3]
     assert c.step() is State.FINISHED
 
 
@@ -251,23 +289,27 @@ def test_resize_falls_back_to_the_checkpoint_path(recorder):
         [running(ckpt_report(0)), finished(n=3)],
         resize_outcomes=[ResizeOutcome("fallback", reason="no live worker holds checkpoint 0")],
     )
-    c = make(group, recorder, scaling=ResizeOnce(3))
+    c = make(group, recorder, policy=ScriptedPolicy(2, [[Resize(3, "test")]]))
     c.step(), c.step()
     assert c.step() is State.RESIZING
     assert c.step() is State.SCHEDULING
     assert c.step() is State.RUNNING
     assert group.starts[-1][0] == 3 and group.starts[-1][1].load() == {"epoch": 0}
     assert c.num_failures == 0 and c.num_restarts == 1
-    assert c.resizes == [] and c._watch["kind"] == "checkpoint"
+    assert c.resizes == [] and c.telemetry.watch["kind"] == "checkpoint"
     assert c.step() is State.FINISHED
 
 
-def test_elastic_run_shrinks_in_place_when_a_worker_dies(recorder):
+def test_a_resize_not_in_place_restarts_from_the_checkpoint(recorder):
+    group = FakeGroup([running(ckpt_report(0)), finished(n=3)])
+    c = make(group, recorder, policy=ScriptedPolicy(2, [[Resize(3, "test", in_place=False)]]))
+    c.step(), c.step(), c.step(), c.step()
+    assert c.step() is State.RUNNING and group.resizes == [] and group.starts[-1][0] == 3
+
+
+def test_a_lost_worker_is_a_resize_when_the_policy_says_so(recorder):
     group = FakeGroup([running(ckpt_report(0)), failed("died"), finished(n=1)], resize_outcomes=[ResizeOutcome("in_place")])
-    c = Controller(
-        group=group, recorder=recorder, num_workers=2, failure_policy=FailurePolicy(0),
-        elastic=True, min_workers=1, max_workers=2,
-    )
+    c = make(group, recorder, policy=ScriptedPolicy(2, on_lost=True))
     c.step(), c.step(), c.step()
     assert c.step() is State.RESIZING, "a lost worker in an elastic run is a resize, not a failure"
     assert c.step() is State.RUNNING
@@ -275,26 +317,20 @@ def test_elastic_run_shrinks_in_place_when_a_worker_dies(recorder):
     assert c.step() is State.FINISHED
 
 
-def test_elastic_start_runs_what_the_cluster_places(recorder):
+def test_the_start_runs_what_the_cluster_places(recorder):
     """The start size comes from a view of free resources that can be stale: the group
-    places what it can, down to min_workers, and the run starts at that size."""
+    places what it can, down to the policy's fewest, and the run starts at that size."""
     group = FakeGroup([running(n=2), finished(n=2)], placeable=2)
-    c = Controller(
-        group=group, recorder=recorder, num_workers=3, failure_policy=FailurePolicy(0),
-        elastic=True, min_workers=1, max_workers=4, threads_for=lambda k: 6 // k,
-    )
+    c = make(group, recorder, policy=ScriptedPolicy(3, fewest=1, threads=lambda k: 6 // k))
     c.step()
     assert c.step() is State.RUNNING
     assert group.reserves == [(3, 1)] and group.starts[-1][0] == 2
     assert c.num_workers == 2 and c.threads == 3
 
 
-def test_elastic_start_fails_when_not_even_min_workers_fit(recorder):
+def test_the_start_fails_when_not_even_the_fewest_fit(recorder):
     group = FakeGroup([], placeable=1)
-    c = Controller(
-        group=group, recorder=recorder, num_workers=3, failure_policy=FailurePolicy(0),
-        elastic=True, min_workers=2, max_workers=4,
-    )
+    c = make(group, recorder, policy=ScriptedPolicy(3, fewest=2))
     c.step()
     assert c.step() is State.ERRORED and group.starts == []
     assert isinstance(c.error, InsufficientResourcesError)
@@ -307,15 +343,41 @@ def test_fixed_size_start_reserves_nothing_first(recorder):
     assert group.reserves == [] and group.starts[0][0] == 2
 
 
-def test_resize_never_goes_outside_min_and_max(recorder):
-    group = FakeGroup([running(), finished(n=4)], resize_outcomes=[ResizeOutcome("in_place")])
-    c = Controller(
-        group=group, recorder=recorder, num_workers=2, failure_policy=FailurePolicy(0),
-        scaling_policy=ResizeOnce(16), elastic=True, min_workers=1, max_workers=4,
-    )
+def test_restart_size_comes_from_the_policy(recorder):
+    group = FakeGroup([failed("died"), finished(n=1)])
+    c = make(group, recorder, max_failures=1, policy=ScriptedPolicy(2, restart=1))
+    c.run()
+    assert [n for n, _ in group.starts] == [2, 1]
+
+
+def test_scaling_decisions_are_executed_in_order(recorder):
+    plan = BatchPlan(16, 1, 1)
+    group = FakeGroup([running(), running(), finished()])
+    requested = []
+    group.request_resources = requested.append
+    policy = ScriptedPolicy(2, [[SetPlan(plan, "goodput"), RequestResources(4)], [Resize(2, "already this size")]])
+    c = make(group, recorder, policy=policy)
     c.step(), c.step(), c.step()
-    c.step()
-    assert group.resizes[0]["num_workers"] == 4
+    assert group.plans == [plan] and requested == [4]
+    assert c.step() is State.RUNNING, "a resize to the current size is no resize"
+    assert c.step() is State.FINISHED and policy.observed == 3
+
+
+def test_no_decisions_until_a_resize_has_settled(recorder):
+    """After a resize the policy is not asked again until the first step after it; the
+    time to that step is handed to the policy as the resize's cost."""
+    from raylight.worker_group.protocol import Progress
+
+    first = GroupPoll([WorkerPoll(0, "running", progress=Progress(batches_since_start=1, first_batch_wall=None)), WorkerPoll(1, "running")])
+    group = FakeGroup([running(ckpt_report(0)), running(n=3), first, finished(n=3)], resize_outcomes=[ResizeOutcome("in_place")])
+    policy = ScriptedPolicy(2, [[Resize(3, "grow")], [SetPlan(BatchPlan(4), "x")], [SetPlan(BatchPlan(8), "y")]])
+    c = make(group, recorder, policy=policy)
+    c.step(), c.step(), c.step(), c.step()  # init, schedule, poll (decides), resize
+    c.step()  # a poll with no first step yet: no decision
+    assert group.plans == [] and c.telemetry.awaiting_first_step
+    c.step()  # the first step: the resize is timed and decisions resume
+    assert len(policy.restart_costs) == 1 and group.plans == [BatchPlan(4)]
+    assert c.resizes[0]["from"] == 2 and c.resizes[0]["to"] == 3
 
 
 def test_shutdown_on_driver_interrupt(recorder):
@@ -338,62 +400,23 @@ class Clock:
         return self.now
 
 
-def test_engine_decisions_reach_the_group(recorder):
-    from raylight.adaptive.engine import AdaptiveEngine, EngineSettings
-    from raylight.adaptive.goodput import PerfParams, predict_step_time
-    from raylight.adaptive.profile import StepProfile
-    from raylight.config.schema import AdaptiveConfig, ScalingConfig
-    from raylight.worker_group.protocol import AdaptiveStats
-
-    perf = PerfParams(0.01, 1e-4, 0.05, 0.01, 0.02, 0.005, 1.0)
-    prof = StepProfile()
-    for m in (8, 16):
-        for _ in range(5):
-            prof.add((1, 2, m, 1), optim_time=float(predict_step_time(perf, 1, 2, m, 0)))
-    stats = AdaptiveStats(prof.to_json(), BatchPlan(8), 16, 1.0, 50.0, 1.0, 0.0, 1)
-    poll = GroupPoll([WorkerPoll(0, "running", adaptive=stats), WorkerPoll(1, "running")])
-    group = FakeGroup([poll, running(), running()], capacity=2)
-    requested = []
-    group.request_resources = requested.append
-    eng = AdaptiveEngine(EngineSettings.from_config(ScalingConfig(num_workers=(1, 4), scaling_policy="max"), AdaptiveConfig(max_batch_size=256, local_batch_bounds=(4, 64), min_profile_steps=3)))
-    clock = Clock()
-    trace = []
-    c = Controller(
-        group=group, recorder=recorder, num_workers=2, failure_policy=FailurePolicy(0), engine=eng,
-        elastic=True, min_workers=1, max_workers=4, decision_interval_s=1.0, resize_interval_s=1.0,
-        autoscale=True, trace=trace.append, clock=clock,
-    )
-    c.step(), c.step()
-    clock.now = 5.0
-    assert c.step() is State.RUNNING
-    assert group.plans and group.plans[0].version == 1 and group.plans[0].global_batch(2) > 16
-    assert trace and trace[-1]["decision"] == "batch"
-    assert requested == [4], "more workers would help than fit: ask the autoscaler"
-
-
-def test_trace_rows_report_the_samples_per_second_since_the_previous_row(recorder):
+def test_trace_rows_report_the_samples_per_second_since_the_previous_row():
     """Each row's throughput covers the same interval as its measured step time, not the
     display's 5 s window, which would lag a batch change by 5 s."""
-    from raylight.adaptive.engine import AdaptiveEngine, EngineSettings
-    from raylight.config.schema import AdaptiveConfig, ScalingConfig
     from raylight.worker_group.protocol import Progress
 
     def at(samples):  # both workers at ``samples`` each
         return GroupPoll([WorkerPoll(r, "running", progress=Progress(samples=samples)) for r in range(2)])
 
-    # 100 samples/s in all for 10 s, then 1,000 samples/s.
+    clock, rows = Clock(), []
+    telemetry = RunTelemetry(trace=rows.append, clock=clock)
+    # 100 samples/s in all for 10 s, then 1,000 samples/s; a row every 2 s.
     polls = [at(0), *(at(50 * t) for t in range(1, 11)), *(at(500 + 500 * t) for t in range(1, 6))]
-    group = FakeGroup(polls)
-    eng = AdaptiveEngine(EngineSettings.from_config(ScalingConfig(num_workers=2), AdaptiveConfig()))
-    clock, trace = Clock(), []
-    c = Controller(
-        group=group, recorder=recorder, num_workers=2, failure_policy=FailurePolicy(0), engine=eng,
-        decision_interval_s=2.0, trace=trace.append, clock=clock,
-    )
-    c.step(), c.step(), c.step()  # initialise, schedule, then the first poll at t=0
-    for t in range(1, 16):
+    for t, poll in enumerate(polls):
         clock.now = float(t)
-        c.step()
-    rates = [row["throughput"] for row in trace]
-    assert len(rates) == 7  # rows at t = 2, 4, ..., 14
+        telemetry.observe(poll, 2)
+        if t and t % 2 == 0:
+            telemetry.trace_row({"t": t})
+    rates = [row["throughput"] for row in rows]
+    assert [row["t"] for row in rows] == [2, 4, 6, 8, 10, 12, 14]
     assert rates[1:] == [pytest.approx(100.0)] * 4 + [pytest.approx(1000.0)] * 2  # the new rate at once

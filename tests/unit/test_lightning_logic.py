@@ -19,13 +19,13 @@ from lightning.pytorch.callbacks import EarlyStopping  # noqa: E402
 from torch.utils.data import DataLoader, SequentialSampler, TensorDataset  # noqa: E402
 
 import raylight  # noqa: E402
+from raylight.adaptive.plan import BatchPlan  # noqa: E402
 from raylight.checkpoint import deserialize_state, serialize_state  # noqa: E402
 from raylight.exceptions import ConfigError  # noqa: E402
 from raylight.lightning import AtomicCheckpointIO, RayFSDPStrategy, RaylightEnvironment, RayStrategy  # noqa: E402
 from raylight.lightning._launcher import RayLauncher, recover  # noqa: E402
 from raylight.lightning._worker import collect  # noqa: E402
 from raylight.lightning.adaptive import PlanBatchSampler, lightning_adaptive  # noqa: E402
-from raylight.worker_group.protocol import BatchPlan  # noqa: E402
 
 SRC = pathlib.Path(raylight.__file__).parent
 

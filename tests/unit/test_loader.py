@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset, default_collate
 
+from raylight.adaptive.plan import BatchPlan
 from raylight.data.blocks import BlockDataset
 from raylight.data.loader import ElasticLoader, fetch_batch, micro_batches, move_to_device
-from raylight.worker_group.protocol import BatchPlan
 
 
 class ScheduledSync:

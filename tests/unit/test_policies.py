@@ -60,7 +60,7 @@ def candidates(max_k, threads_for=lambda k: 1):
 
 
 def elastic(**kw):
-    args = dict(min_workers=1, max_workers=8, utility_threshold=0.5, hysteresis=0.1, horizon_s=600)
+    args = dict(utility_threshold=0.5, hysteresis=0.1, horizon_s=600)
     args.update(kw)
     return ElasticPolicy(**args)
 
@@ -82,15 +82,21 @@ def test_shrinks_when_sync_dominates():
     assert d is not None and d.layout.num_workers < 4
 
 
-def test_respects_min_and_max():
-    d = elastic(min_workers=3, max_workers=5, hysteresis=0.0).decide(
-        current=Layout(5, 1), candidates=candidates(8), predict=predictor({1: GROWING_SYNC}), explored={1}, restart_cost_s=0
+def test_chooses_only_among_the_candidates():
+    """The caller bounds the candidates (the run's (min, max) and what fits)."""
+    within = [Layout(k, 1) for k in (3, 4, 5)]
+    d = elastic(hysteresis=0.0).decide(
+        current=Layout(5, 1), candidates=within, predict=predictor({1: GROWING_SYNC}), explored={1}, restart_cost_s=0
     )
-    assert d is not None and d.layout.num_workers == 3, "shrinks as far as min_workers allows"
-    d = elastic(min_workers=1, max_workers=5).decide(
-        current=Layout(2, 1), candidates=candidates(8), predict=predictor({1: CHEAP_SYNC}), explored={1}, restart_cost_s=0
+    assert d is not None and d.layout.num_workers == 3, "shrinks as far as the candidates allow"
+    d = elastic().decide(
+        current=Layout(2, 1), candidates=candidates(5), predict=predictor({1: CHEAP_SYNC}), explored={1}, restart_cost_s=0
     )
     assert d is not None and d.layout.num_workers <= 5
+    d = elastic().decide(
+        current=Layout(6, 1), candidates=candidates(4), predict=predictor({1: CHEAP_SYNC}), explored={1}, restart_cost_s=0
+    )
+    assert d is not None and d.layout.num_workers == 4, "the current layout no longer fits: the largest that does"
 
 
 def test_never_resizes_for_a_gain_smaller_than_the_restart_cost():
@@ -111,7 +117,7 @@ def test_two_cores_fewer_workers_with_more_threads_is_discovered():
     cands = [Layout(1, 2), Layout(2, 1)]
     two_threads = PerfParams(0.004, 2.5e-4, 0.0, 0.0, 0.0, 0.0, 1.0)  # 1.7x faster compute
     one_thread = PerfParams(0.007, 4.3e-4, 0.02, 0.0, 0.02, 0.0, 1.0)
-    policy = elastic(max_workers=2)
+    policy = elastic()
     # Only 1-thread data so far: explore 2 threads once.
     d = policy.decide(current=Layout(2, 1), candidates=cands, predict=predictor({1: one_thread}), explored={1}, restart_cost_s=1.0)
     assert d is not None and d.explore and d.layout == Layout(1, 2)
@@ -148,14 +154,10 @@ def test_engine_refits_the_throughput_model_only_when_the_profile_grew_and_the_f
     REFIT_GROWTH it refines the fit only if it misses a layout's mean by more than
     REFIT_TOLERANCE: not on every poll (each fit costs tens of ms of the driver's CPU)."""
     import raylight.adaptive.engine as engine_mod
-    from raylight.adaptive.engine import (
-        REFIT_GROWTH,
-        REFIT_TOLERANCE,
-        AdaptiveEngine,
-        EngineSettings,
-    )
+    from raylight.adaptive.engine import REFIT_GROWTH, REFIT_TOLERANCE, AdaptiveEngine
     from raylight.adaptive.profile import StepProfile
     from raylight.config.schema import AdaptiveConfig, ScalingConfig
+    from raylight.trainer import engine_settings
 
     fits = []
     real_fit = engine_mod.fit_perf_params
@@ -164,7 +166,7 @@ def test_engine_refits_the_throughput_model_only_when_the_profile_grew_and_the_f
         "fit_perf_params",
         lambda start=None, **obs: fits.append((obs, start)) or real_fit(**obs, start=start),
     )
-    eng = AdaptiveEngine(EngineSettings.from_config(ScalingConfig(num_workers=2), AdaptiveConfig(min_profile_steps=5)))
+    eng = AdaptiveEngine(engine_settings(ScalingConfig(num_workers=2), AdaptiveConfig(min_profile_steps=5)))
 
     def steps(layout, n, slower=1.0):
         prof = StepProfile()
@@ -304,13 +306,14 @@ def test_the_schema_states_the_stall_factor_the_profile_uses():
 def test_engine_prediction_follows_a_machine_that_slows_down(memory):
     """Each step of one layout takes 2x longer from some point on: with a memory the
     predicted step time moves to the new speed; without, it stays near the run's mean."""
-    from raylight.adaptive.engine import AdaptiveEngine, EngineSettings
+    from raylight.adaptive.engine import AdaptiveEngine
     from raylight.adaptive.goodput import predict_step_time
     from raylight.adaptive.profile import StepProfile
     from raylight.config.schema import AdaptiveConfig, ScalingConfig
+    from raylight.trainer import engine_settings
 
     eng = AdaptiveEngine(
-        EngineSettings.from_config(ScalingConfig(num_workers=2), AdaptiveConfig(profile_memory_steps=memory))
+        engine_settings(ScalingConfig(num_workers=2), AdaptiveConfig(profile_memory_steps=memory))
     )
 
     def run(layout, n, scale):

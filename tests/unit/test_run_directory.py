@@ -16,7 +16,7 @@ import torch
 
 import raylight.storage as storage_mod
 from raylight.checkpoint import Checkpoint, serialize_state
-from raylight.controller import Controller, FailurePolicy, State
+from raylight.controller import Controller, FailurePolicy, FixedScalingPolicy, State
 from raylight.exceptions import ConfigError, RunInUseError
 from raylight.lease import RunLease
 from raylight.recorder import RunRecorder, directory_state
@@ -326,7 +326,7 @@ def test_a_deterministic_error_under_unlimited_restarts_backs_off_and_says_so(tm
     group = FakeGroup([error] * 6 + [GroupPoll([WorkerPoll(0, "finished")])])
     waits: list[float] = []
     c = Controller(
-        group=group, recorder=rec, num_workers=2,
+        group=group, recorder=rec, scaling_policy=FixedScalingPolicy(2, 1),
         failure_policy=FailurePolicy(-1, backoff_s=1.0, backoff_max_s=4.0), poll_interval_s=0, sleep=waits.append,
     )
     with caplog.at_level(logging.WARNING, logger="raylight"):
@@ -346,7 +346,7 @@ def test_progress_between_failures_resets_the_back_off(tmp_path):
     group = FakeGroup([error, error, progress, error, GroupPoll([WorkerPoll(0, "finished")])])
     waits: list[float] = []
     c = Controller(
-        group=group, recorder=rec, num_workers=1,
+        group=group, recorder=rec, scaling_policy=FixedScalingPolicy(1, 1),
         failure_policy=FailurePolicy(-1, backoff_s=1.0, backoff_max_s=60.0), poll_interval_s=0, sleep=waits.append,
     )
     c.run()

@@ -11,9 +11,9 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from raylight.adaptive.plan import BatchPlan
 from raylight.elastic.optimizer import AdaptiveOptimizer
 from raylight.elastic.sync import ResizeInterrupt, StepSync
-from raylight.worker_group.protocol import BatchPlan
 
 pytestmark = pytest.mark.timeout(120)
 

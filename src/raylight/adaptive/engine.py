@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -22,23 +22,18 @@ from raylight.adaptive.goodput import (
     predict_step_time,
 )
 from raylight.adaptive.perf_model import fit_error, fit_perf_params
+from raylight.adaptive.plan import AdaptiveStats, BatchPlan
 from raylight.adaptive.policy import BatchSizePolicy, ElasticPolicy, Layout, LayoutDecision
 from raylight.adaptive.profile import StepProfile
-from raylight.worker_group.protocol import AdaptiveStats, BatchPlan
-
-if TYPE_CHECKING:
-    from raylight.config.schema import AdaptiveConfig, ScalingConfig
 
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """What the engine needs of the run's config; built by ``from_config``, so every
-    default has its one home in ``raylight.config.schema``."""
+    """What the engine needs of the run's config; built by the trainer
+    (``trainer.engine_settings``), so every default has its one home in
+    ``raylight.config.schema``."""
 
     adaptive: bool
-    elastic: bool
-    min_workers: int
-    max_workers: int
     max_batch_size: int | None
     local_batch_bounds: tuple[int, int] | None
     accumulation: bool
@@ -50,29 +45,6 @@ class EngineSettings:
     resize_hysteresis: float
     resize_horizon_s: float
 
-    @classmethod
-    def from_config(cls, scaling: ScalingConfig, adaptive: AdaptiveConfig | None) -> EngineSettings:
-        """Without ``adaptive`` (an elastic-only run) the global batch stays fixed, but the
-        throughput model is still fitted, with the schema's profile settings."""
-        from raylight.config.schema import AdaptiveConfig
-
-        a = adaptive or AdaptiveConfig()
-        return cls(
-            adaptive=adaptive is not None,
-            elastic=scaling.elastic,
-            min_workers=scaling.min_workers,
-            max_workers=scaling.max_workers,
-            max_batch_size=a.max_batch_size,
-            local_batch_bounds=a.local_batch_bounds,
-            accumulation=adaptive is not None and a.accumulation,
-            gain_threshold=a.gain_threshold,
-            min_profile_steps=a.min_profile_steps,
-            profile_memory_steps=a.profile_memory_steps,
-            scaling_policy=scaling.scaling_policy,
-            utility_threshold=scaling.utility_threshold,
-            resize_hysteresis=scaling.resize_hysteresis,
-            resize_horizon_s=scaling.resize_horizon_s,
-        )
 
 
 @dataclass
@@ -110,8 +82,6 @@ class AdaptiveEngine:
         self.last_batch_reason = ""
         s = settings
         self.elastic_policy = ElasticPolicy(
-            min_workers=s.min_workers,
-            max_workers=s.max_workers,
             utility_threshold=s.utility_threshold if s.scaling_policy == "goodput" else 0.0,
             hysteresis=s.resize_hysteresis,
             horizon_s=s.resize_horizon_s,
@@ -240,17 +210,15 @@ class AdaptiveEngine:
         steps = plan.accum_steps
         return BatchPlan(max(1, math.ceil(total / (num_workers * (steps + 1)))), steps, version)
 
-    def decide_layout(
-        self, *, current: Layout, capacity: int, threads_for: dict[int, int]
-    ) -> LayoutDecision | None:
-        """``capacity``: how many workers fit now; ``threads_for[K]``: threads per worker
-        in a K-worker layout."""
-        candidates = [Layout(k, threads_for.get(k, current.threads)) for k in range(1, capacity + 1)]
+    def decide_layout(self, *, current: Layout, candidates: list[Layout]) -> LayoutDecision | None:
+        """The layout to run, among ``candidates`` (those the run may take now, within its
+        bounds and what the cluster fits), or None to keep ``current``."""
         if self.settings.scaling_policy == "max":
-            target = min(capacity, self.settings.max_workers)
-            best = Layout(target, threads_for.get(target, current.threads))
-            if target >= self.settings.min_workers and best != current:
-                return LayoutDecision(best, f"policy 'max': {target} workers fit")
+            if not candidates:
+                return None
+            best = max(candidates, key=lambda c: c.num_workers)
+            if best != current:
+                return LayoutDecision(best, f"policy 'max': {best.num_workers} workers fit")
             return None
         return self.elastic_policy.decide(
             current=current,
@@ -273,7 +241,7 @@ class AdaptiveEngine:
             fields["efficiency"] = float(gain(scale, self.grad_params())) / scale
         return fields
 
-    def trace_row(self, *, num_workers: int, threads: int, throughput: float, num_nodes: int = 1) -> dict[str, Any]:
+    def trace_row(self, *, num_workers: int, threads: int, num_nodes: int = 1) -> dict[str, Any]:
         st = self.state
         plan = st.plan
         row: dict[str, Any] = {"workers": num_workers, "threads": threads, "lr_factor": st.lr_factor, "progress": st.progress}
@@ -299,7 +267,6 @@ class AdaptiveEngine:
             if seen is not None and seen.optim_count:
                 row["measured_step_time"] = seen.step_time
                 row["measured_steps"] = seen.optim_count
-        row["throughput"] = throughput
         return row
 
     def state_dict(self) -> dict[str, Any]:

@@ -84,8 +84,11 @@ class ElasticPolicy:
     """Chooses how many workers (and threads each) maximise goodput.
 
     ``predict(layout)`` returns the best goodput the fitted models predict for a layout,
-    or None when no model covers its thread count yet. Rules, in order:
-    - never below ``min_workers`` nor above ``max_workers`` or what fits now;
+    or None when no model covers its thread count yet. ``candidates`` are the layouts the
+    run may take now (the caller bounds them by its (min, max) and what fits). Rules, in
+    order:
+    - only a candidate; when the current layout is not one (the cluster shrank), the
+      largest candidate;
     - explore, once, a layout whose thread count has never been measured, after the
       current layout has been measured;
     - grow only while SPEEDUP(K) / K >= ``utility_threshold`` (SPEEDUP relative to one
@@ -97,16 +100,10 @@ class ElasticPolicy:
     def __init__(
         self,
         *,
-        min_workers: int,
-        max_workers: int,
         utility_threshold: float = 0.5,
         hysteresis: float = 0.1,
         horizon_s: float = 120.0,
     ) -> None:
-        if not 1 <= min_workers <= max_workers:
-            raise ValueError(f"need 1 <= min_workers <= max_workers, got {min_workers}, {max_workers}")
-        self.min_workers = min_workers
-        self.max_workers = max_workers
         self.utility_threshold = utility_threshold
         self.hysteresis = hysteresis
         self.horizon_s = horizon_s
@@ -120,7 +117,7 @@ class ElasticPolicy:
         explored: set[int],
         restart_cost_s: float,
     ) -> LayoutDecision | None:
-        allowed = [c for c in candidates if self.min_workers <= c.num_workers <= self.max_workers]
+        allowed = list(candidates)
         if not allowed:
             return None
         if current not in allowed:  # e.g. the cluster shrank below the current size

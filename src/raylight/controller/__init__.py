@@ -1,22 +1,30 @@
 """Driver-side control plane: the state machine, its decisions and policies."""
 
-from raylight.controller.controller import Controller, State
-from raylight.controller.decisions import (
-    ContinueDecision,
-    RaiseDecision,
-    ResizeDecision,
-    RestartDecision,
+from raylight.controller.controller import Controller, Phase, State
+from raylight.controller.decisions import Raise, RequestResources, Resize, Restart, SetPlan
+from raylight.controller.policies import (
+    FailurePolicy,
+    FixedScalingPolicy,
+    ScalingPolicy,
+    ScalingView,
 )
-from raylight.controller.policies import FailurePolicy, FixedScalingPolicy, ScalingPolicy
+from raylight.controller.scaling import GoodputScalingPolicy, ScalingSettings
+from raylight.controller.telemetry import RunTelemetry
 
 __all__ = [
-    "ContinueDecision",
     "Controller",
     "FailurePolicy",
     "FixedScalingPolicy",
-    "RaiseDecision",
-    "ResizeDecision",
-    "RestartDecision",
+    "GoodputScalingPolicy",
+    "Phase",
+    "Raise",
+    "RequestResources",
+    "Resize",
+    "Restart",
+    "RunTelemetry",
     "ScalingPolicy",
+    "ScalingSettings",
+    "ScalingView",
+    "SetPlan",
     "State",
 ]

@@ -6,19 +6,19 @@ States and transitions (one ``step()`` each)::
                         ^            |
                         |            +-- failure, policy says restart --> RESTARTING
                         +---------------------------------------------------+
-                        |            +-- resize decision, or a lost worker
+                        |            +-- Resize decision, or a lost worker
                         |            |   in an elastic run ---------------> RESIZING
                         |            |       in place: survivors keep running -> RUNNING
-                        +----------------    no live state: from checkpoint --> RESTARTING
+                        +----------------    no live state: from checkpoint --> SCHEDULING
                                      +-- failure, policy says raise ------> ERRORED
 
-With an adaptive engine, each poll also feeds rank 0's measurements to it, and every
-``decision_interval_s`` its batch plan is sent to the workers and, for elastic runs,
-its layout decision starts a resize.
-
-Reports are recorded before failures are judged, so a checkpoint reported just
-before a crash is committed and used by the restart. The controller never imports
-torch or Ray: it sees ``GroupPoll`` data and executes decisions.
+The controller decides nothing itself: the scaling policy chooses every size, thread
+count, batch plan and resource request (``policies.ScalingPolicy``), the failure policy
+what a failure means, and the controller executes their decisions (``decisions``). A
+pending decision rides in the phase (``Phase.resize``, ``Phase.delay_s``), never in side
+fields. Reports are recorded before failures are judged, so a checkpoint reported just
+before a crash is committed and used by the restart. The controller never imports torch
+or Ray: it sees ``GroupPoll`` data.
 """
 
 from __future__ import annotations
@@ -27,17 +27,13 @@ import enum
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from raylight._time import monotonic, wall
-from raylight.adaptive.engine import AdaptiveEngine
-from raylight.adaptive.policy import Layout
-from raylight.adaptive.profile import SampleRate
-from raylight.controller.decisions import (
-    RaiseDecision,
-    ResizeDecision,
-)
-from raylight.controller.policies import FailurePolicy, FixedScalingPolicy, ScalingPolicy
+from raylight.controller.decisions import Raise, RequestResources, Resize, ScalingDecision, SetPlan
+from raylight.controller.policies import FailurePolicy, ScalingPolicy, ScalingView
+from raylight.controller.telemetry import RunTelemetry
 from raylight.exceptions import (
     InsufficientResourcesError,
     RaylightError,
@@ -73,69 +69,64 @@ class State(enum.Enum):
         return self in (State.FINISHED, State.ERRORED)
 
 
+@dataclass(frozen=True)
+class Phase:
+    """Where the controller is, with what it is about to do there."""
+
+    state: State
+    resize: Resize | None = None  # RESIZING: the resize to execute
+    delay_s: float = 0.0  # RESTARTING: the back-off before it
+    decided_at: float = 0.0  # RESIZING: when it was decided (monotonic, wall)
+    decided_wall: float = 0.0
+
+
 class Controller:
     def __init__(
         self,
         *,
         group: WorkerGroup,
         recorder: RunRecorder,
-        num_workers: int,
         failure_policy: FailurePolicy,
-        scaling_policy: ScalingPolicy | None = None,
+        scaling_policy: ScalingPolicy,
+        telemetry: RunTelemetry | None = None,
         poll_interval_s: float = 0.2,
-        on_poll: Callable[[GroupPoll, Controller], None] | None = None,
-        engine: AdaptiveEngine | None = None,
-        elastic: bool = False,
-        min_workers: int | None = None,
-        max_workers: int | None = None,
-        threads_for: Callable[[int], int] | None = None,
-        decision_interval_s: float = 3.0,
-        resize_interval_s: float = 5.0,
-        autoscale: bool = False,
-        resize_in_place: bool = True,
-        trace: Callable[[dict[str, Any]], None] | None = None,
         clock: Callable[[], float] = monotonic,
         sleep: Callable[[float], Any] | None = None,
     ) -> None:
         self.group = group
         self.recorder = recorder
-        self.num_workers = num_workers
         self.failure_policy = failure_policy
-        self.scaling_policy = scaling_policy or FixedScalingPolicy()
+        self.scaling_policy = scaling_policy
+        self.telemetry = telemetry or RunTelemetry(clock=clock)
         self.poll_interval_s = poll_interval_s
-        self.on_poll = on_poll
-        self.state = State.INITIALIZING
+        self.clock = clock
+        self._stop = threading.Event()
+        self.sleep = sleep or self._stop.wait  # interruptible by Ctrl-C
+        self.phase = Phase(State.INITIALIZING)
+        self.num_workers = 0  # of the group running (or about to)
+        self.threads = 1
         self.num_failures = 0
         self.num_restarts = 0
         self.error: RaylightError | None = None
         self.last_failure: WorkerFailure | None = None
-        self._stop = threading.Event()
-        self.engine = engine
-        self.elastic = elastic
-        self.min_workers = min_workers or num_workers
-        self.max_workers = max_workers or num_workers
-        self.threads_for = threads_for or (lambda k: 1)
-        self.threads = self.threads_for(num_workers)
-        self.decision_interval_s = decision_interval_s
-        self.resize_interval_s = resize_interval_s
-        self.autoscale = autoscale
-        self.resize_in_place = resize_in_place
-        self.trace = trace
-        self.clock = clock
-        self.sleep = sleep or self._stop.wait  # interruptible by Ctrl-C
-        self.rate = SampleRate()
-        self._restart_delay = 0.0  # the back-off the failure policy asked for
-        self._in_a_row = 0  # failures since the last new checkpoint
-        self._failed_at: int | None = None  # the last checkpoint when it last failed
-        self._last_message = ""
-        self._same = 0  # the same failure message, in a row
-        self.resizes: list[dict[str, Any]] = []
-        self._pending_resize: tuple[int, str] | None = None  # (workers, reason)
-        self._last_batch_decision = clock()
-        self._last_layout_decision = clock()
-        self._watch: dict[str, Any] | None = None  # a resize waiting for its first step
         self._last_seq = -1  # of the last report recorded
         self._shadow: list[Report] = []  # other ranks' copies of reports not yet recorded
+        # Failures in a row with no new checkpoint, and whether they were the same.
+        self._in_a_row = 0
+        self._failed_at: int | None = None  # the last checkpoint when it last failed
+        self._same = 0
+        self._last_message = ""
+
+    @property
+    def state(self) -> State:
+        return self.phase.state
+
+    @property
+    def resizes(self) -> list[dict[str, Any]]:
+        return self.telemetry.resizes
+
+    def _view(self, poll: GroupPoll) -> ScalingView:
+        return ScalingView(self.clock(), self.num_workers, self.threads, poll, self.group.capacity)
 
     # -- stepping -----------------------------------------------------------------
     def step(self) -> State:
@@ -160,168 +151,99 @@ class Controller:
             self.group.shutdown()
 
     def _initialize(self) -> None:
-        self.state = State.SCHEDULING
+        self.num_workers = self.scaling_policy.start_size(self.group.capacity)
+        self.threads = self.scaling_policy.threads(self.num_workers)
+        self.phase = Phase(State.SCHEDULING)
 
     def _schedule(self) -> None:
+        policy = self.scaling_policy
         try:
-            if self.elastic and self.num_workers > self.min_workers:  # what the cluster places now
-                placed = self.group.reserve(self.num_workers, at_least=self.min_workers)
+            at_least = policy.fewest(self.num_workers)
+            if at_least < self.num_workers:  # what the cluster places now
+                placed = self.group.reserve(self.num_workers, at_least=at_least)
                 if placed != self.num_workers:
                     log.warning("starting %d of %d workers: the cluster placed no more now", placed, self.num_workers)
-                    self.num_workers, self.threads = placed, self.threads_for(placed)
+                    self.num_workers, self.threads = placed, policy.threads(placed)
         except InsufficientResourcesError as exc:
             self._fail(exc)
             return
-        plan = None
-        if self.engine is not None:
-            plan = self.engine.plan_for(self.num_workers, old_workers=self._plan_workers, threads=self.threads)
         try:
             self.group.start(
-                num_workers=self.num_workers, checkpoint=self.recorder.latest, threads=self.threads, plan=plan
+                num_workers=self.num_workers,
+                checkpoint=self.recorder.latest,
+                threads=self.threads,
+                plan=policy.plan(self.num_workers),
             )
         except InsufficientResourcesError as exc:
             self._fail(exc)
             return
         except WorkerStartError as exc:
-            failure = WorkerFailure(rank=-1, kind="error", message=str(exc))
-            self._handle_failure(failure, cause=exc)
+            self._handle_failure(WorkerFailure(rank=-1, kind="error", message=str(exc)), cause=exc)
             return
         try:
             self.recorder.begin()  # the run directory appears now that training starts
         except RaylightError as exc:
             self._fail(exc)
             return
-        self._plan_workers = self.num_workers
-        self.state = State.RUNNING
-
-    _plan_workers = 1  # the size the engine's current plan was made for
+        policy.started(self.num_workers)
+        self.phase = Phase(State.RUNNING)
 
     def _poll(self) -> None:
         poll = self.group.poll()
         self._record(poll)
-        if self.on_poll is not None:
-            self.on_poll(poll, self)
+        if self.telemetry.on_poll is not None:
+            self.telemetry.on_poll(poll, self)
         if poll.failures:
             died = [f for f in poll.failures if f.kind == "died"]
-            if self.elastic and died:
-                alive = self.num_workers - len(died)
+            lost = self.scaling_policy.on_lost(self.num_workers, len(died)) if died else None
+            if lost is not None:
                 log.warning("lost %d worker(s) (%s); continuing elastically", len(died), died[0].message)
-                self._request_resize(max(alive, 1), f"lost {len(died)} worker(s)")
+                self._begin_resize(lost)
                 return
             self._handle_failure(poll.failures[0])
             return
         if poll.finished:
-            if self.engine is not None and self.trace is not None:  # the final state
-                self.trace(self.engine.trace_row(num_workers=self.num_workers, threads=self.threads, throughput=self._row_rate()))
-            self.state = State.FINISHED
+            self.scaling_policy.finish(self._view(poll))
+            self.phase = Phase(State.FINISHED)
             self.group.shutdown()
             return
-        self._decide(poll)
+        if self.telemetry.awaiting_first_step:  # no decisions until a resize has settled
+            return
+        for decision in self.scaling_policy.decide(self._view(poll)):
+            self._execute(decision)
 
-    _spare_ready = False
+    def _execute(self, decision: ScalingDecision) -> None:
+        if isinstance(decision, SetPlan):
+            self.group.set_plan(decision.plan)
+        elif isinstance(decision, RequestResources):
+            self.group.request_resources(decision.num_workers)
+        elif isinstance(decision, Resize) and decision.num_workers != self.num_workers:
+            self._begin_resize(decision)
 
     def _record(self, poll: GroupPoll) -> None:
-        if poll.spare_ready != self._spare_ready:
-            self._spare_ready = poll.spare_ready
-            if poll.spare_ready and self.trace is not None:
-                self.trace({"event": "spare_ready", "workers": self.num_workers})
         for report in poll.reports:
             self.recorder.record(report, num_workers=self.num_workers)
             self._last_seq = max(self._last_seq, report.seq)
         self._shadow = [r for r in (*self._shadow, *poll.shadow_reports) if r.seq > self._last_seq]
-        now = self.clock()
-        rate = self.rate.update(sum(p.progress.samples for p in poll.polls), now)
-        if self._watch is not None:
-            rank0 = next((p for p in poll.polls if p.rank == 0), None)
-            if rank0 is not None and rank0.progress.batches_since_start > 0:
-                # Timed from rank 0's own stamp of its first batch where it has one (wall
-                # clocks: the driver's poll interval does not count); else from this poll.
-                first = rank0.progress.first_batch_wall
-                decided_wall = self._watch.pop("decided_wall", None)
-                stopped_wall = self._watch.pop("stopped_wall", None)
-                stopped_at = self._watch.pop("stopped_at", self._watch["decided_at"])
-                if first is not None and decided_wall is not None:
-                    self._watch["first_step_s"] = max(0.0, first - decided_wall)
-                    self._watch["pause_s"] = max(0.0, first - (stopped_wall or decided_wall))
-                else:
-                    self._watch["first_step_s"] = now - self._watch["decided_at"]
-                    self._watch["pause_s"] = now - stopped_at
-                if self.engine is not None:
-                    self.engine.record_restart(self._watch["first_step_s"])
-                self.resizes.append(self._watch)
-                if self.trace is not None:
-                    self.trace({"event": "resized", **self._watch})
-                self._watch = None
-        if self.engine is None:
-            return
-        for p in poll.polls:
-            if p.rank == 0 and p.adaptive is not None:
-                self.engine.observe(p.adaptive)
-        self._throughput = rate
+        first_step_s = self.telemetry.observe(poll, self.num_workers)
+        if first_step_s is not None:
+            self.scaling_policy.record_restart(first_step_s)
+        self.scaling_policy.observe(poll)
 
-    _throughput = 0.0  # samples/s over the rate's window (seconds)
-    _row_mark: tuple[float, int] | None = None  # (time, samples) at the last trace row
-
-    def _row_rate(self) -> float:
-        """Samples/s since the previous trace row (the window's rate for the first row):
-        what each row reports, for the same interval as its measured step time; the
-        window's rate lags a batch change by its whole width."""
-        now, total = self.clock(), self.rate.total
-        mark, self._row_mark = self._row_mark, (now, total)
-        if mark is None or now <= mark[0]:
-            return self._throughput
-        return (total - mark[1]) / (now - mark[0])
-
-    def _decide(self, poll: GroupPoll) -> None:
-        decision = self.scaling_policy.decide(poll, num_workers=self.num_workers)
-        if isinstance(decision, ResizeDecision) and decision.num_workers != self.num_workers:
-            self._request_resize(decision.num_workers, decision.reason)
-            return
-        engine, now = self.engine, self.clock()
-        if engine is None or self._watch is not None:
-            return
-        if now - self._last_batch_decision >= self.decision_interval_s:
-            self._last_batch_decision = now
-            plan = engine.decide_batch(num_workers=self.num_workers, threads=self.threads)
-            row = engine.trace_row(num_workers=self.num_workers, threads=self.threads, throughput=self._row_rate())
-            if plan is not None:
-                self.group.set_plan(plan)
-                row.update(decision="batch", reason=engine.last_batch_reason)
-            if self.trace is not None:
-                self.trace(row)
-        if self.elastic and now - self._last_layout_decision >= self.resize_interval_s:
-            self._last_layout_decision = now
-            capacity = min(self.group.capacity(), self.max_workers)
-            current = Layout(self.num_workers, self.threads)
-            threads_for = {k: self.threads_for(k) for k in range(1, self.max_workers + 1)}
-            layout = engine.decide_layout(current=current, capacity=capacity, threads_for=threads_for)
-            if self.autoscale and capacity < self.max_workers:
-                wanted = engine.decide_layout(current=current, capacity=self.max_workers, threads_for=threads_for)
-                if wanted is not None and wanted.layout.num_workers > capacity:
-                    self.group.request_resources(wanted.layout.num_workers)
-            if layout is not None and layout.layout != current:
-                self._request_resize(layout.layout.num_workers, layout.reason)
-
-    def _request_resize(self, num_workers: int, reason: str) -> None:
-        target = num_workers
-        if self.elastic:
-            target = max(self.min_workers, min(self.max_workers, num_workers))
-        self._pending_resize = (target, reason)
-        self.state = State.RESIZING
+    # -- resizing -----------------------------------------------------------------
+    def _begin_resize(self, decision: Resize) -> None:
+        self.phase = Phase(State.RESIZING, resize=decision, decided_at=self.clock(), decided_wall=wall())
 
     def _resize(self) -> None:
-        assert self._pending_resize is not None
-        target, reason = self._pending_resize
-        self._pending_resize = None
-        decided_at, decided_wall = self.clock(), wall()
+        phase = self.phase
+        assert phase.resize is not None
+        target, reason = phase.resize.num_workers, phase.resize.reason
         old = self.num_workers
-        threads = self.threads_for(target)
-        plan = None
-        if self.engine is not None:
-            plan = self.engine.plan_for(target, old_workers=self._plan_workers, threads=threads)
+        threads = self.scaling_policy.threads(target)
+        plan = self.scaling_policy.plan(target)
         latest = self.recorder.latest
         commit = int(latest.metadata.get("index", -1)) if latest is not None else -1
-        if self.resize_in_place:
+        if phase.resize.in_place:
             outcome = self.group.resize(num_workers=target, threads=threads, plan=plan, commit=commit)
         else:
             outcome = ResizeOutcome("fallback", reason="resize_in_place is off")
@@ -330,7 +252,7 @@ class Controller:
             self._last_seq = max(self._last_seq, report.seq)
         self._recover_lost_reports([*self._shadow, *outcome.shadow], outcome.adopted, num_workers=old)
         if outcome.kind == "finished":
-            self.state = State.RUNNING  # the next poll sees it finished
+            self.phase = Phase(State.RUNNING)  # the next poll sees it finished
             return
         latest = self.recorder.latest
         self.recorder.rollback()
@@ -341,25 +263,25 @@ class Controller:
             log.warning("resizing in place failed (%s); restarting from the last checkpoint", outcome.reason)
             self.group.shutdown()
             self.num_workers = target
-            self.state = State.SCHEDULING
+            self.phase = Phase(State.SCHEDULING)
             kind = "checkpoint"
         else:
             self.num_workers = self.group.num_workers
-            self._plan_workers = self.num_workers
-            self.state = State.RUNNING
+            self.scaling_policy.started(self.num_workers)
+            self.phase = Phase(State.RUNNING)
         log.info("resized %d -> %d workers (%s): %s", old, self.num_workers if kind == "in_place" else target, kind, reason)
-        self._watch = {
+        self.telemetry.resized({
             "kind": kind,
             "from": old,
             "to": target,
             "reason": reason,
-            "decided_at": decided_at,
+            "decided_at": phase.decided_at,
             "restored_checkpoint": None if latest is None else latest.metadata.get("index"),
-            "stopped_at": outcome.stopped_at if outcome.stopped_at is not None else decided_at,
+            "stopped_at": outcome.stopped_at if outcome.stopped_at is not None else phase.decided_at,
             "phases": {k: round(v, 4) for k, v in outcome.phases.items()},
-            "decided_wall": decided_wall,
-            "stopped_wall": outcome.stopped_wall if outcome.stopped_wall is not None else decided_wall,
-        }
+            "decided_wall": phase.decided_wall,
+            "stopped_wall": outcome.stopped_wall if outcome.stopped_wall is not None else phase.decided_wall,
+        })
 
     def _recover_lost_reports(
         self, shadow: list[Any], adopted: tuple[int, bytes, int] | None, *, num_workers: int
@@ -379,18 +301,17 @@ class Controller:
             self._last_seq = seq
         self._shadow = []
 
+    # -- failures -----------------------------------------------------------------
     def _restart(self) -> None:
         self.group.shutdown()
         self.recorder.rollback()
-        if self._restart_delay > 0:  # resources are free while it waits
-            self.sleep(self._restart_delay)
-            self._restart_delay = 0.0
+        if self.phase.delay_s > 0:  # resources are free while it waits
+            self.sleep(self.phase.delay_s)
         self.num_restarts += 1
-        if self.elastic:  # start with what fits now, within (min, max)
-            self.num_workers = max(self.min_workers, min(self.max_workers, self.num_workers))
-        self.state = State.SCHEDULING
+        self.num_workers = self.scaling_policy.restart_size(self.num_workers)
+        self.threads = self.scaling_policy.threads(self.num_workers)
+        self.phase = Phase(State.SCHEDULING)
 
-    # -- failures -----------------------------------------------------------------
     def _handle_failure(self, failure: WorkerFailure, cause: BaseException | None = None) -> None:
         self.num_failures += 1
         self.last_failure = failure
@@ -401,10 +322,9 @@ class Controller:
         self._same = self._same + 1 if failure.message == self._last_message and self._in_a_row > 1 else 1
         self._last_message = failure.message
         decision = self.failure_policy.decide(failure, num_failures=self.num_failures, in_a_row=self._in_a_row)
-        if isinstance(decision, RaiseDecision):
+        if isinstance(decision, Raise):
             self._fail(self._error_for(failure), cause=cause)
             return
-        self._restart_delay = decision.delay_s
         where = f"checkpoint {resume.metadata.get('index')}" if resume else "the beginning"
         budget = self.failure_policy.max_failures
         wait = ""
@@ -424,13 +344,13 @@ class Controller:
             self.num_failures,
             f"{budget} (without limit)" if budget < 0 else budget,
         )
-        self.state = State.RESTARTING
+        self.phase = Phase(State.RESTARTING, delay_s=decision.delay_s)
 
     def _fail(self, error: RaylightError, cause: BaseException | None = None) -> None:
         if cause is not None and error.__cause__ is None:
             error.__cause__ = cause
         self.error = error
-        self.state = State.ERRORED
+        self.phase = Phase(State.ERRORED)
         self.group.shutdown()
 
     def _error_for(self, failure: WorkerFailure) -> TrainingFailedError:

@@ -1,19 +1,47 @@
-"""Decisions: what a policy returns and the controller alone executes."""
+"""Decisions: what a policy returns and the controller alone executes.
+
+Scaling policies return ``SetPlan``, ``Resize`` and ``RequestResources`` (nothing to do:
+an empty list); the failure policy returns ``Restart`` or ``Raise``. Each is plain data
+that says why, so the controller's log and the trace can tell.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from raylight.worker_group.protocol import WorkerFailure
-
-
-@dataclass(frozen=True)
-class ContinueDecision:
-    """Keep running as is."""
+if TYPE_CHECKING:
+    from raylight.adaptive.plan import BatchPlan
+    from raylight.worker_group.protocol import WorkerFailure
 
 
 @dataclass(frozen=True)
-class RestartDecision:
+class SetPlan:
+    """Send the workers a new batch plan; they switch at the same step boundary."""
+
+    plan: BatchPlan
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Resize:
+    """Run on ``num_workers`` workers from now on: in place (live workers keep the state)
+    when ``in_place``, else from the last committed checkpoint."""
+
+    num_workers: int
+    reason: str = ""
+    in_place: bool = True
+
+
+@dataclass(frozen=True)
+class RequestResources:
+    """Ask an autoscaling cluster for room for ``num_workers`` workers."""
+
+    num_workers: int
+
+
+@dataclass(frozen=True)
+class Restart:
     """Tear the group down and start it again from the last committed checkpoint, after
     ``delay_s`` seconds (a back-off when failures repeat without progress)."""
 
@@ -22,19 +50,11 @@ class RestartDecision:
 
 
 @dataclass(frozen=True)
-class RaiseDecision:
+class Raise:
     """Give up: the failure is final."""
 
     failure: WorkerFailure
 
 
-@dataclass(frozen=True)
-class ResizeDecision:
-    """Run on ``num_workers`` workers from now on (issued by a scaling policy)."""
-
-    num_workers: int
-    reason: str = ""
-
-
-FailureDecision = RestartDecision | RaiseDecision
-ScalingDecision = ContinueDecision | ResizeDecision
+ScalingDecision = SetPlan | Resize | RequestResources
+FailureDecision = Restart | Raise

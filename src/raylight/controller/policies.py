@@ -1,14 +1,23 @@
-"""Policies: plain data in, a decision out. No Ray, no torch."""
+"""Policies: plain data in, a decision out. No Ray, no torch.
+
+``FailurePolicy`` decides what a failure means. A ``ScalingPolicy`` decides every size,
+thread count, batch plan and resource request of a run; the controller asks it and
+executes what it returns. ``FixedScalingPolicy`` is the policy of a run of one fixed size;
+``controller.scaling.GoodputScalingPolicy`` that of adaptive and elastic runs.
+"""
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
+from raylight.adaptive.plan import BatchPlan
 from raylight.controller.decisions import (
-    ContinueDecision,
     FailureDecision,
-    RaiseDecision,
-    RestartDecision,
+    Raise,
+    Resize,
+    Restart,
     ScalingDecision,
 )
 from raylight.worker_group.protocol import GroupPoll, WorkerFailure
@@ -37,16 +46,104 @@ class FailurePolicy:
         """``num_failures`` counts failures so far, this one included; ``in_a_row`` those
         since the last new checkpoint, this one included."""
         if self.max_failures < 0 or num_failures <= self.max_failures:
-            return RestartDecision(failure, delay_s=self.delay(in_a_row))
-        return RaiseDecision(failure)
+            return Restart(failure, delay_s=self.delay(in_a_row))
+        return Raise(failure)
+
+
+@dataclass(frozen=True)
+class ScalingView:
+    """What a scaling policy sees at one poll: the time, the running layout, the poll, and
+    how many workers the cluster could run now (asked only when the policy needs it)."""
+
+    now: float
+    num_workers: int
+    threads: int
+    poll: GroupPoll
+    capacity: Callable[[], int]
 
 
 class ScalingPolicy(Protocol):
-    def decide(self, poll: GroupPoll, *, num_workers: int) -> ScalingDecision: ...
+    """Every sizing decision of a run, in one place."""
+
+    def start_size(self, capacity: Callable[[], int]) -> int:
+        """Workers to start with (``capacity()``: how many the cluster could run now)."""
+
+    def restart_size(self, num_workers: int) -> int:
+        """Workers to restart with after a failure of a group of ``num_workers``."""
+
+    def fewest(self, num_workers: int) -> int:
+        """The fewest workers to accept when ``num_workers`` are asked for and the
+        cluster cannot place them all now."""
+
+    def threads(self, num_workers: int) -> int:
+        """torch threads per worker in a group of ``num_workers``."""
+
+    def plan(self, num_workers: int) -> BatchPlan | None:
+        """The batch plan for a group of ``num_workers`` about to start (None: the
+        workers derive it from their loader)."""
+
+    def started(self, num_workers: int) -> None:
+        """A group of ``num_workers`` runs now, with ``plan(num_workers)``."""
+
+    def observe(self, poll: GroupPoll) -> None:
+        """What this poll measured (every poll, resizing or not)."""
+
+    def decide(self, view: ScalingView) -> list[ScalingDecision]:
+        """What to change now; nothing to change is an empty list."""
+
+    def on_lost(self, num_workers: int, lost: int) -> Resize | None:
+        """``lost`` of ``num_workers`` died: a resize to go on without them, or None (a
+        failure for the failure policy)."""
+
+    def record_restart(self, seconds: float) -> None:
+        """A resize took ``seconds`` from decision to the first step."""
+
+    def finish(self, view: ScalingView) -> None:
+        """The run finished."""
+
+    def display_fields(self, num_workers: int, threads: int) -> dict[str, Any]:
+        """Fields for the progress display."""
 
 
 class FixedScalingPolicy:
-    """Never resizes: the default until the adaptive engine decides sizes."""
+    """A run of ``num_workers`` workers with ``threads`` each, from start to end."""
 
-    def decide(self, poll: GroupPoll, *, num_workers: int) -> ScalingDecision:
-        return ContinueDecision()
+    def __init__(self, num_workers: int, threads: int) -> None:
+        self.num_workers = num_workers
+        self._threads = threads
+
+    def start_size(self, capacity: Callable[[], int]) -> int:
+        return self.num_workers
+
+    def restart_size(self, num_workers: int) -> int:
+        return self.num_workers
+
+    def fewest(self, num_workers: int) -> int:
+        return num_workers
+
+    def threads(self, num_workers: int) -> int:
+        return self._threads
+
+    def plan(self, num_workers: int) -> BatchPlan | None:
+        return None
+
+    def started(self, num_workers: int) -> None:
+        pass
+
+    def observe(self, poll: GroupPoll) -> None:
+        pass
+
+    def decide(self, view: ScalingView) -> list[ScalingDecision]:
+        return []
+
+    def on_lost(self, num_workers: int, lost: int) -> Resize | None:
+        return None
+
+    def record_restart(self, seconds: float) -> None:
+        pass
+
+    def finish(self, view: ScalingView) -> None:
+        pass
+
+    def display_fields(self, num_workers: int, threads: int) -> dict[str, Any]:
+        return {}

@@ -28,7 +28,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
-from raylight.worker_group.protocol import BatchPlan
+from raylight.adaptive.plan import BatchPlan
 
 log = logging.getLogger("raylight")
 

@@ -31,8 +31,8 @@ import torch.distributed as dist
 from raylight.adaptive.goodput import gain
 from raylight.adaptive.lr import LRRule, lr_factor, progress_increment
 from raylight.adaptive.noise import NoiseScaleEstimator
+from raylight.adaptive.plan import AdaptiveStats, BatchPlan
 from raylight.adaptive.profile import StepProfile
-from raylight.worker_group.protocol import AdaptiveStats, BatchPlan
 
 
 class ResizeInterrupt(BaseException):

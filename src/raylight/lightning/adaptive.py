@@ -28,9 +28,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader, Sampler
 
+from raylight.adaptive.plan import BatchPlan
 from raylight.config import AdaptiveConfig
 from raylight.exceptions import ConfigError
-from raylight.worker_group.protocol import BatchPlan
 
 
 def lightning_adaptive(config: AdaptiveConfig | None) -> AdaptiveConfig | None:

@@ -8,66 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from raylight.adaptive.plan import AdaptiveStats, BatchPlan
+
 if TYPE_CHECKING:
     from raylight.checkpoint import Checkpoint
 
 WorkerState = Literal["starting", "running", "finished", "errored", "paused"]
 FailureKind = Literal["error", "died", "hang"]
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    """How each optimizer step is made: ``atomic_bsz`` samples per worker per micro-step,
-    ``accum_steps`` extra micro-steps; ``version`` orders plans (the newest wins)."""
-
-    atomic_bsz: int
-    accum_steps: int = 0
-    version: int = 0
-
-    def global_batch(self, num_replicas: int) -> int:
-        return num_replicas * self.atomic_bsz * (self.accum_steps + 1)
-
-
-@dataclass(frozen=True)
-class AdaptiveSpec:
-    """Adaptive and elastic settings a worker's context needs (from the driver)."""
-
-    adaptive: bool  # batch size and LR follow the plan and the LR rule
-    lr_rule: str
-    lr_warmup_steps: float
-    noise_smoothing: float
-    control_interval_steps: int  # AdaptiveConfig holds the defaults
-    plan: BatchPlan | None = None  # None: derive from the loader's batch_size
-    num_nodes: int = 1
-
-    @classmethod
-    def from_config(cls, config: Any = None) -> AdaptiveSpec:
-        """From an ``AdaptiveConfig``; None (elastic without adaptive=): its defaults drive
-        the step sync, and the batch size and LR stay as the user set them."""
-        from raylight.config import AdaptiveConfig
-
-        settings = config or AdaptiveConfig()
-        return cls(
-            adaptive=config is not None,
-            lr_rule=settings.lr_rule if config else "none",
-            lr_warmup_steps=settings.lr_warmup_steps if config else 0.0,
-            noise_smoothing=settings.noise_smoothing,
-            control_interval_steps=settings.control_interval_steps,
-        )
-
-
-@dataclass(frozen=True)
-class AdaptiveStats:
-    """What rank 0 tells the driver about adaptive training since the last poll."""
-
-    profile: list[list[Any]]  # StepProfile increments, as StepProfile.to_json()
-    plan: BatchPlan
-    init_batch_size: int
-    grad_sqr: float
-    grad_var: float
-    lr_factor: float
-    progress: float
-    threads: int
 
 
 @dataclass(frozen=True)

@@ -34,12 +34,11 @@ from ray.util.scheduling_strategies import (
 )
 
 from raylight._time import monotonic, wall
+from raylight.adaptive.plan import AdaptiveSpec, BatchPlan
 from raylight.config import FailureConfig, ScalingConfig
 from raylight.exceptions import InsufficientResourcesError, WorkerStartError
 from raylight.strategies import build_strategy
 from raylight.worker_group.protocol import (
-    AdaptiveSpec,
-    BatchPlan,
     GroupPoll,
     Report,
     ResizeOutcome,
@@ -169,6 +168,7 @@ class RayWorkerGroup:
         train_loop: Any,
         loop_config: dict[str, Any] | None,
         *,
+        entry: Any,
         scaling: ScalingConfig,
         failure: FailureConfig,
         run_name: str,
@@ -177,6 +177,7 @@ class RayWorkerGroup:
     ) -> None:
         self._fn = train_loop
         self._loop_config = loop_config
+        self._entry = entry  # what runs the loop on a worker (context.run_worker_loop)
         self._scaling = scaling
         self._failure = failure
         self._run_name = run_name
@@ -421,6 +422,7 @@ class RayWorkerGroup:
         starts = []
         for rank, member in enumerate(ordered):
             spec = StartSpec(
+                entry=self._entry,
                 master_addr=master,
                 master_port=port,
                 backend=backend,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gc
 import importlib
-import inspect
 import logging
 import os
 import sys
@@ -20,11 +19,10 @@ from datetime import timedelta
 from typing import Any
 
 from raylight._time import monotonic, wall
+from raylight.adaptive.plan import AdaptiveSpec, BatchPlan
 from raylight.checkpoint import Checkpoint
 from raylight.worker_group.net import interface_for, listen_socket, loopback_interface
 from raylight.worker_group.protocol import (
-    AdaptiveSpec,
-    BatchPlan,
     ErrorInfo,
     Progress,
     Report,
@@ -44,6 +42,7 @@ class RankInfo:
 
 @dataclass(frozen=True)
 class StartSpec:
+    entry: Any  # runs the loop on this worker (context.run_worker_loop): "finished" | "paused"
     master_addr: str
     master_port: int
     backend: str
@@ -76,21 +75,6 @@ def freeze_long_lived(point: str) -> None:
 
 
 _FROZEN: set[str] = set()
-
-
-def call_train_loop(fn: Any, ctx: Any, config: dict[str, Any] | None) -> Any:
-    """Call ``fn(ctx, config)``, or ``fn(ctx)`` when it takes one argument."""
-    try:
-        params = inspect.signature(fn).parameters
-        positional = [
-            p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
-        takes_config = len(positional) >= 2 or any(
-            p.kind == p.VAR_POSITIONAL for p in params.values()
-        )
-    except (TypeError, ValueError):
-        takes_config = True
-    return fn(ctx, config if config is not None else {}) if takes_config else fn(ctx)
 
 
 def error_info(exc: BaseException) -> ErrorInfo:
@@ -226,6 +210,8 @@ class RaylightWorker:
         os.environ["GLOO_SOCKET_IFNAME"] = name
 
     def start(self, fn: Any, config: dict[str, Any] | None, spec: StartSpec, ckpt: bytes | None) -> None:
+        """Run ``spec.entry(fn, config, ...)`` in the loop thread: the entry (raylight's
+        ``context.run_worker_loop``) builds the TrainContext and calls the user's loop."""
         self._last_progress = monotonic()
         self._error = None
         self._progress = replace(self._progress, batches_since_start=0, first_batch_wall=None)
@@ -300,12 +286,18 @@ class RaylightWorker:
         dist.broadcast(buf, src=0)
         return buf.numpy().tobytes()
 
+    def _loop_starts(self, ctx: Any) -> None:
+        """The entry built this worker's context: the process group is formed and the
+        user's loop begins; from here on, silence counts against hang_timeout_s."""
+        self._sync = ctx.sync
+        freeze_long_lived("start")
+        with self._lock:
+            self._joined = True
+            self._last_progress = monotonic()
+
     def _run(self, fn: Any, config: dict[str, Any] | None, spec: StartSpec, ckpt: bytes | None) -> None:
         import torch
         import torch.distributed as dist
-
-        from raylight.context import TrainContext
-        from raylight.elastic.sync import ResizeInterrupt
 
         info = self.info
         try:
@@ -341,7 +333,9 @@ class RaylightWorker:
             checkpoint = None
             if ckpt is not None:
                 checkpoint = Checkpoint(spec.checkpoint_path, metadata=spec.checkpoint_meta, data=ckpt)
-            ctx = TrainContext(
+            ended = spec.entry(
+                fn,
+                config,
                 rank=info.rank,
                 local_rank=info.local_rank,
                 world_size=info.world_size,
@@ -350,22 +344,13 @@ class RaylightWorker:
                 device=device,
                 sink=self,
                 checkpoint=checkpoint,
-                config=config,
                 adaptive=spec.adaptive,
                 elastic=spec.elastic,
                 threads=spec.threads,
+                on_start=self._loop_starts,
             )
-            self._sync = ctx.sync
-            freeze_long_lived("start")
-            with self._lock:  # from here on, silence counts against hang_timeout_s
-                self._joined = True
-                self._last_progress = monotonic()
-            call_train_loop(fn, ctx, config)
             with self._lock:
-                self._state = "finished"
-        except ResizeInterrupt:
-            with self._lock:
-                self._state = "paused"
+                self._state = ended  # "finished", or "paused" by an in-place resize
         except BaseException as exc:
             with self._lock:
                 self._error = error_info(exc)
