@@ -21,11 +21,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from raylight._time import wall
 from raylight.adaptive.plan import AdaptiveSpec, BatchPlan
+from raylight.adaptive_worker.optimizer import AdaptiveOptimizer
+from raylight.adaptive_worker.state import Accumulator
+from raylight.adaptive_worker.sync import ResizeInterrupt, StepSync
 from raylight.checkpoint import RAYLIGHT_KEY, Checkpoint, serialize_state
 from raylight.data.loader import ElasticLoader, prepare_loader
-from raylight.elastic.optimizer import AdaptiveOptimizer
-from raylight.elastic.state import Accumulator
-from raylight.elastic.sync import ResizeInterrupt, StepSync
 from raylight.strategies import DDPStrategy
 from raylight.worker_group.protocol import Report
 

@@ -9,10 +9,10 @@ from raylight.adaptive.goodput import PerfParams, predict_step_time
 from raylight.adaptive.plan import AdaptiveStats, BatchPlan
 from raylight.adaptive.policy import Layout
 from raylight.adaptive.profile import StepProfile
+from raylight.adaptive_worker.optimizer import AdaptiveOptimizer
+from raylight.adaptive_worker.state import Accumulator
+from raylight.adaptive_worker.sync import ResizeInterrupt, StepSync
 from raylight.config.schema import AdaptiveConfig, ScalingConfig
-from raylight.elastic.optimizer import AdaptiveOptimizer
-from raylight.elastic.state import Accumulator
-from raylight.elastic.sync import ResizeInterrupt, StepSync
 from raylight.trainer import engine_settings
 
 
@@ -92,7 +92,7 @@ def test_adam_preconditioning_changes_the_norm():
     plain = sum(float(g.pow(2).sum()) for g in grads)
     assert opt.preconditioned_sqr(grads, params) != pytest.approx(plain)
     # The flat path (several replicas: one preconditioner over the flat gradient) agrees.
-    from raylight.elastic.optimizer import _sqr
+    from raylight.adaptive_worker.optimizer import _sqr
 
     flat = torch.cat([g.reshape(-1) for g in grads])
     assert _sqr(flat, opt._preconditioner(params, torch.float32)) == pytest.approx(
@@ -218,8 +218,8 @@ def test_first_steps_at_a_layout_are_not_profiled(monkeypatch):
     """Each micro-step is timed from one hand-out to the next; the first
     PROFILE_WARMUP_STEPS optimizer steps at a layout (their micro-steps too) pay one-off
     costs and stay out of the profile, again after the batch size changes."""
-    import raylight.elastic.sync as sync_mod
-    from raylight.elastic.sync import PROFILE_WARMUP_STEPS
+    import raylight.adaptive_worker.sync as sync_mod
+    from raylight.adaptive_worker.sync import PROFILE_WARMUP_STEPS
 
     clock = iter(range(1000))
     monkeypatch.setattr(sync_mod.time, "perf_counter", lambda: float(next(clock)))

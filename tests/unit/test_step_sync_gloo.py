@@ -12,8 +12,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from raylight.adaptive.plan import BatchPlan
-from raylight.elastic.optimizer import AdaptiveOptimizer
-from raylight.elastic.sync import ResizeInterrupt, StepSync
+from raylight.adaptive_worker.optimizer import AdaptiveOptimizer
+from raylight.adaptive_worker.sync import ResizeInterrupt, StepSync
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -108,7 +108,7 @@ class ElasticLoader:
         drop_last: bool = False,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         num_workers: int = 0,
-        sync: Any = None,  # raylight.elastic.sync.StepSync
+        sync: Any = None,  # raylight.adaptive_worker.sync.StepSync
         no_sync: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
         on_batch: Callable[[int, int, int, int], None] | None = None,
     ) -> None:

@@ -139,7 +139,7 @@ def run_trial(
     """Run one trial from inside Tune: train, forwarding every report to Tune."""
     from ray import tune
 
-    import raylight
+    from raylight.trainer import Trainer
 
     ctx = tune.get_context()
     storage = trainer_config.run.storage_path or ctx.get_trial_dir()
@@ -150,7 +150,7 @@ def run_trial(
     cfg = trainer_config.model_copy(update={"run": run})
     forward = TuneForwarder()
     try:
-        raylight.Trainer(
+        Trainer(
             train_loop,
             train_loop_config=loop_config,
             config=cfg,

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from raylight.elastic.sync import StepSync
+from raylight.adaptive_worker.sync import StepSync
 
 
 def _is_adam(optimizer: torch.optim.Optimizer) -> bool:
