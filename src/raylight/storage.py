@@ -34,6 +34,7 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,6 +134,45 @@ def replace_dir(tmp: str, final: str) -> None:
     shutil.rmtree(aside)
 
 
+@contextlib.contextmanager
+def atomic_path(path: str) -> Iterator[str]:
+    """A temporary name beside the local file ``path``. When the block ends without an
+    error, the temporary file is fsynced and renamed onto ``path`` (readers see the old
+    file or the whole new one, never a part) and the directory is fsynced; otherwise it
+    is removed. The one home of raylight's atomic local writes."""
+    path = os.fspath(path)
+    parent = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(parent, f"{TMP_PREFIX}{uuid.uuid4().hex[:12]}-{os.path.basename(path)}")
+    try:
+        yield tmp
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        _fsync_dir(parent)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def atomic_write(path: str, data: bytes | str) -> None:
+    """Write the whole local file ``path`` atomically (see ``atomic_path``)."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+
+
+def write_committed(fs: Any, directory: str, files: list[tuple[str, bytes]], marker: tuple[str, bytes]) -> None:
+    """Write ``files`` into ``directory`` on any fsspec filesystem, then ``marker`` last:
+    readers that trust a directory only once its marker exists never see a part of it
+    (each object write is atomic on object stores)."""
+    fs.makedirs(directory, exist_ok=True)
+    for name, data in [*files, marker]:
+        with fs.open(f"{directory}/{name}", "wb") as f:
+            f.write(data)
+
+
 def state_digest(state: bytes) -> dict[str, Any]:
     return {"state_bytes": len(state), "state_sha256": hashlib.sha256(state).hexdigest()}
 
@@ -193,13 +233,7 @@ class RunStorage:
                 f.write(data)
             return
         os.makedirs(parent, exist_ok=True)
-        tmp = f"{parent}/{TMP_PREFIX}{uuid.uuid4().hex}-{path.rsplit('/', 1)[1]}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(parent)
+        atomic_write(path, data)
 
     def write_text(self, rel: str, text: str) -> None:
         self.write_bytes(rel, text.encode())
@@ -247,11 +281,7 @@ class RunStorage:
         else:
             if self.fs.exists(final):
                 self.fs.rm(final, recursive=True)
-            self.fs.makedirs(final, exist_ok=True)
-            with self.fs.open(f"{final}/{STATE_FILE}", "wb") as f:
-                f.write(state)
-            with self.fs.open(f"{final}/{META_FILE}", "wb") as f:  # commit marker, last
-                f.write(meta_bytes)
+            write_committed(self.fs, final, [(STATE_FILE, state)], (META_FILE, meta_bytes))
         return self.uri_of(f"{CHECKPOINTS}/{name}")
 
     def scan_checkpoints(self) -> CheckpointScan:

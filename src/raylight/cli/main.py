@@ -7,7 +7,6 @@ cluster address, resources), 1 failures at run time.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import Annotated
 
@@ -158,10 +157,9 @@ def init_config(
     except RaylightError as exc:
         _fail(exc)
     if output:
-        tmp = f"{output}.tmp-{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, output)
+        from raylight.storage import atomic_write
+
+        atomic_write(output, text)
     else:
         print(text, end="")
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 import io
 import os
 import pickle
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from raylight.storage import atomic_write
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -29,21 +30,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             super().save_checkpoint(checkpoint, path, storage_options)  # remote: fsspec transaction
             return
         path = os.fspath(path)
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         buf = io.BytesIO()
         torch.save(checkpoint, buf)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".ckpt", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(buf.getbuffer())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        atomic_write(path, buf.getvalue())
 
     def load_checkpoint(
         self,
