@@ -43,6 +43,9 @@ from fsspec.implementations.local import LocalFileSystem
 
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
+# A raylight checkpoint inside a Ray Tune checkpoint directory: STATE_FILE beside this
+# (a name of its own, so it is never taken for one of Tune's files).
+TUNE_META_FILE = "raylight_meta.json"
 CHECKPOINTS = "checkpoints"
 _CKPT_RE = re.compile(r"^checkpoint_(\d{6,})$")
 TMP_PREFIX = ".tmp-"  # files and checkpoint directories being written

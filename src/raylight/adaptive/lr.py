@@ -12,13 +12,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 from numpy.typing import ArrayLike
 
-LRRule = Literal["adascale", "sqrt", "linear", "legw", "none"]
-LR_RULES: tuple[LRRule, ...] = ("adascale", "sqrt", "linear", "legw", "none")
+from raylight.config.schema import LR_RULES, LRRule  # the names' one home: the setting
+
+__all__ = ["LR_RULES", "LRRule", "lr_factor", "progress_increment"]
 
 
 def lr_factor(

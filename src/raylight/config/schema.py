@@ -6,11 +6,14 @@ path rather than a silently ignored setting.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Placement = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+# How the learning rate follows the batch size; raylight.adaptive.lr implements each.
+LRRule = Literal["adascale", "sqrt", "linear", "legw", "none"]
+LR_RULES: tuple[str, ...] = get_args(LRRule)
 
 
 MAX_WORKERS = 100_000
@@ -166,7 +169,7 @@ class AdaptiveConfig(_Model):
     accumulation: bool = Field(
         True, description="Allow gradient accumulation to reach batches beyond the memory bound."
     )
-    lr_rule: Literal["adascale", "sqrt", "linear", "legw", "none"] = Field(
+    lr_rule: LRRule = Field(
         "adascale",
         description="How the learning rate follows the batch size: adascale (SGD), sqrt "
         "(Adam family), linear, legw (linear with warm-up), none.",

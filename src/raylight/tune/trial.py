@@ -18,6 +18,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from fsspec.implementations.local import LocalFileSystem
+
 from raylight.checkpoint import (
     INTERNAL_METRIC,
     LIGHTNING_CKPT_KEY,
@@ -25,10 +27,8 @@ from raylight.checkpoint import (
     Checkpoint,
 )
 from raylight.config import TrainerConfig
-from raylight.storage import STATE_FILE
+from raylight.storage import STATE_FILE, TUNE_META_FILE, write_committed
 from raylight.tune.resources import get_tune_resources
-
-META_FILE = "raylight_meta.json"
 
 log = logging.getLogger("raylight")
 
@@ -38,11 +38,8 @@ def to_tune_checkpoint(checkpoint: Checkpoint, directory: str) -> Any:
     return it as a ``ray.tune.Checkpoint``."""
     from ray.tune import Checkpoint as TuneCheckpoint
 
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, STATE_FILE), "wb") as f:
-        f.write(checkpoint.to_bytes())
-    with open(os.path.join(directory, META_FILE), "w") as f:
-        json.dump(checkpoint.metadata, f, default=str)
+    meta = json.dumps(checkpoint.metadata, default=str).encode()
+    write_committed(LocalFileSystem(), directory, [(STATE_FILE, checkpoint.to_bytes())], (TUNE_META_FILE, meta))
     return TuneCheckpoint.from_directory(directory)
 
 
@@ -56,8 +53,8 @@ def from_tune_checkpoint(checkpoint: Any) -> Checkpoint:
         with open(path, "rb") as f:
             data = f.read()
         meta: dict[str, Any] = {}
-        if os.path.exists(os.path.join(d, META_FILE)):
-            with open(os.path.join(d, META_FILE)) as f:
+        if os.path.exists(os.path.join(d, TUNE_META_FILE)):
+            with open(os.path.join(d, TUNE_META_FILE)) as f:
                 meta = json.load(f)
     return Checkpoint(None, metadata=meta, data=data)
 
