@@ -108,7 +108,7 @@ def test_boundaries():
     # Config is pure data: nothing else of raylight but its error type.
     cfg = {d for d in _deps("raylight.config") if d.startswith("raylight")}
     assert cfg <= {
-        "raylight.config.schema", "raylight.config.declarative", "raylight.config.hyperopt",
+        "raylight.config.base", "raylight.config.schema", "raylight.config.declarative", "raylight.config.hyperopt",
         "raylight.config.validation", "raylight.exceptions",
     }
     # Tune is a leaf: only the CLI and the Lightning launcher reach it (lazily).

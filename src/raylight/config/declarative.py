@@ -10,8 +10,6 @@ import copy
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
@@ -20,6 +18,7 @@ from pydantic import (
 )
 from pydantic_core import to_jsonable_python
 
+from raylight.config.base import ConfigModel
 from raylight.config.hyperopt import HyperoptConfig
 from raylight.config.schema import AdaptiveConfig, check_resources
 
@@ -33,13 +32,8 @@ MAX_WORKERS = 100_000
 MAX_SEED = 2**32 - 1  # what numpy's and torch's generators take
 
 
-class _Model(BaseModel):
-    # NaN and infinity are never a valid setting: every float must be finite.
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
-
-
 # -- features ------------------------------------------------------------------------
-class NumberPreprocessing(_Model):
+class NumberPreprocessing(ConfigModel):
     normalization: Literal["zscore", "minmax", "none"] = Field("zscore", description="How values are scaled.")
     missing_value_strategy: Literal["fill_with_mean", "fill_with_const", "drop_row"] = Field(
         "fill_with_mean", description="What replaces a missing value."
@@ -47,7 +41,7 @@ class NumberPreprocessing(_Model):
     fill_value: float = Field(0.0, description="The value used by fill_with_const.")
 
 
-class CategoryPreprocessing(_Model):
+class CategoryPreprocessing(ConfigModel):
     most_common: int = Field(10_000, ge=1, le=MAX_VOCAB, description="Largest vocabulary kept; the rest map to <UNK>.")
     min_frequency: int = Field(1, ge=1, le=2**31, description="Values seen fewer times map to <UNK>.")
     missing_value_strategy: Literal["fill_with_const", "drop_row"] = Field(
@@ -56,23 +50,23 @@ class CategoryPreprocessing(_Model):
     fill_value: str = Field("<UNK>", description="The value used by fill_with_const.")
 
 
-class BinaryPreprocessing(_Model):
+class BinaryPreprocessing(ConfigModel):
     missing_value_strategy: Literal["fill_with_false", "drop_row"] = Field(
         "fill_with_false", description="What replaces a missing value."
     )
 
 
-class TextPreprocessing(_Model):
+class TextPreprocessing(ConfigModel):
     most_common: int = Field(20_000, ge=1, le=MAX_VOCAB, description="Largest vocabulary of tokens.")
     min_frequency: int = Field(1, ge=1, le=2**31, description="Rarer tokens map to <UNK>.")
     lowercase: bool = Field(True, description="Lower-case text before tokenising.")
 
 
-class Encoder(_Model):
+class Encoder(ConfigModel):
     embedding_size: int = Field(32, ge=1, le=MAX_WIDTH, description="Size of category and text embeddings.")
 
 
-class _Feature(_Model):
+class _Feature(ConfigModel):
     name: str = Field(min_length=1, description="Feature name; also the column unless `column` is set.")
     column: str | None = Field(None, min_length=1, description="Dataset column; default: the name.")
 
@@ -112,11 +106,11 @@ class OutputFeature(_Feature):
 
 
 # -- model and training ----------------------------------------------------------------
-class FCLayer(_Model):
+class FCLayer(ConfigModel):
     output_size: int = Field(ge=1, le=MAX_WIDTH, description="Units of this fully connected layer.")
 
 
-class CombinerConfig(_Model):
+class CombinerConfig(ConfigModel):
     type: Literal["concat"] = Field("concat", description="How encoded inputs are combined.")
     fc_layers: list[FCLayer] = Field(
         default_factory=lambda: [FCLayer(output_size=64)], max_length=64, description="Layers after concatenation."
@@ -124,13 +118,13 @@ class CombinerConfig(_Model):
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout after each layer.")
 
 
-class OptimizerConfig(_Model):
+class OptimizerConfig(ConfigModel):
     type: Literal["adam", "adamw", "sgd"] = Field("adam", description="Optimizer.")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum.")
     weight_decay: float = Field(0.0, ge=0, le=1, description="Weight decay.")
 
 
-class TrainerSection(_Model):
+class TrainerSection(ConfigModel):
     epochs: int = Field(10, ge=1, le=MAX_EPOCHS, description="Passes over the training split.")
     batch_size: int | Literal["auto"] = Field(
         128, description="Global batch size, or 'auto': start at 64 and let the adaptive engine choose."
@@ -160,7 +154,7 @@ class TrainerSection(_Model):
         return value
 
 
-class SplitConfig(_Model):
+class SplitConfig(ConfigModel):
     type: Literal["random"] = Field("random", description="How rows are split into train/validation/test.")
     probabilities: tuple[float, float, float] = Field(
         (0.7, 0.1, 0.2), description="Fractions for train, validation and test; they sum to 1."
@@ -174,15 +168,15 @@ class SplitConfig(_Model):
         return value
 
 
-class PreprocessingSection(_Model):
+class PreprocessingSection(ConfigModel):
     split: SplitConfig = Field(default_factory=lambda: SplitConfig(), description="Dataset split.")
 
 
-class ProcessorConfig(_Model):
+class ProcessorConfig(ConfigModel):
     type: Literal["ray_data", "pandas"] = Field("ray_data", description="Where preprocessing runs (ray backend).")
 
 
-class BackendTrainer(_Model):
+class BackendTrainer(ConfigModel):
     strategy: Literal["ddp"] = Field("ddp", description="Data-parallel strategy.")
     num_workers: int | None = Field(None, ge=1, le=MAX_WORKERS, description="Workers; default: what the cluster's CPUs (or GPUs) allow.")
     use_gpu: bool = Field(False, description="One GPU per worker.")
@@ -203,7 +197,7 @@ class BackendTrainer(_Model):
         return self
 
 
-class BackendConfig(_Model):
+class BackendConfig(ConfigModel):
     type: Literal["local", "ray"] | None = Field(
         None, description="local: one process; ray: workers on Ray. Unset: ray if a cluster is reachable, else local."
     )
@@ -212,7 +206,7 @@ class BackendConfig(_Model):
     cache_dir: str | None = Field(None, description="fsspec URI caching preprocessed data by config + data fingerprint.")
 
 
-class ModelConfig(_Model):
+class ModelConfig(ConfigModel):
     input_features: list[InputFeature] = Field(min_length=1, description="Model inputs.")
     output_features: list[OutputFeature] = Field(min_length=1, max_length=1, description="The target (one).")
     combiner: CombinerConfig = Field(default_factory=lambda: CombinerConfig(), description="Combiner.")

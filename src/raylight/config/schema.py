@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from raylight.config.base import ConfigModel
 
 Placement = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 
@@ -32,12 +34,7 @@ def check_resources(value: dict[str, float] | None) -> dict[str, float] | None:
     return value
 
 
-class _Model(BaseModel):
-    # NaN and infinity are never a valid setting: every float must be finite.
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
-
-
-class ScalingConfig(_Model):
+class ScalingConfig(ConfigModel):
     """How many workers, with which resources, placed how."""
 
     num_workers: int | tuple[int, int] = Field(
@@ -152,7 +149,7 @@ class ScalingConfig(_Model):
         return max(1, int(self.worker_resources().get("CPU", 1)))
 
 
-class AdaptiveConfig(_Model):
+class AdaptiveConfig(ConfigModel):
     """Batch size, gradient accumulation and learning rate chosen online for goodput."""
 
     max_batch_size: int | None = Field(
@@ -210,7 +207,7 @@ class AdaptiveConfig(_Model):
         return value
 
 
-class RunConfig(_Model):
+class RunConfig(ConfigModel):
     """Where a run lives and how it reports."""
 
     name: str | None = Field(
@@ -260,7 +257,7 @@ class RunConfig(_Model):
         return self
 
 
-class FailureConfig(_Model):
+class FailureConfig(ConfigModel):
     """Fault tolerance, and the timeout of every wait on a remote thing."""
 
     max_failures: int = Field(
@@ -312,7 +309,7 @@ class FailureConfig(_Model):
     )
 
 
-class TrainerConfig(_Model):
+class TrainerConfig(ConfigModel):
     """Everything a `Trainer` needs besides the loop and its own config dict."""
 
     scaling: ScalingConfig = Field(
