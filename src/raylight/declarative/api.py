@@ -15,9 +15,9 @@ from typing import Any
 
 import pandas as pd
 
-from raylight.config.declarative import ModelConfig
-from raylight.config.loading import render_config
+from raylight.declarative.config import ModelConfig
 from raylight.declarative.dataset import read_pandas
+from raylight.declarative.loading import render_config
 from raylight.declarative.preprocess import (
     check_columns,
     check_split_rows,

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from raylight.config.declarative import ModelConfig
+from raylight.declarative.config import ModelConfig
 from raylight.exceptions import ConfigError
 
 PAD, UNK = "<PAD>", "<UNK>"

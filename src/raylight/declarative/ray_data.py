@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from raylight.config.declarative import ModelConfig
+from raylight.declarative.config import ModelConfig
 from raylight.declarative.dataset import dataset_format, expand
 from raylight.declarative.preprocess import (
     PAD,

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from raylight.config.declarative import ModelConfig
+from raylight.declarative.config import ModelConfig
 
 _RESERVED = frozenset(dir(nn.ModuleDict()))  # names a ModuleDict cannot hold as keys
 

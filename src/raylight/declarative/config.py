@@ -19,8 +19,9 @@ from pydantic import (
 from pydantic_core import to_jsonable_python
 
 from raylight.config.base import ConfigModel
-from raylight.config.hyperopt import HyperoptConfig
 from raylight.config.schema import AdaptiveConfig, check_resources
+from raylight.declarative.hyperopt_config import HyperoptConfig
+from raylight.declarative.keypath import KeyPathError, assign
 
 # Upper bounds: far beyond any real use, low enough that a typo fails here and not as an
 # allocation of terabytes or a loop of years.
@@ -263,26 +264,14 @@ def set_path(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
     """A copy of ``data`` with the dotted ``key`` (list items by index) set to ``value``;
     KeyError naming the first part that does not exist."""
     out = copy.deepcopy(data)
-    node: Any = out
-    parts = key.split(".")
-    for i, part in enumerate(parts):
-        where = ".".join(parts[: i + 1])
-        last = i == len(parts) - 1
-        if isinstance(node, list):
-            if not part.isdigit() or int(part) >= len(node):
-                raise KeyError(f"{where} is not an index of a list of {len(node)}")
-            if last:
-                node[int(part)] = value
-            node = node[int(part)]
-        elif isinstance(node, dict):
-            if part not in node:
-                options = sorted(node)
-                raise KeyError(f"{where} is not a key of the config; keys there: {options}")
-            if last:
-                node[part] = value
-            node = node[part]
-        else:
-            raise KeyError(f"{'.'.join(parts[:i])} is a value, not a section")
+    try:
+        assign(out, key.split("."), value, create=False)
+    except KeyPathError as err:
+        if err.problem == "index":
+            raise KeyError(f"{err.where} is not an index of a list of {err.size}") from None
+        if err.problem == "key":
+            raise KeyError(f"{err.where} is not a key of the config; keys there: {err.keys}") from None
+        raise KeyError(f"{err.parent} is a value, not a section") from None
     return out
 
 
