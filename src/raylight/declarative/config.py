@@ -1,16 +1,22 @@
 """The declarative model config (Ludwig-style): features, combiner, trainer, backend.
 
 YAML is only a serialisation of these models. Unknown keys and bad values are errors
-naming the key path and the allowed values.
+naming the key path and the allowed values. Each input feature type's section is its
+module's model in ``raylight.declarative.features``.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Annotated, Any, Literal
+import functools
+import operator
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     Field,
+    PlainValidator,
+    SerializeAsAny,
+    TypeAdapter,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -19,90 +25,44 @@ from pydantic import (
 from pydantic_core import to_jsonable_python
 
 from raylight.config.base import ConfigModel
-from raylight.config.schema import AdaptiveConfig, check_resources
+from raylight.config.schema import MAX_WORKERS, AdaptiveConfig, check_resources
+from raylight.declarative.features import FEATURES
+from raylight.declarative.features.base import MAX_WIDTH, FeatureModel
 from raylight.declarative.hyperopt_config import HyperoptConfig
 from raylight.declarative.keypath import KeyPathError, assign
 
 # Upper bounds: far beyond any real use, low enough that a typo fails here and not as an
 # allocation of terabytes or a loop of years.
-MAX_WIDTH = 65_536  # units of a layer, size of an embedding
-MAX_VOCAB = 10_000_000
 MAX_EPOCHS = 1_000_000
 MAX_BATCH = 2**24
-MAX_WORKERS = 100_000
 MAX_SEED = 2**32 - 1  # what numpy's and torch's generators take
 
 
 # -- features ------------------------------------------------------------------------
-class NumberPreprocessing(ConfigModel):
-    normalization: Literal["zscore", "minmax", "none"] = Field("zscore", description="How values are scaled.")
-    missing_value_strategy: Literal["fill_with_mean", "fill_with_const", "drop_row"] = Field(
-        "fill_with_mean", description="What replaces a missing value."
-    )
-    fill_value: float = Field(0.0, description="The value used by fill_with_const.")
+@functools.lru_cache(maxsize=8)
+def _feature_union(models: tuple[type[FeatureModel], ...]) -> TypeAdapter[Any]:
+    union = functools.reduce(operator.or_, models)  # a union built at run time: no static type
+    return TypeAdapter(Annotated[union, Field(discriminator="type")])  # type: ignore[arg-type]
 
 
-class CategoryPreprocessing(ConfigModel):
-    most_common: int = Field(10_000, ge=1, le=MAX_VOCAB, description="Largest vocabulary kept; the rest map to <UNK>.")
-    min_frequency: int = Field(1, ge=1, le=2**31, description="Values seen fewer times map to <UNK>.")
-    missing_value_strategy: Literal["fill_with_const", "drop_row"] = Field(
-        "fill_with_const", description="What replaces a missing value."
-    )
-    fill_value: str = Field("<UNK>", description="The value used by fill_with_const.")
+def _input_feature(value: Any) -> FeatureModel:
+    """``value`` as the model of the type it names, one of FEATURES as they are now (so a
+    type added to FEATURES is accepted). Errors keep pydantic's tagged-union key paths
+    (``input_features.0.number.name``) and list the types in FEATURES' order."""
+    validated: FeatureModel = _feature_union(tuple(f.Input for f in FEATURES.values())).validate_python(value)
+    return validated
 
 
-class BinaryPreprocessing(ConfigModel):
-    missing_value_strategy: Literal["fill_with_false", "drop_row"] = Field(
-        "fill_with_false", description="What replaces a missing value."
-    )
+# Serialised as the type's model, not as the FeatureModel base.
+InputFeature = Annotated[SerializeAsAny[FeatureModel], PlainValidator(_input_feature)]
 
 
-class TextPreprocessing(ConfigModel):
-    most_common: int = Field(20_000, ge=1, le=MAX_VOCAB, description="Largest vocabulary of tokens.")
-    min_frequency: int = Field(1, ge=1, le=2**31, description="Rarer tokens map to <UNK>.")
-    lowercase: bool = Field(True, description="Lower-case text before tokenising.")
+OutputType = Literal["binary", "category", "number"]
+OUTPUT_TYPES: tuple[str, ...] = get_args(OutputType)
 
 
-class Encoder(ConfigModel):
-    embedding_size: int = Field(32, ge=1, le=MAX_WIDTH, description="Size of category and text embeddings.")
-
-
-class _Feature(ConfigModel):
-    name: str = Field(min_length=1, description="Feature name; also the column unless `column` is set.")
-    column: str | None = Field(None, min_length=1, description="Dataset column; default: the name.")
-
-    @property
-    def col(self) -> str:
-        return self.column or self.name
-
-
-class NumberInput(_Feature):
-    type: Literal["number"]
-    preprocessing: NumberPreprocessing = Field(default_factory=lambda: NumberPreprocessing(), description="Number preprocessing.")
-
-
-class CategoryInput(_Feature):
-    type: Literal["category"]
-    preprocessing: CategoryPreprocessing = Field(default_factory=lambda: CategoryPreprocessing(), description="Category preprocessing.")
-    encoder: Encoder = Field(default_factory=lambda: Encoder(), description="Embedding encoder.")
-
-
-class BinaryInput(_Feature):
-    type: Literal["binary"]
-    preprocessing: BinaryPreprocessing = Field(default_factory=lambda: BinaryPreprocessing(), description="Binary preprocessing.")
-
-
-class TextInput(_Feature):
-    type: Literal["text"]
-    preprocessing: TextPreprocessing = Field(default_factory=lambda: TextPreprocessing(), description="Text preprocessing.")
-    encoder: Encoder = Field(default_factory=lambda: Encoder(), description="Bag-of-embeddings encoder.")
-
-
-InputFeature = Annotated[NumberInput | CategoryInput | BinaryInput | TextInput, Field(discriminator="type")]
-
-
-class OutputFeature(_Feature):
-    type: Literal["binary", "category", "number"] = Field(description="Target type; sets loss and metrics.")
+class OutputFeature(FeatureModel):
+    type: OutputType = Field(description="Target type; sets loss and metrics.")
     loss_weight: float = Field(1.0, gt=0, le=1e6, description="Weight of this output's loss.")
 
 
