@@ -391,8 +391,8 @@ def _edit_model_json(ws: Workspace, change: Callable[[dict[str, Any]], Any]) -> 
 
 def train_reference_model(root: str) -> str:
     """A model trained on the base workspace (local backend), for the model cases."""
-    from raylight.config.loading import load_config
     from raylight.declarative import api
+    from raylight.declarative.loading import load_config
 
     ws = Workspace(root)
     out = api.train(load_config(ws.cfg), ws.data, output_directory=ws.out, progress=False)

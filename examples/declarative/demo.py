@@ -18,8 +18,8 @@ import tempfile
 from rich.console import Console
 from rich.table import Table
 
-from raylight.config.loading import load_config
 from raylight.declarative import api
+from raylight.declarative.loading import load_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

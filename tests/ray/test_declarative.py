@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from raylight.config.loading import load_config
 from raylight.declarative import api
+from raylight.declarative.loading import load_config
 from raylight.exceptions import ConfigError
 from tests.declarative_data import CONFIG, write
 

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 import raylight
-from raylight.config.loading import load_config
 from raylight.declarative import api
+from raylight.declarative.loading import load_config
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.timeout(300)

@@ -18,7 +18,7 @@ pytest.importorskip("ray.tune")
 from ray import tune
 
 import raylight.tune as rt
-from raylight.config.loading import load_config
+from raylight.declarative.loading import load_config
 from raylight.exceptions import InsufficientResourcesError
 from tests.conftest import REPO
 from tests.ray.tune_loops import long_loop, offset_loop, pbt_loop

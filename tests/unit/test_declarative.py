@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from raylight.config.loading import apply_overrides, load_config, render_config
 from raylight.declarative import api
+from raylight.declarative.loading import apply_overrides, load_config, render_config
 from raylight.declarative.train import load_model
 from raylight.exceptions import ConfigError
 from tests.declarative_data import CONFIG, frame, write

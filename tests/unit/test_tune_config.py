@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from raylight.config.declarative import ModelConfig, set_path
 from raylight.config.validation import validate
+from raylight.declarative.config import ModelConfig, set_path
 from raylight.exceptions import ConfigError, InsufficientResourcesError
 from raylight.tune.resources import check_bundles_fit, plan_concurrency, total, trial_bundles
 from raylight.worker_group.ray_group import worker_bundles

@@ -52,7 +52,7 @@ def _fail(exc: BaseException) -> None:
 
 
 def _config(path: str, overrides: list[str] | None):
-    from raylight.config.loading import load_config
+    from raylight.declarative.loading import load_config
 
     return load_config(path, overrides or [])
 
@@ -167,7 +167,7 @@ def init_config(
 @app.command("render-config")
 def render_config(config: ConfigOpt, set_: SetOpt = None) -> None:
     """Print the fully resolved config, every default written out."""
-    from raylight.config.loading import render_config as render
+    from raylight.declarative.loading import render_config as render
 
     try:
         print(render(_config(config, set_)), end="")

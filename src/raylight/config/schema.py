@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from raylight.config.base import ConfigModel
 
 Placement = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 # How the learning rate follows the batch size; raylight.adaptive.lr implements each.
@@ -35,12 +37,7 @@ def check_resources(value: dict[str, float] | None) -> dict[str, float] | None:
     return value
 
 
-class _Model(BaseModel):
-    # NaN and infinity are never a valid setting: every float must be finite.
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
-
-
-class ScalingConfig(_Model):
+class ScalingConfig(ConfigModel):
     """How many workers, with which resources, placed how."""
 
     num_workers: int | tuple[int, int] = Field(
@@ -155,7 +152,7 @@ class ScalingConfig(_Model):
         return max(1, int(self.worker_resources().get("CPU", 1)))
 
 
-class AdaptiveConfig(_Model):
+class AdaptiveConfig(ConfigModel):
     """Batch size, gradient accumulation and learning rate chosen online for goodput."""
 
     max_batch_size: int | None = Field(
@@ -213,7 +210,7 @@ class AdaptiveConfig(_Model):
         return value
 
 
-class RunConfig(_Model):
+class RunConfig(ConfigModel):
     """Where a run lives and how it reports."""
 
     name: str | None = Field(
@@ -263,7 +260,7 @@ class RunConfig(_Model):
         return self
 
 
-class FailureConfig(_Model):
+class FailureConfig(ConfigModel):
     """Fault tolerance, and the timeout of every wait on a remote thing."""
 
     max_failures: int = Field(
@@ -315,7 +312,7 @@ class FailureConfig(_Model):
     )
 
 
-class TrainerConfig(_Model):
+class TrainerConfig(ConfigModel):
     """Everything a `Trainer` needs besides the loop and its own config dict."""
 
     scaling: ScalingConfig = Field(

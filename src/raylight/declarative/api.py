@@ -15,9 +15,10 @@ from typing import Any
 
 import pandas as pd
 
-from raylight.config.declarative import ModelConfig
-from raylight.config.loading import render_config
+from raylight.declarative.config import OUTPUT_TYPES, ModelConfig
 from raylight.declarative.dataset import read_pandas
+from raylight.declarative.features import infer_type
+from raylight.declarative.loading import render_config
 from raylight.declarative.preprocess import (
     check_columns,
     check_split_rows,
@@ -351,18 +352,9 @@ def init_config(dataset: str, target: str, output: str | None = None) -> dict[st
     if target not in df.columns:
         raise ConfigError(f"--target {target!r} is not a column of {dataset!r}; columns: {list(df.columns)}")
 
-    def kind(col: pd.Series) -> str:
-        values = col.dropna()
-        if values.nunique() <= 2:
-            return "binary"
-        if pd.api.types.is_numeric_dtype(values):
-            return "number" if values.nunique() > 20 else "category"
-        mean_words = values.astype(str).str.split().str.len().mean()
-        return "text" if mean_words > 3 else "category"
-
-    inputs = [{"name": str(c), "type": kind(df[c])} for c in df.columns if c != target and not df[c].isna().all()]
-    out_type = kind(df[target])
-    if out_type == "text":
+    inputs = [{"name": str(c), "type": infer_type(df[c].dropna())} for c in df.columns if c != target and not df[c].isna().all()]
+    out_type = infer_type(df[target].dropna())
+    if out_type not in OUTPUT_TYPES:  # text, say: its values as classes
         out_type = "category"
     return {
         "input_features": inputs,

@@ -18,7 +18,7 @@ from typing import Any
 import fsspec
 import numpy as np
 
-from raylight.config.declarative import ModelConfig
+from raylight.declarative.config import ModelConfig
 from raylight.declarative.dataset import expand
 
 SPLITS = ("train", "validation", "test")

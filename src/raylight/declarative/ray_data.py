@@ -11,27 +11,20 @@ All of it runs before the training workers claim their CPUs, so the two never co
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from raylight.config.declarative import ModelConfig
+from raylight.declarative.config import ModelConfig
 from raylight.declarative.dataset import dataset_format, expand
+from raylight.declarative.features import FEATURES
 from raylight.declarative.preprocess import (
-    PAD,
-    UNK,
     all_null,
     check_classes,
     check_split_rows,
-    finite_stats,
     missing_column,
-    no_statistics,
-    non_finite,
-    non_numeric,
-    tokenize,
     transform,
 )
 from raylight.exceptions import ConfigError
@@ -54,21 +47,21 @@ def _read(path: str) -> Any:
     return reader(files, **kwargs)
 
 
+def _features(config: ModelConfig) -> list[tuple[str, Any]]:
+    """(kind, feature) for the inputs, then the outputs."""
+    return [("input_features", f) for f in config.input_features] + [("output_features", f) for f in config.output_features]
+
+
 def _summary(df: pd.DataFrame, config: ModelConfig) -> pd.DataFrame:
-    """Per block: rows, non-null counts, non-numeric values in number columns (one
-    example) and infinite ones (inputs and a number target alike)."""
+    """Per block: rows, and per feature (``<i>:<key>``, i its place in ``_features``)
+    non-null values and what its type's checks need (for a number column, input or
+    target: non-numeric values, with one example, and infinite ones)."""
     row: dict[str, Any] = {"rows": len(df)}
-    for feat in (*config.input_features, *config.output_features):
+    for i, (_, feat) in enumerate(_features(config)):
         col = df[feat.col]
-        row[f"notnull:{feat.col}"] = int(col.notna().sum())
-        if feat.type == "number":
-            # Ray Data reads a CSV column holding text as strings, with "" for missing values.
-            present = col.notna() & (col.astype(str).str.strip() != "")
-            values = pd.to_numeric(col.astype(object), errors="coerce")
-            bad = col[values.isna() & present]
-            row[f"bad:{feat.col}"] = len(bad)
-            row[f"example:{feat.col}"] = str(bad.iloc[0]) if len(bad) else ""
-            row[f"inf:{feat.col}"] = int(np.isinf(values.astype(float)).sum())
+        row[f"{i}:notnull"] = int(col.notna().sum())
+        for key, value in FEATURES[feat.type].block_summary(col).items():
+            row[f"{i}:{key}"] = value
     return pd.DataFrame([row])
 
 
@@ -90,15 +83,11 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
     rows = int(summary["rows"].sum())
     if rows == 0:
         raise ConfigError(f"dataset {dataset!r} is empty: it has no rows")
-    for feat in (*config.input_features, *config.output_features):
-        kind = "input_features" if feat in config.input_features else "output_features"
-        if int(summary[f"notnull:{feat.col}"].sum()) == 0:
+    for i, (kind, feat) in enumerate(_features(config)):
+        if int(summary[f"{i}:notnull"].sum()) == 0:
             raise all_null(feat, dataset)
-        if f"bad:{feat.col}" in summary and int(summary[f"bad:{feat.col}"].sum()):
-            examples = [e for e in summary[f"example:{feat.col}"] if e][:3]
-            raise non_numeric(kind, feat, examples)
-        if f"inf:{feat.col}" in summary and int(summary[f"inf:{feat.col}"].sum()):
-            raise non_finite(kind, feat)
+        keys = {c: c.partition(":")[2] for c in summary.columns if c.startswith(f"{i}:") and c != f"{i}:notnull"}
+        FEATURES[feat.type].check_blocks(summary[list(keys)].rename(columns=keys), feat, kind)
     out = config.output_features[0]
     if out.type in ("binary", "category"):
         classes = [c for c in ds.unique(out.col) if c is not None and not (isinstance(c, float) and np.isnan(c))]
@@ -120,54 +109,24 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
 
 
 def _fit_metadata(train: Any, config: ModelConfig) -> dict[str, Any]:
-    from ray.data.aggregate import Count, Max, Mean, Min, Std
-
-    meta: dict[str, Any] = {}
-    numeric = [f for f in config.input_features if f.type == "number"]
-    out = config.output_features[0]
-    number_cols = [f.col for f in numeric] + ([out.col] if out.type == "number" else [])
-    if number_cols:
-        def coerce(df: pd.DataFrame) -> pd.DataFrame:
-            return pd.DataFrame({c: pd.to_numeric(df[c], errors="coerce").astype(float) for c in number_cols})
-
-        cast = train.map_batches(coerce, batch_format="pandas")
-        aggs: list[Any] = [a(c, ignore_nulls=True) for c in number_cols for a in (Mean, Min, Max)]
-        aggs += [Std(c, ddof=0, ignore_nulls=True) for c in number_cols]
-        stats = cast.aggregate(*aggs)
-    def number(feat: Any) -> dict[str, float]:
-        values = [stats.get(f"{agg}({feat.col})") for agg in ("mean", "std", "min", "max")]
-        if any(v is None for v in values):  # no values in the training split
-            raise no_statistics(feat, "mean and range")
-        return finite_stats(feat, *(float(v) for v in values))
-
+    """Each type fits all its features at once; a number target joins the number inputs
+    (one aggregation over the split for all number columns)."""
+    by_type: dict[str, list[Any]] = {}
     for feat in config.input_features:
-        if feat.type == "number":
-            meta[feat.name] = number(feat)
-        elif feat.type == "category":
-            counts = train.groupby(feat.col).aggregate(Count()).to_pandas()
-            counts = counts[counts[feat.col].notna()].sort_values("count()", ascending=False)
-            kept = [str(v) for v, c in zip(counts[feat.col], counts["count()"], strict=True) if c >= feat.preprocessing.min_frequency]
-            meta[feat.name] = {"vocab": [UNK, *kept[: feat.preprocessing.most_common]]}
-        elif feat.type == "text":
-            tp = feat.preprocessing
-
-            def count_tokens(df: pd.DataFrame, col: str = feat.col, lower: bool = tp.lowercase) -> pd.DataFrame:
-                c = Counter(t for text in df[col].dropna().astype(str) for t in tokenize(text, lower))
-                return pd.DataFrame({"token": list(c), "n": list(c.values())})
-
-            tokens = train.map_batches(count_tokens, batch_format="pandas").to_pandas()
-            totals = tokens.groupby("token")["n"].sum().sort_values(ascending=False)
-            kept = [t for t, n in totals.items() if n >= tp.min_frequency][: tp.most_common]
-            meta[feat.name] = {"vocab": [PAD, UNK, *kept]}
-        else:
-            meta[feat.name] = {}
+        by_type.setdefault(feat.type, []).append(feat)
+    out = config.output_features[0]
+    if out.type == "number":
+        by_type.setdefault("number", []).append(out)
+    fitted: dict[str, dict[str, Any]] = {}
+    for kind, feats in by_type.items():
+        fitted.update(FEATURES[kind].fit_ray(train, feats))
+    meta = {feat.name: fitted[feat.name] for feat in config.input_features}
     if out.type == "category":
         meta[out.name] = {"classes": sorted(str(c) for c in train.unique(out.col) if c is not None)}
     elif out.type == "binary":
         meta[out.name] = {}
     else:
-        target = number(out)
-        meta[out.name] = {"mean": target["mean"], "std": target["std"]}
+        meta[out.name] = {"mean": fitted[out.name]["mean"], "std": fitted[out.name]["std"]}
     return meta
 
 

@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from raylight.config.declarative import ModelConfig
 from raylight.data.blocks import BlockDataset
+from raylight.declarative.config import ModelConfig
 
 TARGET_KEY = "__target__"
 
@@ -179,7 +179,7 @@ def save_model(path: str, config: ModelConfig, meta: dict[str, Any], state: dict
 
 
 def _read_model_json(path: str, damaged: str) -> dict[str, Any]:
-    from raylight.config.loading import read_text_file
+    from raylight.declarative.loading import read_text_file
     from raylight.exceptions import ConfigError
 
     try:

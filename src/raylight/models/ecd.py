@@ -1,9 +1,10 @@
 """Encoder-combiner-decoder model built from a ModelConfig and preprocessing metadata.
 
-Encoders: numbers and binaries pass through; categories get an embedding; text gets a
-mean bag of token embeddings (padding ignored). The concat combiner feeds an MLP; the
-decoder is one linear layer: a logit (binary), class logits (category) or a value
-(number, in standardised units).
+Encoders come from each input's type (``raylight.declarative.features``): numbers and
+binaries pass through; categories get an embedding; text gets a mean bag of token
+embeddings (padding ignored). The concat combiner feeds an MLP; the decoder is one linear
+layer: a logit (binary), class logits (category) or a value (number, in standardised
+units).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from raylight.config.declarative import ModelConfig
+from raylight.declarative.config import ModelConfig
+from raylight.declarative.features import FEATURES
 
 _RESERVED = frozenset(dir(nn.ModuleDict()))  # names a ModuleDict cannot hold as keys
 
@@ -30,20 +32,15 @@ def module_key(name: str) -> str:
 class DeclarativeModel(nn.Module):
     def __init__(self, config: ModelConfig, meta: dict[str, Any]) -> None:
         super().__init__()
-        self.inputs = [(f.name, f.type) for f in config.input_features]
+        self.inputs = [f.name for f in config.input_features]
+        # One encoder per input, its type's. The name "embeddings" is the one weights files
+        # know; pass-through encoders (nn.Identity) hold no weights and add no keys.
         self.embeddings = nn.ModuleDict()
         width = 0
         for feat in config.input_features:
-            if feat.type == "category":
-                self.embeddings[module_key(feat.name)] = nn.Embedding(len(meta[feat.name]["vocab"]), feat.encoder.embedding_size)
-                width += feat.encoder.embedding_size
-            elif feat.type == "text":
-                self.embeddings[module_key(feat.name)] = nn.EmbeddingBag(
-                    len(meta[feat.name]["vocab"]), feat.encoder.embedding_size, mode="mean", padding_idx=0
-                )
-                width += feat.encoder.embedding_size
-            else:
-                width += 1
+            encoder, size = FEATURES[feat.type].encoder(feat, meta[feat.name])
+            self.embeddings[module_key(feat.name)] = encoder
+            width += size
         layers: list[nn.Module] = []
         for fc in config.combiner.fc_layers:
             layers += [nn.Linear(width, fc.output_size), nn.ReLU()]
@@ -58,9 +55,8 @@ class DeclarativeModel(nn.Module):
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         parts = []
-        for name, kind in self.inputs:
-            x = batch[name]
-            parts.append(self.embeddings[module_key(name)](x) if kind in ("category", "text") else x)
+        for name in self.inputs:
+            parts.append(self.embeddings[module_key(name)](batch[name]))
         out = self.decoder(self.combiner(torch.cat(parts, dim=1)))
         return out if self.output_type == "category" else out.squeeze(1)
 

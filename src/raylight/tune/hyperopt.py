@@ -17,8 +17,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from raylight.config.declarative import ModelConfig, set_path
-from raylight.config.hyperopt import HyperoptConfig
+from raylight.declarative.config import ModelConfig, set_path
+from raylight.declarative.hyperopt_config import HyperoptConfig
 from raylight.exceptions import ConfigError, RaylightError
 from raylight.tune import search
 from raylight.tune.resources import (
@@ -269,7 +269,7 @@ def _atomic_write(path: str, text: str) -> None:
 def write_outputs(out: str, rows: list[dict[str, Any]], best: ModelConfig, h: HyperoptConfig) -> dict[str, str]:
     import pandas as pd
 
-    from raylight.config.loading import render_config
+    from raylight.declarative.loading import render_config
 
     flat = [{k: v for k, v in r.items() if k != "history"} for r in rows]
     csv_path, json_path = os.path.join(out, "results.csv"), os.path.join(out, "results.json")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from raylight.config.hyperopt import (
+from raylight.declarative.hyperopt_config import (
     AshaScheduler,
     HyperoptConfig,
     MedianStoppingScheduler,

@@ -1,18 +1,22 @@
 """The declarative model config (Ludwig-style): features, combiner, trainer, backend.
 
 YAML is only a serialisation of these models. Unknown keys and bad values are errors
-naming the key path and the allowed values.
+naming the key path and the allowed values. Each input feature type's section is its
+module's model in ``raylight.declarative.features``.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Annotated, Any, Literal
+import functools
+import operator
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
+    PlainValidator,
+    SerializeAsAny,
+    TypeAdapter,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -20,103 +24,54 @@ from pydantic import (
 )
 from pydantic_core import to_jsonable_python
 
-from raylight.config.hyperopt import HyperoptConfig
-from raylight.config.schema import AdaptiveConfig, check_resources
+from raylight.config.base import ConfigModel
+from raylight.config.schema import MAX_WORKERS, AdaptiveConfig, check_resources
+from raylight.declarative.features import FEATURES
+from raylight.declarative.features.base import MAX_WIDTH, FeatureModel
+from raylight.declarative.hyperopt_config import HyperoptConfig
+from raylight.declarative.keypath import KeyPathError, assign
 
 # Upper bounds: far beyond any real use, low enough that a typo fails here and not as an
 # allocation of terabytes or a loop of years.
-MAX_WIDTH = 65_536  # units of a layer, size of an embedding
-MAX_VOCAB = 10_000_000
 MAX_EPOCHS = 1_000_000
 MAX_BATCH = 2**24
-MAX_WORKERS = 100_000
 MAX_SEED = 2**32 - 1  # what numpy's and torch's generators take
 
 
-class _Model(BaseModel):
-    # NaN and infinity are never a valid setting: every float must be finite.
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
-
-
 # -- features ------------------------------------------------------------------------
-class NumberPreprocessing(_Model):
-    normalization: Literal["zscore", "minmax", "none"] = Field("zscore", description="How values are scaled.")
-    missing_value_strategy: Literal["fill_with_mean", "fill_with_const", "drop_row"] = Field(
-        "fill_with_mean", description="What replaces a missing value."
-    )
-    fill_value: float = Field(0.0, description="The value used by fill_with_const.")
+@functools.lru_cache(maxsize=8)
+def _feature_union(models: tuple[type[FeatureModel], ...]) -> TypeAdapter[Any]:
+    union = functools.reduce(operator.or_, models)  # a union built at run time: no static type
+    return TypeAdapter(Annotated[union, Field(discriminator="type")])  # type: ignore[arg-type]
 
 
-class CategoryPreprocessing(_Model):
-    most_common: int = Field(10_000, ge=1, le=MAX_VOCAB, description="Largest vocabulary kept; the rest map to <UNK>.")
-    min_frequency: int = Field(1, ge=1, le=2**31, description="Values seen fewer times map to <UNK>.")
-    missing_value_strategy: Literal["fill_with_const", "drop_row"] = Field(
-        "fill_with_const", description="What replaces a missing value."
-    )
-    fill_value: str = Field("<UNK>", description="The value used by fill_with_const.")
+def _input_feature(value: Any) -> FeatureModel:
+    """``value`` as the model of the type it names, one of FEATURES as they are now (so a
+    type added to FEATURES is accepted). Errors keep pydantic's tagged-union key paths
+    (``input_features.0.number.name``) and list the types in FEATURES' order."""
+    validated: FeatureModel = _feature_union(tuple(f.Input for f in FEATURES.values())).validate_python(value)
+    return validated
 
 
-class BinaryPreprocessing(_Model):
-    missing_value_strategy: Literal["fill_with_false", "drop_row"] = Field(
-        "fill_with_false", description="What replaces a missing value."
-    )
+# Serialised as the type's model, not as the FeatureModel base.
+InputFeature = Annotated[SerializeAsAny[FeatureModel], PlainValidator(_input_feature)]
 
 
-class TextPreprocessing(_Model):
-    most_common: int = Field(20_000, ge=1, le=MAX_VOCAB, description="Largest vocabulary of tokens.")
-    min_frequency: int = Field(1, ge=1, le=2**31, description="Rarer tokens map to <UNK>.")
-    lowercase: bool = Field(True, description="Lower-case text before tokenising.")
+OutputType = Literal["binary", "category", "number"]
+OUTPUT_TYPES: tuple[str, ...] = get_args(OutputType)
 
 
-class Encoder(_Model):
-    embedding_size: int = Field(32, ge=1, le=MAX_WIDTH, description="Size of category and text embeddings.")
-
-
-class _Feature(_Model):
-    name: str = Field(min_length=1, description="Feature name; also the column unless `column` is set.")
-    column: str | None = Field(None, min_length=1, description="Dataset column; default: the name.")
-
-    @property
-    def col(self) -> str:
-        return self.column or self.name
-
-
-class NumberInput(_Feature):
-    type: Literal["number"]
-    preprocessing: NumberPreprocessing = Field(default_factory=lambda: NumberPreprocessing(), description="Number preprocessing.")
-
-
-class CategoryInput(_Feature):
-    type: Literal["category"]
-    preprocessing: CategoryPreprocessing = Field(default_factory=lambda: CategoryPreprocessing(), description="Category preprocessing.")
-    encoder: Encoder = Field(default_factory=lambda: Encoder(), description="Embedding encoder.")
-
-
-class BinaryInput(_Feature):
-    type: Literal["binary"]
-    preprocessing: BinaryPreprocessing = Field(default_factory=lambda: BinaryPreprocessing(), description="Binary preprocessing.")
-
-
-class TextInput(_Feature):
-    type: Literal["text"]
-    preprocessing: TextPreprocessing = Field(default_factory=lambda: TextPreprocessing(), description="Text preprocessing.")
-    encoder: Encoder = Field(default_factory=lambda: Encoder(), description="Bag-of-embeddings encoder.")
-
-
-InputFeature = Annotated[NumberInput | CategoryInput | BinaryInput | TextInput, Field(discriminator="type")]
-
-
-class OutputFeature(_Feature):
-    type: Literal["binary", "category", "number"] = Field(description="Target type; sets loss and metrics.")
+class OutputFeature(FeatureModel):
+    type: OutputType = Field(description="Target type; sets loss and metrics.")
     loss_weight: float = Field(1.0, gt=0, le=1e6, description="Weight of this output's loss.")
 
 
 # -- model and training ----------------------------------------------------------------
-class FCLayer(_Model):
+class FCLayer(ConfigModel):
     output_size: int = Field(ge=1, le=MAX_WIDTH, description="Units of this fully connected layer.")
 
 
-class CombinerConfig(_Model):
+class CombinerConfig(ConfigModel):
     type: Literal["concat"] = Field("concat", description="How encoded inputs are combined.")
     fc_layers: list[FCLayer] = Field(
         default_factory=lambda: [FCLayer(output_size=64)], max_length=64, description="Layers after concatenation."
@@ -124,13 +79,13 @@ class CombinerConfig(_Model):
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout after each layer.")
 
 
-class OptimizerConfig(_Model):
+class OptimizerConfig(ConfigModel):
     type: Literal["adam", "adamw", "sgd"] = Field("adam", description="Optimizer.")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum.")
     weight_decay: float = Field(0.0, ge=0, le=1, description="Weight decay.")
 
 
-class TrainerSection(_Model):
+class TrainerSection(ConfigModel):
     epochs: int = Field(10, ge=1, le=MAX_EPOCHS, description="Passes over the training split.")
     batch_size: int | Literal["auto"] = Field(
         128, description="Global batch size, or 'auto': start at 64 and let the adaptive engine choose."
@@ -160,7 +115,7 @@ class TrainerSection(_Model):
         return value
 
 
-class SplitConfig(_Model):
+class SplitConfig(ConfigModel):
     type: Literal["random"] = Field("random", description="How rows are split into train/validation/test.")
     probabilities: tuple[float, float, float] = Field(
         (0.7, 0.1, 0.2), description="Fractions for train, validation and test; they sum to 1."
@@ -174,15 +129,15 @@ class SplitConfig(_Model):
         return value
 
 
-class PreprocessingSection(_Model):
+class PreprocessingSection(ConfigModel):
     split: SplitConfig = Field(default_factory=lambda: SplitConfig(), description="Dataset split.")
 
 
-class ProcessorConfig(_Model):
+class ProcessorConfig(ConfigModel):
     type: Literal["ray_data", "pandas"] = Field("ray_data", description="Where preprocessing runs (ray backend).")
 
 
-class BackendTrainer(_Model):
+class BackendTrainer(ConfigModel):
     strategy: Literal["ddp"] = Field("ddp", description="Data-parallel strategy.")
     num_workers: int | None = Field(None, ge=1, le=MAX_WORKERS, description="Workers; default: what the cluster's CPUs (or GPUs) allow.")
     use_gpu: bool = Field(False, description="One GPU per worker.")
@@ -203,7 +158,7 @@ class BackendTrainer(_Model):
         return self
 
 
-class BackendConfig(_Model):
+class BackendConfig(ConfigModel):
     type: Literal["local", "ray"] | None = Field(
         None, description="local: one process; ray: workers on Ray. Unset: ray if a cluster is reachable, else local."
     )
@@ -212,7 +167,7 @@ class BackendConfig(_Model):
     cache_dir: str | None = Field(None, description="fsspec URI caching preprocessed data by config + data fingerprint.")
 
 
-class ModelConfig(_Model):
+class ModelConfig(ConfigModel):
     input_features: list[InputFeature] = Field(min_length=1, description="Model inputs.")
     output_features: list[OutputFeature] = Field(min_length=1, max_length=1, description="The target (one).")
     combiner: CombinerConfig = Field(default_factory=lambda: CombinerConfig(), description="Combiner.")
@@ -269,26 +224,14 @@ def set_path(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
     """A copy of ``data`` with the dotted ``key`` (list items by index) set to ``value``;
     KeyError naming the first part that does not exist."""
     out = copy.deepcopy(data)
-    node: Any = out
-    parts = key.split(".")
-    for i, part in enumerate(parts):
-        where = ".".join(parts[: i + 1])
-        last = i == len(parts) - 1
-        if isinstance(node, list):
-            if not part.isdigit() or int(part) >= len(node):
-                raise KeyError(f"{where} is not an index of a list of {len(node)}")
-            if last:
-                node[int(part)] = value
-            node = node[int(part)]
-        elif isinstance(node, dict):
-            if part not in node:
-                options = sorted(node)
-                raise KeyError(f"{where} is not a key of the config; keys there: {options}")
-            if last:
-                node[part] = value
-            node = node[part]
-        else:
-            raise KeyError(f"{'.'.join(parts[:i])} is a value, not a section")
+    try:
+        assign(out, key.split("."), value, create=False)
+    except KeyPathError as err:
+        if err.problem == "index":
+            raise KeyError(f"{err.where} is not an index of a list of {err.size}") from None
+        if err.problem == "key":
+            raise KeyError(f"{err.where} is not a key of the config; keys there: {err.keys}") from None
+        raise KeyError(f"{err.parent} is a value, not a section") from None
     return out
 
 

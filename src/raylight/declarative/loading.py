@@ -8,8 +8,9 @@ from typing import Any
 import fsspec
 import yaml
 
-from raylight.config.declarative import ModelConfig
 from raylight.config.validation import validate
+from raylight.declarative.config import ModelConfig
+from raylight.declarative.keypath import KeyPathError, assign
 from raylight.exceptions import ConfigError
 
 
@@ -68,26 +69,14 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
                 f"override {item!r}: the value {raw!r} is not valid YAML ({problem}); quote it, "
                 "e.g. --set 'name=\"text\"'"
             ) from None
-        node: Any = out
-        for i, part in enumerate(parts[:-1]):
-            nxt = parts[i + 1]
-            if isinstance(node, list):
-                if not part.isdigit() or int(part) >= len(node):
-                    raise ConfigError(f"override {key!r}: {'.'.join(parts[: i + 1])} is not an index of the list (it has {len(node)} items)")
-                node = node[int(part)]
-            elif isinstance(node, dict):
-                node = node.setdefault(part, [] if nxt.isdigit() else {})
-            else:
-                raise ConfigError(f"override {key!r}: {'.'.join(parts[:i]) or '<root>'} is a value, not a section")
-        last = parts[-1]
-        if isinstance(node, list):
-            if not last.isdigit() or int(last) >= len(node):
-                raise ConfigError(f"override {key!r}: {last} is not an index of the list")
-            node[int(last)] = value
-        elif isinstance(node, dict):
-            node[last] = value
-        else:
-            raise ConfigError(f"override {key!r}: {'.'.join(parts[:-1])} is a value, not a section")
+        try:
+            assign(out, parts, value, create=True)
+        except KeyPathError as err:
+            if err.problem == "index" and err.at < len(parts) - 1:
+                raise ConfigError(f"override {key!r}: {err.where} is not an index of the list (it has {err.size} items)") from None
+            if err.problem == "index":
+                raise ConfigError(f"override {key!r}: {parts[-1]} is not an index of the list") from None
+            raise ConfigError(f"override {key!r}: {err.parent or '<root>'} is a value, not a section") from None
     return out
 
 

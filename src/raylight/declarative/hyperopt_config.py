@@ -8,26 +8,23 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-
-class _Model(BaseModel):
-    # NaN and infinity are never a valid setting: every float must be finite.
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
+from raylight.config.base import ConfigModel
 
 
 # -- search spaces -------------------------------------------------------------------
-class ChoiceSpace(_Model):
+class ChoiceSpace(ConfigModel):
     space: Literal["choice"]
     categories: list[Any] = Field(min_length=1, description="Values sampled uniformly.")
 
 
-class GridSpace(_Model):
+class GridSpace(ConfigModel):
     space: Literal["grid"]
     values: list[Any] = Field(min_length=1, description="Every value is tried (times num_samples).")
 
 
-class UniformSpace(_Model):
+class UniformSpace(ConfigModel):
     space: Literal["uniform"]
     lower: float = Field(description="Lowest value.")
     upper: float = Field(description="Highest value.")
@@ -39,7 +36,7 @@ class UniformSpace(_Model):
         return self
 
 
-class LogUniformSpace(_Model):
+class LogUniformSpace(ConfigModel):
     space: Literal["loguniform"]
     lower: float = Field(gt=0, description="Lowest value (> 0).")
     upper: float = Field(gt=0, description="Highest value.")
@@ -51,7 +48,7 @@ class LogUniformSpace(_Model):
         return self
 
 
-class RandIntSpace(_Model):
+class RandIntSpace(ConfigModel):
     space: Literal["randint"]
     lower: int = Field(description="Lowest integer.")
     upper: int = Field(description="Highest integer, exclusive (as in Ray Tune).")
@@ -69,11 +66,11 @@ Space = Annotated[
 
 
 # -- schedulers ----------------------------------------------------------------------
-class FifoScheduler(_Model):
+class FifoScheduler(ConfigModel):
     type: Literal["fifo"]
 
 
-class AshaScheduler(_Model):
+class AshaScheduler(ConfigModel):
     type: Literal["async_hyperband", "asha"]
     max_t: int = Field(100, ge=1, description="Most epochs a trial runs.")
     grace_period: int = Field(1, ge=1, description="Epochs every trial runs before it can be stopped.")
@@ -86,13 +83,13 @@ class AshaScheduler(_Model):
         return self
 
 
-class MedianStoppingScheduler(_Model):
+class MedianStoppingScheduler(ConfigModel):
     type: Literal["median_stopping"]
     grace_period: float = Field(1.0, ge=0, description="Epochs before a trial can be stopped.")
     min_samples_required: int = Field(3, ge=1, description="Trials needed to compute a median.")
 
 
-class PbtScheduler(_Model):
+class PbtScheduler(ConfigModel):
     type: Literal["pbt"]
     perturbation_interval: int = Field(2, ge=1, description="Epochs between exploit/explore steps.")
     quantile_fraction: float = Field(0.25, gt=0, le=0.5, description="Bottom fraction copies the top fraction.")
@@ -104,7 +101,7 @@ Scheduler = Annotated[
 ]
 
 
-class SearchAlgConfig(_Model):
+class SearchAlgConfig(ConfigModel):
     type: Literal["random", "grid", "optuna"] = Field(
         "random",
         description="random: sample the spaces (grid spaces are crossed); grid: every grid value, "
@@ -113,7 +110,7 @@ class SearchAlgConfig(_Model):
     seed: int | None = Field(None, description="Seed of the search algorithm.")
 
 
-class ExecutorConfig(_Model):
+class ExecutorConfig(ConfigModel):
     num_samples: int = Field(10, ge=1, description="Trials to run (for grid spaces: repeats of the grid).")
     max_concurrent_trials: int | Literal["auto"] = Field(
         "auto",
@@ -140,7 +137,7 @@ class ExecutorConfig(_Model):
         return self
 
 
-class HyperoptConfig(_Model):
+class HyperoptConfig(ConfigModel):
     parameters: dict[str, Space] = Field(
         min_length=1,
         description="Config keys by dotted path (trainer.learning_rate, combiner.fc_layers.0.output_size) "

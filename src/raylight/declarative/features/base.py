@@ -1,0 +1,84 @@
+"""What an input feature type provides (``FeatureType``), and what the types share: the
+config fields every feature has and the settings of an embedding encoder."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pydantic import Field
+
+from raylight.config.base import ConfigModel
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+    from torch import nn
+
+# Upper bounds: far beyond any real use, low enough that a typo fails here and not as an
+# allocation of terabytes.
+MAX_WIDTH = 65_536  # units of a layer, size of an embedding
+MAX_VOCAB = 10_000_000
+PAD, UNK = "<PAD>", "<UNK>"  # the first entries of vocabularies
+
+
+class FeatureModel(ConfigModel):
+    """The fields of every feature, input or output; a type's model narrows ``type`` to
+    its name (``Literal["number"]``) and adds its own sections."""
+
+    name: str = Field(min_length=1, description="Feature name; also the column unless `column` is set.")
+    column: str | None = Field(None, min_length=1, description="Dataset column; default: the name.")
+    type: str = Field(description="The feature's type.")
+
+    @property
+    def col(self) -> str:
+        return self.column or self.name
+
+
+class EmbeddingEncoder(ConfigModel):
+    embedding_size: int = Field(32, ge=1, le=MAX_WIDTH, description="Size of category and text embeddings.")
+
+
+class FeatureType(Protocol):
+    """One input feature type. Each module of this package is one (modules satisfy a
+    Protocol); ``FEATURES`` in ``__init__.py`` lists them. ``feat`` is a feature of the
+    type (its ``Input``), or an output feature declared with the type's name for the
+    checks; ``kind`` is ``input_features`` or ``output_features``, for messages."""
+
+    INFER_RANK: int  # init-config asks the types' ``infers`` in this order, lowest first
+
+    @property
+    def Input(self) -> type[FeatureModel]:
+        """Its config model: a FeatureModel with ``type: Literal["<name>"]``."""
+        ...
+
+    def infers(self, values: pd.Series) -> bool:
+        """Whether init-config gives a column of these (non-null) values this type."""
+        ...
+
+    def check(self, col: pd.Series, feat: Any, kind: str) -> None:
+        """Raise a ConfigError naming the column if it cannot hold this type (pandas)."""
+        ...
+
+    def block_summary(self, col: pd.Series) -> dict[str, Any]:
+        """Ray Data: what ``check_blocks`` needs, from one block of the column."""
+        ...
+
+    def check_blocks(self, summary: pd.DataFrame, feat: Any, kind: str) -> None:
+        """Ray Data: ``check``, from the ``block_summary`` of each block (one row each)."""
+        ...
+
+    def fit(self, col: pd.Series, feat: Any) -> dict[str, Any]:
+        """Statistics and vocabularies (JSON-able) from the training split's column."""
+        ...
+
+    def fit_ray(self, train: Any, feats: list[Any]) -> dict[str, dict[str, Any]]:
+        """``fit`` on a Ray Data split, for all features of the type at once, by name."""
+        ...
+
+    def transform(self, col: pd.Series, feat: Any, meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None]:
+        """The model's input for each row, and the mask of rows kept (None: every row)."""
+        ...
+
+    def encoder(self, feat: Any, meta: dict[str, Any]) -> tuple[nn.Module, int]:
+        """The torch module encoding ``transform``'s arrays, and its output width."""
+        ...

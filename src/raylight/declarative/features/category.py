@@ -1,0 +1,86 @@
+"""Category features: a vocabulary of the training split's most common values (the rest
+map to <UNK>), encoded by an embedding. The type init-config gives what no other claims."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import Field
+
+from raylight.config.base import ConfigModel
+from raylight.declarative.features.base import MAX_VOCAB, UNK, EmbeddingEncoder, FeatureModel
+
+if TYPE_CHECKING:
+    from torch import nn
+
+
+class CategoryPreprocessing(ConfigModel):
+    most_common: int = Field(10_000, ge=1, le=MAX_VOCAB, description="Largest vocabulary kept; the rest map to <UNK>.")
+    min_frequency: int = Field(1, ge=1, le=2**31, description="Values seen fewer times map to <UNK>.")
+    missing_value_strategy: Literal["fill_with_const", "drop_row"] = Field(
+        "fill_with_const", description="What replaces a missing value."
+    )
+    fill_value: str = Field("<UNK>", description="The value used by fill_with_const.")
+
+
+class CategoryInput(FeatureModel):
+    type: Literal["category"]
+    preprocessing: CategoryPreprocessing = Field(default_factory=lambda: CategoryPreprocessing(), description="Category preprocessing.")
+    encoder: EmbeddingEncoder = Field(default_factory=lambda: EmbeddingEncoder(), description="Embedding encoder.")
+
+
+Input = CategoryInput
+INFER_RANK = 100  # last: numbers with few values, short strings
+
+
+def infers(values: pd.Series) -> bool:
+    return True
+
+
+def check(col: pd.Series, feat: Any, kind: str) -> None:
+    return None  # any value is a category
+
+
+def block_summary(col: pd.Series) -> dict[str, Any]:
+    return {}
+
+
+def check_blocks(summary: pd.DataFrame, feat: Any, kind: str) -> None:
+    return None
+
+
+def fit(col: pd.Series, feat: CategoryInput) -> dict[str, Any]:
+    cp = feat.preprocessing
+    counts = Counter(col.dropna().astype(str))
+    kept = [v for v, c in counts.most_common(cp.most_common) if c >= cp.min_frequency]
+    return {"vocab": [UNK, *kept]}
+
+
+def fit_ray(train: Any, feats: list[CategoryInput]) -> dict[str, dict[str, Any]]:
+    from ray.data.aggregate import Count
+
+    meta: dict[str, dict[str, Any]] = {}
+    for feat in feats:
+        counts = train.groupby(feat.col).aggregate(Count()).to_pandas()
+        counts = counts[counts[feat.col].notna()].sort_values("count()", ascending=False)
+        kept = [str(v) for v, c in zip(counts[feat.col], counts["count()"], strict=True) if c >= feat.preprocessing.min_frequency]
+        meta[feat.name] = {"vocab": [UNK, *kept[: feat.preprocessing.most_common]]}
+    return meta
+
+
+def transform(col: pd.Series, feat: CategoryInput, meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None]:
+    cp = feat.preprocessing
+    keep = col.notna().to_numpy() if cp.missing_value_strategy == "drop_row" else None
+    index = {v: i for i, v in enumerate(meta["vocab"])}
+    values = col.astype(object).where(col.notna(), cp.fill_value).astype(str)
+    return np.array([index.get(v, 0) for v in values], dtype=np.int64), keep
+
+
+def encoder(feat: CategoryInput, meta: dict[str, Any]) -> tuple[nn.Module, int]:
+    from torch import nn
+
+    size = feat.encoder.embedding_size
+    return nn.Embedding(len(meta["vocab"]), size), size

@@ -1,0 +1,146 @@
+"""Number features: numeric, finite values, scaled by the training split's mean and
+standard deviation (or range); the encoder passes them through.
+
+The checks and statistics serve a number target too (``preprocess``, ``ray_data``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import Field
+
+from raylight.config.base import ConfigModel
+from raylight.declarative.features.base import FeatureModel
+from raylight.exceptions import ConfigError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+
+class NumberPreprocessing(ConfigModel):
+    normalization: Literal["zscore", "minmax", "none"] = Field("zscore", description="How values are scaled.")
+    missing_value_strategy: Literal["fill_with_mean", "fill_with_const", "drop_row"] = Field(
+        "fill_with_mean", description="What replaces a missing value."
+    )
+    fill_value: float = Field(0.0, description="The value used by fill_with_const.")
+
+
+class NumberInput(FeatureModel):
+    type: Literal["number"]
+    preprocessing: NumberPreprocessing = Field(default_factory=lambda: NumberPreprocessing(), description="Number preprocessing.")
+
+
+Input = NumberInput
+INFER_RANK = 1  # after binary: a numeric column of two values is binary
+
+
+def infers(values: pd.Series) -> bool:
+    return bool(pd.api.types.is_numeric_dtype(values) and values.nunique() > 20)
+
+
+# The data errors, one wording for the pandas and the Ray Data checks alike.
+def non_numeric(kind: str, feat: Any, examples: list[str], where: str = "") -> ConfigError:
+    return ConfigError(
+        f"column {feat.col!r} ({kind} {feat.name!r}, type number) holds non-numeric values "
+        f"such as {examples}{where}; clean the column or declare the feature as category"
+    )
+
+
+def non_finite(kind: str, feat: Any, where: str = "") -> ConfigError:
+    return ConfigError(
+        f"column {feat.col!r} ({kind} {feat.name!r}, type number) holds infinite values{where}; "
+        "replace them with finite numbers, or leave the cells empty to treat them as missing"
+    )
+
+
+def no_statistics(feat: Any, what: str) -> ConfigError:
+    return ConfigError(
+        f"column {feat.col!r} (feature {feat.name!r}) has no finite values in the training "
+        f"split, so its {what} cannot be computed; fill the column or drop the feature"
+    )
+
+
+def finite_stats(feat: Any, mean: float, std: float, low: float, high: float) -> dict[str, float]:
+    """A number feature's statistics, checked finite; a constant column scales by 1."""
+    if not all(np.isfinite(v) for v in (mean, low, high)):
+        raise no_statistics(feat, "mean and range")
+    std = std if np.isfinite(std) and std > 0 else 1.0
+    span = high - low if np.isfinite(high - low) and high > low else 1.0
+    return {"mean": float(mean), "std": float(std), "min": float(low), "span": float(span)}
+
+
+def check(col: pd.Series, feat: Any, kind: str) -> None:
+    values = pd.to_numeric(col, errors="coerce")
+    bad = col[values.isna() & col.notna()]
+    if len(bad):
+        examples = bad.astype(str).unique()[:3].tolist()
+        raise non_numeric(kind, feat, examples, f" (first at row {bad.index[0]})")
+    infinite = values[np.isinf(values.astype(float))]
+    if len(infinite):
+        raise non_finite(kind, feat, f" (first at row {infinite.index[0]})")
+
+
+def block_summary(col: pd.Series) -> dict[str, Any]:
+    """Non-numeric values (how many, one example) and infinite ones."""
+    # Ray Data reads a CSV column holding text as strings, with "" for missing values.
+    present = col.notna() & (col.astype(str).str.strip() != "")
+    values = pd.to_numeric(col.astype(object), errors="coerce")
+    bad = col[values.isna() & present]
+    return {"bad": len(bad), "example": str(bad.iloc[0]) if len(bad) else "", "inf": int(np.isinf(values.astype(float)).sum())}
+
+
+def check_blocks(summary: pd.DataFrame, feat: Any, kind: str) -> None:
+    if int(summary["bad"].sum()):
+        examples = [e for e in summary["example"] if e][:3]
+        raise non_numeric(kind, feat, examples)
+    if int(summary["inf"].sum()):
+        raise non_finite(kind, feat)
+
+
+def fit(col: pd.Series, feat: Any) -> dict[str, Any]:
+    values = pd.to_numeric(col, errors="coerce").dropna().astype(float)
+    return finite_stats(feat, float(values.mean()), float(values.std(ddof=0)), float(values.min()), float(values.max()))
+
+
+def fit_ray(train: Any, feats: list[Any]) -> dict[str, dict[str, Any]]:
+    """One aggregation over the split for all the columns."""
+    from ray.data.aggregate import Max, Mean, Min, Std
+
+    cols = [f.col for f in feats]
+
+    def coerce(df: pd.DataFrame) -> pd.DataFrame:
+        return pd.DataFrame({c: pd.to_numeric(df[c], errors="coerce").astype(float) for c in cols})
+
+    cast = train.map_batches(coerce, batch_format="pandas")
+    aggs: list[Any] = [a(c, ignore_nulls=True) for c in cols for a in (Mean, Min, Max)]
+    aggs += [Std(c, ddof=0, ignore_nulls=True) for c in cols]
+    stats = cast.aggregate(*aggs)
+    meta: dict[str, dict[str, Any]] = {}
+    for feat in feats:
+        values = [stats.get(f"{agg}({feat.col})") for agg in ("mean", "std", "min", "max")]
+        if any(v is None for v in values):  # no values in the training split
+            raise no_statistics(feat, "mean and range")
+        meta[feat.name] = finite_stats(feat, *(float(v) for v in values))
+    return meta
+
+
+def transform(col: pd.Series, feat: NumberInput, meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None]:
+    p = feat.preprocessing
+    values = pd.to_numeric(col, errors="coerce").astype(float)
+    keep = values.notna().to_numpy() if p.missing_value_strategy == "drop_row" else None
+    fill = meta["mean"] if p.missing_value_strategy == "fill_with_mean" else p.fill_value
+    array = values.fillna(fill).to_numpy()
+    if p.normalization == "zscore":
+        array = (array - meta["mean"]) / meta["std"]
+    elif p.normalization == "minmax":
+        array = (array - meta["min"]) / meta["span"]
+    return array.astype(np.float32)[:, None], keep
+
+
+def encoder(feat: NumberInput, meta: dict[str, Any]) -> tuple[nn.Module, int]:
+    from torch import nn
+
+    return nn.Identity(), 1

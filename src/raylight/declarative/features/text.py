@@ -1,0 +1,98 @@
+"""Text features: word tokens (``\\w+``) from a vocabulary of the training split's most
+common ones, the first TEXT_LENGTH of each row, encoded by a mean bag of embeddings."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import Field
+
+from raylight.config.base import ConfigModel
+from raylight.declarative.features.base import MAX_VOCAB, PAD, UNK, EmbeddingEncoder, FeatureModel
+
+if TYPE_CHECKING:
+    from torch import nn
+
+TEXT_LENGTH = 64
+_TOKEN = re.compile(r"\w+", re.UNICODE)
+
+
+def tokenize(text: str, lowercase: bool) -> list[str]:
+    return _TOKEN.findall(text.lower() if lowercase else text)
+
+
+class TextPreprocessing(ConfigModel):
+    most_common: int = Field(20_000, ge=1, le=MAX_VOCAB, description="Largest vocabulary of tokens.")
+    min_frequency: int = Field(1, ge=1, le=2**31, description="Rarer tokens map to <UNK>.")
+    lowercase: bool = Field(True, description="Lower-case text before tokenising.")
+
+
+class TextInput(FeatureModel):
+    type: Literal["text"]
+    preprocessing: TextPreprocessing = Field(default_factory=lambda: TextPreprocessing(), description="Text preprocessing.")
+    encoder: EmbeddingEncoder = Field(default_factory=lambda: EmbeddingEncoder(), description="Bag-of-embeddings encoder.")
+
+
+Input = TextInput
+INFER_RANK = 2  # strings of more than three words on average
+
+
+def infers(values: pd.Series) -> bool:
+    if pd.api.types.is_numeric_dtype(values):
+        return False
+    return bool(values.astype(str).str.split().str.len().mean() > 3)
+
+
+def check(col: pd.Series, feat: Any, kind: str) -> None:
+    return None  # any value is text
+
+
+def block_summary(col: pd.Series) -> dict[str, Any]:
+    return {}
+
+
+def check_blocks(summary: pd.DataFrame, feat: Any, kind: str) -> None:
+    return None
+
+
+def fit(col: pd.Series, feat: TextInput) -> dict[str, Any]:
+    tp = feat.preprocessing
+    counts = Counter(t for text in col.dropna().astype(str) for t in tokenize(text, tp.lowercase))
+    kept = [v for v, c in counts.most_common(tp.most_common) if c >= tp.min_frequency]
+    return {"vocab": [PAD, UNK, *kept]}
+
+
+def fit_ray(train: Any, feats: list[TextInput]) -> dict[str, dict[str, Any]]:
+    meta: dict[str, dict[str, Any]] = {}
+    for feat in feats:
+        tp = feat.preprocessing
+
+        def count_tokens(df: pd.DataFrame, col: str = feat.col, lower: bool = tp.lowercase) -> pd.DataFrame:
+            c = Counter(t for text in df[col].dropna().astype(str) for t in tokenize(text, lower))
+            return pd.DataFrame({"token": list(c), "n": list(c.values())})
+
+        tokens = train.map_batches(count_tokens, batch_format="pandas").to_pandas()
+        totals = tokens.groupby("token")["n"].sum().sort_values(ascending=False)
+        kept = [t for t, n in totals.items() if n >= tp.min_frequency][: tp.most_common]
+        meta[feat.name] = {"vocab": [PAD, UNK, *kept]}
+    return meta
+
+
+def transform(col: pd.Series, feat: TextInput, meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None]:
+    index = {v: i for i, v in enumerate(meta["vocab"])}
+    ids = np.zeros((len(col), TEXT_LENGTH), dtype=np.int64)
+    for r, text in enumerate(col.fillna("").astype(str)):
+        tokens = [index.get(t, 1) for t in tokenize(text, feat.preprocessing.lowercase)][:TEXT_LENGTH]
+        ids[r, : len(tokens)] = tokens
+    return ids, None
+
+
+def encoder(feat: TextInput, meta: dict[str, Any]) -> tuple[nn.Module, int]:
+    from torch import nn
+
+    size = feat.encoder.embedding_size
+    return nn.EmbeddingBag(len(meta["vocab"]), size, mode="mean", padding_idx=0), size

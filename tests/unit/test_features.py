@@ -1,0 +1,111 @@
+"""Declarative feature types as a family: each built-in type is a module listed in
+FEATURES, and a new type is one module plus one entry (tests/squared_feature.py, added
+here with monkeypatch), taken up by the config, preprocessing, the model and prediction."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from raylight.declarative import api
+from raylight.declarative.features import FEATURES, FeatureType, infer_type
+from raylight.declarative.loading import load_config, render_config
+from raylight.declarative.preprocess import transform
+from raylight.declarative.train import load_model
+from raylight.exceptions import ConfigError
+from tests import squared_feature
+from tests.declarative_data import CONFIG, frame, write
+
+MEMBERS = sorted({*FeatureType.__annotations__, *(n for n in vars(FeatureType) if not n.startswith("_"))})
+SQUARED = CONFIG.replace("{name: age, type: number}", "{name: age, type: squared, preprocessing: {offset: 40}}").replace(
+    "epochs: 6", "epochs: 2"
+)
+
+
+@pytest.mark.parametrize("module", [*FEATURES.values(), squared_feature], ids=[*FEATURES, "squared"])
+def test_every_type_module_has_the_whole_interface(module):
+    assert MEMBERS == ["INFER_RANK", "Input", "block_summary", "check", "check_blocks", "encoder", "fit", "fit_ray", "infers", "transform"]
+    for name in MEMBERS:
+        assert hasattr(module, name), name
+
+
+@pytest.mark.parametrize("name", list(FEATURES))
+def test_a_types_model_is_named_by_its_key(name):
+    assert FEATURES[name].Input.model_fields["type"].annotation == Literal[name]
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        (pd.Series([1, 2, 1]), "binary"),
+        (pd.Series(["a b c d e", "f g h i j"]), "binary"),  # two values: binary before text
+        (pd.Series([], dtype=float), "binary"),
+        (pd.Series(list(range(21))), "number"),
+        (pd.Series(list(range(20))), "category"),  # few numbers: classes
+        (pd.Series(np.linspace(0, 1, 30)), "number"),
+        (pd.Series(["a b c d e", "v w x y z", "q"] * 5), "text"),  # more than three words on average
+        (pd.Series(["a b c", "d e f", "g h i"]), "category"),
+        (pd.Series(["x", "y", "z"]), "category"),
+    ],
+)
+def test_inference_rules_in_rank_order(values, expected):
+    assert infer_type(values) == expected
+
+
+def test_pass_through_encoders_add_no_weights(tmp_path):
+    cfg, data = write(tmp_path)
+    config = load_config(cfg)
+    prepared = api.prepare(config, data)
+    from raylight.models import build_model
+
+    model = build_model(config, prepared.meta)
+    assert isinstance(model.embeddings["age"], torch.nn.Identity) and isinstance(model.embeddings["smoker"], torch.nn.Identity)
+    assert sorted(k for k in model.state_dict() if k.startswith("embeddings.")) == ["embeddings.review.weight", "embeddings.workclass.weight"]
+
+
+def test_a_new_type_is_one_module_and_one_entry(tmp_path, monkeypatch):
+    cfg, data = write(tmp_path, config=SQUARED)
+    with pytest.raises(ConfigError, match="does not match any of the expected tags: 'number', 'category', 'binary', 'text' "):
+        load_config(cfg)
+    with monkeypatch.context() as m:
+        m.setitem(FEATURES, "squared", squared_feature)
+        # The config takes the type, with its own sections and key paths.
+        config = load_config(cfg)
+        feat = config.input_features[0]
+        assert isinstance(feat, squared_feature.SquaredInput) and feat.preprocessing.offset == 40
+        assert "type: squared" in render_config(config) and "offset: 40.0" in render_config(config)
+        with pytest.raises(ConfigError, match=r"input_features\.0\.squared\.encoder\.width: Input should be less than or equal to 64"):
+            load_config(cfg, ["input_features.0.encoder.width=100"])
+        with pytest.raises(ConfigError, match="'number', 'category', 'binary', 'text', 'squared'"):
+            load_config(cfg, ["input_features.0.type=cube"])
+        # Its checks, statistics and transform run in preprocessing.
+        (tmp_path / "bad").mkdir()
+        with pytest.raises(ConfigError, match=r"column 'age' \(input_features 'age', type number\) holds non-numeric"):
+            api.prepare(config, write(tmp_path / "bad", df=frame().assign(age="old"))[1])
+        prepared = api.prepare(config, data)
+        m = prepared.meta["age"]
+        assert set(m) == {"mean", "std"} and m["mean"] > 0
+        assert abs(prepared.train["age"].mean()) < 0.2  # standardised on the training split
+        df = frame()
+        arrays, _ = transform(df, config, prepared.meta, with_outputs=False)
+        squares = ((df["age"] - 40) ** 2).fillna(m["mean"])  # a missing age: the mean square
+        np.testing.assert_allclose(arrays["age"][:, 0], ((squares - m["mean"]) / m["std"]).to_numpy(np.float32), rtol=1e-6)
+        # Its encoder is part of the model, trained and saved with it.
+        out = api.train(config, data, output_directory=str(tmp_path / "run"), progress=False)
+        model = load_model(out["model_path"])
+        assert isinstance(model.model.embeddings["age"], torch.nn.Linear)
+        assert "embeddings.age.weight" in model.model.state_dict()
+        assert model.model.combiner[0].in_features == 2 + 32 + 1 + 32
+        pred = model.predict(frame(30, seed=1))
+        assert len(pred) == 30 and pred["income_probabilities"].between(0, 1).all()
+        # init-config does not give it to any column (its rule claims none).
+        assert "squared" not in {f["type"] for f in api.init_config(data, "income")["input_features"]}
+    # Gone from FEATURES, gone from the config.
+    with pytest.raises(ConfigError, match="'image'"):
+        load_config(cfg, ["input_features.0.type=image"])
+    with pytest.raises(ConfigError, match="'squared' found using 'type' does not match"):
+        load_config(cfg)
