@@ -41,6 +41,19 @@ def test_context_surface():
         assert callable(getattr(raylight.TrainContext, method))
 
 
+def _all_imports(path: pathlib.Path) -> set[str]:
+    """Every module a file imports, at module level, inside functions or for type checking."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # ``from raylight import runtime`` imports the submodule, not the facade's names.
+            subs = {f"{node.module}.{a.name}" for a in node.names}
+            found |= (subs & MODULE_NAMES) or {node.module}
+    return found
+
+
 def _imports(path: pathlib.Path) -> set[str]:
     """Modules imported at module level (not inside functions or TYPE_CHECKING)."""
     tree = ast.parse(path.read_text())
@@ -62,6 +75,7 @@ def _module_name(path: pathlib.Path) -> str:
 
 
 MODULES = {_module_name(p): _imports(p) for p in SRC.rglob("*.py")}
+MODULE_NAMES = set(MODULES)
 
 
 def test_no_import_cycles():
@@ -91,7 +105,7 @@ def _parents(name: str) -> list[str]:
 
 
 def _deps(prefix: str) -> set[str]:
-    return {d for m, deps in MODULES.items() if m.startswith(prefix) for d in deps}
+    return {d for m, deps in MODULES.items() if m == prefix or m.startswith(prefix + ".") for d in deps}
 
 
 def test_boundaries():
@@ -105,12 +119,16 @@ def test_boundaries():
         "__future__", "numpy", "scipy", "threadpoolctl", "math", "collections", "contextlib", "dataclasses", "typing",
         "raylight",
     }
+    # ... and of raylight they know only themselves and the config's names of LR rules.
+    pure = {d for d in _deps("raylight.adaptive") if d.startswith("raylight")}
+    assert {d for d in pure if not d.startswith("raylight.adaptive.")} <= {"raylight.config.schema"}, pure
     # Config is the core's pure data: nothing else of raylight but its error type (the
     # declarative product's config lives in raylight.declarative).
     cfg = {d for d in _deps("raylight.config") if d.startswith("raylight")}
     assert cfg <= {"raylight.config.base", "raylight.config.schema", "raylight.config.validation", "raylight.exceptions"}
-    # Tune is a leaf: only the CLI and the Lightning launcher reach it (lazily).
-    assert not {m for m, deps in MODULES.items() if not m.startswith("raylight.tune") and any(d.startswith("raylight.tune") for d in deps)}
+    # Tune's integration is used by products only (see test_products_stand_side_by_side).
+    users = {m for m, deps in MODULES.items() if not m.startswith("raylight.tune") and any(d.startswith("raylight.tune") for d in deps)}
+    assert all(m.startswith(("raylight.declarative", "raylight.lightning", "raylight.cli")) for m in users), users
     # Strategies know torch.distributed, not Ray.
     assert not {d for d in _deps("raylight.strategies") if d.startswith("ray.") or d == "ray"}
 
@@ -126,3 +144,70 @@ def test_nothing_from_a_worker_is_unpickled_outside_ray():
                 if isinstance(base, ast.Name) and base.id in ("pickle", "cloudpickle", "dill"):
                     calls.append(f"{path.relative_to(SRC)}:{node.lineno}")
     assert not calls, calls
+
+
+# The layers, bottom first. A module imports its own layer and those below, never above,
+# wherever the import statement is (module level, inside a function, for type checking).
+LAYERS = [
+    ("base", ["raylight._time", "raylight.exceptions", "raylight.config"]),
+    ("pure and storage", ["raylight.adaptive", "raylight.storage", "raylight.checkpoint", "raylight.lease", "raylight.plots"]),
+    ("worker pieces and records", [
+        "raylight.worker_group.protocol", "raylight.worker_group.net", "raylight.strategies", "raylight.data",
+        "raylight.adaptive_worker", "raylight.recorder", "raylight.progress", "raylight.runtime",
+    ]),
+    ("context and control", ["raylight.context", "raylight.controller"]),
+    ("worker group", ["raylight.worker_group"]),
+    ("trainer", ["raylight.trainer"]),
+    ("products", ["raylight.declarative", "raylight.models", "raylight.lightning", "raylight.tune", "raylight.cli"]),
+]
+FACADE = "raylight"  # the package's __init__: the public surface over every layer
+# Products stand side by side on the core; Ray Tune's integration is a library any may use.
+PRODUCTS = {
+    "declarative": ["raylight.declarative", "raylight.models"],
+    "lightning": ["raylight.lightning"],
+    "tune": ["raylight.tune"],
+    "cli": ["raylight.cli"],
+}
+PRODUCT_USES = {"declarative": {"tune"}, "lightning": {"tune"}, "cli": {"declarative", "tune"}, "tune": set()}
+
+
+def _owner(name: str, groups: list[tuple[str, list[str]]]) -> int | None:
+    best = None
+    for i, (_, prefixes) in enumerate(groups):
+        for prefix in prefixes:
+            if (name == prefix or name.startswith(prefix + ".")) and (best is None or len(prefix) > best[1]):
+                best = (i, len(prefix))
+    return None if best is None else best[0]
+
+
+def test_no_layer_imports_upward():
+    upward = []
+    for path in SRC.rglob("*.py"):
+        module = _module_name(path)
+        if module == FACADE:
+            continue
+        mine = _owner(module, LAYERS)
+        assert mine is not None, f"{module} belongs to no layer: add it to LAYERS"
+        for dep in _all_imports(path):
+            theirs = _owner(dep, LAYERS) if dep.startswith("raylight") else None
+            if dep == FACADE:
+                theirs = len(LAYERS)  # the facade is above everything
+            if theirs is not None and theirs > mine:
+                upward.append(f"{module} ({LAYERS[mine][0]}) imports {dep} ({LAYERS[theirs][0] if theirs < len(LAYERS) else 'facade'})")
+    assert not upward, "\n".join(upward)
+
+
+def test_products_stand_side_by_side():
+    groups = list(PRODUCTS.items())
+    crossing = []
+    for path in SRC.rglob("*.py"):
+        module = _module_name(path)
+        mine = _owner(module, groups)
+        if mine is None:
+            continue
+        name = groups[mine][0]
+        for dep in _all_imports(path):
+            theirs = _owner(dep, groups)
+            if theirs is not None and theirs != mine and groups[theirs][0] not in PRODUCT_USES[name]:
+                crossing.append(f"{module} ({name}) imports {dep} ({groups[theirs][0]})")
+    assert not crossing, "\n".join(crossing)

@@ -85,7 +85,7 @@ def test_search_space_translation():
     pytest.importorskip("ray.tune")
     from ray.tune.search.sample import Categorical, Float, Integer
 
-    from raylight.tune import search
+    from raylight.declarative import search
 
     h = config(
         {
@@ -112,7 +112,7 @@ def test_search_space_translation():
 
 def test_grid_search_alg_crosses_choices():
     pytest.importorskip("ray.tune")
-    from raylight.tune import search
+    from raylight.declarative import search
 
     h = config(
         {
@@ -140,7 +140,7 @@ def test_grid_search_alg_crosses_choices():
 )
 def test_schedulers(scheduler, cls):
     pytest.importorskip("ray.tune")
-    from raylight.tune import search
+    from raylight.declarative import search
 
     h = config({"parameters": {"trainer.learning_rate": LR}, "executor": {"scheduler": scheduler}}).hyperopt
     assert type(search.scheduler(h)).__name__ == cls
@@ -148,7 +148,7 @@ def test_schedulers(scheduler, cls):
 
 def test_optuna_searcher_or_a_clear_error():
     pytest.importorskip("ray.tune")
-    from raylight.tune import search
+    from raylight.declarative import search
 
     h = config({"parameters": {"trainer.learning_rate": LR}, "search_alg": {"type": "optuna", "seed": 1}}).hyperopt
     try:
@@ -198,7 +198,7 @@ def test_a_trial_larger_than_the_cluster_fails_with_the_numbers():
 
 
 def test_trial_shape():
-    from raylight.tune.hyperopt import plan, trial_shape
+    from raylight.declarative.hyperopt import plan, trial_shape
 
     lr = {"parameters": {"trainer.learning_rate": LR}}
     assert trial_shape(config(lr)).bundles == [{}, {"CPU": 1.0}, {"CPU": 1.0}]
@@ -214,7 +214,7 @@ def test_trial_shape():
 
 
 def test_trial_config_sets_sampled_values():
-    from raylight.tune.hyperopt import trial_config
+    from raylight.declarative.hyperopt import trial_config
 
     cfg = config({"parameters": {"trainer.learning_rate": LR, "combiner.fc_layers.0.output_size": {"space": "choice", "categories": [8]}}})
     trial = trial_config(cfg.model_dump(mode="json"), {"trainer.learning_rate": 0.01, "combiner.fc_layers.0.output_size": 8})
@@ -238,7 +238,7 @@ def test_tune_public_surface_snapshot():
 
     assert sorted(rt.__all__) == sorted([
         "ConcurrencyPlan", "TuneReportCallback", "TuneReportCheckpointCallback", "check_resources", "connect",
-        "from_tune_checkpoint", "get_tune_resources", "hyperopt", "plan_concurrency", "to_tune_checkpoint", "trainable",
+        "from_tune_checkpoint", "get_tune_resources", "plan_concurrency", "to_tune_checkpoint", "trainable",
     ])
     assert list(inspect.signature(rt.trainable).parameters) == [
         "train_loop", "num_workers", "use_gpu", "resources_per_worker", "config", "base_config",

@@ -100,7 +100,7 @@ def hyperopt(
 ) -> None:
     """Search the hyperopt: section's parameters on Ray Tune; each trial trains on raylight workers."""
     try:
-        from raylight.tune.hyperopt import hyperopt as run_search
+        from raylight.declarative.hyperopt import hyperopt as run_search
 
         out = run_search(_config(config, set_), dataset, output_directory=output_directory, progress=not quiet)
     except RaylightError as exc:

@@ -192,8 +192,8 @@ def train(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Train, save the model to ``<output_directory>/model`` and evaluate on the test split."""
-    import raylight
     from raylight.declarative.train import declarative_loop, evaluate_data, load_model, save_model
+    from raylight.trainer import fit
 
     out = new_output_dir(output_directory)
     resolved = resolve_backend(config, backend)
@@ -202,7 +202,7 @@ def train(
     else:
         prepared = prepare(config, dataset)
     loop_config, adaptive = loop_settings(config, prepared, on_ray=resolved.kind == "ray")
-    result = raylight.fit(  # creates the output directory when training starts
+    result = fit(  # creates the output directory when training starts
         declarative_loop,
         config=loop_config,
         num_workers=resolved.num_workers,
@@ -246,14 +246,14 @@ def train(
 
 def loop_settings(config: ModelConfig, prepared: Prepared, *, on_ray: bool) -> tuple[dict[str, Any], Any]:
     """The declarative loop's config and the adaptive settings for one training run."""
-    import raylight
+    from raylight.config import AdaptiveConfig
 
     t = config.trainer
     auto_batch = t.batch_size == "auto"
     adaptive = t.adaptive
     if adaptive is None and auto_batch:
         rule = "adascale" if t.optimizer.type == "sgd" else "sqrt"
-        adaptive = raylight.AdaptiveConfig(lr_rule=rule)
+        adaptive = AdaptiveConfig(lr_rule=rule)
     if not on_ray and adaptive is not None:
         log.warning("trainer: the adaptive engine runs on the ray backend only; the local backend keeps batch %s", 64 if auto_batch else t.batch_size)
         adaptive = None

@@ -12,7 +12,9 @@ Optional extra: needs ``ray[tune]`` (``pip install 'raylight[tune]'``).
   of trials that fit side by side.
 - ``TuneReportCallback``, ``TuneReportCheckpointCallback``: Lightning callbacks that
   report to Tune.
-- ``hyperopt(config, dataset, ...)``: the declarative search behind ``raylight hyperopt``.
+
+Any product may use it; it uses none of them (the declarative search behind
+``raylight hyperopt`` is ``raylight.declarative.hyperopt``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ __all__ = [
     "connect",
     "from_tune_checkpoint",
     "get_tune_resources",
-    "hyperopt",
     "plan_concurrency",
     "to_tune_checkpoint",
     "trainable",
@@ -70,13 +71,9 @@ def check_resources(resources: Any, *, num_trials: int = 1, max_concurrent_trial
     )
 
 
-def __getattr__(name: str) -> Any:  # lazy: Lightning and the declarative layer are optional
+def __getattr__(name: str) -> Any:  # lazy: Lightning is optional
     if name in ("TuneReportCallback", "TuneReportCheckpointCallback"):
         from raylight.tune import lightning
 
         return getattr(lightning, name)
-    if name == "hyperopt":
-        from raylight.tune.hyperopt import hyperopt
-
-        return hyperopt
     raise AttributeError(f"module 'raylight.tune' has no attribute {name!r}")

@@ -17,10 +17,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from raylight.declarative import search
 from raylight.declarative.config import ModelConfig, set_path
 from raylight.declarative.hyperopt_config import HyperoptConfig
 from raylight.exceptions import ConfigError, RaylightError
-from raylight.tune import search
 from raylight.tune.resources import (
     ConcurrencyPlan,
     check_bundles_fit,
