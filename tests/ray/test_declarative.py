@@ -157,3 +157,22 @@ def test_ray_data_rejects_a_split_that_drop_row_empties(ray_cluster, tmp_path):
     )
     text = _ray_data_error(tmp_path, df, config)
     assert "split" in text and "empty" in text and "drop_row" in text
+
+
+def test_training_arrays_go_to_the_object_store_once(ray_cluster, tmp_path):
+    """The loop config carries references, not arrays, to every worker start and resize."""
+    import numpy as np
+    import ray
+
+    from raylight.declarative.train import from_store
+
+    cfg, data = write(tmp_path, config=RAY_CONFIG.replace("type: ray_data", "type: pandas"))
+    config = load_config(cfg)
+    prepared = api.prepare(config, data)
+    stored = api.in_store(prepared)
+    loop_config, _ = api.loop_settings(config, stored, on_ray=True)
+    assert isinstance(loop_config["train"], ray.ObjectRef) and isinstance(loop_config["validation"], ray.ObjectRef)
+    back = from_store(loop_config["train"])
+    assert back.keys() == prepared.train.keys()
+    assert all(np.array_equal(back[k], prepared.train[k]) for k in back)
+    assert from_store(prepared.train) is prepared.train  # arrays in memory pass through

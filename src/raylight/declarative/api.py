@@ -201,6 +201,8 @@ def train(
         prepared = prepare(config, dataset, processor="ray_data", progress=progress)
     else:
         prepared = prepare(config, dataset)
+    if resolved.kind == "ray":
+        prepared = in_store(prepared)
     loop_config, adaptive = loop_settings(config, prepared, on_ray=resolved.kind == "ray")
     result = fit(  # creates the output directory when training starts
         declarative_loop,
@@ -242,6 +244,20 @@ def train(
         json.dump(evaluation, f, indent=2)
     _plot_learning_curves(result.metrics_history, os.path.join(out, "learning_curves.png"))
     return {"output_directory": out, "model_path": model_dir, "evaluation": evaluation, "backend": resolved.kind}
+
+
+def in_store(prepared: Prepared) -> Prepared:
+    """The training and validation arrays put into Ray's object store once: the loop
+    config then carries references, not the arrays, to every worker start and in-place
+    resize (blocks from Ray Data are there already). Needs a connected Ray."""
+    import dataclasses
+
+    import ray
+
+    def put(split: Any) -> Any:
+        return ray.put(split) if isinstance(split, dict) else split
+
+    return dataclasses.replace(prepared, train=put(prepared.train), validation=put(prepared.validation))
 
 
 def loop_settings(config: ModelConfig, prepared: Prepared, *, on_ray: bool) -> tuple[dict[str, Any], Any]:

@@ -164,6 +164,7 @@ def hyperopt(config: ModelConfig, dataset: str, *, output_directory: str, progre
         prepared = api.Prepared(config, parts["meta"], parts["train"], parts["validation"], parts["test"], None)
     else:
         prepared = api.prepare(config, dataset)
+    prepared = api.in_store(prepared)  # every trial's workers read the same arrays
     base = config.model_dump(mode="json")
     os.makedirs(out, exist_ok=True)
     trial_fn = tune.with_resources(

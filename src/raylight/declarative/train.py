@@ -6,7 +6,7 @@ import json
 import math
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -14,6 +14,9 @@ import torch
 
 from raylight.data.blocks import BlockDataset
 from raylight.declarative.config import ModelConfig
+
+if TYPE_CHECKING:
+    from raylight.context import TrainContext
 
 TARGET_KEY = "__target__"
 
@@ -97,13 +100,26 @@ def training_dataset(data: Any) -> torch.utils.data.Dataset:
     return ArrayDataset(data)
 
 
-def declarative_loop(ctx: Any, config: dict[str, Any]) -> None:
+def from_store(data: Any) -> Any:
+    """A split as the loop config carries it: arrays, blocks (``BlockRefs``), None, or a
+    reference to arrays put into Ray's object store once by the driver (``api.in_store``),
+    fetched here (zero-copy on the node that holds them)."""
+    from raylight.declarative.ray_data import BlockRefs
+
+    if data is None or isinstance(data, dict | BlockRefs):
+        return data
+    import ray
+
+    return ray.get(data)
+
+
+def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
     """The per-worker loop raylight.fit runs for `raylight train`."""
     from raylight.models import build_model, loss_for
 
     cfg = ModelConfig.model_validate(config["model_config"])
     assert config["train"] is not None, "the training split is never empty"
-    train_data, val_data = training_dataset(config["train"]), config["validation"]
+    train_data, val_data = training_dataset(from_store(config["train"])), from_store(config["validation"])
     meta, out = config["meta"], cfg.output_features[0]
     torch.manual_seed(cfg.trainer.seed)
     model = ctx.prepare_model(build_model(cfg, meta))
