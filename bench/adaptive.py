@@ -740,7 +740,7 @@ def source_fingerprint() -> str:
 
 def run_child(child: str, base_job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     """Launch one cold child process; returns its record with the launch timestamp."""
-    from overhead import child_env, reap_leftovers, stop_group, tail
+    from common import child_env, reap_leftovers, stop_group, tail
 
     run_dir = Path(tempfile.mkdtemp(prefix="rla-", dir="/tmp"))  # short: Ray's socket paths
     job = dict(
@@ -1484,7 +1484,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         }
         for kind, r in resize_reps.items()
     }
-    from overhead import machine_info
+    from common import machine_info
 
     results = {
         "config": {
