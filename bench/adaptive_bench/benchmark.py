@@ -153,8 +153,9 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         job = dict(common, seed=0, atomic_sizes=list(SWEEP_ATOMIC), steps=args.sweep_steps)
         sweep, raw = sweep_record(job, args.timeout)
         show("", sweep)
-        if sweep["ok"]:
-            pred = prediction_error([*profiles, ("forced layouts", raw["profile"])])
+        if sweep["ok"]:  # the forward predictions stay: the forced layouts have none
+            forced = prediction_error([*profiles, ("forced layouts", raw["profile"])])
+            pred = {**forced, "forward": pred["forward"]}
             sweep["runs"] = raw["runs"]
         pred["forced_layouts"] = {
             "why": "no time-to-target adaptive run saw 3 layouts with enough steps",
