@@ -1,11 +1,38 @@
-"""Helpers shared by the benchmarks (process and cluster set-up, not measurement)."""
+"""Helpers shared by the benchmarks: a child process per run (launch, time, clean up),
+the local Ray a child starts, and the machine a run measured on. Measurement itself (what
+a job times and how a bench summarises it) stays with each bench.
+
+Every benchmark run is a cold child process in a run directory of its own under /tmp:
+
+    run = ChildRun(base_job, prefix="rlb-")   # the directory, and the job's paths in it
+    run.launch(command(run.job), timeout_s)   # its own session; killed at the timeout
+    record["leftover_pids"] = run.reap()      # whatever it left running, killed by PID
+    ... the bench reads run.job["result_path"] into its record ...
+    return run.finish(record)                 # ok, or the error with stderr's tail
+
+``run_once`` is that sequence for the children whose rank 0 writes a step-clock summary
+(bench/overhead.py's StepClock: bench/overhead.py and bench/lightning.py).
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
+
+# -- a child's own local Ray ----------------------------------------------------------
 
 
 def init_local_ray(num_cpus: int, temp_dir: str) -> Any:
@@ -41,3 +68,188 @@ def run_ray_train(
         ).fit()
     finally:
         ray.shutdown()
+
+
+# -- child processes: launch, time, clean up ------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def script_command(script: str | Path, child: str, job: dict[str, Any]) -> list[str]:
+    """A bench script run as one of its own children: ``script --child NAME --job JSON``."""
+    return [sys.executable, str(script), "--child", child, "--job", json.dumps(job)]
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", RAY_USAGE_STATS_ENABLED="0")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def leftover_processes(session: int, marker: str) -> list[int]:
+    """Live PIDs in the child's session, or with its run dir on their command line."""
+    out = subprocess.run(["ps", "-eo", "pid=,sid=,stat=,args="], capture_output=True, text=True)
+    pids = []
+    for line in out.stdout.splitlines():
+        fields = line.split(maxsplit=3)
+        pid, sid, state = int(fields[0]), int(fields[1]), fields[2]
+        args = fields[3] if len(fields) > 3 else ""
+        if (sid == session or marker in args) and pid != os.getpid() and state[0] != "Z":
+            pids.append(pid)
+    return pids
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """Kill the child's process group (the child was started in a session of its own)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def reap_leftovers(session: int, marker: str) -> list[int]:
+    """Kill, by PID, whatever the child left running; returns their PIDs."""
+    time.sleep(1.0)  # give processes that are already exiting a moment
+    pids = leftover_processes(session, marker)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+class ChildRun:
+    """One cold child process and its run directory (``mkdtemp`` under /tmp with
+    ``prefix``: short, for Ray's socket paths). ``job`` is ``base_job`` with the paths the
+    child writes to: result_path, ray_temp_dir, storage_path (and stop_file, a file the
+    parent may create to ask the child to stop, with ``stop_file``)."""
+
+    def __init__(self, base_job: dict[str, Any], *, prefix: str, stop_file: bool = False):
+        self.dir = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+        self.job = dict(
+            base_job,
+            result_path=str(self.dir / "result.json"),
+            ray_temp_dir=str(self.dir / "r"),
+            storage_path=str(self.dir / "storage"),
+        )
+        if stop_file:
+            self.job["stop_file"] = str(self.dir / "stop")
+        self.stderr = self.dir / "stderr.log"
+        self.launched = 0.0  # time.time() just before the launch
+        self.process_s = 0.0  # launch -> the child has exited (or was killed)
+        self.error: str | None = None  # timed out, or a non-zero exit code
+        self.pid = 0
+
+    def launch(self, command: list[str], timeout_s: float, *, in_run_dir: bool = False) -> None:
+        """Run ``command`` in a session of its own until it exits or ``timeout_s`` passes
+        (then its process group is killed); with ``in_run_dir`` it runs in the run dir."""
+        with (self.dir / "stdout.log").open("wb") as out, self.stderr.open("wb") as err:
+            self.launched = time.time()
+            proc = subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=err,
+                env=child_env(),
+                cwd=self.dir if in_run_dir else None,
+                start_new_session=True,
+            )
+            try:
+                returncode = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                stop_group(proc)
+                returncode = None
+            self.process_s = time.time() - self.launched
+        self.pid = proc.pid
+        if returncode is None:
+            self.error = f"timed out after {timeout_s:.0f}s"
+        elif returncode != 0:
+            self.error = f"exit code {returncode}"
+
+    def reap(self) -> list[int]:
+        """Kill, by PID, what the child left running (its session, or its run dir in
+        their command line); returns their PIDs."""
+        return reap_leftovers(self.pid, str(self.dir))
+
+    def finish(self, record: dict[str, Any]) -> dict[str, Any]:
+        """A record with an "error" keeps the run dir for a look and gets stderr's tail;
+        any other is ok, and the run dir goes."""
+        if "error" in record:
+            record["stderr_tail"] = tail(self.stderr)
+            record["run_dir"] = str(self.dir)
+        else:
+            record["ok"] = True
+            shutil.rmtree(self.dir, ignore_errors=True)
+        return record
+
+
+def run_once(
+    system: str,
+    base_job: dict[str, Any],
+    timeout_s: float,
+    *,
+    command: Callable[[str, dict[str, Any]], list[str]],
+    in_run_dir: bool = False,
+) -> dict[str, Any]:
+    """Launch one cold run of ``system`` and measure it from the launch timestamp.
+    ``command`` builds the child's command line; with ``in_run_dir`` the child runs in
+    its own temporary directory. Rank 0 writes a step-clock summary to result_path."""
+    run = ChildRun(base_job, prefix="rlb-")
+    record: dict[str, Any] = {"system": system, "ok": False}
+    run.launch(command(system, run.job), timeout_s, in_run_dir=in_run_dir)
+    record["process_s"] = run.process_s
+    record["leftover_pids"] = run.reap()
+    if run.error is not None:
+        record["error"] = run.error
+    else:
+        record.update(read_result(run.job["result_path"], run.launched))
+    return run.finish(record)
+
+
+def read_result(path: str, launched: float) -> dict[str, Any]:
+    """Rank 0's step-clock summary (overhead.StepClock.summary), times from the launch."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {"error": "rank 0 wrote no result"}
+    if raw["first_step_end"] is None:
+        return {"error": "no training step was taken", **raw}
+    return {
+        "start_to_first_step_s": raw["first_step_end"] - launched,
+        "wall_s": raw["last_step_end"] - launched,
+        "steady_samples_per_s": raw["steady_samples_per_s"],
+        "window_change": raw.get("window_change"),
+        "steps": raw["steps"],
+        "torch_threads": raw["torch_threads"],
+    }
+
+
+# -- the machine ----------------------------------------------------------------------
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    return {
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": package_version("torch"),
+        "ray": package_version("ray"),
+        "raylight": package_version("raylight"),
+    }

@@ -36,17 +36,8 @@ from typing import Any
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
 
-import overhead  # noqa: E402
-from overhead import (  # noqa: E402
-    StepClock,
-    fmt,
-    machine_info,
-    make_dataset,
-    make_model,
-    medians,
-    package_version,
-    ratio,
-)
+from common import machine_info, package_version, run_once, run_ray_train  # noqa: E402
+from overhead import StepClock, fmt, make_dataset, make_model, medians, ratio  # noqa: E402
 
 SYSTEMS = ("ray_train", "raylight")
 NUM_WORKERS = 2
@@ -121,8 +112,6 @@ def ray_train_loop(job: dict[str, Any]) -> None:
 
 
 def child_ray_train(job: dict[str, Any]) -> None:
-    from common import run_ray_train
-
     run_ray_train(ray_train_loop, job, NUM_WORKERS)
 
 
@@ -169,11 +158,6 @@ def child_command(system: str, job: dict[str, Any]) -> list[str]:
     return [sys.executable, "-c", boot, system, json.dumps(job)]
 
 
-def run_once(system: str, base_job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """One cold child (overhead.run_once), booted by CHILD_BOOT in its own directory."""
-    return overhead.run_once(system, base_job, timeout_s, command=child_command, in_run_dir=True)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=2)
@@ -187,7 +171,8 @@ def main(argv: list[str] | None = None) -> None:
     for rep in range(args.reps):
         for name in SYSTEMS:  # interleaved, so drift hits both alike
             print(f"rep {rep + 1}/{args.reps}: {name} ...", end=" ", flush=True)
-            record = run_once(name, job, args.timeout)
+            # booted by CHILD_BOOT, in its own directory
+            record = run_once(name, job, args.timeout, command=child_command, in_run_dir=True)
             reps[name].append(record)
             print(f"{record['process_s']:.1f}s" if record["ok"] else f"FAILED ({record['error']})")
     summary = {

@@ -38,21 +38,15 @@ import argparse
 import itertools
 import json
 import os
-import platform
-import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import torch
+from common import free_port, machine_info, run_once, run_ray_train, script_command
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -220,8 +214,6 @@ def raylight_loop(ctx: Any, job: dict[str, Any]) -> None:
 
 
 def child_ray_train(job: dict[str, Any]) -> None:
-    from common import run_ray_train
-
     run_ray_train(ray_train_loop, job, NUM_WORKERS)
 
 
@@ -252,13 +244,7 @@ CHILDREN = {
 }
 
 
-# -- the parent: launch, time, clean up -----------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+# -- the parent: launch, time (common.run_once) --------------------------------------
 
 
 def child_command(system: str, job: dict[str, Any]) -> list[str]:
@@ -268,121 +254,7 @@ def child_command(system: str, job: dict[str, Any]) -> list[str]:
         launcher += ["--nproc_per_node", str(NUM_WORKERS), "--master_addr", "127.0.0.1"]
         launcher += ["--master_port", str(free_port()), this_file]
         return [*launcher, "--child", "torchrun-worker", "--job", json.dumps(job)]
-    return [sys.executable, this_file, "--child", system, "--job", json.dumps(job)]
-
-
-def child_env() -> dict[str, str]:
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", RAY_USAGE_STATS_ENABLED="0")
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-def leftover_processes(session: int, marker: str) -> list[int]:
-    """Live PIDs in the child's session, or with its run dir on their command line."""
-    out = subprocess.run(["ps", "-eo", "pid=,sid=,stat=,args="], capture_output=True, text=True)
-    pids = []
-    for line in out.stdout.splitlines():
-        fields = line.split(maxsplit=3)
-        pid, sid, state = int(fields[0]), int(fields[1]), fields[2]
-        args = fields[3] if len(fields) > 3 else ""
-        if (sid == session or marker in args) and pid != os.getpid() and state[0] != "Z":
-            pids.append(pid)
-    return pids
-
-
-def stop_group(proc: subprocess.Popen) -> None:
-    """Kill the child's process group (the child was started in a session of its own)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
-def reap_leftovers(session: int, marker: str) -> list[int]:
-    """Kill, by PID, whatever the child left running; returns their PIDs."""
-    time.sleep(1.0)  # give processes that are already exiting a moment
-    pids = leftover_processes(session, marker)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return pids
-
-
-def tail(path: Path, lines: int = 15) -> str:
-    text = path.read_text(errors="replace") if path.exists() else ""
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
-def run_once(
-    system: str,
-    base_job: dict[str, Any],
-    timeout_s: float,
-    *,
-    command: Callable[[str, dict[str, Any]], list[str]] | None = None,
-    in_run_dir: bool = False,
-) -> dict[str, Any]:
-    """Launch one cold run of ``system`` and measure it from the launch timestamp.
-    ``command`` builds the child's command line (default ``child_command``); with
-    ``in_run_dir`` the child runs in its own temporary directory."""
-    run_dir = Path(tempfile.mkdtemp(prefix="rlb-", dir="/tmp"))  # short: Ray's socket paths
-    job = dict(
-        base_job,
-        result_path=str(run_dir / "result.json"),
-        ray_temp_dir=str(run_dir / "r"),
-        storage_path=str(run_dir / "storage"),
-    )
-    stdout, stderr = run_dir / "stdout.log", run_dir / "stderr.log"
-    record: dict[str, Any] = {"system": system, "ok": False}
-    with stdout.open("wb") as out, stderr.open("wb") as err:
-        launched = time.time()
-        proc = subprocess.Popen(
-            (command or child_command)(system, job),
-            stdout=out,
-            stderr=err,
-            env=child_env(),
-            cwd=run_dir if in_run_dir else None,
-            start_new_session=True,
-        )
-        try:
-            returncode = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            stop_group(proc)
-            returncode = None
-        record["process_s"] = time.time() - launched
-    record["leftover_pids"] = reap_leftovers(proc.pid, str(run_dir))
-    if returncode is None:
-        record["error"] = f"timed out after {timeout_s:.0f}s"
-    elif returncode != 0:
-        record["error"] = f"exit code {returncode}"
-    else:
-        record.update(read_result(job["result_path"], launched))
-    if "error" in record:
-        record["stderr_tail"] = tail(stderr)
-        record["run_dir"] = str(run_dir)  # kept for a look
-    else:
-        record["ok"] = True
-        shutil.rmtree(run_dir, ignore_errors=True)
-    return record
-
-
-def read_result(path: str, launched: float) -> dict[str, Any]:
-    try:
-        raw = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return {"error": "rank 0 wrote no result"}
-    if raw["first_step_end"] is None:
-        return {"error": "no training step was taken", **raw}
-    return {
-        "start_to_first_step_s": raw["first_step_end"] - launched,
-        "wall_s": raw["last_step_end"] - launched,
-        "steady_samples_per_s": raw["steady_samples_per_s"],
-        "window_change": raw.get("window_change"),
-        "steps": raw["steps"],
-        "torch_threads": raw["torch_threads"],
-    }
+    return script_command(this_file, system, job)
 
 
 # -- summary --------------------------------------------------------------------------
@@ -416,24 +288,6 @@ def goals(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "raylight_vs_torchrun_throughput": throughput,
         "start_goal_met": None if start is None else start <= START_GOAL,
         "throughput_goal_met": None if throughput is None else throughput >= THROUGHPUT_GOAL,
-    }
-
-
-def package_version(name: str) -> str | None:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
-
-
-def machine_info() -> dict[str, Any]:
-    return {
-        "cpu_count": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": package_version("torch"),
-        "ray": package_version("ray"),
-        "raylight": package_version("raylight"),
     }
 
 
@@ -479,7 +333,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     for rep in range(args.reps):
         for name in SYSTEMS:  # interleaved, so drift hits every system alike
             print(f"rep {rep + 1}/{args.reps}: {name} ...", end=" ", flush=True)
-            record = run_once(name, job, args.timeout)
+            record = run_once(name, job, args.timeout, command=child_command)
             reps[name].append(record)
             print(f"{record['process_s']:.1f}s" if record["ok"] else f"FAILED ({record['error']})")
     summary = {
