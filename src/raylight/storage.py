@@ -28,13 +28,14 @@ import contextlib
 import ctypes
 import errno
 import hashlib
+import itertools
 import json
 import logging
 import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,12 +167,15 @@ def atomic_write(path: str, data: bytes | str) -> None:
         f.write(data.encode() if isinstance(data, str) else data)
 
 
-def write_committed(fs: Any, directory: str, files: list[tuple[str, bytes]], marker: tuple[str, bytes]) -> None:
-    """Write ``files`` into ``directory`` on any fsspec filesystem, then ``marker`` last:
-    readers that trust a directory only once its marker exists never see a part of it
-    (each object write is atomic on object stores)."""
+def write_committed(fs: Any, directory: str, files: Iterable[tuple[str, bytes]], marker: tuple[str, bytes]) -> None:
+    """Write ``files`` (relative names; may be a generator, written one at a time) into
+    ``directory`` on any fsspec filesystem, then ``marker`` last: readers that trust a
+    directory only once its marker exists never see a part of it (each object write is
+    atomic on object stores)."""
     fs.makedirs(directory, exist_ok=True)
-    for name, data in [*files, marker]:
+    for name, data in itertools.chain(files, [marker]):
+        if "/" in name:
+            fs.makedirs(f"{directory}/{name.rsplit('/', 1)[0]}", exist_ok=True)
         with fs.open(f"{directory}/{name}", "wb") as f:
             f.write(data)
 

@@ -28,6 +28,7 @@ from raylight.declarative.preprocess import (
     transform,
 )
 from raylight.exceptions import ConfigError, TrainingDivergedError
+from raylight.storage import atomic_write
 
 log = logging.getLogger("raylight")
 
@@ -215,8 +216,7 @@ def train(
         name=os.path.basename(out),
         progress=progress,
     )
-    with open(os.path.join(out, "config.yaml"), "w") as f:
-        f.write(render_config(config))
+    atomic_write(os.path.join(out, "config.yaml"), render_config(config))
     assert result.checkpoint is not None, "every epoch reports a checkpoint"
     best = result.checkpoint.load()["best"]
     if best["state"] is None:  # no epoch had a finite loss
@@ -240,8 +240,7 @@ def train(
 
         model = load_model(model_dir)
         evaluation["test"] = evaluate_data(model.model, prepared.test, model.output, prepared.meta, torch.device("cpu"))
-    with open(os.path.join(out, "evaluation.json"), "w") as f:
-        json.dump(evaluation, f, indent=2)
+    atomic_write(os.path.join(out, "evaluation.json"), json.dumps(evaluation, indent=2))
     _plot_learning_curves(result.metrics_history, os.path.join(out, "learning_curves.png"))
     return {"output_directory": out, "model_path": model_dir, "evaluation": evaluation, "backend": resolved.kind}
 
@@ -301,7 +300,10 @@ def _plot_learning_curves(history: list[dict[str, Any]], path: str) -> None:
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    from raylight.storage import atomic_path
+
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=90, format="png")
     plt.close(fig)
 
 
@@ -344,19 +346,16 @@ def evaluate(model_path: str, dataset: str) -> dict[str, float]:
 def write_frame(frame: pd.DataFrame, path: str) -> None:
     """Write ``frame`` whole or not at all (a temporary file renamed into place)."""
     check_output_file(path, "--output", FRAME_FORMATS)
+    from raylight.storage import atomic_path
+
     lower = path.lower()
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".tmp-{os.getpid()}-{os.path.basename(path)}")
-    try:
+    with atomic_path(path) as tmp:
         if lower.endswith(".csv"):
             frame.to_csv(tmp, index=False)
         elif lower.endswith(".parquet"):
             frame.to_parquet(tmp, index=False)
         else:
             frame.to_json(tmp, orient="records", lines=True)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def init_config(dataset: str, target: str, output: str | None = None) -> dict[str, Any]:

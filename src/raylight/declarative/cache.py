@@ -20,6 +20,7 @@ import numpy as np
 
 from raylight.declarative.config import ModelConfig
 from raylight.declarative.dataset import expand
+from raylight.storage import write_committed
 
 SPLITS = ("train", "validation", "test")
 
@@ -48,11 +49,10 @@ def _read_npz(fs: Any, path: str) -> dict[str, np.ndarray]:
         return {k: data[k] for k in data.files}
 
 
-def _write_npz(fs: Any, path: str, arrays: dict[str, np.ndarray]) -> None:
+def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
     buf = io.BytesIO()
     np.savez(buf, **arrays)  # type: ignore[arg-type]
-    with fs.open(path, "wb") as f:
-        f.write(buf.getvalue())
+    return buf.getvalue()
 
 
 def load(cache_dir: str, key: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -88,26 +88,26 @@ def load(cache_dir: str, key: str) -> tuple[dict[str, Any], dict[str, Any]] | No
 
 
 def save(cache_dir: str, key: str, meta: dict[str, Any], splits: dict[str, Any]) -> None:
-    """Write an entry: arrays as one file per split, ``BlockRefs`` one block at a time."""
+    """Write an entry, ``meta.json`` last (the commit marker): arrays as one file per
+    split, ``BlockRefs`` one block at a time."""
     from raylight.declarative.ray_data import BlockRefs
 
     fs, root = fsspec.core.url_to_fs(cache_dir.rstrip("/") + "/" + key)
-    fs.makedirs(root, exist_ok=True)
-    layout: dict[str, list[int]] = {}
-    for split, data in splits.items():
-        if data is None:
-            continue
-        if isinstance(data, BlockRefs):
-            import ray
 
-            fs.makedirs(f"{root}/{split}", exist_ok=True)
-            for i, block in enumerate(data.blocks):
-                _write_npz(fs, f"{root}/{split}/block-{i:05d}.npz", ray.get(block))
-            layout[split] = list(data.lengths)
-        else:
-            _write_npz(fs, f"{root}/{split}.npz", data)
-    if layout:
-        with fs.open(f"{root}/blocks.json", "w") as f:
-            json.dump(layout, f)
-    with fs.open(f"{root}/meta.json", "w") as f:  # the commit marker, last
-        json.dump(meta, f)
+    def files():
+        layout: dict[str, list[int]] = {}
+        for split, data in splits.items():
+            if data is None:
+                continue
+            if isinstance(data, BlockRefs):
+                import ray
+
+                for i, block in enumerate(data.blocks):
+                    yield f"{split}/block-{i:05d}.npz", _npz_bytes(ray.get(block))
+                layout[split] = list(data.lengths)
+            else:
+                yield f"{split}.npz", _npz_bytes(data)
+        if layout:
+            yield "blocks.json", json.dumps(layout).encode()
+
+    write_committed(fs, root, files(), ("meta.json", json.dumps(meta).encode()))

@@ -21,6 +21,7 @@ from raylight.declarative import search
 from raylight.declarative.config import ModelConfig, set_path
 from raylight.declarative.hyperopt_config import HyperoptConfig
 from raylight.exceptions import ConfigError, RaylightError
+from raylight.storage import atomic_path, atomic_write
 from raylight.tune.resources import (
     ConcurrencyPlan,
     check_bundles_fit,
@@ -260,13 +261,6 @@ def _cell(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def _atomic_write(path: str, text: str) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def write_outputs(out: str, rows: list[dict[str, Any]], best: ModelConfig, h: HyperoptConfig) -> dict[str, str]:
     import pandas as pd
 
@@ -274,11 +268,11 @@ def write_outputs(out: str, rows: list[dict[str, Any]], best: ModelConfig, h: Hy
 
     flat = [{k: v for k, v in r.items() if k != "history"} for r in rows]
     csv_path, json_path = os.path.join(out, "results.csv"), os.path.join(out, "results.json")
-    _atomic_write(csv_path, pd.DataFrame(flat).to_csv(index=False))
-    _atomic_write(json_path, json.dumps({"metric": h.metric_name, "goal": h.goal, "trials": rows}, indent=2, default=str))
+    atomic_write(csv_path, pd.DataFrame(flat).to_csv(index=False))
+    atomic_write(json_path, json.dumps({"metric": h.metric_name, "goal": h.goal, "trials": rows}, indent=2, default=str))
     best_path = os.path.join(out, "best_config.yaml")
     header = f"# the best trial's config ({h.metric_name}); train it with:\n#   raylight train --config {best_path} --dataset DATASET\n"
-    _atomic_write(best_path, header + render_config(best))
+    atomic_write(best_path, header + render_config(best))
     plot_path = os.path.join(out, "hyperopt.png")
     plot_search(rows, h, plot_path)
     return {"results_csv": csv_path, "results_json": json_path, "best_config": best_path, "plot": plot_path}
@@ -318,6 +312,6 @@ def plot_search(rows: list[dict[str, Any]], h: HyperoptConfig, path: str) -> Non
         ax.set_ylabel(f"best {h.metric_name}")
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path + ".tmp.png", dpi=80)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=80, format="png")
     plt.close(fig)
-    os.replace(path + ".tmp.png", path)

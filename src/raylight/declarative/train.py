@@ -185,13 +185,13 @@ def save_model(path: str, config: ModelConfig, meta: dict[str, Any], state: dict
     """``path``/weights.safetensors and ``path``/model.json (config + preprocessing)."""
     from safetensors.torch import save_file
 
+    from raylight.storage import atomic_path, atomic_write
+
     os.makedirs(path, exist_ok=True)
-    tmp = os.path.join(path, ".weights.tmp")
-    save_file({k: v.contiguous() for k, v in state.items()}, tmp)
-    os.replace(tmp, os.path.join(path, WEIGHTS_FILE))
-    with open(os.path.join(path, ".model.json.tmp"), "w") as f:
-        json.dump({"config": config.model_dump(mode="json"), "meta": meta, "format": MODEL_FORMAT}, f)
-    os.replace(os.path.join(path, ".model.json.tmp"), os.path.join(path, MODEL_FILE))
+    with atomic_path(os.path.join(path, WEIGHTS_FILE)) as tmp:
+        save_file({k: v.contiguous() for k, v in state.items()}, tmp)
+    # model.json last: a directory with it is a whole model.
+    atomic_write(os.path.join(path, MODEL_FILE), json.dumps({"config": config.model_dump(mode="json"), "meta": meta, "format": MODEL_FORMAT}))
 
 
 def _read_model_json(path: str, damaged: str) -> dict[str, Any]:
