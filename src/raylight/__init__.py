@@ -4,6 +4,7 @@ from typing import TYPE_CHECKING, Any
 
 from raylight.checkpoint import Checkpoint
 from raylight.config import (
+    FSDP,
     AdaptiveConfig,
     FailureConfig,
     RunConfig,
@@ -53,6 +54,7 @@ def load_model(path: str):
 __version__ = "0.1.0"
 
 __all__ = [
+    "FSDP",
     "AdaptiveConfig",
     "Checkpoint",
     "ClusterConnectionError",

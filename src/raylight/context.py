@@ -26,7 +26,7 @@ from raylight.adaptive_worker.state import Accumulator
 from raylight.adaptive_worker.sync import ResizeInterrupt, StepSync
 from raylight.checkpoint import RAYLIGHT_KEY, Checkpoint, serialize_state
 from raylight.data.loader import ElasticLoader, prepare_loader
-from raylight.strategies import DDPStrategy
+from raylight.strategies import DDPStrategy, Strategy
 from raylight.worker_group.protocol import Report
 
 ReduceOp = Literal["mean", "sum", "max", "min"]
@@ -110,7 +110,7 @@ class TrainContext:
         sink: ReportSink,
         checkpoint: Checkpoint | None = None,
         config: dict[str, Any] | None = None,
-        strategy: DDPStrategy | None = None,
+        strategy: Strategy | None = None,
         adaptive: AdaptiveSpec | None = None,
         elastic: bool = False,
         threads: int = 1,
@@ -132,7 +132,7 @@ class TrainContext:
         self._seq = int(self._restored.get("seq", -1))  # of the last report
         self._loaders: list[ElasticLoader] = []
         self._accumulators: list[Accumulator] = []
-        self._ddp_models: list[nn.Module] = []
+        self._models: list[nn.Module] = []
         self._optimizer: AdaptiveOptimizer | None = None
         self._epoch: int | None = None
         self._plan_given = adaptive is not None and adaptive.plan is not None
@@ -160,10 +160,11 @@ class TrainContext:
 
     # -- model, optimizer and data ---------------------------------------------------
     def prepare_model(self, model: nn.Module) -> nn.Module:
-        """Move ``model`` to this worker's device and wrap it for data parallelism."""
+        """Move ``model`` to this worker's device and wrap it for data parallelism: a DDP
+        replica, or sharded in place with ``strategy="fsdp"`` (call it before building the
+        optimizer, which must see the sharded parameters)."""
         wrapped = self._strategy.wrap_model(model, device=self.device, world_size=self.world_size)
-        if wrapped is not model:
-            self._ddp_models.append(wrapped)
+        self._models.append(wrapped)
         return wrapped
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
@@ -171,9 +172,12 @@ class TrainContext:
         return self._strategy.unwrap_model(model)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        """Wrap ``optimizer`` for adaptive training: gradient accumulation, the LR rule
-        (applied to each step's rate explicitly and restored after it) and gradient-noise
-        measurement. Without ``fit(adaptive=...)`` it is returned unchanged."""
+        """Prepare ``optimizer`` for the strategy (with FSDP, a full optimizer state dict
+        loads into it sharded) and for adaptive training: gradient accumulation, the LR
+        rule (applied to each step's rate explicitly and restored after it) and
+        gradient-noise measurement. Without ``fit(adaptive=...)`` the same optimizer is
+        returned."""
+        optimizer = self._strategy.wrap_optimizer(optimizer)
         if self.sync is None or not self.sync.adaptive:
             return optimizer
         self._optimizer = AdaptiveOptimizer(optimizer, sync=self.sync)
@@ -238,8 +242,8 @@ class TrainContext:
     @contextlib.contextmanager
     def _no_sync(self) -> Iterator[None]:
         with contextlib.ExitStack() as stack:
-            for model in self._ddp_models:
-                stack.enter_context(model.no_sync())  # type: ignore[operator]
+            for model in self._models:
+                stack.enter_context(self._strategy.no_sync(model))
             yield
 
     def epochs(self, num_epochs: int) -> Iterator[int]:
@@ -290,6 +294,7 @@ class TrainContext:
         if checkpoint is not None:
             if RAYLIGHT_KEY in checkpoint:
                 raise ValueError(f"the checkpoint key {RAYLIGHT_KEY!r} is reserved for raylight")
+            checkpoint = self._strategy.full_state(checkpoint)  # a collective when sharded
             own = self._collect_state()
             self._commit = own["commit"]
             if self.rank == 0 or self._elastic:

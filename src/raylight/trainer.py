@@ -12,6 +12,7 @@ from typing import Any
 from raylight._time import wall
 from raylight.checkpoint import Checkpoint
 from raylight.config import (
+    FSDP,
     AdaptiveConfig,
     FailureConfig,
     RunConfig,
@@ -202,6 +203,7 @@ class Trainer:
         import torch
 
         from raylight.context import TrainContext, call_train_loop
+        from raylight.strategies import build_strategy
 
         recorder.begin()
         sink = _InProcessSink(recorder)
@@ -216,6 +218,7 @@ class Trainer:
             sink=sink,
             checkpoint=recorder.latest,
             config=self.train_loop_config,
+            strategy=build_strategy(self.config.scaling.strategy),
         )
         call_train_loop(self.train_loop, ctx, self.train_loop_config)
         return 0
@@ -337,6 +340,7 @@ def fit(
     use_gpu: bool = False,
     resources_per_worker: dict[str, float] | None = None,
     placement: str = "PACK",
+    strategy: str | FSDP = "ddp",
     storage_path: str | None = None,
     name: str | None = None,
     max_failures: int = 0,
@@ -350,9 +354,10 @@ def fit(
     in ``TrainerConfig`` (``scaling``, ``run``, ``failure``, ``adaptive``).
     ``num_workers=0`` runs the loop in this process without Ray; ``(min, max)`` makes the
     job elastic. ``adaptive=AdaptiveConfig(...)`` chooses batch size and learning rate
-    online. ``progress=False`` is quiet mode.
+    online. ``strategy`` is ``"ddp"`` (default), ``"fsdp"`` or ``FSDP(...)`` (sharded).
+    ``progress=False`` is quiet mode.
     """
-    trainer_config = TrainerConfig(
+    settings = dict(
         scaling=validate(
             ScalingConfig,
             {
@@ -360,6 +365,7 @@ def fit(
                 "use_gpu": use_gpu,
                 "resources_per_worker": resources_per_worker,
                 "placement": placement,
+                "strategy": strategy,
             },
         ),
         run=validate(
@@ -375,4 +381,5 @@ def fit(
         adaptive=adaptive,
         address=address,
     )
+    trainer_config = validate(TrainerConfig, settings)  # the checks across sections
     return Trainer(train_loop, train_loop_config=config, config=trainer_config).fit()

@@ -187,3 +187,11 @@ def listening_loop(ctx, config):
     wait_until(lambda: os.path.exists(config["release"]), 120, "the test to list the sockets")
     ctx.barrier()
     ctx.report({"gathered": len(gathered)})
+
+
+def sharding_loop(ctx, config):
+    """Reports whether prepare_model sharded the parameters (FSDP) and the world size."""
+    from torch.distributed.tensor import DTensor
+
+    model = ctx.prepare_model(initial_model())
+    ctx.report({"sharded": isinstance(next(iter(model.parameters())), DTensor), "world_size": ctx.world_size})

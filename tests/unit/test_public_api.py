@@ -9,7 +9,7 @@ import raylight
 SRC = pathlib.Path(raylight.__file__).parent
 
 PUBLIC = [
-    "AdaptiveConfig", "Checkpoint", "ClusterConnectionError", "ConfigError", "FailureConfig",
+    "AdaptiveConfig", "Checkpoint", "ClusterConnectionError", "ConfigError", "FSDP", "FailureConfig",
     "InsufficientResourcesError", "RaylightError", "Result", "RunConfig", "RunInUseError", "ScalingConfig",
     "TrainContext", "Trainer", "TrainerConfig", "TrainingDivergedError", "TrainingFailedError", "WorkerDiedError",
     "WorkerError", "WorkerHangError", "WorkerStartError", "__version__", "fit", "load_model",
@@ -26,6 +26,7 @@ def test_fit_signature_snapshot():
     params = inspect.signature(raylight.fit).parameters
     assert list(params) == [
         "train_loop", "config", "num_workers", "adaptive", "use_gpu", "resources_per_worker", "placement",
+        "strategy",
         "storage_path", "name", "max_failures", "resume", "address", "progress",
     ]
     assert all(p.kind is p.KEYWORD_ONLY for n, p in params.items() if n != "train_loop")

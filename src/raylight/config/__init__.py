@@ -1,6 +1,7 @@
 """Configuration: pure data, validated by pydantic. Imports nothing else of raylight."""
 
 from raylight.config.schema import (
+    FSDP,
     AdaptiveConfig,
     FailureConfig,
     RunConfig,
@@ -10,6 +11,7 @@ from raylight.config.schema import (
 from raylight.config.validation import format_validation_error, validate
 
 __all__ = [
+    "FSDP",
     "AdaptiveConfig",
     "FailureConfig",
     "RunConfig",

@@ -6,9 +6,9 @@ path rather than a silently ignored setting.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from raylight.config.base import ConfigModel
 
@@ -16,6 +16,59 @@ Placement = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 # How the learning rate follows the batch size; raylight.adaptive.lr implements each.
 LRRule = Literal["adascale", "sqrt", "linear", "legw", "none"]
 LR_RULES: tuple[str, ...] = get_args(LRRule)
+
+
+StrategyName = Literal["ddp", "fsdp"]
+STRATEGIES: tuple[str, ...] = get_args(StrategyName)
+
+
+class FSDP(ConfigModel):
+    """Fully sharded data parallel (PyTorch FSDP2, ``fully_shard``): each worker holds
+    1/N of the parameters, gradients and optimizer state. Pass ``strategy=FSDP(...)``
+    for these options, or ``strategy="fsdp"`` for the defaults."""
+
+    name: Literal["fsdp"] = Field("fsdp", description="The strategy's name (always 'fsdp').")
+    reshard_after_forward: bool = Field(
+        True,
+        description="Free the gathered parameters after each block's forward (less memory, "
+        "one more all-gather in backward).",
+    )
+    mixed_precision: Literal["bf16", "fp16"] | None = Field(
+        None,
+        description="Compute in this dtype (parameters gathered and gradients reduced in it); "
+        "the sharded parameters and optimizer stay fp32. None: fp32 throughout.",
+    )
+    cpu_offload: bool = Field(
+        False, description="Keep the sharded parameters, gradients and optimizer state in CPU memory."
+    )
+    blocks: tuple[str, ...] | None = Field(
+        None,
+        description="Class names of the submodules to shard one by one (e.g. 'TransformerBlock'). "
+        "Default: every submodule holding at least min_block_params parameters not already "
+        "in a smaller block.",
+    )
+    min_block_params: int = Field(
+        100_000, ge=1, description="The size threshold of the default block policy."
+    )
+
+
+def _strategy_kind(value: object) -> str | None:
+    if isinstance(value, str):
+        return "name"
+    if isinstance(value, FSDP) or isinstance(value, dict):
+        return "fsdp"
+    return None
+
+
+# A name, or a strategy's options; a bad value gets one error, not one per alternative.
+StrategySetting = Annotated[
+    Annotated[StrategyName, Tag("name")] | Annotated[FSDP, Tag("fsdp")],
+    Discriminator(
+        _strategy_kind,
+        custom_error_type="strategy",
+        custom_error_message="must be 'ddp', 'fsdp' or raylight.FSDP(...)",
+    ),
+]
 
 
 MAX_WORKERS = 100_000
@@ -61,7 +114,11 @@ class ScalingConfig(ConfigModel):
         le=4096,
         description="torch intra-op threads in each worker. Default: the worker's CPU count.",
     )
-    strategy: Literal["ddp"] = Field("ddp", description="Data-parallel strategy.")
+    strategy: StrategySetting = Field(
+        "ddp",
+        description="How the model is replicated or sharded: 'ddp' (every worker holds the "
+        "whole model), 'fsdp' (sharded, PyTorch FSDP2), or FSDP(...) for its options.",
+    )
     scaling_policy: Literal["goodput", "max"] = Field(
         "goodput",
         description="Elastic jobs: 'goodput' picks the size the fitted throughput model "
@@ -101,6 +158,13 @@ class ScalingConfig(ConfigModel):
         "(ray.autoscaler.sdk.request_resources).",
     )
 
+    @field_validator("strategy", mode="before")
+    @classmethod
+    def _check_strategy_name(cls, value: object) -> object:
+        if isinstance(value, str) and value not in STRATEGIES:
+            raise ValueError(f"must be one of {list(STRATEGIES)} or raylight.FSDP(...), got {value!r}")
+        return value
+
     @field_validator("num_workers")
     @classmethod
     def _check_num_workers(cls, value: int | tuple[int, int]) -> int | tuple[int, int]:
@@ -137,6 +201,10 @@ class ScalingConfig(ConfigModel):
                 "resources_per_worker asks for GPUs but use_gpu is false; set use_gpu=True"
             )
         return self
+
+    @property
+    def strategy_name(self) -> str:
+        return self.strategy if isinstance(self.strategy, str) else self.strategy.name
 
     def worker_resources(self) -> dict[str, float]:
         """Resources of one worker's bundle, defaults filled in."""
@@ -332,3 +400,13 @@ class TrainerConfig(ConfigModel):
         description="Ray cluster to use: 'auto', 'ray://host:port' or host:port. Default: "
         "RAY_ADDRESS if set, else an embedded local Ray started once per process.",
     )
+
+    @model_validator(mode="after")
+    def _check_strategy(self) -> TrainerConfig:
+        strategy = self.scaling.strategy_name
+        if strategy != "ddp" and (self.adaptive is not None or self.scaling.elastic):
+            raise ValueError(
+                f"scaling.strategy {strategy!r} runs with a fixed number of workers and a fixed "
+                "batch: adaptive=... and num_workers=(min, max) need strategy 'ddp' for now"
+            )
+        return self

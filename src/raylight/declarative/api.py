@@ -212,6 +212,7 @@ def train(
         adaptive=adaptive,
         use_gpu=resolved.use_gpu,
         resources_per_worker=resolved.resources,
+        strategy=config.backend.trainer.strategy,
         storage_path=os.path.dirname(out),
         name=os.path.basename(out),
         progress=progress,

@@ -25,7 +25,7 @@ from pydantic import (
 from pydantic_core import to_jsonable_python
 
 from raylight.config.base import ConfigModel
-from raylight.config.schema import MAX_WORKERS, AdaptiveConfig, check_resources
+from raylight.config.schema import MAX_WORKERS, AdaptiveConfig, StrategyName, check_resources
 from raylight.declarative.features import FEATURES
 from raylight.declarative.features.base import MAX_WIDTH, FeatureModel
 from raylight.declarative.hyperopt_config import HyperoptConfig
@@ -138,7 +138,9 @@ class ProcessorConfig(ConfigModel):
 
 
 class BackendTrainer(ConfigModel):
-    strategy: Literal["ddp"] = Field("ddp", description="Data-parallel strategy.")
+    strategy: StrategyName = Field(
+        "ddp", description="ddp: every worker holds the model; fsdp: sharded (PyTorch FSDP2)."
+    )
     num_workers: int | None = Field(None, ge=1, le=MAX_WORKERS, description="Workers; default: what the cluster's CPUs (or GPUs) allow.")
     use_gpu: bool = Field(False, description="One GPU per worker.")
     resources_per_worker: dict[str, float] | None = Field(None, description="Ray resources per worker.")
@@ -207,6 +209,23 @@ class ModelConfig(ConfigModel):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"feature names must be unique; repeated: {dupes}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_strategy(self) -> ModelConfig:
+        t, strategy = self.backend.trainer, self.backend.trainer.strategy
+        if strategy == "ddp":
+            return self
+        if self.trainer.batch_size == "auto" or self.trainer.adaptive is not None:
+            raise ValueError(
+                f"backend.trainer.strategy: {strategy} trains with a fixed batch: set "
+                "trainer.batch_size to a number and remove trainer.adaptive, or use strategy: ddp"
+            )
+        if t.min_workers is not None or t.max_workers is not None:
+            raise ValueError(
+                f"backend.trainer.strategy: {strategy} runs a fixed number of workers: set "
+                "backend.trainer.num_workers instead of min_workers/max_workers, or use strategy: ddp"
+            )
         return self
 
 

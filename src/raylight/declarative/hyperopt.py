@@ -121,7 +121,12 @@ def _declarative_trial(sampled: dict[str, Any], *, base: dict[str, Any], prepare
     config = trial_config(base, sampled)
     loop_config, adaptive = loop_settings(config, prepared, on_ray=True)
     trainer_config = TrainerConfig(
-        scaling=ScalingConfig(num_workers=shape.num_workers, use_gpu=shape.use_gpu, resources_per_worker=shape.per_worker),
+        scaling=ScalingConfig(
+            num_workers=shape.num_workers,
+            use_gpu=shape.use_gpu,
+            resources_per_worker=shape.per_worker,
+            strategy=config.backend.trainer.strategy,
+        ),
         run=RunConfig(progress=False),
         failure=FailureConfig(),
         adaptive=adaptive,

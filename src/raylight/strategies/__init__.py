@@ -1,19 +1,31 @@
-"""Data-parallel strategies. ``build_strategy`` holds the only name -> strategy map."""
+"""Data-parallel strategies, one module each. ``build_strategy`` holds the only
+name -> strategy map."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from raylight.config.schema import FSDP
+from raylight.strategies.base import Strategy
 from raylight.strategies.ddp import DDPStrategy
+from raylight.strategies.fsdp import FSDPStrategy
 
-_STRATEGIES = {"ddp": DDPStrategy}
+
+def _fsdp(options: Any) -> Strategy:
+    return FSDPStrategy(options if isinstance(options, FSDP) else None)
 
 
-def build_strategy(name: str) -> DDPStrategy:
+_STRATEGIES: dict[str, Any] = {"ddp": lambda _: DDPStrategy(), "fsdp": _fsdp}
+
+
+def build_strategy(spec: str | FSDP) -> Strategy:
+    """The strategy for a ``ScalingConfig.strategy`` value: a name or an options object."""
+    name = spec if isinstance(spec, str) else spec.name
     try:
-        return _STRATEGIES[name]()
+        make = _STRATEGIES[name]
     except KeyError:
-        raise ValueError(
-            f"unknown strategy {name!r}; choose one of {sorted(_STRATEGIES)}"
-        ) from None
+        raise ValueError(f"unknown strategy {name!r}; choose one of {sorted(_STRATEGIES)}") from None
+    return make(spec)
 
 
-__all__ = ["DDPStrategy", "build_strategy"]
+__all__ = ["DDPStrategy", "FSDPStrategy", "Strategy", "build_strategy"]

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager as ContextManager
+from typing import Any
+
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+
+from raylight.strategies.base import backend_for, no_sync_of
 
 
 def apply_ddp(model: nn.Module, *, device: torch.device) -> nn.Module:
@@ -16,16 +21,22 @@ def apply_ddp(model: nn.Module, *, device: torch.device) -> nn.Module:
 class DDPStrategy:
     name = "ddp"
 
-    @staticmethod
-    def backend(use_gpu: bool) -> str:
-        return "nccl" if use_gpu else "gloo"
+    def backend(self, use_gpu: bool) -> str:
+        return backend_for(use_gpu)
 
-    @staticmethod
-    def wrap_model(model: nn.Module, *, device: torch.device, world_size: int) -> nn.Module:
+    def wrap_model(self, model: nn.Module, *, device: torch.device, world_size: int) -> nn.Module:
         if world_size == 1:
             return model.to(device)
         return apply_ddp(model, device=device)
 
-    @staticmethod
-    def unwrap_model(model: nn.Module) -> nn.Module:
+    def unwrap_model(self, model: nn.Module) -> nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        return optimizer
+
+    def no_sync(self, model: nn.Module) -> ContextManager[None]:
+        return no_sync_of(model)
+
+    def full_state(self, state: Any) -> Any:
+        return state  # every replica holds the whole model

@@ -26,7 +26,7 @@ from raylight.checkpoint import (
     LIGHTNING_CKPT_METRIC,
     Checkpoint,
 )
-from raylight.config import TrainerConfig
+from raylight.config import FSDP, TrainerConfig
 from raylight.storage import STATE_FILE, TUNE_META_FILE, write_committed
 from raylight.tune.resources import get_tune_resources
 
@@ -164,6 +164,7 @@ def trainable(
     num_workers: int = 1,
     use_gpu: bool = False,
     resources_per_worker: dict[str, float] | None = None,
+    strategy: str | FSDP = "ddp",
     config: TrainerConfig | None = None,
     base_config: dict[str, Any] | None = None,
 ) -> Any:
@@ -174,7 +175,8 @@ def trainable(
     trial's resources are ``get_tune_resources(...)``: an empty head bundle for the
     trial's driver and one bundle per worker, where the workers are placed. ``config``
     gives every other raylight setting (failures, adaptive, ...); its scaling section is
-    replaced by ``num_workers``, ``use_gpu`` and ``resources_per_worker``.
+    replaced by ``num_workers``, ``use_gpu``, ``resources_per_worker`` and ``strategy``
+    (``"ddp"``, ``"fsdp"`` or ``raylight.FSDP(...)``).
     """
     from ray import tune
 
@@ -182,11 +184,18 @@ def trainable(
 
     scaling = validate(
         ScalingConfig,
-        {"num_workers": num_workers, "use_gpu": use_gpu, "resources_per_worker": resources_per_worker},
+        {
+            "num_workers": num_workers,
+            "use_gpu": use_gpu,
+            "resources_per_worker": resources_per_worker,
+            "strategy": strategy,
+        },
     )
     if scaling.elastic or num_workers < 1:
         raise ValueError(f"a Tune trial needs a fixed num_workers >= 1, got {num_workers}")
-    base = (config or TrainerConfig()).model_copy(update={"scaling": scaling})
+    given = config or TrainerConfig()
+    sections = {name: getattr(given, name) for name in TrainerConfig.model_fields}
+    base = validate(TrainerConfig, {**sections, "scaling": scaling})  # the checks across sections
     fixed = dict(base_config or {})
 
     def raylight_trial(trial_config: dict[str, Any]) -> None:

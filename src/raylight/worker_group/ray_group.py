@@ -433,6 +433,7 @@ class RayWorkerGroup:
                 loopback=loopback,
                 checkpoint_path=checkpoint.path if checkpoint is not None else None,
                 checkpoint_meta=checkpoint.metadata if checkpoint is not None else None,
+                strategy=self._scaling.strategy,
                 adaptive=adaptive,
                 elastic=self._scaling.elastic,
                 broadcast_state=broadcast,

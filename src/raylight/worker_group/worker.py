@@ -53,6 +53,7 @@ class StartSpec:
     loopback: bool
     checkpoint_path: str | None
     checkpoint_meta: dict[str, Any] | None
+    strategy: Any = "ddp"  # ScalingConfig.strategy: a name or its options object
     adaptive: AdaptiveSpec | None = None
     elastic: bool = False
     broadcast_state: bool = False  # take the state from rank 0's memory (in-place resize)
@@ -299,6 +300,8 @@ class RaylightWorker:
         import torch
         import torch.distributed as dist
 
+        from raylight.strategies import build_strategy
+
         info = self.info
         try:
             os.environ.update(
@@ -344,6 +347,7 @@ class RaylightWorker:
                 device=device,
                 sink=self,
                 checkpoint=checkpoint,
+                strategy=build_strategy(spec.strategy),
                 adaptive=spec.adaptive,
                 elastic=spec.elastic,
                 threads=spec.threads,

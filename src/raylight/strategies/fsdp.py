@@ -1,0 +1,180 @@
+"""Fully sharded data parallel on PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``).
+
+Each worker holds 1/N of every parameter (a ``DTensor`` sharded on dim 0), of its gradient
+and of its optimizer state; a block's parameters are all-gathered for its forward and
+backward and the gradients reduce-scattered. Works on CPUs (gloo) and GPUs (NCCL).
+
+The user's loop stays the DDP one: ``ctx.unwrap_model(model).state_dict()`` and
+``opt.state_dict()`` hold sharded tensors, which ``ctx.report`` gathers into a full
+checkpoint; loading a full state dict into the sharded model or the prepared optimizer
+shards it again on the way in (hooks registered here). So a checkpoint taken at one world
+size resumes at any other, and under DDP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextlib import AbstractContextManager as ContextManager
+from itertools import chain
+from typing import Any
+
+import torch
+from torch import nn
+
+from raylight.config.schema import FSDP
+from raylight.strategies.base import backend_for
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def shard_blocks(model: nn.Module, options: FSDP) -> list[nn.Module]:
+    """The submodules to shard one by one, innermost first (``fully_shard`` goes bottom-up).
+
+    With ``options.blocks``, every submodule of one of those class names; otherwise every
+    submodule holding at least ``min_block_params`` parameters that no smaller block holds.
+    """
+    if options.blocks is not None:
+        wanted = set(options.blocks)
+        found = [m for m in model.modules() if m is not model and type(m).__name__ in wanted]
+        if not found:
+            classes = sorted({type(m).__name__ for m in model.modules() if m is not model})
+            raise ValueError(
+                f"scaling.strategy.blocks {sorted(wanted)} names no submodule of "
+                f"{type(model).__name__}; its submodule classes are {classes}"
+            )
+        return found[::-1]  # modules() is pre-order: reversed, children come before parents
+    blocks: list[nn.Module] = []
+
+    def left(module: nn.Module) -> int:  # parameters not yet in a block
+        count = sum(p.numel() for p in module.parameters(recurse=False))
+        count += sum(left(child) for child in module.children())
+        if module is not model and count >= options.min_block_params:
+            blocks.append(module)
+            return 0
+        return count
+
+    left(model)
+    return blocks
+
+
+def _is_sharded(value: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(value, DTensor)
+
+
+def _shard_like(value: torch.Tensor, param: Any) -> Any:
+    """``value`` (the full tensor, the same on every rank) cut like ``param``: local, no
+    communication."""
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(
+        value.to(param.device), param.device_mesh, param.placements, src_data_rank=None
+    )
+
+
+def _load_full_model_state(
+    module: nn.Module, state_dict: dict[str, Any], prefix: str, *_: Any
+) -> None:
+    """Pre-hook of ``load_state_dict``: full tensors for sharded parameters are sharded."""
+    for name, param in chain(module.named_parameters(), module.named_buffers()):
+        value = state_dict.get(prefix + name)
+        if (
+            _is_sharded(param)
+            and isinstance(value, torch.Tensor)
+            and not _is_sharded(value)
+            and value.shape == param.shape
+        ):
+            state_dict[prefix + name] = _shard_like(value, param)
+
+
+def _load_full_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Post-hook of the optimizer's ``load_state_dict``: a full state tensor of a sharded
+    parameter (``exp_avg``, ``momentum_buffer``, ...) is sharded like the parameter."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = optimizer.state.get(param)
+            if not state or not _is_sharded(param):
+                continue
+            for key, value in state.items():
+                if (
+                    isinstance(value, torch.Tensor)
+                    and not _is_sharded(value)
+                    and value.shape == param.shape
+                ):
+                    state[key] = _shard_like(value, param)
+
+
+def full_tensors(state: Any) -> Any:
+    """``state`` with every DTensor gathered into a plain tensor (a collective per tensor,
+    in the structure's order, which is the same on every rank)."""
+    if _is_sharded(state):
+        return state.full_tensor()
+    if isinstance(state, dict):
+        return {key: full_tensors(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(full_tensors(value) for value in state)
+    return state
+
+
+class FSDPStrategy:
+    name = "fsdp"
+
+    def __init__(self, options: FSDP | None = None) -> None:
+        self.options = options or FSDP()
+
+    def backend(self, use_gpu: bool) -> str:
+        return backend_for(use_gpu)
+
+    def wrap_model(self, model: nn.Module, *, device: torch.device, world_size: int) -> nn.Module:
+        model = model.to(device)
+        if world_size == 1:
+            return model  # nothing to shard
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import (
+            CPUOffloadPolicy,
+            MixedPrecisionPolicy,
+            OffloadPolicy,
+            fully_shard,
+        )
+
+        opts = self.options
+        dtype = _DTYPES.get(opts.mixed_precision) if opts.mixed_precision else None
+        kwargs: dict[str, Any] = {
+            "mesh": init_device_mesh(device.type, (world_size,)),
+            "reshard_after_forward": opts.reshard_after_forward,
+            "mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype),
+            "offload_policy": CPUOffloadPolicy() if opts.cpu_offload else OffloadPolicy(),
+        }
+        for block in shard_blocks(model, opts):
+            fully_shard(block, **kwargs)
+        fully_shard(model, **kwargs)
+        model.register_load_state_dict_pre_hook(_load_full_model_state)
+        return model
+
+    def unwrap_model(self, model: nn.Module) -> nn.Module:
+        return model  # fully_shard changes the module in place
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        optimizer.register_load_state_dict_post_hook(_load_full_optimizer_state)
+        return optimizer
+
+    def no_sync(self, model: nn.Module) -> ContextManager[None]:
+        return _gradient_sync_off(model)
+
+    def full_state(self, state: Any) -> Any:
+        return full_tensors(state)
+
+
+@contextlib.contextmanager
+def _gradient_sync_off(model: nn.Module) -> Iterator[None]:
+    setter = getattr(model, "set_requires_gradient_sync", None)
+    if setter is None:  # one worker: not sharded
+        yield
+        return
+    setter(False)
+    try:
+        yield
+    finally:
+        setter(True)

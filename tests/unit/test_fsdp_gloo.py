@@ -1,0 +1,171 @@
+"""FSDP2 through raylight's strategy on two real gloo processes (no Ray): the same
+training as DDP, checkpoints that are full state dicts, and a full state dict that loads
+back into a sharded model and optimizer, or into DDP."""
+
+import copy
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from raylight.config import FSDP
+from raylight.strategies import DDPStrategy, FSDPStrategy
+
+pytestmark = pytest.mark.timeout(180)
+
+STEPS, RESUME_AT = 6, 3
+# fp32 parameters after 6 Adam steps: DDP all-reduces the gradients, FSDP reduce-scatters
+# them, and gloo sums in a different order, so the gradients differ in the last bits
+# (~1e-7 relative). Adam divides by sqrt(v), so a step moves every weight by up to lr
+# (1e-3) however small its gradient; 1e-5 is 1% of one step: far below any real
+# difference (a missing or doubled gradient reduction moves weights by ~1e-3), far
+# above rounding.
+TOL = 1e-5
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(8, 32), nn.Tanh(), nn.Sequential(nn.Linear(32, 32), nn.Tanh()), nn.Linear(32, 1)
+    )
+
+
+def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(16, 8, generator=gen)
+    return x, x.sum(1, keepdim=True).sin()
+
+
+def train(model: nn.Module, opt: torch.optim.Optimizer, rank: int, steps: range) -> None:
+    for step in steps:
+        x, y = batch(rank, step)
+        opt.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+
+
+def flat(state: dict) -> dict[str, list[float]]:
+    return {k: v.detach().reshape(-1).tolist() for k, v in state.items()}
+
+
+def run_rank(rank: int, port: int, queue) -> None:
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    cpu = torch.device("cpu")
+    try:
+        out = {"rank": rank}
+        ddp = DDPStrategy()
+        model = ddp.wrap_model(make_model(), device=cpu, world_size=2)
+        opt = ddp.wrap_optimizer(torch.optim.Adam(model.parameters(), lr=1e-3))
+        train(model, opt, rank, range(STEPS))
+        out["ddp"] = flat(ddp.unwrap_model(model).state_dict())
+
+        fsdp = FSDPStrategy(FSDP(min_block_params=100))  # the inner Linear(32, 32)s are blocks
+        model = fsdp.wrap_model(make_model(), device=cpu, world_size=2)
+        opt = fsdp.wrap_optimizer(torch.optim.Adam(model.parameters(), lr=1e-3))
+        out["sharded"] = [
+            (name, tuple(p.to_local().shape), tuple(p.shape)) for name, p in model.named_parameters()
+        ]
+        train(model, opt, rank, range(RESUME_AT))
+        # copied, as ctx.report serialises it at once (Adam's step counter is a plain
+        # tensor the optimizer keeps incrementing in place)
+        saved = copy.deepcopy(fsdp.full_state({"model": model.state_dict(), "opt": opt.state_dict()}))
+        out["saved_plain"] = all(
+            type(v) is torch.Tensor for v in saved["model"].values()
+        ) and all(type(v) is torch.Tensor for s in saved["opt"]["state"].values() for v in s.values())
+        train(model, opt, rank, range(RESUME_AT, STEPS))
+        out["fsdp"] = flat(fsdp.full_state(model.state_dict()))
+
+        # resume from the full checkpoint into a new sharded model and optimizer
+        model = fsdp.wrap_model(make_model(), device=cpu, world_size=2)
+        opt = fsdp.wrap_optimizer(torch.optim.Adam(model.parameters(), lr=1e-3))
+        fresh = copy.deepcopy(saved)  # as Checkpoint.load() gives each resume its own
+        model.load_state_dict(fresh["model"])
+        opt.load_state_dict(fresh["opt"])
+        train(model, opt, rank, range(RESUME_AT, STEPS))
+        out["fsdp_resumed"] = flat(fsdp.full_state(model.state_dict()))
+
+        # and into DDP: a sharded run's checkpoint is an ordinary one
+        model = ddp.wrap_model(make_model(), device=cpu, world_size=2)
+        opt = ddp.wrap_optimizer(torch.optim.Adam(model.parameters(), lr=1e-3))
+        fresh = copy.deepcopy(saved)
+        ddp.unwrap_model(model).load_state_dict(fresh["model"])
+        opt.load_state_dict(fresh["opt"])
+        train(model, opt, rank, range(RESUME_AT, STEPS))
+        out["ddp_resumed"] = flat(ddp.unwrap_model(model).state_dict())
+
+        # gradient accumulation: no reduction inside no_sync, one at the boundary
+        grads = {}
+        for strategy in (ddp, fsdp):
+            model = strategy.wrap_model(make_model(), device=cpu, world_size=2)
+            x, y = batch(rank, 0)
+            with strategy.no_sync(model):
+                ((model(x[:8]) - y[:8]) ** 2).mean().backward()
+            if strategy is fsdp:
+                out["grad_inside_no_sync"] = [p.grad is not None for p in model.parameters()]
+            ((model(x[8:]) - y[8:]) ** 2).mean().backward()
+            grads[strategy.name] = {
+                name: strategy.full_state(p.grad).reshape(-1).tolist()
+                for name, p in strategy.unwrap_model(model).named_parameters()
+            }
+        out["grads"] = grads
+        queue.put(out)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks() -> dict[int, dict]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=run_rank, args=(r, port, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        out = {}
+        for _ in procs:
+            item = queue.get(timeout=150)
+            out[item["rank"]] = item
+        return out
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+
+
+def close(a: dict[str, list[float]], b: dict[str, list[float]], tol: float) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert a[key] == pytest.approx(b[key], abs=tol), key
+
+
+def test_fsdp_holds_half_of_every_parameter(ranks):
+    for name, local, full in ranks[0]["sharded"]:
+        assert local[0] == (full[0] + 1) // 2, name
+    assert ranks[0]["saved_plain"], "a checkpoint holds plain tensors, not DTensors"
+
+
+def test_fsdp_trains_like_ddp(ranks):
+    for rank in (0, 1):
+        close(ranks[rank]["fsdp"], ranks[rank]["ddp"], TOL)
+    assert ranks[0]["fsdp"] == ranks[1]["fsdp"], "every rank gathers the same model"
+
+
+def test_a_full_checkpoint_resumes_sharded_exactly_and_under_ddp(ranks):
+    zero = ranks[0]
+    assert zero["fsdp_resumed"] == zero["fsdp"], "model and Adam state restored bit for bit"
+    close(zero["ddp_resumed"], zero["ddp"], TOL)
+
+
+def test_no_sync_skips_the_gradient_reduction_and_accumulates_like_ddp(ranks):
+    zero = ranks[0]
+    assert not any(zero["grad_inside_no_sync"]), "nothing reduce-scattered inside no_sync"
+    close(zero["grads"]["fsdp"], zero["grads"]["ddp"], 1e-6)

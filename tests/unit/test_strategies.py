@@ -1,0 +1,93 @@
+"""The strategy family without processes: names and options, the FSDP block policy, and
+the settings that do not combine with a sharded strategy yet."""
+
+import pytest
+from torch import nn
+
+from raylight.config import FSDP, AdaptiveConfig, ScalingConfig, TrainerConfig, validate
+from raylight.declarative.config import ModelConfig
+from raylight.exceptions import ConfigError
+from raylight.strategies import DDPStrategy, FSDPStrategy, build_strategy
+from raylight.strategies.fsdp import shard_blocks
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.inner = nn.Linear(width, width)
+        self.out = nn.Linear(width, width)
+
+    def forward(self, x):
+        return self.out(self.inner(x).relu())
+
+
+def model() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 64), Block(64), Block(64), nn.Linear(64, 2))
+
+
+def test_names_and_options_build_their_strategy():
+    assert isinstance(build_strategy("ddp"), DDPStrategy)
+    assert isinstance(build_strategy("fsdp"), FSDPStrategy)
+    fsdp = build_strategy(FSDP(reshard_after_forward=False, blocks=("Block",)))
+    assert isinstance(fsdp, FSDPStrategy) and fsdp.options.blocks == ("Block",)
+    assert fsdp.options.reshard_after_forward is False
+    with pytest.raises(ValueError, match=r"unknown strategy 'zero'; choose one of \['ddp', 'fsdp'\]"):
+        build_strategy("zero")
+
+
+def test_the_strategy_setting_names_the_allowed_values():
+    assert ScalingConfig(strategy="fsdp").strategy_name == "fsdp"
+    assert ScalingConfig(strategy=FSDP(mixed_precision="bf16")).strategy_name == "fsdp"
+    assert validate(ScalingConfig, {"strategy": {"name": "fsdp", "cpu_offload": True}}).strategy.cpu_offload
+    with pytest.raises(ConfigError) as err:
+        validate(ScalingConfig, {"strategy": "horovod"})
+    assert "strategy" in str(err.value) and "'ddp'" in str(err.value) and "'fsdp'" in str(err.value)
+    with pytest.raises(ConfigError, match=r"strategy\.fsdp\.mixed_precision|mixed_precision"):
+        validate(ScalingConfig, {"strategy": {"name": "fsdp", "mixed_precision": "fp8"}})
+    with pytest.raises(ConfigError, match="min_block_params"):
+        validate(ScalingConfig, {"strategy": {"name": "fsdp", "min_block_params": 0}})
+
+
+def test_a_sharded_strategy_refuses_adaptive_and_elastic_runs_for_now():
+    with pytest.raises(ValueError, match=r"adaptive=\.\.\. and num_workers=\(min, max\) need strategy 'ddp'"):
+        TrainerConfig(scaling=ScalingConfig(num_workers=2, strategy="fsdp"), adaptive=AdaptiveConfig())
+    with pytest.raises(ValueError, match="need strategy 'ddp'"):
+        TrainerConfig(scaling=ScalingConfig(num_workers=(1, 2), strategy="fsdp"))
+    TrainerConfig(scaling=ScalingConfig(num_workers=2, strategy="fsdp"))
+
+
+def test_the_default_block_policy_shards_by_size_innermost_first():
+    m = model()
+    inner = 64 * 64 + 64  # one Linear(64, 64)
+    blocks = shard_blocks(m, FSDP(min_block_params=inner))
+    linears = [m[1].inner, m[1].out, m[2].inner, m[2].out]
+    assert blocks == linears, "each big Linear is a block; its Block holds nothing more"
+    blocks = shard_blocks(m, FSDP(min_block_params=2 * inner))
+    assert blocks == [m[1], m[2]], "a Block is the smallest module reaching the threshold"
+    assert shard_blocks(m, FSDP(min_block_params=10**9)) == [], "only the root is sharded"
+
+
+def test_named_blocks_are_sharded_children_first():
+    m = nn.Sequential(Block(8), nn.Sequential(Block(8)))
+    assert shard_blocks(m, FSDP(blocks=("Block", "Sequential"))) == [m[1][0], m[1], m[0]]
+    with pytest.raises(ValueError, match=r"\['Layer'\] names no submodule of Sequential; its submodule classes are \['Block', 'Linear'\]"):
+        shard_blocks(nn.Sequential(Block(8)), FSDP(blocks=("Layer",)))
+
+
+def _declarative(**trainer):
+    return {
+        "input_features": [{"name": "x", "type": "number"}],
+        "output_features": [{"name": "y", "type": "binary"}],
+        "trainer": trainer,
+        "backend": {"trainer": {"strategy": "fsdp"}},
+    }
+
+
+def test_declarative_fsdp_needs_a_fixed_batch_and_size():
+    assert ModelConfig.model_validate(_declarative(batch_size=64)).backend.trainer.strategy == "fsdp"
+    with pytest.raises(ValueError, match=r"set trainer\.batch_size to a number"):
+        ModelConfig.model_validate(_declarative(batch_size="auto"))
+    cfg = _declarative()
+    cfg["backend"]["trainer"]["max_workers"] = 2
+    with pytest.raises(ValueError, match=r"backend\.trainer\.num_workers instead of min_workers/max_workers"):
+        ModelConfig.model_validate(cfg)
