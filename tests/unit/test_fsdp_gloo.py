@@ -113,6 +113,14 @@ def run_rank(rank: int, port: int, queue) -> None:
                 for name, p in strategy.unwrap_model(model).named_parameters()
             }
         out["grads"] = grads
+
+        # bf16 compute: parameters gathered and gradients reduced in bf16, kept in fp32
+        half = FSDPStrategy(FSDP(min_block_params=100, mixed_precision="bf16"))
+        model = half.wrap_model(make_model(), device=cpu, world_size=2)
+        opt = half.wrap_optimizer(torch.optim.Adam(model.parameters(), lr=1e-3))
+        train(model, opt, rank, range(STEPS))
+        state = half.full_state(model.state_dict())
+        out["bf16"] = {k: (str(v.dtype), v.tolist()) for k, v in state.items() if k == "0.weight"}
         queue.put(out)
     finally:
         dist.destroy_process_group()
@@ -163,6 +171,18 @@ def test_a_full_checkpoint_resumes_sharded_exactly_and_under_ddp(ranks):
     zero = ranks[0]
     assert zero["fsdp_resumed"] == zero["fsdp"], "model and Adam state restored bit for bit"
     close(zero["ddp_resumed"], zero["ddp"], TOL)
+
+
+def test_bf16_compute_keeps_fp32_parameters_close_to_fp32_training(ranks):
+    dtype, values = ranks[0]["bf16"]["0.weight"]
+    assert dtype == "torch.float32"
+    # bf16 keeps 8 bits of mantissa, so gradients differ by ~0.4%; Adam moves a weight by
+    # at most lr (1e-3) a step, whatever its gradient: 6 steps can part them by 6e-3 at most
+    flat_values = [x for row in values for x in row]
+    assert flat_values == pytest.approx(ranks[0]["fsdp"]["0.weight"], abs=STEPS * 1e-3)
+    near = sum(abs(a - b) < 1e-3 for a, b in zip(flat_values, ranks[0]["fsdp"]["0.weight"], strict=True))
+    assert near >= 0.9 * len(flat_values), "most weights within one step of fp32 training"
+    assert flat_values != ranks[0]["fsdp"]["0.weight"], "computed in bf16, not fp32"
 
 
 def test_no_sync_skips_the_gradient_reduction_and_accumulates_like_ddp(ranks):

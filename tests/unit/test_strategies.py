@@ -38,12 +38,14 @@ def test_names_and_options_build_their_strategy():
 def test_the_strategy_setting_names_the_allowed_values():
     assert ScalingConfig(strategy="fsdp").strategy_name == "fsdp"
     assert ScalingConfig(strategy=FSDP(mixed_precision="bf16")).strategy_name == "fsdp"
-    assert validate(ScalingConfig, {"strategy": {"name": "fsdp", "cpu_offload": True}}).strategy.cpu_offload
     with pytest.raises(ConfigError) as err:
         validate(ScalingConfig, {"strategy": "horovod"})
     assert "strategy" in str(err.value) and "'ddp'" in str(err.value) and "'fsdp'" in str(err.value)
     with pytest.raises(ConfigError, match=r"strategy\.fsdp\.mixed_precision|mixed_precision"):
         validate(ScalingConfig, {"strategy": {"name": "fsdp", "mixed_precision": "fp8"}})
+    with pytest.raises(ConfigError, match=r"strategy\.cpu_offload needs use_gpu=True"):
+        validate(ScalingConfig, {"strategy": {"name": "fsdp", "cpu_offload": True}})
+    assert validate(ScalingConfig, {"use_gpu": True, "strategy": {"cpu_offload": True}}).strategy.cpu_offload
     with pytest.raises(ConfigError, match="min_block_params"):
         validate(ScalingConfig, {"strategy": {"name": "fsdp", "min_block_params": 0}})
 

@@ -55,7 +55,7 @@ class FSDP(ConfigModel):
 def _strategy_kind(value: object) -> str | None:
     if isinstance(value, str):
         return "name"
-    if isinstance(value, FSDP) or isinstance(value, dict):
+    if isinstance(value, FSDP | dict):
         return "fsdp"
     return None
 
@@ -199,6 +199,11 @@ class ScalingConfig(ConfigModel):
         if res.get("GPU", 0) > 0 and not self.use_gpu:
             raise ValueError(
                 "resources_per_worker asks for GPUs but use_gpu is false; set use_gpu=True"
+            )
+        if isinstance(self.strategy, FSDP) and self.strategy.cpu_offload and not self.use_gpu:
+            raise ValueError(
+                "strategy.cpu_offload needs use_gpu=True: CPU workers keep their shards in CPU "
+                "memory already; remove cpu_offload"
             )
         return self
 
