@@ -241,7 +241,7 @@ def test_tune_public_surface_snapshot():
         "from_tune_checkpoint", "get_tune_resources", "plan_concurrency", "to_tune_checkpoint", "trainable",
     ])
     assert list(inspect.signature(rt.trainable).parameters) == [
-        "train_loop", "num_workers", "use_gpu", "resources_per_worker", "config", "base_config",
+        "train_loop", "num_workers", "use_gpu", "resources_per_worker", "strategy", "config", "base_config",
     ]
     assert list(inspect.signature(hyperopt).parameters) == ["config", "dataset", "output_directory", "set_", "quiet"]
 
