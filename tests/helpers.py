@@ -100,3 +100,32 @@ def listening_sockets(pids: list[int]) -> list[tuple[int, str, int]]:
                 if inode in listeners:
                     out.append((pid, *listeners[inode]))
     return sorted(set(out))
+
+
+def run_gloo_ranks(target: Callable[..., None], *args: Any, world_size: int = 2, timeout_s: float = 90) -> dict[int, Any]:
+    """Run ``target(rank, port, *args, queue)`` in ``world_size`` spawned processes (they
+    form a gloo group on a loopback port) and return what each put on ``queue``, by its
+    ``"rank"``. Every process is joined, or killed, before this returns."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(rank, port, *args, queue)) for rank in range(world_size)]
+    for p in procs:
+        p.start()
+    try:
+        out = {}
+        for _ in procs:
+            item = queue.get(timeout=timeout_s)
+            out[item["rank"]] = item
+        return out
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()

@@ -3,16 +3,15 @@ training as DDP, checkpoints that are full state dicts, and a full state dict th
 back into a sharded model and optimizer, or into DDP."""
 
 import copy
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from raylight.config import FSDP
 from raylight.strategies import DDPStrategy, FSDPStrategy
+from tests.helpers import run_gloo_ranks
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -128,25 +127,7 @@ def run_rank(rank: int, port: int, queue) -> None:
 
 @pytest.fixture(scope="module")
 def ranks() -> dict[int, dict]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=run_rank, args=(r, port, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        out = {}
-        for _ in procs:
-            item = queue.get(timeout=150)
-            out[item["rank"]] = item
-        return out
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    return run_gloo_ranks(run_rank, timeout_s=150)
 
 
 def close(a: dict[str, list[float]], b: dict[str, list[float]], tol: float) -> None:

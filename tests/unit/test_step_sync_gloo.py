@@ -2,18 +2,16 @@
 vector rides on the measuring step's gradient all-reduce, and every rank agrees on plans,
 the noise estimate and where to stop, exactly as with a control all-reduce of its own."""
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from raylight.adaptive.plan import BatchPlan
 from raylight.adaptive_worker.optimizer import AdaptiveOptimizer
 from raylight.adaptive_worker.sync import ResizeInterrupt, StepSync
+from tests.helpers import run_gloo_ranks
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -73,25 +71,7 @@ def run_rank(rank: int, port: int, carrier: bool, events: bool, queue) -> None:
 
 
 def run_pair(carrier: bool, events: bool = True) -> dict[int, dict]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=run_rank, args=(r, port, carrier, events, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        out = {}
-        for _ in procs:
-            item = queue.get(timeout=90)
-            out[item["rank"]] = item
-        return out
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    return run_gloo_ranks(run_rank, carrier, events)
 
 
 def test_control_vector_rides_on_the_gradient_all_reduce():
