@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: run run-digits test lint unit bench bench-adaptive bench-declarative bench-lightning bench-adversarial clean
+.PHONY: run run-digits test lint unit bench bench-adaptive bench-declarative bench-lightning bench-adversarial bench-strategies clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,9 @@ bench-declarative: $(STAMP)
 
 bench-adversarial: $(STAMP)
 	$(PY) bench/adversarial.py
+
+bench-strategies: $(STAMP)
+	$(PY) bench/strategies.py
 
 bench-lightning: $(STAMP)
 	$(PIP) install -q -c constraints.txt -e ".[bench,lightning]"
