@@ -234,6 +234,23 @@ def read_result(path: str, launched: float) -> dict[str, Any]:
     }
 
 
+# -- a bench's entry point --------------------------------------------------------------
+
+
+def run_child(args: Any, children: dict[str, Callable[[dict[str, Any]], None]]) -> bool:
+    """In a child process (``--child NAME --job JSON``): run that child and return True."""
+    if not args.child:
+        return False
+    children[args.child](json.loads(args.job))
+    return True
+
+
+def write_results(path: Path, results: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"results: {path}")
+
+
 # -- the machine ----------------------------------------------------------------------
 
 

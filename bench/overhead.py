@@ -46,7 +46,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import free_port, machine_info, run_once, run_ray_train, script_command
+from common import (
+    free_port,
+    machine_info,
+    run_child,
+    run_once,
+    run_ray_train,
+    script_command,
+    write_results,
+)
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -382,14 +390,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.child:
-        CHILDREN[args.child](json.loads(args.job))
+    if run_child(args, CHILDREN):
         return
     results = run_benchmark(args)
     print_table(results["systems"], results)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"results: {args.out}")
+    write_results(args.out, results)
 
 
 if __name__ == "__main__":

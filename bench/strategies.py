@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import ChildRun, free_port, machine_info, script_command
+from common import ChildRun, free_port, machine_info, run_child, script_command, write_results
 from torch import nn
 
 SYSTEMS = ("raylight_ddp", "raylight_fsdp", "torchrun_fsdp")
@@ -307,14 +307,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.child:
-        CHILDREN[args.child](json.loads(args.job))
+    if run_child(args, CHILDREN):
         return
     results = run_benchmark(args)
     print_table(results)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"results: {args.out}")
+    write_results(args.out, results)
 
 
 if __name__ == "__main__":
