@@ -4,6 +4,11 @@ A checkpoint's state is a dict of tensors, numbers, strings, lists and nested di
 (model and optimizer ``state_dict()`` included). It is serialised once, where it is
 reported, and loaded with ``torch.load(weights_only=True)`` so a checkpoint file can
 never run code.
+
+Two formats, one interface. A *full* checkpoint's ``state.pt`` holds the whole state. A
+*sharded* one (FSDP and DeepSpeed runs) holds its tensors as shards that every rank wrote
+with torch's distributed checkpoint (``sharded.py``) and, in ``state.pt``, the skeleton
+of the rest; ``load()`` reassembles the whole state with plain tensors, in any process.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ RAYLIGHT_KEY = "_raylight"  # reserved key: raylight's own state (loader positio
 INTERNAL_METRIC = "raylight/internal"  # a report for raylight itself (never sent to Tune)
 LIGHTNING_CKPT_METRIC = "raylight/lightning_checkpoint"  # the checkpoint holds a .ckpt file
 LIGHTNING_CKPT_KEY = "lightning_checkpoint"  # ... its bytes (uint8 tensor), with "filename"
+SHARDED = "sharded"  # the format of a checkpoint whose tensors are DCP shards (own["format"])
 
 
 def serialize_state(state: dict[str, Any]) -> bytes:
@@ -71,19 +77,41 @@ class Checkpoint:
         return self._data
 
     def full_state(self) -> dict[str, Any]:
-        """The whole stored state, raylight's own part included; deserialized once and
-        kept until ``load()`` takes it."""
+        """The stored ``state.pt``, raylight's own part included (for a sharded checkpoint,
+        the skeleton: tensors are placeholders); deserialized once and kept until
+        ``load()`` takes it."""
         if self._state is None:
             self._state = deserialize_state(self.to_bytes())
         return self._state
 
+    @property
+    def sharded(self) -> bool:
+        """Whether the tensors are shards beside ``state.pt`` (FSDP and DeepSpeed runs)."""
+        own = self.full_state().get(RAYLIGHT_KEY)
+        return isinstance(own, dict) and own.get("format") == SHARDED
+
     def load(self) -> dict[str, Any]:
-        """Return the state dict that was reported, tensors on the CPU. Each call returns
-        fresh objects (mutating one result does not change the next)."""
+        """Return the state dict that was reported, whole, with tensors on the CPU (a
+        sharded checkpoint's shards are read and joined in this process; no
+        ``torch.distributed`` needed). Each call returns fresh objects (mutating one
+        result does not change the next)."""
+        sharded = self.sharded
         state, self._state = self._state, None
         if state is None:
             state = deserialize_state(self.to_bytes())
+        if sharded:
+            from raylight import sharded as shards
+
+            state = shards.load_full(state, self._shard_path())
         return {k: v for k, v in state.items() if k != RAYLIGHT_KEY}
+
+    def _shard_path(self) -> str:
+        if self.path is None:
+            raise ValueError(
+                "this sharded checkpoint has no directory to read its shards from "
+                "(Checkpoint.path is None)"
+            )
+        return self.path
 
     def __repr__(self) -> str:
         return f"Checkpoint(path={self.path!r}, index={self.metadata.get('index')})"

@@ -19,13 +19,15 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from raylight import sharded
 from raylight._time import wall
 from raylight.adaptive.plan import AdaptiveSpec, BatchPlan
 from raylight.adaptive_worker.optimizer import AdaptiveOptimizer
 from raylight.adaptive_worker.state import Accumulator
 from raylight.adaptive_worker.sync import ResizeInterrupt, StepSync
-from raylight.checkpoint import RAYLIGHT_KEY, Checkpoint, serialize_state
+from raylight.checkpoint import RAYLIGHT_KEY, SHARDED, Checkpoint, serialize_state
 from raylight.data.loader import ElasticLoader, prepare_loader
+from raylight.storage import checkpoint_name
 from raylight.strategies import DDPStrategy, Strategy
 from raylight.worker_group.protocol import Report
 
@@ -114,6 +116,8 @@ class TrainContext:
         adaptive: AdaptiveSpec | None = None,
         elastic: bool = False,
         threads: int = 1,
+        checkpoint_dir: str | None = None,
+        next_checkpoint: int | None = None,
     ) -> None:
         self.rank = rank
         self.local_rank = local_rank
@@ -128,7 +132,10 @@ class TrainContext:
         self._strategy = strategy or DDPStrategy()
         self._elastic = elastic
         self._restored = _raylight_state(checkpoint)
-        self._commit = int(self._restored.get("commit", -1))
+        # Checkpoints are numbered as the driver commits them: from next_checkpoint (the
+        # driver's next index) when it is given; sharded ones are written under that number.
+        self._commit = int(self._restored.get("commit", -1)) if next_checkpoint is None else next_checkpoint - 1
+        self._checkpoint_dir = checkpoint_dir
         self._seq = int(self._restored.get("seq", -1))  # of the last report
         self._loaders: list[ElasticLoader] = []
         self._accumulators: list[Accumulator] = []
@@ -280,33 +287,136 @@ class TrainContext:
 
     # -- reporting and checkpoints -------------------------------------------------
     def report(self, metrics: dict[str, Any], *, checkpoint: dict[str, Any] | None = None) -> None:
-        """Report metrics, and optionally commit ``checkpoint`` (a state dict).
+        """Report metrics, and optionally commit ``checkpoint``.
 
-        Call it on every rank, at an optimizer-step boundary: the driver records rank 0's
-        metrics and commits rank 0's checkpoint. The state is serialised here, so later
-        changes to the tensors do not affect it. raylight adds its own state (loader
-        positions, epochs, accumulators, adaptive state) under the key ``"_raylight"``.
+        ``checkpoint`` is a dict of state dicts, tensors and plain values; modules and
+        optimizers may be given as objects (``{"model": model, "opt": opt, "epoch": 3}``),
+        which stores their state keyed by parameter name and works with every strategy
+        (``load_checkpoint`` puts it back). Call it on every rank, at an optimizer-step
+        boundary. With DDP (and ``FSDP(checkpoint="full")``) rank 0's state is serialised
+        here and the driver commits it; with a sharded strategy every rank writes its own
+        shards into the run's storage first (a collective) and the driver commits them.
+        Later changes to the tensors do not affect a reported checkpoint. raylight adds
+        its own state (loader positions, epochs, accumulators, adaptive state) under the
+        key ``"_raylight"``.
         """
         plain = _plain_metrics(metrics)
         self._sink.heartbeat()
         self._seq += 1
         data = None
+        sharded_index = None
         if checkpoint is not None:
+            if not isinstance(checkpoint, dict):
+                raise TypeError(
+                    f"a checkpoint must be a dict (e.g. {{'model': model, 'opt': opt}}), got "
+                    f"{type(checkpoint).__name__}"
+                )
             if RAYLIGHT_KEY in checkpoint:
                 raise ValueError(f"the checkpoint key {RAYLIGHT_KEY!r} is reserved for raylight")
-            checkpoint = self._strategy.full_state(checkpoint)  # a collective when sharded
+            objects = self._objects(checkpoint)
+            state = {**checkpoint, **self._strategy.objects_state(objects)} if objects else dict(checkpoint)
             own = self._collect_state()
+            own["objects"] = {k: "module" if isinstance(v, nn.Module) else "optimizer" for k, v in objects.items()}
             self._commit = own["commit"]
+            if self._strategy.checkpoint_format(self.world_size) == SHARDED:
+                own["format"] = SHARDED
+                state, tensors = sharded.split(state)
+                sharded.save(tensors, self._shard_dir(self._commit))  # a collective
+                sharded_index = self._commit
+            else:
+                state = self._strategy.full_state(state)  # a collective when sharded
             if self.rank == 0 or self._elastic:
-                data = serialize_state({**checkpoint, RAYLIGHT_KEY: own})
+                data = serialize_state({**state, RAYLIGHT_KEY: own})
                 if self._elastic:
                     self._sink.keep_commit(self._commit, data, self._seq)
         if self.rank == 0:
-            self._sink.report(Report(metrics=plain, checkpoint=data, time=wall(), seq=self._seq))
+            self._sink.report(
+                Report(metrics=plain, checkpoint=data, time=wall(), seq=self._seq, sharded_index=sharded_index)
+            )
         elif self._elastic:  # a copy, in case rank 0 dies before the driver hears it
             self._sink.report(
                 Report(metrics=plain, time=wall(), seq=self._seq, has_checkpoint=checkpoint is not None)
             )
+
+    def _shard_dir(self, index: int) -> str:
+        if self._checkpoint_dir is None:
+            raise RuntimeError(
+                f"strategy {self._strategy.name!r} writes sharded checkpoints into the run's "
+                "storage, which this worker was not given"
+            )
+        return f"{self._checkpoint_dir.rstrip('/')}/{checkpoint_name(index)}"
+
+    def _objects(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The modules and optimizers among ``state``'s values (prepared optimizers seen
+        through to the user's)."""
+        found: dict[str, Any] = {}
+        for key, value in state.items():
+            if isinstance(value, AdaptiveOptimizer):
+                value = value.optimizer
+            if isinstance(value, nn.Module | torch.optim.Optimizer):
+                found[key] = value
+        return found
+
+    def load_checkpoint(self, objects: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """Load the checkpoint this (re)start resumes from into ``objects`` and return the
+        rest of it; None when there is none (a fresh start).
+
+        ``objects`` maps checkpoint keys to the prepared modules and optimizers to fill
+        (``{"model": model, "opt": opt}``); the returned dict holds every other entry
+        (``{"epoch": 3}``). With a sharded checkpoint each rank reads only the shards it
+        holds, laid out for the current number of workers (a checkpoint written by 2
+        workers loads into 1 or 3); a full one is loaded whole and, under a sharded
+        strategy, sharded locally. Call it on every rank, after ``prepare_model`` and
+        ``prepare_optimizer``.
+        """
+        ckpt = self._checkpoint
+        if ckpt is None:
+            return None
+        objects = dict(objects or {})
+        stored = ckpt.full_state()
+        entries = sorted(k for k in stored if k != RAYLIGHT_KEY)
+        unknown = sorted(k for k in objects if k not in entries)
+        if unknown:
+            raise KeyError(f"the checkpoint has no {unknown}; its entries are {entries}")
+        resolved = self._objects(objects)
+        others = sorted(k for k in objects if k not in resolved)
+        if others:
+            raise TypeError(
+                f"ctx.load_checkpoint loads into modules and optimizers; {others} are not. "
+                "Take plain values from what it returns instead"
+            )
+        saved_objects = stored.get(RAYLIGHT_KEY, {}).get("objects", {})
+        as_saved = {k: v for k, v in resolved.items() if k in saved_objects}
+        raw = {k: v for k, v in resolved.items() if k not in saved_objects}
+        rest = [k for k in entries if k not in objects]
+        if ckpt.sharded:
+            path = ckpt._shard_path()
+            if as_saved:
+                self._load_shards(as_saved, {k: stored[k] for k in as_saved}, path)
+            full = sharded.load_full({k: stored[k] for k in (*raw, *rest)}, path)
+        else:
+            full = ckpt.load()
+            if as_saved:
+                self._strategy.load_objects(as_saved, {k: full[k] for k in as_saved}, full=True)
+        for key, obj in raw.items():  # a state dict reported as such: loaded whole
+            target = self.unwrap_model(obj) if isinstance(obj, nn.Module) else obj
+            target.load_state_dict(full[key])
+        self._sink.heartbeat()
+        return {k: full[k] for k in rest}
+
+    def _load_shards(self, objects: dict[str, Any], stored: dict[str, Any], path: str) -> None:
+        """Read into ``objects`` the shards this rank holds now (DCP reshards)."""
+        _, template = sharded.split(self._strategy.objects_state(objects))
+        wanted = set(sharded.tensor_keys(stored))
+        if set(template) != wanted:
+            only_ckpt, only_here = sorted(wanted - set(template)), sorted(set(template) - wanted)
+            raise ValueError(
+                f"checkpoint entries {sorted(objects)} do not match the objects given: "
+                f"only in the checkpoint: {only_ckpt[:5]}{' ...' if len(only_ckpt) > 5 else ''}; "
+                f"only in the objects: {only_here[:5]}{' ...' if len(only_here) > 5 else ''}"
+            )
+        sharded.load_into(template, path, collective=self.world_size > 1)
+        self._strategy.load_objects(objects, sharded.join(stored, template), full=False)
 
     def _collect_state(self) -> dict[str, Any]:
         """raylight's own part of a checkpoint. Synchronises accumulators: a collective."""

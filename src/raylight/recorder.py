@@ -25,8 +25,8 @@ from raylight._time import wall
 from raylight.checkpoint import Checkpoint, deserialize_state
 from raylight.exceptions import ConfigError
 from raylight.lease import LEASE_FILE, RunLease
-from raylight.storage import CommittedCheckpoint, RunStorage, check_state
-from raylight.worker_group.protocol import Report
+from raylight.storage import CHECKPOINTS, CommittedCheckpoint, RunStorage, check_state
+from raylight.worker_group.protocol import CheckpointTarget, Report
 
 log = logging.getLogger("raylight")
 
@@ -59,6 +59,7 @@ class RunRecorder:
         self._config: dict[str, Any] | None = None
         self._begun = False
         self._replace = False  # the directory holds a failed attempt to clear at begin
+        self._leftovers: list[str] = []  # ... its files, as open found them
         self._rewrite_metrics = False  # the file on disk differs from _lines (torn line)
 
     @property
@@ -82,6 +83,9 @@ class RunRecorder:
                     "(RunConfig.resume) to continue it, or choose another name"
                 )
             self._replace = state == "replaceable"
+            if self._replace:  # what begin removes: never what this attempt's workers write
+                self._leftovers = [n for n in self.storage.entries() if n not in (LEASE_FILE, CHECKPOINTS)]
+                self._leftovers += [f"{CHECKPOINTS}/{n}" for n in self.storage.entries(CHECKPOINTS)]
             if start_from is not None:  # a checkpoint from elsewhere precedes every report
                 self.latest = Checkpoint(
                     start_from.path, metadata={**start_from.metadata, "report": -1}, data=start_from.to_bytes()
@@ -164,7 +168,7 @@ class RunRecorder:
             data = self.storage.read_state(ckpt.index)
         except (FileNotFoundError, OSError) as exc:
             return None, f"cannot read its state: {exc}"
-        why = check_state(data, ckpt.meta)
+        why = check_state(data, ckpt.meta) or self.storage.check_shards(ckpt.index, ckpt.meta)
         if why is None and "state_sha256" not in ckpt.meta:  # written before digests
             try:
                 deserialize_state(data)
@@ -214,12 +218,11 @@ class RunRecorder:
                     f"run directory {self.storage.uri} already exists; pass resume=True "
                     "(RunConfig.resume) to continue it, or choose another name"
                 )
-            leftovers = [n for n in self.storage.entries() if n != LEASE_FILE]
             log.warning(
                 "replacing %s: its last attempt failed before committing a checkpoint (%s)",
-                self.storage.uri, ", ".join(leftovers),
+                self.storage.uri, ", ".join(self._leftovers),
             )
-            for name in leftovers:
+            for name in self._leftovers:
                 self.storage.remove(name)
         self._begun = True
         self._write_config()
@@ -244,6 +247,17 @@ class RunRecorder:
                 self._set_status("failed" if error is not None else "finished", error)
         finally:
             self.lease.release()
+
+    def checkpoint_target(self, *, clear: bool = True) -> CheckpointTarget:
+        """Where workers write sharded checkpoints, and the index of the next one. With
+        ``clear`` (only while no worker runs), directories from that index on that were
+        never committed (shards of an attempt that failed) are removed first; a new run's
+        leftovers go at ``begin``, under the lease."""
+        if clear and (self._begun or self.lease.held):
+            removed = self.storage.clear_uncommitted(self._next_ckpt)
+            if removed:
+                log.info("removed uncommitted checkpoint shards: %s", removed)
+        return CheckpointTarget(self.storage.uri_of(CHECKPOINTS), self._next_ckpt)
 
     # -- recording ------------------------------------------------------------------
     def rollback(self) -> None:
@@ -311,7 +325,15 @@ class RunRecorder:
     def _commit(self, report: Report, report_index: int) -> None:
         index = self._next_ckpt
         meta = {"index": index, "report": report_index, "time": report.time, "metrics": report.metrics}
-        path = self.storage.commit_checkpoint(index, report.checkpoint or b"", meta)
+        if report.sharded_index is not None:
+            if report.sharded_index != index:  # the workers number checkpoints from next_checkpoint
+                raise RuntimeError(
+                    f"the workers wrote sharded checkpoint {report.sharded_index} but the run's "
+                    f"next checkpoint is {index}"
+                )
+            path = self.storage.commit_sharded(index, report.checkpoint or b"", meta)
+        else:
+            path = self.storage.commit_checkpoint(index, report.checkpoint or b"", meta)
         self.latest = Checkpoint(path, metadata=meta, data=report.checkpoint)
         self._next_ckpt += 1
         self._kept.append(index)

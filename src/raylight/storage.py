@@ -8,6 +8,8 @@ Layout of a run directory::
         lease.json              who writes this run now (see lease.py)
         metrics.jsonl           every report of rank 0, in order
         checkpoints/checkpoint_000007/{state.pt, meta.json}
+        checkpoints/checkpoint_000008/{__0_0.distcp, __1_0.distcp, .metadata, state.pt, meta.json}
+                                the same, sharded: every rank's shards, DCP's manifest
 
 A checkpoint counts only once its ``meta.json`` exists. On a local disk the whole
 directory is written under a temporary name, fsynced and renamed into place (atomic; an
@@ -20,6 +22,11 @@ crash leaves behind (temporary and half-deleted directories) is debris that
 ``clean_debris`` removes when the run is next opened by its one writer. ``meta.json``
 records the size and SHA-256 of ``state.pt``, so a damaged checkpoint is told apart
 from a good one without unpickling anything.
+
+A sharded checkpoint's directory is filled by the workers first (each its shards, DCP's
+manifest last); the driver then checks the manifest's files are there, writes
+``state.pt`` and commits with ``meta.json`` (which records each shard file's size), so
+the same rule holds: no ``meta.json``, no checkpoint.
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+
+from raylight.exceptions import ConfigError
 
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
@@ -195,6 +204,21 @@ def check_state(state: bytes, meta: dict[str, Any]) -> str | None:
     return None
 
 
+class ShardsNotFoundError(ConfigError):
+    """The workers' shards of a sharded checkpoint are not where the driver looks."""
+
+    def __init__(self, index: int, uri: str, missing: list[str]) -> None:
+        super().__init__(
+            f"checkpoint {index}: the shard files {missing} the workers wrote are not in {uri} "
+            "as the driver sees it. Sharded checkpoints (strategy 'fsdp' or 'deepspeed') are "
+            "written by every worker into the run's storage, so RunConfig.storage_path must "
+            "be storage that every worker and the driver reach: a shared filesystem, or an "
+            "object store (s3://, gs://). Set storage_path to one, or checkpoint through the "
+            "driver with strategy=raylight.FSDP(checkpoint='full')."
+        )
+        self.index, self.uri, self.missing = index, uri, missing
+
+
 class RunStorage:
     """Files of one run directory, addressed by paths relative to it."""
 
@@ -290,6 +314,78 @@ class RunStorage:
                 self.fs.rm(final, recursive=True)
             write_committed(self.fs, final, [(STATE_FILE, state)], (META_FILE, meta_bytes))
         return self.uri_of(f"{CHECKPOINTS}/{name}")
+
+    def commit_sharded(self, index: int, state: bytes, meta: dict[str, Any]) -> str:
+        """Commit checkpoint ``index``, whose tensors the workers already wrote into its
+        directory (torch's distributed checkpoint, manifest last), and return its URI.
+
+        Checks that the manifest and every shard file it names are there, as this process
+        sees the storage; removes anything else in the directory (what an attempt at this
+        index that was cut short left); then writes ``state.pt`` (the skeleton) and
+        ``meta.json`` last, which commits it. ``meta`` records the shard files' sizes.
+        """
+        from raylight import sharded
+
+        rel = f"{CHECKPOINTS}/{checkpoint_name(index)}"
+        uri = self.uri_of(rel)
+        try:
+            expected = sharded.shard_files(sharded.read_metadata(uri)) | {sharded.METADATA_FILE}
+        except FileNotFoundError:
+            expected = {sharded.METADATA_FILE}
+        sizes = self._file_sizes(rel)
+        missing = sorted(expected - set(sizes))
+        if missing:
+            raise ShardsNotFoundError(index, uri, missing)
+        for name in set(sizes) - expected:
+            self.remove(f"{rel}/{name}")
+        meta = {**meta, "format": "sharded", "files": {name: sizes[name] for name in sorted(expected)}}
+        meta_bytes = json.dumps({**meta, **state_digest(state)}, default=str).encode()
+        if self.is_local:
+            path = self._p(rel)
+            with open(f"{path}/{STATE_FILE}", "wb") as f:
+                f.write(state)
+                f.flush()
+                os.fsync(f.fileno())
+            atomic_write(f"{path}/{META_FILE}", meta_bytes)  # the commit
+            _fsync_dir(self._p(CHECKPOINTS))
+        else:
+            write_committed(self.fs, self._p(rel), [(STATE_FILE, state)], (META_FILE, meta_bytes))
+        return uri
+
+    def _file_sizes(self, rel: str) -> dict[str, int]:
+        """Name -> size of the files directly inside ``rel`` (none if it does not exist)."""
+        path = self._p(rel)
+        if not self.fs.exists(path):
+            return {}
+        return {
+            entry["name"].rstrip("/").rsplit("/", 1)[-1]: int(entry.get("size") or 0)
+            for entry in self.fs.ls(path, detail=True)
+            if entry.get("type") != "directory"
+        }
+
+    def check_shards(self, index: int, meta: dict[str, Any]) -> str | None:
+        """Why the shard files of sharded checkpoint ``index`` are not the ones ``meta``
+        recorded (a file missing or of another size), or None."""
+        sizes = self._file_sizes(f"{CHECKPOINTS}/{checkpoint_name(index)}")
+        for name, size in (meta.get("files") or {}).items():
+            if name not in sizes:
+                return f"its shard file {name} is missing"
+            if sizes[name] != size:
+                return f"its shard file {name} has {sizes[name]} bytes, {META_FILE} records {size}"
+        return None
+
+    def clear_uncommitted(self, first: int) -> list[str]:
+        """Remove checkpoint directories numbered ``first`` or above that were never
+        committed (no ``meta.json``): shards of an attempt that failed before the driver
+        committed them. Only the run's one writer calls this, while no worker writes."""
+        removed = []
+        for name in self.entries(CHECKPOINTS):
+            match = _CKPT_RE.match(name)
+            rel = f"{CHECKPOINTS}/{name}"
+            if match and int(match.group(1)) >= first and not self.exists(f"{rel}/{META_FILE}"):
+                self.remove(rel)
+                removed.append(rel)
+        return removed
 
     def scan_checkpoints(self) -> CheckpointScan:
         """Committed checkpoints, damaged ones and debris (see ``CheckpointScan``)."""

@@ -20,6 +20,7 @@ from raylight.config import (
     TrainerConfig,
     validate,
 )
+from raylight.exceptions import ConfigError
 from raylight.progress import ProgressDisplay
 from raylight.recorder import RunRecorder
 from raylight.storage import RunStorage, default_storage_path
@@ -103,6 +104,13 @@ class Trainer:
         }
         if self.resume_from is not None and run.resume:
             raise ValueError("pass either resume_from or RunConfig.resume=True, not both")
+        if self.config.scaling.sharded_checkpoints and storage.uri.startswith("memory://"):
+            raise ConfigError(
+                f"RunConfig.storage_path {storage.uri.rsplit('/', 1)[0]!r} is this process's memory, "
+                f"which the workers of a sharded run (strategy {self.config.scaling.strategy_name!r}) "
+                "cannot write their checkpoint shards to; use a directory or an object store, or "
+                "checkpoint through the driver with strategy=raylight.FSDP(checkpoint='full')"
+            )
         on_ray = self.config.scaling.num_workers != 0
         if on_ray:
             from raylight import runtime

@@ -42,6 +42,9 @@ def test_a_sigkilled_fsdp_worker_resumes_from_the_sharded_run_and_ends_equal(ray
         config={"kill_after": 1, "marker": str(tmp_path / "marker")},
     )
     assert (tmp_path / "marker").exists() and killed.num_failures == 1
+    for result in (plain, killed):  # every rank wrote its shards; the driver committed them
+        assert result.checkpoint.sharded and result.checkpoint.metadata["format"] == "sharded"
+        assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(result.checkpoint.metadata["files"])
     assert [m["start"] for m in killed.metrics_history] == [0, 0, 2, 2, 2]
     want, got = plain.checkpoint.load()["model"], killed.checkpoint.load()["model"]
     for key in want:

@@ -67,7 +67,7 @@ class FakeGroup:
             raise InsufficientResourcesError(f"only {self.placeable} fit")
         return placed
 
-    def resize(self, *, num_workers, threads, plan, commit):
+    def resize(self, *, num_workers, threads, plan, commit, target=None):
         self.resizes.append({"num_workers": num_workers, "threads": threads, "plan": plan, "commit": commit})
         outcome = self.resize_outcomes.pop(0)
         if outcome.kind == "in_place":
@@ -78,7 +78,7 @@ class FakeGroup:
     def num_workers(self):
         return self._size
 
-    def start(self, *, num_workers, checkpoint, threads=None, plan=None):
+    def start(self, *, num_workers, checkpoint, threads=None, plan=None, target=None):
         self._size = num_workers
         self.starts.append((num_workers, checkpoint))
         if self.start_errors:

@@ -139,10 +139,20 @@ def test_nothing_from_a_worker_is_unpickled_outside_ray():
     checkpoints load with weights_only: no module of raylight calls a pickle loader."""
     calls = []
     for path in SRC.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        # The one exception: sharded.py subclasses pickle.Unpickler with an allow-list
+        # (find_class) to read DCP's manifest (tests/unit/test_sharded.py feeds it a payload).
+        allowed = {
+            id(base)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ClassDef)
+            and any(isinstance(f, ast.FunctionDef) and f.name == "find_class" for f in node.body)
+            for base in node.bases
+        }
+        for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and node.attr in ("loads", "load", "Unpickler"):
                 base = node.value
-                if isinstance(base, ast.Name) and base.id in ("pickle", "cloudpickle", "dill"):
+                if isinstance(base, ast.Name) and base.id in ("pickle", "cloudpickle", "dill") and id(node) not in allowed:
                     calls.append(f"{path.relative_to(SRC)}:{node.lineno}")
     assert not calls, calls
 
@@ -151,7 +161,10 @@ def test_nothing_from_a_worker_is_unpickled_outside_ray():
 # wherever the import statement is (module level, inside a function, for type checking).
 LAYERS = [
     ("base", ["raylight._time", "raylight.exceptions", "raylight.config"]),
-    ("pure and storage", ["raylight.adaptive", "raylight.storage", "raylight.checkpoint", "raylight.lease", "raylight.plots"]),
+    ("pure and storage", [
+        "raylight.adaptive", "raylight.storage", "raylight.checkpoint", "raylight.sharded", "raylight.lease",
+        "raylight.plots",
+    ]),
     ("worker pieces and records", [
         "raylight.worker_group.protocol", "raylight.worker_group.net", "raylight.strategies", "raylight.data",
         "raylight.adaptive_worker", "raylight.recorder", "raylight.progress", "raylight.runtime",

@@ -50,6 +50,14 @@ class FSDP(ConfigModel):
     min_block_params: int = Field(
         100_000, ge=1, description="The size threshold of the default block policy."
     )
+    checkpoint: Literal["sharded", "full"] = Field(
+        "sharded",
+        description="'sharded': every worker writes its own shards into the run's storage "
+        "(torch.distributed.checkpoint), which must then be reachable from every worker (a "
+        "shared filesystem or an object store). 'full': the shards are gathered and rank 0's "
+        "full state goes through the driver, as with DDP (each worker then briefly holds the "
+        "whole model and optimizer state).",
+    )
 
 
 def _strategy_kind(value: object) -> str | None:
@@ -210,6 +218,13 @@ class ScalingConfig(ConfigModel):
     @property
     def strategy_name(self) -> str:
         return self.strategy if isinstance(self.strategy, str) else self.strategy.name
+
+    @property
+    def sharded_checkpoints(self) -> bool:
+        """Whether the workers write their checkpoints' shards into the run's storage
+        themselves: a sharded strategy with checkpoint='sharded' and more than one worker."""
+        options = FSDP() if self.strategy == "fsdp" else self.strategy
+        return self.max_workers > 1 and getattr(options, "checkpoint", "full") == "sharded"
 
     def worker_resources(self) -> dict[str, float]:
         """Resources of one worker's bundle, defaults filled in."""

@@ -173,6 +173,7 @@ class Controller:
                 checkpoint=self.recorder.latest,
                 threads=self.threads,
                 plan=policy.plan(self.num_workers),
+                target=self.recorder.checkpoint_target(),
             )
         except InsufficientResourcesError as exc:
             self._fail(exc)
@@ -244,7 +245,10 @@ class Controller:
         latest = self.recorder.latest
         commit = int(latest.metadata.get("index", -1)) if latest is not None else -1
         if phase.resize.in_place:
-            outcome = self.group.resize(num_workers=target, threads=threads, plan=plan, commit=commit)
+            outcome = self.group.resize(
+                num_workers=target, threads=threads, plan=plan, commit=commit,
+                target=self.recorder.checkpoint_target(clear=False),
+            )
         else:
             outcome = ResizeOutcome("fallback", reason="resize_in_place is off")
         for report in outcome.reports:

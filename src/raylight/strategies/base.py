@@ -5,23 +5,44 @@ from __future__ import annotations
 
 import contextlib
 from contextlib import AbstractContextManager as ContextManager
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import nn
+
+CheckpointFormat = Literal["full", "sharded"]
 
 
 class Strategy(Protocol):
     """How a worker replicates or shards the model, and what a checkpoint of it is.
 
-    A checkpoint is always *full*: the state dicts a strategy hands to ``ctx.report`` are
-    turned into plain tensors (``full_state``, a collective every rank joins), and a full
-    state dict loads into a wrapped model or optimizer through their own
-    ``load_state_dict``. So a checkpoint written by any strategy at any world size loads
-    into any other.
+    A checkpoint is *full* (``full_state`` gathers every sharded tensor, a collective
+    every rank joins, and rank 0 serialises it) or *sharded* (every rank writes its own
+    shards with torch's distributed checkpoint); ``checkpoint_format`` says which. Either
+    loads into any strategy at any world size: a full state dict through the wrapped
+    model's or optimizer's own ``load_state_dict``, shards by resharding on load.
+
+    Modules and optimizers may be put in a checkpoint as objects (``{"model": model,
+    "opt": opt}``): ``objects_state`` gives their state dicts, keyed by parameter name
+    (optimizer state too, so it survives a change of strategy), and ``load_objects`` puts
+    a state back into them.
     """
 
     name: str
+
+    def checkpoint_format(self, world_size: int) -> CheckpointFormat:
+        """``sharded`` when the workers write their shards themselves, else ``full``."""
+        ...
+
+    def objects_state(self, objects: dict[str, Any]) -> dict[str, Any]:
+        """The state dict of each module and optimizer in ``objects`` (keys kept), as this
+        worker holds it (sharded tensors stay sharded). Every rank calls it."""
+        ...
+
+    def load_objects(self, objects: dict[str, Any], state: dict[str, Any], *, full: bool) -> None:
+        """Load ``state`` (what ``objects_state`` gave, possibly from another world size or
+        strategy) into ``objects``; ``full``: its tensors are whole, not this rank's shards."""
+        ...
 
     def backend(self, use_gpu: bool) -> str:
         """The ``torch.distributed`` backend: ``nccl`` on GPUs, ``gloo`` on CPUs."""
@@ -57,3 +78,62 @@ def no_sync_of(model: nn.Module) -> ContextManager[None]:
     """``model.no_sync()`` where the wrapper has one, else nothing to skip."""
     no_sync = getattr(model, "no_sync", None)
     return no_sync() if callable(no_sync) else contextlib.nullcontext()
+
+
+def _root(objects: dict[str, Any]) -> tuple[nn.Module, dict[str, nn.Module], dict[str, torch.optim.Optimizer]]:
+    """The modules of ``objects`` under one ``ModuleDict`` (parameter names become
+    ``<key>.<name>``, so an optimizer's state is keyed by the names of the parameters it
+    optimizes), the modules and the optimizers."""
+    modules = {k: v for k, v in objects.items() if isinstance(v, nn.Module)}
+    optimizers = {k: v for k, v in objects.items() if isinstance(v, torch.optim.Optimizer)}
+    for key in modules:
+        if not key or "." in key:
+            raise ValueError(
+                f"checkpoint key {key!r} holds a module: its name must be non-empty and "
+                "without '.' (it prefixes the module's parameter names)"
+            )
+    if optimizers and not modules:
+        raise ValueError(
+            f"checkpoint entries {sorted(optimizers)} are optimizers: put the model whose "
+            "parameters they optimize in the same checkpoint (e.g. {'model': model, 'opt': opt}), "
+            "so their state is keyed by parameter name"
+        )
+    return nn.ModuleDict(modules), modules, optimizers
+
+
+def objects_state(objects: dict[str, Any], *, full: bool = False) -> dict[str, Any]:
+    """``Strategy.objects_state`` on torch's state-dict helpers (DDP and FSDP wrappers are
+    seen through; ``full``: sharded tensors gathered)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    root, modules, optimizers = _root(objects)
+    options = StateDictOptions(full_state_dict=full)
+    out: dict[str, Any] = {key: {} for key in modules}
+    if modules:
+        for name, value in get_model_state_dict(root, options=options).items():
+            key, rest = name.split(".", 1)
+            out[key][rest] = value
+    for key, optimizer in optimizers.items():
+        out[key] = get_optimizer_state_dict(root, optimizer, options=options)
+    return out
+
+
+def load_objects(objects: dict[str, Any], state: dict[str, Any], *, full: bool) -> None:
+    """``Strategy.load_objects`` on torch's state-dict helpers."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    root, modules, optimizers = _root(objects)
+    options = StateDictOptions(full_state_dict=full)
+    if modules:
+        merged = {f"{key}.{name}": value for key in modules for name, value in state[key].items()}
+        set_model_state_dict(root, merged, options=options)
+    for key, optimizer in optimizers.items():
+        set_optimizer_state_dict(root, optimizer, state[key], options=options)

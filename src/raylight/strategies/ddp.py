@@ -9,7 +9,13 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from raylight.strategies.base import backend_for, no_sync_of
+from raylight.strategies.base import (
+    CheckpointFormat,
+    backend_for,
+    load_objects,
+    no_sync_of,
+    objects_state,
+)
 
 
 def apply_ddp(model: nn.Module, *, device: torch.device) -> nn.Module:
@@ -40,3 +46,12 @@ class DDPStrategy:
 
     def full_state(self, state: Any) -> Any:
         return state  # every replica holds the whole model
+
+    def checkpoint_format(self, world_size: int) -> CheckpointFormat:
+        return "full"
+
+    def objects_state(self, objects: dict[str, Any]) -> dict[str, Any]:
+        return objects_state(objects)
+
+    def load_objects(self, objects: dict[str, Any], state: dict[str, Any], *, full: bool) -> None:
+        load_objects(objects, state, full=full)

@@ -4,11 +4,13 @@ Each worker holds 1/N of every parameter (a ``DTensor`` sharded on dim 0), of it
 and of its optimizer state; a block's parameters are all-gathered for its forward and
 backward and the gradients reduce-scattered. Works on CPUs (gloo) and GPUs (NCCL).
 
-The user's loop stays the DDP one: ``ctx.unwrap_model(model).state_dict()`` and
-``opt.state_dict()`` hold sharded tensors, which ``ctx.report`` gathers into a full
-checkpoint; loading a full state dict into the sharded model or the prepared optimizer
-shards it again on the way in (hooks registered here). So a checkpoint taken at one world
-size resumes at any other, and under DDP.
+The user's loop stays the DDP one. Checkpoints are sharded by default: every rank writes
+its shards with torch's distributed checkpoint, and loading reshards to the world size at
+hand (``raylight.sharded``). With ``FSDP(checkpoint="full")`` ``ctx.report`` gathers every
+sharded tensor into a full state dict that rank 0 serialises, as DDP's are. Either way, a
+full state dict loaded into the sharded model or the prepared optimizer is sharded again on
+the way in (hooks registered here). So a checkpoint taken at one world size resumes at any
+other, and under DDP.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 from torch import nn
 
 from raylight.config.schema import FSDP
-from raylight.strategies.base import backend_for
+from raylight.strategies.base import CheckpointFormat, backend_for, load_objects, objects_state
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -165,6 +167,15 @@ class FSDPStrategy:
 
     def full_state(self, state: Any) -> Any:
         return full_tensors(state)
+
+    def checkpoint_format(self, world_size: int) -> CheckpointFormat:
+        return "sharded" if world_size > 1 and self.options.checkpoint == "sharded" else "full"
+
+    def objects_state(self, objects: dict[str, Any]) -> dict[str, Any]:
+        return objects_state(objects)
+
+    def load_objects(self, objects: dict[str, Any], state: dict[str, Any], *, full: bool) -> None:
+        load_objects(objects, state, full=full)
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ committed checkpoint converted to a ``ray.tune.Checkpoint``; a trial that Tune r
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from raylight.checkpoint import (
@@ -34,29 +36,52 @@ log = logging.getLogger("raylight")
 
 
 def to_tune_checkpoint(checkpoint: Checkpoint, directory: str) -> Any:
-    """Write ``checkpoint`` into ``directory`` (the state file and its metadata) and
-    return it as a ``ray.tune.Checkpoint``."""
+    """Write ``checkpoint`` into ``directory`` (a sharded one's shard files, the state
+    file, its metadata last) and return it as a ``ray.tune.Checkpoint``."""
     from ray.tune import Checkpoint as TuneCheckpoint
 
     meta = json.dumps(checkpoint.metadata, default=str).encode()
-    write_committed(LocalFileSystem(), directory, [(STATE_FILE, checkpoint.to_bytes())], (TUNE_META_FILE, meta))
+    files: Any = [(STATE_FILE, checkpoint.to_bytes())]
+    if checkpoint.sharded:
+        source = checkpoint._shard_path()
+        shards = ((name, _read(f"{source}/{name}")) for name in checkpoint.metadata.get("files", {}))
+        files = itertools.chain(shards, files)
+    write_committed(LocalFileSystem(), directory, files, (TUNE_META_FILE, meta))
     return TuneCheckpoint.from_directory(directory)
+
+
+def _read(uri: str) -> bytes:
+    with fsspec.open(uri, "rb") as f:
+        return f.read()
 
 
 def from_tune_checkpoint(checkpoint: Any) -> Checkpoint:
     """A raylight ``Checkpoint`` (loaded with ``weights_only=True``) from a
-    ``ray.tune.Checkpoint`` written by ``to_tune_checkpoint``."""
+    ``ray.tune.Checkpoint`` written by ``to_tune_checkpoint``. A sharded one keeps its
+    shards where Tune stores them when that is a local (or shared) directory; from remote
+    storage they are downloaded to a local directory first."""
+    if getattr(getattr(checkpoint, "filesystem", None), "type_name", "local") == "local":
+        return _from_directory(checkpoint.path, checkpoint.path)
     with checkpoint.as_directory() as d:
-        path = os.path.join(d, STATE_FILE)
-        if not os.path.exists(path):
-            raise ValueError(f"Tune checkpoint {checkpoint.path!r} holds no raylight state ({STATE_FILE})")
-        with open(path, "rb") as f:
-            data = f.read()
-        meta: dict[str, Any] = {}
-        if os.path.exists(os.path.join(d, TUNE_META_FILE)):
-            with open(os.path.join(d, TUNE_META_FILE)) as f:
-                meta = json.load(f)
-    return Checkpoint(None, metadata=meta, data=data)
+        found = _from_directory(d, checkpoint.path)
+    if found.sharded:
+        local = tempfile.mkdtemp(prefix="raylight-tune-restore-")
+        checkpoint.to_directory(local)
+        found.path = local
+    return found
+
+
+def _from_directory(directory: str, name: str) -> Checkpoint:
+    path = os.path.join(directory, STATE_FILE)
+    if not os.path.exists(path):
+        raise ValueError(f"Tune checkpoint {name!r} holds no raylight state ({STATE_FILE})")
+    with open(path, "rb") as f:
+        data = f.read()
+    meta: dict[str, Any] = {}
+    if os.path.exists(os.path.join(directory, TUNE_META_FILE)):
+        with open(os.path.join(directory, TUNE_META_FILE)) as f:
+            meta = json.load(f)
+    return Checkpoint(directory, metadata=meta, data=data)
 
 
 def in_tune_session() -> bool:

@@ -19,13 +19,25 @@ FailureKind = Literal["error", "died", "hang"]
 
 @dataclass(frozen=True)
 class Report:
-    """One ``ctx.report`` call of rank 0. ``checkpoint`` is the serialised state."""
+    """One ``ctx.report`` call of rank 0. ``checkpoint`` is the serialised state (for a
+    sharded checkpoint, its skeleton: the workers wrote the shards as checkpoint
+    ``sharded_index`` of the run)."""
 
     metrics: dict[str, Any]
     checkpoint: bytes | None = None
     time: float = 0.0
     seq: int = -1  # the same on every rank for the same ctx.report call
     has_checkpoint: bool = False  # set on ranks other than 0, which send no bytes
+    sharded_index: int | None = None  # the index whose directory holds the shards
+
+
+@dataclass(frozen=True)
+class CheckpointTarget:
+    """Where the workers of a run write sharded checkpoints: the run's checkpoints
+    directory (a URI every worker reaches) and the index the driver commits next."""
+
+    directory: str
+    next_index: int
 
 
 @dataclass(frozen=True)
@@ -152,8 +164,10 @@ class WorkerGroup(Protocol):
         checkpoint: Checkpoint | None,
         threads: int | None = None,
         plan: BatchPlan | None = None,
+        target: CheckpointTarget | None = None,
     ) -> None:
-        """Start ``num_workers`` workers, restoring ``checkpoint`` if given.
+        """Start ``num_workers`` workers, restoring ``checkpoint`` if given; sharded
+        checkpoints are written to ``target``.
 
         Raises InsufficientResourcesError or WorkerStartError.
         """
@@ -180,6 +194,13 @@ class WorkerGroup(Protocol):
         """Ask an autoscaling cluster for room for ``num_workers`` workers."""
 
     def resize(
-        self, *, num_workers: int, threads: int | None, plan: BatchPlan | None, commit: int
+        self,
+        *,
+        num_workers: int,
+        threads: int | None,
+        plan: BatchPlan | None,
+        commit: int,
+        target: CheckpointTarget | None = None,
     ) -> ResizeOutcome:
-        """Resize in place, restoring checkpoint ``commit`` from a survivor's memory."""
+        """Resize in place, restoring checkpoint ``commit`` from a survivor's memory (a
+        sharded one's tensors from ``target``'s directory)."""

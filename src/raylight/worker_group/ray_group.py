@@ -37,8 +37,10 @@ from raylight._time import monotonic, wall
 from raylight.adaptive.plan import AdaptiveSpec, BatchPlan
 from raylight.config import FailureConfig, ScalingConfig
 from raylight.exceptions import InsufficientResourcesError, WorkerStartError
+from raylight.storage import checkpoint_name
 from raylight.strategies import build_strategy
 from raylight.worker_group.protocol import (
+    CheckpointTarget,
     GroupPoll,
     Report,
     ResizeOutcome,
@@ -207,13 +209,19 @@ class RayWorkerGroup:
 
     # -- start --------------------------------------------------------------------
     def start(
-        self, *, num_workers: int, checkpoint: Any = None, threads: int | None = None, plan: BatchPlan | None = None
+        self,
+        *,
+        num_workers: int,
+        checkpoint: Any = None,
+        threads: int | None = None,
+        plan: BatchPlan | None = None,
+        target: CheckpointTarget | None = None,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"a worker group needs at least 1 worker, got {num_workers}")
         try:
             members = self._spawn(num_workers)
-            self._launch(members, checkpoint=checkpoint, threads=threads, plan=plan)
+            self._launch(members, checkpoint=checkpoint, threads=threads, plan=plan, target=target)
         except BaseException:
             self.shutdown()
             raise
@@ -396,12 +404,14 @@ class RayWorkerGroup:
         members: list[_Member],
         *,
         checkpoint: Any = None,
-        broadcast: bool = False,
+        broadcast: int | None = None,
         threads: int | None = None,
         plan: BatchPlan | None = None,
+        target: CheckpointTarget | None = None,
     ) -> None:
         """Give ``members`` ranks (``members[0]`` becomes rank 0; the others are ordered
-        so ranks are contiguous per node), rendezvous and start the loop."""
+        so ranks are contiguous per node), rendezvous and start the loop: from
+        ``checkpoint``, or (``broadcast``, an index) from the checkpoint rank 0 holds."""
         first = members[0]
         rest = sorted(members[1:], key=lambda m: (m.node["node_id"] != first.node["node_id"], m.node["node_id"]))
         ordered = [first, *rest]
@@ -415,7 +425,10 @@ class RayWorkerGroup:
         port = self._get([first.actor.open_store.remote(master, len(ordered), timeout)], timeout, "open the rendezvous store")[0]
         visible = self._cuda_visible_devices()
         backend = build_strategy(self._scaling.strategy).backend(self._scaling.use_gpu)
-        ckpt_ref = ray.put(checkpoint.to_bytes()) if checkpoint is not None and not broadcast else None
+        ckpt_ref = ray.put(checkpoint.to_bytes()) if checkpoint is not None and broadcast is None else None
+        ckpt_path = checkpoint.path if checkpoint is not None else None
+        if broadcast is not None and target is not None:  # a sharded one's tensors are there
+            ckpt_path = f"{target.directory}/{checkpoint_name(broadcast)}"
         adaptive = self._adaptive
         if adaptive is not None:
             adaptive = replace(adaptive, plan=plan, num_nodes=len({m.node["node_id"] for m in ordered}))
@@ -431,12 +444,14 @@ class RayWorkerGroup:
                 collective_timeout_s=self._failure.collective_timeout_s,
                 cuda_visible_devices=visible[rank],
                 loopback=loopback,
-                checkpoint_path=checkpoint.path if checkpoint is not None else None,
+                checkpoint_path=ckpt_path,
                 checkpoint_meta=checkpoint.metadata if checkpoint is not None else None,
                 strategy=self._scaling.strategy,
                 adaptive=adaptive,
                 elastic=self._scaling.elastic,
-                broadcast_state=broadcast,
+                broadcast_state=broadcast is not None,
+                checkpoint_dir=target.directory if target is not None else None,
+                next_checkpoint=target.next_index if target is not None else None,
             )
             starts.append(member.actor.start.remote(self._fn, self._loop_config, spec, ckpt_ref))
         self._get(starts, timeout, "start the training loop")
@@ -484,19 +499,32 @@ class RayWorkerGroup:
         request_resources(bundles=[dict(self._scaling.worker_resources())] * num_workers)
 
     def resize(
-        self, *, num_workers: int, threads: int | None, plan: BatchPlan | None, commit: int
+        self,
+        *,
+        num_workers: int,
+        threads: int | None,
+        plan: BatchPlan | None,
+        commit: int,
+        target: CheckpointTarget | None = None,
     ) -> ResizeOutcome:
         """Resize in place: stop live workers at a step boundary, keep those holding
         checkpoint ``commit`` in memory, add or remove workers, re-form the process group
-        and restart the loop from that state, broadcast from a survivor."""
+        and restart the loop from that state, broadcast from a survivor (a sharded
+        checkpoint's tensors are read from ``target``'s directory, resharded)."""
         self._resizing = True
         try:
-            return self._resize(num_workers=num_workers, threads=threads, plan=plan, commit=commit)
+            return self._resize(num_workers=num_workers, threads=threads, plan=plan, commit=commit, target=target)
         finally:
             self._resizing = False
 
     def _resize(
-        self, *, num_workers: int, threads: int | None, plan: BatchPlan | None, commit: int
+        self,
+        *,
+        num_workers: int,
+        threads: int | None,
+        plan: BatchPlan | None,
+        commit: int,
+        target: CheckpointTarget | None,
     ) -> ResizeOutcome:
         reports: list[Report] = []
         shadow: list[Report] = []
@@ -535,7 +563,10 @@ class RayWorkerGroup:
         phases["stop_s"] = monotonic() - stopped_at
         # Checkpoints rank 0 reported while stopping are committed by the driver after
         # this returns; the state to restore is the newest of them.
-        commit += sum(1 for r in reports if r.checkpoint is not None)
+        stopped_with = sum(1 for r in reports if r.checkpoint is not None)
+        commit += stopped_with
+        if target is not None:
+            target = replace(target, next_index=target.next_index + stopped_with)
         dead = {f.rank for f in poll.failures if f.kind in ("died", "hang")}
         live = {p.rank: p for p in poll.polls if p.rank not in dead and p.state in ("paused", "errored")}
         log.info(
@@ -550,6 +581,8 @@ class RayWorkerGroup:
             holder = next(r for r, p in live.items() if p.commit == newest)
             adopted = self._get([self._members[holder].actor.held_commit.remote()], self._failure.worker_start_timeout_s, "hand over their checkpoint")[0]
             commit = newest
+            if target is not None:  # the driver commits it next
+                target = replace(target, next_index=newest + 1)
         holders = [r for r, p in live.items() if p.commit == commit]
         if commit >= 0 and not holders:
             return ResizeOutcome("fallback", reports, f"no live worker holds checkpoint {commit}", shadow, None, stopped_at, stopped_wall, phases)
@@ -573,7 +606,9 @@ class RayWorkerGroup:
                 log.warning("could not replace %d worker(s) (%s); continuing with %d", short, exc, len(survivors) + len(added))
         launch_began = monotonic()
         try:
-            self._launch(survivors + added, broadcast=commit >= 0, threads=threads, plan=plan)
+            self._launch(
+                survivors + added, broadcast=commit if commit >= 0 else None, threads=threads, plan=plan, target=target
+            )
         except WorkerStartError as exc:
             return ResizeOutcome("fallback", reports, str(exc), shadow, adopted, stopped_at, stopped_wall, phases)
         phases["launch_s"] = monotonic() - launch_began

@@ -57,6 +57,8 @@ class StartSpec:
     adaptive: AdaptiveSpec | None = None
     elastic: bool = False
     broadcast_state: bool = False  # take the state from rank 0's memory (in-place resize)
+    checkpoint_dir: str | None = None  # where sharded checkpoints go (the run's checkpoints/)
+    next_checkpoint: int | None = None  # the index the driver commits next
 
 
 def freeze_long_lived(point: str) -> None:
@@ -351,6 +353,8 @@ class RaylightWorker:
                 adaptive=spec.adaptive,
                 elastic=spec.elastic,
                 threads=spec.threads,
+                checkpoint_dir=spec.checkpoint_dir,
+                next_checkpoint=spec.next_checkpoint,
                 on_start=self._loop_starts,
             )
             with self._lock:
