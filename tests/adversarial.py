@@ -433,7 +433,7 @@ API_CASES = [
     ApiCase("api-batch-bounds", "raylight.AdaptiveConfig(local_batch_bounds=(0, 4))", "ValidationError", ["local_batch_bounds", "needs 1 <= min <= max"]),
     ApiCase("api-strategy-unknown", FIT + "num_workers=1, strategy='zero3')", "ConfigError", ["strategy: must be one of ['ddp', 'fsdp']", "'zero3'"]),
     ApiCase("api-strategy-option", FIT + "num_workers=1, strategy=dict(name='fsdp', mixed_precision='fp8'))", "ConfigError", ["strategy.fsdp.mixed_precision", "'fp8'"]),
-    ApiCase("api-fsdp-adaptive", FIT + "num_workers=2, strategy='fsdp', adaptive=raylight.AdaptiveConfig())", "ConfigError", ["scaling.strategy 'fsdp'", "need strategy 'ddp'"]),
+    ApiCase("api-fsdp-memory-storage", "raylight.fit(loop, storage_path='memory://runs', progress=False, num_workers=2, strategy='fsdp')", "ConfigError", ["memory://runs", "checkpoint shards", "checkpoint='full'"]),
     ApiCase("api-threads-zero", "raylight.ScalingConfig(threads_per_worker=0)", "ValidationError", ["threads_per_worker"]),
     ApiCase("api-load-model-missing", "raylight.load_model('{tmp}/nomodel')", "ConfigError", ["nomodel", "does not exist"]),
     ApiCase("api-unreachable-address", FIT + "num_workers=1, address='127.0.0.1:1')", "ClusterConnectionError", ["127.0.0.1:1", "connect_timeout_s"]),

@@ -161,6 +161,7 @@ class TrainContext:
                 noise_smoothing=spec.noise_smoothing,
                 every=spec.control_interval_steps,
                 device=device,
+                replicated=self._strategy.replicated,
             )
             if "sync" in self._restored:
                 self.sync.load_state_dict(self._restored["sync"])

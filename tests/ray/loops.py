@@ -123,10 +123,19 @@ def elastic_loop(ctx, config):
     ids seen, so a test can check each epoch saw every sample exactly once."""
     model = ctx.prepare_model(initial_model())
     opt = ctx.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=config.get("lr", 0.02)))
-    if (ckpt := ctx.get_checkpoint()) is not None:
+    objects = config.get("objects", False)  # checkpoint the model and optimizer as objects
+    if objects:
+        ctx.load_checkpoint({"model": model, "opt": opt})
+    elif (ckpt := ctx.get_checkpoint()) is not None:
         state = ckpt.load()
         ctx.unwrap_model(model).load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
+
+    def state():
+        if objects:
+            return {"model": model, "opt": opt}
+        return {"model": ctx.unwrap_model(model).state_dict(), "opt": opt.state_dict()}
+
     data = id_regression_data(config.get("n", 240), noise=config.get("noise", 0.1))
     loader = ctx.prepare_loader(data, batch_size=config["batch_size"], shuffle=True, adaptive=config.get("adaptive", True))
     seen = ctx.accumulator()
@@ -150,13 +159,14 @@ def elastic_loop(ctx, config):
             seen[f"sq{epoch}"] += float((ids.double() ** 2).sum())
             step += 1
             if step % config.get("checkpoint_every", 5) == 0:
-                ctx.report({"kind": "step"}, checkpoint={"model": ctx.unwrap_model(model).state_dict(), "opt": opt.state_dict()})
+                ctx.report({"kind": "step"}, checkpoint=state())
         with seen.synchronized():
             totals = {k: seen[k] for k in (f"count{epoch}", f"sum{epoch}", f"sq{epoch}", f"sse{epoch}")}
         ctx.report(
             {"kind": "epoch", "epoch": epoch, "workers": ctx.world_size, "batch": ctx.batch_size,
+             "resumed_sharded": bool(ctx.get_checkpoint() and ctx.get_checkpoint().sharded),
              **{k.rstrip("0123456789"): v for k, v in totals.items()}},
-            checkpoint={"model": ctx.unwrap_model(model).state_dict(), "opt": opt.state_dict()},
+            checkpoint=state(),
         )
         stop = 1.0 if config.get("stop_file") and os.path.exists(config["stop_file"]) else 0.0
         if ctx.all_reduce(stop, op="max") > 0:

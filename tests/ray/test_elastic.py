@@ -107,12 +107,14 @@ def test_grows_when_resources_free_up_with_exact_data_coverage(ray_cluster, tmp_
     assert os.path.exists(os.path.join(run_dir, "adaptive.jsonl"))
 
 
-def test_adaptive_batch_size_grows_on_noisy_gradients(ray_cluster, tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_adaptive_batch_size_grows_on_noisy_gradients(ray_cluster, tmp_path, strategy):
     result = raylight.fit(
         loops.elastic_loop,
         config={"batch_size": 8, "epochs": 20, "noise": 3.0, "lr": 0.01, "checkpoint_every": 10},
         num_workers=2,
         adaptive=AdaptiveConfig(max_batch_size=128, local_batch_bounds=(2, 32), decision_interval_s=0.3, min_profile_steps=3, lr_rule="adascale"),
+        strategy=raylight.FSDP(min_block_params=1) if strategy == "fsdp" else strategy,
         storage_path=str(tmp_path),
         name="adapt",
         progress=False,
@@ -126,6 +128,46 @@ def test_adaptive_batch_size_grows_on_noisy_gradients(ray_cluster, tmp_path):
     assert any(r.get("lr_factor", 1.0) > 1.0 for r in trace), "adascale raises the LR with the batch"
     assert os.path.exists(os.path.join(str(tmp_path), "adapt", "adaptive.png"))
     assert epochs[-1]["sse"] < epochs[0]["sse"]
+
+
+def test_an_fsdp_run_shrinks_in_place_when_a_worker_dies_and_grows_back(ray_cluster, tmp_path):
+    """Elastic FSDP: rank 1 is SIGKILLed; rank 0 keeps the skeleton of the last sharded
+    checkpoint in memory, the group re-forms at 1 worker in place and reads the shards
+    from the run's storage, resharded; when the CPU is free again it grows back to 2.
+    Every epoch still sees every sample exactly once."""
+    run_dir, stop = str(tmp_path / "shrink"), tmp_path / "stop"
+    trainer = raylight.Trainer(
+        loops.elastic_loop,
+        train_loop_config={
+            "batch_size": 16, "epochs": 10_000, "objects": True, "checkpoint_every": 3,
+            "kills": [[1, 8]], "marker": str(tmp_path / "killed"), "stop_file": str(stop),
+        },
+        config=TrainerConfig(
+            scaling=ScalingConfig(
+                num_workers=(1, 2), strategy=raylight.FSDP(min_block_params=1), scaling_policy="max",
+                resize_interval_s=0.3, warm_spare=False,
+            ),
+            run=RunConfig(storage_path=str(tmp_path), name="shrink", progress=False),
+        ),
+    )
+    thread, out = _run_in_thread(trainer)
+    try:
+        wait_until(
+            lambda: sum(r.get("event") == "resized" for r in read_trace(run_dir)) >= 2 or not thread.is_alive(),
+            150, "a shrink and a grow",
+        )
+    finally:
+        stop.touch()
+        thread.join(180)
+    assert "error" not in out, out.get("error")
+    result = out["result"]
+    assert (tmp_path / "killed0").exists() and result.num_failures == 0
+    epochs = assert_exact_coverage(result.metrics_history)
+    moves = [(r["from"], r["to"], r["kind"]) for r in result.resizes]
+    assert moves[:2] == [(2, 1, "in_place"), (1, 2, "in_place")], moves
+    assert {m["workers"] for m in epochs} == {1, 2} or len(epochs) == 1
+    # after the shrink, one worker resumed from shards two had written
+    assert any(m["resumed_sharded"] and m["workers"] == 1 for m in epochs), epochs
 
 
 def test_elastic_reserve_places_fewer_when_the_cluster_cannot_place_all(ray_cluster):

@@ -94,8 +94,3 @@ def test_a_tune_trial_trains_sharded(ray_cluster, tmp_path):
     result = grid[0]
     assert result.error is None, result.error
     assert result.metrics["sharded"] is True and result.metrics["world_size"] == 2
-    with pytest.raises(raylight.ConfigError, match="need strategy 'ddp'"):
-        rt.trainable(
-            loops.sharding_loop, num_workers=2, strategy="fsdp",
-            config=raylight.TrainerConfig(adaptive=raylight.AdaptiveConfig()),
-        )

@@ -62,7 +62,7 @@ class AdaptiveOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.sync.micro == 0:
             self.optimizer.zero_grad(set_to_none=set_to_none)
-            self._snapshot = None if self.sync.world_size > 1 else self._snapshot
+            self._snapshot = None if not self.sync.as_one else self._snapshot
             self._micro_sqr = 0.0
 
     def step(self, closure: Callable[[], float] | None = None) -> Any:
@@ -76,11 +76,11 @@ class AdaptiveOptimizer:
     def _step(self) -> Any:
         sync = self.sync
         last = sync.micro == sync.micro_steps - 1
-        if sync.world_size == 1 and sync.measuring:
+        if sync.as_one and sync.measuring:
             self._measure_micro_step(last)
         if not last:
             return None  # accumulating: the gradients stay for the next micro-step
-        agreed = self._allreduce_and_measure() if sync.world_size > 1 and sync.measuring else None
+        agreed = self._allreduce_and_measure() if not sync.as_one and sync.measuring else None
         if sync.micro_steps > 1:
             for grad in self._grads():
                 grad.div_(sync.micro_steps)
@@ -195,9 +195,13 @@ class AdaptiveOptimizer:
         return torch.cat(parts) if parts else torch.ones(0, dtype=dtype)
 
     def _measure_micro_step(self, last: bool) -> None:
-        """One replica: the gradient of this micro-step is the total so far minus the
-        snapshot; compare micro-step norms with the norm of their mean."""
+        """One replica, or a group whose gradients are sharded (FSDP: each micro-step is
+        reduced, so what this rank holds is its shard of the group's gradient, of
+        ``world_size`` micro-batches): the gradient of this micro-step is the total so far
+        minus the snapshot; compare micro-step norms with the norm of their mean (norms of
+        sharded tensors are taken over the whole tensor)."""
         sync = self.sync
+        atomic = sync.plan.atomic_bsz * sync.world_size
         params = list(self._params())
         if not sync.uniform_step or not params:
             self._snapshot = None
@@ -214,8 +218,8 @@ class AdaptiveOptimizer:
                 sync.set_grad_stats(
                     small_sqr=self._micro_sqr / steps,
                     big_sqr=self.preconditioned_sqr(mean, params),
-                    small_batch=sync.plan.atomic_bsz,
-                    big_batch=sync.plan.atomic_bsz * steps,
+                    small_batch=atomic,
+                    big_batch=atomic * steps,
                 )
             return
         # No accumulation: a step against the one before it (biased): snapshot the first.
@@ -229,8 +233,8 @@ class AdaptiveOptimizer:
         sync.set_grad_stats(
             small_sqr=(self.preconditioned_sqr(totals, params) + self.preconditioned_sqr(prev, params)) / 2,
             big_sqr=self.preconditioned_sqr(mean, params),
-            small_batch=sync.plan.atomic_bsz,
-            big_batch=2 * sync.plan.atomic_bsz,
+            small_batch=atomic,
+            big_batch=2 * atomic,
         )
 
 
@@ -246,4 +250,6 @@ def sqr_norm(tensors: list[torch.Tensor]) -> float:
     """Sum of squares of all entries, with one device sync."""
     if not tensors:
         return 0.0
-    return float(torch.nn.utils.get_total_norm([t.detach() for t in tensors], norm_type=2.0)) ** 2
+    norm = torch.nn.utils.get_total_norm([t.detach() for t in tensors], norm_type=2.0)
+    full = getattr(norm, "full_tensor", None)  # sharded (DTensor) gradients: the whole norm
+    return float(full() if callable(full) else norm) ** 2

@@ -14,8 +14,8 @@ all-reduced by ``AdaptiveOptimizer`` in one flat tensor: the control vector ride
 end (``take_outgoing`` / ``received``), so a control step costs no collective of its
 own. What it brings applies once that optimizer step is done: the plan and the noise
 estimate from the next step on, and a stop at the next ``begin_step``. Otherwise (one
-replica, elastic runs without adaptive batches, a loop without ``prepare_optimizer``)
-``begin_step`` runs the control all-reduce itself (``boundary``).
+replica, sharded gradients, elastic runs without adaptive batches, a loop without
+``prepare_optimizer``) ``begin_step`` runs the control all-reduce itself (``boundary``).
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ class StepSync:
         noise_smoothing: float = 0.98,
         every: int = 8,
         device: torch.device | None = None,
+        replicated: bool = True,
     ) -> None:
         self.rank = rank
         self.world_size = world_size
@@ -102,6 +103,9 @@ class StepSync:
         self.uniform_step = True  # False for an epoch's short last step
         self.every = every
         self.device = device or torch.device("cpu")
+        # Whether each rank holds its own, unreduced gradient (DDP) or only its shard of
+        # the reduced one (FSDP): then the group measures noise as one replica does.
+        self.replicated = replicated
         # Set by AdaptiveOptimizer: its control-step all-reduce carries the control vector.
         self.carrier = False
         self.exchanging = False  # this step's control vector rides on the gradients
@@ -154,14 +158,22 @@ class StepSync:
             raise ResizeInterrupt()
         self.phase = self.step_count % self.every
         self.step_count += 1
-        # Replicas compare local and averaged gradients; one replica compares micro-steps
-        # (phase 0) or two consecutive steps (phases 0 and 1).
-        self.measuring = self.adaptive and (self.phase == 0 or (self.world_size == 1 and self.phase == 1))
-        self.exchanging = self.phase == 0 and self.measuring and self.world_size > 1 and self.carrier
+        # Replicas compare local and averaged gradients; one replica, or a group whose
+        # gradients are sharded, compares micro-steps (phase 0) or, without accumulation,
+        # two consecutive steps (phases 0 and 1).
+        consecutive = self.as_one and self.phase == 1 and self.plan.accum_steps == 0
+        self.measuring = self.adaptive and (self.phase == 0 or consecutive)
+        self.exchanging = self.phase == 0 and self.measuring and not self.as_one and self.carrier
         self._received = not self.exchanging
         if self.phase == 0 and not self.exchanging:
             self.boundary()
         return self.plan
+
+    @property
+    def as_one(self) -> bool:
+        """The gradients the optimizer sees are already the group's (one replica, or
+        sharded): noise is measured across micro-steps or consecutive steps."""
+        return self.world_size == 1 or not self.replicated
 
     def boundary(self) -> BatchPlan:
         """Agree on the plan for the next optimizer step with a control all-reduce of its

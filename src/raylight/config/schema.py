@@ -424,9 +424,9 @@ class TrainerConfig(ConfigModel):
     @model_validator(mode="after")
     def _check_strategy(self) -> TrainerConfig:
         strategy = self.scaling.strategy_name
-        if strategy != "ddp" and (self.adaptive is not None or self.scaling.elastic):
+        if strategy not in ("ddp", "fsdp") and (self.adaptive is not None or self.scaling.elastic):
             raise ValueError(
                 f"scaling.strategy {strategy!r} runs with a fixed number of workers and a fixed "
-                "batch: adaptive=... and num_workers=(min, max) need strategy 'ddp' for now"
+                "batch: adaptive=... and num_workers=(min, max) need strategy 'ddp' or 'fsdp' for now"
             )
         return self

@@ -239,8 +239,11 @@ class ElasticLoader:
                 if self._on_batch is not None:
                     self._on_batch(epoch, step_index, steps_total, len(indices))
                 # Accumulation micro-steps skip DDP's all-reduce; so does a whole step that
-                # measures gradient noise (the optimizer all-reduces it once, itself).
-                if (not last or sync.measuring) and self._no_sync is not None and sync.world_size > 1:
+                # measures gradient noise (the optimizer all-reduces it once, itself). Sharded
+                # gradients are measured after each reduction instead, so such a step
+                # reduces every micro-step.
+                unsynced = sync.replicated if sync.measuring else not last
+                if unsynced and self._no_sync is not None and sync.world_size > 1:
                     with self._no_sync():
                         yield batch
                 else:

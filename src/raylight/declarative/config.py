@@ -214,7 +214,7 @@ class ModelConfig(ConfigModel):
     @model_validator(mode="after")
     def _check_strategy(self) -> ModelConfig:
         t, strategy = self.backend.trainer, self.backend.trainer.strategy
-        if strategy == "ddp":
+        if strategy in ("ddp", "fsdp"):  # both run adaptive and elastic
             return self
         if self.trainer.batch_size == "auto" or self.trainer.adaptive is not None:
             raise ValueError(

@@ -29,6 +29,10 @@ class Strategy(Protocol):
     """
 
     name: str
+    # Whether each rank holds the whole, unreduced gradient of its own micro-batch before
+    # it is reduced (DDP). When False (sharded gradients), adaptive training measures the
+    # gradient noise on the reduced gradients, as with one replica.
+    replicated: bool
 
     def checkpoint_format(self, world_size: int) -> CheckpointFormat:
         """``sharded`` when the workers write their shards themselves, else ``full``."""
@@ -136,4 +140,7 @@ def load_objects(objects: dict[str, Any], state: dict[str, Any], *, full: bool) 
         merged = {f"{key}.{name}": value for key in modules for name, value in state[key].items()}
         set_model_state_dict(root, merged, options=options)
     for key, optimizer in optimizers.items():
-        set_optimizer_state_dict(root, optimizer, state[key], options=options)
+        # An optimizer without tensor state (plain SGD) has nothing to shard; torch's
+        # full-state path needs a tensor to find the device (torch 2.13).
+        whole = full and any(isinstance(v, torch.Tensor) for s in state[key].get("state", {}).values() for v in s.values())
+        set_optimizer_state_dict(root, optimizer, state[key], options=StateDictOptions(full_state_dict=whole))

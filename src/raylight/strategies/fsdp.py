@@ -122,6 +122,7 @@ def full_tensors(state: Any) -> Any:
 
 class FSDPStrategy:
     name = "fsdp"
+    replicated = False
 
     def __init__(self, options: FSDP | None = None) -> None:
         self.options = options or FSDP()
