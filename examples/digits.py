@@ -1,14 +1,16 @@
 """Train a digit classifier data-parallel and adaptively on an embedded local Ray cluster.
 
-Run:  python examples/digits.py            (or `make run`)
+Run:  python examples/digits.py            (or `make run-digits`)
       python examples/digits.py --workers 2 --epochs 15 --fixed --quiet
+      python examples/digits.py --strategy fsdp     (sharded: FSDP2, sharded checkpoints)
 
 Data: scikit-learn's bundled 8x8 digits (1,797 images), no download. Two workers train
 an MLP with DDP over gloo. With the adaptive engine on (the default), the global batch
 size, gradient accumulation and the learning-rate factor (AdaScale) are chosen online
 from measured step times and gradient noise; `--fixed` keeps the batch at its initial
-size. Each epoch is checkpointed; the end prints a report with the final held-out
-accuracy and how the batch size evolved (the run directory also has adaptive.png).
+size. Each epoch is checkpointed (the model and optimizer given as objects, so the same
+loop checkpoints and resumes under DDP and FSDP); the end prints a report with the final
+held-out accuracy and how the batch size evolved (the run directory also has adaptive.png).
 """
 
 from __future__ import annotations
@@ -42,10 +44,7 @@ def train_loop(ctx: raylight.TrainContext, config: dict) -> None:
     train, test = load_data()
     model = ctx.prepare_model(make_model())
     opt = ctx.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9))
-    if (ckpt := ctx.get_checkpoint()) is not None:
-        state = ckpt.load()
-        ctx.unwrap_model(model).load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
+    ctx.load_checkpoint({"model": model, "opt": opt})  # a restart resumes them (None at first)
     loader = ctx.prepare_loader(train, batch_size=config["batch_size"], shuffle=True, adaptive=True)
     stats = ctx.accumulator()
     loss_fn = nn.CrossEntropyLoss()
@@ -66,7 +65,7 @@ def train_loop(ctx: raylight.TrainContext, config: dict) -> None:
             mean_loss = stats[f"loss{epoch}"] / stats[f"seen{epoch}"]
         ctx.report(
             {"epoch": epoch, "loss": mean_loss, "test_accuracy": acc, "batch_size": ctx.batch_size},
-            checkpoint={"model": ctx.unwrap_model(model).state_dict(), "opt": opt.state_dict()},
+            checkpoint={"model": model, "opt": opt},
         )
 
 
@@ -77,6 +76,7 @@ def main(argv: list[str] | None = None) -> raylight.Result:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.02)
     parser.add_argument("--fixed", action="store_true", help="keep the batch size fixed")
+    parser.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp", help="replicate or shard the model")
     parser.add_argument("--storage", default=None, help="run storage (default: a temp dir)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> raylight.Result:
         config={"lr": args.lr, "batch_size": args.batch_size, "epochs": args.epochs},
         num_workers=args.workers,
         adaptive=adaptive,
+        strategy=args.strategy,
         storage_path=storage,
         name="digits",
         progress=not args.quiet,
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> raylight.Result:
     m = history[-1]
     batches = [h["batch_size"] for h in history]
     print(
-        f"\ndigits: {args.workers} workers, {len(history)} epochs, "
+        f"\ndigits: {args.workers} {args.strategy} workers, {len(history)} epochs, "
         f"{'adaptive' if adaptive else 'fixed'} batch {batches[0]} -> {batches[-1]}, "
         f"final loss {m['loss']:.4f}, test accuracy {100 * m['test_accuracy']:.2f}%"
     )

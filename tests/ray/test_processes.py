@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -52,7 +53,9 @@ def test_resume_after_the_driver_is_killed(tmp_path, ray_cluster):
 
 @pytest.mark.parametrize("mode", ["adaptive", "fixed"])
 def test_digits_example_runs(tmp_path, ray_cluster, mode):
-    args = ["--epochs", "4", "--quiet", "--storage", str(tmp_path)] + (["--fixed"] if mode == "fixed" else [])
+    """adaptive: DDP with the adaptive engine; fixed: FSDP (sharded checkpoints)."""
+    args = ["--epochs", "4", "--quiet", "--storage", str(tmp_path)]
+    args += ["--fixed", "--strategy", "fsdp"] if mode == "fixed" else []
     out = subprocess.run(
         [sys.executable, "examples/digits.py", *args],
         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=200,
@@ -69,6 +72,10 @@ def test_digits_example_runs(tmp_path, ray_cluster, mode):
     assert (run / "metrics.jsonl").exists() and (run / "config.json").exists()
     if mode == "adaptive":
         assert (run / "adaptive.jsonl").exists() and (run / "adaptive.png").exists()
+    else:
+        assert "2 fsdp workers" in line
+        metas = [json.loads(m.read_text()) for m in (run / "checkpoints").glob("*/meta.json")]
+        assert metas and all(m["format"] == "sharded" for m in metas)
 
 
 def test_ctrl_c_on_the_driver_leaves_no_processes(tmp_path, ray_cluster):

@@ -274,3 +274,31 @@ def test_split_and_join_round_trip_and_refuse_colliding_paths():
     assert torch.load(buf, weights_only=True) == skeleton
     with pytest.raises(ValueError, match=r"\['a.b'\] and \['a'\]\['b'\] both flatten to 'a.b'"):
         sharded.split({"a.b": torch.ones(1), "a": {"b": torch.ones(1)}})
+
+
+def test_a_run_whose_newest_shards_are_damaged_resumes_from_the_one_before(tmp_path, written):
+    import shutil
+
+    from raylight.recorder import RunRecorder
+    from raylight.worker_group.protocol import Report
+
+    source = f"{written['storage'].root}/checkpoints/{checkpoint_name(0)}"
+    recorder = RunRecorder(RunStorage(str(tmp_path / "run")), checkpoints_to_keep=2)
+    recorder.open({}, resume=False)
+    for index in (0, 1):
+        target = tmp_path / "run" / "checkpoints" / checkpoint_name(index)  # as the workers write them
+        target.mkdir(parents=True)
+        for name in ("__0_0.distcp", "__1_0.distcp", ".metadata"):
+            shutil.copy(f"{source}/{name}", target / name)
+        recorder.record(Report({"step": index}, written["data"], sharded_index=index), num_workers=2)
+    recorder.close()
+    shard = tmp_path / "run" / "checkpoints" / checkpoint_name(1) / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:100])  # a torn shard on disk
+    resumed = RunRecorder(RunStorage(str(tmp_path / "run")), checkpoints_to_keep=2)
+    latest = resumed.open({}, resume=True)
+    try:
+        assert latest is not None and latest.metadata["index"] == 0 and latest.sharded
+        assert latest.load()["epoch"] == 2, "the one before loads whole"
+        assert any(n.startswith("damaged-checkpoint_000001") for n in os.listdir(tmp_path / "run" / "checkpoints"))
+    finally:
+        resumed.close()
