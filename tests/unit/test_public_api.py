@@ -37,7 +37,7 @@ def test_context_surface():
         assert name in inspect.getsource(raylight.TrainContext.__init__)
     for method in (
         "prepare_model", "prepare_loader", "prepare_optimizer", "report", "get_checkpoint", "barrier",
-        "all_reduce", "epochs", "accumulator", "heartbeat", "unwrap_model",
+        "all_reduce", "epochs", "accumulator", "heartbeat", "unwrap_model", "load_checkpoint",
     ):
         assert callable(getattr(raylight.TrainContext, method))
 
