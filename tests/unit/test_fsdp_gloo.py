@@ -3,6 +3,7 @@ training as DDP, checkpoints that are full state dicts, and a full state dict th
 back into a sharded model and optimizer, or into DDP."""
 
 import copy
+import statistics
 
 import pytest
 import torch
@@ -113,6 +114,20 @@ def run_rank(rank: int, port: int, queue) -> None:
             }
         out["grads"] = grads
 
+        # a model built on the meta device: each worker only ever allocates its shards
+        with torch.device("meta"):
+            meta = make_model()
+        model = fsdp.wrap_model(meta, device=cpu, world_size=2)
+        first = model[0].weight.to_local()
+        out["meta"] = {
+            "devices": sorted({p.to_local().device.type for p in model.parameters()}),
+            "rows": first.shape[0],
+            "values": first.reshape(-1).tolist(),
+        }
+        with torch.device("meta"):
+            meta = make_model()
+        out["meta_ddp"] = flat(ddp.unwrap_model(ddp.wrap_model(meta, device=cpu, world_size=2)).state_dict())
+
         # bf16 compute: parameters gathered and gradients reduced in bf16, kept in fp32
         half = FSDPStrategy(FSDP(min_block_params=100, mixed_precision="bf16"))
         model = half.wrap_model(make_model(), device=cpu, world_size=2)
@@ -170,3 +185,14 @@ def test_no_sync_skips_the_gradient_reduction_and_accumulates_like_ddp(ranks):
     zero = ranks[0]
     assert not any(zero["grad_inside_no_sync"]), "nothing reduce-scattered inside no_sync"
     close(zero["grads"]["fsdp"], zero["grads"]["ddp"], 1e-6)
+
+
+def test_a_meta_device_model_is_materialised_shard_by_shard(ranks):
+    zero, one = ranks[0]["meta"], ranks[1]["meta"]
+    assert zero["devices"] == ["cpu"] and zero["rows"] == 16, "each worker holds half of Linear(8, 32)"
+    bound = 1 / 8**0.5  # Linear's reset_parameters: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+    for values in (zero["values"], one["values"]):
+        assert max(abs(v) for v in values) <= bound
+        assert statistics.pstdev(values) == pytest.approx(bound / 3**0.5, rel=0.25)
+    assert zero["values"] != one["values"], "shards drawn independently, not one block repeated"
+    assert ranks[0]["meta_ddp"] == ranks[1]["meta_ddp"], "DDP starts every replica from rank 0's"

@@ -2,6 +2,7 @@
 the settings that do not combine with a sharded strategy yet."""
 
 import pytest
+import torch
 from torch import nn
 
 from raylight.config import FSDP, AdaptiveConfig, ScalingConfig, TrainerConfig, validate
@@ -98,3 +99,22 @@ def test_declarative_fsdp_runs_adaptive_and_elastic():
     cfg = _declarative()
     cfg["backend"]["trainer"]["max_workers"] = 2
     assert ModelConfig.model_validate(cfg).backend.trainer.max_workers == 2
+
+
+def test_a_meta_model_needs_reset_parameters_on_every_module_that_owns_tensors():
+    class Scale(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(3))
+
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(3, 3), Scale())
+    with pytest.raises(ValueError, match=r"\['Scale'\] have no reset_parameters\(\)"):
+        DDPStrategy().wrap_model(model, device=torch.device("cpu"), world_size=1)
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(3, 3))
+    torch.manual_seed(5)
+    state = torch.random.get_rng_state()
+    wrapped = FSDPStrategy().wrap_model(model, device=torch.device("cpu"), world_size=1)
+    assert wrapped[0].weight.device.type == "cpu" and wrapped[0].weight.abs().sum() > 0
+    assert torch.equal(torch.random.get_rng_state(), state), "the caller's random state is untouched"

@@ -144,3 +144,56 @@ def load_objects(objects: dict[str, Any], state: dict[str, Any], *, full: bool) 
         # full-state path needs a tensor to find the device (torch 2.13).
         whole = full and any(isinstance(v, torch.Tensor) for s in state[key].get("state", {}).values() for v in s.values())
         set_optimizer_state_dict(root, optimizer, state[key], options=StateDictOptions(full_state_dict=whole))
+
+
+def materialize(model: nn.Module, *, device: torch.device, rank: int) -> None:
+    """Give a model built on the ``meta`` device (no memory) real storage on ``device``
+    and initialise it with each module's ``reset_parameters()``. Called after sharding, so
+    each worker only ever allocates its shards. On CPU, torch's DTensor random ops draw
+    every shard from the worker's own generator, so the generator is seeded per rank
+    (the same distribution as a full initialisation, not the same numbers); the caller's
+    random state is left as it was."""
+    tensors = [*model.parameters(), *model.buffers()]
+    if not any(t.is_meta for t in tensors):
+        return
+    owners = [
+        m for m in model.modules()
+        if any(t.is_meta for t in (*m.parameters(recurse=False), *m.buffers(recurse=False)))
+    ]
+    resets = [getattr(m, "reset_parameters", None) for m in owners]
+    missing = sorted({type(m).__name__ for m, reset in zip(owners, resets, strict=True) if not callable(reset)})
+    if missing:
+        raise ValueError(
+            f"the model was built on the meta device, but {missing} have no reset_parameters() to "
+            "initialise their tensors with; give them one, or build the model on a real device"
+        )
+    model.to_empty(device=device)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        if device.type == "cpu":
+            torch.manual_seed(torch.initial_seed() + rank)
+        for reset in resets:
+            reset()  # type: ignore[misc]  # callable, checked above
+
+
+def keep_heap_small() -> None:
+    """On glibc, serve every allocation of 1 MiB or more with its own mapping, returned to
+    the system when freed. glibc's default threshold grows with the largest block freed, so
+    a sharded strategy's per-block all-gather buffers (freed each step) end up in the heap,
+    which never shrinks: measured on a 25 M-parameter MLP with 2 CPU workers, FSDP's
+    resident memory after 6 steps was 826 MiB with the default, 285 MiB with this (DDP's:
+    570-700 MiB). Large allocations then cost a page fault each, which slowed DDP's steps
+    by ~15% in the same measurement, so only sharded strategies on CPU ask for it."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        return
+    m_mmap_threshold = -3
+    mallopt(m_mmap_threshold, 1 << 20)
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is not None:
+        trim(0)

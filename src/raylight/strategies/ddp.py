@@ -13,6 +13,7 @@ from raylight.strategies.base import (
     CheckpointFormat,
     backend_for,
     load_objects,
+    materialize,
     no_sync_of,
     objects_state,
 )
@@ -32,6 +33,8 @@ class DDPStrategy:
         return backend_for(use_gpu)
 
     def wrap_model(self, model: nn.Module, *, device: torch.device, world_size: int) -> nn.Module:
+        # A meta-device model is initialised on each rank; DDP then broadcasts rank 0's.
+        materialize(model, device=device, rank=0)
         if world_size == 1:
             return model.to(device)
         return apply_ddp(model, device=device)

@@ -25,7 +25,14 @@ import torch
 from torch import nn
 
 from raylight.config.schema import FSDP
-from raylight.strategies.base import CheckpointFormat, backend_for, load_objects, objects_state
+from raylight.strategies.base import (
+    CheckpointFormat,
+    backend_for,
+    keep_heap_small,
+    load_objects,
+    materialize,
+    objects_state,
+)
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -131,9 +138,16 @@ class FSDPStrategy:
         return backend_for(use_gpu)
 
     def wrap_model(self, model: nn.Module, *, device: torch.device, world_size: int) -> nn.Module:
-        model = model.to(device)
-        if world_size == 1:
-            return model  # nothing to shard
+        import torch.distributed as dist
+
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        if world_size == 1:  # nothing to shard
+            materialize(model, device=device, rank=rank)
+            return model.to(device)
+        if device.type == "cpu":
+            keep_heap_small()
+        if not any(t.is_meta for t in model.parameters()):
+            model = model.to(device)
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import (
             CPUOffloadPolicy,
@@ -153,6 +167,7 @@ class FSDPStrategy:
         for block in shard_blocks(model, opts):
             fully_shard(block, **kwargs)
         fully_shard(model, **kwargs)
+        materialize(model, device=device, rank=rank)  # a meta-device model: only its shards
         model.register_load_state_dict_pre_hook(_load_full_model_state)
         return model
 
