@@ -1,34 +1,43 @@
-"""Sharded training: memory, throughput and checkpoint time of DDP and FSDP, side by side.
+"""Sharded training: memory, throughput and checkpoint time of DDP, FSDP and DeepSpeed ZeRO-3,
+under raylight and its peers, side by side.
 
 The same job under each system: an MLP of ``--layers`` square blocks of ``--width`` (about
 50 M parameters by default, fp32), Adam, global batch 32 on 2 workers, gloo, 1 torch thread
 per worker, ``--steps`` steps. Systems, interleaved over ``--reps`` repetitions, each a cold
 child process:
 
-  raylight_ddp    raylight.fit(strategy="ddp")
-  raylight_fsdp   raylight.fit(strategy=FSDP(blocks=("Block",)))
-  torchrun_fsdp   torchrun running plain FSDP2 (fully_shard per block, then the root)
+  raylight_ddp     raylight.fit(strategy="ddp")
+  raylight_fsdp    raylight.fit(strategy=FSDP(blocks=("Block",))), the model built on meta
+  torchrun_fsdp    torchrun running plain FSDP2 the way torch's docs show it (meta device,
+                   fully_shard per block then the root, to_empty, reset_parameters)
+  raylight_zero3   raylight.fit(strategy=DeepSpeed(stage=3))
+  torchrun_zero3   torchrun running deepspeed.initialize with the same DeepSpeed config
+  ray_train_zero3  Ray Train's TorchTrainer running the same DeepSpeed loop
 
-Per worker, after the last step and before any checkpoint:
-  state_bytes   bytes of the tensors this worker holds for parameters, gradients and
-                optimizer state (a sharded tensor counts its local shard): the memory
-                sharding is meant to divide
-  rss_delta     resident memory now minus before the model was built (adds activations,
-                communication buffers, the allocator's slack)
-Rank 0 also times the steady steps (samples/s, after SKIP_STEPS) and one checkpoint of
-model and optimizer: raylight's ``ctx.report(checkpoint=...)`` (gather + serialise);
-torchrun's full-state-dict gather plus ``torch.save`` to a file.
+Per worker (the figures take the larger worker):
+  peak_delta    peak resident memory of the worker process minus its resident memory before
+                the model was built: parameters, gradients and optimizer state, plus
+                activations, communication buffers and the allocator's slack
+  rss_delta     resident memory after the last step minus the same baseline
+  state_bytes   DDP and FSDP only: bytes of the parameter, gradient and optimizer-state
+                tensors this worker holds (a sharded tensor counts its local shard)
+Rank 0 also times the steady steps (samples/s, after SKIP_STEPS), one checkpoint of model
+and optimizer until it is committed (raylight: ``ctx.report(checkpoint={"model": model,
+"opt": opt})`` until the driver has written ``meta.json``, sharded for FSDP and ZeRO-3;
+torchrun: ``torch.distributed.checkpoint.save``, or DeepSpeed's ``save_checkpoint``) and
+loading it back into a fresh model and optimizer (raylight: ``ctx.load_checkpoint`` in a
+resumed run; torchrun: ``dcp.load``, or DeepSpeed's ``load_checkpoint``). Ray Train is
+timed on steps and memory only.
 
-Results: a table on stdout and bench/results/strategies.json with the ratios
-fsdp_memory_vs_ddp (goal <= 0.6 with 2 workers), fsdp_throughput_vs_ddp and
-raylight_fsdp_vs_torchrun_fsdp_throughput. DeepSpeed is not measured: raylight has no
-DeepSpeed strategy yet.
+Results: a table on stdout and bench/results/strategies.json with the figures
+fsdp_memory_vs_ddp and zero3_memory_vs_ddp (peak_delta; goal <= 0.6 with 2 workers),
+fsdp_throughput_vs_ddp, deepspeed_throughput_vs_ray_train_deepspeed (goal >= 1.0),
+raylight_fsdp_vs_torchrun_fsdp_throughput and raylight_zero3_vs_torchrun_zero3_throughput.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import resource
@@ -39,13 +48,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import ChildRun, free_port, machine_info, run_child, script_command, write_results
+from common import (
+    ChildRun,
+    free_port,
+    machine_info,
+    run_child,
+    run_ray_train,
+    script_command,
+    write_results,
+)
 from torch import nn
 
-SYSTEMS = ("raylight_ddp", "raylight_fsdp", "torchrun_fsdp")
+SYSTEMS = ("raylight_ddp", "raylight_fsdp", "torchrun_fsdp", "raylight_zero3", "torchrun_zero3", "ray_train_zero3")
 NUM_WORKERS = 2
 SKIP_STEPS = 3
-MEMORY_GOAL = 0.6  # FSDP's state bytes per worker <= this x DDP's
+MEMORY_GOAL = 0.6  # a sharded strategy's peak memory per worker <= this x DDP's
+THROUGHPUT_GOAL = 1.0  # raylight's DeepSpeed >= this x Ray Train's
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -59,10 +77,22 @@ class Block(nn.Module):
         return torch.relu(self.linear(x)) + x
 
 
-def make_model(job: dict[str, Any]) -> nn.Module:
+def make_model(job: dict[str, Any], device: str = "cpu") -> nn.Module:
     torch.manual_seed(0)
     w = job["width"]
-    return nn.Sequential(*(Block(w) for _ in range(job["layers"])), nn.Linear(w, 10))
+    with torch.device(device):
+        return nn.Sequential(*(Block(w) for _ in range(job["layers"])), nn.Linear(w, 10))
+
+
+def deepspeed_config(job: dict[str, Any]) -> dict[str, Any]:
+    """The DeepSpeed config every ZeRO-3 system runs (raylight fills the batch fields itself)."""
+    return {
+        "train_micro_batch_size_per_gpu": job["batch_size"] // NUM_WORKERS,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": 3},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+    }
 
 
 def rss_bytes() -> int:
@@ -79,56 +109,80 @@ def local_bytes(tensors: Any) -> int:
     return total
 
 
-def state_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> int:
+def state_bytes(model: nn.Module, opt: Any) -> int | None:
+    if not isinstance(opt, torch.optim.Optimizer) or getattr(opt, "_raylight_deepspeed", False):
+        return None
     params = list(model.parameters())
     grads = [p.grad for p in params if p.grad is not None]
     states = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
     return local_bytes(params) + local_bytes(grads) + local_bytes(states)
 
 
-def train_steps(model: nn.Module, opt: torch.optim.Optimizer, job: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
-    """The loop every system runs: random inputs (the same on every run), MSE to zero."""
+def train_steps(step: Any, job: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+    """The loop every system runs: random inputs (the same on every run), MSE to zero.
+    ``step(x)`` runs one optimizer step on this rank's micro-batch."""
     gen = torch.Generator().manual_seed(rank)
     local = job["batch_size"] // world
     times = []
     for _ in range(job["steps"]):
         x = torch.randn(local, job["width"], generator=gen)
         start = time.perf_counter()
-        opt.zero_grad()
-        model(x).pow(2).mean().backward()
-        opt.step()
+        step(x)
         times.append(time.perf_counter() - start)
     steady = times[SKIP_STEPS:]
     return {"steady_samples_per_s": job["batch_size"] * len(steady) / sum(steady), "step_s": statistics.median(steady)}
 
 
-def measured(model: nn.Module, opt: torch.optim.Optimizer, job: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
-    base = job.pop("_rss_base")
-    out = train_steps(model, opt, job, rank, world)
-    out.update(
-        rank=rank,
-        state_bytes=state_bytes(model, opt),
+def torch_step(model: nn.Module, opt: Any) -> Any:
+    def step(x: torch.Tensor) -> None:
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+
+    return step
+
+
+def memory(record: dict[str, Any], base: int) -> dict[str, Any]:
+    record.update(
         rss_delta=rss_bytes() - base,
-        peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        peak_delta=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base,
     )
-    return out
+    return record
 
 
-def write_worker(job: dict[str, Any], record: dict[str, Any]) -> None:
-    Path(job["result_path"] + f".{record['rank']}").write_text(json.dumps(record))
+def write_worker(job: dict[str, Any], record: dict[str, Any], phase: str = "train") -> None:
+    Path(f"{job['result_path']}.{phase}.{record['rank']}").write_text(json.dumps(record))
 
 
-# -- the systems' worker code -------------------------------------------------------------
+def wait_for(path: Path, timeout_s: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout_s:g}s")
+        time.sleep(0.01)
+
+
+# -- raylight ---------------------------------------------------------------------------
 
 
 def raylight_loop(ctx: Any, job: dict[str, Any]) -> None:
     torch.set_num_threads(1)
-    job = dict(job, _rss_base=rss_bytes())
-    model = ctx.prepare_model(make_model(job))
+    base = rss_bytes()
+    sharded = job["system"] != "raylight_ddp"
+    model = ctx.prepare_model(make_model(job, "meta" if sharded else "cpu"))
     opt = ctx.prepare_optimizer(torch.optim.Adam(model.parameters(), lr=1e-4))
-    record = measured(model, opt, job, ctx.rank, ctx.world_size)
+    if job["phase"] == "load":  # a resumed run: time loading the committed checkpoint
+        start = time.perf_counter()
+        ctx.load_checkpoint({"model": model, "opt": opt})
+        write_worker(job, {"rank": ctx.rank, "checkpoint_load_s": time.perf_counter() - start}, "load")
+        return
+    record = train_steps(torch_step(model, opt), job, ctx.rank, ctx.world_size)
+    record["state_bytes"] = state_bytes(ctx.unwrap_model(model), opt)
+    record = memory(dict(record, rank=ctx.rank), base)
     start = time.perf_counter()
-    ctx.report({}, checkpoint={"model": ctx.unwrap_model(model).state_dict(), "opt": opt.state_dict()})
+    ctx.report({}, checkpoint={"model": model, "opt": opt})
+    if ctx.rank == 0:  # committed when the driver has written meta.json
+        wait_for(Path(job["storage_path"], "bench", "checkpoints", "checkpoint_000000", "meta.json"))
     record["checkpoint_save_s"] = time.perf_counter() - start
     write_worker(job, record)
 
@@ -140,57 +194,144 @@ def child_raylight(job: dict[str, Any]) -> None:
     from raylight import runtime
 
     runtime.start_embedded(num_cpus=NUM_WORKERS, temp_dir=job["ray_temp_dir"])
-    strategy: Any = "ddp" if job["system"] == "raylight_ddp" else raylight.FSDP(blocks=("Block",))
+    strategy: Any = {
+        "raylight_ddp": "ddp",
+        "raylight_fsdp": raylight.FSDP(blocks=("Block",)),
+        "raylight_zero3": getattr(raylight, "DeepSpeed", None) and raylight.DeepSpeed(stage=3),
+    }[job["system"]]
     try:
-        raylight.fit(
-            raylight_loop, config=job, num_workers=NUM_WORKERS, strategy=strategy,
-            progress=False, storage_path=job["storage_path"], name="bench",
-        )
+        for phase, resume in (("train", False), ("load", True)):
+            raylight.fit(
+                raylight_loop, config=dict(job, phase=phase), num_workers=NUM_WORKERS, strategy=strategy,
+                progress=False, storage_path=job["storage_path"], name="bench", resume=resume,
+            )
     finally:
         ray.shutdown()
 
 
-def torchrun_worker(job: dict[str, Any]) -> None:
-    """One torchrun process: FSDP2 by hand, the way its docs show it."""
+# -- torchrun -----------------------------------------------------------------------------
+
+
+def torchrun_fsdp_worker(job: dict[str, Any]) -> None:
+    """One torchrun process: FSDP2 by hand, the way its docs show it, checkpointed with DCP."""
     import torch.distributed as dist
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.distributed.fsdp import fully_shard
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    job = dict(job, _rss_base=rss_bytes())
-    model = make_model(job)
-    for module in model:
-        if isinstance(module, Block):
-            fully_shard(module)
-    fully_shard(model)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    record = measured(model, opt, job, rank, world)
+
+    def build() -> tuple[nn.Module, torch.optim.Optimizer]:
+        model = make_model(job, "meta")
+        for module in model:
+            if isinstance(module, Block):
+                fully_shard(module)
+        fully_shard(model)
+        model.to_empty(device="cpu")
+        for module in model.modules():
+            if isinstance(module, nn.Linear):
+                module.reset_parameters()
+        return model, torch.optim.Adam(model.parameters(), lr=1e-4)
+
+    base = rss_bytes()
+    model, opt = build()
+    record = train_steps(torch_step(model, opt), job, rank, world)
+    record["state_bytes"] = state_bytes(model, opt)
+    record = memory(dict(record, rank=rank), base)
+    path = str(Path(job["storage_path"], "dcp"))
     start = time.perf_counter()
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_state, opt_state = get_state_dict(model, opt, options=options)
-    if rank == 0:
-        buffer = io.BytesIO()
-        torch.save({"model": model_state, "opt": opt_state}, buffer)
-        Path(job["storage_path"]).mkdir(parents=True, exist_ok=True)
-        Path(job["storage_path"], "checkpoint.pt").write_bytes(buffer.getvalue())
+    model_state, opt_state = get_state_dict(model, opt)
+    dcp.save({"model": model_state, "opt": opt_state}, checkpoint_id=path)
     record["checkpoint_save_s"] = time.perf_counter() - start
+    model, opt = build()
+    start = time.perf_counter()
+    model_state, opt_state = get_state_dict(model, opt)
+    state = {"model": model_state, "opt": opt_state}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["opt"])
+    record["checkpoint_load_s"] = time.perf_counter() - start
     write_worker(job, record)
     dist.destroy_process_group()
 
 
-CHILDREN = {"raylight": child_raylight, "torchrun-worker": torchrun_worker}
+def deepspeed_engine(job: dict[str, Any]) -> tuple[Any, Any]:
+    import deepspeed
+
+    model = make_model(job)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=deepspeed_config(job))
+    return engine, optimizer
+
+
+def deepspeed_step(engine: Any) -> Any:
+    def step(x: torch.Tensor) -> None:
+        loss = engine(x).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+
+    return step
+
+
+def torchrun_zero3_worker(job: dict[str, Any]) -> None:
+    """One torchrun process: DeepSpeed ZeRO-3 as its docs show it, with its own checkpoints."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    base = rss_bytes()
+    engine, _ = deepspeed_engine(job)
+    record = train_steps(deepspeed_step(engine), job, rank, world)
+    record = memory(dict(record, rank=rank, state_bytes=None), base)
+    path = str(Path(job["storage_path"], "deepspeed"))
+    start = time.perf_counter()
+    engine.save_checkpoint(path)
+    record["checkpoint_save_s"] = time.perf_counter() - start
+    engine, _ = deepspeed_engine(job)
+    start = time.perf_counter()
+    engine.load_checkpoint(path)
+    record["checkpoint_load_s"] = time.perf_counter() - start
+    write_worker(job, record)
+
+
+def ray_train_zero3_loop(job: dict[str, Any]) -> None:
+    """Ray Train's train_loop_per_worker: the same DeepSpeed engine and steps."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import ray.train
+
+    torch.set_num_threads(1)
+    ctx = ray.train.get_context()
+    base = rss_bytes()
+    engine, _ = deepspeed_engine(job)
+    record = train_steps(deepspeed_step(engine), job, ctx.get_world_rank(), ctx.get_world_size())
+    write_worker(job, memory(dict(record, rank=ctx.get_world_rank(), state_bytes=None), base))
+
+
+def child_ray_train(job: dict[str, Any]) -> None:
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # inherited by the Ray workers
+    run_ray_train(ray_train_zero3_loop, job, NUM_WORKERS)
+
+
+CHILDREN = {
+    "raylight": child_raylight,
+    "ray-train": child_ray_train,
+    "torchrun-fsdp": torchrun_fsdp_worker,
+    "torchrun-zero3": torchrun_zero3_worker,
+}
 
 
 def child_command(system: str, job: dict[str, Any]) -> list[str]:
     this_file = str(Path(__file__).resolve())
-    if system == "torchrun_fsdp":
+    if system.startswith("torchrun"):
         launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1"]
         launcher += ["--nproc_per_node", str(NUM_WORKERS), "--master_addr", "127.0.0.1"]
         launcher += ["--master_port", str(free_port()), this_file]
-        return [*launcher, "--child", "torchrun-worker", "--job", json.dumps(job)]
-    return script_command(this_file, "raylight", job)
+        return [*launcher, "--child", system.replace("_", "-"), "--job", json.dumps(job)]
+    return script_command(this_file, "ray-train" if system == "ray_train_zero3" else "raylight", job)
 
 
 # -- the parent ---------------------------------------------------------------------------
@@ -199,7 +340,13 @@ def child_command(system: str, job: dict[str, Any]) -> list[str]:
 def run_once(system: str, base_job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     run = ChildRun(dict(base_job, system=system), prefix="rls-")
     record: dict[str, Any] = {"system": system, "ok": False}
-    run.launch(child_command(system, run.job), timeout_s)
+    env = {"DS_ACCELERATOR": "cpu"} if "zero3" in system else {}
+    os.environ.update(env)  # the child and its Ray workers inherit it
+    try:
+        run.launch(child_command(system, run.job), timeout_s)
+    finally:
+        for key in env:
+            os.environ.pop(key, None)
     record["process_s"] = run.process_s
     record["leftover_pids"] = run.reap()
     if run.error is not None:
@@ -207,83 +354,121 @@ def run_once(system: str, base_job: dict[str, Any], timeout_s: float) -> dict[st
         return run.finish(record)
     workers = []
     for rank in range(NUM_WORKERS):
-        path = Path(run.job["result_path"] + f".{rank}")
+        path = Path(f"{run.job['result_path']}.train.{rank}")
         if not path.exists():
             record["error"] = f"worker {rank} wrote no result"
             return run.finish(record)
-        workers.append(json.loads(path.read_text()))
+        worker = json.loads(path.read_text())
+        loaded = Path(f"{run.job['result_path']}.load.{rank}")
+        if loaded.exists():
+            worker.update(json.loads(loaded.read_text()))
+        workers.append(worker)
     record["workers"] = workers
-    record["state_bytes"] = max(w["state_bytes"] for w in workers)
-    record["rss_delta"] = max(w["rss_delta"] for w in workers)
-    record["peak_rss"] = max(w["peak_rss"] for w in workers)
+    for key in ("state_bytes", "rss_delta", "peak_delta"):
+        values = [w[key] for w in workers if w.get(key) is not None]
+        record[key] = max(values) if values else None
     zero = next(w for w in workers if w["rank"] == 0)
-    for key in ("steady_samples_per_s", "step_s", "checkpoint_save_s"):
-        record[key] = zero[key]
+    for key in ("steady_samples_per_s", "step_s", "checkpoint_save_s", "checkpoint_load_s"):
+        record[key] = zero.get(key)
     return run.finish(record)
 
 
-METRICS = ("state_bytes", "rss_delta", "peak_rss", "steady_samples_per_s", "checkpoint_save_s", "process_s")
+METRICS = (
+    "peak_delta", "rss_delta", "state_bytes", "steady_samples_per_s", "checkpoint_save_s", "checkpoint_load_s",
+    "process_s",
+)
 
 
 def ratio(num: float | None, den: float | None) -> float | None:
     return num / den if num is not None and den else None
 
 
+def median_of(records: list[dict[str, Any]], metric: str) -> float | None:
+    values = [r[metric] for r in records if r["ok"] and r.get(metric) is not None]
+    return statistics.median(values) if values else None
+
+
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     job = {"width": args.width, "layers": args.layers, "steps": args.steps, "batch_size": 32}
-    reps: dict[str, list[dict[str, Any]]] = {name: [] for name in SYSTEMS}
+    systems = [s for s in SYSTEMS if s in args.systems]
+    reps: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
     for rep in range(args.reps):
-        for name in SYSTEMS:  # interleaved, so drift hits every system alike
+        for name in systems:  # interleaved, so drift hits every system alike
             print(f"rep {rep + 1}/{args.reps}: {name} ...", end=" ", flush=True)
             record = run_once(name, job, args.timeout)
             reps[name].append(record)
             print(f"{record['process_s']:.1f}s" if record["ok"] else f"FAILED ({record['error']})")
-    med = {
-        name: {m: (statistics.median(v) if (v := [r[m] for r in rs if r["ok"]]) else None) for m in METRICS}
-        for name, rs in reps.items()
-    }
-    ddp, fsdp, torchrun = med["raylight_ddp"], med["raylight_fsdp"], med["torchrun_fsdp"]
+    med = {name: {m: median_of(rs, m) for m in METRICS} for name, rs in reps.items()}
+    empty = dict.fromkeys(METRICS)
+
+    def get(system: str, metric: str) -> float | None:
+        return med.get(system, empty)[metric]
+
+    tput = "steady_samples_per_s"
     figures = {
-        "fsdp_memory_vs_ddp": ratio(fsdp["state_bytes"], ddp["state_bytes"]),
-        "fsdp_rss_vs_ddp": ratio(fsdp["rss_delta"], ddp["rss_delta"]),
-        "fsdp_throughput_vs_ddp": ratio(fsdp["steady_samples_per_s"], ddp["steady_samples_per_s"]),
-        "raylight_fsdp_vs_torchrun_fsdp_throughput": ratio(
-            fsdp["steady_samples_per_s"], torchrun["steady_samples_per_s"]
-        ),
-        "raylight_fsdp_vs_torchrun_fsdp_memory": ratio(fsdp["state_bytes"], torchrun["state_bytes"]),
+        "fsdp_memory_vs_ddp": ratio(get("raylight_fsdp", "peak_delta"), get("raylight_ddp", "peak_delta")),
+        "zero3_memory_vs_ddp": ratio(get("raylight_zero3", "peak_delta"), get("raylight_ddp", "peak_delta")),
+        "fsdp_state_vs_ddp": ratio(get("raylight_fsdp", "state_bytes"), get("raylight_ddp", "state_bytes")),
+        "fsdp_rss_after_vs_ddp": ratio(get("raylight_fsdp", "rss_delta"), get("raylight_ddp", "rss_delta")),
+        "fsdp_throughput_vs_ddp": ratio(get("raylight_fsdp", tput), get("raylight_ddp", tput)),
+        "zero3_throughput_vs_ddp": ratio(get("raylight_zero3", tput), get("raylight_ddp", tput)),
+        "deepspeed_throughput_vs_ray_train_deepspeed": ratio(get("raylight_zero3", tput), get("ray_train_zero3", tput)),
+        "raylight_fsdp_vs_torchrun_fsdp_throughput": ratio(get("raylight_fsdp", tput), get("torchrun_fsdp", tput)),
+        "raylight_zero3_vs_torchrun_zero3_throughput": ratio(get("raylight_zero3", tput), get("torchrun_zero3", tput)),
+        "raylight_fsdp_vs_torchrun_fsdp_memory": ratio(get("raylight_fsdp", "peak_delta"), get("torchrun_fsdp", "peak_delta")),
+        "raylight_zero3_vs_torchrun_zero3_memory": ratio(get("raylight_zero3", "peak_delta"), get("torchrun_zero3", "peak_delta")),
     }
-    memory = figures["fsdp_memory_vs_ddp"]
-    params = sum(p.numel() for p in make_model(job).parameters())
+
+    def goal(value: float | None, text: str, ok: bool) -> dict[str, Any]:
+        return {"goal": text, "value": value, "met": value is not None and ok}
+
+    mem_f, mem_z = figures["fsdp_memory_vs_ddp"], figures["zero3_memory_vs_ddp"]
+    vs_rt = figures["deepspeed_throughput_vs_ray_train_deepspeed"]
+    params = sum(p.numel() for p in make_model(job, "meta").parameters())
     return {
         "config": {
-            **job, "parameters": params, "num_workers": NUM_WORKERS, "reps": args.reps,
+            **job, "parameters": params, "num_workers": NUM_WORKERS, "reps": args.reps, "systems": systems,
             "skip_steps": SKIP_STEPS, "optimizer": "Adam", "dtype": "float32", "backend": "gloo (CPU)",
-            "torch_threads_per_worker": 1,
+            "torch_threads_per_worker": 1, "deepspeed_config": deepspeed_config(job),
         },
         "machine": machine_info(),
         "medians": med,
         "reps": reps,
         "figures": figures,
-        "goals": {"fsdp_memory_vs_ddp": {"goal": f"<= {MEMORY_GOAL}", "met": memory is not None and memory <= MEMORY_GOAL}},
+        "goals": {
+            "fsdp_memory_vs_ddp": goal(mem_f, f"<= {MEMORY_GOAL}", mem_f is not None and mem_f <= MEMORY_GOAL),
+            "zero3_memory_vs_ddp": goal(mem_z, f"<= {MEMORY_GOAL}", mem_z is not None and mem_z <= MEMORY_GOAL),
+            "deepspeed_throughput_vs_ray_train_deepspeed": goal(
+                vs_rt, f">= {THROUGHPUT_GOAL}", vs_rt is not None and vs_rt >= THROUGHPUT_GOAL
+            ),
+        },
     }
 
 
 def print_table(results: dict[str, Any]) -> None:
     mib = 1024 * 1024
+
+    def fmt(value: float | None, scale: float = 1.0, spec: str = ".0f") -> str:
+        return "-" if value is None else format(value / scale, spec)
+
     print(f"\n{results['config']['parameters'] / 1e6:.1f} M parameters, {NUM_WORKERS} workers (medians; memory: the larger worker)")
-    print(f"{'system':<15} {'state MiB':>10} {'rss delta MiB':>14} {'peak rss MiB':>13} {'samples/s':>10} {'ckpt save s':>12}")
+    print(
+        f"{'system':<16} {'peak MiB':>9} {'after MiB':>10} {'state MiB':>10} {'samples/s':>10} "
+        f"{'ckpt save s':>12} {'ckpt load s':>12}"
+    )
     for name, m in results["medians"].items():
-        if m["state_bytes"] is None:
-            print(f"{name:<15} failed")
+        if m["steady_samples_per_s"] is None:
+            print(f"{name:<16} failed")
             continue
         print(
-            f"{name:<15} {m['state_bytes'] / mib:>10.0f} {m['rss_delta'] / mib:>14.0f} {m['peak_rss'] / mib:>13.0f} "
-            f"{m['steady_samples_per_s']:>10.1f} {m['checkpoint_save_s']:>12.2f}"
+            f"{name:<16} {fmt(m['peak_delta'], mib):>9} {fmt(m['rss_delta'], mib):>10} {fmt(m['state_bytes'], mib):>10} "
+            f"{fmt(m['steady_samples_per_s'], 1, '.1f'):>10} {fmt(m['checkpoint_save_s'], 1, '.2f'):>12} "
+            f"{fmt(m['checkpoint_load_s'], 1, '.2f'):>12}"
         )
     for key, value in results["figures"].items():
-        print(f"{key:<42} {'-' if value is None else f'{value:.3f}'}")
-    goal = results["goals"]["fsdp_memory_vs_ddp"]
-    print(f"fsdp_memory_vs_ddp goal {goal['goal']}: {'met' if goal['met'] else 'NOT met'}")
+        print(f"{key:<46} {fmt(value, 1, '.3f')}")
+    for key, g in results["goals"].items():
+        print(f"{key} goal {g['goal']}: {'met' if g['met'] else 'NOT met'}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -292,7 +477,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--steps", type=int, default=15)
-    parser.add_argument("--timeout", type=float, default=400.0, help="seconds per child run")
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per child run")
     parser.add_argument("--quick", action="store_true", help="tiny smoke run, 1 repetition")
     parser.add_argument("--out", type=Path, default=None, help="JSON results (default bench/results/strategies.json)")
     parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
