@@ -19,6 +19,7 @@ from lightning.pytorch.callbacks import EarlyStopping  # noqa: E402
 from torch.utils.data import DataLoader, SequentialSampler, TensorDataset  # noqa: E402
 
 import raylight  # noqa: E402
+import raylight.lightning  # noqa: E402
 from raylight.adaptive.plan import BatchPlan  # noqa: E402
 from raylight.checkpoint import deserialize_state, serialize_state  # noqa: E402
 from raylight.exceptions import ConfigError  # noqa: E402
@@ -45,9 +46,66 @@ def test_reserved_and_invalid_arguments_name_the_setting():
         RayStrategy(num_workers=2, failure={"max_failures": 1})
 
 
-def test_fsdp_on_cpu_is_refused_with_the_fix():
-    with pytest.raises(ConfigError, match=r"use_gpu=True.*RayStrategy \(DDP\)"):
-        RayFSDPStrategy(num_workers=2)
+def test_package_surface_snapshot():
+    assert raylight.lightning.__all__ == [
+        "AtomicCheckpointIO", "RayFSDPStrategy", "RayStrategy", "RaylightEnvironment",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_workers": 0}, r"RayFSDPStrategy\(num_workers=0\)"),
+        ({"cluster_environment": None}, r"RayFSDPStrategy\(cluster_environment=\.\.\.\)"),
+        ({"auto_wrap_policy": None}, r"RayFSDPStrategy\(auto_wrap_policy=\.\.\.\).*blocks="),
+        ({"mixed_precision": "fp8"}, r"RayFSDPStrategy\.mixed_precision"),
+        ({"min_block_params": 0}, r"RayFSDPStrategy\.min_block_params"),
+        ({"blocks": "Linear"}, r"RayFSDPStrategy\.blocks"),
+        ({"cpu_offload": True}, r"RayFSDPStrategy\(cpu_offload=True\) needs use_gpu=True"),
+    ],
+)
+def test_fsdp_arguments_are_checked_and_named(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        RayFSDPStrategy(**{"num_workers": 2, **kwargs})
+
+
+def test_fsdp_options_are_raylights():
+    strategy = RayFSDPStrategy(num_workers=2, blocks=["Linear"], mixed_precision="bf16")
+    assert strategy.fsdp == raylight.FSDP(blocks=("Linear",), mixed_precision="bf16", checkpoint="full")
+    assert RayFSDPStrategy(num_workers=2, use_gpu=True, cpu_offload=True).fsdp.cpu_offload
+
+
+def test_fsdp_worker_evaluates_under_no_grad():
+    # FSDP2 cannot train after a forward under torch.inference_mode (its gathered
+    # parameters would be inference tensors), so the worker's loops use no_grad.
+    strategy = RayFSDPStrategy(num_workers=2)
+    trainer = pl.Trainer(strategy=strategy, logger=False, enable_progress_bar=False)
+    ctx = SimpleNamespace(world_size=2, rank=1, local_rank=1, node_rank=0, device=torch.device("cpu"), sync=None)
+    strategy.attach_worker(ctx, trainer)
+    loops = (trainer.fit_loop.epoch_loop.val_loop, trainer.validate_loop, trainer.test_loop, trainer.predict_loop)
+    assert not any(loop.inference_mode for loop in loops)
+    assert (strategy.global_rank, strategy.world_size, strategy.root_device) == (1, 2, torch.device("cpu"))
+
+
+def _strategies():
+    yield RayStrategy(num_workers=2)
+    yield RayFSDPStrategy(num_workers=2)
+
+
+def test_every_strategy_is_notebook_safe_on_the_driver(monkeypatch):
+    # In a notebook, Lightning refuses strategies whose launcher forks the kernel; ours
+    # start Ray actors. The check is live here: Lightning's own "ddp" is refused.
+    import lightning.pytorch.trainer.connectors.accelerator_connector as connector
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    monkeypatch.setattr(connector, "_IS_INTERACTIVE", True)
+    with pytest.raises(MisconfigurationException, match="not compatible with an interactive"):
+        pl.Trainer(strategy="ddp", accelerator="cpu", devices=2, logger=False)
+    for strategy in _strategies():
+        trainer = pl.Trainer(strategy=strategy, logger=False, enable_progress_bar=False)
+        assert isinstance(trainer.strategy.launcher, RayLauncher), type(strategy).__name__
+        assert trainer.world_size == 2 and strategy.distributed_sampler_kwargs == {"num_replicas": 2, "rank": 0}
+        assert trainer._accelerator_connector.is_distributed  # DistributedSampler, sync_dist
 
 
 def test_adaptive_accumulation_belongs_to_lightning():

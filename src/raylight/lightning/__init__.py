@@ -1,4 +1,4 @@
-"""PyTorch Lightning on raylight: ``RayStrategy`` (DDP) and ``RayFSDPStrategy``.
+"""PyTorch Lightning on raylight: ``RayStrategy`` (DDP) and ``RayFSDPStrategy`` (FSDP2).
 
 The ``pl.Trainer`` stays on the driver; the strategy runs fit, validate, test and
 predict on raylight workers (Ray actors) and brings rank 0's results back. Needs the
@@ -15,6 +15,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from raylight.lightning.checkpoint_io import AtomicCheckpointIO
 from raylight.lightning.environment import RaylightEnvironment
-from raylight.lightning.strategies import RayFSDPStrategy, RayStrategy
+from raylight.lightning.fsdp import RayFSDPStrategy
+from raylight.lightning.strategies import RayStrategy
 
 __all__ = ["AtomicCheckpointIO", "RayFSDPStrategy", "RayStrategy", "RaylightEnvironment"]
