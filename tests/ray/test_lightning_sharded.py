@@ -1,4 +1,4 @@
-"""RayFSDPStrategy (FSDP2) on a real local Ray (2 CPUs),
+"""RayFSDPStrategy (FSDP2) and RayDeepSpeedStrategy (ZeRO) on a real local Ray (2 CPUs),
 real gloo, real Lightning: the Trainer stays in this process, entry points run on 2
 worker actors. Each strategy's runs are made once per module (fixtures) and checked
 by several tests: fit, fit again, validate, predict, sharding on the workers,
@@ -215,6 +215,70 @@ def test_fsdp_trains_like_ddp(fsdp_run, ddp_run):
     assert ddp_run.val_acc == pytest.approx(float(fsdp_run.first.metrics["val_acc"]), abs=1e-6)
 
 
+# ---------------------------------------------------------------- DeepSpeed (ZeRO) --
+
+
+def _deepspeed(stage: int, *, num_workers: int = 2, use_gpu: bool = False):
+    pytest.importorskip("deepspeed")
+    from raylight.lightning import RayDeepSpeedStrategy
+
+    return lambda: RayDeepSpeedStrategy(num_workers=num_workers, use_gpu=use_gpu, stage=stage)
+
+
+@pytest.fixture(scope="module")
+def zero2_run(ray_session, tmp_path_factory):
+    # No predict: it takes DeepSpeed's inference path, which validate takes already.
+    return _fit_twice(_deepspeed(2), tmp_path_factory.mktemp("zero2-ckpt"), predict=False)
+
+
+def test_deepspeed_fit_twice_and_validate(zero2_run):
+    _check_fit_twice_validate_predict(zero2_run)
+
+
+def test_deepspeed_trains_like_ddp(zero2_run, ddp_run):
+    # As for FSDP: ZeRO-2 averages the same two gradients and steps the same SGD on its
+    # fp32 partitions (measured difference 0.0).
+    assert _max_diff(ddp_run.weights, zero2_run.first.weights) <= 1e-6
+
+
+def test_deepspeed_zero2_partitions_the_optimizer_state(zero2_run):
+    seen = zero2_run.first.probe
+    # DeepSpeed pads the flat fp32 buffer before cutting it: rank 0 holds about half.
+    assert seen["kind"] == "zero2" and seen["total"] == 4810 and 4810 // 2 <= seen["local"] <= 4810 // 2 + 8
+
+
+def test_deepspeed_checkpoints_convert_to_one_file_and_resume(zero2_run, ray_cluster, tmp_path):
+    from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
+
+    # A DeepSpeed checkpoint is a directory (each rank wrote its partitions); Lightning's
+    # converter makes it one file any process loads.
+    epoch1 = glob.glob(os.path.join(zero2_run.ckpt_dir, "epoch=1-*.ckpt"))[0]
+    assert os.path.isdir(epoch1) and zero2_run.first.best.startswith(zero2_run.ckpt_dir)
+    out = str(tmp_path / "epoch1.pt")
+    convert_zero_checkpoint_to_fp32_state_dict(epoch1, out)
+    state = torch.load(out, weights_only=True)
+    assert state["epoch"] == 1 and _max_diff(state["state_dict"], zero2_run.first.weights) == 0
+    restored = ddp_digits.DigitsClassifier()
+    restored.load_state_dict(state["state_dict"])
+    # Resuming from epoch 0 restores the ZeRO partitions and retraces epoch 1 exactly.
+    resumed = _resume(_deepspeed(2), _epoch0(zero2_run.ckpt_dir))
+    assert _max_diff(resumed, zero2_run.first.weights) <= 1e-6
+
+
+def test_deepspeed_zero3_gathers_the_weights_for_the_driver(zero2_run, ray_cluster):
+    # ZeRO-3 partitions the parameters themselves; the driver still gets whole tensors,
+    # the same as ZeRO-2's (the same arithmetic, partitioned differently).
+    model = _init_model()
+    probe = ShardProbe()
+    trainer = pl.Trainer(
+        max_epochs=2, strategy=_deepspeed(3)(), callbacks=[probe], enable_checkpointing=False, **QUIET
+    )
+    trainer.fit(model, datamodule=ddp_digits.DigitsDataModule(batch_size=32))
+    assert probe.seen["kind"] == "zero3" and 4810 // 2 <= probe.seen["local"] <= 4810 // 2 + 8
+    assert _max_diff(_weights(model), zero2_run.first.weights) <= 1e-6
+    assert float(trainer.callback_metrics["val_acc"]) > 0.8
+
+
 # ---------------------------------------------------------------- GPU ---------------
 
 
@@ -233,3 +297,15 @@ def test_fsdp_on_gpus(ray_cluster):
     assert trainer.global_step > 0 and _max_diff(_weights(model), init) > 0
     assert all(v.device.type == "cpu" for v in model.state_dict().values())
     assert float(trainer.callback_metrics["val_acc"]) > 0.5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_deepspeed_on_gpus(ray_cluster):
+    n = min(torch.cuda.device_count(), 2)
+    model = _init_model()
+    init = _weights(model)
+    strategy = _deepspeed(3, num_workers=n, use_gpu=True)()
+    trainer = pl.Trainer(max_epochs=1, strategy=strategy, enable_checkpointing=False, **QUIET)
+    trainer.fit(model, datamodule=ddp_digits.DigitsDataModule(batch_size=32))
+    assert trainer.global_step > 0 and _max_diff(_weights(model), init) > 0

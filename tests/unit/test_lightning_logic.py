@@ -5,9 +5,11 @@ results (round trip through the same serialisation the workers use)."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import pathlib
 import pickle
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -48,7 +50,7 @@ def test_reserved_and_invalid_arguments_name_the_setting():
 
 def test_package_surface_snapshot():
     assert raylight.lightning.__all__ == [
-        "AtomicCheckpointIO", "RayFSDPStrategy", "RayStrategy", "RaylightEnvironment",
+        "AtomicCheckpointIO", "RayDeepSpeedStrategy", "RayFSDPStrategy", "RayStrategy", "RaylightEnvironment",
     ]
 
 
@@ -87,9 +89,59 @@ def test_fsdp_worker_evaluates_under_no_grad():
     assert (strategy.global_rank, strategy.world_size, strategy.root_device) == (1, 2, torch.device("cpu"))
 
 
+def _deepspeed():
+    pytest.importorskip("deepspeed")
+    from raylight.lightning import RayDeepSpeedStrategy
+
+    return RayDeepSpeedStrategy
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_workers": (1, 2)}, r"RayDeepSpeedStrategy\(num_workers=\(1, 2\)\)"),
+        ({"stage": 4}, r"RayDeepSpeedStrategy\(stage=4\): the ZeRO stage is 0, 1, 2 or 3"),
+        ({"stage": True}, r"RayDeepSpeedStrategy\(stage=True\)"),
+        ({"offload_optimizer": True}, r"RayDeepSpeedStrategy\(offload_optimizer=True\) needs use_gpu=True"),
+        ({"use_gpu": True, "offload_parameters": True}, r"offload_parameters=True\) needs stage=3"),
+        ({"config": {"train_micro_batch_size_per_gpu": 1}, "stage": 3}, r"config=\.\.\., stage=\.\.\.\).*drop stage="),
+        ({"config": 3}, r"RayDeepSpeedStrategy\(config=\.\.\.\) must be a DeepSpeed config dict"),
+        ({"process_group_backend": "gloo"}, r"RayDeepSpeedStrategy\(process_group_backend=\.\.\.\)"),
+        ({"timeout": 5}, r"RayDeepSpeedStrategy\(timeout=\.\.\.\).*collective_timeout_s"),
+        ({"accelerator": "cpu"}, r"RayDeepSpeedStrategy\(accelerator=\.\.\.\)"),
+        ({"resources_per_worker": {"CPU": -1}}, r"RayDeepSpeedStrategy\.resources_per_worker"),
+    ],
+)
+def test_deepspeed_arguments_are_checked_and_named(kwargs, message):
+    strategy = _deepspeed()
+    with pytest.raises(ConfigError, match=message):
+        strategy(**{"num_workers": 2, **kwargs})
+
+
+def test_deepspeed_settings_reach_lightnings_config():
+    strategy = _deepspeed()(num_workers=2, stage=3, allgather_bucket_size=1000)
+    assert strategy.config["zero_optimization"]["stage"] == 3
+    assert strategy.config["zero_optimization"]["allgather_bucket_size"] == 1000
+    assert strategy.zero_stage_3 and strategy.settings.scaling.min_workers == 2
+    given = {"zero_optimization": {"stage": 1}}
+    assert _deepspeed()(num_workers=2, config=given).config == given
+
+
+def test_deepspeed_missing_names_the_extra(monkeypatch):
+    from raylight.lightning import RayDeepSpeedStrategy
+
+    monkeypatch.setitem(sys.modules, "deepspeed", None)  # import deepspeed now fails
+    with pytest.raises(ImportError, match=r"pip install 'raylight\[deepspeed\]'"):
+        RayDeepSpeedStrategy(num_workers=2)
+
+
 def _strategies():
     yield RayStrategy(num_workers=2)
     yield RayFSDPStrategy(num_workers=2)
+    if importlib.util.find_spec("deepspeed") is not None:
+        from raylight.lightning import RayDeepSpeedStrategy
+
+        yield RayDeepSpeedStrategy(num_workers=2)
 
 
 def test_every_strategy_is_notebook_safe_on_the_driver(monkeypatch):
