@@ -77,6 +77,14 @@ def test_fsdp_options_are_raylights():
     assert RayFSDPStrategy(num_workers=2, use_gpu=True, cpu_offload=True).fsdp.cpu_offload
 
 
+def test_fsdp_blocks_must_name_a_submodule_class():
+    from raylight.lightning.fsdp import check_blocks
+
+    check_blocks(_Tiny(), raylight.FSDP(blocks=("Linear", "Other")))  # one match is enough
+    with pytest.raises(ConfigError, match=r"RayFSDPStrategy\(blocks=\('Nope',\)\) names no submodule of _Tiny; its submodule classes are \['Linear'\]"):
+        check_blocks(_Tiny(), raylight.FSDP(blocks=("Nope",)))
+
+
 def test_fsdp_worker_evaluates_under_no_grad():
     # FSDP2 cannot train after a forward under torch.inference_mode (its gathered
     # parameters would be inference tensors), so the worker's loops use no_grad.

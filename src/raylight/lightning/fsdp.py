@@ -196,6 +196,7 @@ class RayFSDPStrategy(_RayWorkers, ParallelStrategy):
         assert self.accelerator is not None and self.lightning_module is not None
         self.accelerator.setup(trainer)
         module = self.precision_plugin.convert_module(self.lightning_module)
+        check_blocks(module, self.fsdp)
         self._sharding.wrap_model(module, device=self.root_device, world_size=self.world_size)
         self.model = _Root(module)
         if trainer.state.fn == TrainerFn.FITTING:
@@ -255,6 +256,19 @@ class RayFSDPStrategy(_RayWorkers, ParallelStrategy):
         self.precision_plugin.teardown()
         self.accelerator.teardown()
         self.checkpoint_io.teardown()
+
+
+def check_blocks(module: nn.Module, options: FSDP) -> None:
+    """``blocks`` must name a submodule class of the LightningModule (checked here, on
+    the worker, where the module is complete: ``configure_model`` may add layers)."""
+    if options.blocks is None:
+        return
+    classes = {type(m).__name__ for m in module.modules() if m is not module}
+    if not classes & set(options.blocks):
+        raise ConfigError(
+            f"{_OWNER}(blocks={options.blocks!r}) names no submodule of {type(module).__name__}; "
+            f"its submodule classes are {sorted(classes)}"
+        )
 
 
 def reduce_tensor(tensor: torch.Tensor, reduce_op: Any, *, group: Any | None = None) -> torch.Tensor:
