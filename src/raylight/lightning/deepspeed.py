@@ -68,12 +68,13 @@ def _check_zero(
                 f"{_OWNER}(config=...) must be a DeepSpeed config dict or the path of a JSON file, "
                 f"got {type(config).__name__}"
             )
-        given = [k for k, v in (("stage", stage is not None), ("offload_optimizer", offload_optimizer),
-                                ("offload_parameters", offload_parameters)) if v]
-        if given:
+        explicit = {"stage": stage is not None, "offload_optimizer": offload_optimizer,
+                    "offload_parameters": offload_parameters}
+        name = next((k for k, given in explicit.items() if given), None)
+        if name is not None:
             raise ConfigError(
-                f"{_OWNER}(config=..., {given[0]}=...): with a DeepSpeed config, the config alone "
-                f"decides ZeRO; set it in config['zero_optimization'] or drop {given[0]}="
+                f"{_OWNER}(config=..., {name}=...): with a DeepSpeed config, the config alone "
+                f"decides ZeRO; set it in config['zero_optimization'] or drop {name}="
             )
         return 2  # Lightning's default, unused: the config is taken as it is
     stage = 2 if stage is None else stage

@@ -42,7 +42,6 @@ from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
-from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
 from torch import nn
 
 from raylight.config import FailureConfig, validate
@@ -85,7 +84,7 @@ def fsdp_options(
             f"{_OWNER}(cpu_offload=True) needs use_gpu=True: with CPU workers the shards are in "
             "CPU memory already; drop cpu_offload"
         )
-    options = validate(
+    return validate(
         FSDP,
         {
             "blocks": tuple(blocks) if isinstance(blocks, list) else blocks,
@@ -97,7 +96,6 @@ def fsdp_options(
         },
         prefix=_OWNER,
     )
-    return options
 
 
 class RayFSDPStrategy(_RayWorkers, ParallelStrategy):
@@ -152,7 +150,8 @@ class RayFSDPStrategy(_RayWorkers, ParallelStrategy):
             address=address,
             kwargs=kwargs,
         )
-        for key in kwargs:
+        if kwargs:
+            key = next(iter(kwargs))
             raise ConfigError(
                 f"{_OWNER}({key}=...) is not accepted: the strategy runs PyTorch FSDP2 with raylight's "
                 "block policy (Lightning's FSDPStrategy options do not apply). Choose the blocks with "
@@ -190,7 +189,7 @@ class RayFSDPStrategy(_RayWorkers, ParallelStrategy):
         super().setup_environment()
         # The process group is raylight's, formed before Lightning runs; only the rank
         # Lightning's rank-zero utilities read is left to set.
-        rank_zero_only.rank = utils_rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
+        rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
 
     def setup(self, trainer: Any) -> None:
         assert self.accelerator is not None and self.lightning_module is not None
