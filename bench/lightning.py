@@ -10,13 +10,18 @@ global batch 128 = 2 workers x 64, gloo on CPU, 1 torch thread per worker), trai
              ray.train.lightning's RayDDPStrategy, RayLightningEnvironment and
              prepare_trainer (the documented way)
   raylight   pl.Trainer on the driver with raylight.lightning.RayStrategy(num_workers=2)
+  raylight_fsdp  the same with RayFSDPStrategy(num_workers=2): FSDP2; the MLP's 76,810
+             parameters are under the default block size (100k), so the whole model is
+             one FSDP unit (one all-gather and one reduce-scatter per step); it prices
+             sharding against DDP in the same run
 
 Each run is a cold child process with its own local Ray (2 CPUs); the systems are
 interleaved across repetitions. A callback on global rank 0 timestamps every optimizer
 step; measured from the moment the parent launched the child (the same way as
 bench/overhead.py): start_to_first_step_s, wall_s (to the last step), process_s (the
 child has exited), steady_samples_per_s (after step 20). Results: a table, ratios
-(raylight / Ray Train) and bench/results/lightning.json.
+(raylight / Ray Train, raylight_fsdp / raylight) and bench/results/lightning.json.
+``--systems`` runs a subset (e.g. ``raylight raylight_fsdp``).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HE
 from common import machine_info, package_version, run_once, run_ray_train  # noqa: E402
 from overhead import StepClock, fmt, make_dataset, make_model, medians, ratio  # noqa: E402
 
-SYSTEMS = ("ray_train", "raylight")
+SYSTEMS = ("ray_train", "raylight", "raylight_fsdp")
 NUM_WORKERS = 2
 RESULTS = Path(__file__).resolve().parent / "results" / "lightning.json"
 
@@ -115,19 +120,20 @@ def child_ray_train(job: dict[str, Any]) -> None:
     run_ray_train(ray_train_loop, job, NUM_WORKERS)
 
 
-def child_raylight(job: dict[str, Any]) -> None:
+def child_raylight(job: dict[str, Any], *, fsdp: bool = False) -> None:
     import lightning.pytorch as pl
     import ray
 
     from raylight import runtime
-    from raylight.lightning import RayStrategy
+    from raylight.lightning import RayFSDPStrategy, RayStrategy
 
     runtime.start_embedded(num_cpus=NUM_WORKERS, temp_dir=job["ray_temp_dir"])
     try:
         model, loader, timer = lightning_parts(job)
+        kind = RayFSDPStrategy if fsdp else RayStrategy
         trainer = pl.Trainer(
             max_epochs=job["epochs"],
-            strategy=RayStrategy(num_workers=NUM_WORKERS, threads_per_worker=1),
+            strategy=kind(num_workers=NUM_WORKERS, threads_per_worker=1),
             callbacks=[timer],
             default_root_dir=job["storage_path"],
             **TRAINER_KWARGS,
@@ -137,7 +143,15 @@ def child_raylight(job: dict[str, Any]) -> None:
         ray.shutdown()
 
 
-CHILDREN = {"ray_train": child_ray_train, "raylight": child_raylight}
+def child_raylight_fsdp(job: dict[str, Any]) -> None:
+    child_raylight(job, fsdp=True)
+
+
+CHILDREN = {"ray_train": child_ray_train, "raylight": child_raylight, "raylight_fsdp": child_raylight_fsdp}
+RATIOS = {  # name: (system, baseline)
+    "raylight_vs_ray_train": ("raylight", "ray_train"),
+    "raylight_fsdp_vs_raylight": ("raylight_fsdp", "raylight"),
+}
 
 CHILD_BOOT = """
 import importlib.util, json, sys
@@ -165,11 +179,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per child run")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     args = parser.parse_args(argv)
     job = {"samples": args.samples, "epochs": args.epochs, "batch_size": 128, "lr": 0.05, "seed": 0}
-    reps: dict[str, list[dict[str, Any]]] = {name: [] for name in SYSTEMS}
+    reps: dict[str, list[dict[str, Any]]] = {name: [] for name in args.systems}
     for rep in range(args.reps):
-        for name in SYSTEMS:  # interleaved, so drift hits both alike
+        for name in args.systems:  # interleaved, so drift hits all alike
             print(f"rep {rep + 1}/{args.reps}: {name} ...", end=" ", flush=True)
             # booted by CHILD_BOOT, in its own directory
             record = run_once(name, job, args.timeout, command=child_command, in_run_dir=True)
@@ -181,16 +196,18 @@ def main(argv: list[str] | None = None) -> None:
     }
     med = {n: s["median"] for n, s in summary.items()}
     ratios = {
-        f"raylight_vs_ray_train_{metric}": ratio(med["raylight"][metric], med["ray_train"][metric])
+        f"{key}_{metric}": ratio(med[system][metric], med[baseline][metric])
+        for key, (system, baseline) in RATIOS.items()
+        if system in med and baseline in med
         for metric in ("start_to_first_step_s", "wall_s", "process_s", "steady_samples_per_s")
     }
     print(
-        f"\n{'system':<10} {'ok':>5} {'start->1st step s':>18} {'wall s':>8} {'process s':>10} {'steady samples/s':>17}"
+        f"\n{'system':<14} {'ok':>5} {'start->1st step s':>18} {'wall s':>8} {'process s':>10} {'steady samples/s':>17}"
     )
     for name, s in summary.items():
         m = s["median"]
         print(
-            f"{name:<10} {s['ok_reps']}/{len(s['reps']):<3} {fmt(m['start_to_first_step_s'], '.2f'):>18} "
+            f"{name:<14} {s['ok_reps']}/{len(s['reps']):<3} {fmt(m['start_to_first_step_s'], '.2f'):>18} "
             f"{fmt(m['wall_s'], '.2f'):>8} {fmt(m['process_s'], '.2f'):>10} {fmt(m['steady_samples_per_s'], ',.0f'):>17}"
         )
         for rep in s["reps"]:

@@ -5,9 +5,11 @@ results (round trip through the same serialisation the workers use)."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import pathlib
 import pickle
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -19,6 +21,7 @@ from lightning.pytorch.callbacks import EarlyStopping  # noqa: E402
 from torch.utils.data import DataLoader, SequentialSampler, TensorDataset  # noqa: E402
 
 import raylight  # noqa: E402
+import raylight.lightning  # noqa: E402
 from raylight.adaptive.plan import BatchPlan  # noqa: E402
 from raylight.checkpoint import deserialize_state, serialize_state  # noqa: E402
 from raylight.exceptions import ConfigError  # noqa: E402
@@ -45,9 +48,124 @@ def test_reserved_and_invalid_arguments_name_the_setting():
         RayStrategy(num_workers=2, failure={"max_failures": 1})
 
 
-def test_fsdp_on_cpu_is_refused_with_the_fix():
-    with pytest.raises(ConfigError, match=r"use_gpu=True.*RayStrategy \(DDP\)"):
-        RayFSDPStrategy(num_workers=2)
+def test_package_surface_snapshot():
+    assert raylight.lightning.__all__ == [
+        "AtomicCheckpointIO", "RayDeepSpeedStrategy", "RayFSDPStrategy", "RayStrategy", "RaylightEnvironment",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_workers": 0}, r"RayFSDPStrategy\(num_workers=0\)"),
+        ({"cluster_environment": None}, r"RayFSDPStrategy\(cluster_environment=\.\.\.\)"),
+        ({"auto_wrap_policy": None}, r"RayFSDPStrategy\(auto_wrap_policy=\.\.\.\).*blocks="),
+        ({"mixed_precision": "fp8"}, r"RayFSDPStrategy\.mixed_precision"),
+        ({"min_block_params": 0}, r"RayFSDPStrategy\.min_block_params"),
+        ({"blocks": "Linear"}, r"RayFSDPStrategy\.blocks"),
+        ({"cpu_offload": True}, r"RayFSDPStrategy\(cpu_offload=True\) needs use_gpu=True"),
+    ],
+)
+def test_fsdp_arguments_are_checked_and_named(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        RayFSDPStrategy(**{"num_workers": 2, **kwargs})
+
+
+def test_fsdp_options_are_raylights():
+    strategy = RayFSDPStrategy(num_workers=2, blocks=["Linear"], mixed_precision="bf16")
+    assert strategy.fsdp == raylight.FSDP(blocks=("Linear",), mixed_precision="bf16", checkpoint="full")
+    assert RayFSDPStrategy(num_workers=2, use_gpu=True, cpu_offload=True).fsdp.cpu_offload
+
+
+def test_fsdp_blocks_must_name_a_submodule_class():
+    from raylight.lightning.fsdp import check_blocks
+
+    check_blocks(_Tiny(), raylight.FSDP(blocks=("Linear", "Other")))  # one match is enough
+    with pytest.raises(ConfigError, match=r"RayFSDPStrategy\(blocks=\('Nope',\)\) names no submodule of _Tiny; its submodule classes are \['Linear'\]"):
+        check_blocks(_Tiny(), raylight.FSDP(blocks=("Nope",)))
+
+
+def test_fsdp_worker_evaluates_under_no_grad():
+    # FSDP2 cannot train after a forward under torch.inference_mode (its gathered
+    # parameters would be inference tensors), so the worker's loops use no_grad.
+    strategy = RayFSDPStrategy(num_workers=2)
+    trainer = pl.Trainer(strategy=strategy, logger=False, enable_progress_bar=False)
+    ctx = SimpleNamespace(world_size=2, rank=1, local_rank=1, node_rank=0, device=torch.device("cpu"), sync=None)
+    strategy.attach_worker(ctx, trainer)
+    loops = (trainer.fit_loop.epoch_loop.val_loop, trainer.validate_loop, trainer.test_loop, trainer.predict_loop)
+    assert not any(loop.inference_mode for loop in loops)
+    assert (strategy.global_rank, strategy.world_size, strategy.root_device) == (1, 2, torch.device("cpu"))
+
+
+def _deepspeed():
+    pytest.importorskip("deepspeed")
+    from raylight.lightning import RayDeepSpeedStrategy
+
+    return RayDeepSpeedStrategy
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_workers": (1, 2)}, r"RayDeepSpeedStrategy\(num_workers=\(1, 2\)\)"),
+        ({"stage": 4}, r"RayDeepSpeedStrategy\(stage=4\): the ZeRO stage is 0, 1, 2 or 3"),
+        ({"stage": True}, r"RayDeepSpeedStrategy\(stage=True\)"),
+        ({"offload_optimizer": True}, r"RayDeepSpeedStrategy\(offload_optimizer=True\) needs use_gpu=True"),
+        ({"use_gpu": True, "offload_parameters": True}, r"offload_parameters=True\) needs stage=3"),
+        ({"config": {"train_micro_batch_size_per_gpu": 1}, "stage": 3}, r"config=\.\.\., stage=\.\.\.\).*drop stage="),
+        ({"config": 3}, r"RayDeepSpeedStrategy\(config=\.\.\.\) must be a DeepSpeed config dict"),
+        ({"process_group_backend": "gloo"}, r"RayDeepSpeedStrategy\(process_group_backend=\.\.\.\)"),
+        ({"timeout": 5}, r"RayDeepSpeedStrategy\(timeout=\.\.\.\).*collective_timeout_s"),
+        ({"accelerator": "cpu"}, r"RayDeepSpeedStrategy\(accelerator=\.\.\.\)"),
+        ({"resources_per_worker": {"CPU": -1}}, r"RayDeepSpeedStrategy\.resources_per_worker"),
+    ],
+)
+def test_deepspeed_arguments_are_checked_and_named(kwargs, message):
+    strategy = _deepspeed()
+    with pytest.raises(ConfigError, match=message):
+        strategy(**{"num_workers": 2, **kwargs})
+
+
+def test_deepspeed_settings_reach_lightnings_config():
+    strategy = _deepspeed()(num_workers=2, stage=3, allgather_bucket_size=1000)
+    assert strategy.config["zero_optimization"]["stage"] == 3
+    assert strategy.config["zero_optimization"]["allgather_bucket_size"] == 1000
+    assert strategy.zero_stage_3 and strategy.settings.scaling.min_workers == 2
+    given = {"zero_optimization": {"stage": 1}}
+    assert _deepspeed()(num_workers=2, config=given).config == given
+
+
+def test_deepspeed_missing_names_the_extra(monkeypatch):
+    from raylight.lightning import RayDeepSpeedStrategy
+
+    monkeypatch.setitem(sys.modules, "deepspeed", None)  # import deepspeed now fails
+    with pytest.raises(ImportError, match=r"pip install 'raylight\[deepspeed\]'"):
+        RayDeepSpeedStrategy(num_workers=2)
+
+
+def _strategies():
+    yield RayStrategy(num_workers=2)
+    yield RayFSDPStrategy(num_workers=2)
+    if importlib.util.find_spec("deepspeed") is not None:
+        from raylight.lightning import RayDeepSpeedStrategy
+
+        yield RayDeepSpeedStrategy(num_workers=2)
+
+
+def test_every_strategy_is_notebook_safe_on_the_driver(monkeypatch):
+    # In a notebook, Lightning refuses strategies whose launcher forks the kernel; ours
+    # start Ray actors. The check is live here: Lightning's own "ddp" is refused.
+    import lightning.pytorch.trainer.connectors.accelerator_connector as connector
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    monkeypatch.setattr(connector, "_IS_INTERACTIVE", True)
+    with pytest.raises(MisconfigurationException, match="not compatible with an interactive"):
+        pl.Trainer(strategy="ddp", accelerator="cpu", devices=2, logger=False)
+    for strategy in _strategies():
+        trainer = pl.Trainer(strategy=strategy, logger=False, enable_progress_bar=False)
+        assert isinstance(trainer.strategy.launcher, RayLauncher), type(strategy).__name__
+        assert trainer.world_size == 2 and strategy.distributed_sampler_kwargs == {"num_replicas": 2, "rank": 0}
+        assert trainer._accelerator_connector.is_distributed  # DistributedSampler, sync_dist
 
 
 def test_adaptive_accumulation_belongs_to_lightning():

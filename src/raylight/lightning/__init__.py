@@ -1,4 +1,5 @@
-"""PyTorch Lightning on raylight: ``RayStrategy`` (DDP) and ``RayFSDPStrategy``.
+"""PyTorch Lightning on raylight: ``RayStrategy`` (DDP), ``RayFSDPStrategy`` (FSDP2)
+and ``RayDeepSpeedStrategy`` (ZeRO; needs the ``deepspeed`` extra).
 
 The ``pl.Trainer`` stays on the driver; the strategy runs fit, validate, test and
 predict on raylight workers (Ray actors) and brings rank 0's results back. Needs the
@@ -14,7 +15,11 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from raylight.lightning.checkpoint_io import AtomicCheckpointIO
+from raylight.lightning.deepspeed import RayDeepSpeedStrategy
 from raylight.lightning.environment import RaylightEnvironment
-from raylight.lightning.strategies import RayFSDPStrategy, RayStrategy
+from raylight.lightning.fsdp import RayFSDPStrategy
+from raylight.lightning.strategies import RayStrategy
 
-__all__ = ["AtomicCheckpointIO", "RayFSDPStrategy", "RayStrategy", "RaylightEnvironment"]
+__all__ = [
+    "AtomicCheckpointIO", "RayDeepSpeedStrategy", "RayFSDPStrategy", "RayStrategy", "RaylightEnvironment",
+]

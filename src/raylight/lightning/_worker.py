@@ -67,15 +67,15 @@ def run_on_worker(ctx: Any, config: dict[str, Any]) -> None:
     ctx.report(metrics, checkpoint=output if ctx.rank == 0 else None)
 
 
-def _cpu(value: Any) -> Any:
+def to_cpu(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
     if isinstance(value, dict):
-        return {k: _cpu(v) for k, v in value.items()}
+        return {k: to_cpu(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_cpu(v) for v in value]
+        return [to_cpu(v) for v in value]
     if isinstance(value, tuple):
-        return tuple(_cpu(v) for v in value)
+        return tuple(to_cpu(v) for v in value)
     return value
 
 
@@ -90,7 +90,7 @@ def _callback_states(trainer: Any) -> dict[str, Any]:
     for callback in trainer.callbacks:
         if isinstance(callback, ModelCheckpoint | _Heartbeat) or type(callback).__module__.startswith("raylight."):
             continue
-        state = _cpu(callback.state_dict())
+        state = to_cpu(callback.state_dict())
         if not state:
             continue
         try:
@@ -106,20 +106,23 @@ def collect(trainer: Any, results: Any) -> dict[str, Any]:
     """Rank 0's results for the driver, as plain data a ``weights_only`` load accepts.
     Every rank must call it: gathering a sharded state dict is a collective."""
     fitting = trainer.state.fn == TrainerFn.FITTING
-    weights = trainer.strategy.lightning_module_state_dict() if fitting else None
+    # raylight's strategies say how the full weights are had (gathered where sharded);
+    # any other strategy's state dict is taken as it is.
+    gather = getattr(trainer.strategy, "driver_weights", trainer.strategy.lightning_module_state_dict)
+    weights = gather() if fitting else None
     callbacks = []
     for callback in trainer.checkpoint_callbacks:
         callbacks.append(
-            {k: _cpu(getattr(callback, k)) for k in CHECKPOINT_STATE_KEYS if hasattr(callback, k)}
+            {k: to_cpu(getattr(callback, k)) for k in CHECKPOINT_STATE_KEYS if hasattr(callback, k)}
         )
     state = trainer.state
     return {
         "callback_states": _callback_states(trainer),
-        "weights": _cpu(weights) if weights is not None else None,
+        "weights": to_cpu(weights) if weights is not None else None,
         "checkpoint_callbacks": callbacks,
-        "callback_metrics": _cpu(dict(trainer.callback_metrics)),
-        "logged_metrics": _cpu(dict(trainer.logged_metrics)),
-        "progress_bar_metrics": _cpu(dict(trainer.progress_bar_metrics)),
+        "callback_metrics": to_cpu(dict(trainer.callback_metrics)),
+        "logged_metrics": to_cpu(dict(trainer.logged_metrics)),
+        "progress_bar_metrics": to_cpu(dict(trainer.progress_bar_metrics)),
         "fit_loop": trainer.fit_loop.state_dict() if fitting else None,
         "state": {
             "fn": state.fn.value if state.fn else None,
@@ -127,5 +130,5 @@ def collect(trainer: Any, results: Any) -> dict[str, Any]:
             "stage": state.stage.value if state.stage else None,
         },
         "should_stop": bool(trainer.should_stop),
-        "results": _cpu(results),
+        "results": to_cpu(results),
     }

@@ -1,8 +1,10 @@
-"""RayStrategy (DDP) and RayFSDPStrategy: Lightning strategies whose processes are
-raylight workers on Ray.
+"""RayStrategy (DDP), and what every raylight Lightning strategy shares: its processes
+are raylight workers on Ray.
 
-Each is Lightning's own strategy (public ``DDPStrategy`` / ``FSDPStrategy``) with four
-changes, the same for both and written once as functions below: the launcher is
+Each strategy is a Lightning strategy (``RayStrategy``: public ``DDPStrategy``;
+``RayFSDPStrategy``: ``ParallelStrategy``, fsdp.py; ``RayDeepSpeedStrategy``:
+``DeepSpeedStrategy``, deepspeed.py) with four changes, the same for all and written
+once here (``_RayWorkers``): the launcher is
 ``RayLauncher``; the cluster environment is ``RaylightEnvironment``, filled in on the
 worker from raylight's TrainContext; the root device is the worker's; and the sampler
 shards over raylight's world size (not Lightning's device count). The process group is
@@ -17,7 +19,7 @@ from typing import Any
 import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.plugins.io import CheckpointIO
-from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import RunningStage
 from torch.utils.data import DataLoader
 
@@ -148,6 +150,11 @@ class _RayWorkers:
     def attach_worker(self, ctx: Any, trainer: Any) -> None:
         _attach(self, ctx, trainer)
 
+    def driver_weights(self) -> dict[str, Any]:
+        """The trained weights the driver gets, whole (every rank calls it: gathering
+        sharded parameters is a collective)."""
+        return self.lightning_module_state_dict()  # type: ignore[attr-defined]  # Lightning's Strategy
+
     @property
     def root_device(self) -> torch.device:
         return _root_device(self)
@@ -236,57 +243,3 @@ class RayStrategy(_RayWorkers, DDPStrategy):
                 f"{len(self.optimizers)}. Drop adaptive= or use a single optimizer"
             )
         self.optimizers = [self._raylight_ctx.prepare_optimizer(self.optimizers[0])]
-
-
-class RayFSDPStrategy(_RayWorkers, FSDPStrategy):
-    """Fully sharded data parallel over raylight workers; arguments as ``RayStrategy``,
-    plus ``**fsdp_kwargs`` for Lightning's ``FSDPStrategy`` (e.g.
-    ``auto_wrap_policy``, ``sharding_strategy``, ``state_dict_type``).
-
-    Needs ``use_gpu=True``: Lightning's FSDPStrategy wraps the model in torch's
-    ``FullyShardedDataParallel`` with the root device's index, which is None on CPU, and
-    torch (2.13, tested) then refuses a CPU-only process ("FSDP needs a non-CPU
-    accelerator device"); even given the CPU device explicitly, its flat-parameter
-    sharding fails on CPU with gloo. On CPU, use ``RayStrategy`` (DDP).
-    """
-
-    strategy_name = "raylight_fsdp"
-
-    def __init__(
-        self,
-        num_workers: int = 1,
-        *,
-        use_gpu: bool = False,
-        resources_per_worker: dict[str, float] | None = None,
-        placement: str = "PACK",
-        threads_per_worker: int | None = None,
-        failure: FailureConfig | None = None,
-        address: str | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        **fsdp_kwargs: Any,
-    ) -> None:
-        if not use_gpu:
-            raise ConfigError(
-                "RayFSDPStrategy(use_gpu=False): torch's FullyShardedDataParallel, which "
-                "Lightning's FSDPStrategy uses, does not run on CPU-only workers with gloo. "
-                "Set use_gpu=True (workers with GPUs), or use RayStrategy (DDP) on CPU."
-            )
-        self.settings = make_settings(
-            "RayFSDPStrategy",
-            num_workers=num_workers,
-            use_gpu=use_gpu,
-            resources_per_worker=resources_per_worker,
-            placement=placement,
-            threads_per_worker=threads_per_worker,
-            failure=failure,
-            adaptive=None,
-            address=address,
-            kwargs=fsdp_kwargs,
-        )
-        self._raylight_ctx = None
-        super().__init__(
-            cluster_environment=_environment(self.settings),
-            checkpoint_io=checkpoint_io or AtomicCheckpointIO(),
-            **fsdp_kwargs,
-        )
-
