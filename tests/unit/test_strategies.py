@@ -118,3 +118,37 @@ def test_a_meta_model_needs_reset_parameters_on_every_module_that_owns_tensors()
     wrapped = FSDPStrategy().wrap_model(model, device=torch.device("cpu"), world_size=1)
     assert wrapped[0].weight.device.type == "cpu" and wrapped[0].weight.abs().sum() > 0
     assert torch.equal(torch.random.get_rng_state(), state), "the caller's random state is untouched"
+
+
+@pytest.mark.parametrize(
+    ("spelled", "expected"),
+    [
+        ("fsdp", "fsdp"),
+        ({"type": "fsdp"}, "fsdp"),  # Ludwig
+        ({"type": "ddp"}, "ddp"),
+        ({"type": "fsdp", "reshard_after_forward": False}, FSDP(reshard_after_forward=False)),
+        ({"name": "fsdp", "blocks": ["Block"], "checkpoint": "full"}, FSDP(blocks=("Block",), checkpoint="full")),
+    ],
+)
+def test_declarative_strategy_takes_ludwig_and_raylight_spellings(spelled, expected):
+    cfg = _declarative(batch_size="auto")
+    cfg["backend"]["trainer"]["strategy"] = spelled
+    assert ModelConfig.model_validate(cfg).backend.trainer.strategy == expected
+
+
+@pytest.mark.parametrize(
+    ("spelled", "message"),
+    [
+        ("zero3", r"backend\.trainer\.strategy.*must be one of \['ddp', 'fsdp'.*got 'zero3'"),
+        ({"type": "zero3"}, r"must be one of .*got 'zero3'"),
+        ({"type": "horovod"}, r"horovod is not available"),
+        ({"type": "ddp", "bucket_cap_mb": 25}, r"ddp takes no options; got \['bucket_cap_mb'\]"),
+        ({"type": "fsdp", "name": "fsdp"}, r"`type:` \(Ludwig's spelling\) or `name:`, not both"),
+        ({"type": "fsdp", "sharding": "full"}, r"backend\.trainer\.strategy\.fsdp\.sharding"),
+    ],
+)
+def test_declarative_strategy_errors_name_the_key(spelled, message):
+    cfg = _declarative()
+    cfg["backend"]["trainer"]["strategy"] = spelled
+    with pytest.raises(ConfigError, match=message):
+        validate(ModelConfig, cfg)

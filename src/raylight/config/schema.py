@@ -79,6 +79,15 @@ StrategySetting = Annotated[
 ]
 
 
+def check_strategy_name(value: object) -> object:
+    """A strategy setting whose name (alone, or a mapping's ``name``) is not a strategy's
+    gets one error listing them."""
+    name = value.get("name") if isinstance(value, dict) else value
+    if isinstance(name, str) and name not in STRATEGIES:
+        raise ValueError(f"must be one of {list(STRATEGIES)} or raylight.FSDP(...), got {name!r}")
+    return value
+
+
 MAX_WORKERS = 100_000
 MAX_RESOURCE = 1_000_000.0  # of one resource for one worker
 
@@ -169,9 +178,7 @@ class ScalingConfig(ConfigModel):
     @field_validator("strategy", mode="before")
     @classmethod
     def _check_strategy_name(cls, value: object) -> object:
-        if isinstance(value, str) and value not in STRATEGIES:
-            raise ValueError(f"must be one of {list(STRATEGIES)} or raylight.FSDP(...), got {value!r}")
-        return value
+        return check_strategy_name(value)
 
     @field_validator("num_workers")
     @classmethod

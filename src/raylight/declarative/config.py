@@ -25,7 +25,13 @@ from pydantic import (
 from pydantic_core import to_jsonable_python
 
 from raylight.config.base import ConfigModel
-from raylight.config.schema import MAX_WORKERS, AdaptiveConfig, StrategyName, check_resources
+from raylight.config.schema import (
+    MAX_WORKERS,
+    AdaptiveConfig,
+    StrategySetting,
+    check_resources,
+    check_strategy_name,
+)
 from raylight.declarative.features import FEATURES
 from raylight.declarative.features.base import MAX_WIDTH, FeatureModel
 from raylight.declarative.hyperopt_config import HyperoptConfig
@@ -137,9 +143,32 @@ class ProcessorConfig(ConfigModel):
     type: Literal["ray_data", "pandas"] = Field("ray_data", description="Where preprocessing runs (ray backend).")
 
 
+def strategy_from_ludwig(value: Any) -> Any:
+    """``backend.trainer.strategy`` in raylight's terms: Ludwig names the strategy of a
+    mapping with ``type:`` (``{type: fsdp}``), raylight's options models with ``name:``;
+    a mapping with no options is the name alone."""
+    if not isinstance(value, dict) or "type" not in value:
+        return check_strategy_name(value)
+    if "name" in value:
+        raise ValueError("give the strategy's name once: `type:` (Ludwig's spelling) or `name:`, not both")
+    options = {k: v for k, v in value.items() if k != "type"}
+    name = value["type"]
+    if name == "horovod":
+        raise ValueError("strategy horovod is not available; use ddp, fsdp or deepspeed")
+    check_strategy_name(name)
+    if not options or name == "ddp":
+        if options:
+            raise ValueError(f"strategy ddp takes no options; got {sorted(options)}")
+        return name
+    return {"name": name, **options}
+
+
 class BackendTrainer(ConfigModel):
-    strategy: StrategyName = Field(
-        "ddp", description="ddp: every worker holds the model; fsdp: sharded (PyTorch FSDP2)."
+    strategy: StrategySetting = Field(
+        "ddp",
+        description="ddp: every worker holds the model; fsdp: sharded (PyTorch FSDP2). Or a "
+        "mapping naming the strategy with `type:` (Ludwig's spelling) or `name:`, and its "
+        "options, e.g. {type: fsdp, reshard_after_forward: false}.",
     )
     num_workers: int | None = Field(None, ge=1, le=MAX_WORKERS, description="Workers; default: what the cluster's CPUs (or GPUs) allow.")
     use_gpu: bool = Field(False, description="One GPU per worker.")
@@ -151,6 +180,11 @@ class BackendTrainer(ConfigModel):
     @classmethod
     def _check_resources(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         return check_resources(value)
+
+    @field_validator("strategy", mode="before")
+    @classmethod
+    def _ludwig_spelling(cls, value: Any) -> Any:
+        return strategy_from_ludwig(value)
 
     @model_validator(mode="after")
     def _check_bounds(self) -> BackendTrainer:
@@ -213,7 +247,8 @@ class ModelConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _check_strategy(self) -> ModelConfig:
-        t, strategy = self.backend.trainer, self.backend.trainer.strategy
+        t, setting = self.backend.trainer, self.backend.trainer.strategy
+        strategy = setting if isinstance(setting, str) else setting.name
         if strategy in ("ddp", "fsdp"):  # both run adaptive and elastic
             return self
         if self.trainer.batch_size == "auto" or self.trainer.adaptive is not None:
