@@ -6,6 +6,7 @@ from raylight.checkpoint import Checkpoint
 from raylight.config import (
     FSDP,
     AdaptiveConfig,
+    DeepSpeed,
     FailureConfig,
     RunConfig,
     ScalingConfig,
@@ -59,6 +60,7 @@ __all__ = [
     "Checkpoint",
     "ClusterConnectionError",
     "ConfigError",
+    "DeepSpeed",
     "FailureConfig",
     "InsufficientResourcesError",
     "RaylightError",

@@ -14,6 +14,7 @@ from raylight.checkpoint import Checkpoint
 from raylight.config import (
     FSDP,
     AdaptiveConfig,
+    DeepSpeed,
     FailureConfig,
     RunConfig,
     ScalingConfig,
@@ -348,7 +349,7 @@ def fit(
     use_gpu: bool = False,
     resources_per_worker: dict[str, float] | None = None,
     placement: str = "PACK",
-    strategy: str | FSDP = "ddp",
+    strategy: str | FSDP | DeepSpeed = "ddp",
     storage_path: str | None = None,
     name: str | None = None,
     max_failures: int = 0,
@@ -362,7 +363,8 @@ def fit(
     in ``TrainerConfig`` (``scaling``, ``run``, ``failure``, ``adaptive``).
     ``num_workers=0`` runs the loop in this process without Ray; ``(min, max)`` makes the
     job elastic. ``adaptive=AdaptiveConfig(...)`` chooses batch size and learning rate
-    online. ``strategy`` is ``"ddp"`` (default), ``"fsdp"`` or ``FSDP(...)`` (sharded).
+    online. ``strategy`` is ``"ddp"`` (default), ``"fsdp"``, ``"deepspeed"``, ``FSDP(...)`` or
+    ``DeepSpeed(...)`` (sharded).
     ``progress=False`` is quiet mode.
     """
     settings = dict(

@@ -3,6 +3,7 @@
 from raylight.config.schema import (
     FSDP,
     AdaptiveConfig,
+    DeepSpeed,
     FailureConfig,
     RunConfig,
     ScalingConfig,
@@ -13,6 +14,7 @@ from raylight.config.validation import format_validation_error, validate
 __all__ = [
     "FSDP",
     "AdaptiveConfig",
+    "DeepSpeed",
     "FailureConfig",
     "RunConfig",
     "ScalingConfig",
