@@ -239,6 +239,10 @@ class TrainContext:
             sync.ready = True
             if not self._plan_given:
                 sync.plan = BatchPlan(loader.init_batch_size // self.world_size, 0, sync.plan.version)
+        if sync is not None or not self._loaders:  # the training loader (as in batch_size)
+            self._strategy.set_batch_layout(
+                micro_batch=loader.local_batch_size, accumulation=loader.plan.accum_steps + 1
+            )
         restored = self._restored.get("loaders", [])
         if len(self._loaders) < len(restored):
             loader.load_state_dict(restored[len(self._loaders)])

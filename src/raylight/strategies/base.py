@@ -73,6 +73,14 @@ class Strategy(Protocol):
         a plain one. Every rank calls it with the same structure."""
         ...
 
+    def set_batch_layout(self, *, micro_batch: int, accumulation: int) -> None:
+        """The training loader's layout: each batch it yields holds ``micro_batch``
+        samples per worker, and ``accumulation`` of them make one optimizer step (1 without
+        an accumulating adaptive plan). ``TrainContext.prepare_loader`` tells it; a strategy
+        whose engine needs the batch (DeepSpeed's batch fields) keeps it, DDP and FSDP
+        ignore it."""
+        ...
+
 
 def backend_for(use_gpu: bool) -> str:
     return "nccl" if use_gpu else "gloo"

@@ -51,6 +51,9 @@ class DDPStrategy:
     def full_state(self, state: Any) -> Any:
         return state  # every replica holds the whole model
 
+    def set_batch_layout(self, *, micro_batch: int, accumulation: int) -> None:
+        pass  # DDP needs no batch settings
+
     def checkpoint_format(self, world_size: int) -> CheckpointFormat:
         return "full"
 

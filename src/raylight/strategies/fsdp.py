@@ -184,6 +184,9 @@ class FSDPStrategy:
     def full_state(self, state: Any) -> Any:
         return full_tensors(state)
 
+    def set_batch_layout(self, *, micro_batch: int, accumulation: int) -> None:
+        pass  # FSDP needs no batch settings
+
     def checkpoint_format(self, world_size: int) -> CheckpointFormat:
         return "sharded" if world_size > 1 and self.options.checkpoint == "sharded" else "full"
 
