@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from raylight.config.schema import FSDP
+from raylight.config.schema import FSDP, DeepSpeed
 from raylight.strategies.base import Strategy
 from raylight.strategies.ddp import DDPStrategy
+from raylight.strategies.deepspeed import DeepSpeedStrategy  # imports deepspeed only when used
 from raylight.strategies.fsdp import FSDPStrategy
 
 
@@ -15,10 +16,14 @@ def _fsdp(options: Any) -> Strategy:
     return FSDPStrategy(options if isinstance(options, FSDP) else None)
 
 
-_STRATEGIES: dict[str, Any] = {"ddp": lambda _: DDPStrategy(), "fsdp": _fsdp}
+def _deepspeed(options: Any) -> Strategy:
+    return DeepSpeedStrategy(options if isinstance(options, DeepSpeed) else None)
 
 
-def build_strategy(spec: str | FSDP) -> Strategy:
+_STRATEGIES: dict[str, Any] = {"ddp": lambda _: DDPStrategy(), "fsdp": _fsdp, "deepspeed": _deepspeed}
+
+
+def build_strategy(spec: str | FSDP | DeepSpeed) -> Strategy:
     """The strategy for a ``ScalingConfig.strategy`` value: a name or an options object."""
     name = spec if isinstance(spec, str) else spec.name
     try:
@@ -28,4 +33,4 @@ def build_strategy(spec: str | FSDP) -> Strategy:
     return make(spec)
 
 
-__all__ = ["DDPStrategy", "FSDPStrategy", "Strategy", "build_strategy"]
+__all__ = ["DDPStrategy", "DeepSpeedStrategy", "FSDPStrategy", "Strategy", "build_strategy"]
