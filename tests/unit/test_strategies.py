@@ -5,10 +5,10 @@ import pytest
 import torch
 from torch import nn
 
-from raylight.config import FSDP, AdaptiveConfig, ScalingConfig, TrainerConfig, validate
+from raylight.config import FSDP, AdaptiveConfig, DeepSpeed, ScalingConfig, TrainerConfig, validate
 from raylight.declarative.config import ModelConfig
 from raylight.exceptions import ConfigError
-from raylight.strategies import DDPStrategy, FSDPStrategy, build_strategy
+from raylight.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, build_strategy
 from raylight.strategies.fsdp import shard_blocks
 
 
@@ -32,7 +32,11 @@ def test_names_and_options_build_their_strategy():
     fsdp = build_strategy(FSDP(reshard_after_forward=False, blocks=("Block",)))
     assert isinstance(fsdp, FSDPStrategy) and fsdp.options.blocks == ("Block",)
     assert fsdp.options.reshard_after_forward is False
-    with pytest.raises(ValueError, match=r"unknown strategy 'zero'; choose one of \['ddp', 'fsdp'\]"):
+    deepspeed = build_strategy(DeepSpeed(stage=3, offload_params=True))
+    assert isinstance(deepspeed, DeepSpeedStrategy) and deepspeed.options.offload_params
+    assert isinstance(build_strategy("deepspeed"), DeepSpeedStrategy)
+    assert build_strategy("deepspeed").options == DeepSpeed(stage=2)
+    with pytest.raises(ValueError, match=r"unknown strategy 'zero'; choose one of \['ddp', 'deepspeed', 'fsdp'\]"):
         build_strategy("zero")
 
 
@@ -152,3 +156,134 @@ def test_declarative_strategy_errors_name_the_key(spelled, message):
     cfg["backend"]["trainer"]["strategy"] = spelled
     with pytest.raises(ConfigError, match=message):
         validate(ModelConfig, cfg)
+# -- DeepSpeed's options and its JSON config --------------------------------------------
+def _scaling(strategy, **kwargs):
+    return validate(ScalingConfig, {"num_workers": 2, "strategy": strategy, **kwargs})
+
+
+def test_deepspeed_names_and_options():
+    assert ScalingConfig(strategy="deepspeed").strategy_name == "deepspeed"
+    options = _scaling({"name": "deepspeed", "stage": 3, "offload_params": True}).strategy
+    assert isinstance(options, DeepSpeed) and options.stage == 3
+    assert _scaling(DeepSpeed(stage=1)).strategy == DeepSpeed(stage=1)
+    assert DeepSpeed().stage == 2 and DeepSpeed().checkpoint == "sharded"
+    with pytest.raises(ConfigError) as err:
+        validate(ScalingConfig, {"strategy": "zero3"})
+    assert "'deepspeed'" in str(err.value) and "raylight.DeepSpeed(...)" in str(err.value)
+    with pytest.raises(ConfigError, match=r"strategy\.deepspeed\.stage"):
+        _scaling({"name": "deepspeed", "stage": 4})
+    with pytest.raises(ConfigError, match=r"offload_params needs stage=3.*got stage=2"):
+        _scaling({"name": "deepspeed", "offload_params": True})
+    with pytest.raises(ConfigError, match=r"strategy\.deepspeed\.offload: unknown key"):
+        _scaling({"name": "deepspeed", "offload": True})
+    with pytest.raises(ConfigError, match=r"num_workers=0 runs the loop in this process.*num_workers >= 1"):
+        validate(ScalingConfig, {"num_workers": 0, "strategy": "deepspeed"})
+
+
+def test_deepspeed_json_fills_the_options_left_unset_and_must_agree_with_the_rest(tmp_path):
+    zero3 = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}
+    options = DeepSpeed(config=zero3)
+    assert (options.stage, options.offload_optimizer, options.offload_params) == (3, True, False)
+    path = tmp_path / "ds.json"
+    path.write_text('{"zero_optimization": {"stage": 1}, "gradient_clipping": 1.0}')
+    from_file = _scaling({"name": "deepspeed", "config": str(path)}).strategy
+    assert from_file.stage == 1 and from_file.config == {"zero_optimization": {"stage": 1}, "gradient_clipping": 1.0}
+    assert validate(ScalingConfig, ScalingConfig(num_workers=2, strategy=from_file).model_dump()).strategy == from_file
+    with pytest.raises(ConfigError, match=r"stage=2 but config zero_optimization\.stage gives 3"):
+        _scaling({"name": "deepspeed", "stage": 2, "config": zero3})
+    with pytest.raises(ConfigError, match=r"offload_optimizer=False but config zero_optimization\.offload_optimizer\.device gives True"):
+        _scaling({"name": "deepspeed", "offload_optimizer": False, "config": zero3})
+    with pytest.raises(ConfigError, match=r"offload_params needs stage=3"):
+        _scaling({"name": "deepspeed", "config": {"zero_optimization": {"offload_param": {"device": "cpu"}}}})
+    with pytest.raises(ConfigError, match=r"cannot read the DeepSpeed config file '.*missing\.json'"):
+        _scaling({"name": "deepspeed", "config": str(tmp_path / "missing.json")})
+    (tmp_path / "bad.json").write_text("{stage: 2}")
+    with pytest.raises(ConfigError, match=r"bad\.json' is not valid JSON"):
+        _scaling({"name": "deepspeed", "config": str(tmp_path / "bad.json")})
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"optimizer": {"type": "AdamW"}}, r"config optimizer: raylight's loop builds the optimizer"),
+        ({"scheduler": {"type": "WarmupLR"}}, r"remove the 'scheduler' section"),
+        ({"train_batch_size": 0}, r"config train_batch_size must be 'auto' or a positive integer, got 0"),
+        ({"gradient_accumulation_steps": "2"}, r"gradient_accumulation_steps must be 'auto' or a positive integer"),
+        ({"zero_optimization": {"stage": 0}}, r"zero_optimization\.stage must be 1, 2 or 3, got 0 \(stage 0 is plain data parallelism: use strategy 'ddp'\)"),
+        ({"zero_optimization": {"offload_optimizer": {"device": "gpu"}}}, r"offload_optimizer\.device must be one of \['none', 'cpu', 'nvme'\]"),
+        ({"zero_optimization": {"reduce_bucket_size": "auto"}}, r"config zero_optimization\.reduce_bucket_size is 'auto': raylight fills only"),
+        ({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 8}, r"train_batch_size=30, train_micro_batch_size_per_gpu=8.*num_workers=2"),
+        ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1}, r"does not fit num_workers=2"),
+    ],
+)
+def test_deepspeed_json_errors_name_the_key(config, message):
+    with pytest.raises(ConfigError, match=message):
+        _scaling({"name": "deepspeed", "config": config})
+
+
+def test_deepspeed_json_batch_fields_that_fit_pass():
+    for config in (
+        {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"},
+        {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8},  # 2 accumulation steps
+        {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2},
+        {"train_micro_batch_size_per_gpu": 8},
+    ):
+        assert _scaling({"name": "deepspeed", "config": config}).strategy.config == config
+
+
+def test_deepspeed_sharded_checkpoints_and_refused_combinations():
+    assert _scaling("deepspeed").sharded_checkpoints
+    assert not _scaling(DeepSpeed(checkpoint="full")).sharded_checkpoints
+    assert not validate(ScalingConfig, {"num_workers": 1, "strategy": "deepspeed"}).sharded_checkpoints
+    with pytest.raises(ValueError, match=r"scaling\.strategy 'deepspeed' runs with a fixed number of workers"):
+        TrainerConfig(scaling=ScalingConfig(num_workers=2, strategy="deepspeed"), adaptive=AdaptiveConfig())
+    with pytest.raises(ValueError, match=r"adaptive=\.\.\. and num_workers=\(min, max\) need strategy"):
+        TrainerConfig(scaling=ScalingConfig(num_workers=(1, 2), strategy=DeepSpeed()))
+    cfg = _declarative(batch_size="auto")
+    cfg["backend"]["trainer"]["strategy"] = {"type": "deepspeed", "stage": 3}
+    with pytest.raises(ValueError, match=r"backend\.trainer\.strategy: deepspeed trains with a fixed batch"):
+        ModelConfig.model_validate(cfg)
+    cfg["trainer"]["batch_size"] = 64
+    assert ModelConfig.model_validate(cfg).backend.trainer.strategy == DeepSpeed(stage=3)
+
+
+def test_deepspeed_batch_fields_are_filled_from_the_loader_or_checked_against_it():
+    from raylight.strategies.deepspeed import accumulation_steps, resolve_batch
+
+    auto = {"train_batch_size": "auto"}
+    assert accumulation_steps(auto, world_size=2) == 1
+    assert accumulation_steps({"gradient_accumulation_steps": 4}, world_size=2) == 4
+    assert accumulation_steps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 8}, world_size=2) == 4
+    # before the loader: a placeholder micro-batch, or what the config implies
+    assert resolve_batch(auto, world_size=2, steps=1, micro_batch=None) == {
+        "train_batch_size": 2, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1}
+    assert resolve_batch({"train_batch_size": 64}, world_size=2, steps=1, micro_batch=None)["train_micro_batch_size_per_gpu"] == 32
+    # prepare_loader(batch_size=64) over 2 workers: 32 samples a worker a batch
+    assert resolve_batch(auto, world_size=2, steps=1, micro_batch=32) == {
+        "train_batch_size": 64, "train_micro_batch_size_per_gpu": 32, "gradient_accumulation_steps": 1}
+    # DeepSpeed's own accumulation: the loader's batch is one micro-step
+    assert resolve_batch({"train_batch_size": 64, "gradient_accumulation_steps": 2}, world_size=2, steps=2, micro_batch=16)["train_batch_size"] == 64
+    with pytest.raises(ValueError, match=r"train_micro_batch_size_per_gpu=8, but the training loader \(prepare_loader\(batch_size=64\) over 2 workers\) gives each worker 32 samples"):
+        resolve_batch({"train_micro_batch_size_per_gpu": 8}, world_size=2, steps=1, micro_batch=32)
+    with pytest.raises(ValueError, match=r"train_batch_size=64, but 16 samples a batch x 1 accumulation steps x 2 workers make 32.*batch_size=64"):
+        resolve_batch({"train_batch_size": 64}, world_size=2, steps=1, micro_batch=16)
+    with pytest.raises(ValueError, match=r"gradient_accumulation_steps is 1, but .* accumulates 3 of them"):
+        resolve_batch(auto, world_size=2, steps=1, micro_batch=4, accumulation=3)
+    with pytest.raises(ValueError, match=r"train_batch_size=30 is not a multiple of train_micro_batch_size_per_gpu=8 x 2 workers"):
+        accumulation_steps({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 8}, world_size=2)
+
+
+def test_deepspeed_engine_config_takes_the_user_json_and_raylight_fields():
+    from raylight.strategies.deepspeed import engine_config
+
+    options = DeepSpeed(config={"zero_optimization": {"stage": 3, "overlap_comm": True}, "gradient_clipping": 1.0}, offload_params=True)
+    batch = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 32, "gradient_accumulation_steps": 1}
+    config = engine_config(options, batch, client_cpu_optimizer=False)
+    assert config["zero_optimization"] == {"stage": 3, "overlap_comm": True, "offload_param": {"device": "cpu"}}
+    assert config["gradient_clipping"] == 1.0 and config["train_batch_size"] == 64
+    assert "zero_force_ds_cpu_optimizer" not in config, "nothing offloaded to step on the CPU"
+    assert options.config == {"zero_optimization": {"stage": 3, "overlap_comm": True}, "gradient_clipping": 1.0}, "not mutated"
+    offload = engine_config(DeepSpeed(offload_optimizer=True), batch, client_cpu_optimizer=False)
+    assert offload["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
+    assert offload["zero_force_ds_cpu_optimizer"] is False, "torch's optimizers are allowed on offloaded state"
+    assert "zero_force_ds_cpu_optimizer" not in engine_config(DeepSpeed(offload_optimizer=True), batch, client_cpu_optimizer=True)
