@@ -45,7 +45,9 @@ def make_model() -> nn.Module:
 def global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(step)
     x = torch.randn(GLOBAL_BATCH, 8, generator=gen)
-    return x, torch.stack([x.sum(1).sin(), x[:, 0], x[:, 1] * x[:, 2]], 1)
+    # targets large enough that the gradient norm is above 1: DeepSpeed's default clipping
+    # at 1.0 (which raylight turns off) would show
+    return x, 4 * torch.stack([x.sum(1).sin(), x[:, 0], x[:, 1] * x[:, 2]], 1)
 
 
 def mine(rank: int, world: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -281,6 +281,8 @@ def test_deepspeed_engine_config_takes_the_user_json_and_raylight_fields():
     config = engine_config(options, batch, client_cpu_optimizer=False)
     assert config["zero_optimization"] == {"stage": 3, "overlap_comm": True, "offload_param": {"device": "cpu"}}
     assert config["gradient_clipping"] == 1.0 and config["train_batch_size"] == 64
+    assert engine_config(DeepSpeed(), batch, client_cpu_optimizer=False)["gradient_clipping"] == 0.0, (
+        "DeepSpeed's default (1.0) would make the loop train differently than under DDP")
     assert "zero_force_ds_cpu_optimizer" not in config, "nothing offloaded to step on the CPU"
     assert options.config == {"zero_optimization": {"stage": 3, "overlap_comm": True}, "gradient_clipping": 1.0}, "not mutated"
     offload = engine_config(DeepSpeed(offload_optimizer=True), batch, client_cpu_optimizer=False)

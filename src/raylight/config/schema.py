@@ -107,8 +107,10 @@ class DeepSpeed(ConfigModel):
         "run is configured and kept as its contents). train_batch_size, "
         "train_micro_batch_size_per_gpu and gradient_accumulation_steps may be 'auto' (or "
         "absent): raylight fills them from the training loader; numbers are checked against "
-        "it. The optimizer is built in the loop and passed to ctx.prepare_optimizer, so "
-        "'optimizer' and 'scheduler' sections are refused.",
+        "it. gradient_clipping defaults to 0 (off; DeepSpeed's own default is 1.0), so the "
+        "loop learns what it learns under DDP; set it to clip. The optimizer is built in the "
+        "loop and passed to ctx.prepare_optimizer, so 'optimizer' and 'scheduler' sections "
+        "are refused.",
     )
     checkpoint: Literal["sharded", "full"] = Field(
         "sharded",

@@ -148,10 +148,14 @@ def resolve_batch(
 
 
 def engine_config(options: DeepSpeed, batch: dict[str, int], *, client_cpu_optimizer: bool) -> dict[str, Any]:
-    """The config ``deepspeed.initialize`` gets: the user's, with raylight's batch fields
-    and the options' ZeRO settings (which the user's config already agrees with)."""
+    """The config ``deepspeed.initialize`` gets: the user's, with raylight's batch fields,
+    the options' ZeRO settings (which the user's config already agrees with) and no
+    gradient clipping unless it asks for some."""
     config = copy.deepcopy(options.config_dict)
     config.update(batch)
+    # DeepSpeed clips the gradient norm to 1.0 unless told otherwise; raylight's strategies
+    # change how the model is held, not what it learns, so clipping is the config's choice.
+    config.setdefault("gradient_clipping", 0.0)
     zero = config.setdefault("zero_optimization", {})
     zero["stage"] = options.stage
     for wanted, section in ((options.offload_optimizer, "offload_optimizer"), (options.offload_params, "offload_param")):
