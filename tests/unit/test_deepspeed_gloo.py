@@ -147,6 +147,16 @@ def trainer(rank: int, port: int, directory: str, queue) -> None:
             train(model, opt, rank, 2, range(STEPS), sched)
             out[f"zero{stage}"] = snapshot(strategy, model, opt)["params"]
 
+        # torch's SGD (with momentum: per-element state), which DeepSpeed calls untested
+        def sgd(params, lr):
+            return torch.optim.SGD(params, lr=lr * 10, momentum=0.9)
+
+        for name, strategy in (("sgd_ddp", DDPStrategy()), ("sgd_zero2", deepspeed(2))):
+            model, opt = prepared(context(rank, 2, strategy), sgd)
+            train(model, opt, rank, 2, range(STEPS))
+            out[name] = strategy.full_state(strategy.objects_state({"model": model}))["model"]
+            out[name] = {k: v.reshape(-1).tolist() for k, v in out[name].items()}
+
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
         for name, optimizer in (("offload_cpu_adam", DeepSpeedCPUAdam), ("offload_torch_adam", torch.optim.Adam)):
@@ -281,6 +291,13 @@ def test_zero_stages_train_like_ddp(trained):
     assert zero["partitioned"] and not any(zero["partitioned"]), "ZeRO-3 holds placeholders, not parameters"
     # the training loader filled the batch fields: 12 samples a worker, no accumulation
     assert zero["batch"] == (12, 24, 1)
+
+
+def test_torch_sgd_with_momentum_trains_like_ddp(trained):
+    zero = trained["ranks"][0]
+    # SGD moves each weight by lr x its (momentum-averaged) gradient, so rounding in the
+    # gradient stays rounding: 1e-6 is far above it, far below a step (lr 1e-2 x O(1))
+    close(zero["sgd_zero2"], zero["sgd_ddp"], 1e-6)
 
 
 def test_offloaded_optimizer_trains_like_ddp(trained):

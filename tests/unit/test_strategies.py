@@ -289,3 +289,7 @@ def test_deepspeed_engine_config_takes_the_user_json_and_raylight_fields():
     assert offload["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
     assert offload["zero_force_ds_cpu_optimizer"] is False, "torch's optimizers are allowed on offloaded state"
     assert "zero_force_ds_cpu_optimizer" not in engine_config(DeepSpeed(offload_optimizer=True), batch, client_cpu_optimizer=True)
+    assert engine_config(DeepSpeed(), batch, client_cpu_optimizer=False, elementwise=True)["zero_allow_untested_optimizer"]
+    assert "zero_allow_untested_optimizer" not in engine_config(DeepSpeed(), batch, client_cpu_optimizer=False)
+    own = DeepSpeed(config={"zero_allow_untested_optimizer": False})
+    assert not engine_config(own, batch, client_cpu_optimizer=False, elementwise=True)["zero_allow_untested_optimizer"]

@@ -147,10 +147,22 @@ def resolve_batch(
     return {"train_batch_size": micro * steps * world_size, "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": steps}
 
 
-def engine_config(options: DeepSpeed, batch: dict[str, int], *, client_cpu_optimizer: bool) -> dict[str, Any]:
+# torch's optimizers that update each element from its own gradient and state alone, so
+# stepping them on ZeRO's flat partitions is exact; DeepSpeed lists only some as tested.
+ELEMENTWISE = (
+    torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adamax, torch.optim.NAdam,
+    torch.optim.RAdam, torch.optim.RMSprop, torch.optim.Adagrad, torch.optim.Adadelta, torch.optim.ASGD,
+    torch.optim.Rprop,
+)
+
+
+def engine_config(
+    options: DeepSpeed, batch: dict[str, int], *, client_cpu_optimizer: bool, elementwise: bool = False
+) -> dict[str, Any]:
     """The config ``deepspeed.initialize`` gets: the user's, with raylight's batch fields,
-    the options' ZeRO settings (which the user's config already agrees with) and no
-    gradient clipping unless it asks for some."""
+    the options' ZeRO settings (which the user's config already agrees with), no gradient
+    clipping unless it asks for some, and torch's elementwise optimizers (``ELEMENTWISE``,
+    ``elementwise``) allowed."""
     config = copy.deepcopy(options.config_dict)
     config.update(batch)
     # DeepSpeed clips the gradient norm to 1.0 unless told otherwise; raylight's strategies
@@ -161,6 +173,8 @@ def engine_config(options: DeepSpeed, batch: dict[str, int], *, client_cpu_optim
     for wanted, section in ((options.offload_optimizer, "offload_optimizer"), (options.offload_params, "offload_param")):
         if wanted and section not in zero:
             zero[section] = {"device": "cpu"}
+    if elementwise:  # e.g. torch.optim.SGD, which DeepSpeed would refuse as untested
+        config.setdefault("zero_allow_untested_optimizer", True)
     if options.offload_optimizer and not client_cpu_optimizer:
         # DeepSpeed refuses torch's optimizers on offloaded state unless told: they work,
         # DeepSpeedCPUAdam is faster (docs/strategies.md).
@@ -409,7 +423,9 @@ class DeepSpeedStrategy:
         from deepspeed.ops.lion import DeepSpeedCPULion
 
         cpu = isinstance(optimizer, DeepSpeedCPUAdam | DeepSpeedCPULion)
-        config = engine_config(self.options, self._resolve(), client_cpu_optimizer=cpu)
+        config = engine_config(
+            self.options, self._resolve(), client_cpu_optimizer=cpu, elementwise=type(optimizer) in ELEMENTWISE
+        )
         engine, _, _, _ = self._ds.initialize(model=self._module, optimizer=optimizer, config=config)
         return engine
 
