@@ -376,8 +376,8 @@ class DeepSpeedStrategy:
                 raise RuntimeError(
                     f"a DeepSpeed checkpoint was taken {done} micro-steps into an accumulation of "
                     f"{engine.gradient_accumulation_steps()}: its gradients so far would be lost; "
-                    "report checkpoints after the optimizer step "
-                    "(model.engine.is_gradient_accumulation_boundary() before opt.step())"
+                    "report checkpoints right after the opt.step() that ends an accumulation "
+                    "(every gradient_accumulation_steps batches)"
                 )
         out = torch_objects_state(others) if others else {}
         for key, value in ours.items():
@@ -588,9 +588,9 @@ class DeepSpeedStrategy:
         keys, scalars = self._state_keys()
         saved = state.get("param_groups", [])
         names = [[prefix + n for n in group] for group in self._groups]
+        order = [n for group in names for n in group]  # torch numbers them in this order
         given = [list(g.get("params", [])) for g in saved]
-        if numbered:  # torch numbers the parameters in group order
-            order = [n for group in names for n in group]
+        if numbered:
             given = [[order[i] if isinstance(i, int) and i < len(order) else i for i in g] for g in given]
         if given != names:
             raise ValueError(
@@ -599,7 +599,6 @@ class DeepSpeedStrategy:
             )
         by_name = state.get("state", {})
         if numbered:
-            order = [n for group in names for n in group]
             by_name = {order[i]: v for i, v in by_name.items()}
         extra = sorted({k for s in by_name.values() for k in s} - set(keys) - set(scalars))
         if extra:
