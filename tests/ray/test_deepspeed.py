@@ -1,6 +1,6 @@
 """DeepSpeed through raylight.fit on a real local Ray cluster (2 CPUs, gloo): ZeRO trains
 like one process, its sharded checkpoints survive a SIGKILLed worker and resume at another
-world size (and under ZeRO-3), the example runs; on GPUs, over NCCL."""
+world size (and under ZeRO-3), the example and a declarative config run; on GPUs, over NCCL."""
 
 from __future__ import annotations
 
@@ -85,6 +85,24 @@ def test_the_deepspeed_example_runs(ray_cluster, tmp_path):
     assert result.metrics["test_accuracy"] > 0.85
     assert result.checkpoint.sharded, "every worker wrote its shards"
     assert result.metrics["zero_stage"] == 2 and result.metrics["world_size"] == 2
+
+
+def test_a_declarative_config_trains_under_zero2(ray_cluster, tmp_path):
+    import pandas as pd
+
+    from raylight.declarative import api
+    from raylight.declarative.loading import load_config
+    from tests.declarative_data import CONFIG, write
+
+    config = CONFIG.replace(
+        "backend: {type: local}",
+        "backend: {type: ray, processor: {type: pandas}, trainer: {strategy: {type: deepspeed, stage: 2}, num_workers: 2}}",
+    )
+    cfg, data = write(tmp_path, fmt="parquet", config=config)
+    out = api.train(load_config(cfg), data, output_directory=str(tmp_path / "run"), progress=False)
+    assert out["backend"] == "ray" and out["evaluation"]["test"]["accuracy"] > 0.6
+    predicted = raylight.load_model(str(tmp_path / "run" / "model")).predict(pd.read_parquet(data))
+    assert len(predicted) > 0, "the model from the raw state dicts predicts"
 
 
 @pytest.mark.gpu

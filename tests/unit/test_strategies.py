@@ -244,7 +244,10 @@ def test_deepspeed_sharded_checkpoints_and_refused_combinations():
     with pytest.raises(ValueError, match=r"backend\.trainer\.strategy: deepspeed trains with a fixed batch"):
         ModelConfig.model_validate(cfg)
     cfg["trainer"]["batch_size"] = 64
-    assert ModelConfig.model_validate(cfg).backend.trainer.strategy == DeepSpeed(stage=3)
+    with pytest.raises(ValueError, match=r"deepspeed stage 3 is not available in declarative configs.*stage 1 or 2"):
+        ModelConfig.model_validate(cfg)
+    cfg["backend"]["trainer"]["strategy"] = {"type": "deepspeed", "stage": 2}
+    assert ModelConfig.model_validate(cfg).backend.trainer.strategy == DeepSpeed(stage=2)
 
 
 def test_deepspeed_batch_fields_are_filled_from_the_loader_or_checked_against_it():

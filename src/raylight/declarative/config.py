@@ -261,6 +261,13 @@ class ModelConfig(ConfigModel):
                 f"backend.trainer.strategy: {strategy} runs a fixed number of workers: set "
                 "backend.trainer.num_workers instead of min_workers/max_workers, or use strategy: ddp"
             )
+        if getattr(setting, "stage", None) == 3:
+            # The declarative loop checkpoints raw state dicts; ZeRO-3's are placeholders.
+            raise ValueError(
+                "backend.trainer.strategy: deepspeed stage 3 is not available in declarative "
+                "configs (their checkpoints are state dicts, which ZeRO-3 partitions away); use "
+                "stage 1 or 2, or strategy: fsdp"
+            )
         return self
 
 
