@@ -431,7 +431,7 @@ API_CASES = [
     ApiCase("api-loop-not-callable", "raylight.fit(5, num_workers=0, storage_path='{tmp}/runs')", "TypeError", ["train_loop must be callable"]),
     ApiCase("api-hang-timeout-inf", "raylight.FailureConfig(hang_timeout_s=float('inf'))", "ValidationError", ["hang_timeout_s", "finite"]),
     ApiCase("api-batch-bounds", "raylight.AdaptiveConfig(local_batch_bounds=(0, 4))", "ValidationError", ["local_batch_bounds", "needs 1 <= min <= max"]),
-    ApiCase("api-strategy-unknown", FIT + "num_workers=1, strategy='zero3')", "ConfigError", ["strategy: must be one of ['ddp', 'fsdp']", "'zero3'"]),
+    ApiCase("api-strategy-unknown", FIT + "num_workers=1, strategy='zero3')", "ConfigError", ["strategy: must be one of ['ddp', 'fsdp', 'deepspeed']", "'zero3'"]),
     ApiCase("api-strategy-option", FIT + "num_workers=1, strategy=dict(name='fsdp', mixed_precision='fp8'))", "ConfigError", ["strategy.fsdp.mixed_precision", "'fp8'"]),
     ApiCase("api-fsdp-memory-storage", "raylight.fit(loop, storage_path='memory://runs', progress=False, num_workers=2, strategy='fsdp')", "ConfigError", ["memory://runs", "checkpoint shards", "checkpoint='full'"]),
     ApiCase("api-threads-zero", "raylight.ScalingConfig(threads_per_worker=0)", "ValidationError", ["threads_per_worker"]),

@@ -331,7 +331,7 @@ class RunRecorder:
                     f"the workers wrote sharded checkpoint {report.sharded_index} but the run's "
                     f"next checkpoint is {index}"
                 )
-            path = self.storage.commit_sharded(index, report.checkpoint or b"", meta)
+            path, meta = self.storage.commit_sharded(index, report.checkpoint or b"", meta)
         else:
             path = self.storage.commit_checkpoint(index, report.checkpoint or b"", meta)
         self.latest = Checkpoint(path, metadata=meta, data=report.checkpoint)

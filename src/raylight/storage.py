@@ -315,9 +315,10 @@ class RunStorage:
             write_committed(self.fs, final, [(STATE_FILE, state)], (META_FILE, meta_bytes))
         return self.uri_of(f"{CHECKPOINTS}/{name}")
 
-    def commit_sharded(self, index: int, state: bytes, meta: dict[str, Any]) -> str:
+    def commit_sharded(self, index: int, state: bytes, meta: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """Commit checkpoint ``index``, whose tensors the workers already wrote into its
-        directory (torch's distributed checkpoint, manifest last), and return its URI.
+        directory (torch's distributed checkpoint, manifest last), and return its URI and
+        the metadata committed (``meta`` with the format and the shard files' sizes).
 
         Checks that the manifest and every shard file it names are there, as this process
         sees the storage; removes anything else in the directory (what an attempt at this
@@ -350,7 +351,7 @@ class RunStorage:
             _fsync_dir(self._p(CHECKPOINTS))
         else:
             write_committed(self.fs, self._p(rel), [(STATE_FILE, state)], (META_FILE, meta_bytes))
-        return uri
+        return uri, meta
 
     def _file_sizes(self, rel: str) -> dict[str, int]:
         """Name -> size of the files directly inside ``rel`` (none if it does not exist)."""

@@ -258,7 +258,7 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("run")
     storage = RunStorage(str(root))
     ranks = run_gloo_ranks(trainer, f"{root}/checkpoints", timeout_s=360)
-    uri = storage.commit_sharded(0, ranks[0]["zero3_data"], {"index": 0})
+    uri, _ = storage.commit_sharded(0, ranks[0]["zero3_data"], {"index": 0})
     return {"ranks": ranks, "uri": uri, "data": ranks[0]["zero3_data"]}
 
 

@@ -152,7 +152,8 @@ def written(tmp_path_factory):
     directory = f"{root}/checkpoints"
     ranks = run_gloo_ranks(writer, directory, timeout_s=150)
     data, index = ranks[0]["report"]
-    uri = storage.commit_sharded(index, data, {"index": index})
+    uri, meta = storage.commit_sharded(index, data, {"index": index})
+    assert meta["format"] == "sharded" and meta["index"] == index
     return {"ranks": ranks, "storage": storage, "uri": uri, "data": data, "index": index}
 
 
