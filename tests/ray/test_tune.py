@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 pytest.importorskip("ray.tune")
 
@@ -21,7 +22,7 @@ import raylight.tune as rt
 from raylight.declarative.loading import load_config
 from raylight.exceptions import InsufficientResourcesError
 from tests.conftest import REPO
-from tests.ray.tune_loops import long_loop, offset_loop, pbt_loop
+from tests.ray.tune_loops import long_loop, offset_loop, pbt_loop, sharded_loop
 
 sys.path.insert(0, os.path.join(REPO, "examples", "declarative"))
 from make_datasets import write_all
@@ -68,6 +69,36 @@ def test_pbt_restores_checkpoints(ray_cluster, tmp_path):
     for row in restored:
         assert row["restored_score"] == row["restored_epoch"] + 1.0 > 0, row
         assert row["start_epoch"] == row["restored_epoch"] + 1, row
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "deepspeed"])
+def test_a_sharded_trial_fails_once_resumes_from_its_tune_checkpoint_and_ends_equal(ray_cluster, tmp_path, strategy):
+    """A 2-worker trial under each sharded strategy: every report's sharded checkpoint goes
+    to Tune (shards and all); the trial fails once, Tune restarts it from that checkpoint
+    (resharded into the new workers) and it ends where one plain process does."""
+    if strategy == "deepspeed":
+        pytest.importorskip("deepspeed")
+    from raylight.tune.trial import from_tune_checkpoint
+    from tests.ray import deepspeed_loops as ds
+
+    trainable = rt.trainable(
+        sharded_loop, num_workers=2, strategy=strategy,
+        base_config={"epochs": ds.EPOCHS, "fail_after": 2, "marker": str(tmp_path / "marker")},
+    )
+    run = tune.RunConfig(
+        storage_path=str(tmp_path / "tune"), name=strategy, verbose=0,
+        failure_config=tune.FailureConfig(max_failures=1),
+    )
+    grid = tune.Tuner(trainable, run_config=run).fit()
+    assert not grid.errors and (tmp_path / "marker").exists()
+    (result,) = grid
+    rows = _reported(result)
+    assert max(row["start"] for row in rows) >= 2, f"the trial never resumed from a checkpoint: {rows}"
+    restored = from_tune_checkpoint(result.checkpoint)
+    assert restored.sharded and restored.load()["epoch"] == ds.EPOCHS - 1
+    got, want = restored.load()["model"], ds.reference()
+    for key in want:  # the one-process reference; 1e-5 as in tests/ray/test_deepspeed.py
+        assert torch.allclose(got[key].float(), want[key], atol=1e-5, rtol=0), key
 
 
 def test_time_budget_stops_search(ray_cluster, tmp_path):

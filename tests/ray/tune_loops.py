@@ -111,3 +111,33 @@ def fit_inside_placement_group(num_workers):
     except raylight.InsufficientResourcesError as exc:
         return str(exc)
     return None
+
+
+def sharded_loop(ctx, config):
+    """The README's object loop under any strategy (the DeepSpeed tests' model, data and
+    one-process reference): model and optimizer in the checkpoint every epoch. Rank 0
+    raises once after the report of epoch ``fail_after`` (a marker file says it did), so
+    Tune restarts the trial from its last checkpoint."""
+    import os
+
+    from tests.ray import deepspeed_loops as ds
+
+    model = ctx.prepare_model(ds.initial_model())
+    opt = ctx.prepare_optimizer(torch.optim.Adam(model.parameters(), lr=ds.LR))
+    rest = ctx.load_checkpoint({"model": model, "opt": opt})
+    start = rest["epoch"] + 1 if rest is not None else 0
+    loader = ctx.prepare_loader(ds.data(), batch_size=ds.BATCH, shuffle=True)
+    for epoch in range(start, config["epochs"]):
+        loader.set_epoch(epoch)
+        total = 0.0
+        for x, y in loader:
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            total += loss.item()
+        ctx.report({"epoch": epoch, "start": start, "loss": ctx.all_reduce(total)},
+                   checkpoint={"epoch": epoch, "model": model, "opt": opt})
+        if epoch == config["fail_after"] and ctx.rank == 0 and not os.path.exists(config["marker"]):
+            open(config["marker"], "w").close()
+            raise RuntimeError(f"failing once after epoch {epoch}")

@@ -296,3 +296,36 @@ def test_deepspeed_engine_config_takes_the_user_json_and_raylight_fields():
     assert "zero_allow_untested_optimizer" not in engine_config(DeepSpeed(), batch, client_cpu_optimizer=False)
     own = DeepSpeed(config={"zero_allow_untested_optimizer": False})
     assert not engine_config(own, batch, client_cpu_optimizer=False, elementwise=True)["zero_allow_untested_optimizer"]
+
+
+def test_declarative_deepspeed_takes_ludwigs_json_sections():
+    cfg = _declarative(batch_size=64)
+    cfg["backend"]["trainer"]["strategy"] = {
+        "type": "deepspeed",
+        # Ludwig's DEFAULT_ZERO_OPTIMIZATION leaves these to be resolved: raylight's defaults
+        "zero_optimization": {
+            "stage": "auto", "stage3_gather_16bit_weights_on_model_save": "auto",
+            "offload_optimizer": {"device": "auto"}, "offload_param": {"device": "auto"},
+            "reduce_bucket_size": 5e7,
+        },
+        "bf16": {"enabled": False},
+    }
+    got = ModelConfig.model_validate(cfg).backend.trainer.strategy
+    assert isinstance(got, DeepSpeed) and got.stage == 2 and not got.offload_optimizer
+    assert got.config_dict == {"zero_optimization": {"reduce_bucket_size": 5e7}, "bf16": {"enabled": False}}
+    cfg["backend"]["trainer"]["strategy"] = {
+        "type": "deepspeed", "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}},
+    }
+    got = ModelConfig.model_validate(cfg).backend.trainer.strategy
+    assert got.stage == 1 and got.offload_optimizer, "the ZeRO section sets raylight's options"
+    cfg["backend"]["trainer"]["strategy"] = {"type": "deepspeed", "zero_optimization": {"stage": 3}}
+    with pytest.raises(ValueError, match=r"deepspeed stage 3 is not available in declarative configs"):
+        ModelConfig.model_validate(cfg)
+    cfg["backend"]["trainer"]["strategy"] = {"type": "deepspeed", "stage": 1, "zero_optimization": {"stage": 2}}
+    with pytest.raises(ConfigError, match=r"stage=1 but config zero_optimization\.stage gives 2"):
+        validate(ModelConfig, cfg)
+    cfg["backend"]["trainer"]["strategy"] = {
+        "type": "deepspeed", "fp16": {"enabled": False}, "config": {"fp16": {"enabled": True}},
+    }
+    with pytest.raises(ConfigError, match=r"\['fp16'\] given both as strategy options and inside config"):
+        validate(ModelConfig, cfg)

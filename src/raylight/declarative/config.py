@@ -160,15 +160,50 @@ def strategy_from_ludwig(value: Any) -> Any:
         if options:
             raise ValueError(f"strategy ddp takes no options; got {sorted(options)}")
         return name
+    if name == "deepspeed":
+        options = _deepspeed_from_ludwig(options)
     return {"name": name, **options}
+
+
+# Ludwig's DeepSpeedStrategy takes these DeepSpeed JSON sections as its options.
+LUDWIG_DEEPSPEED_SECTIONS = ("zero_optimization", "fp16", "bf16", "compression_training")
+
+
+def _deepspeed_from_ludwig(options: dict[str, Any]) -> dict[str, Any]:
+    """Ludwig's ``{type: deepspeed, zero_optimization: {...}, fp16: {...}}`` as
+    ``raylight.DeepSpeed`` options: its DeepSpeed JSON sections become ``config``. A ZeRO
+    value Ludwig leaves ``auto`` (stage, offload devices) takes raylight's default
+    (stage 2, no offload): Ludwig resolves those from the model it trains."""
+    sections = {k: options.pop(k) for k in LUDWIG_DEEPSPEED_SECTIONS if k in options}
+    if not sections:
+        return options
+    given = options.get("config")
+    if given is not None and not isinstance(given, dict):
+        raise ValueError(
+            f"give the DeepSpeed JSON one way: {sorted(sections)} (Ludwig's spelling) or "
+            "config: a path, not both"
+        )
+    zero = sections.get("zero_optimization")
+    if isinstance(zero, dict):
+        zero = {k: v for k, v in zero.items() if v != "auto"}
+        for part in ("offload_optimizer", "offload_param"):
+            if isinstance(zero.get(part), dict) and zero[part].get("device") == "auto":
+                del zero[part]
+        sections["zero_optimization"] = zero
+    clash = sorted(set(sections) & set(given or {}))
+    if clash:
+        raise ValueError(f"{clash} given both as strategy options and inside config; give them once")
+    return {**options, "config": {**(given or {}), **sections}}
 
 
 class BackendTrainer(ConfigModel):
     strategy: StrategySetting = Field(
         "ddp",
-        description="ddp: every worker holds the model; fsdp: sharded (PyTorch FSDP2). Or a "
-        "mapping naming the strategy with `type:` (Ludwig's spelling) or `name:`, and its "
-        "options, e.g. {type: fsdp, reshard_after_forward: false}.",
+        description="ddp: every worker holds the model; fsdp: sharded (PyTorch FSDP2); "
+        "deepspeed: ZeRO stage 1 or 2 (extra deepspeed). Or a mapping naming the strategy "
+        "with `type:` (Ludwig's spelling) or `name:`, and its options, e.g. {type: fsdp, "
+        "reshard_after_forward: false} or Ludwig's {type: deepspeed, zero_optimization: "
+        "{stage: 2}}.",
     )
     num_workers: int | None = Field(None, ge=1, le=MAX_WORKERS, description="Workers; default: what the cluster's CPUs (or GPUs) allow.")
     use_gpu: bool = Field(False, description="One GPU per worker.")
