@@ -316,7 +316,7 @@ def build_scaling_policy(
         decision_interval_s=(adaptive or AdaptiveConfig()).decision_interval_s,
         resize_interval_s=scaling.resize_interval_s,
         autoscale=scaling.autoscale,
-        resize_in_place=scaling.resize_in_place,
+        resize_in_place=scaling.resizes_in_place,
     )
     return GoodputScalingPolicy(engine, settings, trace=trace)
 

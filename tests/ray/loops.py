@@ -35,7 +35,10 @@ def sgd_loop(ctx, config):
             opt.zero_grad()
             nn.functional.mse_loss(model(x), y).backward()
             opt.step()
-    ctx.report({"world_size": ctx.world_size}, checkpoint={"model": ctx.unwrap_model(model).state_dict()})
+    ctx.report(
+        {"world_size": ctx.world_size, "tunables": os.environ.get("GLIBC_TUNABLES")},
+        checkpoint={"model": ctx.unwrap_model(model).state_dict()},
+    )
 
 
 def reference_sgd(config) -> dict[str, torch.Tensor]:
@@ -121,7 +124,8 @@ def elastic_loop(ctx, config):
     """Trains until ``epochs`` or until a stop file appears (agreed by all ranks at an
     epoch end). Accumulates, per epoch, the count, sum and sum of squares of the sample
     ids seen, so a test can check each epoch saw every sample exactly once."""
-    model = ctx.prepare_model(initial_model())
+    dtype = torch.float32 if config.get("float32") else torch.float64  # DeepSpeed: fp32
+    model = ctx.prepare_model(initial_model().to(dtype))
     opt = ctx.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=config.get("lr", 0.02)))
     objects = config.get("objects", False)  # checkpoint the model and optimizer as objects
     if objects:
@@ -150,7 +154,7 @@ def elastic_loop(ctx, config):
                 open(f"{config['marker']}{attempt}", "w").close()
                 os.kill(os.getpid(), signal.SIGKILL)
             opt.zero_grad()
-            loss = nn.functional.mse_loss(model(x), y)
+            loss = nn.functional.mse_loss(model(x.to(dtype)), y.to(dtype))
             loss.backward()
             opt.step()
             seen[f"sse{epoch}"] += loss.item() * len(ids)  # restart-safe and K-invariant

@@ -130,21 +130,28 @@ def test_adaptive_batch_size_grows_on_noisy_gradients(ray_cluster, tmp_path, str
     assert epochs[-1]["sse"] < epochs[0]["sse"]
 
 
-def test_an_fsdp_run_shrinks_in_place_when_a_worker_dies_and_grows_back(ray_cluster, tmp_path):
+@pytest.mark.parametrize("strategy", ["fsdp", "deepspeed"])
+def test_a_sharded_run_shrinks_when_a_worker_dies_and_grows_back(ray_cluster, tmp_path, strategy):
     """Elastic FSDP: rank 1 is SIGKILLed; rank 0 keeps the skeleton of the last sharded
     checkpoint in memory, the group re-forms at 1 worker in place and reads the shards
     from the run's storage, resharded; when the CPU is free again it grows back to 2.
-    Every epoch still sees every sample exactly once."""
+    Elastic DeepSpeed does the same by restarting from the sharded checkpoint (its engine
+    is bound to its process group). Every epoch still sees every sample exactly once."""
+    if strategy == "deepspeed":
+        pytest.importorskip("deepspeed")
+    options = raylight.FSDP(min_block_params=1) if strategy == "fsdp" else raylight.DeepSpeed(stage=2)
+    kind = "in_place" if strategy == "fsdp" else "checkpoint"
     run_dir, stop = str(tmp_path / "shrink"), tmp_path / "stop"
     trainer = raylight.Trainer(
         loops.elastic_loop,
         train_loop_config={
             "batch_size": 16, "epochs": 10_000, "objects": True, "checkpoint_every": 3,
             "kills": [[1, 8]], "marker": str(tmp_path / "killed"), "stop_file": str(stop),
+            "float32": strategy == "deepspeed",
         },
         config=TrainerConfig(
             scaling=ScalingConfig(
-                num_workers=(1, 2), strategy=raylight.FSDP(min_block_params=1), scaling_policy="max",
+                num_workers=(1, 2), strategy=options, scaling_policy="max",
                 resize_interval_s=0.3, warm_spare=False,
             ),
             run=RunConfig(storage_path=str(tmp_path), name="shrink", progress=False),
@@ -164,7 +171,7 @@ def test_an_fsdp_run_shrinks_in_place_when_a_worker_dies_and_grows_back(ray_clus
     assert (tmp_path / "killed0").exists() and result.num_failures == 0
     epochs = assert_exact_coverage(result.metrics_history)
     moves = [(r["from"], r["to"], r["kind"]) for r in result.resizes]
-    assert moves[:2] == [(2, 1, "in_place"), (1, 2, "in_place")], moves
+    assert moves[:2] == [(2, 1, kind), (1, 2, kind)], moves
     assert {m["workers"] for m in epochs} == {1, 2} or len(epochs) == 1
     # after the shrink, one worker resumed from shards two had written
     assert any(m["resumed_sharded"] and m["workers"] == 1 for m in epochs), epochs

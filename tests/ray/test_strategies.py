@@ -4,6 +4,8 @@ resumes from them at another world size."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -19,6 +21,10 @@ def test_fsdp_trains_like_one_process(ray_cluster, tmp_path):
         loops.sgd_loop, config=config, num_workers=2, strategy="fsdp",
         storage_path=str(tmp_path), name="fsdp", progress=False,
     )
+    if "GLIBC_TUNABLES" not in os.environ:  # sharded CPU workers start with huge pages for malloc
+        from raylight.strategies.base import HEAP_TUNABLES
+
+        assert result.metrics["tunables"] == HEAP_TUNABLES
     ref, init = loops.reference_sgd(config), loops.initial_model().state_dict()
     got = result.checkpoint.load()["model"]
     for key in ref:

@@ -235,10 +235,12 @@ def test_deepspeed_sharded_checkpoints_and_refused_combinations():
     assert _scaling("deepspeed").sharded_checkpoints
     assert not _scaling(DeepSpeed(checkpoint="full")).sharded_checkpoints
     assert not validate(ScalingConfig, {"num_workers": 1, "strategy": "deepspeed"}).sharded_checkpoints
-    with pytest.raises(ValueError, match=r"scaling\.strategy 'deepspeed' runs with a fixed number of workers"):
+    with pytest.raises(ValueError, match=r"scaling\.strategy 'deepspeed' trains with a fixed batch: adaptive=\.\.\. needs"):
         TrainerConfig(scaling=ScalingConfig(num_workers=2, strategy="deepspeed"), adaptive=AdaptiveConfig())
-    with pytest.raises(ValueError, match=r"adaptive=\.\.\. and num_workers=\(min, max\) need strategy"):
-        TrainerConfig(scaling=ScalingConfig(num_workers=(1, 2), strategy=DeepSpeed()))
+    elastic = TrainerConfig(scaling=ScalingConfig(num_workers=(1, 2), strategy=DeepSpeed())).scaling
+    assert elastic.elastic and not elastic.resizes_in_place, "DeepSpeed resizes by a restart"
+    assert ScalingConfig(num_workers=(1, 2), strategy="fsdp").resizes_in_place
+    assert not ScalingConfig(num_workers=(1, 2), strategy="fsdp", resize_in_place=False).resizes_in_place
     cfg = _declarative(batch_size="auto")
     cfg["backend"]["trainer"]["strategy"] = {"type": "deepspeed", "stage": 3}
     with pytest.raises(ValueError, match=r"backend\.trainer\.strategy: deepspeed trains with a fixed batch"):
@@ -248,6 +250,8 @@ def test_deepspeed_sharded_checkpoints_and_refused_combinations():
         ModelConfig.model_validate(cfg)
     cfg["backend"]["trainer"]["strategy"] = {"type": "deepspeed", "stage": 2}
     assert ModelConfig.model_validate(cfg).backend.trainer.strategy == DeepSpeed(stage=2)
+    cfg["backend"]["trainer"]["max_workers"] = 2  # elastic: resizes restart from the checkpoint
+    assert ModelConfig.model_validate(cfg).backend.trainer.max_workers == 2
 
 
 def test_deepspeed_batch_fields_are_filled_from_the_loader_or_checked_against_it():
@@ -329,3 +333,12 @@ def test_declarative_deepspeed_takes_ludwigs_json_sections():
     }
     with pytest.raises(ConfigError, match=r"\['fp16'\] given both as strategy options and inside config"):
         validate(ModelConfig, cfg)
+
+
+def test_sharded_cpu_workers_start_with_huge_pages_for_malloc_unless_the_user_tunes_glibc():
+    from raylight.strategies.base import HEAP_TUNABLES, worker_env
+
+    assert worker_env("fsdp", False, {}) == {"GLIBC_TUNABLES": HEAP_TUNABLES}
+    assert worker_env("deepspeed", False, {}) == {"GLIBC_TUNABLES": HEAP_TUNABLES}
+    assert worker_env("ddp", False, {}) == {} and worker_env("fsdp", True, {}) == {}
+    assert worker_env("fsdp", False, {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == {}

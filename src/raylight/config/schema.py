@@ -342,7 +342,8 @@ class ScalingConfig(ConfigModel):
     resize_in_place: bool = Field(
         True,
         description="Resize elastic jobs in place (live workers keep running, new ones get "
-        "the state by broadcast); False always restarts from the last checkpoint.",
+        "the state by broadcast); False always restarts from the last checkpoint (DeepSpeed "
+        "runs always do: the engine is bound to its process group).",
     )
     warm_spare: bool = Field(
         True,
@@ -440,6 +441,14 @@ class ScalingConfig(ConfigModel):
         defaults: dict[str, Any] = {"fsdp": FSDP(), "deepspeed": DeepSpeed()}
         options = defaults.get(self.strategy, self.strategy) if isinstance(self.strategy, str) else self.strategy
         return self.max_workers > 1 and getattr(options, "checkpoint", "full") == "sharded"
+
+    @property
+    def resizes_in_place(self) -> bool:
+        """Whether an elastic resize keeps the live workers (``resize_in_place``, and a
+        strategy whose state moves to a new group in place: DeepSpeed's engine is bound to
+        the process group it was built in, so its runs resize by a restart from the last
+        checkpoint)."""
+        return self.resize_in_place and self.strategy_name != "deepspeed"
 
     def worker_resources(self) -> dict[str, float]:
         """Resources of one worker's bundle, defaults filled in."""
@@ -639,9 +648,10 @@ class TrainerConfig(ConfigModel):
     @model_validator(mode="after")
     def _check_strategy(self) -> TrainerConfig:
         strategy = self.scaling.strategy_name
-        if strategy not in ("ddp", "fsdp") and (self.adaptive is not None or self.scaling.elastic):
+        if strategy not in ("ddp", "fsdp") and self.adaptive is not None:
             raise ValueError(
-                f"scaling.strategy {strategy!r} runs with a fixed number of workers and a fixed "
-                "batch: adaptive=... and num_workers=(min, max) need strategy 'ddp' or 'fsdp' for now"
+                f"scaling.strategy {strategy!r} trains with a fixed batch: adaptive=... needs "
+                "strategy 'ddp' or 'fsdp' for now (num_workers=(min, max) without adaptive=... "
+                "works with every strategy)"
             )
         return self

@@ -250,7 +250,7 @@ class Controller:
                 target=self.recorder.checkpoint_target(clear=False),
             )
         else:
-            outcome = ResizeOutcome("fallback", reason="resize_in_place is off")
+            outcome = ResizeOutcome("fallback", reason="this run resizes from its checkpoints")
         for report in outcome.reports:
             self.recorder.record(report, num_workers=old)
             self._last_seq = max(self._last_seq, report.seq)
@@ -264,7 +264,8 @@ class Controller:
         self.threads = threads
         kind = "in_place"
         if outcome.kind == "fallback":
-            log.warning("resizing in place failed (%s); restarting from the last checkpoint", outcome.reason)
+            if phase.resize.in_place:
+                log.warning("resizing in place failed (%s); restarting from the last checkpoint", outcome.reason)
             self.group.shutdown()
             self.num_workers = target
             self.phase = Phase(State.SCHEDULING)

@@ -282,19 +282,14 @@ class ModelConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _check_strategy(self) -> ModelConfig:
-        t, setting = self.backend.trainer, self.backend.trainer.strategy
+        setting = self.backend.trainer.strategy
         strategy = setting if isinstance(setting, str) else setting.name
-        if strategy in ("ddp", "fsdp"):  # both run adaptive and elastic
+        if strategy in ("ddp", "fsdp"):  # both run adaptive; every strategy runs elastic
             return self
         if self.trainer.batch_size == "auto" or self.trainer.adaptive is not None:
             raise ValueError(
                 f"backend.trainer.strategy: {strategy} trains with a fixed batch: set "
                 "trainer.batch_size to a number and remove trainer.adaptive, or use strategy: ddp"
-            )
-        if t.min_workers is not None or t.max_workers is not None:
-            raise ValueError(
-                f"backend.trainer.strategy: {strategy} runs a fixed number of workers: set "
-                "backend.trainer.num_workers instead of min_workers/max_workers, or use strategy: ddp"
             )
         if getattr(setting, "stage", None) == 3:
             # The declarative loop checkpoints raw state dicts; ZeRO-3's are placeholders.

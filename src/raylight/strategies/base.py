@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+from collections.abc import Mapping
 from contextlib import AbstractContextManager as ContextManager
 from typing import Any, Literal, Protocol
 
@@ -181,6 +183,22 @@ def materialize(model: nn.Module, *, device: torch.device, rank: int) -> None:
             torch.manual_seed(torch.initial_seed() + rank)
         for reset in resets:
             reset()  # type: ignore[misc]  # callable, checked above
+
+
+# glibc reads its tunables when a process starts: the worker group starts the workers of a
+# sharded run on CPU with this. Transparent huge pages for malloc's own mappings make the
+# page faults of keep_heap_small's per-allocation mappings 512x fewer: measured on a 50 M-
+# parameter MLP, FSDP2 with 2 CPU workers stepped in 649 ms with glibc's defaults (peak
+# 1737 MiB), 1523 ms with keep_heap_small alone (747 MiB), 789 ms with both (755 MiB).
+HEAP_TUNABLES = "glibc.malloc.hugetlb=1"
+
+
+def worker_env(strategy_name: str, use_gpu: bool, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """Environment variables the workers of a run start with: ``GLIBC_TUNABLES`` for a
+    sharded strategy on CPU, unless the driver's environment sets its own."""
+    if use_gpu or strategy_name == "ddp" or "GLIBC_TUNABLES" in environ:
+        return {}
+    return {"GLIBC_TUNABLES": HEAP_TUNABLES}
 
 
 def keep_heap_small() -> None:

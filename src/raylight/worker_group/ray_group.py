@@ -39,6 +39,7 @@ from raylight.config import FailureConfig, ScalingConfig
 from raylight.exceptions import InsufficientResourcesError, WorkerStartError
 from raylight.storage import checkpoint_name
 from raylight.strategies import build_strategy
+from raylight.strategies.base import worker_env
 from raylight.worker_group.protocol import (
     CheckpointTarget,
     GroupPoll,
@@ -325,6 +326,7 @@ class RayWorkerGroup:
                 num_gpus=per_worker.get("GPU", 0),
                 resources=custom or None,
                 max_restarts=0,
+                runtime_env=self._runtime_env(),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=pg, placement_group_bundle_index=bundle
                 ),
@@ -342,11 +344,17 @@ class RayWorkerGroup:
             for i, (a, n, (pg, b)) in enumerate(zip(actors, nodes, slots, strict=True))
         ]
 
+    def _runtime_env(self) -> dict[str, Any] | None:
+        """The workers' own runtime_env: environment variables their strategy wants at
+        process start (merged by Ray into the job's ``env_vars``), else None."""
+        env = worker_env(self._scaling.strategy_name, self._scaling.use_gpu)
+        return {"env_vars": env} if env else None
+
     # -- the warm spare -------------------------------------------------------------------
     def _spare_wanted(self) -> bool:
         s = self._scaling
         return (
-            s.warm_spare and s.elastic and s.resize_in_place and not s.use_gpu
+            s.warm_spare and s.elastic and s.resizes_in_place and not s.use_gpu
             and self._outer is None and 0 < len(self._members) < s.max_workers
         )
 
@@ -369,6 +377,7 @@ class RayWorkerGroup:
         actor: Any = _RemoteWorker.options(
             num_cpus=0,
             max_restarts=0,
+            runtime_env=self._runtime_env(),
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
         ).remote(RankInfo(0, 0, 1, 1, 0), self._run_name)
         self._spare = _Spare(actor, node_id, [actor.node_info.remote(), *self._warm_refs([actor])])
