@@ -85,11 +85,20 @@ def make_model(job: dict[str, Any], device: str = "cpu") -> nn.Module:
 
 
 def deepspeed_config(job: dict[str, Any]) -> dict[str, Any]:
-    """The DeepSpeed config every ZeRO-3 system runs (raylight fills the batch fields itself)."""
+    """The DeepSpeed config every ZeRO-3 system runs (raylight is given it without the batch
+    fields, which it fills itself). ZeRO-3's defaults keep up to 1e9 parameters gathered and
+    prefetch 5e7 elements ahead, i.e. this whole model: it would never be partitioned in
+    memory. A user who shards to save memory bounds both, here to two blocks."""
+    block = job["width"] * job["width"]
     return {
         "train_micro_batch_size_per_gpu": job["batch_size"] // NUM_WORKERS,
         "gradient_accumulation_steps": 1,
-        "zero_optimization": {"stage": 3},
+        "zero_optimization": {
+            "stage": 3,
+            "stage3_max_live_parameters": 2 * block,
+            "stage3_max_reuse_distance": 2 * block,
+            "stage3_prefetch_bucket_size": block,
+        },
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10**9,
     }
@@ -197,7 +206,9 @@ def child_raylight(job: dict[str, Any]) -> None:
     strategy: Any = {
         "raylight_ddp": "ddp",
         "raylight_fsdp": raylight.FSDP(blocks=("Block",)),
-        "raylight_zero3": getattr(raylight, "DeepSpeed", None) and raylight.DeepSpeed(stage=3),
+        "raylight_zero3": getattr(raylight, "DeepSpeed", None) and raylight.DeepSpeed(
+            stage=3, config={k: v for k, v in deepspeed_config(job).items() if "batch" not in k and "accumulation" not in k},
+        ),
     }[job["system"]]
     try:
         for phase, resume in (("train", False), ("load", True)):

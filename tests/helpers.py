@@ -129,3 +129,23 @@ def run_gloo_ranks(target: Callable[..., None], *args: Any, world_size: int = 2,
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+
+
+class Sink:
+    """A worker context's report sink for tests that drive a TrainContext in-process:
+    keeps the reports, ignores progress, heartbeats and commits."""
+
+    def __init__(self) -> None:
+        self.reports: list[Any] = []
+
+    def report(self, report: Any) -> None:
+        self.reports.append(report)
+
+    def progress(self, *args: Any) -> None:
+        pass
+
+    def heartbeat(self) -> None:
+        pass
+
+    def keep_commit(self, *args: Any) -> None:
+        pass

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from tests.helpers import wait_until
+from tests.ray.loops import train_epoch
 
 BATCH, EPOCHS, LR = 16, 5, 0.01
 
@@ -35,13 +36,7 @@ def epoch_loop(ctx, config):
     loader = ctx.prepare_loader(data(), batch_size=BATCH, shuffle=True)
     for epoch in range(start, config["epochs"]):
         loader.set_epoch(epoch)
-        total = 0.0
-        for x, y in loader:
-            opt.zero_grad()
-            loss = nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            total += loss.item()
+        total = train_epoch(model, opt, loader)
         engine = model.engine
         ctx.report(
             {"epoch": epoch, "start": start, "loss": ctx.all_reduce(total),

@@ -25,6 +25,18 @@ def initial_model(d: int = 8) -> nn.Module:
     return nn.Linear(d, 1).double()
 
 
+def train_epoch(model, opt, loader) -> float:
+    """One epoch of the README's loop; the sum of the batches' losses."""
+    total = 0.0
+    for x, y in loader:
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        total += loss.item()
+    return total
+
+
 def sgd_loop(ctx, config):
     """Plain SGD on a linear regression; reports the final parameters."""
     model = ctx.prepare_model(initial_model())
@@ -91,13 +103,7 @@ def epoch_loop(ctx, config):
             f.write(f"start {start}\n")
     for epoch in range(start, config["epochs"]):
         loader.set_epoch(epoch)
-        total = 0.0
-        for x, y in loader:
-            opt.zero_grad()
-            loss = nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            total += loss.item()
+        total = train_epoch(model, opt, loader)
         ctx.report(
             {"epoch": epoch, "start": start, "loss": ctx.all_reduce(total)},
             checkpoint={"epoch": epoch, "model": ctx.unwrap_model(model).state_dict(), "opt": opt.state_dict()},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tests.ray.loops import initial_model, regression_data
+from tests.ray.loops import initial_model, regression_data, train_epoch
 
 
 def offset_loop(ctx, config):
@@ -129,13 +129,7 @@ def sharded_loop(ctx, config):
     loader = ctx.prepare_loader(ds.data(), batch_size=ds.BATCH, shuffle=True)
     for epoch in range(start, config["epochs"]):
         loader.set_epoch(epoch)
-        total = 0.0
-        for x, y in loader:
-            opt.zero_grad()
-            loss = nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            total += loss.item()
+        total = train_epoch(model, opt, loader)
         ctx.report({"epoch": epoch, "start": start, "loss": ctx.all_reduce(total)},
                    checkpoint={"epoch": epoch, "model": model, "opt": opt})
         if epoch == config["fail_after"] and ctx.rank == 0 and not os.path.exists(config["marker"]):

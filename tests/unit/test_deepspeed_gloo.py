@@ -21,7 +21,7 @@ from raylight.config import DeepSpeed
 from raylight.context import TrainContext
 from raylight.storage import RunStorage
 from raylight.strategies import DDPStrategy, DeepSpeedStrategy
-from tests.helpers import run_gloo_ranks
+from tests.helpers import Sink, run_gloo_ranks
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -64,23 +64,6 @@ def train(model, opt, rank: int, world: int, steps: range, sched=None) -> None:
         opt.step()
         if sched is not None:
             sched.step()
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.reports = []
-
-    def report(self, report) -> None:
-        self.reports.append(report)
-
-    def progress(self, *args) -> None:
-        pass
-
-    def heartbeat(self) -> None:
-        pass
-
-    def keep_commit(self, *args) -> None:
-        pass
 
 
 def context(rank, world, strategy, checkpoint=None, directory=None, sink=None):

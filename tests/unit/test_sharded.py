@@ -19,7 +19,7 @@ from raylight.config import FSDP
 from raylight.context import TrainContext
 from raylight.storage import META_FILE, RunStorage, ShardsNotFoundError, checkpoint_name
 from raylight.strategies import DDPStrategy, FSDPStrategy
-from tests.helpers import run_gloo_ranks
+from tests.helpers import Sink, run_gloo_ranks
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -48,23 +48,6 @@ def train(model, opt, rank: int, world: int, steps: range) -> None:
         opt.zero_grad()
         ((model(x[rank * per : (rank + 1) * per]) - y[rank * per : (rank + 1) * per]) ** 2).mean().backward()
         opt.step()
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.reports = []
-
-    def report(self, report) -> None:
-        self.reports.append(report)
-
-    def progress(self, *args) -> None:
-        pass
-
-    def heartbeat(self) -> None:
-        pass
-
-    def keep_commit(self, *args) -> None:
-        pass
 
 
 def full_params(strategy, model) -> dict[str, list[float]]:
