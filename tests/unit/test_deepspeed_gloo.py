@@ -130,6 +130,28 @@ def trainer(rank: int, port: int, directory: str, queue) -> None:
             train(model, opt, rank, 2, range(STEPS), sched)
             out[f"zero{stage}"] = snapshot(strategy, model, opt)["params"]
 
+        # ZeRO-3 with a model built on the meta device: materialised and partitioned module
+        # by module (the whole tensors any worker holds at once: at most one module's),
+        # then given the DDP run's initial weights, it trains like DDP
+        strategy = deepspeed(3)
+        with torch.device("meta"):
+            meta = make_model()
+        partition, whole = strategy._partition, []
+
+        def spy(module):
+            whole.append(sum(p.numel() for p in meta.parameters() if not p.is_meta and not hasattr(p, "ds_id")))
+            partition(module)
+
+        strategy._partition = spy
+        ctx = context(rank, 2, strategy)
+        model = ctx.prepare_model(meta)
+        out["meta_whole"] = whole
+        out["meta_partitioned"] = [(p.data.numel(), p.ds_tensor.numel(), p.ds_numel) for p in meta.parameters()]
+        opt = ctx.prepare_optimizer(torch.optim.Adam(model.parameters(), lr=1e-3))
+        strategy.load_objects({"model": model}, {"model": make_model().state_dict()}, full=True)
+        train(model, opt, rank, 2, range(STEPS))
+        out["zero3_meta"] = snapshot(strategy, model, opt)["params"]
+
         # torch's SGD (with momentum: per-element state), which DeepSpeed calls untested
         def sgd(params, lr):
             return torch.optim.SGD(params, lr=lr * 10, momentum=0.9)
@@ -274,6 +296,15 @@ def test_zero_stages_train_like_ddp(trained):
     assert zero["partitioned"] and not any(zero["partitioned"]), "ZeRO-3 holds placeholders, not parameters"
     # the training loader filled the batch fields: 12 samples a worker, no accumulation
     assert zero["batch"] == (12, 24, 1)
+
+
+def test_a_meta_model_is_partitioned_module_by_module_under_zero3_and_trains_like_ddp(trained):
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in make_model().modules())
+    for out in trained["ranks"].values():
+        assert len(out["meta_whole"]) == 3 and max(out["meta_whole"]) <= largest, out["meta_whole"]
+        for held, partition, numel in out["meta_partitioned"]:
+            assert held == 0 and partition == -(-numel // 2), (held, partition, numel)
+        close(out["zero3_meta"], out["ddp"], TOL)
 
 
 def test_torch_sgd_with_momentum_trains_like_ddp(trained):

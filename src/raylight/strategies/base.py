@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager as ContextManager
 from typing import Any, Literal, Protocol
 
@@ -156,13 +156,19 @@ def load_objects(objects: dict[str, Any], state: dict[str, Any], *, full: bool) 
         set_optimizer_state_dict(root, optimizer, state[key], options=StateDictOptions(full_state_dict=whole))
 
 
-def materialize(model: nn.Module, *, device: torch.device, rank: int) -> None:
+def materialize(
+    model: nn.Module, *, device: torch.device, rank: int, each: Callable[[nn.Module], None] | None = None
+) -> None:
     """Give a model built on the ``meta`` device (no memory) real storage on ``device``
     and initialise it with each module's ``reset_parameters()``. Called after sharding, so
     each worker only ever allocates its shards. On CPU, torch's DTensor random ops draw
     every shard from the worker's own generator, so the generator is seeded per rank
     (the same distribution as a full initialisation, not the same numbers); the caller's
-    random state is left as it was."""
+    random state is left as it was.
+
+    With ``each``, modules are materialised one at a time, every module after the modules
+    inside it, and ``each(module)`` is called as soon as one is (ZeRO-3 partitions it there,
+    so a worker never holds more than one module's whole tensors)."""
     tensors = [*model.parameters(), *model.buffers()]
     if not any(t.is_meta for t in tensors):
         return
@@ -177,12 +183,19 @@ def materialize(model: nn.Module, *, device: torch.device, rank: int) -> None:
             f"the model was built on the meta device, but {missing} have no reset_parameters() to "
             "initialise their tensors with; give them one, or build the model on a real device"
         )
-    model.to_empty(device=device)
+    if each is None:
+        model.to_empty(device=device)
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         if device.type == "cpu":
             torch.manual_seed(torch.initial_seed() + rank)
-        for reset in resets:
-            reset()  # type: ignore[misc]  # callable, checked above
+        if each is None:
+            for reset in resets:
+                reset()  # type: ignore[misc]  # callable, checked above
+            return
+        for module, reset in reversed(list(zip(owners, resets, strict=True))):
+            module.to_empty(device=device, recurse=False)
+            reset()  # type: ignore[misc]
+            each(module)
 
 
 # glibc reads its tunables when a process starts: the worker group starts the workers of a

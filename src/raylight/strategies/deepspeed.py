@@ -315,14 +315,23 @@ class DeepSpeedStrategy:
         os.environ.setdefault("LOCAL_RANK", str(dist.get_rank()))  # raylight's workers set it
         self._ds = _import_deepspeed(device)
         self._device, self._world_size = device, world_size
-        # A meta-device model is initialised on each rank, then DeepSpeed broadcasts rank
-        # 0's parameters when the engine is built (ZeRO-3 partitions it after that).
-        materialize(model, device=device, rank=0)
         if device.type == "cpu" and self.options.stage == 3 and world_size > 1:
             keep_heap_small()  # ZeRO-3 gathers and frees parameters module by module
+        # A meta-device model is initialised on each rank, then DeepSpeed broadcasts rank
+        # 0's parameters: under ZeRO-3 module by module, each partitioned as soon as it is
+        # (deepspeed.zero.Init on the module), so no worker ever holds the whole model;
+        # under ZeRO-1/2 when the engine is built.
+        each = self._partition if self.options.stage == 3 else None
+        materialize(model, device=device, rank=0, each=each)
         self._module = model.to(device)
         self._model = DeepSpeedModel(self._module, self)
         return self._model
+
+    def _partition(self, module: nn.Module) -> None:
+        """ZeRO-3: partition ``module``'s parameters now (broadcast from rank 0, then each
+        rank keeps its partition), as ``deepspeed.zero.Init`` does to a module built in it."""
+        config = engine_config(self.options, self._resolve(), client_cpu_optimizer=False)
+        self._ds.zero.Init(module=module, config_dict_or_path=config)
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         if isinstance(model, DeepSpeedModel) or (self._engine is not None and model is self._engine):
