@@ -112,25 +112,8 @@ def trainer(rank: int, port: int, directory: str, queue) -> None:
         train(model, opt, rank, 2, range(STEPS))
         out["ddp"] = snapshot(ddp, model, opt)["params"]
 
-        for stage in (1, 2, 3):
-            strategy = deepspeed(stage)
-            ctx = context(rank, 2, strategy)
-            model, opt = prepared(ctx)
-            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0) if stage == 1 else None
-            if stage == 1:  # the training loader fills DeepSpeed's batch fields
-                ctx.prepare_loader(torch.utils.data.TensorDataset(torch.zeros(96, 1)), batch_size=GLOBAL_BATCH)
-                out["batch"] = (model.engine.train_micro_batch_size_per_gpu(), model.engine.train_batch_size(),
-                                model.engine.gradient_accumulation_steps())
-            if stage == 3:
-                out["partitioned"] = [p.numel() for p in model.parameters()]
-                try:
-                    ctx.unwrap_model(model).state_dict()
-                except RuntimeError as exc:
-                    out["raw_zero3"] = str(exc)
-            train(model, opt, rank, 2, range(STEPS), sched)
-            out[f"zero{stage}"] = snapshot(strategy, model, opt)["params"]
-
-        # ZeRO-3 with a model built on the meta device: materialised and partitioned module
+        # First, while deepspeed.comm is not set up in this process: ZeRO-3 with a model
+        # built on the meta device: materialised and partitioned module
         # by module (the whole tensors any worker holds at once: at most one module's),
         # then given the DDP run's initial weights, it trains like DDP
         strategy = deepspeed(3)
@@ -151,6 +134,25 @@ def trainer(rank: int, port: int, directory: str, queue) -> None:
         strategy.load_objects({"model": model}, {"model": make_model().state_dict()}, full=True)
         train(model, opt, rank, 2, range(STEPS))
         out["zero3_meta"] = snapshot(strategy, model, opt)["params"]
+
+
+        for stage in (1, 2, 3):
+            strategy = deepspeed(stage)
+            ctx = context(rank, 2, strategy)
+            model, opt = prepared(ctx)
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0) if stage == 1 else None
+            if stage == 1:  # the training loader fills DeepSpeed's batch fields
+                ctx.prepare_loader(torch.utils.data.TensorDataset(torch.zeros(96, 1)), batch_size=GLOBAL_BATCH)
+                out["batch"] = (model.engine.train_micro_batch_size_per_gpu(), model.engine.train_batch_size(),
+                                model.engine.gradient_accumulation_steps())
+            if stage == 3:
+                out["partitioned"] = [p.numel() for p in model.parameters()]
+                try:
+                    ctx.unwrap_model(model).state_dict()
+                except RuntimeError as exc:
+                    out["raw_zero3"] = str(exc)
+            train(model, opt, rank, 2, range(STEPS), sched)
+            out[f"zero{stage}"] = snapshot(strategy, model, opt)["params"]
 
         # torch's SGD (with momentum: per-element state), which DeepSpeed calls untested
         def sgd(params, lr):

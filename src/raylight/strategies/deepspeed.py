@@ -321,7 +321,12 @@ class DeepSpeedStrategy:
         # 0's parameters: under ZeRO-3 module by module, each partitioned as soon as it is
         # (deepspeed.zero.Init on the module), so no worker ever holds the whole model;
         # under ZeRO-1/2 when the engine is built.
-        each = self._partition if self.options.stage == 3 else None
+        each = None
+        if self.options.stage == 3 and any(t.is_meta for t in (*model.parameters(), *model.buffers())):
+            # zero.Init broadcasts and reads the world size through deepspeed.comm, which
+            # deepspeed.initialize would set up later (over the same process group)
+            self._ds.init_distributed(dist_backend=dist.get_backend())
+            each = self._partition
         materialize(model, device=device, rank=0, each=each)
         self._module = model.to(device)
         self._model = DeepSpeedModel(self._module, self)
