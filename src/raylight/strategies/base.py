@@ -194,7 +194,7 @@ def materialize(
             return
         for module, reset in reversed(list(zip(owners, resets, strict=True))):
             module.to_empty(device=device, recurse=False)
-            reset()  # type: ignore[misc]
+            reset()
             each(module)
 
 
