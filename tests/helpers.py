@@ -102,6 +102,18 @@ def listening_sockets(pids: list[int]) -> list[tuple[int, str, int]]:
     return sorted(set(out))
 
 
+def _traced(target: Callable[..., None], after_s: float, *args: Any) -> None:
+    """``target(*args)`` in a spawned rank; hung for ``after_s``, it prints every thread's
+    stack to stderr and exits, so the test fails with where it hung."""
+    import faulthandler
+
+    faulthandler.dump_traceback_later(after_s, exit=True)
+    try:
+        target(*args)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
 def run_gloo_ranks(target: Callable[..., None], *args: Any, world_size: int = 2, timeout_s: float = 90) -> dict[int, Any]:
     """Run ``target(rank, port, *args, queue)`` in ``world_size`` spawned processes (they
     form a gloo group on a loopback port) and return what each put on ``queue``, by its
@@ -115,13 +127,27 @@ def run_gloo_ranks(target: Callable[..., None], *args: Any, world_size: int = 2,
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=target, args=(rank, port, *args, queue)) for rank in range(world_size)]
+    procs = [
+        ctx.Process(target=_traced, args=(target, max(timeout_s - 5, 1), rank, port, *args, queue))
+        for rank in range(world_size)
+    ]
     for p in procs:
         p.start()
+    import queue as queues
+
     try:
-        out = {}
-        for _ in procs:
-            item = queue.get(timeout=timeout_s)
+        out: dict[int, Any] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(out) < len(procs):
+            try:  # a rank that died without a result fails the call at once, by its exit code
+                item = queue.get(timeout=1.0)
+            except queues.Empty:
+                dead = {rank: p.exitcode for rank, p in enumerate(procs) if p.exitcode not in (None, 0)}
+                if dead:
+                    raise RuntimeError(f"gloo ranks exited without a result (rank: exit code): {dead}") from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"gloo ranks gave {sorted(out)} of {len(procs)} results in {timeout_s:g}s") from None
+                continue
             out[item["rank"]] = item
         return out
     finally:

@@ -47,8 +47,9 @@ def sgd_loop(ctx, config):
             opt.zero_grad()
             nn.functional.mse_loss(model(x), y).backward()
             opt.step()
+    tunables = os.environ.get("GLIBC_TUNABLES")  # what the worker started with, if anything
     ctx.report(
-        {"world_size": ctx.world_size, "tunables": os.environ.get("GLIBC_TUNABLES")},
+        {"world_size": ctx.world_size, **({"tunables": tunables} if tunables else {})},
         checkpoint={"model": ctx.unwrap_model(model).state_dict()},
     )
 
