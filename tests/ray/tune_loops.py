@@ -15,13 +15,7 @@ def offset_loop(ctx, config):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     loader = ctx.prepare_loader(regression_data(64), batch_size=16, shuffle=True, seed=7)
     for epoch in ctx.epochs(config["epochs"]):
-        total = 0.0
-        for x, y in loader:
-            opt.zero_grad()
-            loss = nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            total += loss.item()
+        total = train_epoch(model, opt, loader)
         ctx.report({"epoch": epoch, "loss": ctx.all_reduce(total) + config["offset"]})
 
 
