@@ -121,9 +121,9 @@ def trainer(rank: int, port: int, directory: str, queue) -> None:
             meta = make_model()
         partition, whole = strategy._partition, []
 
-        def spy(module):
+        def spy(module, **options):
             whole.append(sum(p.numel() for p in meta.parameters() if not p.is_meta and not hasattr(p, "ds_id")))
-            partition(module)
+            partition(module, **options)
 
         strategy._partition = spy
         ctx = context(rank, 2, strategy)
@@ -213,28 +213,17 @@ def trainer(rank: int, port: int, directory: str, queue) -> None:
         out["raw_resumed_equal"] = snapshot(strategy, model, opt) == want
 
         # the checkpoints the readers load: ZeRO-3 objects (sharded), and DDP's (full)
-        strategy = deepspeed(3)
-        sink = Sink()
-        ctx = context(rank, 2, strategy, directory=directory, sink=sink)
-        model, opt = prepared(ctx)
-        train(model, opt, rank, 2, range(SAVE_AT))
-        ctx.report({"loss": 1.0}, checkpoint={"model": model, "opt": opt, "epoch": 2})
-        out["saved"] = snapshot(strategy, model, opt)
-        train(model, opt, rank, 2, range(SAVE_AT, STEPS))
-        out["final"] = snapshot(strategy, model, opt)["params"]
-        if rank == 0:
-            out["zero3_data"] = sink.reports[0].checkpoint
-
-        sink = Sink()
-        ctx = context(rank, 2, ddp, sink=sink)
-        model, opt = prepared(ctx)
-        train(model, opt, rank, 2, range(SAVE_AT))
-        ctx.report({"loss": 1.0}, checkpoint={"model": model, "opt": opt, "epoch": 2})
-        out["ddp_saved"] = snapshot(ddp, model, opt)
-        train(model, opt, rank, 2, range(SAVE_AT, STEPS))
-        out["ddp_final"] = snapshot(ddp, model, opt)["params"]
-        if rank == 0:
-            out["ddp_data"] = sink.reports[0].checkpoint
+        for name, strategy, shards in (("zero3", deepspeed(3), directory), ("ddp", ddp, None)):
+            sink = Sink()
+            ctx = context(rank, 2, strategy, directory=shards, sink=sink)
+            model, opt = prepared(ctx)
+            train(model, opt, rank, 2, range(SAVE_AT))
+            ctx.report({"loss": 1.0}, checkpoint={"model": model, "opt": opt, "epoch": 2})
+            out[f"{name}_saved"] = snapshot(strategy, model, opt)
+            train(model, opt, rank, 2, range(SAVE_AT, STEPS))
+            out[f"{name}_final"] = snapshot(strategy, model, opt)["params"]
+            if rank == 0:
+                out[f"{name}_data"] = sink.reports[0].checkpoint
         queue.put(out)
     finally:
         dist.destroy_process_group()
@@ -350,13 +339,13 @@ def test_every_rank_writes_its_shards(trained):
 
 @pytest.mark.parametrize(("world", "label"), [(1, "zero2"), (2, "zero1"), (3, "zero3"), (2, "ddp")])
 def test_a_checkpoint_written_by_two_loads_at_any_size_and_stage_and_under_ddp(trained, read, world, label):
-    saved = trained["ranks"][0]["saved"]
+    saved = trained["ranks"][0]["zero3_saved"]
     for rank in range(world):
         got = read[world][rank][label]
         assert got["loaded"] == saved, "parameters and Adam state restored bit for bit"
         assert got["rest"] == {"epoch": 2}
     # 3 more steps at another world size or stage: reductions in another order
-    close(read[world][0][label]["final"], trained["ranks"][0]["final"], TOL)
+    close(read[world][0][label]["final"], trained["ranks"][0]["zero3_final"], TOL)
 
 
 def test_a_ddp_checkpoint_loads_into_zero3(trained, read):

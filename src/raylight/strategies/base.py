@@ -183,12 +183,11 @@ def materialize(
             f"the model was built on the meta device, but {missing} have no reset_parameters() to "
             "initialise their tensors with; give them one, or build the model on a real device"
         )
-    if each is None:
-        model.to_empty(device=device)
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         if device.type == "cpu":
             torch.manual_seed(torch.initial_seed() + rank)
         if each is None:
+            model.to_empty(device=device)
             for reset in resets:
                 reset()  # type: ignore[misc]  # callable, checked above
             return

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -326,16 +327,16 @@ class DeepSpeedStrategy:
             # zero.Init broadcasts and reads the world size through deepspeed.comm, which
             # deepspeed.initialize would set up later (over the same process group)
             self._ds.init_distributed(dist_backend=dist.get_backend())
-            each = self._partition
+            config = engine_config(self.options, self._resolve(), client_cpu_optimizer=False)
+            each = functools.partial(self._partition, config=config)
         materialize(model, device=device, rank=0, each=each)
         self._module = model.to(device)
         self._model = DeepSpeedModel(self._module, self)
         return self._model
 
-    def _partition(self, module: nn.Module) -> None:
+    def _partition(self, module: nn.Module, *, config: dict[str, Any]) -> None:
         """ZeRO-3: partition ``module``'s parameters now (broadcast from rank 0, then each
         rank keeps its partition), as ``deepspeed.zero.Init`` does to a module built in it."""
-        config = engine_config(self.options, self._resolve(), client_cpu_optimizer=False)
         self._ds.zero.Init(module=module, config_dict_or_path=config)
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
