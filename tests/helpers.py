@@ -102,23 +102,47 @@ def listening_sockets(pids: list[int]) -> list[tuple[int, str, int]]:
     return sorted(set(out))
 
 
-def _traced(target: Callable[..., None], after_s: float, *args: Any) -> None:
-    """``target(*args)`` in a spawned rank; hung for ``after_s``, it prints every thread's
-    stack to stderr and exits, so the test fails with where it hung."""
+def _traced(target: Callable[..., None], after_s: float, log: str, *args: Any) -> None:
+    """``target(*args)`` in a spawned rank. An exception's traceback goes to ``log``; hung
+    for ``after_s``, the rank writes every thread's stack to ``log`` and exits, so the test
+    fails with where it hung (``run_gloo_ranks`` puts ``log`` in its error)."""
     import faulthandler
+    import traceback
 
-    faulthandler.dump_traceback_later(after_s, exit=True)
-    try:
-        target(*args)
-    finally:
-        faulthandler.cancel_dump_traceback_later()
+    with open(log, "w") as f:
+        faulthandler.dump_traceback_later(after_s, exit=True, file=f)
+        try:
+            target(*args)
+        except BaseException:
+            f.write(traceback.format_exc())
+            raise
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+
+
+def _rank_logs(logs: list[str], limit: int = 4000) -> str:
+    """What each rank wrote to its log (the end of it), for a failure message."""
+    parts = []
+    for rank, path in enumerate(logs):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            text = ""
+        if text:
+            parts.append(f"--- rank {rank} ---\n{text[-limit:]}")
+    return "\n".join(parts)
 
 
 def run_gloo_ranks(target: Callable[..., None], *args: Any, world_size: int = 2, timeout_s: float = 90) -> dict[int, Any]:
     """Run ``target(rank, port, *args, queue)`` in ``world_size`` spawned processes (they
     form a gloo group on a loopback port) and return what each put on ``queue``, by its
-    ``"rank"``. Every process is joined, or killed, before this returns."""
+    ``"rank"``. Every process is joined, or killed, before this returns; a failure names
+    each rank's traceback, or its stacks where it hung."""
+    import queue as queues
+    import shutil
     import socket
+    import tempfile
 
     import torch.multiprocessing as mp
 
@@ -127,14 +151,14 @@ def run_gloo_ranks(target: Callable[..., None], *args: Any, world_size: int = 2,
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
+    logdir = tempfile.mkdtemp(prefix="gloo-ranks-")
+    logs = [os.path.join(logdir, f"rank{rank}.log") for rank in range(world_size)]
     procs = [
-        ctx.Process(target=_traced, args=(target, max(timeout_s - 5, 1), rank, port, *args, queue))
+        ctx.Process(target=_traced, args=(target, max(timeout_s - 5, 1), logs[rank], rank, port, *args, queue))
         for rank in range(world_size)
     ]
     for p in procs:
         p.start()
-    import queue as queues
-
     try:
         out: dict[int, Any] = {}
         deadline = time.monotonic() + timeout_s
@@ -144,9 +168,13 @@ def run_gloo_ranks(target: Callable[..., None], *args: Any, world_size: int = 2,
             except queues.Empty:
                 dead = {rank: p.exitcode for rank, p in enumerate(procs) if p.exitcode not in (None, 0)}
                 if dead:
-                    raise RuntimeError(f"gloo ranks exited without a result (rank: exit code): {dead}") from None
+                    raise RuntimeError(
+                        f"gloo ranks exited without a result (rank: exit code): {dead} (port {port})\n{_rank_logs(logs)}"
+                    ) from None
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"gloo ranks gave {sorted(out)} of {len(procs)} results in {timeout_s:g}s") from None
+                    raise TimeoutError(
+                        f"gloo ranks gave {sorted(out)} of {len(procs)} results in {timeout_s:g}s\n{_rank_logs(logs)}"
+                    ) from None
                 continue
             out[item["rank"]] = item
         return out
@@ -155,6 +183,7 @@ def run_gloo_ranks(target: Callable[..., None], *args: Any, world_size: int = 2,
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+        shutil.rmtree(logdir, ignore_errors=True)
 
 
 class Sink:
