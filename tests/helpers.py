@@ -167,9 +167,13 @@ def run_gloo_ranks(target: Callable[..., None], *args: Any, world_size: int = 2,
                 item = queue.get(timeout=1.0)
             except queues.Empty:
                 dead = {rank: p.exitcode for rank, p in enumerate(procs) if p.exitcode not in (None, 0)}
-                if dead:
+                if dead:  # the others, hung on it, dump their stacks within their timers' spread
+                    settle = time.monotonic() + 10
+                    for p in procs:
+                        p.join(timeout=max(0.1, settle - time.monotonic()))
                     raise RuntimeError(
-                        f"gloo ranks exited without a result (rank: exit code): {dead} (port {port})\n{_rank_logs(logs)}"
+                        f"gloo ranks exited without a result (rank: exit code): {dead}, results from "
+                        f"{sorted(out)} (port {port})\n{_rank_logs(logs)}"
                     ) from None
                 if time.monotonic() > deadline:
                     raise TimeoutError(

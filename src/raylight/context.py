@@ -185,8 +185,9 @@ class TrainContext:
         rule (applied to each step's rate explicitly and restored after it) and
         gradient-noise measurement. Without ``fit(adaptive=...)`` the same optimizer is
         returned."""
-        optimizer = self._strategy.wrap_optimizer(optimizer)
-        if self.sync is None or not self.sync.adaptive:
+        adaptive = self.sync is not None and self.sync.adaptive
+        optimizer = self._strategy.wrap_optimizer(optimizer, adaptive=adaptive)
+        if self.sync is None or not adaptive:
             return optimizer
         self._optimizer = AdaptiveOptimizer(optimizer, sync=self.sync)
         return self._optimizer  # type: ignore[return-value]
@@ -233,6 +234,7 @@ class TrainContext:
             sync=sync,
             no_sync=self._no_sync if sync is not None else None,
             on_batch=self._sink.progress,
+            on_layout=self._layout if sync is not None else None,
         )
         if sync is not None:
             sync.init_batch_size = loader.init_batch_size
@@ -250,6 +252,9 @@ class TrainContext:
             loader.set_epoch(self._epoch)
         self._loaders.append(loader)
         return loader
+
+    def _layout(self, micro_batch: int, accumulation: int) -> None:
+        self._strategy.set_batch_layout(micro_batch=micro_batch, accumulation=accumulation)
 
     @contextlib.contextmanager
     def _no_sync(self) -> Iterator[None]:

@@ -107,14 +107,17 @@ def test_grows_when_resources_free_up_with_exact_data_coverage(ray_cluster, tmp_
     assert os.path.exists(os.path.join(run_dir, "adaptive.jsonl"))
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed"])
 def test_adaptive_batch_size_grows_on_noisy_gradients(ray_cluster, tmp_path, strategy):
+    if strategy == "deepspeed":
+        pytest.importorskip("deepspeed")
+    options = {"fsdp": raylight.FSDP(min_block_params=1), "ddp": "ddp"}.get(strategy) or raylight.DeepSpeed(stage=2)
     result = raylight.fit(
         loops.elastic_loop,
-        config={"batch_size": 8, "epochs": 20, "noise": 3.0, "lr": 0.01, "checkpoint_every": 10},
+        config={"batch_size": 8, "epochs": 20, "noise": 3.0, "lr": 0.01, "checkpoint_every": 10, "float32": strategy == "deepspeed"},
         num_workers=2,
         adaptive=AdaptiveConfig(max_batch_size=128, local_batch_bounds=(2, 32), decision_interval_s=0.3, min_profile_steps=3, lr_rule="adascale"),
-        strategy=raylight.FSDP(min_block_params=1) if strategy == "fsdp" else strategy,
+        strategy=options,
         storage_path=str(tmp_path),
         name="adapt",
         progress=False,

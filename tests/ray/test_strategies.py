@@ -69,17 +69,26 @@ def test_an_fsdp_run_resumes_at_another_world_size(ray_cluster, tmp_path):
         assert torch.allclose(got[key], want[key], atol=1e-10, rtol=0), key
 
 
-def test_a_declarative_config_trains_sharded(ray_cluster, tmp_path):
+@pytest.mark.parametrize("strategy", ["fsdp", "deepspeed"])
+def test_a_declarative_config_trains_sharded(ray_cluster, tmp_path, strategy):
+    """FSDP with a fixed batch; DeepSpeed ZeRO-2 (Ludwig's spelling) with batch_size: auto,
+    i.e. adaptive."""
     import pandas as pd
 
     from raylight.declarative import api
     from raylight.declarative.loading import load_config
     from tests.declarative_data import CONFIG, write
 
+    if strategy == "deepspeed":
+        pytest.importorskip("deepspeed")
+    spec = "fsdp" if strategy == "fsdp" else "{type: deepspeed, zero_optimization: {stage: 2}}"
     config = CONFIG.replace(
         "backend: {type: local}",
-        "backend: {type: ray, processor: {type: pandas}, trainer: {strategy: fsdp, num_workers: 2}}",
+        f"backend: {{type: ray, processor: {{type: pandas}}, trainer: {{strategy: {spec}, num_workers: 2}}}}",
     )
+    if strategy == "deepspeed":
+        assert "batch_size: 32" in config
+        config = config.replace("batch_size: 32", "batch_size: auto")
     cfg, data = write(tmp_path, fmt="parquet", config=config)
     out = api.train(load_config(cfg), data, output_directory=str(tmp_path / "run"), progress=False)
     assert out["backend"] == "ray" and out["evaluation"]["test"]["accuracy"] > 0.6

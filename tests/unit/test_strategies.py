@@ -211,7 +211,7 @@ def test_deepspeed_json_fills_the_options_left_unset_and_must_agree_with_the_res
         ({"gradient_accumulation_steps": "2"}, r"gradient_accumulation_steps must be 'auto' or a positive integer"),
         ({"zero_optimization": {"stage": 0}}, r"zero_optimization\.stage must be 1, 2 or 3, got 0 \(stage 0 is plain data parallelism: use strategy 'ddp'\)"),
         ({"zero_optimization": {"offload_optimizer": {"device": "gpu"}}}, r"offload_optimizer\.device must be one of \['none', 'cpu', 'nvme'\]"),
-        ({"zero_optimization": {"reduce_bucket_size": "auto"}}, r"config zero_optimization\.reduce_bucket_size is 'auto': raylight fills only"),
+        ({"zero_optimization": {"stage3_param_persistence_threshold": "auto"}}, r"config zero_optimization\.stage3_param_persistence_threshold is 'auto': raylight fills only"),
         ({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 8}, r"train_batch_size=30, train_micro_batch_size_per_gpu=8.*num_workers=2"),
         ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1}, r"does not fit num_workers=2"),
     ],
@@ -235,16 +235,20 @@ def test_deepspeed_sharded_checkpoints_and_refused_combinations():
     assert _scaling("deepspeed").sharded_checkpoints
     assert not _scaling(DeepSpeed(checkpoint="full")).sharded_checkpoints
     assert not validate(ScalingConfig, {"num_workers": 1, "strategy": "deepspeed"}).sharded_checkpoints
-    with pytest.raises(ValueError, match=r"scaling\.strategy 'deepspeed' trains with a fixed batch: adaptive=\.\.\. needs"):
-        TrainerConfig(scaling=ScalingConfig(num_workers=2, strategy="deepspeed"), adaptive=AdaptiveConfig())
+    assert TrainerConfig(scaling=ScalingConfig(num_workers=2, strategy="deepspeed"), adaptive=AdaptiveConfig()).adaptive
+    auto = DeepSpeed(config={"train_batch_size": "auto", "gradient_accumulation_steps": "auto"})
+    assert TrainerConfig(scaling=ScalingConfig(num_workers=2, strategy=auto), adaptive=AdaptiveConfig()).adaptive
+    fixed = DeepSpeed(config={"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": "auto"})
+    with pytest.raises(ValueError, match=r"deepspeed config gives \{'train_micro_batch_size_per_gpu': 8\}, but adaptive=\.\.\. chooses"):
+        TrainerConfig(scaling=ScalingConfig(num_workers=2, strategy=fixed), adaptive=AdaptiveConfig())
     elastic = TrainerConfig(scaling=ScalingConfig(num_workers=(1, 2), strategy=DeepSpeed())).scaling
     assert elastic.elastic and not elastic.resizes_in_place, "DeepSpeed resizes by a restart"
     assert ScalingConfig(num_workers=(1, 2), strategy="fsdp").resizes_in_place
     assert not ScalingConfig(num_workers=(1, 2), strategy="fsdp", resize_in_place=False).resizes_in_place
     cfg = _declarative(batch_size="auto")
+    cfg["backend"]["trainer"]["strategy"] = {"type": "deepspeed", "stage": 2}
+    assert ModelConfig.model_validate(cfg).trainer.batch_size == "auto", "adaptive DeepSpeed"
     cfg["backend"]["trainer"]["strategy"] = {"type": "deepspeed", "stage": 3}
-    with pytest.raises(ValueError, match=r"backend\.trainer\.strategy: deepspeed trains with a fixed batch"):
-        ModelConfig.model_validate(cfg)
     cfg["trainer"]["batch_size"] = 64
     with pytest.raises(ValueError, match=r"deepspeed stage 3 is not available in declarative configs.*stage 1 or 2"):
         ModelConfig.model_validate(cfg)
@@ -300,6 +304,29 @@ def test_deepspeed_engine_config_takes_the_user_json_and_raylight_fields():
     assert "zero_allow_untested_optimizer" not in engine_config(DeepSpeed(), batch, client_cpu_optimizer=False)
     own = DeepSpeed(config={"zero_allow_untested_optimizer": False})
     assert not engine_config(own, batch, client_cpu_optimizer=False, elementwise=True)["zero_allow_untested_optimizer"]
+
+
+def test_zero3_sizes_follow_the_model_and_never_exceed_deepspeeds_defaults():
+    from raylight.strategies.deepspeed import ZERO_SIZES, engine_config, zero_sizes
+
+    batch = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1}
+    blocks = [4_000_000] * 12 + [100]  # the largest parameter is the block
+    zero = engine_config(DeepSpeed(stage=3), batch, client_cpu_optimizer=False, numels=blocks)["zero_optimization"]
+    assert zero["reduce_bucket_size"] == zero["stage3_prefetch_bucket_size"] == 4_000_000
+    assert zero["stage3_max_live_parameters"] == zero["sub_group_size"] == 8_000_000
+    many = [10_000] * 1600  # small parameters: a 16th of the model is the block
+    assert zero_sizes(many, {}, stage=3)["reduce_bucket_size"] == 1_000_000
+    huge = [2_000_000_000]
+    assert zero_sizes(huge, {}, stage=3) == {k: default for k, (default, _) in ZERO_SIZES.items()}, "DeepSpeed's defaults cap"
+    given = {"reduce_bucket_size": 123, "sub_group_size": "auto"}
+    assert zero_sizes(blocks, given, stage=3)["sub_group_size"] == 8_000_000 and "reduce_bucket_size" not in zero_sizes(blocks, given, stage=3), (
+        "a number the user gives is kept; 'auto' is filled")
+    assert zero_sizes(blocks, {}, stage=2) == {}, "stages 1 and 2 keep DeepSpeed's defaults"
+    assert zero_sizes(blocks, {"reduce_bucket_size": "auto"}, stage=2) == {"reduce_bucket_size": 4_000_000}
+    assert zero_sizes([], {}, stage=3) == {}
+    hf = DeepSpeed(config={"zero_optimization": {"reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto"}})
+    assert engine_config(hf, batch, client_cpu_optimizer=False, numels=blocks)["zero_optimization"]["reduce_bucket_size"] == 4_000_000, (
+        "Hugging Face's 'auto' sizes are accepted and filled")
 
 
 def test_declarative_deepspeed_takes_ludwigs_json_sections():

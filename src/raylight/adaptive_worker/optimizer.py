@@ -16,12 +16,21 @@ gradients of the micro-steps are compared through a snapshot (with no accumulati
 consecutive steps are, which is biased because the parameters moved in between).
 Adam-family optimizers precondition by sqrt(v_hat) + eps before norms are taken. Other
 steps pay nothing.
+
+An optimizer whose engine holds the gradients (``EngineGradients``: DeepSpeed, whose ZeRO
+partitions and reduces them inside backward and averages a step's micro-steps itself) is
+stepped at the last micro-step only; on a measured step every rank sums the squared norms
+of its own micro-batch gradients, seen by per-parameter hooks before the engine reduces
+them, and compares their mean with the norm of the step's reduced gradient, which the
+engine computes. These norms are not preconditioned (the engine's Adam state is
+partitioned), so for Adam the noise is the plain gradient's. One worker without
+accumulation has one micro-batch a step and measures nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -31,6 +40,19 @@ from raylight.adaptive_worker.sync import StepSync
 
 def _is_adam(optimizer: torch.optim.Optimizer) -> bool:
     return isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW | torch.optim.NAdam | torch.optim.RAdam)
+
+
+@runtime_checkable
+class EngineGradients(Protocol):
+    """An optimizer whose engine holds the gradients and averages a step's micro-steps
+    itself (``raylight.strategies.deepspeed.DeepSpeedOptimizer``)."""
+
+    def on_local_gradient(self, hook: Callable[[torch.Tensor], None]) -> None:
+        """Call ``hook`` with every parameter's gradient of each backward, this rank's,
+        before the engine reduces it, divided by the step's micro-step count."""
+
+    def reduced_sqr_norm(self) -> float | None:
+        """The squared norm of the gradient the last step applied, or None."""
 
 
 class AdaptiveOptimizer:
@@ -44,6 +66,10 @@ class AdaptiveOptimizer:
         self._snapshot: list[torch.Tensor] | None = None  # one replica: gradients so far
         self._micro_sqr = 0.0
         self._groups: dict[int, dict[str, Any]] | None = None
+        self._engine = optimizer if isinstance(optimizer, EngineGradients) else None
+        self._local_sqr: torch.Tensor | float = 0.0  # engine: this step's local micro-batch norms
+        if self._engine is not None:
+            self._engine.on_local_gradient(self._local_gradient)
 
     # -- the optimizer interface the loop uses ------------------------------------------
     @property
@@ -76,6 +102,8 @@ class AdaptiveOptimizer:
     def _step(self) -> Any:
         sync = self.sync
         last = sync.micro == sync.micro_steps - 1
+        if self._engine is not None:
+            return self._engine_step(last)
         if sync.as_one and sync.measuring:
             self._measure_micro_step(last)
         if not last:
@@ -84,7 +112,15 @@ class AdaptiveOptimizer:
         if sync.micro_steps > 1:
             for grad in self._grads():
                 grad.div_(sync.micro_steps)
-        factor = sync.lr_factor()
+        out = self._scaled_step()
+        if agreed is not None:
+            sync.received(agreed)  # the step is done: the next one may change
+        return out
+
+    def _scaled_step(self) -> Any:
+        """The wrapped optimizer's step at the rule's LR factor (each group's rate restored
+        after it), and the progress it makes."""
+        factor = self.sync.lr_factor()
         saved = [g["lr"] for g in self.optimizer.param_groups]
         for group in self.optimizer.param_groups:
             group["lr"] = group["lr"] * factor
@@ -93,9 +129,41 @@ class AdaptiveOptimizer:
         finally:
             for group, lr in zip(self.optimizer.param_groups, saved, strict=True):
                 group["lr"] = lr
-        sync.advance_progress()
-        if agreed is not None:
-            sync.received(agreed)  # the step is done: the next one may change
+        self.sync.advance_progress()
+        return out
+
+    @property
+    def _engine_measuring(self) -> bool:
+        """Whether this step is measured (one in ``every``: micro-batches of several ranks or
+        micro-steps compare without StepSync's second, consecutive step)."""
+        sync = self.sync
+        return sync.measuring and sync.phase == 0 and sync.uniform_step and sync.micro_steps * sync.world_size > 1
+
+    def _local_gradient(self, grad: torch.Tensor) -> None:
+        if self._engine_measuring:
+            self._local_sqr = self._local_sqr + grad.detach().float().pow(2).sum()
+
+    def _engine_step(self, last: bool) -> Any:
+        """An engine's step (module docstring): at the last micro-step only; on a measured
+        step, this rank's mean micro-batch norm against the reduced gradient's."""
+        if not last:
+            return None
+        assert self._engine is not None
+        sync = self.sync
+        out = self._scaled_step()
+        steps, measured = sync.micro_steps, self._local_sqr
+        self._local_sqr = 0.0
+        if self._engine_measuring:
+            big = self._engine.reduced_sqr_norm()
+            if big is not None:
+                # the hooks saw each micro-batch's gradient divided by `steps`: their summed
+                # squares times steps**2 / steps is the mean squared micro-batch norm
+                sync.set_grad_stats(
+                    small_sqr=float(measured) * steps,
+                    big_sqr=big,
+                    small_batch=sync.plan.atomic_bsz,
+                    big_batch=sync.plan.atomic_bsz * steps * sync.world_size,
+                )
         return out
 
     def state_dict(self) -> dict[str, Any]:

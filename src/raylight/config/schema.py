@@ -65,6 +65,19 @@ class FSDP(ConfigModel):
 # The DeepSpeed config fields raylight owns: "auto" (or absent) is filled from the training
 # loader's batch, a number is checked against it.
 DEEPSPEED_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+# ZeRO's sizes, in elements: (DeepSpeed's default, how many of the model's blocks raylight
+# gives it; raylight.strategies.deepspeed.zero_sizes), filled where a config says "auto"
+# and, under ZeRO-3, where it says nothing. DeepSpeed's defaults suit billion-parameter
+# models on GPUs; under a smaller model they exceed it, so ZeRO-3 would gather, bucket and
+# step all of it at once and hold as much memory as DDP.
+ZERO_SIZES: dict[str, tuple[int, int]] = {
+    "reduce_bucket_size": (500_000_000, 1),
+    "stage3_prefetch_bucket_size": (50_000_000, 1),
+    "stage3_max_live_parameters": (1_000_000_000, 2),
+    "stage3_max_reuse_distance": (1_000_000_000, 2),
+    "sub_group_size": (1_000_000_000, 2),
+}
 _OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
 
@@ -205,9 +218,10 @@ def check_deepspeed_json(config: dict[str, Any]) -> None:
                 f"{list(_OFFLOAD_DEVICES)}, got {device!r}"
             )
     for path, value in _walk(config):
-        if value == "auto" and path not in DEEPSPEED_BATCH_KEYS:
+        sizes = [f"zero_optimization.{key}" for key in ZERO_SIZES]
+        if value == "auto" and path not in DEEPSPEED_BATCH_KEYS and path not in sizes:
             raise ValueError(
-                f"config {path} is 'auto': raylight fills only {list(DEEPSPEED_BATCH_KEYS)}; "
+                f"config {path} is 'auto': raylight fills only {[*DEEPSPEED_BATCH_KEYS, *sizes]}; "
                 "give it a value"
             )
 
@@ -647,11 +661,12 @@ class TrainerConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _check_strategy(self) -> TrainerConfig:
-        strategy = self.scaling.strategy_name
-        if strategy not in ("ddp", "fsdp") and self.adaptive is not None:
-            raise ValueError(
-                f"scaling.strategy {strategy!r} trains with a fixed batch: adaptive=... needs "
-                "strategy 'ddp' or 'fsdp' for now (num_workers=(min, max) without adaptive=... "
-                "works with every strategy)"
-            )
+        spec = self.scaling.strategy
+        if isinstance(spec, DeepSpeed) and self.adaptive is not None:
+            fixed = {k: v for k, v in spec.config_dict.items() if k in DEEPSPEED_BATCH_KEYS and v != "auto"}
+            if fixed:
+                raise ValueError(
+                    f"scaling.strategy deepspeed config gives {fixed}, but adaptive=... chooses "
+                    "the batch size and accumulation as it trains: set them to 'auto' or remove them"
+                )
         return self

@@ -92,7 +92,8 @@ class ElasticLoader:
 
     Each full pass is one epoch; ``set_epoch`` or ``ctx.epochs`` may also set it. With a
     ``sync`` (adaptive or elastic runs) the plan is agreed with the other ranks at every
-    step boundary, and micro-batches before the last of a step run under ``no_sync``.
+    step boundary, and micro-batches before the last of a step run under ``no_sync``;
+    ``on_layout(micro_batch, micro_steps)`` hears each step's layout before its first batch.
     """
 
     def __init__(
@@ -111,6 +112,7 @@ class ElasticLoader:
         sync: Any = None,  # raylight.adaptive_worker.sync.StepSync
         no_sync: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
         on_batch: Callable[[int, int, int, int], None] | None = None,
+        on_layout: Callable[[int, int], None] | None = None,
     ) -> None:
         self.dataset = dataset
         self.num_samples = len(dataset)  # type: ignore[arg-type]
@@ -134,6 +136,7 @@ class ElasticLoader:
         self._fixed_plan = BatchPlan(init_batch_size // world_size)
         self._no_sync = no_sync
         self._on_batch = on_batch
+        self._on_layout = on_layout
         self.epoch = 0
         self.cursor = 0  # samples of this epoch consumed
 
@@ -229,6 +232,8 @@ class ElasticLoader:
             micros = self._steps(order, plan)
             sync.micro_steps = len(micros)
             sync.uniform_step = self.num_samples - self.cursor >= size
+            if self._on_layout is not None:
+                self._on_layout(plan.atomic_bsz, len(micros))
             for j, indices in enumerate(micros):
                 last = j == len(micros) - 1
                 if last:
@@ -265,6 +270,7 @@ def prepare_loader(
     sync: Any = None,
     no_sync: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     on_batch: Callable[[int, int, int, int], None] | None = None,
+    on_layout: Callable[[int, int], None] | None = None,
 ) -> ElasticLoader:
     collate_fn = None
     num_workers = 0
@@ -311,4 +317,5 @@ def prepare_loader(
         sync=sync,
         no_sync=no_sync,
         on_batch=on_batch,
+        on_layout=on_layout,
     )

@@ -284,13 +284,8 @@ class ModelConfig(ConfigModel):
     def _check_strategy(self) -> ModelConfig:
         setting = self.backend.trainer.strategy
         strategy = setting if isinstance(setting, str) else setting.name
-        if strategy in ("ddp", "fsdp"):  # both run adaptive; every strategy runs elastic
+        if strategy in ("ddp", "fsdp"):
             return self
-        if self.trainer.batch_size == "auto" or self.trainer.adaptive is not None:
-            raise ValueError(
-                f"backend.trainer.strategy: {strategy} trains with a fixed batch: set "
-                "trainer.batch_size to a number and remove trainer.adaptive, or use strategy: ddp"
-            )
         if getattr(setting, "stage", None) == 3:
             # The declarative loop checkpoints raw state dicts; ZeRO-3's are placeholders.
             raise ValueError(

@@ -62,8 +62,11 @@ class Strategy(Protocol):
         """The user's module inside what ``wrap_model`` returned."""
         ...
 
-    def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        """The optimizer the loop steps (built on the wrapped model's parameters)."""
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, *, adaptive: bool = False) -> torch.optim.Optimizer:
+        """The optimizer the loop steps (built on the wrapped model's parameters).
+        ``adaptive``: raylight's ``AdaptiveOptimizer`` will wrap it and decide when a step
+        ends (accumulation), so an engine that counts micro-steps itself (DeepSpeed)
+        must step when told instead."""
         ...
 
     def no_sync(self, model: nn.Module) -> ContextManager[None]:
@@ -78,9 +81,9 @@ class Strategy(Protocol):
     def set_batch_layout(self, *, micro_batch: int, accumulation: int) -> None:
         """The training loader's layout: each batch it yields holds ``micro_batch``
         samples per worker, and ``accumulation`` of them make one optimizer step (1 without
-        an accumulating adaptive plan). ``TrainContext.prepare_loader`` tells it; a strategy
-        whose engine needs the batch (DeepSpeed's batch fields) keeps it, DDP and FSDP
-        ignore it."""
+        an accumulating adaptive plan). ``TrainContext.prepare_loader`` tells it, and in
+        adaptive and elastic runs the loader before every optimizer step; a strategy whose
+        engine needs the batch (DeepSpeed's batch fields) keeps it, DDP and FSDP ignore it."""
         ...
 
 

@@ -63,7 +63,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from raylight.config.schema import DEEPSPEED_BATCH_KEYS, DeepSpeed
+from raylight.config.schema import DEEPSPEED_BATCH_KEYS, ZERO_SIZES, DeepSpeed
 from raylight.strategies.base import (
     CheckpointFormat,
     _root,
@@ -157,12 +157,33 @@ ELEMENTWISE = (
 )
 
 
+def zero_sizes(numels: list[int], zero: dict[str, Any], *, stage: int) -> dict[str, int]:
+    """Values for the ``ZERO_SIZES`` keys that ``zero`` (the config's zero_optimization)
+    leaves ``"auto"``, or under ZeRO-3 leaves out: multiples of a block, the model's largest
+    parameter or a 16th of the model, whichever is larger, never above DeepSpeed's default.
+    So ZeRO-3 holds about two blocks gathered and buckets one at a time."""
+    if not numels:
+        return {}
+    block = max(max(numels), -(-sum(numels) // 16))
+    return {
+        key: min(default, times * block)
+        for key, (default, times) in ZERO_SIZES.items()
+        if zero.get(key) == "auto" or (key not in zero and stage == 3)
+    }
+
+
 def engine_config(
-    options: DeepSpeed, batch: dict[str, int], *, client_cpu_optimizer: bool, elementwise: bool = False
+    options: DeepSpeed,
+    batch: dict[str, int],
+    *,
+    client_cpu_optimizer: bool,
+    elementwise: bool = False,
+    numels: list[int] | None = None,
 ) -> dict[str, Any]:
     """The config ``deepspeed.initialize`` gets: the user's, with raylight's batch fields,
-    the options' ZeRO settings (which the user's config already agrees with), no gradient
-    clipping unless it asks for some, and torch's elementwise optimizers (``ELEMENTWISE``,
+    the options' ZeRO settings (which the user's config already agrees with), ZeRO's sizes
+    from the model's parameter sizes ``numels`` (``zero_sizes``), no gradient clipping
+    unless it asks for some, and torch's elementwise optimizers (``ELEMENTWISE``,
     ``elementwise``) allowed."""
     config = copy.deepcopy(options.config_dict)
     config.update(batch)
@@ -171,6 +192,7 @@ def engine_config(
     config.setdefault("gradient_clipping", 0.0)
     zero = config.setdefault("zero_optimization", {})
     zero["stage"] = options.stage
+    zero.update(zero_sizes(numels or [], zero, stage=options.stage))
     for wanted, section in ((options.offload_optimizer, "offload_optimizer"), (options.offload_params, "offload_param")):
         if wanted and section not in zero:
             zero[section] = {"device": "cpu"}
@@ -265,10 +287,28 @@ class DeepSpeedOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """DeepSpeed clears the gradients after each optimizer step; between the micro-steps
-        of an accumulation this does nothing, so the DDP loop's ``zero_grad`` keeps them."""
+        of an accumulation this does nothing, so the DDP loop's ``zero_grad`` keeps them
+        (adaptive runs: ``AdaptiveOptimizer`` calls it only before a step's first one)."""
         engine = self._strategy.engine()
-        if engine.micro_steps % engine.gradient_accumulation_steps() == 0:
+        if self._strategy.caller_steps or engine.micro_steps % engine.gradient_accumulation_steps() == 0:
             engine.zero_grad()
+
+    # -- adaptive training (raylight.adaptive_worker.optimizer.EngineGradients) ----------
+    def on_local_gradient(self, hook: Callable[[torch.Tensor], None]) -> None:
+        """Call ``hook`` with each parameter's gradient of each backward, this rank's own,
+        before DeepSpeed reduces it (divided by the step's micro-step count, as DeepSpeed
+        divides every backward)."""
+        module = self._strategy.unwrap_model(self._strategy.engine())
+        for param in module.parameters():
+            if param.requires_grad:
+                param.register_hook(functools.partial(_observe, hook))
+
+    def reduced_sqr_norm(self) -> float | None:
+        """The squared norm of the gradient the last step applied (reduced over the ranks
+        and averaged over its micro-steps), as DeepSpeed computed it; None where it does not
+        (zero_optimization.compute_grad_norm false)."""
+        norm = self._strategy.engine().get_global_grad_norm()
+        return None if norm is None else float(norm) ** 2
 
     def state_dict(self) -> dict[str, Any]:
         """The whole optimizer state in torch's layout (parameters numbered in group
@@ -280,6 +320,10 @@ class DeepSpeedOptimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"DeepSpeedOptimizer({self.optimizer!r})"
+
+
+def _observe(hook: Callable[[torch.Tensor], None], grad: torch.Tensor) -> None:
+    hook(grad)  # a tensor hook that returns None leaves the gradient as it is
 
 
 class DeepSpeedStrategy:
@@ -300,6 +344,10 @@ class DeepSpeedStrategy:
         self._raw_state_ok = False
         self._ds: Any = None
         self._mesh: Any = None
+        self._numels: list[int] = []  # the model's parameter sizes (zero_sizes)
+        # adaptive runs: raylight's AdaptiveOptimizer ends each step (DeepSpeed's
+        # managed_gradient_accumulation off) and the loader sets each step's accumulation
+        self.caller_steps = False
 
     # -- the protocol ----------------------------------------------------------------
     def backend(self, use_gpu: bool) -> str:
@@ -316,6 +364,7 @@ class DeepSpeedStrategy:
         os.environ.setdefault("LOCAL_RANK", str(dist.get_rank()))  # raylight's workers set it
         self._ds = _import_deepspeed(device)
         self._device, self._world_size = device, world_size
+        self._numels = [int(getattr(p, "ds_numel", p.numel())) for p in model.parameters()]
         if device.type == "cpu" and self.options.stage == 3 and world_size > 1:
             keep_heap_small()  # ZeRO-3 gathers and frees parameters module by module
         # A meta-device model is initialised on each rank, then DeepSpeed broadcasts rank
@@ -327,7 +376,7 @@ class DeepSpeedStrategy:
             # zero.Init broadcasts and reads the world size through deepspeed.comm, which
             # deepspeed.initialize would set up later (over the same process group)
             self._ds.init_distributed(dist_backend=dist.get_backend())
-            config = engine_config(self.options, self._resolve(), client_cpu_optimizer=False)
+            config = engine_config(self.options, self._resolve(), client_cpu_optimizer=False, numels=self._numels)
             each = functools.partial(self._partition, config=config)
         materialize(model, device=device, rank=0, each=each)
         self._module = model.to(device)
@@ -345,7 +394,7 @@ class DeepSpeedStrategy:
             return inner
         return model
 
-    def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, *, adaptive: bool = False) -> torch.optim.Optimizer:
         if self._module is None:
             raise RuntimeError("strategy 'deepspeed': call ctx.prepare_model(model) before ctx.prepare_optimizer(opt)")
         if self._engine is not None:
@@ -360,6 +409,7 @@ class DeepSpeedStrategy:
                 "model.parameters() after ctx.prepare_model(model)"
             )
         self._optimizer = optimizer
+        self.caller_steps = adaptive
         self._engine = self._build_engine(optimizer)
         self._prepared = DeepSpeedOptimizer(optimizer, self)
         self._register_state_dict_hooks(self._module)
@@ -375,6 +425,12 @@ class DeepSpeedStrategy:
         self._layout = (micro_batch, accumulation)
         if self._engine is None:
             return
+        if self.caller_steps:  # this step's layout: DeepSpeed divides each backward by its accumulation
+            engine = self._engine
+            if (engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()) != (micro_batch, accumulation):
+                engine.set_train_micro_batch_size(micro_batch)
+                engine.set_train_batch_size(micro_batch * engine.dp_world_size * accumulation)
+            return
         batch = self._resolve()
         # Keeps gradient_accumulation_steps: it was fixed when the engine was built.
         self._engine.set_train_micro_batch_size(batch["train_micro_batch_size_per_gpu"])
@@ -384,7 +440,7 @@ class DeepSpeedStrategy:
 
     def objects_state(self, objects: dict[str, Any]) -> dict[str, Any]:
         ours, others, model_key = self._split(objects)
-        if ours:
+        if ours and not self.caller_steps:  # (adaptive runs report between raylight's steps)
             engine = self._engine
             done = engine.micro_steps % engine.gradient_accumulation_steps()
             if done:
@@ -439,8 +495,21 @@ class DeepSpeedStrategy:
 
         cpu = isinstance(optimizer, DeepSpeedCPUAdam | DeepSpeedCPULion)
         config = engine_config(
-            self.options, self._resolve(), client_cpu_optimizer=cpu, elementwise=type(optimizer) in ELEMENTWISE
+            self.options, self._resolve(), client_cpu_optimizer=cpu, elementwise=type(optimizer) in ELEMENTWISE,
+            numels=self._numels,
         )
+        if self.caller_steps:
+            if not hasattr(self._ds.DeepSpeedEngine, "managed_gradient_accumulation"):
+                raise RuntimeError(
+                    f"adaptive training with strategy 'deepspeed' needs DeepSpeed >= 0.19 (its "
+                    f"managed_gradient_accumulation setting); this worker has {self._ds.__version__}: {INSTALL} -U"
+                )
+            if config["zero_optimization"].get("compute_grad_norm") is False:
+                raise ValueError(
+                    "adaptive training measures the gradient noise from DeepSpeed's gradient norm: "
+                    "remove zero_optimization.compute_grad_norm=false from the DeepSpeed config"
+                )
+            config["managed_gradient_accumulation"] = False  # AdaptiveOptimizer ends each step
         engine, _, _, _ = self._ds.initialize(model=self._module, optimizer=optimizer, config=config)
         return engine
 
@@ -651,7 +720,7 @@ class DeepSpeedStrategy:
         lrs = [g["lr"] for g in self._optimizer.param_groups]
         for group in self._optimizer.param_groups:
             group["lr"] = torch.zeros_like(group["lr"]) if isinstance(group["lr"], torch.Tensor) else 0.0
-        accumulating = engine.gradient_accumulation_steps() > 1
+        accumulating = engine.gradient_accumulation_steps() > 1 and not self.caller_steps
         params = [p for _, p in self._optimized()]
         try:
             if accumulating:

@@ -174,7 +174,7 @@ class FSDPStrategy:
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return model  # fully_shard changes the module in place
 
-    def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, *, adaptive: bool = False) -> torch.optim.Optimizer:
         optimizer.register_load_state_dict_post_hook(_load_full_optimizer_state)
         return optimizer
 
