@@ -312,14 +312,14 @@ def test_zero3_sizes_follow_the_model_and_never_exceed_deepspeeds_defaults():
     batch = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1}
     blocks = [4_000_000] * 12 + [100]  # the largest parameter is the block
     zero = engine_config(DeepSpeed(stage=3), batch, client_cpu_optimizer=False, numels=blocks)["zero_optimization"]
-    assert zero["reduce_bucket_size"] == zero["stage3_prefetch_bucket_size"] == 4_000_000
-    assert zero["stage3_max_live_parameters"] == zero["sub_group_size"] == 8_000_000
+    assert zero["reduce_bucket_size"] == zero["stage3_prefetch_bucket_size"] == zero["sub_group_size"] == 4_000_000
+    assert zero["stage3_max_live_parameters"] == zero["stage3_max_reuse_distance"] == 8_000_000
     many = [10_000] * 1600  # small parameters: a 16th of the model is the block
     assert zero_sizes(many, {}, stage=3)["reduce_bucket_size"] == 1_000_000
     huge = [2_000_000_000]
     assert zero_sizes(huge, {}, stage=3) == {k: default for k, (default, _) in ZERO_SIZES.items()}, "DeepSpeed's defaults cap"
     given = {"reduce_bucket_size": 123, "sub_group_size": "auto"}
-    assert zero_sizes(blocks, given, stage=3)["sub_group_size"] == 8_000_000 and "reduce_bucket_size" not in zero_sizes(blocks, given, stage=3), (
+    assert zero_sizes(blocks, given, stage=3)["sub_group_size"] == 4_000_000 and "reduce_bucket_size" not in zero_sizes(blocks, given, stage=3), (
         "a number the user gives is kept; 'auto' is filled")
     assert zero_sizes(blocks, {}, stage=2) == {}, "stages 1 and 2 keep DeepSpeed's defaults"
     assert zero_sizes(blocks, {"reduce_bucket_size": "auto"}, stage=2) == {"reduce_bucket_size": 4_000_000}

@@ -76,7 +76,7 @@ ZERO_SIZES: dict[str, tuple[int, int]] = {
     "stage3_prefetch_bucket_size": (50_000_000, 1),
     "stage3_max_live_parameters": (1_000_000_000, 2),
     "stage3_max_reuse_distance": (1_000_000_000, 2),
-    "sub_group_size": (1_000_000_000, 2),
+    "sub_group_size": (1_000_000_000, 1),
 }
 _OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 

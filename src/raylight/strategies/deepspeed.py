@@ -161,7 +161,7 @@ def zero_sizes(numels: list[int], zero: dict[str, Any], *, stage: int) -> dict[s
     """Values for the ``ZERO_SIZES`` keys that ``zero`` (the config's zero_optimization)
     leaves ``"auto"``, or under ZeRO-3 leaves out: multiples of a block, the model's largest
     parameter or a 16th of the model, whichever is larger, never above DeepSpeed's default.
-    So ZeRO-3 holds about two blocks gathered and buckets one at a time."""
+    So ZeRO-3 holds about two blocks gathered and buckets and steps one at a time."""
     if not numels:
         return {}
     block = max(max(numels), -(-sum(numels) // 16))
