@@ -217,13 +217,10 @@ def check_deepspeed_json(config: dict[str, Any]) -> None:
                 f"config zero_optimization.{section}.device must be one of "
                 f"{list(_OFFLOAD_DEVICES)}, got {device!r}"
             )
+    filled = [*DEEPSPEED_BATCH_KEYS, *(f"zero_optimization.{key}" for key in ZERO_SIZES)]
     for path, value in _walk(config):
-        sizes = [f"zero_optimization.{key}" for key in ZERO_SIZES]
-        if value == "auto" and path not in DEEPSPEED_BATCH_KEYS and path not in sizes:
-            raise ValueError(
-                f"config {path} is 'auto': raylight fills only {[*DEEPSPEED_BATCH_KEYS, *sizes]}; "
-                "give it a value"
-            )
+        if value == "auto" and path not in filled:
+            raise ValueError(f"config {path} is 'auto': raylight fills only {filled}; give it a value")
 
 
 def _walk(value: Any, path: str = "") -> Any:

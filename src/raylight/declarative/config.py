@@ -282,11 +282,7 @@ class ModelConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _check_strategy(self) -> ModelConfig:
-        setting = self.backend.trainer.strategy
-        strategy = setting if isinstance(setting, str) else setting.name
-        if strategy in ("ddp", "fsdp"):
-            return self
-        if getattr(setting, "stage", None) == 3:
+        if getattr(self.backend.trainer.strategy, "stage", None) == 3:
             # The declarative loop checkpoints raw state dicts; ZeRO-3's are placeholders.
             raise ValueError(
                 "backend.trainer.strategy: deepspeed stage 3 is not available in declarative "

@@ -301,7 +301,7 @@ class DeepSpeedOptimizer(torch.optim.Optimizer):
         module = self._strategy.unwrap_model(self._strategy.engine())
         for param in module.parameters():
             if param.requires_grad:
-                param.register_hook(functools.partial(_observe, hook))
+                param.register_hook(hook)  # it returns None: the gradient is left as it is
 
     def reduced_sqr_norm(self) -> float | None:
         """The squared norm of the gradient the last step applied (reduced over the ranks
@@ -320,10 +320,6 @@ class DeepSpeedOptimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"DeepSpeedOptimizer({self.optimizer!r})"
-
-
-def _observe(hook: Callable[[torch.Tensor], None], grad: torch.Tensor) -> None:
-    hook(grad)  # a tensor hook that returns None leaves the gradient as it is
 
 
 class DeepSpeedStrategy:
