@@ -142,6 +142,9 @@ class TrainContext:
         self._models: list[nn.Module] = []
         self._optimizer: AdaptiveOptimizer | None = None
         self._epoch: int | None = None
+        # What a checkpoint of this loop holds (the entries of its last checkpoint, or the
+        # objects it loads into): what a preemption's just-in-time checkpoint saves.
+        self._entries: dict[str, Any] | None = None
         self._plan_given = adaptive is not None and adaptive.plan is not None
         self.sync: StepSync | None = None
         if adaptive is not None or elastic:
@@ -310,7 +313,9 @@ class TrainContext:
         its own state (loader positions, epochs, accumulators, adaptive state) under the
         key ``"_raylight"``.
         """
-        plain = _plain_metrics(metrics)
+        self._report(_plain_metrics(metrics), checkpoint)
+
+    def _report(self, plain: dict[str, Any], checkpoint: dict[str, Any] | None, *, snapshot: bool = False) -> None:
         self._sink.heartbeat()
         self._seq += 1
         data = None
@@ -323,6 +328,7 @@ class TrainContext:
                 )
             if RAYLIGHT_KEY in checkpoint:
                 raise ValueError(f"the checkpoint key {RAYLIGHT_KEY!r} is reserved for raylight")
+            self._entries = dict(checkpoint)
             objects = self._objects(checkpoint)
             state = {**checkpoint, **self._strategy.objects_state(objects)} if objects else dict(checkpoint)
             own = self._collect_state()
@@ -341,12 +347,34 @@ class TrainContext:
                     self._sink.keep_commit(self._commit, data, self._seq)
         if self.rank == 0:
             self._sink.report(
-                Report(metrics=plain, checkpoint=data, time=wall(), seq=self._seq, sharded_index=sharded_index)
+                Report(
+                    metrics=plain, checkpoint=data, time=wall(), seq=self._seq,
+                    sharded_index=sharded_index, snapshot=snapshot,
+                )
             )
         elif self._elastic:  # a copy, in case rank 0 dies before the driver hears it
             self._sink.report(
-                Report(metrics=plain, time=wall(), seq=self._seq, has_checkpoint=checkpoint is not None)
+                Report(
+                    metrics=plain, time=wall(), seq=self._seq, has_checkpoint=checkpoint is not None,
+                    snapshot=snapshot,
+                )
             )
+
+    def _snapshot(self) -> bool:
+        """A preemption's just-in-time checkpoint, at the step boundary every rank stopped
+        at: the entries of the loop's last checkpoint (its modules and optimizers as they
+        are now, its plain values as it last reported them) or the objects it loads into,
+        with raylight's own state (the loaders' positions now). Called on every rank.
+        False when the loop never named what its checkpoint holds."""
+        if self._entries is None:
+            self.logger.warning(
+                "preemption notice: no just-in-time checkpoint (the loop has neither "
+                "reported a checkpoint nor called ctx.load_checkpoint(objects)); the run "
+                "resumes from its last committed checkpoint"
+            )
+            return False
+        self._report({}, self._entries, snapshot=True)
+        return True
 
     def _shard_dir(self, index: int) -> str:
         if self._checkpoint_dir is None:
@@ -380,9 +408,11 @@ class TrainContext:
         ``prepare_optimizer``.
         """
         ckpt = self._checkpoint
+        objects = dict(objects or {})
+        if self._entries is None and objects:
+            self._entries = dict(objects)
         if ckpt is None:
             return None
-        objects = dict(objects or {})
         stored = ckpt.full_state()
         entries = sorted(k for k in stored if k != RAYLIGHT_KEY)
         unknown = sorted(k for k in objects if k not in entries)
@@ -412,6 +442,8 @@ class TrainContext:
             target = self.unwrap_model(obj) if isinstance(obj, nn.Module) else obj
             target.load_state_dict(full[key])
         self._sink.heartbeat()
+        if self._entries is not None and set(self._entries) == set(objects):
+            self._entries.update({k: full[k] for k in rest})
         return {k: full[k] for k in rest}
 
     def _load_shards(self, objects: dict[str, Any], stored: dict[str, Any], path: str) -> None:
@@ -516,7 +548,9 @@ def run_worker_loop(
         on_start(ctx)
     try:
         call_train_loop(fn, ctx, config)
-    except ResizeInterrupt:
+    except ResizeInterrupt as stop:
+        if stop.snapshot:
+            ctx._snapshot()
         return "paused"
     return "finished"
 

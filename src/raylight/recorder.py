@@ -279,6 +279,12 @@ class RunRecorder:
         (when checkpoints between were lost with the worker that made them)."""
         self.begin()
         self.lease.check(reread=report.checkpoint is not None)
+        if report.snapshot:  # a preemption's checkpoint: committed after the last row
+            if report.checkpoint is not None:
+                if commit_index is not None:
+                    self._next_ckpt = max(self._next_ckpt, commit_index)
+                self._commit(report, len(self.history) - 1)
+            return
         index = len(self.history)
         self.history.append(report.metrics)
         row = {"_report": index, "_time": report.time, "_workers": num_workers, **report.metrics}

@@ -40,6 +40,8 @@ class Result:
         checkpoint: the last committed checkpoint, or None.
         path: URI of the run directory.
         num_failures: worker failures the run recovered from.
+        num_preemptions: nodes the run lost (or let go) after a preemption notice; they
+            do not count as failures.
     """
 
     metrics: dict[str, Any]
@@ -47,6 +49,7 @@ class Result:
     checkpoint: Checkpoint | None
     path: str
     num_failures: int = 0
+    num_preemptions: int = 0
     config: dict[str, Any] = field(default_factory=dict)
     resizes: list[dict[str, Any]] = field(default_factory=list)
 
@@ -134,9 +137,9 @@ class Trainer:
                 ).embedded
             with ProgressDisplay(enabled=run.progress) as display:
                 if self.config.scaling.num_workers == 0:
-                    num_failures = self._fit_in_process(recorder)
+                    num_failures, num_preemptions = self._fit_in_process(recorder), 0
                 else:
-                    num_failures = self._fit_on_ray(recorder, name, display, embedded=embedded, resizes=resizes)
+                    num_failures, num_preemptions = self._fit_on_ray(recorder, name, display, embedded=embedded, resizes=resizes)
         except BaseException as exc:
             recorder.close(exc)
             raise
@@ -147,6 +150,7 @@ class Trainer:
             checkpoint=recorder.latest,
             path=recorder.path,
             num_failures=num_failures,
+            num_preemptions=num_preemptions,
             config=resolved,
             resizes=resizes,
         )
@@ -159,7 +163,7 @@ class Trainer:
         *,
         embedded: bool,
         resizes: list[dict[str, Any]],
-    ) -> int:
+    ) -> tuple[int, int]:
         from raylight.context import run_worker_loop
         from raylight.controller import Controller, FailurePolicy, RunTelemetry, State
         from raylight.plots import plot_adaptive
@@ -191,7 +195,8 @@ class Trainer:
         )
         policy = build_scaling_policy(cfg, trace=telemetry.trace_row, saved=recorder.engine_state() if cfg.run.resume else None)
         failure = FailurePolicy(
-            cfg.failure.max_failures, backoff_s=cfg.failure.restart_backoff_s, backoff_max_s=cfg.failure.restart_backoff_max_s
+            cfg.failure.max_failures, backoff_s=cfg.failure.restart_backoff_s,
+            backoff_max_s=cfg.failure.restart_backoff_max_s, max_preemptions=cfg.failure.max_preemptions,
         )
         controller = Controller(
             group=group, recorder=recorder, failure_policy=failure, scaling_policy=policy,
@@ -206,7 +211,7 @@ class Trainer:
         if controller.state is State.ERRORED:
             assert controller.error is not None
             raise controller.error
-        return controller.num_failures
+        return controller.num_failures, controller.num_preemptions
 
     def _fit_in_process(self, recorder: RunRecorder) -> int:
         import torch

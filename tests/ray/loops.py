@@ -154,12 +154,20 @@ def elastic_loop(ctx, config):
     # step since the (re)start, once (a marker file per kill records that it happened).
     kills = config.get("kills", [])
     attempt = sum(os.path.exists(f"{config.get('marker')}{i}") for i in range(len(kills)))
+    # sigterm: [rank, step]: that rank sends itself SIGTERM at that step, once.
+    sigterm = config.get("sigterm")
+    # positions: rank 0 appends "epoch cursor" after each step (a step run twice shows
+    # as a repeated line); notice_file: where a test says it gave notice.
+    positions = open(config["positions"], "a") if config.get("positions") and ctx.rank == 0 else None  # noqa: SIM115
     step = 0
     for epoch in ctx.epochs(config["epochs"]):
         for ids, x, y in loader:
             if attempt < len(kills) and kills[attempt] == [ctx.rank, step]:
                 open(f"{config['marker']}{attempt}", "w").close()
                 os.kill(os.getpid(), signal.SIGKILL)
+            if sigterm == [ctx.rank, step] and not os.path.exists(config["sigterm_marker"]):
+                open(config["sigterm_marker"], "w").close()
+                os.kill(os.getpid(), signal.SIGTERM)
             opt.zero_grad()
             loss = nn.functional.mse_loss(model(x.to(dtype)), y.to(dtype))
             loss.backward()
@@ -168,6 +176,9 @@ def elastic_loop(ctx, config):
             seen[f"count{epoch}"] += len(ids)
             seen[f"sum{epoch}"] += float(ids.sum())
             seen[f"sq{epoch}"] += float((ids.double() ** 2).sum())
+            if positions is not None:
+                positions.write(f"{epoch} {loader.cursor}\n")
+                positions.flush()
             step += 1
             if step % config.get("checkpoint_every", 5) == 0:
                 ctx.report({"kind": "step"}, checkpoint=state())

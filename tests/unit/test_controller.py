@@ -30,6 +30,7 @@ from raylight.storage import RunStorage
 from raylight.worker_group.protocol import (
     ErrorInfo,
     GroupPoll,
+    Notice,
     Report,
     ResizeOutcome,
     WorkerFailure,
@@ -67,8 +68,11 @@ class FakeGroup:
             raise InsufficientResourcesError(f"only {self.placeable} fit")
         return placed
 
-    def resize(self, *, num_workers, threads, plan, commit, target=None):
-        self.resizes.append({"num_workers": num_workers, "threads": threads, "plan": plan, "commit": commit})
+    def resize(self, *, num_workers, threads, plan, commit, target=None, leaving=frozenset(), snapshot=False):
+        self.resizes.append({
+            "num_workers": num_workers, "threads": threads, "plan": plan, "commit": commit,
+            "leaving": leaving, "snapshot": snapshot,
+        })
         outcome = self.resize_outcomes.pop(0)
         if outcome.kind == "in_place":
             self._size = num_workers
@@ -276,7 +280,9 @@ def test_resize_in_place_keeps_workers_and_rolls_back_to_the_commit(recorder):
     assert c.step() is State.RESIZING
     assert c.phase.resize == Resize(3, "test"), "the pending decision rides in the phase"
     assert c.step() is State.RUNNING
-    assert group.resizes == [{"num_workers": 3, "threads": 1, "plan": None, "commit": 0}]
+    assert group.resizes == [
+        {"num_workers": 3, "threads": 1, "plan": None, "commit": 0, "leaving": frozenset(), "snapshot": False}
+    ]
     assert len(group.starts) == 1, "no new group: the survivors kept running"
     assert recorder.history == [{"epoch": 0}], "reports after the commit are rolled back"
     assert c.num_workers == 3 and c.num_failures == 0 and c.num_restarts == 1
@@ -315,6 +321,69 @@ def test_a_lost_worker_is_a_resize_when_the_policy_says_so(recorder):
     assert c.step() is State.RUNNING
     assert group.resizes[0]["num_workers"] == 1 and c.num_failures == 0
     assert c.step() is State.FINISHED
+
+
+def noticed(node="n1", ranks=(1,), n=2, reports=()):
+    """A poll in which ``node`` (holding ``ranks``) was given notice."""
+    base = running(*reports, n=n)
+    others = [r for r in range(n) if r not in ranks]
+    return GroupPoll(
+        base.polls, notices=[Notice(node, "drain", "test", deadline=None)],
+        ranks_on={node: list(ranks), "n0": others},
+    )
+
+
+class NoticePolicy(ScriptedPolicy):
+    def on_notice(self, num_workers, leaving):
+        return Resize(num_workers - len(leaving), "notice", True, leaving, snapshot=True)
+
+
+def test_a_notice_lets_the_node_s_workers_go_after_a_snapshot(recorder):
+    snapshot = Report({}, serialize_state({"epoch": 1}), seq=2, snapshot=True)
+    group = FakeGroup(
+        [running(ckpt_report(0)), running(Report({"epoch": 1})), noticed(), noticed(), finished(n=1)],
+        resize_outcomes=[ResizeOutcome("in_place", [snapshot])],
+    )
+    c = make(group, recorder, policy=NoticePolicy(2))
+    c.step(), c.step(), c.step(), c.step()
+    assert c.step() is State.RESIZING
+    assert c.step() is State.RUNNING
+    assert group.resizes[0]["leaving"] == frozenset({1}) and group.resizes[0]["snapshot"]
+    assert group.resizes[0]["num_workers"] == 1
+    assert recorder.latest.load() == {"epoch": 1}, "the snapshot is the checkpoint restored"
+    assert recorder.history == [{"epoch": 0}, {"epoch": 1}], "a snapshot adds no row and rolls nothing back"
+    assert c.num_failures == 0 and c.num_preemptions == 1
+    assert c.step() is State.RUNNING, "a node is acted on once, however many polls name it"
+    assert c.step() is State.FINISHED
+
+
+def test_a_worker_lost_with_a_noticed_node_is_a_preemption_not_a_failure(recorder):
+    died = GroupPoll(
+        [WorkerPoll(0, "running")], [WorkerFailure(1, "died", "node gone", node_id="n1")], ranks_on={"n1": [1]}
+    )
+    group = FakeGroup([running(ckpt_report(0)), noticed(), died, finished()])
+    c = make(group, recorder, max_failures=0)  # fixed size: waits for the node to go
+    c.step(), c.step(), c.step()
+    assert c.step() is State.RUNNING, "a fixed-size run without step agreement keeps training"
+    assert c.step() is State.RESTARTING
+    assert c.num_failures == 0 and c.num_preemptions == 1
+    c.step(), c.step()
+    assert c.step() is State.FINISHED
+
+
+def test_preemptions_have_their_own_budget(recorder):
+    died = GroupPoll(
+        [WorkerPoll(0, "running")], [WorkerFailure(1, "died", "node gone", node_id="n1")], ranks_on={"n1": [1]}
+    )
+    group = FakeGroup([running(ckpt_report(0)), noticed(), died])
+    c = Controller(
+        group=group, recorder=recorder, failure_policy=FailurePolicy(5, max_preemptions=0),
+        scaling_policy=FixedScalingPolicy(2, 1),
+    )
+    for _ in range(5):
+        c.step()
+    assert c.state is State.ERRORED and isinstance(c.error, WorkerDiedError)
+    assert "max_preemptions=0" in str(c.error)
 
 
 def test_the_start_runs_what_the_cluster_places(recorder):

@@ -72,6 +72,17 @@ def test_the_one_clamp_bounds_every_size():
     assert fixed.start_size(lambda: 16) == 3 and fixed.fewest(3) == 3 and fixed.on_lost(3, 1) is None
 
 
+def test_a_notice_shrinks_an_elastic_run_in_place_and_restarts_a_fixed_one():
+    p = policy(min_workers=1, max_workers=4)
+    shrink = p.on_notice(3, frozenset({1, 2}))
+    assert shrink is not None and shrink.num_workers == 1 and shrink.in_place and shrink.snapshot
+    assert shrink.leaving == frozenset({1, 2})
+    everyone = p.on_notice(2, frozenset({0, 1}))  # no survivor: snapshot, then a restart
+    assert everyone is not None and everyone.leaving == frozenset({0, 1}) and everyone.snapshot
+    fixed = policy(elastic=False, min_workers=3, max_workers=3).on_notice(3, frozenset({2}))
+    assert fixed is not None and fixed.num_workers == 3 and fixed.leaving == frozenset({0, 1, 2})
+
+
 def test_threads_share_the_largest_sizes_cpus():
     p = policy(thread_budget=4.0)
     assert [p.threads(k) for k in (1, 2, 3, 4)] == [4, 2, 1, 1]

@@ -36,13 +36,19 @@ from raylight.adaptive.profile import StepProfile
 
 
 class ResizeInterrupt(BaseException):
-    """Raised at a step boundary on every rank when the group is about to be resized."""
+    """Raised at a step boundary on every rank when the group is about to be resized.
+    ``snapshot``: some rank was asked to checkpoint there (a preemption notice), so every
+    rank takes its part of a checkpoint of the state at this boundary before stopping."""
+
+    def __init__(self, snapshot: bool = False) -> None:
+        super().__init__()
+        self.snapshot = snapshot
 
 
 # Slots of the control vector. Rank-0-only slots are zero elsewhere, so a SUM
 # all-reduce hands rank 0's values to everyone.
-CONTROL_SLOTS = 9
-_STOP, _VERSION, _ATOMIC, _ACCUM, _SMALL_SQR, _BIG_SQR, _SMALL_B, _BIG_B, _VALID = range(CONTROL_SLOTS)
+CONTROL_SLOTS = 10
+_STOP, _VERSION, _ATOMIC, _ACCUM, _SMALL_SQR, _BIG_SQR, _SMALL_B, _BIG_B, _VALID, _SNAPSHOT = range(CONTROL_SLOTS)
 
 # The first optimizer steps at a new layout (a new batch size, or a new worker group) pay
 # one-off costs, memory for the new tensor sizes among them, that the steady-state
@@ -110,6 +116,8 @@ class StepSync:
         self.carrier = False
         self.exchanging = False  # this step's control vector rides on the gradients
         self._stop_agreed = False  # a stop agreed in a step's all-reduce: raised at the next begin_step
+        self._snapshot = threading.Event()  # the stop asked for asks for a checkpoint too
+        self._snapshot_agreed = False
         self._received = True  # the last exchanging step's vector came back
         self.step_count = 0  # optimizer steps begun by this context
         self.measuring = False  # this step measures gradient noise (all micro-steps unsynced)
@@ -124,7 +132,9 @@ class StepSync:
             if plan.version > max(self.plan.version, self._pending_plan.version if self._pending_plan else -1):
                 self._pending_plan = plan
 
-    def request_stop(self) -> None:
+    def request_stop(self, *, snapshot: bool = False) -> None:
+        if snapshot:
+            self._snapshot.set()
         self._stop.set()
 
     def drain_stats(self) -> AdaptiveStats:
@@ -155,7 +165,7 @@ class StepSync:
         self.exchanging = False
         if self._stop_agreed:
             self._stop_agreed = False
-            raise ResizeInterrupt()
+            raise ResizeInterrupt(snapshot=self._snapshot_agreed)
         self.phase = self.step_count % self.every
         self.step_count += 1
         # Replicas compare local and averaged gradients; one replica, or a group whose
@@ -189,6 +199,7 @@ class StepSync:
         statistics it carries."""
         vec = [0.0] * CONTROL_SLOTS
         vec[_STOP] = 1.0 if self._stop.is_set() else 0.0
+        vec[_SNAPSHOT] = 1.0 if self._snapshot.is_set() else 0.0
         stats, self._stats = self._stats, _GradStats()
         vec[_SMALL_SQR] = stats.small_sqr if stats.valid else 0.0
         if self.rank == 0:
@@ -211,8 +222,9 @@ class StepSync:
     def _apply(self, vec: Sequence[float], *, stop_now: bool) -> None:
         if vec[_STOP] > 0:
             if stop_now:
-                raise ResizeInterrupt()
+                raise ResizeInterrupt(snapshot=vec[_SNAPSHOT] > 0)
             self._stop_agreed = True
+            self._snapshot_agreed = vec[_SNAPSHOT] > 0
         version = int(vec[_VERSION])
         if version > self.plan.version:
             self.plan = BatchPlan(int(vec[_ATOMIC]), int(vec[_ACCUM]), version)

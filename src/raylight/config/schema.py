@@ -633,6 +633,20 @@ class FailureConfig(ConfigModel):
     restart_backoff_max_s: float = Field(
         60.0, ge=0, description="The longest wait between restarts (see restart_backoff_s)."
     )
+    max_preemptions: int = Field(
+        -1,
+        ge=-1,
+        description="Restarts allowed after nodes were taken away with notice (Ray's node "
+        "drain, a SIGTERM, a cloud's preemption notice); they do not count against "
+        "max_failures. -1 for unlimited.",
+    )
+    preemption_grace_s: float = Field(
+        30.0,
+        gt=0,
+        description="A worker process that gets SIGTERM treats it as its node's preemption "
+        "notice and exits this long after it (Kubernetes' default grace period), unless the "
+        "driver lets it go first.",
+    )
 
 
 class TrainerConfig(ConfigModel):

@@ -106,7 +106,9 @@ class Controller:
         self.num_workers = 0  # of the group running (or about to)
         self.threads = 1
         self.num_failures = 0
+        self.num_preemptions = 0
         self.num_restarts = 0
+        self._noticed: set[str] = set()  # nodes given notice (acted on once each)
         self.error: RaylightError | None = None
         self.last_failure: WorkerFailure | None = None
         self._last_seq = -1  # of the last report recorded
@@ -194,6 +196,8 @@ class Controller:
         self._record(poll)
         if self.telemetry.on_poll is not None:
             self.telemetry.on_poll(poll, self)
+        if self._on_notices(poll):
+            return
         if poll.failures:
             died = [f for f in poll.failures if f.kind == "died"]
             lost = self.scaling_policy.on_lost(self.num_workers, len(died)) if died else None
@@ -212,6 +216,32 @@ class Controller:
             return
         for decision in self.scaling_policy.decide(self._view(poll)):
             self._execute(decision)
+
+    def _on_notices(self, poll: GroupPoll) -> bool:
+        """Nodes given notice (a drain, a SIGTERM, a cloud's notice): once per node, the
+        scaling policy's resize lets their workers go after a snapshot. Returns whether
+        a resize begins."""
+        fresh = [n for n in poll.notices if n.node_id not in self._noticed]
+        if not fresh:
+            return False
+        self._noticed.update(n.node_id for n in fresh)
+        leaving = frozenset(r for n in fresh for r in poll.ranks_on.get(n.node_id, []))
+        now = wall()
+        for n in fresh:
+            left = f"{n.deadline - now:.0f}s left" if n.deadline is not None else "no deadline given"
+            log.warning("node %s was given notice (%s: %s; %s)", n.node_id[:12], n.source, n.reason, left)
+            self.telemetry.event({
+                "event": "notice", "node": n.node_id, "source": n.source, "reason": n.reason,
+                "deadline": n.deadline, "time": now, "ranks": sorted(poll.ranks_on.get(n.node_id, [])),
+            })
+        if not leaving or any(f.kind == "died" for f in poll.failures):
+            return False  # gone already: a lost worker, below
+        decision = self.scaling_policy.on_notice(self.num_workers, leaving)
+        if decision is None:
+            return False
+        self.num_preemptions += 1
+        self._begin_resize(decision)
+        return True
 
     def _execute(self, decision: ScalingDecision) -> None:
         if isinstance(decision, SetPlan):
@@ -248,6 +278,7 @@ class Controller:
             outcome = self.group.resize(
                 num_workers=target, threads=threads, plan=plan, commit=commit,
                 target=self.recorder.checkpoint_target(clear=False),
+                leaving=phase.resize.leaving, snapshot=phase.resize.snapshot,
             )
         else:
             outcome = ResizeOutcome("fallback", reason="this run resizes from its checkpoints")
@@ -299,8 +330,10 @@ class Controller:
         for seq in sorted(by_seq):
             copy = by_seq[seq]
             if adopted is not None and seq == adopted[2]:
-                report = Report(copy.metrics, adopted[1], copy.time, seq)
+                report = Report(copy.metrics, adopted[1], copy.time, seq, snapshot=copy.snapshot)
                 self.recorder.record(report, num_workers=num_workers, commit_index=adopted[0])
+            elif copy.snapshot:  # a snapshot's copy has no row of its own
+                pass
             else:
                 self.recorder.record(Report(copy.metrics, None, copy.time, seq), num_workers=num_workers)
             self._last_seq = seq
@@ -318,6 +351,9 @@ class Controller:
         self.phase = Phase(State.SCHEDULING)
 
     def _handle_failure(self, failure: WorkerFailure, cause: BaseException | None = None) -> None:
+        if failure.kind == "died" and failure.node_id is not None and failure.node_id in self._noticed:
+            self._handle_preemption(failure, cause)
+            return
         self.num_failures += 1
         self.last_failure = failure
         resume = self.recorder.latest
@@ -350,6 +386,28 @@ class Controller:
             f"{budget} (without limit)" if budget < 0 else budget,
         )
         self.phase = Phase(State.RESTARTING, delay_s=decision.delay_s)
+
+    def _handle_preemption(self, failure: WorkerFailure, cause: BaseException | None) -> None:
+        """A worker lost with a node that was given notice: counted against
+        ``max_preemptions``, not ``max_failures``; restarted at once."""
+        self.num_preemptions += 1
+        self.last_failure = failure
+        decision = self.failure_policy.decide_preemption(failure, num_preemptions=self.num_preemptions)
+        if isinstance(decision, Raise):
+            error = self._error_for(failure)
+            error.args = (
+                f"{error.args[0]} Its node was preempted {self.num_preemptions} time(s) and "
+                f"FailureConfig.max_preemptions={self.failure_policy.max_preemptions} allows no more.",
+            )
+            self._fail(error, cause=cause)
+            return
+        resume = self.recorder.latest
+        where = f"checkpoint {resume.metadata.get('index')}" if resume else "the beginning"
+        log.warning(
+            "worker rank %s went with its preempted node; restarting from %s (preemption %d, "
+            "not counted against max_failures)", failure.rank, where, self.num_preemptions,
+        )
+        self.phase = Phase(State.RESTARTING)
 
     def _fail(self, error: RaylightError, cause: BaseException | None = None) -> None:
         if cause is not None and error.__cause__ is None:

@@ -31,6 +31,10 @@ class Resize:
     num_workers: int
     reason: str = ""
     in_place: bool = True
+    # A preemption notice: these ranks go (their node is leaving), and every worker
+    # checkpoints where it stops, so the steps since the last checkpoint are not lost.
+    leaving: frozenset[int] = frozenset()
+    snapshot: bool = False
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,13 @@ class FailurePolicy:
     most ``backoff_max_s``; so a deterministic error under ``max_failures=-1`` backs off
     instead of spinning."""
 
-    def __init__(self, max_failures: int, *, backoff_s: float = 0.0, backoff_max_s: float = 0.0) -> None:
+    def __init__(
+        self, max_failures: int, *, backoff_s: float = 0.0, backoff_max_s: float = 0.0, max_preemptions: int = -1
+    ) -> None:
         self.max_failures = max_failures
         self.backoff_s = backoff_s
         self.backoff_max_s = backoff_max_s
+        self.max_preemptions = max_preemptions
 
     def delay(self, in_a_row: int) -> float:
         """Seconds to wait before the restart after the ``in_a_row``-th failure with no
@@ -47,6 +50,13 @@ class FailurePolicy:
         since the last new checkpoint, this one included."""
         if self.max_failures < 0 or num_failures <= self.max_failures:
             return Restart(failure, delay_s=self.delay(in_a_row))
+        return Raise(failure)
+
+    def decide_preemption(self, failure: WorkerFailure, *, num_preemptions: int) -> FailureDecision:
+        """A worker lost with its node after a notice: its own budget, ``max_preemptions``
+        (-1: always), not ``max_failures``; restarted at once (the cause was outside)."""
+        if self.max_preemptions < 0 or num_preemptions <= self.max_preemptions:
+            return Restart(failure)
         return Raise(failure)
 
 
@@ -95,6 +105,11 @@ class ScalingPolicy(Protocol):
         """``lost`` of ``num_workers`` died: a resize to go on without them, or None (a
         failure for the failure policy)."""
 
+    def on_notice(self, num_workers: int, leaving: frozenset[int]) -> Resize | None:
+        """The ranks ``leaving`` are on nodes given notice: the resize that lets them go
+        (with a snapshot where the workers can agree on a step to take it), or None: they
+        run until their node goes, and the run restarts then."""
+
     def record_restart(self, seconds: float) -> None:
         """A resize took ``seconds`` from decision to the first step."""
 
@@ -138,6 +153,9 @@ class FixedScalingPolicy:
 
     def on_lost(self, num_workers: int, lost: int) -> Resize | None:
         return None
+
+    def on_notice(self, num_workers: int, leaving: frozenset[int]) -> Resize | None:
+        return None  # no step boundary the workers agree on: no snapshot
 
     def record_restart(self, seconds: float) -> None:
         pass

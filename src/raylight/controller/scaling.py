@@ -131,6 +131,18 @@ class GoodputScalingPolicy:
             return None
         return Resize(self.clamp(max(num_workers - lost, 1)), f"lost {lost} worker(s)", self.settings.resize_in_place)
 
+    def on_notice(self, num_workers: int, leaving: frozenset[int]) -> Resize | None:
+        """Workers on nodes given notice stop at a step boundary where every worker
+        checkpoints (a snapshot). An elastic run goes on in place without them; a run of
+        fixed size (or one with no worker left) restarts from that snapshot at its size,
+        on the nodes that stay."""
+        s = self.settings
+        remaining = num_workers - len(leaving)
+        why = f"preemption notice for rank(s) {sorted(leaving)}"
+        if s.elastic and s.resize_in_place and remaining >= 1:
+            return Resize(self.clamp(remaining), why, True, leaving, snapshot=True)
+        return Resize(self.restart_size(num_workers), why, True, frozenset(range(num_workers)), snapshot=True)
+
     def record_restart(self, seconds: float) -> None:
         self.engine.record_restart(seconds)
 

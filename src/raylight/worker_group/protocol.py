@@ -29,6 +29,8 @@ class Report:
     seq: int = -1  # the same on every rank for the same ctx.report call
     has_checkpoint: bool = False  # set on ranks other than 0, which send no bytes
     sharded_index: int | None = None  # the index whose directory holds the shards
+    # A preemption's just-in-time checkpoint: committed, but not a row of the history.
+    snapshot: bool = False
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,19 @@ class WorkerPoll:
     # worker_start_timeout_s); hang_timeout_s counts from when its loop starts.
     joined: bool = True
     commit: int = -1  # index of the last checkpoint this worker holds in memory
+    notice: Notice | None = None  # a preemption notice this worker's node was given
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Notice that a node is about to go (spot preemption, maintenance, a pod's SIGTERM).
+    ``node_id``: the Ray node; ``deadline``: wall-clock seconds when it goes (None:
+    unknown); ``source``: who said so ("drain", "sigterm", "aws", ...)."""
+
+    node_id: str
+    source: str
+    reason: str = ""
+    deadline: float | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +103,7 @@ class WorkerFailure:
     error: ErrorInfo | None = None
     seconds_since_progress: float = 0.0
     cause: BaseException | None = None  # the worker's exception, where it could be fetched
+    node_id: str | None = None  # the Ray node it ran on
 
 
 _SEVERITY = {"died": 0, "hang": 1, "error": 2}
@@ -100,6 +116,8 @@ class GroupPoll:
     polls: list[WorkerPoll]
     failures: list[WorkerFailure] = field(default_factory=list)
     spare_ready: bool = False  # a warm spare waits to join when the group grows
+    notices: list[Notice] = field(default_factory=list)  # nodes of this group given notice
+    ranks_on: dict[str, list[int]] = field(default_factory=dict)  # node id -> its ranks
 
     @property
     def finished(self) -> bool:
@@ -201,6 +219,10 @@ class WorkerGroup(Protocol):
         plan: BatchPlan | None,
         commit: int,
         target: CheckpointTarget | None = None,
+        leaving: frozenset[int] = frozenset(),
+        snapshot: bool = False,
     ) -> ResizeOutcome:
         """Resize in place, restoring checkpoint ``commit`` from a survivor's memory (a
-        sharded one's tensors from ``target``'s directory)."""
+        sharded one's tensors from ``target``'s directory). ``leaving``: ranks that go
+        (on a node given notice); ``snapshot``: the workers checkpoint where they stop
+        (that checkpoint is restored instead)."""

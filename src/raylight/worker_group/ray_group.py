@@ -43,6 +43,7 @@ from raylight.strategies.base import worker_env
 from raylight.worker_group.protocol import (
     CheckpointTarget,
     GroupPoll,
+    Notice,
     Report,
     ResizeOutcome,
     WorkerFailure,
@@ -60,6 +61,23 @@ STOP_POLL_S = 0.02  # how often a resize checks whether every worker has stopped
 # healthy cluster places a group in milliseconds; free resources read a moment earlier
 # can already be taken.
 ELASTIC_PLACEMENT_WAIT_S = 2.0
+
+
+# How often the group asks Ray which nodes are being drained (a GCS call).
+DRAIN_CHECK_S = 1.0
+
+
+def draining_nodes() -> dict[str, float | None]:
+    """Nodes Ray is draining (``ray drain-node``, the autoscaler, a cloud's preemption
+    through KubeRay): node id -> the wall-clock deadline (None: none given). Empty where
+    Ray cannot say (a Ray Client driver)."""
+    try:
+        from ray._private.state import state
+
+        found = state.get_draining_nodes()
+    except Exception:  # Ray's private API moved, or no GCS connection: no drain notices
+        return {}
+    return {str(node): (ms / 1000.0 if ms else None) for node, ms in found.items()}
 
 
 def _fmt(resources: dict[str, float]) -> str:
@@ -190,6 +208,8 @@ class RayWorkerGroup:
         self._pgs: list[PlacementGroup] = []
         self._spare: _Spare | None = None
         self._resizing = False
+        self._draining: dict[str, float | None] = {}
+        self._drain_checked = -DRAIN_CHECK_S
         # Running inside a placement group (a Tune trial): workers go into its bundles,
         # which this group never removes.
         self._outer = get_current_placement_group() if ray.is_initialized() else None
@@ -286,7 +306,7 @@ class RayWorkerGroup:
         used = {(id(m.pg), m.bundle) for m in self._members}
         if self._outer is not None:
             return [(self._outer, b) for b in self._outer_bundles if (id(self._outer), b) not in used]
-        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")} - set(self._draining)
         slots = []
         for pg in self._pgs:
             placed = placement_group_table(pg).get("bundles_to_node_id", {})
@@ -330,7 +350,7 @@ class RayWorkerGroup:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=pg, placement_group_bundle_index=bundle
                 ),
-            ).remote(RankInfo(i, 0, count, 1, 0), self._run_name)
+            ).remote(RankInfo(i, 0, count, 1, 0), self._run_name, self._failure.preemption_grace_s)
             for i, (pg, bundle) in enumerate(slots)
         ]
         try:
@@ -379,7 +399,7 @@ class RayWorkerGroup:
             max_restarts=0,
             runtime_env=self._runtime_env(),
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-        ).remote(RankInfo(0, 0, 1, 1, 0), self._run_name)
+        ).remote(RankInfo(0, 0, 1, 1, 0), self._run_name, self._failure.preemption_grace_s)
         self._spare = _Spare(actor, node_id, [actor.node_info.remote(), *self._warm_refs([actor])])
 
     def _take_spare(self, slots: list[tuple[PlacementGroup, int]]) -> tuple[int, _Spare | None]:
@@ -515,14 +535,20 @@ class RayWorkerGroup:
         plan: BatchPlan | None,
         commit: int,
         target: CheckpointTarget | None = None,
+        leaving: frozenset[int] = frozenset(),
+        snapshot: bool = False,
     ) -> ResizeOutcome:
-        """Resize in place: stop live workers at a step boundary, keep those holding
+        """Resize in place: stop live workers at a step boundary (``snapshot``: each
+        checkpoints there first, and that checkpoint is the one restored), keep those holding
         checkpoint ``commit`` in memory, add or remove workers, re-form the process group
         and restart the loop from that state, broadcast from a survivor (a sharded
         checkpoint's tensors are read from ``target``'s directory, resharded)."""
         self._resizing = True
         try:
-            return self._resize(num_workers=num_workers, threads=threads, plan=plan, commit=commit, target=target)
+            return self._resize(
+                num_workers=num_workers, threads=threads, plan=plan, commit=commit, target=target,
+                leaving=leaving, snapshot=snapshot,
+            )
         finally:
             self._resizing = False
 
@@ -534,6 +560,8 @@ class RayWorkerGroup:
         plan: BatchPlan | None,
         commit: int,
         target: CheckpointTarget | None,
+        leaving: frozenset[int],
+        snapshot: bool,
     ) -> ResizeOutcome:
         reports: list[Report] = []
         shadow: list[Report] = []
@@ -548,7 +576,7 @@ class RayWorkerGroup:
         stopped_at, stopped_wall = monotonic(), wall()
         phases = {"spawn_s": stopped_at - began - warm_s, "warm_s": warm_s, "spares": sum(m.warm for m in added)}
         for m in self._members:
-            m.actor.interrupt.remote()
+            m.actor.interrupt.remote(snapshot)
         # Live workers stop at their next control step. With a dead peer, one may instead
         # sit in a collective that never completes: past a health-check period it is
         # treated as hung and replaced.
@@ -577,6 +605,9 @@ class RayWorkerGroup:
         if target is not None:
             target = replace(target, next_index=target.next_index + stopped_with)
         dead = {f.rank for f in poll.failures if f.kind in ("died", "hang")}
+        # Workers on a node given notice stop like the others (and deliver their part of
+        # the snapshot), then go.
+        dead |= set(leaving)
         live = {p.rank: p for p in poll.polls if p.rank not in dead and p.state in ("paused", "errored")}
         log.info(
             "resize: workers %s; dead %s; holding %s",
@@ -663,7 +694,7 @@ class RayWorkerGroup:
         failures: list[WorkerFailure] = []
         for rank, ref in enumerate(refs):
             node = self._members[rank].node
-            where: dict[str, Any] = {"node": node.get("ip"), "pid": node.get("pid")}
+            where: dict[str, Any] = {"node": node.get("ip"), "pid": node.get("pid"), "node_id": node.get("node_id")}
             if ref not in ready_set:
                 failures.append(
                     WorkerFailure(
@@ -718,7 +749,30 @@ class RayWorkerGroup:
         if not failures:
             self._tend_spare(polls)
         spare_ready = self._spare is not None and self._spare.ready
-        return GroupPoll(polls, GroupPoll.root_cause_first(failures), spare_ready=spare_ready)
+        ranks_on: dict[str, list[int]] = defaultdict(list)
+        for rank, member in enumerate(self._members):
+            ranks_on[str(member.node.get("node_id"))].append(rank)
+        return GroupPoll(
+            polls, GroupPoll.root_cause_first(failures), spare_ready=spare_ready,
+            notices=self._notices(polls, ranks_on), ranks_on=dict(ranks_on),
+        )
+
+    def _notices(self, polls: list[WorkerPoll], ranks_on: dict[str, list[int]]) -> list[Notice]:
+        """Notices for the nodes this group runs on: Ray draining them (checked every
+        DRAIN_CHECK_S), and what the workers were told (a SIGTERM, a cloud's notice)."""
+        now = monotonic()
+        if now - self._drain_checked >= DRAIN_CHECK_S:
+            self._drain_checked = now
+            self._draining = draining_nodes()
+        found = {
+            node: Notice(node, "drain", "Ray is draining the node (ray drain-node, the autoscaler or the cloud)", deadline)
+            for node, deadline in self._draining.items()
+            if node in ranks_on
+        }
+        for p in polls:
+            if p.notice is not None and p.notice.node_id not in found:
+                found[p.notice.node_id] = p.notice
+        return list(found.values())
 
     def _fetch_exception(self, ref: Any) -> BaseException | None:
         """A worker's exception, deserialised by Ray from the object the worker put; None

@@ -10,6 +10,7 @@ import gc
 import importlib
 import logging
 import os
+import signal
 import sys
 import threading
 import traceback
@@ -24,6 +25,7 @@ from raylight.checkpoint import Checkpoint
 from raylight.worker_group.net import interface_for, listen_socket, loopback_interface
 from raylight.worker_group.protocol import (
     ErrorInfo,
+    Notice,
     Progress,
     Report,
     WorkerPoll,
@@ -108,7 +110,7 @@ def error_info(exc: BaseException) -> ErrorInfo:
 class RaylightWorker:
     """One data-parallel worker. Created by the worker group, one per bundle."""
 
-    def __init__(self, rank_info: RankInfo, run_name: str) -> None:
+    def __init__(self, rank_info: RankInfo, run_name: str, sigterm_grace_s: float = 30.0) -> None:
         self.info = rank_info
         self.run_name = run_name
         self._lock = threading.Lock()
@@ -126,6 +128,40 @@ class RaylightWorker:
         self._ip = ""  # this node's address, as Ray knows it
         # An interface the user chose for gloo (runtime_env) wins over raylight's choice.
         self._user_gloo_ifname = os.environ.get("GLOO_SOCKET_IFNAME")
+        self._notice: Notice | None = None
+        self._sigterm_grace_s = sigterm_grace_s
+        self._ray_sigterm: Any = None
+        if threading.current_thread() is threading.main_thread():
+            self._ray_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        """A SIGTERM (a pod or a spot agent ending this node) is a notice: the driver
+        checkpoints and lets this worker go before the grace period ends; a second one,
+        or the end of the grace period, exits the way Ray's own handler does; so does one
+        that comes when the loop is not running (Ray ending the process)."""
+        if self._notice is not None or self._state != "running":
+            previous = self._ray_sigterm
+            if callable(previous):
+                previous(signum, frame)
+            raise SystemExit(1)
+        self._notice = Notice(
+            node_id=self._node_id(),
+            source="sigterm",
+            reason=f"worker process {os.getpid()} got SIGTERM",
+            deadline=wall() + self._sigterm_grace_s,
+        )
+        logging.getLogger("raylight").warning(
+            "rank %d got SIGTERM: telling the driver; exiting in %gs", self.info.rank, self._sigterm_grace_s
+        )
+        timer = threading.Timer(self._sigterm_grace_s, os.kill, (os.getpid(), signal.SIGTERM))
+        timer.daemon = True
+        timer.start()
+
+    @staticmethod
+    def _node_id() -> str:
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
 
     def __repr__(self) -> str:  # Ray prefixes this actor's log lines with it
         return f"raylight {self.run_name} rank={self.info.rank}"
@@ -137,7 +173,7 @@ class RaylightWorker:
         self._ip = ray.util.get_node_ip_address()
         return {
             "ip": self._ip,
-            "node_id": ray.get_runtime_context().get_node_id(),
+            "node_id": self._node_id(),
             "pid": os.getpid(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
         }
@@ -230,10 +266,11 @@ class RaylightWorker:
         if self._sync is not None:
             self._sync.set_plan(plan)
 
-    def interrupt(self) -> None:
-        """Stop the loop at the next step boundary (all ranks agree which)."""
+    def interrupt(self, snapshot: bool = False) -> None:
+        """Stop the loop at the next step boundary (all ranks agree which); ``snapshot``:
+        every rank checkpoints there first."""
         if self._sync is not None:
-            self._sync.request_stop()
+            self._sync.request_stop(snapshot=snapshot)
 
     def poll(self) -> WorkerPoll:
         sync = self._sync
@@ -250,6 +287,7 @@ class RaylightWorker:
                 error=self._error,
                 adaptive=stats,
                 commit=self._commit[0] if self._commit is not None else -1,
+                notice=self._notice,
             )
 
     # -- ReportSink for the TrainContext ---------------------------------------------
