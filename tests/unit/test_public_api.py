@@ -130,6 +130,9 @@ def test_boundaries():
     # Tune's integration is used by products only (see test_products_stand_side_by_side).
     users = {m for m, deps in MODULES.items() if not m.startswith("raylight.tune") and any(d.startswith("raylight.tune") for d in deps)}
     assert all(m.startswith(("raylight.declarative", "raylight.lightning", "raylight.cli")) for m in users), users
+    # Preemption notice watchers are the standard library alone: no raylight, Ray or torch.
+    notices = {d.split(".")[0] for d in _all_imports(SRC / "notices.py")}
+    assert not notices & {"raylight", "ray", "torch", "requests", "urllib3"}, notices
     # Strategies know torch.distributed, not Ray.
     assert not {d for d in _deps("raylight.strategies") if d.startswith("ray.") or d == "ray"}
 
@@ -163,7 +166,7 @@ LAYERS = [
     ("base", ["raylight._time", "raylight.exceptions", "raylight.config"]),
     ("pure and storage", [
         "raylight.adaptive", "raylight.storage", "raylight.checkpoint", "raylight.sharded", "raylight.lease",
-        "raylight.plots",
+        "raylight.plots", "raylight.notices",
     ]),
     ("worker pieces and records", [
         "raylight.worker_group.protocol", "raylight.worker_group.net", "raylight.strategies", "raylight.data",
