@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from raylight.adaptive.plan import AdaptiveStats, BatchPlan
+from raylight.cost import WorkerPlace
 
 if TYPE_CHECKING:
     from raylight.checkpoint import Checkpoint
@@ -100,6 +101,8 @@ class GroupPoll:
     polls: list[WorkerPoll]
     failures: list[WorkerFailure] = field(default_factory=list)
     spare_ready: bool = False  # a warm spare waits to join when the group grows
+    # Where the workers run (rank, node, node type, resources): what the run's cost counts.
+    placement: tuple[WorkerPlace, ...] = ()
 
     @property
     def finished(self) -> bool:

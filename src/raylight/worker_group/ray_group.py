@@ -36,6 +36,7 @@ from ray.util.scheduling_strategies import (
 from raylight._time import monotonic, wall
 from raylight.adaptive.plan import AdaptiveSpec, BatchPlan
 from raylight.config import FailureConfig, ScalingConfig
+from raylight.cost import WorkerPlace
 from raylight.exceptions import InsufficientResourcesError, WorkerStartError
 from raylight.storage import checkpoint_name
 from raylight.strategies import build_strategy
@@ -718,7 +719,14 @@ class RayWorkerGroup:
         if not failures:
             self._tend_spare(polls)
         spare_ready = self._spare is not None and self._spare.ready
-        return GroupPoll(polls, GroupPoll.root_cause_first(failures), spare_ready=spare_ready)
+        return GroupPoll(polls, GroupPoll.root_cause_first(failures), spare_ready=spare_ready, placement=self._placement())
+
+    def _placement(self) -> tuple[WorkerPlace, ...]:
+        resources = self._scaling.worker_resources()
+        return tuple(
+            WorkerPlace(rank, m.node.get("node_id", "?"), m.node.get("node_type", "unknown"), resources)
+            for rank, m in enumerate(self._members)
+        )
 
     def _fetch_exception(self, ref: Any) -> BaseException | None:
         """A worker's exception, deserialised by Ray from the object the worker put; None
