@@ -1,7 +1,8 @@
 """RunRecorder: the driver's record of a run, kept in its run directory.
 
 It owns the run directory's files: the resolved config, ``status.json``,
-``metrics.jsonl`` (rank 0's reports, in order) and the committed checkpoints (the
+``metrics.jsonl`` (rank 0's reports, in order), ``cost.json`` (what the run used, written
+at its end) and the committed checkpoints (the
 newest ``checkpoints_to_keep``), and it is the run's one writer (``RunLease``).
 
 - ``open`` checks what can be checked and writes nothing to a new run: the directory
@@ -35,6 +36,7 @@ STATUS_FILE = "status.json"
 METRICS_FILE = "metrics.jsonl"
 TRACE_FILE = "adaptive.jsonl"
 ENGINE_FILE = "adaptive_state.json"
+COST_FILE = "cost.json"
 
 
 class RunRecorder:
@@ -316,6 +318,27 @@ class RunRecorder:
             self.storage.write_text(TRACE_FILE, "".join(json.dumps(r, default=str) + "\n" for r in self.trace_rows))
         if engine_state is not None:
             self.storage.write_text(ENGINE_FILE, json.dumps(engine_state))
+
+    def write_cost(self, cost: dict[str, Any], *, trace: bool) -> None:
+        """Write ``cost.json`` (atomically) and, with ``trace`` (a run that keeps
+        adaptive.jsonl), a ``cost`` row there. Nothing for a run that never began or lost
+        its lease."""
+        if not self._begun or not self.lease.held or self.lease.lost:
+            return
+        self.storage.write_text(COST_FILE, json.dumps(cost, indent=2))
+        if trace:
+            self.trace({"time": wall(), "event": "cost", **cost})
+
+    def previous_cost(self) -> dict[str, Any] | None:
+        """A resumed run's ``cost.json`` from its earlier attempts; None if absent or damaged."""
+        if not self.storage.exists(COST_FILE):
+            return None
+        try:
+            cost = json.loads(self.storage.read_text(COST_FILE))
+        except (ValueError, UnicodeDecodeError) as exc:
+            log.warning("%s of %s is damaged (%s); the run's cost counts from now", COST_FILE, self.storage.uri, exc)
+            return None
+        return cost if isinstance(cost, dict) else None
 
     def engine_state(self) -> dict[str, Any] | None:
         """The adaptive engine's saved state; None (with a warning) when it is damaged."""

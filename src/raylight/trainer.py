@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
+import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from raylight._time import wall
+from raylight._time import monotonic, wall
 from raylight.checkpoint import Checkpoint
 from raylight.config import (
     FSDP,
@@ -21,6 +22,7 @@ from raylight.config import (
     TrainerConfig,
     validate,
 )
+from raylight.cost import CostMeter, Prices, WorkerPlace, prices_from_env
 from raylight.exceptions import ConfigError
 from raylight.progress import ProgressDisplay
 from raylight.recorder import RunRecorder
@@ -42,6 +44,10 @@ class Result:
         num_failures: worker failures the run recovered from.
         num_preemptions: nodes the run lost (or let go) after a preemption notice; they
             do not count as failures.
+        cost: what the run used (also in ``cost.json``): ``wall_s``, ``worker_seconds``
+            by worker shape (``CPU:1``), ``node_seconds`` by node type, ``cost_usd``
+            (node-hours x ``RunConfig.prices``; None where a node type has no price, listed
+            in ``unpriced``). A resumed run counts its earlier attempts too.
     """
 
     metrics: dict[str, Any]
@@ -52,6 +58,7 @@ class Result:
     num_preemptions: int = 0
     config: dict[str, Any] = field(default_factory=dict)
     resizes: list[dict[str, Any]] = field(default_factory=list)
+    cost: dict[str, Any] | None = None
 
 
 class Trainer:
@@ -127,7 +134,9 @@ class Trainer:
         # Checks the run directory and, resuming, takes its lease: a second driver is
         # refused before it starts anything. A new run's directory appears only once
         # training starts.
+        prices = Prices(run.prices if run.prices is not None else prices_from_env(os.environ) or {})
         recorder.open(resolved, resume=run.resume, start_from=self.resume_from)
+        meter = CostMeter(monotonic(), previous=recorder.previous_cost() if run.resume else None)
         resizes: list[dict[str, Any]] = []
         try:
             embedded = False
@@ -137,12 +146,17 @@ class Trainer:
                 ).embedded
             with ProgressDisplay(enabled=run.progress) as display:
                 if self.config.scaling.num_workers == 0:
+                    meter.observe(monotonic(), [WorkerPlace(0, "local", "local", {"CPU": 1.0})])
                     num_failures, num_preemptions = self._fit_in_process(recorder), 0
                 else:
-                    num_failures, num_preemptions = self._fit_on_ray(recorder, name, display, embedded=embedded, resizes=resizes)
+                    num_failures, num_preemptions = self._fit_on_ray(
+                        recorder, name, display, embedded=embedded, resizes=resizes, meter=meter
+                    )
         except BaseException as exc:
+            self._record_cost(recorder, meter, prices)
             recorder.close(exc)
             raise
+        cost = self._record_cost(recorder, meter, prices)
         recorder.close()
         return Result(
             metrics=recorder.history[-1] if recorder.history else {},
@@ -153,7 +167,19 @@ class Trainer:
             num_preemptions=num_preemptions,
             config=resolved,
             resizes=resizes,
+            cost=cost,
         )
+
+    def _record_cost(self, recorder: RunRecorder, meter: CostMeter, prices: Prices) -> dict[str, Any]:
+        """The run ended: stop the meter, write cost.json (and the trace's cost row)."""
+        now = monotonic()
+        meter.stop(now)
+        cost = meter.summary(now, prices)
+        try:
+            recorder.write_cost(cost, trace=self.config.adaptive is not None or self.config.scaling.elastic)
+        except Exception as exc:  # the run's own outcome matters more than its bill
+            log.warning("could not write the run's cost to %s: %s", recorder.path, exc)
+        return cost
 
     def _fit_on_ray(
         self,
@@ -163,6 +189,7 @@ class Trainer:
         *,
         embedded: bool,
         resizes: list[dict[str, Any]],
+        meter: CostMeter,
     ) -> tuple[int, int]:
         from raylight.context import run_worker_loop
         from raylight.controller import Controller, FailurePolicy, RunTelemetry, State
@@ -187,6 +214,7 @@ class Trainer:
             recorder.trace({"time": wall(), **row}, policy.state_dict())
 
         telemetry = RunTelemetry(
+            cost=meter,
             trace=trace if adaptive_run else None,
             on_poll=lambda poll, c: display.update(
                 poll, num_workers=c.num_workers, num_restarts=c.num_restarts,
@@ -361,6 +389,7 @@ def fit(
     resume: bool = False,
     address: str | None = None,
     progress: bool = True,
+    prices: dict[str, float] | None = None,
 ) -> Result:
     """Train ``train_loop`` on ``num_workers`` data-parallel workers and return a Result.
 
@@ -370,7 +399,8 @@ def fit(
     job elastic. ``adaptive=AdaptiveConfig(...)`` chooses batch size and learning rate
     online. ``strategy`` is ``"ddp"`` (default), ``"fsdp"``, ``"deepspeed"``, ``FSDP(...)`` or
     ``DeepSpeed(...)`` (sharded).
-    ``progress=False`` is quiet mode.
+    ``progress=False`` is quiet mode. ``prices={node_type: USD/h}`` prices the run
+    (``Result.cost``).
     """
     settings = dict(
         scaling=validate(
@@ -390,6 +420,7 @@ def fit(
                 "name": name,
                 "resume": resume,
                 "progress": progress,
+                "prices": prices,
             },
         ),
         failure=validate(FailureConfig, {"max_failures": max_failures}),

@@ -227,3 +227,15 @@ def sharding_loop(ctx, config):
 
     model = ctx.prepare_model(initial_model())
     ctx.report({"sharded": isinstance(next(iter(model.parameters())), DTensor), "world_size": ctx.world_size})
+
+
+def timed_loop(ctx, config):
+    """Runs ``seconds`` (heartbeating), reporting its start and end on the wall clock."""
+    import time
+
+    start = time.time()
+    ctx.report({"start": start})
+    while time.time() - start < config["seconds"]:
+        time.sleep(0.05)
+        ctx.heartbeat()
+    ctx.report({"start": start, "end": time.time()})

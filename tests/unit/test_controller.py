@@ -18,6 +18,7 @@ from raylight.controller import (
     SetPlan,
     State,
 )
+from raylight.cost import WorkerPlace
 from raylight.exceptions import (
     InsufficientResourcesError,
     WorkerDiedError,
@@ -326,10 +327,9 @@ def test_a_lost_worker_is_a_resize_when_the_policy_says_so(recorder):
 def noticed(node="n1", ranks=(1,), n=2, reports=()):
     """A poll in which ``node`` (holding ``ranks``) was given notice."""
     base = running(*reports, n=n)
-    others = [r for r in range(n) if r not in ranks]
     return GroupPoll(
         base.polls, notices=[Notice(node, "drain", "test", deadline=None)],
-        ranks_on={node: list(ranks), "n0": others},
+        placement=tuple(WorkerPlace(r, node if r in ranks else "n0", "t") for r in range(n)),
     )
 
 
@@ -359,7 +359,8 @@ def test_a_notice_lets_the_node_s_workers_go_after_a_snapshot(recorder):
 
 def test_a_worker_lost_with_a_noticed_node_is_a_preemption_not_a_failure(recorder):
     died = GroupPoll(
-        [WorkerPoll(0, "running")], [WorkerFailure(1, "died", "node gone", node_id="n1")], ranks_on={"n1": [1]}
+        [WorkerPoll(0, "running")], [WorkerFailure(1, "died", "node gone", node_id="n1")],
+        placement=(WorkerPlace(0, "n0", "t"), WorkerPlace(1, "n1", "t")),
     )
     group = FakeGroup([running(ckpt_report(0)), noticed(), died, finished()])
     c = make(group, recorder, max_failures=0)  # fixed size: waits for the node to go
@@ -373,7 +374,8 @@ def test_a_worker_lost_with_a_noticed_node_is_a_preemption_not_a_failure(recorde
 
 def test_preemptions_have_their_own_budget(recorder):
     died = GroupPoll(
-        [WorkerPoll(0, "running")], [WorkerFailure(1, "died", "node gone", node_id="n1")], ranks_on={"n1": [1]}
+        [WorkerPoll(0, "running")], [WorkerFailure(1, "died", "node gone", node_id="n1")],
+        placement=(WorkerPlace(0, "n0", "t"), WorkerPlace(1, "n1", "t")),
     )
     group = FakeGroup([running(ckpt_report(0)), noticed(), died])
     c = Controller(

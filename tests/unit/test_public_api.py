@@ -27,7 +27,7 @@ def test_fit_signature_snapshot():
     assert list(params) == [
         "train_loop", "config", "num_workers", "adaptive", "use_gpu", "resources_per_worker", "placement",
         "strategy",
-        "storage_path", "name", "max_failures", "resume", "address", "progress",
+        "storage_path", "name", "max_failures", "resume", "address", "progress", "prices",
     ]
     assert all(p.kind is p.KEYWORD_ONLY for n, p in params.items() if n != "train_loop")
 
@@ -166,11 +166,12 @@ LAYERS = [
     ("base", ["raylight._time", "raylight.exceptions", "raylight.config"]),
     ("pure and storage", [
         "raylight.adaptive", "raylight.storage", "raylight.checkpoint", "raylight.sharded", "raylight.lease",
-        "raylight.plots", "raylight.notices",
+        "raylight.plots", "raylight.notices", "raylight.cost",
     ]),
     ("worker pieces and records", [
         "raylight.worker_group.protocol", "raylight.worker_group.net", "raylight.strategies", "raylight.data",
         "raylight.adaptive_worker", "raylight.recorder", "raylight.progress", "raylight.runtime",
+        "raylight.report",
     ]),
     ("context and control", ["raylight.context", "raylight.controller"]),
     ("worker group", ["raylight.worker_group"]),

@@ -41,6 +41,11 @@ SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a conf
 BackendOpt = Annotated[str | None, typer.Option(help="local or ray (overrides backend.type).")]
 QuietOpt = Annotated[bool, typer.Option(help="No progress display.")]
 ModelPathOpt = Annotated[str, typer.Option(help="<output-directory>/model of a trained run.")]
+PriceOpt = Annotated[
+    list[str] | None,
+    typer.Option("--price", help="Price of a node type in USD per hour: m5.xlarge=0.192, '*=0.1' for the rest (repeatable)."),
+]
+PricesOpt = Annotated[str | None, typer.Option("--prices", help="YAML/JSON file {node_type: USD per hour}.")]
 
 
 def _fail(exc: BaseException) -> None:
@@ -49,6 +54,16 @@ def _fail(exc: BaseException) -> None:
     console.print("[bold red]error:[/] ", end="", highlight=False)
     console.print(str(exc), highlight=False, soft_wrap=True, markup=False)  # [x] in text stays
     raise typer.Exit(2 if isinstance(exc, USAGE_ERRORS) else 1)
+
+
+def _prices(price: list[str] | None, prices_file: str | None) -> dict[str, float] | None:
+    """--prices FILE, then each --price over it; None when neither is given."""
+    from raylight.cost import load_prices, parse_prices
+
+    if not price and not prices_file:
+        return None
+    table = load_prices(prices_file) if prices_file else {}
+    return {**table, **parse_prices(price or [])}
 
 
 def _config(path: str, overrides: list[str] | None):
@@ -65,16 +80,25 @@ def train(
     backend: BackendOpt = None,
     set_: SetOpt = None,
     quiet: QuietOpt = False,
+    price: PriceOpt = None,
+    prices: PricesOpt = None,
 ) -> None:
     """Train a model described by CONFIG on DATASET."""
+    from raylight.cost import format_cost
     from raylight.declarative import api
 
     try:
-        out = api.train(_config(config, set_), dataset, output_directory=output_directory, backend=backend, progress=not quiet)
+        table = _prices(price, prices)
+        out = api.train(
+            _config(config, set_), dataset, output_directory=output_directory, backend=backend,
+            progress=not quiet, prices=table,
+        )
     except RaylightError as exc:
         _fail(exc)
     console.print_json(json.dumps(out["evaluation"]))
     console.print(f"model: {out['model_path']}")
+    if out.get("cost"):
+        console.print(f"cost: {format_cost(out['cost'])}", highlight=False, markup=False)
 
 
 @app.command()
@@ -85,9 +109,11 @@ def experiment(
     backend: BackendOpt = None,
     set_: SetOpt = None,
     quiet: QuietOpt = False,
+    price: PriceOpt = None,
+    prices: PricesOpt = None,
 ) -> None:
     """Train, then evaluate on the test split (written to evaluation.json)."""
-    train(config, dataset, output_directory, backend, set_, quiet)
+    train(config, dataset, output_directory, backend, set_, quiet, price, prices)
 
 
 @app.command()
@@ -187,6 +213,28 @@ def check(config: ConfigOpt, dataset: DatasetOpt, set_: SetOpt = None) -> None:
         _fail(exc)
     rows = len(next(iter(prepared.train.values())))
     console.print(f"ok: {len(cfg.input_features)} inputs, target {cfg.output_features[0].name!r}, {rows} training rows")
+
+
+@app.command()
+def report(
+    run_dir: Annotated[str, typer.Argument(help="A run directory: <storage_path>/<name> or train's --output-directory.")],
+    price: PriceOpt = None,
+    prices: PricesOpt = None,
+) -> None:
+    """Print a run's time, cost and adaptive decisions (--price prices it again)."""
+    from rich.console import Console as StdoutConsole
+
+    from raylight.cost import Prices
+    from raylight.report import load_report, render_report, reprice
+
+    try:
+        table = _prices(price, prices)
+        run = load_report(run_dir)
+    except RaylightError as exc:
+        _fail(exc)
+    if table is not None and run.cost is not None:
+        run.cost = reprice(run.cost, Prices(table))
+    render_report(run, StdoutConsole())
 
 
 def main() -> None:

@@ -563,6 +563,24 @@ class RunConfig(ConfigModel):
         "take the run over. On a local disk a dead driver's lease ends at once.",
     )
 
+    prices: dict[str, float] | None = Field(
+        None,
+        description="USD per hour of each node type the run's workers use (the autoscaler's "
+        "node type, 'head', or a node's shape such as 'CPU:8'); '*' prices every type not "
+        "named. Result.cost then says what the run cost (node-hours x price). Default: the "
+        "RAYLIGHT_PRICES environment variable (set by `raylight submit --price`), else none.",
+    )
+
+    @field_validator("prices")
+    @classmethod
+    def _check_prices(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for node_type, price in (value or {}).items():
+            if not node_type.strip():
+                raise ValueError("a node type must be a non-empty string, e.g. {'m5.xlarge': 0.192}")
+            if price < 0:
+                raise ValueError(f"the price of {node_type!r} must be >= 0 USD per hour, got {price:g}")
+        return value
+
     @field_validator("name")
     @classmethod
     def _check_name(cls, value: str | None) -> str | None:

@@ -3,7 +3,8 @@
 It owns the run's sample rate (global samples per second), the rows of
 ``adaptive.jsonl`` (each stamped with the samples/s since the previous row), the timing of
 each resize (from the decision to the first step after it, with its phases), and the
-progress display's updates. It decides nothing.
+progress display's updates, and the run's cost meter (where the workers ran, for how
+long). It decides nothing.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from raylight._time import monotonic
 from raylight.adaptive.profile import SampleRate
+from raylight.cost import CostMeter
 from raylight.worker_group.protocol import GroupPoll
 
 if TYPE_CHECKING:
@@ -29,6 +31,7 @@ class RunTelemetry:
         trace: Callable[[dict[str, Any]], None] | None = None,
         on_poll: Callable[[GroupPoll, Controller], None] | None = None,
         clock: Callable[[], float] = monotonic,
+        cost: CostMeter | None = None,
     ) -> None:
         self._trace = trace
         self.on_poll = on_poll
@@ -39,6 +42,7 @@ class RunTelemetry:
         self.watch: dict[str, Any] | None = None  # a resize waiting for its first step
         self._row_mark: tuple[float, int] | None = None  # (time, samples) at the last row
         self._spare_ready = False
+        self.cost = cost or CostMeter(clock())  # worker- and node-seconds, poll to poll
 
     # -- the trace ----------------------------------------------------------------------
     def trace_row(self, row: dict[str, Any]) -> None:
@@ -68,6 +72,7 @@ class RunTelemetry:
             if poll.spare_ready:
                 self.event({"event": "spare_ready", "workers": num_workers})
         now = self.clock()
+        self.cost.observe(now, poll.placement)
         self.throughput = self.rate.update(sum(p.progress.samples for p in poll.polls), now)
         if self.watch is None:
             return None

@@ -191,8 +191,10 @@ def train(
     output_directory: str,
     backend: str | None = None,
     progress: bool = True,
+    prices: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """Train, save the model to ``<output_directory>/model`` and evaluate on the test split."""
+    """Train, save the model to ``<output_directory>/model`` and evaluate on the test split.
+    ``prices`` (USD per hour per node type) prices the run: the result's ``cost``."""
     from raylight.declarative.train import declarative_loop, evaluate_data, load_model, save_model
     from raylight.trainer import fit
 
@@ -216,6 +218,7 @@ def train(
         storage_path=os.path.dirname(out),
         name=os.path.basename(out),
         progress=progress,
+        prices=prices,
     )
     atomic_write(os.path.join(out, "config.yaml"), render_config(config))
     assert result.checkpoint is not None, "every epoch reports a checkpoint"
@@ -243,7 +246,10 @@ def train(
         evaluation["test"] = evaluate_data(model.model, prepared.test, model.output, prepared.meta, torch.device("cpu"))
     atomic_write(os.path.join(out, "evaluation.json"), json.dumps(evaluation, indent=2))
     _plot_learning_curves(result.metrics_history, os.path.join(out, "learning_curves.png"))
-    return {"output_directory": out, "model_path": model_dir, "evaluation": evaluation, "backend": resolved.kind}
+    return {
+        "output_directory": out, "model_path": model_dir, "evaluation": evaluation, "backend": resolved.kind,
+        "cost": result.cost,
+    }
 
 
 def in_store(prepared: Prepared) -> Prepared:

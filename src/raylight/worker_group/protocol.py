@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from raylight.adaptive.plan import AdaptiveStats, BatchPlan
+from raylight.cost import WorkerPlace
 
 if TYPE_CHECKING:
     from raylight.checkpoint import Checkpoint
@@ -117,7 +118,16 @@ class GroupPoll:
     failures: list[WorkerFailure] = field(default_factory=list)
     spare_ready: bool = False  # a warm spare waits to join when the group grows
     notices: list[Notice] = field(default_factory=list)  # nodes of this group given notice
-    ranks_on: dict[str, list[int]] = field(default_factory=dict)  # node id -> its ranks
+    # Where the workers run (rank, node, node type, resources): what the run's cost counts.
+    placement: tuple[WorkerPlace, ...] = ()
+
+    @property
+    def ranks_on(self) -> dict[str, list[int]]:
+        """Node id -> the ranks on it."""
+        found: dict[str, list[int]] = {}
+        for place in self.placement:
+            found.setdefault(place.node_id, []).append(place.rank)
+        return found
 
     @property
     def finished(self) -> bool:

@@ -36,6 +36,7 @@ from ray.util.scheduling_strategies import (
 from raylight._time import monotonic, wall
 from raylight.adaptive.plan import AdaptiveSpec, BatchPlan
 from raylight.config import FailureConfig, ScalingConfig
+from raylight.cost import WorkerPlace
 from raylight.exceptions import InsufficientResourcesError, WorkerStartError
 from raylight.storage import checkpoint_name
 from raylight.strategies import build_strategy
@@ -749,15 +750,21 @@ class RayWorkerGroup:
         if not failures:
             self._tend_spare(polls)
         spare_ready = self._spare is not None and self._spare.ready
-        ranks_on: dict[str, list[int]] = defaultdict(list)
-        for rank, member in enumerate(self._members):
-            ranks_on[str(member.node.get("node_id"))].append(rank)
+        placement = self._placement()
+        ranks_on = {p.node_id for p in placement}
         return GroupPoll(
             polls, GroupPoll.root_cause_first(failures), spare_ready=spare_ready,
-            notices=self._notices(polls, ranks_on), ranks_on=dict(ranks_on),
+            notices=self._notices(polls, ranks_on), placement=placement,
         )
 
-    def _notices(self, polls: list[WorkerPoll], ranks_on: dict[str, list[int]]) -> list[Notice]:
+    def _placement(self) -> tuple[WorkerPlace, ...]:
+        resources = self._scaling.worker_resources()
+        return tuple(
+            WorkerPlace(rank, str(m.node.get("node_id", "?")), m.node.get("node_type", "unknown"), resources)
+            for rank, m in enumerate(self._members)
+        )
+
+    def _notices(self, polls: list[WorkerPoll], nodes: set[str]) -> list[Notice]:
         """Notices for the nodes this group runs on: Ray draining them (checked every
         DRAIN_CHECK_S), and what the workers were told (a SIGTERM, a cloud's notice)."""
         now = monotonic()
@@ -767,7 +774,7 @@ class RayWorkerGroup:
         found = {
             node: Notice(node, "drain", "Ray is draining the node (ray drain-node, the autoscaler or the cloud)", deadline)
             for node, deadline in self._draining.items()
-            if node in ranks_on
+            if node in nodes
         }
         for p in polls:
             if p.notice is not None and p.notice.node_id not in found:

@@ -171,11 +171,13 @@ class RaylightWorker:
         import ray
 
         self._ip = ray.util.get_node_ip_address()
+        node_id = self._node_id()
         return {
             "ip": self._ip,
-            "node_id": self._node_id(),
+            "node_id": node_id,
             "pid": os.getpid(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "node_type": _node_type(node_id),
         }
 
     def set_rank(self, rank_info: RankInfo) -> int:
@@ -408,3 +410,17 @@ class RaylightWorker:
                 except Exception:  # the group may be broken by a peer's death
                     pass
             self._store = None
+
+
+def _node_type(node_id: str) -> str:
+    """This node's type, for the run's cost: the autoscaler's name for it, "head" or
+    its shape (``raylight.cost.node_type_of``)."""
+    import ray
+
+    from raylight.cost import node_type_of
+
+    try:
+        node: dict[str, Any] = next((n for n in ray.nodes() if n.get("NodeID") == node_id), {})
+    except Exception:  # the GCS is unreachable: the type is only for accounting
+        node = {}
+    return node_type_of(node.get("Labels") or {}, node.get("Resources") or {})
