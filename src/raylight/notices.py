@@ -401,13 +401,19 @@ WATCHERS: dict[str, Callable[..., NoticeWatcher]] = {
 def build_watchers(names: Sequence[str], *, endpoint: str | None = None, timeout_s: float = 1.0) -> list[NoticeWatcher]:
     """One watcher per name in ``WATCHERS``. ``endpoint`` (else ``$RAYLIGHT_NOTICE_ENDPOINT``)
     replaces every watcher's metadata address: a test's fake server, or a proxy."""
-    unknown = [n for n in names if n not in WATCHERS]
+    unknown = [n for n in names if n not in WATCHERS and not (n.startswith(FILE_PREFIX) and n[len(FILE_PREFIX):])]
     if unknown:
         raise ValueError(
             f"unknown preemption notice source(s) {unknown}: "
-            f"FailureConfig.preemption_notices takes {sorted(WATCHERS)}"
+            f"FailureConfig.preemption_notices takes {sorted(WATCHERS)} or '{FILE_PREFIX}PATH'"
         )
     endpoint = endpoint or os.environ.get(ENDPOINT_ENV) or None
     extra = {"endpoint": endpoint} if endpoint else {}
-    return [WATCHERS[n](timeout_s=timeout_s, **extra) for n in dict.fromkeys(names)]
+    return [
+        FileNoticeWatcher(n[len(FILE_PREFIX):]) if n.startswith(FILE_PREFIX) else WATCHERS[n](timeout_s=timeout_s, **extra)
+        for n in dict.fromkeys(names)
+    ]
+
+
+FILE_PREFIX = "file:"  # "file:/run/notice": a FileNoticeWatcher on that path
 

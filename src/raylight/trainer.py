@@ -24,6 +24,7 @@ from raylight.config import (
 )
 from raylight.cost import CostMeter, Prices, WorkerPlace, prices_from_env
 from raylight.exceptions import ConfigError
+from raylight.notices import build_watchers
 from raylight.progress import ProgressDisplay
 from raylight.recorder import RunRecorder
 from raylight.storage import RunStorage, default_storage_path
@@ -115,6 +116,10 @@ class Trainer:
         }
         if self.resume_from is not None and run.resume:
             raise ValueError("pass either resume_from or RunConfig.resume=True, not both")
+        try:  # the workers build them; a bad name is the driver's config error
+            build_watchers(self.config.failure.preemption_notices)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if self.config.scaling.sharded_checkpoints and storage.uri.startswith("memory://"):
             raise ConfigError(
                 f"RunConfig.storage_path {storage.uri.rsplit('/', 1)[0]!r} is this process's memory, "

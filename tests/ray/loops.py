@@ -154,8 +154,9 @@ def elastic_loop(ctx, config):
     # step since the (re)start, once (a marker file per kill records that it happened).
     kills = config.get("kills", [])
     attempt = sum(os.path.exists(f"{config.get('marker')}{i}") for i in range(len(kills)))
-    # sigterm: [rank, step]: that rank sends itself SIGTERM at that step, once.
-    sigterm = config.get("sigterm")
+    # notice: [rank, step, how]: that rank gives its node notice at that step, once: by
+    # SIGTERM to itself ("sigterm") or by writing a notice file ("file:PATH").
+    notice = config.get("notice") or [None, None, None]
     # positions: rank 0 appends "epoch cursor" after each step (a step run twice shows
     # as a repeated line); notice_file: where a test says it gave notice.
     positions = open(config["positions"], "a") if config.get("positions") and ctx.rank == 0 else None  # noqa: SIM115
@@ -165,9 +166,13 @@ def elastic_loop(ctx, config):
             if attempt < len(kills) and kills[attempt] == [ctx.rank, step]:
                 open(f"{config['marker']}{attempt}", "w").close()
                 os.kill(os.getpid(), signal.SIGKILL)
-            if sigterm == [ctx.rank, step] and not os.path.exists(config["sigterm_marker"]):
-                open(config["sigterm_marker"], "w").close()
-                os.kill(os.getpid(), signal.SIGTERM)
+            if notice[:2] == [ctx.rank, step] and not os.path.exists(config["notice_marker"]):
+                open(config["notice_marker"], "w").close()
+                if notice[2] == "sigterm":
+                    os.kill(os.getpid(), signal.SIGTERM)
+                else:
+                    with open(notice[2].removeprefix("file:"), "w") as f:
+                        f.write('{"reason": "test notice"}')
             opt.zero_grad()
             loss = nn.functional.mse_loss(model(x.to(dtype)), y.to(dtype))
             loss.backward()

@@ -220,23 +220,28 @@ def repeated_steps(positions) -> int:
     return len(positions) - len(set(positions))
 
 
-def test_a_sigterm_is_a_notice_the_run_checkpoints_where_it_stops_and_loses_no_step(ray_cluster, tmp_path):
-    """Rank 1 gets SIGTERM mid-epoch (a pod being ended). Its node (here the only one,
-    holding both ranks) is given notice: every rank checkpoints at the step boundary they
-    agree on, and the run restarts from that snapshot on what is left, without counting a
-    failure. The epoch's checkpoint was 5 steps back: none of them runs again."""
-    positions, run_dir, stop = tmp_path / "positions", str(tmp_path / "sigterm"), tmp_path / "stop"
+@pytest.mark.parametrize("how", ["sigterm", "file"])
+def test_a_notice_makes_the_run_checkpoint_where_it_stops_and_lose_no_step(ray_cluster, tmp_path, how):
+    """Mid-epoch, rank 1 gets SIGTERM (a pod being ended), or a notice file appears (what
+    a spot agent or a preStop hook writes; the cloud watchers read the same way). Its node
+    (here the only one, holding both ranks) is given notice: every rank checkpoints at the
+    step boundary they agree on, and the run restarts from that snapshot on what is left,
+    without counting a failure. The epoch's checkpoint was steps back: none runs again."""
+    positions, run_dir, stop = tmp_path / "positions", str(tmp_path / "notice"), tmp_path / "stop"
+    source = "sigterm" if how == "sigterm" else f"file:{tmp_path / 'notice.json'}"
     trainer = raylight.Trainer(
         loops.elastic_loop,
         train_loop_config={
             "batch_size": 16, "epochs": 10_000, "objects": True, "checkpoint_every": 1000,
-            "sigterm": [1, 20], "sigterm_marker": str(tmp_path / "termed"), "positions": str(positions),
+            "notice": [1, 20, source], "notice_marker": str(tmp_path / "noticed"), "positions": str(positions),
             "stop_file": str(stop),
         },
         config=TrainerConfig(
             scaling=ScalingConfig(num_workers=(1, 2), scaling_policy="max", resize_interval_s=0.3, warm_spare=False),
-            run=RunConfig(storage_path=str(tmp_path), name="sigterm", progress=False),
-            failure=raylight.FailureConfig(max_failures=0, preemption_grace_s=60),
+            run=RunConfig(storage_path=str(tmp_path), name="notice", progress=False),
+            failure=raylight.FailureConfig(
+                max_failures=0, preemption_grace_s=60, preemption_notices=[] if how == "sigterm" else [source]
+            ),
         ),
     )
     thread, out = _run_in_thread(trainer)
@@ -250,13 +255,13 @@ def test_a_sigterm_is_a_notice_the_run_checkpoints_where_it_stops_and_loses_no_s
         thread.join(120)
     assert "error" not in out, out.get("error")
     result = out["result"]
-    assert (tmp_path / "termed").exists()
+    assert (tmp_path / "noticed").exists()
     assert result.num_failures == 0 and result.num_preemptions == 1
     epochs = assert_exact_coverage(result.metrics_history)
     steps = read_positions(positions)
     assert repeated_steps(steps) == 0, steps
     assert len(steps) == len(epochs) * N // 16, "every step of every epoch ran once"
     notices = [r for r in read_trace(run_dir) if r.get("event") == "notice"]
-    assert len(notices) == 1 and notices[0]["source"] == "sigterm", notices
+    assert len(notices) == 1 and notices[0]["source"] == how, notices
     moves = [(r["from"], r["kind"], r["reason"]) for r in result.resizes]
     assert moves[0][:2] == (2, "checkpoint") and "preemption notice" in moves[0][2], moves

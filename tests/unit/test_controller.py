@@ -31,7 +31,7 @@ from raylight.storage import RunStorage
 from raylight.worker_group.protocol import (
     ErrorInfo,
     GroupPoll,
-    Notice,
+    NodeNotice,
     Report,
     ResizeOutcome,
     WorkerFailure,
@@ -328,7 +328,7 @@ def noticed(node="n1", ranks=(1,), n=2, reports=()):
     """A poll in which ``node`` (holding ``ranks``) was given notice."""
     base = running(*reports, n=n)
     return GroupPoll(
-        base.polls, notices=[Notice(node, "drain", "test", deadline=None)],
+        base.polls, notices=[NodeNotice(node, "drain", "test", deadline=None)],
         placement=tuple(WorkerPlace(r, node if r in ranks else "n0", "t") for r in range(n)),
     )
 

@@ -658,6 +658,13 @@ class FailureConfig(ConfigModel):
         "drain, a SIGTERM, a cloud's preemption notice); they do not count against "
         "max_failures. -1 for unlimited.",
     )
+    preemption_notices: list[str] = Field(
+        default_factory=list,
+        description="Preemption notices the workers watch for, besides Ray's node drain and "
+        "SIGTERM: 'aws' (spot instance-action), 'gcp' (preempted, host maintenance), 'azure' "
+        "(scheduled events), or 'file:PATH' (a file a preStop hook or spot agent writes). "
+        "Each worker polls its node's metadata endpoint every few seconds.",
+    )
     preemption_grace_s: float = Field(
         30.0,
         gt=0,

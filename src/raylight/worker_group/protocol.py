@@ -79,12 +79,12 @@ class WorkerPoll:
     # worker_start_timeout_s); hang_timeout_s counts from when its loop starts.
     joined: bool = True
     commit: int = -1  # index of the last checkpoint this worker holds in memory
-    notice: Notice | None = None  # a preemption notice this worker's node was given
+    notice: NodeNotice | None = None  # a preemption notice this worker's node was given
 
 
 @dataclass(frozen=True)
-class Notice:
-    """Notice that a node is about to go (spot preemption, maintenance, a pod's SIGTERM).
+class NodeNotice:
+    """NodeNotice that a node is about to go (spot preemption, maintenance, a pod's SIGTERM).
     ``node_id``: the Ray node; ``deadline``: wall-clock seconds when it goes (None:
     unknown); ``source``: who said so ("drain", "sigterm", "aws", ...)."""
 
@@ -117,7 +117,7 @@ class GroupPoll:
     polls: list[WorkerPoll]
     failures: list[WorkerFailure] = field(default_factory=list)
     spare_ready: bool = False  # a warm spare waits to join when the group grows
-    notices: list[Notice] = field(default_factory=list)  # nodes of this group given notice
+    notices: list[NodeNotice] = field(default_factory=list)  # nodes of this group given notice
     # Where the workers run (rank, node, node type, resources): what the run's cost counts.
     placement: tuple[WorkerPlace, ...] = ()
 

@@ -44,7 +44,7 @@ from raylight.strategies.base import worker_env
 from raylight.worker_group.protocol import (
     CheckpointTarget,
     GroupPoll,
-    Notice,
+    NodeNotice,
     Report,
     ResizeOutcome,
     WorkerFailure,
@@ -351,7 +351,7 @@ class RayWorkerGroup:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=pg, placement_group_bundle_index=bundle
                 ),
-            ).remote(RankInfo(i, 0, count, 1, 0), self._run_name, self._failure.preemption_grace_s)
+            ).remote(RankInfo(i, 0, count, 1, 0), self._run_name, *self._notice_args())
             for i, (pg, bundle) in enumerate(slots)
         ]
         try:
@@ -364,6 +364,10 @@ class RayWorkerGroup:
             _Member(a, n, pg, b, warm=i == spare_at)
             for i, (a, n, (pg, b)) in enumerate(zip(actors, nodes, slots, strict=True))
         ]
+
+    def _notice_args(self) -> tuple[float, tuple[str, ...]]:
+        """What a worker watches for preemption notices (``RaylightWorker``'s last arguments)."""
+        return self._failure.preemption_grace_s, tuple(self._failure.preemption_notices)
 
     def _runtime_env(self) -> dict[str, Any] | None:
         """The workers' own runtime_env: environment variables their strategy wants at
@@ -400,7 +404,7 @@ class RayWorkerGroup:
             max_restarts=0,
             runtime_env=self._runtime_env(),
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-        ).remote(RankInfo(0, 0, 1, 1, 0), self._run_name, self._failure.preemption_grace_s)
+        ).remote(RankInfo(0, 0, 1, 1, 0), self._run_name, *self._notice_args())
         self._spare = _Spare(actor, node_id, [actor.node_info.remote(), *self._warm_refs([actor])])
 
     def _take_spare(self, slots: list[tuple[PlacementGroup, int]]) -> tuple[int, _Spare | None]:
@@ -764,7 +768,7 @@ class RayWorkerGroup:
             for rank, m in enumerate(self._members)
         )
 
-    def _notices(self, polls: list[WorkerPoll], nodes: set[str]) -> list[Notice]:
+    def _notices(self, polls: list[WorkerPoll], nodes: set[str]) -> list[NodeNotice]:
         """Notices for the nodes this group runs on: Ray draining them (checked every
         DRAIN_CHECK_S), and what the workers were told (a SIGTERM, a cloud's notice)."""
         now = monotonic()
@@ -772,7 +776,7 @@ class RayWorkerGroup:
             self._drain_checked = now
             self._draining = draining_nodes()
         found = {
-            node: Notice(node, "drain", "Ray is draining the node (ray drain-node, the autoscaler or the cloud)", deadline)
+            node: NodeNotice(node, "drain", "Ray is draining the node (ray drain-node, the autoscaler or the cloud)", deadline)
             for node, deadline in self._draining.items()
             if node in nodes
         }

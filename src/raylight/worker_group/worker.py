@@ -25,7 +25,7 @@ from raylight.checkpoint import Checkpoint
 from raylight.worker_group.net import interface_for, listen_socket, loopback_interface
 from raylight.worker_group.protocol import (
     ErrorInfo,
-    Notice,
+    NodeNotice,
     Progress,
     Report,
     WorkerPoll,
@@ -61,6 +61,9 @@ class StartSpec:
     broadcast_state: bool = False  # take the state from rank 0's memory (in-place resize)
     checkpoint_dir: str | None = None  # where sharded checkpoints go (the run's checkpoints/)
     next_checkpoint: int | None = None  # the index the driver commits next
+
+
+NOTICE_POLL_S = 5.0  # how often a worker reads its node's preemption notices (AWS advises 5 s)
 
 
 def freeze_long_lived(point: str) -> None:
@@ -110,7 +113,9 @@ def error_info(exc: BaseException) -> ErrorInfo:
 class RaylightWorker:
     """One data-parallel worker. Created by the worker group, one per bundle."""
 
-    def __init__(self, rank_info: RankInfo, run_name: str, sigterm_grace_s: float = 30.0) -> None:
+    def __init__(
+        self, rank_info: RankInfo, run_name: str, sigterm_grace_s: float = 30.0, notice_sources: tuple[str, ...] = ()
+    ) -> None:
         self.info = rank_info
         self.run_name = run_name
         self._lock = threading.Lock()
@@ -128,11 +133,31 @@ class RaylightWorker:
         self._ip = ""  # this node's address, as Ray knows it
         # An interface the user chose for gloo (runtime_env) wins over raylight's choice.
         self._user_gloo_ifname = os.environ.get("GLOO_SOCKET_IFNAME")
-        self._notice: Notice | None = None
+        self._notice: NodeNotice | None = None
         self._sigterm_grace_s = sigterm_grace_s
         self._ray_sigterm: Any = None
         if threading.current_thread() is threading.main_thread():
             self._ray_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+        if notice_sources:
+            from raylight.notices import build_watchers
+
+            watchers = build_watchers(notice_sources)
+            threading.Thread(target=self._watch, args=(watchers,), name="raylight-notices", daemon=True).start()
+
+    def _watch(self, watchers: list[Any]) -> None:
+        """Poll this node's preemption notices (cloud metadata, a notice file) every
+        NOTICE_POLL_S until one comes; the driver hears it with the next poll."""
+        stop = threading.Event()
+        while self._notice is None:
+            for watcher in watchers:
+                found = watcher.check()
+                if found is not None and self._notice is None:
+                    self._notice = NodeNotice(
+                        node_id=self._node_id(), source=found.source,
+                        reason=f"{found.reason} {found.detail}".strip(), deadline=found.deadline_wall,
+                    )
+                    return
+            stop.wait(NOTICE_POLL_S)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         """A SIGTERM (a pod or a spot agent ending this node) is a notice: the driver
@@ -144,7 +169,7 @@ class RaylightWorker:
             if callable(previous):
                 previous(signum, frame)
             raise SystemExit(1)
-        self._notice = Notice(
+        self._notice = NodeNotice(
             node_id=self._node_id(),
             source="sigterm",
             reason=f"worker process {os.getpid()} got SIGTERM",
