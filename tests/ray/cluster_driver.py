@@ -1,8 +1,11 @@
-"""Elastic training on a fake 3-node cluster: python -m tests.ray.cluster_driver WORKDIR.
+"""Elastic training on a fake 3-node cluster: python -m tests.ray.cluster_driver WORKDIR [loss|drain].
 
-Trains with one worker per node, removes a node mid-training (the job continues on
-fewer workers), adds it back (the job grows), stops, then trains an uninterrupted
-reference for the same number of epochs. Prints one JSON line for the test to check.
+Trains with one worker per node, then takes a node away mid-training: "loss" removes it
+(the job continues on fewer workers); "drain" gives it notice first, the way a cloud's
+preemption reaches Ray (``ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION
+--deadline-remaining-seconds 10``), and the node goes at its deadline. Then a node is
+added back (the job grows), the job stops, and an uninterrupted reference trains for the
+same number of epochs. Prints one JSON line for the test to check.
 """
 
 import json
@@ -10,6 +13,7 @@ import logging
 import os
 import sys
 import threading
+import time
 
 from raylight import runtime
 
@@ -24,7 +28,20 @@ from tests.helpers import read_trace, wait_until  # noqa: E402
 from tests.ray import loops  # noqa: E402
 
 
-def main(workdir: str) -> None:
+DRAIN_DEADLINE_S = 10.0
+
+
+def drain(node_id: str, deadline_s: float) -> None:
+    """Ray's node drain with a preemption reason (what ``ray drain-node`` sends)."""
+    from ray.core.generated import autoscaler_pb2
+
+    gcs = ray._private.worker.global_worker.gcs_client
+    reason = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")
+    accepted, why = gcs.drain_node(node_id, reason, "spot preemption (test)", int((time.time() + deadline_s) * 1000))
+    assert accepted, why
+
+
+def main(workdir: str, how: str = "loss") -> None:
     fast_health = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500, "health_check_failure_threshold": 4}
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": fast_health})
     cluster.add_node(num_cpus=1)
@@ -33,7 +50,10 @@ def main(workdir: str) -> None:
     try:
         run_dir = os.path.join(workdir, "elastic")
         stop = os.path.join(workdir, "stop")
+        positions = os.path.join(workdir, "positions")
         config = {"batch_size": 24, "epochs": 10_000, "stop_file": stop, "checkpoint_every": 3}
+        if how == "drain":  # checkpoints at epoch ends only: the snapshot saves the rest
+            config.update(checkpoint_every=1000, objects=True, positions=positions)
         trainer = raylight.Trainer(
             loops.elastic_loop,
             train_loop_config=config,
@@ -47,8 +67,22 @@ def main(workdir: str) -> None:
         thread.start()
         try:
             wait_until(lambda: os.path.exists(os.path.join(run_dir, "metrics.jsonl")) and os.path.getsize(os.path.join(run_dir, "metrics.jsonl")) > 0, 120, "training to start")
-            cluster.remove_node(third)
+            noticed_at = None
+            if how == "drain":
+                wait_until(lambda: os.path.exists(positions) and os.path.getsize(positions) > 200, 120, "training mid-epoch")
+                noticed_at = time.time()
+                drain(third.node_id, DRAIN_DEADLINE_S)
+            else:
+                cluster.remove_node(third)
             wait_until(lambda: sum(1 for r in read_trace(run_dir) if r.get("event") == "resized") >= 1 or not thread.is_alive(), 120, "the shrink")
+            if how == "drain":  # the node goes: by itself once idle, else at its deadline
+                shrunk_at = time.time()
+                wait_until(
+                    lambda: not any(n["Alive"] for n in ray.nodes() if n["NodeID"] == third.node_id)
+                    or time.time() > noticed_at + DRAIN_DEADLINE_S, 60, "the drained node to go",
+                )
+                went_by_itself = not any(n["Alive"] for n in ray.nodes() if n["NodeID"] == third.node_id)
+                cluster.remove_node(third, allow_graceful=False)
             cluster.add_node(num_cpus=1)
             wait_until(lambda: sum(1 for r in read_trace(run_dir) if r.get("event") == "resized") >= 2 or not thread.is_alive(), 120, "the grow")
         finally:
@@ -58,14 +92,24 @@ def main(workdir: str) -> None:
         epochs = [m for m in result.metrics_history if m.get("kind") == "epoch"]
         reference = raylight.fit(
             loops.elastic_loop,
-            config={**config, "epochs": len(epochs), "stop_file": None},
+            config={**config, "epochs": len(epochs), "stop_file": None, "positions": None},
             num_workers=3,
             storage_path=workdir,
             name="reference",
             progress=False,
         )
         ref_epochs = [m for m in reference.metrics_history if m.get("kind") == "epoch"]
-        print("RESULT", json.dumps({"epochs": epochs, "resizes": result.resizes, "reference": ref_epochs}), flush=True)
+        out_data = {"epochs": epochs, "resizes": result.resizes, "reference": ref_epochs,
+                    "num_failures": result.num_failures, "num_preemptions": result.num_preemptions}
+        if how == "drain":
+            with open(positions) as f:
+                steps = [tuple(map(int, line.split())) for line in f if line.strip()]
+            out_data.update(
+                repeated_steps=len(steps) - len(set(steps)),
+                notice=[r for r in read_trace(run_dir) if r.get("event") == "notice"],
+                noticed_at=noticed_at, shrunk_at=shrunk_at, node_went_by_itself=went_by_itself,
+            )
+        print("RESULT", json.dumps(out_data), flush=True)
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -73,4 +117,4 @@ def main(workdir: str) -> None:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
-    main(sys.argv[1])
+    main(*sys.argv[1:])

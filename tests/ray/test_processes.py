@@ -95,6 +95,37 @@ def test_ctrl_c_on_the_driver_leaves_no_processes(tmp_path, ray_cluster):
 
 
 @pytest.mark.timeout(450)
+def test_a_drained_node_is_let_go_after_a_snapshot_and_regrowth_matches_an_uninterrupted_run(tmp_path):
+    """Spot preemption the Ray way: the node is drained with a 10 s deadline mid-epoch
+    (a fake 3-node cluster in its own driver process). The run checkpoints where every
+    worker stops, goes on in place on two nodes without counting a failure, loses no step
+    (epoch checkpoints only: without the snapshot the epoch's steps so far would run
+    again), and grows back when a node returns; the loss follows an uninterrupted run."""
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.ray.cluster_driver", str(tmp_path), "drain"],
+        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=420,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))
+    data = json.loads(line[len("RESULT "):])
+    epochs, reference, resizes = data["epochs"], data["reference"], data["resizes"]
+    assert data["num_failures"] == 0 and data["num_preemptions"] == 1, data
+    assert data["repeated_steps"] == 0, "the snapshot at the stop: no step ran twice"
+    [notice] = data["notice"]
+    assert notice["source"] == "drain" and notice["deadline"] == pytest.approx(data["noticed_at"] + 10, abs=1.0)
+    assert data["shrunk_at"] < notice["deadline"], "the shrink came before the deadline"
+    assert [(r["from"], r["to"]) for r in resizes] == [(3, 2), (2, 3)], resizes
+    assert all(r["kind"] == "in_place" for r in resizes), resizes
+    assert "preemption notice" in resizes[0]["reason"]
+    n = 240
+    for m in epochs:
+        assert (m["count"], m["sum"], m["sq"]) == (n, n * (n - 1) / 2, sum(i * i for i in range(n))), m
+    assert len(reference) == len(epochs)
+    for got, want in zip(epochs, reference, strict=True):
+        assert got["sse"] == pytest.approx(want["sse"], rel=1e-6)
+
+
+@pytest.mark.timeout(450)
 def test_node_loss_shrinks_in_place_and_regrowth_matches_an_uninterrupted_run(tmp_path):
     """A fake 3-node cluster (ray.cluster_utils.Cluster) in its own driver process."""
     out = subprocess.run(
