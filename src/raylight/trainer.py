@@ -22,6 +22,7 @@ from raylight.config import (
     validate,
 )
 from raylight.exceptions import ConfigError
+from raylight.job_env import apply_job_env
 from raylight.progress import ProgressDisplay
 from raylight.recorder import RunRecorder
 from raylight.storage import RunStorage, default_storage_path
@@ -84,7 +85,8 @@ class Trainer:
             )
         self.train_loop = train_loop
         self.train_loop_config = dict(train_loop_config or {})
-        self.config = config or TrainerConfig()
+        # A job from `raylight submit` bounds the run and names it (job_env's rule).
+        self.config = apply_job_env(config or TrainerConfig())
         self.on_report = on_report
         self.resume_from = resume_from
 

@@ -17,6 +17,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 import yaml
 from rich.console import Console
 
+from raylight.cli.jobs import jobs_app, submit
 from raylight.exceptions import (
     ClusterConnectionError,
     ConfigError,
@@ -187,6 +188,10 @@ def check(config: ConfigOpt, dataset: DatasetOpt, set_: SetOpt = None) -> None:
         _fail(exc)
     rows = len(next(iter(prepared.train.values())))
     console.print(f"ok: {len(cfg.input_features)} inputs, target {cfg.output_features[0].name!r}, {rows} training rows")
+
+
+app.command()(submit)
+app.add_typer(jobs_app, name="jobs")
 
 
 def main() -> None:
