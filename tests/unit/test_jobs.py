@@ -191,3 +191,43 @@ def test_a_cluster_launcher_head_uses_its_cluster(tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # a Ray Job's driver
     assert runtime.default_address() == ("127.0.0.1:6379", "RAY_ADDRESS")
     assert os.environ["RAY_ADDRESS"] == "127.0.0.1:6379"
+
+
+def _submit(*args: str):
+    from typer.testing import CliRunner
+
+    from raylight.cli.main import app
+
+    return CliRunner().invoke(app, ["submit", *args])
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--address", "http://127.0.0.1:1"], "no command to run"),
+        (["--address", "http://127.0.0.1:1", "--env", "bad", "--", "python", "t.py"], "--env 'bad'"),
+        (["--address", "http://127.0.0.1:1", "-d", "/no/such/dir", "--", "python", "t.py"], "--working-dir"),
+        (["--address", "http://127.0.0.1:1", "--no-wait", "--retries", "1", "--", "python", "t.py"], "--no-wait"),
+        (["--", "python", "t.py"], "no cluster to submit to"),
+    ],
+)
+def test_submit_usage_errors_exit_2_naming_the_flag(args, message, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_API_SERVER_ADDRESS", raising=False)
+    out = _submit(*args)
+    assert out.exit_code == 2, out.output
+    assert message in " ".join(out.output.split())
+
+
+def test_submit_to_an_unreachable_address_exits_2_naming_the_timeout():
+    out = _submit("-u", f"127.0.0.1:{_closed_port()}", "--connect-timeout", "1.5", "--", "python", "t.py")
+    assert out.exit_code == 2, out.output
+    assert "--connect-timeout=1.5s" in " ".join(out.output.split())

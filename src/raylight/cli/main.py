@@ -13,7 +13,7 @@ from typing import Annotated
 try:
     import typer
 except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError("the raylight CLI needs the declarative extra: pip install 'raylight[declarative]'") from exc
+    raise ImportError("the raylight CLI needs the declarative or the cluster extra: pip install 'raylight[declarative]' (or 'raylight[cluster]' for submit and jobs)") from exc
 import yaml
 from rich.console import Console
 
