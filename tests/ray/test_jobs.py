@@ -21,7 +21,7 @@ import urllib.request
 
 import pytest
 
-from tests.helpers import process_tree, wait_until
+from tests.helpers import listening_sockets, process_tree, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -127,6 +127,11 @@ def test_submit_waits_streams_logs_and_runs_on_the_submitted_cluster(head, tmp_p
     assert "submitted fit1" in out.stderr and "SUCCEEDED" in out.stderr
 
 
+def test_the_private_head_listens_on_loopback_only(head):
+    sockets = listening_sockets(process_tree(head.proc.pid))
+    assert sockets and all(addr in ("127.0.0.1", "::1") for _, addr, _ in sockets), sockets
+
+
 def test_a_failing_command_exits_with_its_code_and_is_not_retried(head):
     out = cli(head, "submit", "--name", "fail1", "--retries", "2", "--", "python -c 'print(\"FAILING\"); raise SystemExit(3)'")
     assert out.returncode == 3, out.stdout + out.stderr
@@ -163,3 +168,25 @@ def test_a_preempted_job_is_resubmitted_and_resumes_its_run(head, tmp_path):
     status = cli(head, "jobs", "status", "pre1").stdout
     assert "job: pre1-retry1\nstatus: SUCCEEDED" in status
     assert "attempts: pre1 (FAILED), pre1-retry1 (SUCCEEDED)" in status
+
+
+def test_ctrl_c_stops_waiting_and_leaves_the_job_running(head, tmp_path):
+    command = "python -c 'import time; print(\"WAITING\", flush=True); time.sleep(120)'"
+    log = tmp_path / "out.txt"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "raylight.cli", "submit", "--address", head.url, "--name", "int1", "--", command],
+            env=_env(RAY_AUTH_MODE="token"), stdout=out, stderr=subprocess.STDOUT, text=True,
+        )
+        try:
+            wait_until(lambda: "WAITING" in log.read_text(), 60, "the job's streamed output", proc=proc)
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=30) == 130
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+    text = " ".join(log.read_text().split())
+    assert "the job keeps running" in text and f"raylight jobs stop int1 --address {head.url}" in text
+    assert "status: RUNNING" in cli(head, "jobs", "status", "int1").stdout
+    assert "stopping int1" in cli(head, "jobs", "stop", "int1").stderr
