@@ -132,6 +132,17 @@ def test_the_private_head_listens_on_loopback_only(head):
     assert sockets and all(addr in ("127.0.0.1", "::1") for _, addr, _ in sockets), sockets
 
 
+def test_without_a_token_the_cluster_refuses_and_says_what_to_set(head):
+    env = _env()
+    env.pop("RAY_AUTH_MODE", None)
+    out = subprocess.run(
+        [sys.executable, "-m", "raylight.cli", "jobs", "list", "--address", head.url],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "RAY_AUTH_MODE=token" in " ".join(out.stderr.split())
+
+
 def test_a_failing_command_exits_with_its_code_and_is_not_retried(head):
     out = cli(head, "submit", "--name", "fail1", "--retries", "2", "--", "python -c 'print(\"FAILING\"); raise SystemExit(3)'")
     assert out.returncode == 3, out.stdout + out.stderr
