@@ -18,7 +18,7 @@ import re
 import shlex
 import socket
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from raylight.exceptions import ClusterConnectionError, ConfigError
@@ -120,7 +120,6 @@ class Submission:
     runtime_env: dict[str, Any]
     retries: int = 0
     resume: bool = False
-    job_env: dict[str, str] = field(default_factory=dict)
 
 
 def build_submission(
@@ -169,7 +168,7 @@ def build_submission(
         if value is not None:
             job_env[key] = f"{value:g}" if isinstance(value, float) else str(value)
     runtime_env["env_vars"] = {**parse_env(env), **job_env}
-    return Submission(name, entrypoint(command, script), runtime_env, retries=retries, resume=resume, job_env=job_env)
+    return Submission(name, entrypoint(command, script), runtime_env, retries=retries, resume=resume)
 
 
 def default_name() -> str:

@@ -87,6 +87,14 @@ def submit(
         if sub is not None and client is not None:
             _say(f"\ninterrupted: the job keeps running. Stop it with: raylight jobs stop {sub.name} --address {client.url}")
         raise typer.Exit(130) from None
+    except Exception as exc:  # the Jobs API went away while waiting (head lost, network)
+        if sub is None or client is None:
+            raise
+        _say(
+            f"error: lost the Ray Jobs API at {client.url} while waiting: {type(exc).__name__}: {exc}. "
+            f"The job may still run: raylight jobs status {sub.name} --address {client.url}"
+        )
+        raise typer.Exit(1) from None
     raise typer.Exit(code)
 
 
