@@ -201,3 +201,10 @@ def test_ctrl_c_stops_waiting_and_leaves_the_job_running(head, tmp_path):
     assert "the job keeps running" in text and f"raylight jobs stop int1 --address {head.url}" in text
     assert "status: RUNNING" in cli(head, "jobs", "status", "int1").stdout
     assert "stopping int1" in cli(head, "jobs", "stop", "int1").stderr
+
+
+def test_a_driver_ended_by_sigterm_is_resubmitted(head):
+    out = cli(head, "submit", "-f", os.path.join(JOB_CODE, "sigterm_job.py"), "--name", "sig1", "--retries", "1")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "TERMINATING" in out.stdout and "SECOND ATTEMPT" in out.stdout
+    assert "terminated (SIGTERM)" in out.stderr and "submitted sig1-retry1" in out.stderr
