@@ -231,3 +231,54 @@ def test_submit_to_an_unreachable_address_exits_2_naming_the_timeout():
     out = _submit("-u", f"127.0.0.1:{_closed_port()}", "--connect-timeout", "1.5", "--", "python", "t.py")
     assert out.exit_code == 2, out.output
     assert "--connect-timeout=1.5s" in " ".join(out.output.split())
+
+
+class _Status:
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+
+class _Info:
+    def __init__(self, status: str, code: int | None, error: str | None = None) -> None:
+        self.status, self.driver_exit_code, self.error_type = _Status(status), code, error
+
+
+class _FakeClient:
+    """JobsClient's surface that ``jobs.run`` uses, with scripted attempt outcomes."""
+
+    url = "http://head:8265"
+
+    def __init__(self, outcomes: list[_Info]) -> None:
+        self.outcomes, self.submitted = list(outcomes), []
+
+    def first_attempt(self, sub):
+        return 0
+
+    def submit(self, sub, attempt):
+        self.submitted.append((jobs.attempt_id(sub.name, attempt), attempt > 0 or sub.resume))
+        return jobs.attempt_id(sub.name, attempt)
+
+    def follow(self, job_id, write):
+        write(f"logs of {job_id}\n")
+        return self.outcomes.pop(0)
+
+
+def _run(outcomes, retries):
+    client, lines, said = _FakeClient(outcomes), [], []
+    sub = jobs.build_submission(["python", "t.py"], name="r", retries=retries)
+    code = jobs.run(client, sub, wait=True, write=lines.append, say=said.append)
+    return code, client.submitted, lines, said
+
+
+def test_run_resubmits_preempted_attempts_with_resume_until_retries_run_out():
+    preempted = _Info("FAILED", PREEMPTED_EXIT_CODE, "JOB_ENTRYPOINT_COMMAND_ERROR")
+    code, submitted, lines, _ = _run([preempted, _Info("SUCCEEDED", 0)], retries=2)
+    assert code == 0 and submitted == [("r", False), ("r-retry1", True)]
+    assert lines == ["logs of r\n", "logs of r-retry1\n"]
+    code, submitted, _, said = _run([preempted, preempted], retries=1)
+    assert code == PREEMPTED_EXIT_CODE and [s for s, _ in submitted] == ["r", "r-retry1"]
+    assert "no retries left (--retries 1)" in said[-1]
+    code, submitted, _, _ = _run([_Info("FAILED", 2, "JOB_ENTRYPOINT_COMMAND_ERROR")], retries=3)
+    assert code == 2 and len(submitted) == 1  # a normal failure is not retried
+    code, submitted, _, _ = _run([_Info("FAILED", None, "JOB_SUPERVISOR_ACTOR_DIED"), _Info("SUCCEEDED", 0)], retries=1)
+    assert code == 0 and len(submitted) == 2  # the driver's node died
