@@ -146,9 +146,8 @@ def build_submission(
         if not os.path.isdir(working_dir):
             raise ConfigError(f"--working-dir {working_dir!r} is not a directory; give the directory to upload")
         working_dir = os.path.abspath(working_dir)
-        if script is not None and os.path.isfile(script):
-            inside = os.path.relpath(os.path.abspath(script), working_dir)
-            script = inside if not inside.startswith("..") else script
+    if script is not None:
+        script = _script_in(script, working_dir or "")
     if requirements is not None and pip:
         raise ConfigError("--requirements and --pip both given: list the packages in one of them")
     if requirements is not None and not os.path.isfile(requirements):
@@ -169,6 +168,22 @@ def build_submission(
             job_env[key] = f"{value:g}" if isinstance(value, float) else str(value)
     runtime_env["env_vars"] = {**parse_env(env), **job_env}
     return Submission(name, entrypoint(command, script), runtime_env, retries=retries, resume=resume)
+
+
+def _script_in(script: str, working_dir: str) -> str:
+    """``-f`` FILE as a path inside the uploaded directory: a local file there, or a path
+    relative to it."""
+    if os.path.isfile(script):
+        inside = os.path.relpath(os.path.abspath(script), working_dir)
+        if inside.startswith(".."):
+            raise ConfigError(
+                f"--file {script!r} is outside --working-dir {working_dir!r}, so it would not be uploaded; "
+                "move it there or upload its directory"
+            )
+        return inside
+    if os.path.isfile(os.path.join(working_dir, script)):
+        return script
+    raise ConfigError(f"--file {script!r}: no such file here or in --working-dir {working_dir!r}; give the training script")
 
 
 def default_name() -> str:

@@ -92,6 +92,17 @@ def test_submission_from_adaptdl_flags(tmp_path, monkeypatch):
     }
     alone = jobs.build_submission([], name="r2", script=str(code / "train.py"))
     assert alone.runtime_env["working_dir"] == str(code) and alone.entrypoint == "python train.py"
+    monkeypatch.chdir(tmp_path / "code")
+    relative = jobs.build_submission(["--epochs", "2"], name="r3", script="train.py", working_dir=str(code))
+    assert relative.entrypoint == "python train.py --epochs 2"
+    monkeypatch.chdir(tmp_path)
+    inside = jobs.build_submission([], name="r4", script="train.py", working_dir="code")  # a path in DIR
+    assert inside.entrypoint == "python train.py"
+    with pytest.raises(ConfigError, match=r"--file 'missing\.py': no such file"):
+        jobs.build_submission([], name="r5", script="missing.py", working_dir="code")
+    (tmp_path / "other.py").write_text("")
+    with pytest.raises(ConfigError, match=r"--file 'other\.py' is outside --working-dir"):
+        jobs.build_submission([], name="r6", script="other.py", working_dir="code")
 
 
 @pytest.mark.parametrize(
