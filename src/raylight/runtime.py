@@ -30,6 +30,10 @@ _LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 # Ray's own switch for token authentication; Ray >= 2.60 turns it on for new local
 # clusters when unset. raylight only reads it: Ray caches it once imported.
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
+# The cluster launcher (`ray up`, then `ray submit`/`ray exec`) writes this file on the
+# head node, and only there; Ray Tune reads it the same way ("am I on a Ray cluster?").
+# A script run there uses the head's cluster, as a Ray Job driver does through RAY_ADDRESS.
+LAUNCHER_HEAD_FILE = "~/ray_bootstrap_config.yaml"
 
 
 @dataclass(frozen=True)
@@ -96,13 +100,24 @@ def warn_if_auth_disabled() -> None:
         )
 
 
+def default_address() -> tuple[str | None, str]:
+    """The cluster to use when none is given, and where that came from: RAY_ADDRESS (a
+    Ray Job's driver gets it from Ray), ``"auto"`` on a cluster launcher's head node, or
+    None (the embedded local Ray: never a stray cluster that merely runs here)."""
+    if os.environ.get("RAY_ADDRESS"):
+        return os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
+    if os.path.exists(os.path.expanduser(LAUNCHER_HEAD_FILE)):
+        return "auto", f"the cluster launcher's head node ({LAUNCHER_HEAD_FILE})"
+    return None, "address"
+
+
 def would_start_embedded(address: str | None) -> bool:
     """Whether ``connect(address)`` would start the embedded local Ray."""
     if ray.is_initialized():
         return False
     if address is None:
-        return not os.environ.get("RAY_ADDRESS")
-    return address == "local"
+        address = default_address()[0]
+    return address is None or address == "local"
 
 
 def local_capacity() -> dict[str, float]:
@@ -142,13 +157,14 @@ def _is_loopback(host: str) -> bool:
 
 
 def connect(address: str | None, *, connect_timeout_s: float = 15.0) -> RayRuntime:
-    """Use the running Ray of this process, the cluster at ``address`` (or
-    ``RAY_ADDRESS``), or else start the embedded local one."""
+    """Use the running Ray of this process (a Ray Client driver's too), the cluster at
+    ``address`` (or ``default_address()``: RAY_ADDRESS, as in a Ray Job's driver, or a
+    cluster launcher's head node), or else start the embedded local one."""
     if ray.is_initialized():
         return current()
     source = "address"
-    if address is None and os.environ.get("RAY_ADDRESS"):
-        address, source = os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
+    if address is None:
+        address, source = default_address()
     if address is None or address == "local":
         return start_embedded()
     fix = (

@@ -24,6 +24,7 @@ from raylight.config import (
 )
 from raylight.cost import CostMeter, Prices, WorkerPlace, prices_from_env
 from raylight.exceptions import ConfigError
+from raylight.job_env import apply_job_env
 from raylight.notices import build_watchers
 from raylight.progress import ProgressDisplay
 from raylight.recorder import RunRecorder
@@ -95,7 +96,8 @@ class Trainer:
             )
         self.train_loop = train_loop
         self.train_loop_config = dict(train_loop_config or {})
-        self.config = config or TrainerConfig()
+        # A job from `raylight submit` bounds the run and names it (job_env's rule).
+        self.config = apply_job_env(config or TrainerConfig())
         self.on_report = on_report
         self.resume_from = resume_from
 

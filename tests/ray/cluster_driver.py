@@ -27,7 +27,6 @@ from raylight import RunConfig, ScalingConfig, TrainerConfig  # noqa: E402
 from tests.helpers import read_trace, wait_until  # noqa: E402
 from tests.ray import loops  # noqa: E402
 
-
 DRAIN_DEADLINE_S = 10.0
 
 

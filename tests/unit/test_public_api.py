@@ -163,7 +163,7 @@ def test_nothing_from_a_worker_is_unpickled_outside_ray():
 # The layers, bottom first. A module imports its own layer and those below, never above,
 # wherever the import statement is (module level, inside a function, for type checking).
 LAYERS = [
-    ("base", ["raylight._time", "raylight.exceptions", "raylight.config"]),
+    ("base", ["raylight._time", "raylight.exceptions", "raylight.exit_codes", "raylight.config"]),
     ("pure and storage", [
         "raylight.adaptive", "raylight.storage", "raylight.checkpoint", "raylight.sharded", "raylight.lease",
         "raylight.plots", "raylight.notices", "raylight.cost",
@@ -175,8 +175,10 @@ LAYERS = [
     ]),
     ("context and control", ["raylight.context", "raylight.controller"]),
     ("worker group", ["raylight.worker_group"]),
-    ("trainer", ["raylight.trainer"]),
-    ("products", ["raylight.declarative", "raylight.models", "raylight.lightning", "raylight.tune", "raylight.cli"]),
+    ("trainer", ["raylight.trainer", "raylight.job_env"]),
+    ("products", [
+        "raylight.declarative", "raylight.models", "raylight.lightning", "raylight.tune", "raylight.jobs", "raylight.cli",
+    ]),
 ]
 FACADE = "raylight"  # the package's __init__: the public surface over every layer
 # Products stand side by side on the core; Ray Tune's integration is a library any may use.
@@ -184,9 +186,12 @@ PRODUCTS = {
     "declarative": ["raylight.declarative", "raylight.models"],
     "lightning": ["raylight.lightning"],
     "tune": ["raylight.tune"],
+    "jobs": ["raylight.jobs"],
     "cli": ["raylight.cli"],
 }
-PRODUCT_USES = {"declarative": {"tune"}, "lightning": {"tune"}, "cli": {"declarative", "tune"}, "tune": set()}
+PRODUCT_USES = {
+    "declarative": {"tune"}, "lightning": {"tune"}, "cli": {"declarative", "tune", "jobs"}, "tune": set(), "jobs": set(),
+}
 
 
 def _owner(name: str, groups: list[tuple[str, list[str]]]) -> int | None:

@@ -13,10 +13,12 @@ from typing import Annotated
 try:
     import typer
 except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError("the raylight CLI needs the declarative extra: pip install 'raylight[declarative]'") from exc
+    raise ImportError("the raylight CLI needs the declarative or the cluster extra: pip install 'raylight[declarative]' (or 'raylight[cluster]' for submit and jobs)") from exc
 import yaml
 from rich.console import Console
 
+from raylight.cli.jobs import jobs_app, submit
+from raylight.cli.prices import PriceOpt, PricesOpt, price_table
 from raylight.exceptions import (
     ClusterConnectionError,
     ConfigError,
@@ -41,12 +43,6 @@ SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a conf
 BackendOpt = Annotated[str | None, typer.Option(help="local or ray (overrides backend.type).")]
 QuietOpt = Annotated[bool, typer.Option(help="No progress display.")]
 ModelPathOpt = Annotated[str, typer.Option(help="<output-directory>/model of a trained run.")]
-PriceOpt = Annotated[
-    list[str] | None,
-    typer.Option("--price", help="Price of a node type in USD per hour: m5.xlarge=0.192, '*=0.1' for the rest (repeatable)."),
-]
-PricesOpt = Annotated[str | None, typer.Option("--prices", help="YAML/JSON file {node_type: USD per hour}.")]
-
 
 def _fail(exc: BaseException) -> None:
     """Exit 2 for what the user can fix (config, data, paths, cluster, resources, a run in
@@ -54,16 +50,6 @@ def _fail(exc: BaseException) -> None:
     console.print("[bold red]error:[/] ", end="", highlight=False)
     console.print(str(exc), highlight=False, soft_wrap=True, markup=False)  # [x] in text stays
     raise typer.Exit(2 if isinstance(exc, USAGE_ERRORS) else 1)
-
-
-def _prices(price: list[str] | None, prices_file: str | None) -> dict[str, float] | None:
-    """--prices FILE, then each --price over it; None when neither is given."""
-    from raylight.cost import load_prices, parse_prices
-
-    if not price and not prices_file:
-        return None
-    table = load_prices(prices_file) if prices_file else {}
-    return {**table, **parse_prices(price or [])}
 
 
 def _config(path: str, overrides: list[str] | None):
@@ -88,7 +74,7 @@ def train(
     from raylight.declarative import api
 
     try:
-        table = _prices(price, prices)
+        table = price_table(price, prices)
         out = api.train(
             _config(config, set_), dataset, output_directory=output_directory, backend=backend,
             progress=not quiet, prices=table,
@@ -228,13 +214,17 @@ def report(
     from raylight.report import load_report, render_report, reprice
 
     try:
-        table = _prices(price, prices)
+        table = price_table(price, prices)
         run = load_report(run_dir)
     except RaylightError as exc:
         _fail(exc)
     if table is not None and run.cost is not None:
         run.cost = reprice(run.cost, Prices(table))
     render_report(run, StdoutConsole())
+
+
+app.command()(submit)
+app.add_typer(jobs_app, name="jobs")
 
 
 def main() -> None:

@@ -1,0 +1,296 @@
+"""Ray Jobs submission, without Ray: addresses, flags, the job's environment and the
+rule that applies it to a run, what is retried, exit codes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import pytest
+
+from raylight import jobs, runtime
+from raylight.config import RunConfig, ScalingConfig, TrainerConfig
+from raylight.exceptions import ClusterConnectionError, ConfigError
+from raylight.exit_codes import PREEMPTED_EXIT_CODE
+from raylight.job_env import apply_job_env
+
+
+@pytest.mark.parametrize(
+    ("given", "url"),
+    [
+        ("ray://head:10001", "http://head:8265"),  # AdaptDL's -u: the same head's dashboard
+        ("ray://10.0.0.5:10001", "http://10.0.0.5:8265"),
+        ("ray://[::1]:10001", "http://[::1]:8265"),
+        ("ray://head", "http://head:8265"),
+        ("head:8265", "http://head:8265"),
+        ("http://127.0.0.1:48265/", "http://127.0.0.1:48265"),
+        ("https://jobs.example.com", "https://jobs.example.com"),
+    ],
+)
+def test_addresses_map_to_the_jobs_api(given, url):
+    assert jobs.jobs_address(given, {}) == (url, "--address")
+
+
+def test_address_defaults_like_ray_job_submit():
+    env = {"RAY_ADDRESS": "http://a:1", "RAY_API_SERVER_ADDRESS": "http://b:2"}
+    assert jobs.jobs_address(None, env) == ("http://b:2", "RAY_API_SERVER_ADDRESS")
+    assert jobs.jobs_address(None, {"RAY_ADDRESS": "ray://c:10001"}) == ("http://c:8265", "RAY_ADDRESS")
+    with pytest.raises(ConfigError, match="--address"):
+        jobs.jobs_address(None, {})
+    with pytest.raises(ConfigError, match="RAY_ADDRESS='auto' is not a Ray Jobs address"):
+        jobs.jobs_address(None, {"RAY_ADDRESS": "auto"})
+    with pytest.raises(ConfigError, match="--address='s3://x'"):
+        jobs.jobs_address("s3://x", {})
+
+
+def test_unreachable_address_fails_fast_naming_the_timeout():
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ClusterConnectionError) as info:
+        jobs.probe(f"http://127.0.0.1:{port}", "--address", 2.0)
+    assert "--connect-timeout=2s" in str(info.value) and f"127.0.0.1:{port}" in str(info.value)
+
+
+def test_env_pairs_are_checked():
+    assert jobs.parse_env(["A=1", "B_2=x=y", "EMPTY="]) == {"A": "1", "B_2": "x=y", "EMPTY": ""}
+    for bad in ("NOEQUALS", "1A=x", "=x", "A B=1"):
+        with pytest.raises(ConfigError, match="--env"):
+            jobs.parse_env([bad])
+    with pytest.raises(ConfigError, match="--max-workers"):
+        jobs.parse_env(["RAYLIGHT_MAX_WORKERS=3"])
+
+
+def test_entrypoint_quotes_argv_and_keeps_a_shell_line():
+    assert jobs.entrypoint(["python", "t.py", "--msg", "a b"], None) == "python t.py --msg 'a b'"
+    assert jobs.entrypoint(["cd src && python t.py"], None) == "cd src && python t.py"
+    assert jobs.entrypoint(["--epochs", "3"], "t.py") == "python t.py --epochs 3"
+    with pytest.raises(ConfigError, match="no command to run"):
+        jobs.entrypoint([], None)
+
+
+def test_submission_from_adaptdl_flags(tmp_path, monkeypatch):
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    sub = jobs.build_submission(
+        [], name="r1", script="code/train.py", working_dir="code", max_workers=4, cpus=2, gpus=0.5,
+        env=["SEED=1"], pip=["rich"],
+    )
+    assert sub.entrypoint == "python train.py"  # the script, relative to the uploaded directory
+    assert sub.runtime_env == {
+        "working_dir": str(code),
+        "pip": ["rich"],
+        "env_vars": {
+            "SEED": "1", "RAYLIGHT_RUN_NAME": "r1", "RAYLIGHT_MAX_WORKERS": "4",
+            "RAYLIGHT_CPUS_PER_WORKER": "2", "RAYLIGHT_GPUS_PER_WORKER": "0.5",
+        },
+    }
+    alone = jobs.build_submission([], name="r2", script=str(code / "train.py"))
+    assert alone.runtime_env["working_dir"] == str(code) and alone.entrypoint == "python train.py"
+    monkeypatch.chdir(tmp_path / "code")
+    relative = jobs.build_submission(["--epochs", "2"], name="r3", script="train.py", working_dir=str(code))
+    assert relative.entrypoint == "python train.py --epochs 2"
+    monkeypatch.chdir(tmp_path)
+    inside = jobs.build_submission([], name="r4", script="train.py", working_dir="code")  # a path in DIR
+    assert inside.entrypoint == "python train.py"
+    with pytest.raises(ConfigError, match=r"--file 'missing\.py': no such file"):
+        jobs.build_submission([], name="r5", script="missing.py", working_dir="code")
+    (tmp_path / "other.py").write_text("")
+    with pytest.raises(ConfigError, match=r"--file 'other\.py' is outside --working-dir"):
+        jobs.build_submission([], name="r6", script="other.py", working_dir="code")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "flag"),
+    [
+        ({"working_dir": "/no/such/dir"}, "--working-dir"),
+        ({"requirements": "/no/such/requirements.txt"}, "--requirements"),
+        ({"requirements": __file__, "pip": ["x"]}, "--requirements and --pip"),
+        ({"max_workers": 0}, "--max-workers"),
+        ({"cpus": -1.0}, "--cpus"),
+        ({"retries": -1}, "--retries"),
+        ({"name": "a/b"}, "--name"),
+        ({"env": ["oops"]}, "--env"),
+    ],
+)
+def test_bad_flags_name_the_flag(kwargs, flag):
+    with pytest.raises(ConfigError, match=flag):
+        jobs.build_submission(["python", "t.py"], **{"name": "r", **kwargs})
+
+
+def test_attempts_are_named_and_linked():
+    assert [jobs.attempt_id("r", i) for i in range(3)] == ["r", "r-retry1", "r-retry2"]
+    assert jobs.attempt_metadata("r", 0) == {"raylight_run": "r", "raylight_attempt": "0"}
+    assert jobs.attempt_metadata("r", 2) == {"raylight_run": "r", "raylight_attempt": "2", "raylight_previous": "r-retry1"}
+    assert all(isinstance(v, str) for v in jobs.attempt_metadata("r", 5).values())  # Ray's metadata is str -> str
+
+
+def test_what_is_retried():
+    assert "preempted" in jobs.retry_reason("FAILED", "JOB_ENTRYPOINT_COMMAND_ERROR", PREEMPTED_EXIT_CODE)
+    assert "SIGTERM" in jobs.retry_reason("FAILED", "JOB_ENTRYPOINT_COMMAND_ERROR", -15)
+    assert "SIGTERM" in jobs.retry_reason("FAILED", "JOB_ENTRYPOINT_COMMAND_ERROR", 143)
+    assert "node died" in jobs.retry_reason("FAILED", "JOB_SUPERVISOR_ACTOR_DIED", None)
+    assert jobs.retry_reason("FAILED", "JOB_ENTRYPOINT_COMMAND_ERROR", 1) is None  # a normal failure
+    assert jobs.retry_reason("FAILED", "RUNTIME_ENV_SETUP_FAILURE", None) is None
+    assert jobs.retry_reason("FAILED", "JOB_ENTRYPOINT_COMMAND_ERROR", -9) is None  # OOM killer: again would OOM
+    assert jobs.retry_reason("STOPPED", None, -15) is None  # the user stopped it
+    assert jobs.retry_reason("SUCCEEDED", None, 0) is None
+
+
+def test_exit_codes():
+    assert jobs.exit_code("SUCCEEDED", 0) == 0
+    assert jobs.exit_code("FAILED", 3) == 3
+    assert jobs.exit_code("FAILED", -15) == 143
+    assert jobs.exit_code("FAILED", None) == 1
+    assert jobs.exit_code("STOPPED", None) == 1
+
+
+def _config(num_workers, **run):
+    return TrainerConfig(scaling=ScalingConfig(num_workers=num_workers), run=RunConfig(**run))
+
+
+def test_job_env_bounds_an_elastic_run_and_caps_a_fixed_one(caplog):
+    assert apply_job_env(_config((1, 8)), {"RAYLIGHT_MAX_WORKERS": "4"}).scaling.num_workers == (1, 4)
+    assert apply_job_env(_config((1, 2)), {"RAYLIGHT_MAX_WORKERS": "4"}).scaling.num_workers == (1, 4)
+    with caplog.at_level(logging.WARNING, logger="raylight"):
+        assert apply_job_env(_config((3, 8)), {"RAYLIGHT_MAX_WORKERS": "2"}).scaling.num_workers == (2, 2)
+        assert apply_job_env(_config(2), {"RAYLIGHT_MAX_WORKERS": "4"}).scaling.num_workers == 2
+        assert not any("capped" in r.message for r in caplog.records)
+        assert apply_job_env(_config(6), {"RAYLIGHT_MAX_WORKERS": "4"}).scaling.num_workers == 4
+    assert any("capped at 4" in r.message for r in caplog.records)
+    assert apply_job_env(_config(0), {"RAYLIGHT_MAX_WORKERS": "4"}).scaling.num_workers == 0
+    config = _config(2)
+    assert apply_job_env(config, {}) is config
+
+
+def test_job_env_sets_resources_and_gpus():
+    scaling = apply_job_env(_config(2), {"RAYLIGHT_CPUS_PER_WORKER": "3", "RAYLIGHT_GPUS_PER_WORKER": "1"}).scaling
+    assert scaling.resources_per_worker == {"CPU": 3.0, "GPU": 1.0} and scaling.use_gpu
+    with pytest.raises(ConfigError, match="RAYLIGHT_CPUS_PER_WORKER='lots'"):
+        apply_job_env(_config(2), {"RAYLIGHT_CPUS_PER_WORKER": "lots"})
+    with pytest.raises(ConfigError, match="RAYLIGHT_MAX_WORKERS='0'"):
+        apply_job_env(_config(2), {"RAYLIGHT_MAX_WORKERS": "0"})
+
+
+def test_job_env_names_the_run_and_resumes_only_a_run_with_a_checkpoint(tmp_path, caplog):
+    env = {"RAYLIGHT_RUN_NAME": "job1", "RAYLIGHT_RESUME": "1"}
+    run = apply_job_env(_config(1, storage_path=str(tmp_path)), env).run
+    assert run.name == "job1" and not run.resume  # nothing to resume yet
+    ckpt = tmp_path / "job1" / "checkpoints" / "checkpoint_000000"
+    ckpt.mkdir(parents=True)
+    (ckpt / "state.pt").write_bytes(b"x")
+    (ckpt / "meta.json").write_text(json.dumps({"files": {"state.pt": {"size": 1}}}))  # committed
+    run = apply_job_env(_config(1, storage_path=str(tmp_path)), env).run
+    assert run.name == "job1" and run.resume
+    with caplog.at_level(logging.WARNING, logger="raylight"):
+        own = apply_job_env(_config(1, storage_path=str(tmp_path), name="mine"), env).run
+    assert own.name == "mine" and "script names it 'mine'" in caplog.text
+
+
+def test_a_cluster_launcher_head_uses_its_cluster(tmp_path, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(runtime, "LAUNCHER_HEAD_FILE", str(tmp_path / "ray_bootstrap_config.yaml"))
+    assert runtime.default_address() == (None, "address")  # a stray local cluster is not used
+    (tmp_path / "ray_bootstrap_config.yaml").write_text("cluster_name: x\n")
+    address, source = runtime.default_address()
+    assert address == "auto" and "cluster launcher" in source
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # a Ray Job's driver
+    assert runtime.default_address() == ("127.0.0.1:6379", "RAY_ADDRESS")
+    assert os.environ["RAY_ADDRESS"] == "127.0.0.1:6379"
+
+
+def _submit(*args: str):
+    from typer.testing import CliRunner
+
+    from raylight.cli.main import app
+
+    return CliRunner().invoke(app, ["submit", *args])
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--address", "http://127.0.0.1:1"], "no command to run"),
+        (["--address", "http://127.0.0.1:1", "--env", "bad", "--", "python", "t.py"], "--env 'bad'"),
+        (["--address", "http://127.0.0.1:1", "-d", "/no/such/dir", "--", "python", "t.py"], "--working-dir"),
+        (["--address", "http://127.0.0.1:1", "--no-wait", "--retries", "1", "--", "python", "t.py"], "--no-wait"),
+        (["--", "python", "t.py"], "no cluster to submit to"),
+        (["--address", "http://127.0.0.1:1", "--price", "spot=cheap", "--", "python", "t.py"], "spot=cheap"),
+    ],
+)
+def test_submit_usage_errors_exit_2_naming_the_flag(args, message, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_API_SERVER_ADDRESS", raising=False)
+    out = _submit(*args)
+    assert out.exit_code == 2, out.output
+    assert message in " ".join(out.output.split())
+
+
+def test_submit_to_an_unreachable_address_exits_2_naming_the_timeout():
+    out = _submit("-u", f"127.0.0.1:{_closed_port()}", "--connect-timeout", "1.5", "--", "python", "t.py")
+    assert out.exit_code == 2, out.output
+    assert "--connect-timeout=1.5s" in " ".join(out.output.split())
+
+
+class _Status:
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+
+class _Info:
+    def __init__(self, status: str, code: int | None, error: str | None = None) -> None:
+        self.status, self.driver_exit_code, self.error_type = _Status(status), code, error
+
+
+class _FakeClient:
+    """JobsClient's surface that ``jobs.run`` uses, with scripted attempt outcomes."""
+
+    url = "http://head:8265"
+
+    def __init__(self, outcomes: list[_Info]) -> None:
+        self.outcomes, self.submitted = list(outcomes), []
+
+    def first_attempt(self, sub):
+        return 0
+
+    def submit(self, sub, attempt):
+        self.submitted.append((jobs.attempt_id(sub.name, attempt), attempt > 0 or sub.resume))
+        return jobs.attempt_id(sub.name, attempt)
+
+    def follow(self, job_id, write):
+        write(f"logs of {job_id}\n")
+        return self.outcomes.pop(0)
+
+
+def _run(outcomes, retries):
+    client, lines, said = _FakeClient(outcomes), [], []
+    sub = jobs.build_submission(["python", "t.py"], name="r", retries=retries)
+    code = jobs.run(client, sub, wait=True, write=lines.append, say=said.append)
+    return code, client.submitted, lines, said
+
+
+def test_run_resubmits_preempted_attempts_with_resume_until_retries_run_out():
+    preempted = _Info("FAILED", PREEMPTED_EXIT_CODE, "JOB_ENTRYPOINT_COMMAND_ERROR")
+    code, submitted, lines, _ = _run([preempted, _Info("SUCCEEDED", 0)], retries=2)
+    assert code == 0 and submitted == [("r", False), ("r-retry1", True)]
+    assert lines == ["logs of r\n", "logs of r-retry1\n"]
+    code, submitted, _, said = _run([preempted, preempted], retries=1)
+    assert code == PREEMPTED_EXIT_CODE and [s for s, _ in submitted] == ["r", "r-retry1"]
+    assert "no retries left (--retries 1)" in said[-1]
+    code, submitted, _, _ = _run([_Info("FAILED", 2, "JOB_ENTRYPOINT_COMMAND_ERROR")], retries=3)
+    assert code == 2 and len(submitted) == 1  # a normal failure is not retried
+    code, submitted, _, _ = _run([_Info("FAILED", None, "JOB_SUPERVISOR_ACTOR_DIED"), _Info("SUCCEEDED", 0)], retries=1)
+    assert code == 0 and len(submitted) == 2  # the driver's node died
