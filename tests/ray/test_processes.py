@@ -125,6 +125,39 @@ def test_a_drained_node_is_let_go_after_a_snapshot_and_regrowth_matches_an_unint
         assert got["sse"] == pytest.approx(want["sse"], rel=1e-6)
 
 
+@pytest.mark.timeout(300)
+def test_an_autoscaled_run_grows_as_nodes_join_and_the_nodes_go_after_it_ends(tmp_path):
+    """Ray's real autoscaler (the fake multi-node provider starts real raylets): the run
+    starts on the head alone, asks for the workers its policy wants, grows as the nodes
+    join, and gives the request back when it ends; the idle nodes are then removed. Same
+    global batch and data order: the loss follows an uninterrupted one-process run."""
+    env = {**_env(), "RAY_AUTH_MODE": "token"}
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.ray.autoscale_driver", str(tmp_path)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=280,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))
+    data = json.loads(line[len("RESULT "):])
+    nodes = [count for _, count in data["timeline"]]
+    started = [count for t, count in data["timeline"] if t <= data["first_report"]]
+    assert started and set(started) == {1}, "the run started on the head alone"
+    assert max(nodes) == 3 and nodes.index(3) > 0, nodes
+    assert nodes[-1] == 1 and data["released"] > data["ended"], "the autoscaler removed the nodes after the end"
+    moves = [(r["from"], r["to"], r["kind"]) for r in data["resizes"]]
+    assert moves and moves[-1][1] == 3 and all(kind == "in_place" for *_, kind in moves), moves
+    epochs, reference = data["epochs"], data["reference"]
+    n = 2400
+    for m in epochs:
+        assert (m["count"], m["sum"]) == (n, n * (n - 1) / 2), m
+    assert {m["workers"] for m in epochs} >= {1, 3}
+    assert len(reference) == len(epochs)
+    for got, want in zip(epochs, reference, strict=True):
+        assert got["sse"] == pytest.approx(want["sse"], rel=1e-6)
+    cost = data["cost"]
+    assert set(cost["node_seconds"]) == {"head", "cpu_node"} and cost["cost_usd"] > 0, cost
+
+
 @pytest.mark.timeout(450)
 def test_node_loss_shrinks_in_place_and_regrowth_matches_an_uninterrupted_run(tmp_path):
     """A fake 3-node cluster (ray.cluster_utils.Cluster) in its own driver process."""

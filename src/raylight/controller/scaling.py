@@ -59,6 +59,7 @@ class GoodputScalingPolicy:
         self._last_batch = clock()
         self._last_layout = clock()
         self._plan_workers = 1  # the size the engine's current plan was made for
+        self._requested = 0  # workers asked of the autoscaler (0: nothing asked)
 
     # -- sizes ------------------------------------------------------------------------
     def clamp(self, num_workers: int) -> int:
@@ -113,10 +114,15 @@ class GoodputScalingPolicy:
             capacity = min(view.capacity(), s.max_workers)
             current = Layout(view.num_workers, view.threads)
             layout = engine.decide_layout(current=current, candidates=self._layouts(capacity))
-            if s.autoscale and capacity < s.max_workers:
+            if s.autoscale:
+                # What the goodput model says is worth running, among every size up to max
+                # (not only what fits): the request is the whole run's, so a smaller one
+                # gives the rest back to the autoscaler.
                 wanted = engine.decide_layout(current=current, candidates=self._layouts(s.max_workers))
-                if wanted is not None and wanted.layout.num_workers > capacity:
-                    decisions.append(RequestResources(wanted.layout.num_workers))
+                want = current.num_workers if wanted is None else wanted.layout.num_workers
+                if want != self._requested and (want > capacity or self._requested > 0):
+                    self._requested = want
+                    decisions.append(RequestResources(want))
             if layout is not None and layout.layout != current:
                 decisions.append(Resize(self.clamp(layout.layout.num_workers), layout.reason, s.resize_in_place))
         return decisions

@@ -210,6 +210,9 @@ class RayWorkerGroup:
         self._spare: _Spare | None = None
         self._resizing = False
         self._draining: dict[str, float | None] = {}
+        # Workers asked of the autoscaler: withdrawn at shutdown (the nodes it brought may
+        # go once idle), asked again when the group starts again (a restart).
+        self._requested = 0
         self._drain_checked = -DRAIN_CHECK_S
         # Running inside a placement group (a Tune trial): workers go into its bundles,
         # which this group never removes.
@@ -241,6 +244,8 @@ class RayWorkerGroup:
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"a worker group needs at least 1 worker, got {num_workers}")
+        if self._requested:
+            self.request_resources(self._requested)
         try:
             members = self._spawn(num_workers)
             self._launch(members, checkpoint=checkpoint, threads=threads, plan=plan, target=target)
@@ -527,10 +532,12 @@ class RayWorkerGroup:
         return len(self._members) + len(self._free_slots()) + max(extra, 0)
 
     def request_resources(self, num_workers: int) -> None:
-        """Ask an autoscaling cluster for room for ``num_workers`` workers."""
+        """Ask an autoscaling cluster for room for ``num_workers`` workers (the run's whole
+        size: a smaller number gives the rest back; 0 withdraws the request)."""
         from ray.autoscaler.sdk import request_resources
 
         request_resources(bundles=[dict(self._scaling.worker_resources())] * num_workers)
+        self._requested = num_workers
 
     def resize(
         self,
@@ -798,6 +805,11 @@ class RayWorkerGroup:
 
     # -- shutdown -------------------------------------------------------------------
     def shutdown(self) -> None:
+        if self._requested:
+            from ray.autoscaler.sdk import request_resources
+
+            with contextlib.suppress(Exception):
+                request_resources(bundles=[])
         self._drop_spare()
         pgs = self._pgs
         for m in self._members:

@@ -63,6 +63,8 @@ class StartSpec:
     next_checkpoint: int | None = None  # the index the driver commits next
 
 
+# The node type the autoscaler (v2, the fake multi-node provider, KubeRay) gave a node's raylet.
+NODE_TYPE_ENV = "RAY_NODE_TYPE_NAME"
 NOTICE_POLL_S = 5.0  # how often a worker reads its node's preemption notices (AWS advises 5 s)
 
 
@@ -438,11 +440,15 @@ class RaylightWorker:
 
 
 def _node_type(node_id: str) -> str:
-    """This node's type, for the run's cost: the autoscaler's name for it, "head" or
-    its shape (``raylight.cost.node_type_of``)."""
+    """This node's type, for the run's cost: the autoscaler's name for it (the raylet's
+    ``RAY_NODE_TYPE_NAME``, which its workers inherit, or Ray's node-group label), "head"
+    or its shape (``raylight.cost.node_type_of``)."""
     import ray
 
     from raylight.cost import node_type_of
+
+    if os.environ.get(NODE_TYPE_ENV):
+        return os.environ[NODE_TYPE_ENV]
 
     try:
         node: dict[str, Any] = next((n for n in ray.nodes() if n.get("NodeID") == node_id), {})
