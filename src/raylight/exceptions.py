@@ -122,5 +122,11 @@ class WorkerDiedError(TrainingFailedError):
     """A worker process died (killed, out of memory, or its node was lost)."""
 
 
+class PreemptedError(WorkerDiedError):
+    """The run lost more nodes to preemption than ``FailureConfig.max_preemptions``
+    allows. The CLI exits with ``raylight.exit_codes.PREEMPTED_EXIT_CODE`` for it, which
+    ``raylight submit --retries`` resubmits (the run resumes from its last checkpoint)."""
+
+
 class WorkerHangError(TrainingFailedError):
     """A worker made no progress, or did not answer health checks, for too long."""

@@ -21,6 +21,7 @@ from raylight.controller import (
 from raylight.cost import WorkerPlace
 from raylight.exceptions import (
     InsufficientResourcesError,
+    PreemptedError,
     WorkerDiedError,
     WorkerError,
     WorkerHangError,
@@ -384,7 +385,7 @@ def test_preemptions_have_their_own_budget(recorder):
     )
     for _ in range(5):
         c.step()
-    assert c.state is State.ERRORED and isinstance(c.error, WorkerDiedError)
+    assert c.state is State.ERRORED and isinstance(c.error, PreemptedError)
     assert "max_preemptions=0" in str(c.error)
 
 

@@ -10,7 +10,7 @@ SRC = pathlib.Path(raylight.__file__).parent
 
 PUBLIC = [
     "AdaptiveConfig", "Checkpoint", "ClusterConnectionError", "ConfigError", "DeepSpeed", "FSDP", "FailureConfig",
-    "InsufficientResourcesError", "RaylightError", "Result", "RunConfig", "RunInUseError", "ScalingConfig",
+    "InsufficientResourcesError", "PreemptedError", "RaylightError", "Result", "RunConfig", "RunInUseError", "ScalingConfig",
     "TrainContext", "Trainer", "TrainerConfig", "TrainingDivergedError", "TrainingFailedError", "WorkerDiedError",
     "WorkerError", "WorkerHangError", "WorkerStartError", "__version__", "fit", "load_model",
 ]

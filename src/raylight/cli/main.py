@@ -23,6 +23,7 @@ from raylight.exceptions import (
     ClusterConnectionError,
     ConfigError,
     InsufficientResourcesError,
+    PreemptedError,
     RaylightError,
     RunInUseError,
 )
@@ -49,6 +50,10 @@ def _fail(exc: BaseException) -> None:
     use), 1 for failures at run time; the message, never a traceback."""
     console.print("[bold red]error:[/] ", end="", highlight=False)
     console.print(str(exc), highlight=False, soft_wrap=True, markup=False)  # [x] in text stays
+    if isinstance(exc, PreemptedError):  # raylight submit --retries resubmits it
+        from raylight.exit_codes import PREEMPTED_EXIT_CODE
+
+        raise typer.Exit(PREEMPTED_EXIT_CODE)
     raise typer.Exit(2 if isinstance(exc, USAGE_ERRORS) else 1)
 
 

@@ -36,6 +36,7 @@ from raylight.controller.policies import FailurePolicy, ScalingPolicy, ScalingVi
 from raylight.controller.telemetry import RunTelemetry
 from raylight.exceptions import (
     InsufficientResourcesError,
+    PreemptedError,
     RaylightError,
     TrainingFailedError,
     WorkerDiedError,
@@ -394,12 +395,14 @@ class Controller:
         self.last_failure = failure
         decision = self.failure_policy.decide_preemption(failure, num_preemptions=self.num_preemptions)
         if isinstance(decision, Raise):
-            error = self._error_for(failure)
-            error.args = (
-                f"{error.args[0]} Its node was preempted {self.num_preemptions} time(s) and "
-                f"FailureConfig.max_preemptions={self.failure_policy.max_preemptions} allows no more.",
-            )
-            self._fail(error, cause=cause)
+            where = f" (node {failure.node}, pid {failure.pid})" if failure.node else ""
+            self._fail(PreemptedError(
+                f"worker rank {failure.rank}{where} {failure.message}, with its preempted node. "
+                f"The run lost nodes to preemption {self.num_preemptions} time(s) and "
+                f"FailureConfig.max_preemptions={self.failure_policy.max_preemptions} allows no more; "
+                "raise it (-1: no limit), or resubmit (raylight submit --retries resumes the run).",
+                rank=failure.rank, node=failure.node, reason=failure.message, num_failures=self.num_failures,
+            ), cause=cause)
             return
         resume = self.recorder.latest
         where = f"checkpoint {resume.metadata.get('index')}" if resume else "the beginning"
