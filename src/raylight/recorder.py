@@ -331,25 +331,23 @@ class RunRecorder:
 
     def previous_cost(self) -> dict[str, Any] | None:
         """A resumed run's ``cost.json`` from its earlier attempts; None if absent or damaged."""
-        if not self.storage.exists(COST_FILE):
-            return None
-        try:
-            cost = json.loads(self.storage.read_text(COST_FILE))
-        except (ValueError, UnicodeDecodeError) as exc:
-            log.warning("%s of %s is damaged (%s); the run's cost counts from now", COST_FILE, self.storage.uri, exc)
-            return None
-        return cost if isinstance(cost, dict) else None
+        return self._read_json(COST_FILE, "the run's cost counts from now")
 
     def engine_state(self) -> dict[str, Any] | None:
         """The adaptive engine's saved state; None (with a warning) when it is damaged."""
-        if not self.storage.exists(ENGINE_FILE):
+        return self._read_json(ENGINE_FILE, "the adaptive engine starts afresh")
+
+    def _read_json(self, name: str, otherwise: str) -> dict[str, Any] | None:
+        """A JSON object the run keeps beside its checkpoints; None when absent, and (with a
+        warning saying ``otherwise``) when damaged."""
+        if not self.storage.exists(name):
             return None
         try:
-            state = json.loads(self.storage.read_text(ENGINE_FILE))
+            value = json.loads(self.storage.read_text(name))
         except (ValueError, UnicodeDecodeError) as exc:
-            log.warning("%s of %s is damaged (%s); the adaptive engine starts afresh", ENGINE_FILE, self.storage.uri, exc)
+            log.warning("%s of %s is damaged (%s); %s", name, self.storage.uri, exc, otherwise)
             return None
-        return state if isinstance(state, dict) else None
+        return value if isinstance(value, dict) else None
 
     def _commit(self, report: Report, report_index: int) -> None:
         index = self._next_ckpt

@@ -56,6 +56,22 @@ def _run_in_thread(trainer):
     return thread, out
 
 
+def _fit_until_resized(trainer, run_dir, stop, *, resizes: int, what: str):
+    """Run ``trainer`` until its trace shows ``resizes`` resizes, then stop it (at an
+    epoch end, by ``stop``) and return its Result."""
+    thread, out = _run_in_thread(trainer)
+    try:
+        wait_until(
+            lambda: sum(r.get("event") == "resized" for r in read_trace(run_dir)) >= resizes or not thread.is_alive(),
+            150, what,
+        )
+    finally:
+        stop.touch()
+        thread.join(180)
+    assert "error" not in out, out.get("error")
+    return out["result"]
+
+
 @pytest.mark.parametrize("kind", ["in_place_spare", "in_place_cold", "from_checkpoint"])
 def test_grows_when_resources_free_up_with_exact_data_coverage(ray_cluster, tmp_path, kind):
     """in_place_spare: the CPU comes back once the warm spare is ready and the spare joins;
@@ -160,17 +176,7 @@ def test_a_sharded_run_shrinks_when_a_worker_dies_and_grows_back(ray_cluster, tm
             run=RunConfig(storage_path=str(tmp_path), name="shrink", progress=False),
         ),
     )
-    thread, out = _run_in_thread(trainer)
-    try:
-        wait_until(
-            lambda: sum(r.get("event") == "resized" for r in read_trace(run_dir)) >= 2 or not thread.is_alive(),
-            150, "a shrink and a grow",
-        )
-    finally:
-        stop.touch()
-        thread.join(180)
-    assert "error" not in out, out.get("error")
-    result = out["result"]
+    result = _fit_until_resized(trainer, run_dir, stop, resizes=2, what="a shrink and a grow")
     assert (tmp_path / "killed0").exists() and result.num_failures == 0
     epochs = assert_exact_coverage(result.metrics_history)
     moves = [(r["from"], r["to"], r["kind"]) for r in result.resizes]
@@ -244,17 +250,7 @@ def test_a_notice_makes_the_run_checkpoint_where_it_stops_and_lose_no_step(ray_c
             ),
         ),
     )
-    thread, out = _run_in_thread(trainer)
-    try:
-        wait_until(
-            lambda: any(r.get("event") == "resized" for r in read_trace(run_dir)) or not thread.is_alive(),
-            120, "the restart after the notice",
-        )
-    finally:
-        stop.touch()
-        thread.join(120)
-    assert "error" not in out, out.get("error")
-    result = out["result"]
+    result = _fit_until_resized(trainer, run_dir, stop, resizes=1, what="the restart after the notice")
     assert (tmp_path / "noticed").exists()
     assert result.num_failures == 0 and result.num_preemptions == 1
     epochs = assert_exact_coverage(result.metrics_history)
