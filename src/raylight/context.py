@@ -470,7 +470,11 @@ class TrainContext:
             "seq": self._seq,
         }
         if self._epoch is not None:
-            done = bool(training) and all(ld.epoch == self._epoch and ld.epoch_done for ld in training)
+            # Done: its data consumed and the loop past it (a checkpoint on the epoch's last
+            # batch, inside the loop over it, resumes into the epoch so that its end runs).
+            done = bool(training) and all(
+                ld.epoch == self._epoch and ld.epoch_done and not ld.iterating for ld in training
+            )
             state["epochs"] = {"epoch": self._epoch, "done": done}
         if self.sync is not None:
             state["sync"] = self.sync.state_dict()

@@ -223,3 +223,48 @@ def test_batched_fetch_keeps_a_custom_collate_and_checks_indices():
         block_ids(50).get_batch([3, 70])
     with pytest.raises(IndexError, match="at least one index"):
         block_ids(50).get_batch([])
+
+
+def _epoch_loop(ctx, data, *, report_at=None, log):
+    """Two epochs of 4 steps; ``report_at``: the step (counted from 0 across epochs) on
+    which the loop reports a checkpoint inside its loop over the loader. Logs each batch
+    and each epoch end."""
+    loader = ctx.prepare_loader(data, batch_size=8)
+    step = 0
+    for epoch in ctx.epochs(2):
+        for (x,) in loader:
+            log.append(("batch", epoch, x[0].item()))
+            if step == report_at:
+                ctx.report({}, checkpoint={"epoch_seen": epoch})
+            step += 1
+        log.append(("end", epoch))
+
+
+@pytest.mark.parametrize("report_at", [3, 2])
+def test_a_checkpoint_on_an_epoch_s_last_batch_resumes_into_its_end(report_at):
+    """A checkpoint reported inside the loop on the epoch's last batch: the epoch's data is
+    consumed, but the code after the loop over it has not run. The restart re-enters the
+    epoch with nothing left to hand out, so its end runs (once), then the next epoch. On
+    an earlier batch the epoch continues at the next one, as before."""
+    from raylight.checkpoint import Checkpoint
+    from raylight.context import TrainContext
+    from tests.helpers import Sink
+
+    data = TensorDataset(torch.arange(32.0))
+
+    def ctx(sink, checkpoint=None):
+        return TrainContext(
+            rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
+            device=torch.device("cpu"), sink=sink, checkpoint=checkpoint,
+        )
+
+    sink, before = Sink(), []
+    _epoch_loop(ctx(sink), data, report_at=report_at, log=before)
+    data_bytes = next(r.checkpoint for r in sink.reports if r.checkpoint is not None)
+    after: list = []
+    _epoch_loop(ctx(Sink(), Checkpoint("memory://ckpt", data=data_bytes)), data, log=after)
+    ends = [e for e in after if e[0] == "end"]
+    resumed_batches = [e for e in after if e[0] == "batch"]
+    assert ends == [("end", 0), ("end", 1)], after
+    expected_left = 3 - report_at  # batches of epoch 0 after the checkpoint
+    assert [e[1] for e in resumed_batches] == [0] * expected_left + [1] * 4, after

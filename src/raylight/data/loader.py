@@ -139,6 +139,11 @@ class ElasticLoader:
         self._on_layout = on_layout
         self.epoch = 0
         self.cursor = 0  # samples of this epoch consumed
+        # The loop is inside this epoch's iteration (its last batch may be handed out, but
+        # the code after the loop over it has not run): a checkpoint taken now resumes
+        # into this epoch, with nothing left to hand out, so that code still runs.
+        self.iterating = False
+        self._resume_empty = False
 
     # -- position -------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -150,7 +155,7 @@ class ElasticLoader:
         return self.num_samples - self.cursor < (self.batch_size if self.drop_last else 1)
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "cursor": self.cursor, "num_samples": self.num_samples}
+        return {"epoch": self.epoch, "cursor": self.cursor, "num_samples": self.num_samples, "iterating": int(self.iterating)}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         if state["num_samples"] != self.num_samples:
@@ -159,6 +164,7 @@ class ElasticLoader:
                 f"{self.num_samples}; resume with the same dataset"
             )
         self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
+        self._resume_empty = bool(state.get("iterating")) and self.epoch_done
 
     @property
     def plan(self) -> BatchPlan:
@@ -204,6 +210,16 @@ class ElasticLoader:
         yield from zip(plans, batches, sizes, strict=False)
 
     def __iter__(self) -> Iterator[Any]:
+        if self._resume_empty:  # checkpointed on this epoch's last batch: its end still runs
+            self._resume_empty = False
+            return
+        self.iterating = True
+        try:
+            yield from self._iterate()
+        finally:  # exhausted, or the loop left it (break, an exception, a resize)
+            self.iterating = False
+
+    def _iterate(self) -> Iterator[Any]:
         if self.epoch_done:  # a finished epoch: move on to the next one
             self.epoch, self.cursor = self.epoch + 1, 0
         epoch = self.epoch
