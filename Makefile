@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: run run-digits test lint unit bench bench-adaptive bench-declarative bench-lightning bench-adversarial bench-strategies clean
+.PHONY: run run-digits test lint unit bench bench-adaptive bench-declarative bench-lightning bench-adversarial bench-strategies bench-cluster clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,10 @@ bench-adversarial: $(STAMP)
 
 bench-strategies: $(STAMP)
 	$(PY) bench/strategies.py
+
+bench-cluster: $(STAMP)
+	$(PIP) install -q -c constraints.txt -e ".[bench,examples]"
+	PYTHONPATH=. $(PY) bench/cluster.py
 
 bench-lightning: $(STAMP)
 	$(PIP) install -q -c constraints.txt -e ".[bench,lightning]"
