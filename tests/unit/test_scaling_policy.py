@@ -98,7 +98,9 @@ def test_decisions_wait_for_their_intervals_and_trace_what_was_considered():
     decisions = p.decide(view(5.0, poll, capacity=2))
     plan = next(d for d in decisions if isinstance(d, SetPlan))
     assert plan.plan.version == 1 and plan.plan.global_batch(2) > 16 and "predicted goodput" in plan.reason
-    assert RequestResources(4) in decisions, "more workers would help than fit: ask the autoscaler"
+    asked = [d for d in decisions if isinstance(d, RequestResources)]
+    assert [d.num_workers for d in asked] == [4], "more workers would help than fit: ask the autoscaler"
+    assert "2 fit now" in asked[0].reason
     assert not any(isinstance(d, Resize) for d in decisions), "2 workers is all that fits"
     assert rows[-1]["decision"] == "batch" and rows[-1]["workers"] == 2
     assert p.decide(view(5.5, poll)) == [], "the timers restarted"

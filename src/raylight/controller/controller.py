@@ -249,6 +249,8 @@ class Controller:
             self.group.set_plan(decision.plan)
         elif isinstance(decision, RequestResources):
             self.group.request_resources(decision.num_workers)
+            log.info("asked the autoscaler for %d worker(s): %s", decision.num_workers, decision.reason)
+            self.telemetry.event({"event": "autoscale_request", "workers": decision.num_workers, "reason": decision.reason})
         elif isinstance(decision, Resize) and decision.num_workers != self.num_workers:
             self._begin_resize(decision)
 

@@ -39,9 +39,11 @@ class Resize:
 
 @dataclass(frozen=True)
 class RequestResources:
-    """Ask an autoscaling cluster for room for ``num_workers`` workers."""
+    """Ask an autoscaling cluster for room for ``num_workers`` workers (the run's whole
+    size: fewer than before gives the rest back)."""
 
     num_workers: int
+    reason: str = ""
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,8 @@ class GoodputScalingPolicy:
                 want = current.num_workers if wanted is None else wanted.layout.num_workers
                 if want != self._requested and (want > capacity or self._requested > 0):
                     self._requested = want
-                    decisions.append(RequestResources(want))
+                    why = wanted.reason if wanted is not None else f"keep {want}"
+                    decisions.append(RequestResources(want, f"{why} ({capacity} fit now)"))
             if layout is not None and layout.layout != current:
                 decisions.append(Resize(self.clamp(layout.layout.num_workers), layout.reason, s.resize_in_place))
         return decisions
