@@ -59,7 +59,7 @@ def load_report(path: str) -> RunReport:
                 continue
             if report.start is None and isinstance(row.get("time"), int | float):
                 report.start = float(row["time"])
-            if row.get("decision") or row.get("event") == "resized":
+            if row.get("decision") or row.get("event") in ("resized", "notice", "autoscale_request"):
                 report.decisions.append({**row, "batch_before": batch})
             if row.get("global_batch") is not None:
                 batch = row["global_batch"]
@@ -135,6 +135,15 @@ def _decisions_table(rows: list[dict[str, Any]], start: float | None) -> Table |
     for r in rows:
         when = f"+{float(r.get('time', t0)) - t0:.1f}s"
         before = r.get("batch_before")
+        if r.get("event") == "notice":
+            left = r.get("deadline")
+            due = f", {float(left) - float(r.get('time', 0.0)):.0f}s to its deadline" if left else ""
+            node = str(r.get("node", "?"))[:12]
+            table.add_row(when, "notice", str(r.get("ranks", "")), "", f"node {node} ({r.get('source')}: {r.get('reason', '')}{due})")
+            continue
+        if r.get("event") == "autoscale_request":
+            table.add_row(when, "autoscale", f"ask {r.get('workers')}", "", str(r.get("reason", "")))
+            continue
         if r.get("event") == "resized":
             extra = f" ({r['kind']}, first step {float(r['first_step_s']):.2f}s)" if "first_step_s" in r else ""
             workers = f"{r.get('from', '?')}->{r.get('to', '?')}"

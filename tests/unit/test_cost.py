@@ -167,6 +167,9 @@ def _fake_run(path, *, cost: bool = True) -> None:
         {"time": 110.5, "event": "resized", "kind": "in_place", "from": 2, "to": 3, "reason": "goodput +12%",
          "first_step_s": 0.04},
         {"time": 111.0, "event": "spare_ready", "workers": 3},
+        {"time": 112.0, "event": "autoscale_request", "workers": 4, "reason": "goodput +9% (3 fit now)"},
+        {"time": 115.0, "event": "notice", "node": "abcdef0123456789", "source": "drain", "reason": "spot",
+         "deadline": 125.0, "ranks": [2]},
         {"time": 120.0, "event": "cost", "wall_s": 20.0, "worker_seconds": {"CPU:1": 50.0},
          "node_seconds": {"head": 20.0}, "prices": {"head": 0.36}, "cost_usd": 0.002, "unpriced": []},
     ]
@@ -191,13 +194,17 @@ def test_report_renders_time_cost_and_decisions(tmp_path):
 
     _fake_run(tmp_path / "run")
     run = load_report(str(tmp_path / "run"))
-    assert [r.get("decision") or r.get("event") for r in run.decisions] == ["batch", "resized"]
+    assert [r.get("decision") or r.get("event") for r in run.decisions] == [
+        "batch", "resized", "autoscale_request", "notice",
+    ]
     text = _render(run)
     assert "state: finished; 2 reports" in text
     assert "wall 20.0 s" in text and "CPU:1" in text and "50.0" in text
     assert "no price for spot" in text
     assert "+3.0s" in text and "64->128" in text and "noise scale grew" in text
     assert "+10.5s" in text and "2->3" in text and "goodput +12%" in text and "in_place" in text
+    assert "ask 4" in text and "goodput +9% (3 fit now)" in text
+    assert "node abcdef012345 (drain: spot, 10s to its deadline)" in text
     priced = reprice(run.cost or {}, Prices({"head": 0.36, "spot": 1.0}))
     assert priced["cost_usd"] == pytest.approx(20 / 3600 * 0.36 + 2.0)
     run.cost = priced
