@@ -1,11 +1,12 @@
-"""Elastic training on a fake 3-node cluster: python -m tests.ray.cluster_driver WORKDIR [loss|drain].
+"""Elastic training on a fake 3-node cluster: python -m tests.ray.cluster_driver WORKDIR.
 
-Trains with one worker per node, then takes a node away mid-training: "loss" removes it
-(the job continues on fewer workers); "drain" gives it notice first, the way a cloud's
-preemption reaches Ray (``ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION
---deadline-remaining-seconds 10``), and the node goes at its deadline. Then a node is
-added back (the job grows), the job stops, and an uninterrupted reference trains for the
-same number of epochs. Prints one JSON line for the test to check.
+Trains with one worker per node, checkpointing at epoch ends only. Mid-epoch, one node is
+given notice the way a cloud's preemption reaches Ray (``ray drain-node --reason
+DRAIN_NODE_REASON_PREEMPTION --deadline-remaining-seconds 10``) and goes at its deadline
+(the run checkpoints where it stops and shrinks in place); then another node is lost with
+no notice (the run shrinks again, from its last checkpoint); then two nodes are added back
+(the run grows). An uninterrupted one-process run of as many epochs is the reference.
+Prints one JSON line for the test to check.
 """
 
 import json
@@ -40,19 +41,18 @@ def drain(node_id: str, deadline_s: float) -> None:
     assert accepted, why
 
 
-def main(workdir: str, how: str = "loss") -> None:
+def main(workdir: str) -> None:
     fast_health = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500, "health_check_failure_threshold": 4}
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": fast_health})
-    cluster.add_node(num_cpus=1)
+    second = cluster.add_node(num_cpus=1)
     third = cluster.add_node(num_cpus=1)
     ray.init(address=cluster.address)
     try:
         run_dir = os.path.join(workdir, "elastic")
         stop = os.path.join(workdir, "stop")
         positions = os.path.join(workdir, "positions")
-        config = {"batch_size": 24, "epochs": 10_000, "stop_file": stop, "checkpoint_every": 3}
-        if how == "drain":  # checkpoints at epoch ends only: the snapshot saves the rest
-            config.update(checkpoint_every=1000, objects=True, positions=positions)
+        config = {"batch_size": 24, "epochs": 10_000, "stop_file": stop, "checkpoint_every": 1000,
+                  "objects": True, "positions": positions}
         trainer = raylight.Trainer(
             loops.elastic_loop,
             train_loop_config=config,
@@ -64,26 +64,28 @@ def main(workdir: str, how: str = "loss") -> None:
         out: dict = {}
         thread = threading.Thread(target=lambda: out.setdefault("result", trainer.fit()))
         thread.start()
+
+        def resized(count: int) -> bool:
+            return sum(1 for r in read_trace(run_dir) if r.get("event") == "resized") >= count or not thread.is_alive()
+
+        def alive(node) -> bool:
+            return any(n["Alive"] for n in ray.nodes() if n["NodeID"] == node.node_id)
+
         try:
-            wait_until(lambda: os.path.exists(os.path.join(run_dir, "metrics.jsonl")) and os.path.getsize(os.path.join(run_dir, "metrics.jsonl")) > 0, 120, "training to start")
-            noticed_at = None
-            if how == "drain":
-                wait_until(lambda: os.path.exists(positions) and os.path.getsize(positions) > 200, 120, "training mid-epoch")
-                noticed_at = time.time()
-                drain(third.node_id, DRAIN_DEADLINE_S)
-            else:
-                cluster.remove_node(third)
-            wait_until(lambda: sum(1 for r in read_trace(run_dir) if r.get("event") == "resized") >= 1 or not thread.is_alive(), 120, "the shrink")
-            if how == "drain":  # the node goes: by itself once idle, else at its deadline
-                shrunk_at = time.time()
-                wait_until(
-                    lambda: not any(n["Alive"] for n in ray.nodes() if n["NodeID"] == third.node_id)
-                    or time.time() > noticed_at + DRAIN_DEADLINE_S, 60, "the drained node to go",
-                )
-                went_by_itself = not any(n["Alive"] for n in ray.nodes() if n["NodeID"] == third.node_id)
-                cluster.remove_node(third, allow_graceful=False)
+            wait_until(lambda: any(line.split()[2:] == ["3"] for line in _lines(positions)[8:]), 120, "3 workers mid-epoch")
+            noticed_at = time.time()
+            drain(third.node_id, DRAIN_DEADLINE_S)
+            wait_until(lambda: resized(1), 120, "the shrink after the notice")
+            shrunk_at = time.time()
+            # The node goes: by itself once idle, else at its deadline.
+            wait_until(lambda: not alive(third) or time.time() > noticed_at + DRAIN_DEADLINE_S, 60, "the drained node to go")
+            went_by_itself = not alive(third)
+            cluster.remove_node(third, allow_graceful=False)
+            cluster.remove_node(second)  # no notice: a node lost
+            wait_until(lambda: resized(2), 120, "the shrink after the loss")
             cluster.add_node(num_cpus=1)
-            wait_until(lambda: sum(1 for r in read_trace(run_dir) if r.get("event") == "resized") >= 2 or not thread.is_alive(), 120, "the grow")
+            cluster.add_node(num_cpus=1)
+            wait_until(lambda: any(line.split()[2:] == ["3"] for line in _lines(positions)[-3:]) and resized(3), 120, "the grow")
         finally:
             open(stop, "w").close()
             thread.join(300)
@@ -92,26 +94,26 @@ def main(workdir: str, how: str = "loss") -> None:
         reference = raylight.fit(
             loops.elastic_loop,
             config={**config, "epochs": len(epochs), "stop_file": None, "positions": None},
-            num_workers=3,
-            storage_path=workdir,
-            name="reference",
-            progress=False,
+            num_workers=0, storage_path=workdir, name="reference", progress=False,
         )
         ref_epochs = [m for m in reference.metrics_history if m.get("kind") == "epoch"]
-        out_data = {"epochs": epochs, "resizes": result.resizes, "reference": ref_epochs,
-                    "num_failures": result.num_failures, "num_preemptions": result.num_preemptions}
-        if how == "drain":
-            with open(positions) as f:
-                steps = [tuple(map(int, line.split())) for line in f if line.strip()]
-            out_data.update(
-                repeated_steps=len(steps) - len(set(steps)),
-                notice=[r for r in read_trace(run_dir) if r.get("event") == "notice"],
-                noticed_at=noticed_at, shrunk_at=shrunk_at, node_went_by_itself=went_by_itself,
-            )
-        print("RESULT", json.dumps(out_data), flush=True)
+        steps = [tuple(map(int, line.split())) for line in _lines(positions)]
+        print("RESULT", json.dumps({
+            "epochs": epochs, "resizes": result.resizes, "reference": ref_epochs, "steps": steps,
+            "num_failures": result.num_failures, "num_preemptions": result.num_preemptions,
+            "notice": [r for r in read_trace(run_dir) if r.get("event") == "notice"],
+            "noticed_at": noticed_at, "shrunk_at": shrunk_at, "node_went_by_itself": went_by_itself,
+        }), flush=True)
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def _lines(path: str) -> list[str]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [line for line in f.read().splitlines() if line.strip()]
 
 
 if __name__ == "__main__":

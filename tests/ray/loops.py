@@ -157,8 +157,8 @@ def elastic_loop(ctx, config):
     # notice: [rank, step, how]: that rank gives its node notice at that step, once: by
     # SIGTERM to itself ("sigterm") or by writing a notice file ("file:PATH").
     notice = config.get("notice") or [None, None, None]
-    # positions: rank 0 appends "epoch cursor" after each step (a step run twice shows
-    # as a repeated line); notice_file: where a test says it gave notice.
+    # positions: rank 0 appends "epoch cursor world_size" after each step (a step run
+    # twice shows as a repeated position); notice_file: where a test says it gave notice.
     positions = open(config["positions"], "a") if config.get("positions") and ctx.rank == 0 else None  # noqa: SIM115
     step = 0
     for epoch in ctx.epochs(config["epochs"]):
@@ -182,7 +182,7 @@ def elastic_loop(ctx, config):
             seen[f"sum{epoch}"] += float(ids.sum())
             seen[f"sq{epoch}"] += float((ids.double() ** 2).sum())
             if positions is not None:
-                positions.write(f"{epoch} {loader.cursor}\n")
+                positions.write(f"{epoch} {loader.cursor} {ctx.world_size}\n")
                 positions.flush()
             step += 1
             if step % config.get("checkpoint_every", 5) == 0:

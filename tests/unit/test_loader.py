@@ -105,7 +105,7 @@ def test_resize_and_replan_mid_epoch_neither_repeats_nor_skips(data):
     first = loaders(n, 2, batch_size=16, plans=[BatchPlan(8)], data=data)
     part1 = take(first, steps=5)  # 5 steps x 16 samples
     state = first[0].state_dict()
-    assert state == {"epoch": 0, "cursor": 80, "num_samples": n}
+    assert state == {"epoch": 0, "cursor": 80, "num_samples": n, "iterating": 0}
     # Three workers, atomic 5 with one accumulation step (30 per step), then atomic 10.
     second = loaders(n, 3, batch_size=16, plans=[BatchPlan(5, 1, 1), BatchPlan(5, 1, 1), BatchPlan(10, 0, 2)], state=state, data=data)
     part2 = take(second)
