@@ -308,6 +308,19 @@ def test_resize_falls_back_to_the_checkpoint_path(recorder):
     assert c.step() is State.FINISHED
 
 
+def test_a_grow_that_gets_no_new_worker_leaves_the_group_untouched(recorder):
+    group = FakeGroup(
+        [running(ckpt_report(0)), running(), finished()],
+        resize_outcomes=[ResizeOutcome("unchanged", reason="the cluster placed no new worker")],
+    )
+    c = make(group, recorder, policy=ScriptedPolicy(2, [[Resize(3, "test")]]))
+    c.step(), c.step()
+    assert c.step() is State.RESIZING
+    assert c.step() is State.RUNNING
+    assert c.num_workers == 2 and c.num_restarts == 0 and group.shutdowns == 0 and c.resizes == []
+    assert recorder.history == [{"epoch": 0}]
+
+
 def test_a_resize_not_in_place_restarts_from_the_checkpoint(recorder):
     group = FakeGroup([running(ckpt_report(0)), finished(n=3)])
     c = make(group, recorder, policy=ScriptedPolicy(2, [[Resize(3, "test", in_place=False)]]))

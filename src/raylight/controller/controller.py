@@ -289,7 +289,9 @@ class Controller:
             self.recorder.record(report, num_workers=old)
             self._last_seq = max(self._last_seq, report.seq)
         self._recover_lost_reports([*self._shadow, *outcome.shadow], outcome.adopted, num_workers=old)
-        if outcome.kind == "finished":
+        if outcome.kind in ("finished", "unchanged"):
+            if outcome.kind == "unchanged":
+                log.info("no worker could be added now (%s); %d go on, and the run asks again", outcome.reason, old)
             self.phase = Phase(State.RUNNING)  # the next poll sees it finished
             return
         latest = self.recorder.latest

@@ -163,11 +163,12 @@ class GroupPoll:
 
 @dataclass(frozen=True)
 class ResizeOutcome:
-    """What an in-place resize did: "in_place", "finished" (training ended meanwhile) or
-    "fallback" (no live worker holds the state: restart from the checkpoint). ``reports``
-    are those rank 0 made while the group stopped."""
+    """What an in-place resize did: "in_place", "finished" (training ended meanwhile),
+    "fallback" (no live worker holds the state: restart from the checkpoint) or
+    "unchanged" (a group that was to grow got no new worker: it trains on untouched).
+    ``reports`` are those rank 0 made while the group stopped."""
 
-    kind: Literal["in_place", "finished", "fallback"]
+    kind: Literal["in_place", "finished", "fallback", "unchanged"]
     reports: list[Report] = field(default_factory=list)
     reason: str = ""
     shadow: list[Report] = field(default_factory=list)  # other ranks' copies, in order

@@ -323,9 +323,12 @@ class RayWorkerGroup:
             ]
         return slots
 
-    def _spawn(self, count: int) -> list[_Member]:
+    def _spawn(self, count: int, *, wait_s: float | None = None) -> list[_Member]:
         """Start ``count`` idle actors: in free bundles of this group first, then in a
-        newly reserved placement group."""
+        newly reserved placement group. ``wait_s`` (a running group growing): wait that
+        long for the new group and start fewer when it is not placed, rather than hold the
+        resize for placement_timeout_s (a node that just joined may be taken by this
+        group's own lost bundles, which Ray re-places there: they are free slots next time)."""
         if count <= 0:
             return []
         slots = self._free_slots()[:count]
@@ -337,10 +340,14 @@ class RayWorkerGroup:
                 "worker (raylight.tune.get_tune_resources(num_workers=...)) or lower num_workers"
             )
         if len(slots) < count:
-            pg = self._reserve(count - len(slots))
-            assert pg is not None  # without wait_s it raises instead
-            self._pgs.append(pg)
-            slots += [(pg, b) for b in range(pg.bundle_count)]
+            pg = self._reserve(count - len(slots), wait_s=wait_s, fail_fast=wait_s is None)
+            if pg is not None:  # without wait_s it raises instead
+                self._pgs.append(pg)
+                slots += [(pg, b) for b in range(pg.bundle_count)]
+            elif not slots:
+                return []
+            else:
+                log.info("started %d of %d new workers: the cluster placed no more within %gs", len(slots), count, wait_s)
         spare_at, spare = self._take_spare(slots)
         per_worker = self._scaling.worker_resources()
         custom = {k: v for k, v in per_worker.items() if k not in ("CPU", "GPU")}
@@ -580,10 +587,13 @@ class RayWorkerGroup:
         began = monotonic()
         # New workers start (and import torch) while the others still train.
         try:
-            added = self._spawn(num_workers - len(self._members)) if num_workers > len(self._members) else []
+            grow = num_workers - len(self._members)
+            added = self._spawn(grow, wait_s=self._grow_wait_s()) if grow > 0 else []
         except (InsufficientResourcesError, WorkerStartError) as exc:
             log.warning("could not add workers (%s); keeping %d", exc, len(self._members))
             added = []
+        if grow > 0 and not added and not leaving:  # nothing to grow into: no pause
+            return ResizeOutcome("unchanged", reason="the cluster placed no new worker")
         warm_s = self._warm(added)
         stopped_at, stopped_wall = monotonic(), wall()
         phases = {"spawn_s": stopped_at - began - warm_s, "warm_s": warm_s, "spares": sum(m.warm for m in added)}
@@ -653,7 +663,7 @@ class RayWorkerGroup:
         self._members = survivors + added  # the bundles of those removed are free again
         if short > 0:  # replace workers lost or hung while stopping (their bundles are free)
             try:
-                added += self._spawn(short)
+                added += self._spawn(short, wait_s=self._grow_wait_s())
             except (InsufficientResourcesError, WorkerStartError) as exc:
                 log.warning("could not replace %d worker(s) (%s); continuing with %d", short, exc, len(survivors) + len(added))
         launch_began = monotonic()
@@ -668,6 +678,11 @@ class RayWorkerGroup:
         return ResizeOutcome(
             "in_place", reports, shadow=shadow, adopted=adopted, stopped_at=stopped_at, stopped_wall=stopped_wall, phases=phases
         )
+
+    def _grow_wait_s(self) -> float:
+        """How long a resize waits for a new placement group before going on with what
+        it has (the run asks again at its next resize interval)."""
+        return min(self._failure.placement_timeout_s, ELASTIC_PLACEMENT_WAIT_S)
 
     def _warm(self, added: list[_Member]) -> float:
         """New workers import what a running one has imported, while training goes on."""
