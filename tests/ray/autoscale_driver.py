@@ -36,7 +36,7 @@ def alive_nodes() -> int:
 
 
 def main(workdir: str) -> None:
-    with autoscaling_cluster(head_cpus=1, worker_types=NODE_TYPES, idle_timeout_minutes=0.1) as address:
+    with autoscaling_cluster(head_cpus=1, worker_types=NODE_TYPES, idle_timeout_minutes=0.05) as address:
         ray.init(address=address)
         began = time.monotonic()
         timeline: list[tuple[float, int]] = []
