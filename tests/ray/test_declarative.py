@@ -176,3 +176,38 @@ def test_training_arrays_go_to_the_object_store_once(ray_cluster, tmp_path):
     assert back.keys() == prepared.train.keys()
     assert all(np.array_equal(back[k], prepared.train[k]) for k in back)
     assert from_store(prepared.train) is prepared.train  # arrays in memory pass through
+
+
+def test_small_data_on_the_ray_backend_preprocesses_in_the_driver_as_the_local_backend(ray_cluster, tmp_path):
+    """processor auto: data this small is preprocessed with pandas in the driver (the local
+    backend's code path), and one Ray worker trains to the local backend's metrics."""
+    cfg, data = write(tmp_path, config=CONFIG.replace("epochs: 6", "epochs: 2"))
+    config = load_config(cfg)
+    local = api.train(config, data, output_directory=str(tmp_path / "local"), backend="local", progress=False)
+    ray_config = load_config(cfg, ["backend.type=ray", "backend.trainer.num_workers=1"])
+    assert ray_config.backend.processor.type == "auto"
+    on_ray = api.train(ray_config, data, output_directory=str(tmp_path / "ray"), progress=False)
+    assert on_ray["backend"] == "ray" and on_ray["evaluation"]["processor"] == "pandas" == local["evaluation"]["processor"]
+    for key, value in local["evaluation"]["test"].items():
+        assert on_ray["evaluation"]["test"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
+def test_forced_ray_data_fits_what_pandas_fits_with_the_same_split_sizes(ray_cluster, tmp_path):
+    """processor ray_data: statistics and vocabularies of its (other) random training
+    split agree with pandas', the three splits have pandas' sizes, and no row is lost."""
+    import numpy as np
+
+    from raylight.declarative.ray_data import BlockRefs
+
+    cfg, data = write(tmp_path, fmt="csv", config=RAY_CONFIG)
+    config = load_config(cfg)
+    on_ray = api.prepare(config, data, processor="ray_data", progress=False)
+    local = api.prepare(config, data)
+    assert isinstance(on_ray.train, BlockRefs)
+    for split in ("train", "validation", "test"):
+        assert len(getattr(on_ray, split)) == len(next(iter(getattr(local, split).values())))
+    assert on_ray.meta["workclass"]["vocab"][0] == "<UNK>"
+    assert set(on_ray.meta["workclass"]["vocab"]) == set(local.meta["workclass"]["vocab"])
+    assert np.isclose(on_ray.meta["age"]["mean"], local.meta["age"]["mean"], rtol=0.05)
+    assert np.isclose(on_ray.meta["age"]["std"], local.meta["age"]["std"], rtol=0.1)
+    assert on_ray.meta["income"] == local.meta["income"]

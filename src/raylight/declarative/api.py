@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
+from raylight.declarative import processor
 from raylight.declarative.config import OUTPUT_TYPES, ModelConfig
 from raylight.declarative.dataset import read_pandas
 from raylight.declarative.features import infer_type
@@ -199,13 +201,14 @@ def train(
     from raylight.trainer import fit
 
     out = new_output_dir(output_directory)
+    started = time.monotonic()
     resolved = resolve_backend(config, backend)
-    if resolved.kind == "ray" and config.backend.processor.type == "ray_data":
-        prepared = prepare(config, dataset, processor="ray_data", progress=progress)
-    else:
-        prepared = prepare(config, dataset)
+    connected = time.monotonic()
+    choice = processor.resolve(config.backend.processor, resolved.kind, dataset)
+    prepared = prepare(config, dataset, processor=choice.processor, progress=progress)
     if resolved.kind == "ray":
         prepared = in_store(prepared)
+    preprocessed = time.monotonic()
     loop_config, adaptive = loop_settings(config, prepared, on_ray=resolved.kind == "ray")
     result = fit(  # creates the output directory when training starts
         declarative_loop,
@@ -238,7 +241,15 @@ def train(
         )
     model_dir = os.path.join(out, "model")
     save_model(model_dir, config, prepared.meta, best["state"])
-    evaluation: dict[str, Any] = {"best_epoch": best["epoch"], "epochs_run": len(result.metrics_history)}
+    trained = time.monotonic()
+    evaluation: dict[str, Any] = {
+        "best_epoch": best["epoch"],
+        "epochs_run": len(result.metrics_history),
+        # Where the time went: connecting to (or starting) Ray, preprocessing (and putting
+        # the arrays into the object store), fit() (worker start-up included).
+        "seconds": {"connect": connected - started, "preprocess": preprocessed - connected, "train": trained - preprocessed},
+        "processor": choice.processor,
+    }
     if prepared.test is not None:
         import torch
 

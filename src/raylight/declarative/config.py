@@ -36,6 +36,7 @@ from raylight.declarative.features import FEATURES
 from raylight.declarative.features.base import MAX_WIDTH, FeatureModel
 from raylight.declarative.hyperopt_config import HyperoptConfig
 from raylight.declarative.keypath import KeyPathError, assign
+from raylight.declarative.ludwig import check_ludwig_keys
 
 # Upper bounds: far beyond any real use, low enough that a typo fails here and not as an
 # allocation of terabytes or a loop of years.
@@ -140,7 +141,25 @@ class PreprocessingSection(ConfigModel):
 
 
 class ProcessorConfig(ConfigModel):
-    type: Literal["ray_data", "pandas"] = Field("ray_data", description="Where preprocessing runs (ray backend).")
+    type: Literal["auto", "pandas", "ray_data", "dask"] = Field(
+        "auto",
+        description="Where the ray backend preprocesses. auto: in the driver with pandas (as the "
+        "local backend does) when the dataset's estimated in-memory size is at most "
+        "in_memory_limit_mb, else on Ray Data; pandas or ray_data: always there; dask "
+        "(Ludwig's name): ray_data. The local backend always uses pandas.",
+    )
+    in_memory_limit_mb: int | Literal["auto"] = Field(
+        "auto",
+        description="type auto: the largest estimated in-memory size (MB) of a dataset preprocessed "
+        "in the driver; auto: a quarter of the memory available when the run starts.",
+    )
+
+    @field_validator("in_memory_limit_mb")
+    @classmethod
+    def _check_limit(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 0 <= value <= 2**40:
+            raise ValueError(f"must be between 0 and {2**40} MB or 'auto', got {value}")
+        return value
 
 
 def strategy_from_ludwig(value: Any) -> Any:
@@ -250,6 +269,12 @@ class ModelConfig(ConfigModel):
     hyperopt: HyperoptConfig | None = Field(
         None, description="Hyperparameter search run by `raylight hyperopt`; ignored by `raylight train`."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ludwig_keys(cls, data: Any) -> Any:
+        check_ludwig_keys(data)  # Ludwig's keys with no raylight counterpart, each with its fix
+        return data
 
     @field_validator("hyperopt")
     @classmethod

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from raylight.declarative import search
+from raylight.declarative import processor, search
 from raylight.declarative.config import ModelConfig, set_path
 from raylight.declarative.hyperopt_config import HyperoptConfig
 from raylight.exceptions import ConfigError, RaylightError
@@ -163,7 +163,8 @@ def hyperopt(config: ModelConfig, dataset: str, *, output_directory: str, progre
     shape, concurrency = plan(config, cluster, nodes)
     log.info("hyperopt: %d worker(s) per trial, %s", shape.num_workers, concurrency.reason)
     # Preprocess once, before any trial holds CPUs (Ray Data needs them free).
-    if config.backend.processor.type == "ray_data":
+    choice = processor.resolve(config.backend.processor, "ray", dataset)
+    if choice.processor == "ray_data":
         from raylight.declarative.ray_data import prepare_ray_data
 
         parts = prepare_ray_data(config, dataset, progress=progress)

@@ -1,16 +1,19 @@
-"""Preprocessing on Ray Data (the ray backend's `processor: ray_data`).
+"""Preprocessing data larger than the driver's memory: Ray Data reads, Ray tasks work on
+the blocks (the ray backend's `processor: ray_data`, or `auto` above the in-memory limit).
 
-Reading, checks, the split, statistics and vocabularies are computed by Ray Data tasks
-over blocks; the driver only sees small summaries (counts, means, vocabularies) and
-object references. The transformed arrays stay in the object store (spilled to disk when
-they do not fit): each worker reads the blocks it needs one or two at a time (zero-copy on
-its node) through ``BlockDataset``, and the loader shards by position; validation and test
-metrics are computed a block at a time.
-All of it runs before the training workers claim their CPUs, so the two never compete.
+The file is read once into the object store; checks, the split, statistics and
+vocabularies and the transform are each one Ray task per block (a few large tasks, no
+shuffle service), and the driver only sees small summaries (counts, means, vocabularies)
+and object references. The transformed arrays stay in the object store (spilled to disk
+when they do not fit): each worker reads the blocks it needs one or two at a time
+(zero-copy on its node) through ``BlockDataset``, and the loader shards by position;
+validation and test metrics are computed a block at a time.
+All of it runs before the training workers reserve their CPUs, so the two never compete.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,22 +55,22 @@ def _features(config: ModelConfig) -> list[tuple[str, Any]]:
     return [("input_features", f) for f in config.input_features] + [("output_features", f) for f in config.output_features]
 
 
-def _summary(df: pd.DataFrame, config: ModelConfig) -> pd.DataFrame:
-    """Per block: rows, and per feature (``<i>:<key>``, i its place in ``_features``)
-    non-null values and what its type's checks need (for a number column, input or
-    target: non-numeric values, with one example, and infinite ones)."""
-    row: dict[str, Any] = {"rows": len(df)}
-    for i, (_, feat) in enumerate(_features(config)):
-        col = df[feat.col]
-        row[f"{i}:notnull"] = int(col.notna().sum())
-        for key, value in FEATURES[feat.type].block_summary(col).items():
-            row[f"{i}:{key}"] = value
-    return pd.DataFrame([row])
+MIN_BLOCK_ROWS = 20_000  # fewer rows per block than this: more blocks only add task overhead
+SPLIT_COLUMN = "__raylight_split__"
 
 
 def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True) -> dict[str, Any]:
+    """The three splits as ``BlockRefs`` and the metadata fitted on the training split.
+
+    The file is read once (Ray Data, into the object store) and every later pass is one
+    Ray task per block, a handful of large tasks rather than Ray Data's per-operator
+    shuffles (its hash shuffle would start aggregator actors and hundreds of partitions
+    for a vocabulary): checks and row counts; the split, exact in size and drawn at random,
+    with a shuffle that spreads every block's rows over all output blocks; statistics
+    and vocabularies (``fit_ray``); the transform to arrays."""
     import logging
 
+    import ray
     from ray.data import DataContext
 
     DataContext.get_current().enable_progress_bars = progress
@@ -79,7 +82,8 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
         for feat in feats:
             if feat.col not in columns:
                 raise missing_column(kind, feat, dataset, columns)
-    summary = ds.map_batches(lambda df: _summary(df, config), batch_format="pandas").to_pandas()
+    blocks = ds.materialize().to_pandas_refs()  # read once; the rest starts from these blocks
+    summary = pd.concat(ray.get([_task(_summary).remote(b, config) for b in blocks]), ignore_index=True)
     rows = int(summary["rows"].sum())
     if rows == 0:
         raise ConfigError(f"dataset {dataset!r} is empty: it has no rows")
@@ -90,22 +94,105 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
         FEATURES[feat.type].check_blocks(summary[list(keys)].rename(columns=keys), feat, kind)
     out = config.output_features[0]
     if out.type in ("binary", "category"):
-        classes = [c for c in ds.unique(out.col) if c is not None and not (isinstance(c, float) and np.isnan(c))]
-        check_classes(out, classes, dataset)
+        check_classes(out, sorted({c for cs in summary["classes"] for c in cs}), dataset)
     p = config.preprocessing.split.probabilities
-    shuffled = ds.random_shuffle(seed=config.trainer.seed)
-    train, val, test = shuffled.split_proportionately([p[0], p[1]])
-    meta = _fit_metadata(train, config)
+    seed = config.trainer.seed
+    quotas = split_quotas(summary["rows"].to_numpy(), p, seed)
+    pieces = output_blocks(len(blocks), rows, int(ray.cluster_resources().get("CPU", 1)))
+    scattered = [
+        _task(_scatter_fn).options(num_returns=pieces).remote(b, q, pieces, (seed, 1, i))
+        if pieces > 1
+        else [_task(_scatter_fn).remote(b, q, 1, (seed, 1, i))]
+        for i, (b, q) in enumerate(zip(blocks, quotas, strict=True))
+    ]
+    gathered = [_task(_gather_fn).options(num_returns=3).remote((seed, 2, j), *[s[j] for s in scattered]) for j in range(pieces)]
+    del blocks, scattered
+    train_blocks = [g[0] for g in gathered]
+    meta = _fit_metadata(ray.data.from_pandas_refs(train_blocks), config)
 
-    def to_arrays(df: pd.DataFrame) -> dict[str, np.ndarray]:
-        return transform(df, config, meta, with_outputs=True)[0]
+    def refs(k: int) -> BlockRefs | None:
+        done = [_task(_transform_fn).options(num_returns=2).remote(g[k], config, meta) for g in gathered]
+        lengths = ray.get([d[1] for d in done])
+        kept = [(d[0], n) for d, n in zip(done, lengths, strict=True) if n > 0]
+        return BlockRefs([b for b, _ in kept], [n for _, n in kept]) if kept else None
 
-    def refs(part: Any) -> BlockRefs | None:
-        return _block_refs(part.map_batches(to_arrays, batch_format="pandas").materialize())
-
-    splits = {"train": refs(train), "validation": refs(val), "test": refs(test)}
+    splits = {name: refs(k) for k, name in enumerate(("train", "validation", "test"))}
     check_split_rows(dataset, rows, {k: len(v) if v is not None else 0 for k, v in splits.items()}, p)
     return {"meta": meta, **splits}
+
+
+def split_quotas(block_rows: np.ndarray, probabilities: tuple[float, float, float], seed: int) -> np.ndarray:
+    """How many rows of each block go to train, validation and test: the totals are
+    those of the pandas split (``split_rows``), spread over the blocks as a random
+    permutation of all rows would spread them (multivariate hypergeometric draws), so the
+    driver never holds a per-row array. Shape (blocks, 3)."""
+    n = int(block_rows.sum())
+    n_train = max(1, round(probabilities[0] * n))
+    n_val = round(probabilities[1] * n)
+    left = np.array([n_train, n_val, n - n_train - n_val], dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    quotas = np.zeros((len(block_rows), 3), dtype=np.int64)
+    for i, size in enumerate(block_rows):
+        quotas[i] = rng.multivariate_hypergeometric(left, int(size))
+        left -= quotas[i]
+    return quotas
+
+
+def output_blocks(input_blocks: int, rows: int, cpus: int) -> int:
+    """Blocks after the shuffle: as many as were read, more where the CPUs could work on
+    more, never so many that a block holds fewer than MIN_BLOCK_ROWS rows."""
+    return max(input_blocks, min(cpus, rows // MIN_BLOCK_ROWS), 1)
+
+
+def _summary(df: pd.DataFrame, config: ModelConfig) -> pd.DataFrame:
+    """Per block: rows, a classifier target's first three distinct values (``classes``;
+    enough to tell one class from two and two from more), and per feature (``<i>:<key>``,
+    i its place in ``_features``) non-null values and what its type's checks need (for a
+    number column, input or target: non-numeric values, with one example, and infinite
+    ones)."""
+    row: dict[str, Any] = {"rows": len(df)}
+    out = config.output_features[0]
+    if out.type in ("binary", "category"):
+        row["classes"] = [str(v) for v in df[out.col].dropna().unique()[:3]]
+    for i, (_, feat) in enumerate(_features(config)):
+        col = df[feat.col]
+        row[f"{i}:notnull"] = int(col.notna().sum())
+        for key, value in FEATURES[feat.type].block_summary(col).items():
+            row[f"{i}:{key}"] = value
+    return pd.DataFrame([row])
+
+
+@functools.cache
+def _task(fn: Any) -> Any:
+    """``fn`` as a Ray task, made on first use: importing this module needs no Ray."""
+    import ray
+
+    return ray.remote(fn)
+
+
+def _scatter_fn(df: pd.DataFrame, quota: np.ndarray, pieces: int, seed: tuple[int, ...]) -> Any:
+    """One block's rows, labelled with their split (``quota`` rows each, chosen at
+    random) and dealt at random to ``pieces`` output blocks."""
+    rng = np.random.default_rng(seed)
+    labels = rng.permutation(np.repeat(np.arange(3, dtype=np.int8), quota))
+    dest = rng.integers(pieces, size=len(df))
+    df = df.assign(**{SPLIT_COLUMN: labels})
+    parts = [df[dest == j] for j in range(pieces)]
+    return parts if pieces > 1 else parts[0]
+
+
+def _gather_fn(seed: tuple[int, ...], *parts: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """One output block: its pieces from every input block, rows in random order, as
+    train, validation and test."""
+    df = pd.concat(parts, ignore_index=True)
+    df = df.iloc[np.random.default_rng(seed).permutation(len(df))]
+    split = df.pop(SPLIT_COLUMN).to_numpy()
+    return tuple(df[split == k].reset_index(drop=True) for k in range(3))
+
+
+def _transform_fn(df: pd.DataFrame, config: ModelConfig, meta: dict[str, Any]) -> tuple[dict[str, np.ndarray], int]:
+    arrays = transform(df, config, meta, with_outputs=True)[0]
+    return arrays, len(next(iter(arrays.values())))
 
 
 def _fit_metadata(train: Any, config: ModelConfig) -> dict[str, Any]:
@@ -122,7 +209,7 @@ def _fit_metadata(train: Any, config: ModelConfig) -> dict[str, Any]:
         fitted.update(FEATURES[kind].fit_ray(train, feats))
     meta = {feat.name: fitted[feat.name] for feat in config.input_features}
     if out.type == "category":
-        meta[out.name] = {"classes": sorted(str(c) for c in train.unique(out.col) if c is not None)}
+        meta[out.name] = {"classes": _classes(train, out.col)}
     elif out.type == "binary":
         meta[out.name] = {}
     else:
@@ -141,16 +228,12 @@ class BlockRefs:
         return sum(self.lengths)
 
 
-def _block_refs(materialized: Any) -> BlockRefs | None:
-    import ray
+def _classes(train: Any, col: str) -> list[str]:
+    """A classifier target's distinct values in the split, as strings, sorted: one task
+    per block (``Dataset.unique`` would run a hash shuffle)."""
 
-    @ray.remote(num_cpus=0)
-    def rows(block: dict[str, np.ndarray]) -> int:
-        return len(next(iter(block.values()))) if block else 0
+    def distinct(df: pd.DataFrame) -> pd.DataFrame:
+        return pd.DataFrame({"value": df[col].dropna().astype(str).unique()})
 
-    blocks = materialized.to_numpy_refs()
-    lengths = ray.get([rows.remote(b) for b in blocks])  # runs where each block lives
-    kept = [(b, n) for b, n in zip(blocks, lengths, strict=True) if n > 0]
-    if not kept:
-        return None
-    return BlockRefs([b for b, _ in kept], [n for _, n in kept])
+    values = train.map_batches(distinct, batch_format="pandas", batch_size=None).to_pandas()["value"]
+    return sorted(set(values))

@@ -60,14 +60,25 @@ def fit(col: pd.Series, feat: CategoryInput) -> dict[str, Any]:
 
 
 def fit_ray(train: Any, feats: list[CategoryInput]) -> dict[str, dict[str, Any]]:
-    from ray.data.aggregate import Count
+    """One pass over the split for all the columns: each block's value counts (one task
+    per block, no shuffle), summed here; the vocabulary as ``fit`` makes it."""
+    cols = sorted({f.col for f in feats})
 
+    def counts(df: pd.DataFrame) -> pd.DataFrame:
+        parts = [
+            pd.DataFrame({"col": c, "value": vc.index.astype(str), "n": vc.to_numpy()})
+            for c in cols
+            for vc in [df[c].dropna().value_counts()]
+        ]
+        return pd.concat(parts, ignore_index=True)
+
+    table = train.map_batches(counts, batch_format="pandas", batch_size=None).to_pandas()
     meta: dict[str, dict[str, Any]] = {}
     for feat in feats:
-        counts = train.groupby(feat.col).aggregate(Count()).to_pandas()
-        counts = counts[counts[feat.col].notna()].sort_values("count()", ascending=False)
-        kept = [str(v) for v, c in zip(counts[feat.col], counts["count()"], strict=True) if c >= feat.preprocessing.min_frequency]
-        meta[feat.name] = {"vocab": [UNK, *kept[: feat.preprocessing.most_common]]}
+        cp = feat.preprocessing
+        totals = Counter(dict(table[table["col"] == feat.col].groupby("value")["n"].sum()))
+        kept = [v for v, c in totals.most_common(cp.most_common) if c >= cp.min_frequency]
+        meta[feat.name] = {"vocab": [UNK, *kept]}
     return meta
 
 

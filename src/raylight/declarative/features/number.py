@@ -106,25 +106,45 @@ def fit(col: pd.Series, feat: Any) -> dict[str, Any]:
 
 
 def fit_ray(train: Any, feats: list[Any]) -> dict[str, dict[str, Any]]:
-    """One aggregation over the split for all the columns."""
-    from ray.data.aggregate import Max, Mean, Min, Std
-
+    """One pass over the split for all the columns: each block's count, mean, sum of
+    squared deviations, min and max (one task per block, no shuffle), combined here
+    with Chan's parallel formula."""
     cols = [f.col for f in feats]
 
-    def coerce(df: pd.DataFrame) -> pd.DataFrame:
-        return pd.DataFrame({c: pd.to_numeric(df[c], errors="coerce").astype(float) for c in cols})
+    def partial(df: pd.DataFrame) -> pd.DataFrame:
+        rows = []
+        for c in cols:
+            v = pd.to_numeric(df[c], errors="coerce").dropna().to_numpy(dtype=float)
+            n = len(v)
+            mean = float(v.mean()) if n else 0.0
+            m2 = float(((v - mean) ** 2).sum()) if n else 0.0
+            low, high = (float(v.min()), float(v.max())) if n else (np.inf, -np.inf)
+            rows.append({"col": c, "n": n, "mean": mean, "m2": m2, "min": low, "max": high})
+        return pd.DataFrame(rows)
 
-    cast = train.map_batches(coerce, batch_format="pandas")
-    aggs: list[Any] = [a(c, ignore_nulls=True) for c in cols for a in (Mean, Min, Max)]
-    aggs += [Std(c, ddof=0, ignore_nulls=True) for c in cols]
-    stats = cast.aggregate(*aggs)
+    parts = train.map_batches(partial, batch_format="pandas", batch_size=None).to_pandas()
     meta: dict[str, dict[str, Any]] = {}
     for feat in feats:
-        values = [stats.get(f"{agg}({feat.col})") for agg in ("mean", "std", "min", "max")]
-        if any(v is None for v in values):  # no values in the training split
+        n, mean, m2, low, high = combine_moments(parts[parts["col"] == feat.col])
+        if n == 0:  # no values in the training split
             raise no_statistics(feat, "mean and range")
-        meta[feat.name] = finite_stats(feat, *(float(v) for v in values))
+        meta[feat.name] = finite_stats(feat, mean, float(np.sqrt(m2 / n)), low, high)
     return meta
+
+
+def combine_moments(parts: pd.DataFrame) -> tuple[int, float, float, float, float]:
+    """(n, mean, M2, min, max) of the union of blocks given each block's (n, mean, m2,
+    min, max): Chan et al.'s pairwise update, stable where sums of squares are not."""
+    n, mean, m2 = 0, 0.0, 0.0
+    for nb, mb, m2b in zip(parts["n"], parts["mean"], parts["m2"], strict=True):
+        if nb == 0:
+            continue
+        total = n + nb
+        delta = mb - mean
+        mean += delta * nb / total
+        m2 += m2b + delta * delta * n * nb / total
+        n = total
+    return int(n), float(mean), float(m2), float(parts["min"].min()), float(parts["max"].max())
 
 
 def transform(col: pd.Series, feat: NumberInput, meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None]:

@@ -1,0 +1,100 @@
+"""Ludwig's config keys that raylight does not take, each with what to use instead.
+
+A Ludwig user's config loads as it is where raylight has the same setting
+(``backend.type: ray``, ``backend.trainer.{num_workers, use_gpu, resources_per_worker,
+strategy}``, ``backend.processor.type: dask``, which runs on Ray Data). The keys below
+have no raylight counterpart, or another spelling; each is an error naming its key path
+and the fix, rather than pydantic's generic "unknown key". Read by ``ModelConfig``
+before it validates anything else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+# Key path (dots between sections) -> what to do instead.
+LUDWIG_KEYS: dict[str, str] = {
+    "model_type": "raylight trains Ludwig's ecd model (encoders, combiner, decoder) only; remove the key",
+    "ludwig_version": "raylight does not read it; remove the key",
+    "defaults": "raylight has no per-type defaults; remove the section and set preprocessing and encoder on each feature",
+    "backend.processor.parallelism": (
+        "Ludwig's Dask partitions; raylight sizes its Ray Data blocks itself (one task per "
+        "block, as many blocks as CPUs, each of at least 20,000 rows); remove the key"
+    ),
+    "backend.processor.persist": (
+        "preprocessed blocks always stay in Ray's object store for the run; remove the key "
+        "(backend.cache_dir keeps them across runs)"
+    ),
+    "backend.loader": (
+        "Ludwig's Ray Data loader settings; raylight's workers read the preprocessed blocks "
+        "from the object store themselves; remove the section"
+    ),
+    "backend.preprocessor_kwargs": (
+        "preprocessing runs before training reserves any CPU and may use every CPU of the "
+        "cluster; remove the section"
+    ),
+    "backend.credentials": (
+        "backend.cache_dir is read through fsspec: give credentials the fsspec way "
+        "(environment variables, ~/.aws/credentials, ...); remove the section"
+    ),
+    "backend.cache_credentials": (
+        "backend.cache_dir is read through fsspec: give credentials the fsspec way "
+        "(environment variables, ~/.aws/credentials, ...); remove the section"
+    ),
+    "backend.trainer.nics": "a Horovod network setting; raylight binds loopback or the node's address itself; remove the key",
+    "combiner.output_size": "use combiner.fc_layers: [{output_size: N}, ...], one entry per layer",
+    "combiner.num_fc_layers": "use combiner.fc_layers: [{output_size: N}, ...], one entry per layer",
+    "trainer.learning_rate_scaling": "use trainer.adaptive.lr_rule with batch_size: auto (the adaptive engine scales the LR with the batch)",
+    "trainer.learning_rate_scheduler": "not available; remove it (trainer.adaptive.lr_warmup_steps warms the LR up)",
+    "trainer.regularization_lambda": "use trainer.optimizer.weight_decay",
+    "trainer.regularization_type": "use trainer.optimizer.weight_decay (L2); remove the key",
+    "trainer.validation_metric": "early stopping and the best model follow the validation loss; remove the key",
+    "trainer.validation_field": "early stopping and the best model follow the validation loss; remove the key",
+    "trainer.eval_batch_size": "evaluation runs in chunks of 65,536 rows; remove the key",
+    "trainer.max_batch_size": "use batch_size: auto with trainer.adaptive.max_batch_size",
+    "trainer.train_steps": "use trainer.epochs",
+    "trainer.steps_per_checkpoint": "raylight checkpoints once per epoch; remove the key",
+    "trainer.checkpoints_per_epoch": "raylight checkpoints once per epoch; remove the key",
+    "trainer.evaluate_training_set": "the training loss is reported every epoch; remove the key",
+    "trainer.use_mixed_precision": "not available on the declarative path; remove the key",
+    "trainer.gradient_clipping": "not available on the declarative path; remove the key",
+}
+
+# Ludwig's processor types raylight does not run, by key path.
+LUDWIG_VALUES: dict[tuple[str, str], str] = {
+    ("backend.processor.type", "modin"): "use auto, pandas (in the driver) or ray_data",
+    ("backend.processor.type", "spark"): "use auto, pandas (in the driver) or ray_data",
+}
+
+
+def _lookup(data: Any, path: str) -> tuple[bool, Any]:
+    node = data
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def check_ludwig_keys(data: Any) -> None:
+    """Raise pydantic's ValidationError naming every Ludwig key (and value) of ``data``
+    that raylight does not take, each at its key path with the fix."""
+    errors: list[InitErrorDetails] = []
+    for path, fix in LUDWIG_KEYS.items():
+        found, value = _lookup(data, path)
+        if found:
+            errors.append(_error(path, f"Ludwig's setting, not raylight's: {fix}", value))
+    for (path, given), fix in LUDWIG_VALUES.items():
+        found, value = _lookup(data, path)
+        if found and value == given:
+            errors.append(_error(path, f"Ludwig's {given} processor is not available: {fix}", value))
+    if errors:
+        raise ValidationError.from_exception_data("ModelConfig", errors)
+
+
+def _error(path: str, message: str, value: Any) -> InitErrorDetails:
+    # No context given: the message is shown as it is, braces included.
+    return InitErrorDetails(type=PydanticCustomError("ludwig_key", message), loc=tuple(path.split(".")), input=value)

@@ -1,0 +1,148 @@
+"""Where preprocessing runs (the in-memory rule), Ludwig's config keys, and the pure pieces
+of the Ray Data path (split quotas, block counts, combined moments). No Ray."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from raylight.config.validation import validate
+from raylight.declarative import processor
+from raylight.declarative.config import ModelConfig, ProcessorConfig
+from raylight.declarative.ludwig import LUDWIG_KEYS
+from raylight.declarative.preprocess import split_rows
+from raylight.exceptions import ConfigError
+
+MB = 1024**2
+BASE = {"input_features": [{"name": "a", "type": "number"}], "output_features": [{"name": "b", "type": "binary"}]}
+
+
+def config(**backend):
+    return validate(ModelConfig, {**BASE, "backend": backend})
+
+
+@pytest.mark.parametrize(
+    ("settings", "backend", "estimated_mb", "expected"),
+    [
+        ({}, "ray", 10, "pandas"),  # auto, under the limit
+        ({}, "ray", 100, "pandas"),  # at the limit: still in memory
+        ({}, "ray", 101, "ray_data"),
+        ({"type": "pandas"}, "ray", 10_000, "pandas"),  # the override wins both ways
+        ({"type": "ray_data"}, "ray", 1, "ray_data"),
+        ({"type": "dask"}, "ray", 1, "ray_data"),  # Ludwig's name runs on Ray Data
+        ({"type": "ray_data"}, "local", 10_000, "pandas"),  # the local backend has no Ray
+        ({}, "local", 10_000, "pandas"),
+    ],
+)
+def test_the_rule_picks_pandas_for_data_that_fits_and_ray_data_beyond(settings, backend, estimated_mb, expected):
+    choice = processor.choose(ProcessorConfig(**settings), backend, estimated_mb * MB, 100 * MB)
+    assert choice.processor == expected
+    assert choice.reason  # said in the log
+
+
+def test_the_limit_is_a_setting_or_a_quarter_of_the_available_memory():
+    assert processor.memory_limit(512, available=10**12) == 512 * MB
+    assert processor.memory_limit("auto", available=8 * 1024 * MB) == 2 * 1024 * MB
+    assert processor.memory_limit(0, available=10**12) == 0  # 0: always Ray Data under auto
+
+
+def test_estimated_memory_is_the_files_size_times_the_formats_factor(tmp_path):
+    frame = pd.DataFrame({"a": np.arange(1000.0), "b": ["x"] * 1000})
+    frame.iloc[:500].to_csv(tmp_path / "p1.csv", index=False)
+    frame.iloc[500:].to_csv(tmp_path / "p2.csv", index=False)
+    size = (tmp_path / "p1.csv").stat().st_size + (tmp_path / "p2.csv").stat().st_size
+    assert processor.estimated_memory(str(tmp_path / "*.csv")) == int(size * processor.IN_MEMORY_FACTOR["csv"])
+    frame.to_parquet(tmp_path / "f.parquet")
+    assert processor.estimated_memory(str(tmp_path / "f.parquet")) == int(
+        (tmp_path / "f.parquet").stat().st_size * processor.IN_MEMORY_FACTOR["parquet"]
+    )
+
+
+def test_processor_settings_are_validated_with_their_key_path():
+    assert config().backend.processor.type == "auto" and config().backend.processor.in_memory_limit_mb == "auto"
+    assert config(processor={"in_memory_limit_mb": 64}).backend.processor.in_memory_limit_mb == 64
+    with pytest.raises(ConfigError) as err:
+        config(processor={"in_memory_limit_mb": -1})
+    assert "backend.processor.in_memory_limit_mb" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        config(processor={"type": "arrow"})
+    assert "backend.processor.type" in str(err.value) and "'auto', 'pandas', 'ray_data' or 'dask'" in str(err.value)
+
+
+def test_a_ludwig_distributed_backend_section_loads():
+    cfg = config(
+        type="ray",
+        processor={"type": "dask"},
+        trainer={"use_gpu": False, "num_workers": 2, "resources_per_worker": {"CPU": 0.5}, "strategy": "ddp"},
+        cache_dir="/tmp/cache",
+    )
+    t = cfg.backend.trainer
+    assert cfg.backend.processor.type == "dask" and t.num_workers == 2 and t.resources_per_worker == {"CPU": 0.5}
+
+
+@pytest.mark.parametrize("path", sorted(LUDWIG_KEYS))
+def test_each_ludwig_key_raylight_lacks_is_an_error_naming_its_path_and_the_fix(path):
+    data = {**BASE, "backend": {}, "trainer": {}, "combiner": {}}
+    node = data
+    parts = path.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = 1
+    with pytest.raises(ConfigError) as err:
+        validate(ModelConfig, data)
+    line = next(ln for ln in str(err.value).splitlines() if ln.strip().startswith(f"{path}:"))
+    assert "Ludwig's setting, not raylight's" in line and (" use " in line or "remove" in line)
+
+
+def test_ludwig_processors_raylight_does_not_run_name_the_ones_it_does():
+    with pytest.raises(ConfigError) as err:
+        config(processor={"type": "modin"})
+    assert "backend.processor.type: Ludwig's modin processor is not available: use auto, pandas" in str(err.value)
+
+
+def test_ludwig_concat_combiner_spelling_says_how_to_write_the_layers():
+    with pytest.raises(ConfigError) as err:
+        validate(ModelConfig, {**BASE, "combiner": {"type": "concat", "output_size": 64, "num_fc_layers": 2}})
+    assert "combiner.output_size: Ludwig's setting" in str(err.value) and "combiner.fc_layers: [{output_size: N}" in str(err.value)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_split_quotas_fill_every_block_and_match_the_pandas_split_sizes(seed):
+    from raylight.declarative.ray_data import split_quotas
+
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 500, size=int(rng.integers(1, 12)))
+    blocks[0] += 1  # at least one row
+    probs = (0.7, 0.1, 0.2)
+    quotas = split_quotas(blocks, probs, seed)
+    assert quotas.shape == (len(blocks), 3) and (quotas >= 0).all()
+    assert (quotas.sum(axis=1) == blocks).all()
+    train, val, test = split_rows(int(blocks.sum()), probs, seed)
+    assert quotas.sum(axis=0).tolist() == [len(train), len(val), len(test)]
+    assert (split_quotas(blocks, probs, seed) == quotas).all()  # seeded
+
+
+def test_output_blocks_use_the_cpus_but_stay_large():
+    from raylight.declarative.ray_data import MIN_BLOCK_ROWS, output_blocks
+
+    assert output_blocks(1, 500, 16) == 1  # small data: one block, one task per pass
+    assert output_blocks(1, 10 * MIN_BLOCK_ROWS, 4) == 4
+    assert output_blocks(1, 10 * MIN_BLOCK_ROWS, 64) == 10
+    assert output_blocks(30, 10 * MIN_BLOCK_ROWS, 4) == 30  # never fewer than were read
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_combined_block_moments_equal_numpy_over_all_values(seed):
+    from raylight.declarative.features.number import combine_moments
+
+    rng = np.random.default_rng(seed)
+    values = rng.normal(1e6, 3.0, size=1000)  # a large mean: sums of squares would lose the variance
+    cuts = np.sort(rng.choice(np.arange(1, 1000), size=6, replace=False))
+    rows = []
+    for part in [*np.split(values, cuts), np.array([])]:
+        n = len(part)
+        mean = float(part.mean()) if n else 0.0
+        rows.append({"n": n, "mean": mean, "m2": float(((part - mean) ** 2).sum()), "min": part.min() if n else np.inf, "max": part.max() if n else -np.inf})
+    n, mean, m2, low, high = combine_moments(pd.DataFrame(rows))
+    assert n == 1000 and low == values.min() and high == values.max()
+    assert mean == pytest.approx(values.mean(), rel=1e-12)
+    assert np.sqrt(m2 / n) == pytest.approx(values.std(), rel=1e-9)
