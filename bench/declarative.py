@@ -1,15 +1,29 @@
-"""Declarative training: `raylight train` against `ludwig train`, same data, model size, epochs.
+"""Declarative training: `raylight train` against `ludwig train`, same data, model, epochs.
 
-Run:  make bench-declarative        (or: python bench/declarative.py [--epochs 30] [--reps 1])
+Run:  make bench-declarative     (or: python bench/declarative.py [--sizes 1000,50000,500000])
+      RAYLIGHT_BENCH_LUDWIG=/path/to/python3.12 python bench/declarative.py   (with Ludwig)
 
-Dataset: scikit-learn's breast-cancer data (569 rows, 13 numeric inputs used, binary
-target), written by examples/declarative/make_datasets.py. Both systems train a concat
-combiner with layers of 64 and 32 units for the same number of epochs with Adam, on the
-same Ray-backend kind (2 workers on a local Ray). Each run is a separate process, timed
-from launch to exit; the test-split accuracy comes from each system's own evaluation.
-Ludwig runs only where it installs (`--ludwig-python` names an interpreter that has it:
-Ludwig 0.17 needs Python 3.12 and a torch build for it); otherwise the result says why it
-was not measured. Results: bench/results/declarative.json and a table on stdout.
+Two parts, every run a separate process timed from launch to exit:
+
+1. breast cancer (scikit-learn's 569 rows, 13 numeric inputs, binary target,
+   examples/declarative/breast_cancer.yaml): `raylight train` on the Ray backend (2
+   workers), 30 epochs; and Ludwig's `experiment` on its Ray backend where installed.
+2. diamonds (plotnine's diamonds.csv: 53,940 rows; predict the 5-class `cut` from
+   carat, depth, table, price, x, y, z and the categories color and clarity). 10,000 rows
+   are held out once; the training file of each size (1k, 50k, 500k rows) is drawn from
+   the other 43,940 (with replacement above that: replicated rows). Both systems train a
+   concat combiner of 64 and 32 units, Adam at 1e-3, batch 256, no early stopping,
+   validating on 10% of the file, on the local backend and on the Ray backend (2 workers;
+   Ludwig's with 0.5 CPU each, since 2 workers of 1 CPU deadlock on 2 cores); the
+   held-out accuracy is computed here from each system's predictions on the same 10,000
+   rows. raylight's preprocessing and training seconds come from its evaluation.json;
+   the Ray backend also runs with `processor: ray_data` forced (the larger-than-memory
+   path). Ludwig is run where an interpreter that imports it is given
+   (`RAYLIGHT_BENCH_LUDWIG` or `--ludwig-python`; Ludwig 0.17 needs Python 3.12),
+   otherwise each Ludwig row says why it is missing.
+
+Results: bench/results/declarative.json (breast cancer at the top level as before, the
+diamonds runs under "diamonds") and tables on stdout.
 """
 
 from __future__ import annotations
@@ -23,97 +37,129 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 EXAMPLES = os.path.join(REPO, "examples", "declarative")
 RESULTS = os.path.join(HERE, "results", "declarative.json")
+sys.path.insert(0, HERE)
+from common import machine_info, reap_leftovers  # noqa: E402
+
+HELD_OUT = 10_000
+TARGET = "cut"
+NUMBERS = ["carat", "depth", "table", "price", "x", "y", "z"]
+CATEGORIES = ["color", "clarity"]
+EPOCHS = {1_000: 30, 50_000: 5, 500_000: 2}  # the same for both systems at each size
 
 
-def run_raylight(data: str, epochs: int, workdir: str) -> dict:
+def run_timed(cmd: list[str], *, timeout: int, env: dict[str, str], marker: str) -> tuple[subprocess.CompletedProcess, float, list[int]]:
+    """``cmd`` in a session of its own, timed from launch to exit; whatever it left
+    running (Ray processes of a cluster it started) is killed by PID afterwards."""
+    start = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        err += f"\n(timed out after {timeout} s)"
+    wall = time.time() - start
+    left = reap_leftovers(proc.pid, marker)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), wall, left
+
+
+def raylight_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(REPO, "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+# -- part 1: breast cancer -------------------------------------------------------------
+
+
+def run_raylight_breast_cancer(data: str, epochs: int, workdir: str) -> dict:
     out = os.path.join(workdir, "raylight")
     cmd = [
         sys.executable, "-m", "raylight.cli", "train", "--config", os.path.join(EXAMPLES, "breast_cancer.yaml"),
         "--dataset", data, "--output-directory", out, "--quiet",
         "--set", f"trainer.epochs={epochs}", "--set", "trainer.early_stop=-1",
     ]
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    start = time.time()
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
-    wall = time.time() - start
+    res, wall, _ = run_timed(cmd, timeout=900, env=raylight_env(), marker=workdir)
     if res.returncode != 0:
         return {"ok": False, "error": res.stderr[-2000:]}
     with open(os.path.join(out, "evaluation.json")) as f:
         evaluation = json.load(f)
-    return {"ok": True, "wall_s": wall, "test_accuracy": evaluation["test"]["accuracy"]}
+    return {"ok": True, "wall_s": wall, "test_accuracy": evaluation["test"]["accuracy"], "seconds": evaluation.get("seconds")}
 
 
-LUDWIG_CONFIG = """
+LUDWIG_BREAST_CANCER = """
 input_features: {inputs}
 output_features: [{{name: diagnosis, type: category}}]
-combiner: {{type: concat, output_size: 64, num_fc_layers: 2}}
+combiner: {{type: concat, fc_layers: [{{output_size: 64}}, {{output_size: 32}}]}}
 trainer: {{epochs: {epochs}, optimizer: {{type: adam}}, early_stop: -1}}
-backend: {{type: ray, trainer: {{num_workers: 2, resources_per_worker: {{CPU: 1}}}}}}
+backend: {{type: ray, trainer: {{num_workers: 2, resources_per_worker: {{CPU: 0.5}}}}}}
 """
+
+
+def ludwig_python(given: str | None) -> str:
+    return given or os.environ.get("RAYLIGHT_BENCH_LUDWIG") or "python3.12"
 
 
 def ludwig_available(python: str) -> str | None:
     """None when `python` can import ludwig, else why not."""
     if not shutil.which(python) and not os.path.exists(python):
-        return f"no interpreter {python!r}"
-    res = subprocess.run([python, "-c", "import ludwig; print(ludwig.__version__)"], capture_output=True, text=True, timeout=120)
+        return (
+            f"no interpreter {python!r}; Ludwig 0.17 needs Python 3.12: install it in a venv "
+            "(docs/benchmarks.md) and set RAYLIGHT_BENCH_LUDWIG to its python"
+        )
+    res = subprocess.run([python, "-c", "import ludwig; print(ludwig.__version__)"], capture_output=True, text=True, timeout=300)
     if res.returncode != 0:
         lines = [ln.strip() for ln in res.stderr.splitlines() if ln.strip()]
-        why = next((ln for ln in lines if "Error" in ln or "not found" in ln or "command" in ln), lines[-1] if lines else "?")
-        return (
-            f"{python} cannot import ludwig ({why}); Ludwig 0.17 needs Python 3.12 and a torch "
-            "build for it, and this machine's only CPU torch wheel is for Python 3.11"
-        )
+        why = next((ln for ln in lines if "Error" in ln or "not found" in ln), lines[-1] if lines else "?")
+        return f"{python} cannot import ludwig ({why}); Ludwig 0.17 needs Python 3.12 and a torch build for it"
     return None
 
 
-def run_ludwig(python: str, data: str, epochs: int, workdir: str) -> dict:
+def ludwig_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RAY_ADDRESS")}
+    env["RAY_ADDRESS"] = "local"  # a Ray of its own, never another session's cluster
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    return env
+
+
+def run_ludwig_breast_cancer(python: str, data: str, epochs: int, workdir: str) -> dict:
     import yaml
 
     with open(os.path.join(EXAMPLES, "breast_cancer.yaml")) as f:
         inputs = yaml.safe_load(f)["input_features"]
     cfg = os.path.join(workdir, "ludwig.yaml")
+    os.makedirs(workdir, exist_ok=True)
     with open(cfg, "w") as f:
-        f.write(LUDWIG_CONFIG.format(inputs=json.dumps(inputs), epochs=epochs))
+        f.write(LUDWIG_BREAST_CANCER.format(inputs=json.dumps(inputs), epochs=epochs))
     out = os.path.join(workdir, "ludwig")
-    start = time.time()
-    res = subprocess.run(
-        [python, "-m", "ludwig.cli", "experiment", "--config", cfg, "--dataset", data, "--output_directory", out],
-        capture_output=True, text=True, timeout=1800,
-    )
-    wall = time.time() - start
+    cmd = [python, "-m", "ludwig.cli", "experiment", "--config", cfg, "--dataset", data, "--output_directory", out]
+    res, wall, _ = run_timed(cmd, timeout=1800, env=ludwig_env(), marker=workdir)
     if res.returncode != 0:
         return {"ok": False, "error": res.stderr[-2000:]}
     stats = next(
         os.path.join(root, "test_statistics.json") for root, _, files in os.walk(out) if "test_statistics.json" in files
     )
     with open(stats) as f:
-        acc = json.load(f)["diagnosis"]["accuracy"]
+        acc = json.load(f)["diagnosis"]["accuracy_micro"]  # 0.17's `accuracy` is macro-averaged
     return {"ok": True, "wall_s": wall, "test_accuracy": acc}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--reps", type=int, default=1)
-    parser.add_argument("--ludwig-python", default="python3.12")
-    args = parser.parse_args()
+def breast_cancer(args: argparse.Namespace, work: str, why_not: str | None, python: str) -> dict:
     sys.path.insert(0, EXAMPLES)
     from make_datasets import write_all
 
-    work = tempfile.mkdtemp(prefix="bench-declarative-")
     data = write_all(os.path.join(work, "data"))["breast_cancer"]
-    why_not = ludwig_available(args.ludwig_python)
     runs: dict[str, list[dict]] = {"raylight": [], "ludwig": []}
     for rep in range(args.reps):
-        runs["raylight"].append(run_raylight(data, args.epochs, os.path.join(work, f"r{rep}")))
+        runs["raylight"].append(run_raylight_breast_cancer(data, args.epochs, os.path.join(work, f"r{rep}")))
         if why_not is None:
-            runs["ludwig"].append(run_ludwig(args.ludwig_python, data, args.epochs, os.path.join(work, f"l{rep}")))
+            runs["ludwig"].append(run_ludwig_breast_cancer(python, data, args.epochs, os.path.join(work, f"l{rep}")))
     summary: dict[str, dict] = {}
     for system, reps in runs.items():
         ok = [r for r in reps if r["ok"]]
@@ -124,17 +170,211 @@ def main() -> None:
         }
     if why_not is not None:
         summary["ludwig"]["not_measured"] = why_not
-    result = {"dataset": "sklearn breast_cancer (569 rows)", "epochs": args.epochs, "workers": 2, "systems": summary}
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"{'system':10} {'wall s':>8} {'test accuracy':>14}")
-    for system, s in summary.items():
+    return {"dataset": "sklearn breast_cancer (569 rows)", "epochs": args.epochs, "workers": 2, "systems": summary}
+
+
+# -- part 2: diamonds at several sizes ----------------------------------------------------
+
+
+def diamonds_files(work: str, sizes: list[int]) -> tuple[str, dict[int, str]]:
+    """The held-out file and one training file per size (see the module docstring)."""
+    import numpy as np
+    import pandas as pd
+    import plotnine
+
+    base = pd.read_csv(os.path.join(os.path.dirname(plotnine.__file__), "data", "diamonds.csv"))
+    rng = np.random.default_rng(0)
+    order = rng.permutation(len(base))
+    held, pool = base.iloc[order[:HELD_OUT]], base.iloc[order[HELD_OUT:]]
+    os.makedirs(work, exist_ok=True)
+    held_path = os.path.join(work, "heldout.csv")
+    held.to_csv(held_path, index=False)
+    files = {}
+    for n in sizes:
+        rows = pool.sample(n=n, replace=n > len(pool), random_state=n)
+        files[n] = os.path.join(work, f"train-{n}.csv")
+        rows.to_csv(files[n], index=False)
+    return held_path, files
+
+
+def raylight_config(path: str, backend: str, processor: str, epochs: int) -> None:
+    import yaml
+
+    cfg = {
+        "input_features": [{"name": c, "type": "number"} for c in NUMBERS] + [{"name": c, "type": "category"} for c in CATEGORIES],
+        "output_features": [{"name": TARGET, "type": "category"}],
+        "combiner": {"type": "concat", "fc_layers": [{"output_size": 64}, {"output_size": 32}]},
+        "trainer": {"epochs": epochs, "batch_size": 256, "learning_rate": 0.001, "optimizer": {"type": "adam"}, "early_stop": -1},
+        "preprocessing": {"split": {"type": "random", "probabilities": [0.9, 0.1, 0.0]}},
+        "backend": {"type": backend, "processor": {"type": processor}, "trainer": {"num_workers": 2, "resources_per_worker": {"CPU": 1}}},
+    }
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f, sort_keys=False)
+
+
+def ludwig_config(path: str, backend: str, epochs: int) -> None:
+    import yaml
+
+    cfg = {
+        "input_features": [{"name": c, "type": "number", "preprocessing": {"normalization": "zscore"}} for c in NUMBERS]
+        + [{"name": c, "type": "category", "encoder": {"type": "dense", "embedding_size": 32}} for c in CATEGORIES],
+        "output_features": [{"name": TARGET, "type": "category"}],
+        "combiner": {"type": "concat", "fc_layers": [{"output_size": 64}, {"output_size": 32}]},
+        "trainer": {"epochs": epochs, "batch_size": 256, "learning_rate": 0.001, "optimizer": {"type": "adam"}, "early_stop": -1},
+        "preprocessing": {"split": {"type": "random", "probabilities": [0.9, 0.1, 0.0]}},
+        "backend": {"type": "local"} if backend == "local" else {
+            "type": "ray", "processor": {"type": "dask"},
+            "trainer": {"num_workers": 2, "resources_per_worker": {"CPU": 0.5}},
+        },
+    }
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f, sort_keys=False)
+
+
+def held_out_accuracy(predicted: list[Any], held_path: str) -> float:
+    import pandas as pd
+
+    truth = pd.read_csv(held_path)[TARGET].astype(str).tolist()
+    assert len(predicted) == len(truth), (len(predicted), len(truth))
+    return sum(str(p) == t for p, t in zip(predicted, truth, strict=True)) / len(truth)
+
+
+def run_raylight(data: str, held: str, backend: str, processor: str, epochs: int, workdir: str) -> dict:
+    os.makedirs(workdir, exist_ok=True)
+    cfg, out = os.path.join(workdir, "raylight.yaml"), os.path.join(workdir, "run")
+    raylight_config(cfg, backend, processor, epochs)
+    cmd = [sys.executable, "-m", "raylight.cli", "train", "--config", cfg, "--dataset", data, "--output-directory", out, "--quiet"]
+    res, wall, _ = run_timed(cmd, timeout=1800, env=raylight_env(), marker=workdir)
+    if res.returncode != 0:
+        return {"ok": False, "error": res.stderr[-2000:]}
+    import pandas as pd
+
+    sys.path.insert(0, os.path.join(REPO, "src"))
+    import raylight
+
+    with open(os.path.join(out, "evaluation.json")) as f:
+        evaluation = json.load(f)
+    pred = raylight.load_model(os.path.join(out, "model")).predict(pd.read_csv(held))[f"{TARGET}_predictions"]
+    seconds = evaluation["seconds"]
+    return {
+        "ok": True, "wall_s": wall, "held_out_accuracy": held_out_accuracy(pred.tolist(), held),
+        "chosen_processor": evaluation["processor"], "connect_s": seconds["connect"],
+        "preprocess_s": seconds["preprocess"], "train_s": seconds["train"],
+    }
+
+
+def run_ludwig(python: str, data: str, held: str, backend: str, epochs: int, workdir: str) -> dict:
+    os.makedirs(workdir, exist_ok=True)
+    cfg, out = os.path.join(workdir, "ludwig.yaml"), os.path.join(workdir, "run")
+    ludwig_config(cfg, backend, epochs)
+    cmd = [python, "-m", "ludwig.cli", "train", "--config", cfg, "--dataset", data, "--output_directory", out, "--skip_save_processed_input"]
+    res, wall, left = run_timed(cmd, timeout=1800, env=ludwig_env(), marker=workdir)
+    if res.returncode != 0:
+        return {"ok": False, "error": (res.stderr or res.stdout)[-2000:], "wall_s": wall}
+    model = os.path.join(out, "experiment_run", "model")
+    pred_dir = os.path.join(workdir, "pred")
+    cmd = [python, "-m", "ludwig.cli", "predict", "--model_path", model, "--dataset", held, "--output_directory", pred_dir, "--backend", "local"]
+    pres, _, _ = run_timed(cmd, timeout=1800, env=ludwig_env(), marker=workdir)
+    if pres.returncode != 0:
+        return {"ok": False, "wall_s": wall, "error": "ludwig predict: " + (pres.stderr or pres.stdout)[-2000:]}
+    with open(os.path.join(pred_dir, f"{TARGET}_predictions.csv")) as f:
+        predicted = [line.rstrip("\n") for line in f if line.strip()]
+    return {"ok": True, "wall_s": wall, "held_out_accuracy": held_out_accuracy(predicted, held), "leftover_pids": left}
+
+
+def diamonds(args: argparse.Namespace, work: str, why_not: str | None, python: str) -> dict:
+    sizes = [int(s) for s in args.sizes.split(",")]
+    ludwig_sizes = {int(s) for s in args.ludwig_sizes.split(",") if s}
+    held, files = diamonds_files(os.path.join(work, "diamonds"), sizes)
+    runs: list[dict] = []
+    for n in sizes:
+        epochs = EPOCHS.get(n, 5)
+        variants = [("raylight", "local", "auto"), ("raylight", "ray", "auto"), ("raylight", "ray", "ray_data")]
+        variants += [("ludwig", "local", "pandas"), ("ludwig", "ray", "dask")]
+        for system, backend, processor in variants:
+            where = os.path.join(work, f"d{n}-{system}-{backend}-{processor}")
+            row: dict[str, Any] = {"rows": n, "epochs": epochs, "system": system, "backend": backend, "processor": processor}
+            if system == "raylight":
+                row.update(run_raylight(files[n], held, backend, processor, epochs, where))
+            elif why_not is not None:
+                row.update({"ok": False, "not_measured": why_not})
+            elif n not in ludwig_sizes:
+                row.update({"ok": False, "not_measured": f"Ludwig runs only at --ludwig-sizes {sorted(ludwig_sizes)} (time)"})
+            else:
+                row.update(run_ludwig(python, files[n], held, backend, epochs, where))
+            print(json.dumps({k: v for k, v in row.items() if k != "error"}), flush=True)
+            runs.append(row)
+    ratios = []
+    for n in sizes:
+        for backend in ("local", "ray"):
+            ours = next((r for r in runs if r["rows"] == n and r["system"] == "raylight" and r["backend"] == backend and r["processor"] == "auto"), None)
+            theirs = next((r for r in runs if r["rows"] == n and r["system"] == "ludwig" and r["backend"] == backend), None)
+            if ours and theirs and ours.get("ok") and theirs.get("ok"):
+                ratios.append({
+                    "rows": n, "backend": backend,
+                    "wall_ratio": ours["wall_s"] / theirs["wall_s"],
+                    "accuracy_points": 100 * (ours["held_out_accuracy"] - theirs["held_out_accuracy"]),
+                })
+    return {
+        "dataset": f"plotnine diamonds.csv: predict cut; {HELD_OUT} rows held out, training files of {sizes} rows",
+        "model": "concat 64-32, adam 1e-3, batch 256, validation 10% of the file, no early stop",
+        "runs": runs,
+        "raylight_vs_ludwig": ratios,
+    }
+
+
+def print_tables(result: dict) -> None:
+    bc = result["systems"]
+    print(f"\nbreast cancer\n{'system':10} {'wall s':>8} {'test accuracy':>14}")
+    for system, s in bc.items():
         wall = f"{s['wall_s']:.1f}" if s["wall_s"] is not None else "-"
         acc = f"{s['test_accuracy']:.4f}" if s["test_accuracy"] is not None else "-"
         print(f"{system:10} {wall:>8} {acc:>14}")
-    if why_not is not None:
-        print(f"ludwig not measured: {why_not}")
+    d = result.get("diamonds")
+    if not d:
+        return
+    print(f"\ndiamonds\n{'rows':>8} {'system':9} {'backend':8} {'processor':10} {'wall s':>7} {'prep s':>7} {'train s':>8} {'held-out acc':>13}")
+    def f(r: dict, key: str, fmt: str = "{:.2f}") -> str:
+        return fmt.format(r[key]) if r.get(key) is not None else "-"
+
+    for r in d["runs"]:
+        print(f"{r['rows']:>8} {r['system']:9} {r['backend']:8} {r['processor']:10} {f(r, 'wall_s', '{:.1f}'):>7} {f(r, 'preprocess_s'):>7} {f(r, 'train_s'):>8} {f(r, 'held_out_accuracy', '{:.4f}'):>13}")
+    for q in d["raylight_vs_ludwig"]:
+        print(f"raylight/ludwig wall at {q['rows']} rows, {q['backend']}: {q['wall_ratio']:.2f}; accuracy {q['accuracy_points']:+.2f} points")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=30, help="breast cancer epochs")
+    parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--ludwig-python", default=None, help="an interpreter with Ludwig (default: $RAYLIGHT_BENCH_LUDWIG)")
+    parser.add_argument("--sizes", default="1000,50000,500000", help="diamonds training-file sizes ('' skips diamonds)")
+    parser.add_argument("--ludwig-sizes", default="1000,50000", help="the sizes Ludwig also runs at")
+    parser.add_argument("--skip-breast-cancer", action="store_true", help="keep the breast-cancer figures of the last results")
+    args = parser.parse_args()
+    python = ludwig_python(args.ludwig_python)
+    why_not = ludwig_available(python)
+    work = tempfile.mkdtemp(prefix="bench-declarative-")
+    previous: dict = {}
+    if os.path.exists(RESULTS):
+        with open(RESULTS) as f:
+            previous = json.load(f)
+    if args.skip_breast_cancer and "systems" in previous:
+        result = {k: previous[k] for k in ("dataset", "epochs", "workers", "systems")}
+    else:
+        result = breast_cancer(args, work, why_not, python)
+    if args.sizes:
+        result["diamonds"] = diamonds(args, work, why_not, python)
+    elif "diamonds" in previous:
+        result["diamonds"] = previous["diamonds"]
+    result["machine"] = machine_info()
+    if why_not is None:
+        res = subprocess.run([python, "-c", "import ludwig; print(ludwig.__version__)"], capture_output=True, text=True, timeout=300)
+        result["machine"]["ludwig"] = res.stdout.strip()
+    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+    with open(RESULTS, "w") as f:
+        json.dump(result, f, indent=2)
+    print_tables(result)
     print(f"wrote {RESULTS}")
 
 

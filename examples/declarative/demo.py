@@ -4,8 +4,9 @@ Run:  python examples/declarative/demo.py [--epochs N] [--quiet]
 
 Writes scikit-learn's breast-cancer data (569 tumours, no download) to a temporary
 directory, then trains examples/declarative/breast_cancer.yaml exactly as
-`raylight train` would: preprocessing on Ray Data, 2 DDP workers on an embedded local
-Ray, batch size and learning rate chosen by the adaptive engine. Prints the evaluation
+`raylight train` would: preprocessing in the driver (data this small fits in memory;
+`backend.processor.type: ray_data` sends it to Ray Data), 2 DDP workers on an embedded
+local Ray, batch size and learning rate chosen by the adaptive engine. Prints the evaluation
 on the held-out test split and where the run is.
 """
 

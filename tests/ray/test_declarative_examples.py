@@ -45,7 +45,7 @@ def test_example_config_trains(ray_cluster, tmp_path, datasets, path):
 
 
 def test_make_run_demo(tmp_path):
-    env = {**os.environ, "PYTHONPATH": REPO}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), REPO])}  # this checkout's raylight
     env.pop("RAY_ADDRESS", None)
     res = subprocess.run(
         [sys.executable, os.path.join(EXAMPLES, "demo.py"), "--epochs", "4", "--quiet", "--output-directory", str(tmp_path / "run")],
