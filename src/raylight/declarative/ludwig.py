@@ -56,6 +56,11 @@ LUDWIG_KEYS: dict[str, str] = {
     "trainer.eval_batch_size": "evaluation runs in chunks of 65,536 rows; remove the key",
     "trainer.max_batch_size": "use batch_size: auto with trainer.adaptive.max_batch_size",
     "trainer.train_steps": "use trainer.epochs",
+    "trainer.effective_batch_size": "use trainer.batch_size: raylight's batch size is already global (over all workers)",
+    "trainer.gradient_accumulation_steps": (
+        "the adaptive engine accumulates gradients when the batch outgrows a worker "
+        "(trainer.adaptive.accumulation, with batch_size: auto); remove the key"
+    ),
     "trainer.steps_per_checkpoint": "raylight checkpoints once per epoch; remove the key",
     "trainer.checkpoints_per_epoch": "raylight checkpoints once per epoch; remove the key",
     "trainer.evaluate_training_set": "the training loss is reported every epoch; remove the key",
