@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from raylight import verbosity
 from raylight._time import monotonic, wall
 from raylight.checkpoint import Checkpoint
 from raylight.config import (
@@ -103,6 +104,7 @@ class Trainer:
 
     def fit(self) -> Result:
         run = self.config.run
+        verbosity.apply(run.verbose)  # before Ray starts: its logging level is set then
         name = run.name or _default_name()
         storage = RunStorage(f"{(run.storage_path or default_storage_path()).rstrip('/')}/{name}")
         recorder = RunRecorder(
@@ -396,6 +398,7 @@ def fit(
     resume: bool = False,
     address: str | None = None,
     progress: bool = True,
+    verbose: bool | None = None,
     prices: dict[str, float] | None = None,
 ) -> Result:
     """Train ``train_loop`` on ``num_workers`` data-parallel workers and return a Result.
@@ -406,7 +409,8 @@ def fit(
     job elastic. ``adaptive=AdaptiveConfig(...)`` chooses batch size and learning rate
     online. ``strategy`` is ``"ddp"`` (default), ``"fsdp"``, ``"deepspeed"``, ``FSDP(...)`` or
     ``DeepSpeed(...)`` (sharded).
-    ``progress=False`` is quiet mode. ``prices={node_type: USD/h}`` prices the run
+    ``progress=False`` hides the progress display; ``verbose=True`` shows Ray's own logs
+    too (default: ``RAYLIGHT_VERBOSE``). ``prices={node_type: USD/h}`` prices the run
     (``Result.cost``).
     """
     settings = dict(
@@ -427,6 +431,7 @@ def fit(
                 "name": name,
                 "resume": resume,
                 "progress": progress,
+                "verbose": verbose,
                 "prices": prices,
             },
         ),

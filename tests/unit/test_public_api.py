@@ -27,7 +27,7 @@ def test_fit_signature_snapshot():
     assert list(params) == [
         "train_loop", "config", "num_workers", "adaptive", "use_gpu", "resources_per_worker", "placement",
         "strategy",
-        "storage_path", "name", "max_failures", "resume", "address", "progress", "prices",
+        "storage_path", "name", "max_failures", "resume", "address", "progress", "verbose", "prices",
     ]
     assert all(p.kind is p.KEYWORD_ONLY for n, p in params.items() if n != "train_loop")
 
@@ -163,7 +163,7 @@ def test_nothing_from_a_worker_is_unpickled_outside_ray():
 # The layers, bottom first. A module imports its own layer and those below, never above,
 # wherever the import statement is (module level, inside a function, for type checking).
 LAYERS = [
-    ("base", ["raylight._time", "raylight.exceptions", "raylight.exit_codes", "raylight.config"]),
+    ("base", ["raylight._time", "raylight.exceptions", "raylight.exit_codes", "raylight.config", "raylight.verbosity"]),
     ("pure and storage", [
         "raylight.adaptive", "raylight.storage", "raylight.checkpoint", "raylight.sharded", "raylight.lease",
         "raylight.plots", "raylight.notices", "raylight.cost",

@@ -554,6 +554,12 @@ class RunConfig(ConfigModel):
         description="Continue the run named `name` from its last committed checkpoint.",
     )
     progress: bool = Field(True, description="Show the live progress display on the driver.")
+    verbose: bool | None = Field(
+        None,
+        description="Show Ray's own output on the driver too (Ray Data's progress and INFO "
+        "lines, Ray's INFO logs). Default: the RAYLIGHT_VERBOSE environment variable (which "
+        "`raylight --verbose` sets), else off: raylight's display, warnings and errors only.",
+    )
     lease_timeout_s: float = Field(
         60.0,
         gt=0,

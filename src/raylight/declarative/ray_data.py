@@ -66,13 +66,7 @@ def _summary(df: pd.DataFrame, config: ModelConfig) -> pd.DataFrame:
 
 
 def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True) -> dict[str, Any]:
-    import logging
-
-    from ray.data import DataContext
-
-    DataContext.get_current().enable_progress_bars = progress
-    if not progress:
-        logging.getLogger("ray.data").setLevel(logging.WARNING)
+    # Ray Data's progress bars and logs follow raylight.verbosity (quiet unless verbose).
     ds = _read(dataset)
     columns = ds.schema().names
     for kind, feats in (("input_features", config.input_features), ("output_features", config.output_features)):
