@@ -26,6 +26,7 @@ from raylight.config import (
 from raylight.cost import CostMeter, Prices, WorkerPlace, prices_from_env
 from raylight.exceptions import ConfigError
 from raylight.job_env import apply_job_env
+from raylight.loggers import RunLoggers
 from raylight.notices import build_watchers
 from raylight.progress import ProgressDisplay
 from raylight.recorder import RunRecorder
@@ -112,6 +113,7 @@ class Trainer:
             checkpoints_to_keep=run.checkpoints_to_keep,
             on_record=self.on_report,
             lease_timeout_s=run.lease_timeout_s,
+            loggers=RunLoggers(run.loggers, storage, name=name, resume=run.resume) if run.loggers else None,
         )
         resolved = {
             **self.config.model_dump(),
@@ -399,6 +401,7 @@ def fit(
     address: str | None = None,
     progress: bool = True,
     verbose: bool | None = None,
+    loggers: list[Any] | None = None,
     prices: dict[str, float] | None = None,
 ) -> Result:
     """Train ``train_loop`` on ``num_workers`` data-parallel workers and return a Result.
@@ -410,7 +413,8 @@ def fit(
     online. ``strategy`` is ``"ddp"`` (default), ``"fsdp"``, ``"deepspeed"``, ``FSDP(...)`` or
     ``DeepSpeed(...)`` (sharded).
     ``progress=False`` hides the progress display; ``verbose=True`` shows Ray's own logs
-    too (default: ``RAYLIGHT_VERBOSE``). ``prices={node_type: USD/h}`` prices the run
+    too (default: ``RAYLIGHT_VERBOSE``). ``loggers=["tensorboard", {"type": "mlflow", ...},
+    ...]`` writes every report to experiment loggers (``RunConfig.loggers``). ``prices={node_type: USD/h}`` prices the run
     (``Result.cost``).
     """
     settings = dict(
@@ -432,6 +436,7 @@ def fit(
                 "resume": resume,
                 "progress": progress,
                 "verbose": verbose,
+                "loggers": loggers,
                 "prices": prices,
             },
         ),

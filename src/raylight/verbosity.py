@@ -8,6 +8,8 @@ prints it. Each kind of noise is turned off where it is made, never filtered aft
 - Ray Core's driver logger ``ray`` (``ray.init(logging_level=...)``): WARNING, not INFO.
 - Ray's note that token authentication is on (a WARNING at every embedded start, though
   it reports the safe default; raylight warns itself when authentication is off).
+- The experiment loggers' libraries: MLflow's (and alembic's) INFO lines, W&B's banner
+  (``raylight.loggers`` starts W&B quiet unless verbose).
 - Ray Data: its progress bars (``DataContext.enable_progress_bars``, or
   ``RAY_DATA_DISABLE_PROGRESS_BARS`` before Ray Data is imported), and its console
   handler at WARNING (``RAY_DATA_LOGGING_CONFIG``: Ray Data's own logging configuration,
@@ -37,6 +39,8 @@ _RAY_DATA_ENV = {"RAY_DATA_LOGGING_CONFIG": _RAY_DATA_CONFIG, "RAY_DATA_DISABLE_
 # Ray logs "Token authentication is enabled for this Ray cluster" here at WARNING.
 _AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 _TRUE = {"1", "true", "yes", "on"}
+# Experiment loggers' libraries log INFO lines too (MLflow creating its database).
+_LIBRARY_LOGGERS = ("mlflow", "alembic", "wandb")
 
 _current: list[bool] = []  # what apply() last set (logging is process-wide)
 
@@ -57,14 +61,23 @@ def apply(verbose: bool | None = None) -> bool:
     on = resolve(verbose)
     logging.getLogger("ray").setLevel(logging.INFO if on else logging.WARNING)
     logging.getLogger(_AUTH_LOGGER).setLevel(logging.NOTSET if on else logging.ERROR)
+    _current[:] = [on]
+    library_loggers()
     if on:  # a Ray Data imported from now on prints as Ray's default says
         for name, value in _RAY_DATA_ENV.items():
             if os.environ.get(name) == value:
                 del os.environ[name]
     if "ray.data" in sys.modules:
         _ray_data(on)
-    _current[:] = [on]
     return on
+
+
+def library_loggers() -> None:
+    """Set the experiment loggers' libraries' logging (again: MLflow sets its own level
+    when imported)."""
+    on = is_verbose()
+    for name in _LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if on else logging.WARNING)
 
 
 def is_verbose() -> bool:

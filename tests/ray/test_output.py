@@ -35,11 +35,11 @@ def ray_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if RAY_NOISE.search(line)]
 
 
-def _cli_train(tmp_path, *extra: str) -> subprocess.CompletedProcess[str]:
+def _cli_train(tmp_path, *extra: str, config: str = RAY_CONFIG) -> subprocess.CompletedProcess[str]:
     tmp_path.mkdir()
-    cfg, data = write(tmp_path, fmt="parquet", config=RAY_CONFIG)
+    cfg, data = write(tmp_path, fmt="parquet", config=config)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), REPO])}
-    for name in ("RAY_ADDRESS", "RAYLIGHT_VERBOSE", "RAY_DATA_LOGGING_CONFIG", "RAY_DATA_DISABLE_PROGRESS_BARS"):
+    for name in ("RAY_ADDRESS", "RAYLIGHT_VERBOSE", "RAY_DATA_LOGGING_CONFIG", "RAY_DATA_DISABLE_PROGRESS_BARS", "MLFLOW_TRACKING_URI"):
         env.pop(name, None)
     out = str(tmp_path / "run")
     return subprocess.run(
@@ -49,7 +49,12 @@ def _cli_train(tmp_path, *extra: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_cli_shows_raylight_not_ray_and_verbose_gives_ray_back(tmp_path):
-    quiet = _cli_train(tmp_path / "quiet")
+    """The quiet run also has the declarative loggers: key's three loggers, whose
+    libraries stay as quiet."""
+    pytest.importorskip("mlflow")
+    pytest.importorskip("wandb")
+    logged = RAY_CONFIG + "loggers: [tensorboard, mlflow, {type: wandb, project: cli}]\n"
+    quiet = _cli_train(tmp_path / "quiet", config=logged)
     assert quiet.returncode == 0, quiet.stdout[-2000:] + quiet.stderr[-3000:]
     text = quiet.stdout + quiet.stderr
     assert not ray_lines(text), "\n".join(ray_lines(text))
@@ -57,6 +62,8 @@ def test_cli_shows_raylight_not_ray_and_verbose_gives_ray_back(tmp_path):
     assert [line.split()[1] for line in epochs] == ["0", "1", "2"], quiet.stderr  # one line each
     assert all("samples/s" in line and "workers=2" in line for line in epochs)
     assert any(line.startswith("cost: ") and "prices given" in line for line in quiet.stderr.splitlines())  # unwrapped
+    run = tmp_path / "quiet" / "run"
+    assert (run / "mlflow.db").exists() and list((run / "tensorboard").iterdir()) and list((run / "wandb").glob("offline-run-*"))
 
     verbose = _cli_train(tmp_path / "verbose", "--verbose")
     assert verbose.returncode == 0, verbose.stderr[-3000:]
