@@ -62,7 +62,8 @@ class ProgressDisplay:
         self.live = enabled and self.console.is_terminal and sys.stderr.isatty()
         self._progress: Progress | None = None
         self._live: Live | None = None
-        self._status = Text("starting workers...", style="dim")
+        # One line however narrow the terminal: the end is cut, not wrapped.
+        self._status = Text("starting workers...", style="dim", no_wrap=True, overflow="ellipsis")
         self._task: Any = None
         self._task_epoch: int | None = None
         self._rate = SampleRate()
@@ -147,7 +148,7 @@ class ProgressDisplay:
                 self._progress.update(
                     self._task, description=f"epoch {at}", total=prog.steps_per_epoch, completed=prog.step
                 )
-            self._status.plain = f"{format_metrics(self._metrics)}  {info}".strip()
+            self._status.plain = f"{info}  {format_metrics(self._metrics)}".strip()
             self._status.style = ""
         else:
             self._lines(poll, at, info, changed)
