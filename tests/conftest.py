@@ -44,10 +44,11 @@ def _no_leaks():
     # tensorboardX sets when imported (once per process, by Ray Tune's default logger),
     # RAY_CLIENT_MODE, which `import ray` sets, KMP_DUPLICATE_LIB_OK, which
     # `import threadpoolctl` (and scikit-learn) sets, and PYTORCH_NVML_BASED_CUDA_CHECK,
-    # which `import deepspeed` sets (each once per process).
+    # which `import deepspeed` sets, and WANDB_SERVICE, which W&B sets when it starts its
+    # service process for the experiment loggers' tests (each once per process).
     ignore = {
         "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "CRC32C_SW_MODE", "RAY_CLIENT_MODE", "KMP_DUPLICATE_LIB_OK",
-        "PYTORCH_NVML_BASED_CUDA_CHECK",
+        "PYTORCH_NVML_BASED_CUDA_CHECK", "WANDB_SERVICE",
     } | _SESSION_ENV
     added = {k for k in os.environ if k not in env} - ignore
     changed = {k for k in env if k in os.environ and os.environ[k] != env[k]} - ignore

@@ -1,7 +1,11 @@
-"""The driver's live view of a run: epoch progress, metrics, global samples/s.
+"""The driver's live view of a run: epoch, step, samples/s, ETA, workers, batch size.
 
-On a terminal it is a rich progress bar redrawn in place; elsewhere (CI, logs) it
-prints one line per epoch and on every restart. ``progress=False`` silences it.
+On a terminal it is a rich progress bar redrawn in place (the epoch's steps, elapsed time
+and the epoch's ETA) over one status line (the newest metrics, global samples/s,
+workers, batch size). Elsewhere (CI, logs, a pipe) it prints exactly one line per epoch,
+when the epoch's last report is in, and one per restart or resize; lines never wrap.
+``progress=False`` silences it. A loop that reports without epochs (no ``epoch`` metric,
+no prepared loader) gets one line per report, at most one a second.
 """
 
 from __future__ import annotations
@@ -12,12 +16,22 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.text import Text
 
 from raylight._time import monotonic
 from raylight.adaptive.profile import SampleRate
 from raylight.worker_group.protocol import GroupPoll
+
+# Shown elsewhere on the line (the epoch leads it, batch= follows the rate).
+_NOT_METRICS = ("epoch", "step", "batch_size")
 
 
 def format_metrics(metrics: dict[str, Any], limit: int = 4) -> str:
@@ -25,12 +39,20 @@ def format_metrics(metrics: dict[str, Any], limit: int = 4) -> str:
     for key, value in metrics.items():
         if isinstance(value, bool) or not isinstance(value, numbers.Number):
             continue
-        if key in ("epoch", "step"):
+        if key in _NOT_METRICS:
             continue
         parts.append(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}")
         if len(parts) == limit:
             break
     return " ".join(parts)
+
+
+def _epoch_of(metrics: dict[str, Any], fallback: int | None) -> int | None:
+    """A report's epoch: its ``epoch`` metric, else where rank 0's loader is."""
+    value = metrics.get("epoch")
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return fallback
 
 
 class ProgressDisplay:
@@ -40,11 +62,15 @@ class ProgressDisplay:
         self.live = enabled and self.console.is_terminal and sys.stderr.isatty()
         self._progress: Progress | None = None
         self._live: Live | None = None
-        self._status = Text("starting workers...", style="dim")
+        # One line however narrow the terminal: the end is cut, not wrapped.
+        self._status = Text("starting workers...", style="dim", no_wrap=True, overflow="ellipsis")
         self._task: Any = None
+        self._task_epoch: int | None = None
         self._rate = SampleRate()
         self._metrics: dict[str, Any] = {}
         self._restarts = 0
+        self._workers: int | None = None
+        self._pending: tuple[int | None, str] | None = None  # (epoch, line) not printed yet
         self._last_line = -1e9
 
     def __enter__(self) -> ProgressDisplay:
@@ -53,7 +79,10 @@ class ProgressDisplay:
                 TextColumn("[bold cyan]{task.description:>10}"),
                 BarColumn(bar_width=30),
                 MofNCompleteColumn(),
+                TextColumn("steps"),
                 TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
                 console=self.console,
             )
             self._task = self._progress.add_task("starting", total=None)
@@ -68,10 +97,20 @@ class ProgressDisplay:
             self._live.stop()
             self._live = None
             self._progress = None
+        self._flush()
 
     def message(self, text: str) -> None:
         if self.enabled:
-            self.console.print(text)
+            self._line(text)
+
+    def _line(self, text: str) -> None:
+        """One physical line, however narrow the console (a pipe's is 80 columns)."""
+        self.console.print(text, highlight=False, markup=False, soft_wrap=True)
+
+    def _flush(self) -> None:
+        if self._pending is not None:
+            self._line(self._pending[1])
+            self._pending = None
 
     def update(
         self,
@@ -84,31 +123,64 @@ class ProgressDisplay:
     ) -> None:
         if not self.enabled:
             return
-        for report in poll.reports:
-            self._metrics = report.metrics
         samples = sum(p.progress.samples for p in poll.polls)
         rate = self._rate.update(samples, monotonic())
         rank0 = next((p for p in poll.polls if p.rank == 0), None)
-        epoch = rank0.progress.epoch if rank0 is not None else None
-        info = f"{format_metrics(self._metrics)}  {rate:,.0f} samples/s  workers={num_workers}"
+        at = rank0.progress.epoch if rank0 is not None else None
+        info = f"{rate:,.0f} samples/s  workers={num_workers}"
         if batch_size is not None:
             info += f"  batch={batch_size}"
         if efficiency is not None:
             info += f"  efficiency={efficiency:.2f}"
         if num_restarts:
             info += f"  restarts={num_restarts}"
-        if self._progress is not None and rank0 is not None:
-            prog = rank0.progress
-            desc = f"epoch {prog.epoch}" if prog.epoch is not None else "running"
-            self._progress.update(
-                self._task, description=desc, total=prog.steps_per_epoch, completed=prog.step
-            )
-            self._status.plain = info.strip()
+        changed = self._change(num_workers, num_restarts)
+        if self._progress is not None:
+            for report in poll.reports:
+                self._metrics = report.metrics
+            if changed:
+                self._progress.console.print(changed, highlight=False, markup=False)
+            if rank0 is not None and at is not None:
+                prog = rank0.progress
+                if at != self._task_epoch:  # a new epoch: its own bar and ETA
+                    self._progress.reset(self._task, total=prog.steps_per_epoch, completed=0)
+                    self._task_epoch = at
+                self._progress.update(
+                    self._task, description=f"epoch {at}", total=prog.steps_per_epoch, completed=prog.step
+                )
+            self._status.plain = f"{info}  {format_metrics(self._metrics)}".strip()
             self._status.style = ""
-        elif not self.live and (poll.reports or num_restarts != self._restarts):
-            now = monotonic()
-            if now - self._last_line >= 1.0 or num_restarts != self._restarts:
-                where = f"epoch {epoch}" if epoch is not None else "report"
-                self.console.print(f"{where}  {info}", highlight=False)
-                self._last_line = now
-        self._restarts = num_restarts
+        else:
+            self._lines(poll, at, info, changed)
+
+    def _change(self, num_workers: int, num_restarts: int) -> str | None:
+        """The line for a restart or a resize since the last poll, if there was one."""
+        line = None
+        if num_restarts != self._restarts:
+            line = f"restarted from the last checkpoint (restart {num_restarts}), {num_workers} workers"
+        elif self._workers is not None and num_workers != self._workers:
+            line = f"resized: {self._workers} -> {num_workers} workers"
+        self._restarts, self._workers = num_restarts, num_workers
+        return line
+
+    def _lines(self, poll: GroupPoll, at: int | None, info: str, changed: str | None) -> None:
+        """Not a terminal: the line of an epoch once its last report is in (a report of a
+        later epoch arrives, the loader moves on, or the run ends)."""
+        for report in poll.reports:
+            epoch = _epoch_of(report.metrics, at)
+            if self._pending is not None and self._pending[0] != epoch:
+                self._flush()
+            where = f"epoch {epoch}" if epoch is not None else "report"
+            self._pending = (epoch, f"{where}  {format_metrics(report.metrics)}  {info}")
+        if self._pending is not None:
+            epoch = self._pending[0]
+            if epoch is None:  # no epochs to wait for: a line a second at most
+                now = monotonic()
+                if now - self._last_line >= 1.0:
+                    self._flush()
+                    self._last_line = now
+            elif at is not None and at > epoch:
+                self._flush()
+        if changed:
+            self._flush()
+            self._line(changed)

@@ -1,7 +1,8 @@
 """RunRecorder: the driver's record of a run, kept in its run directory.
 
 It owns the run directory's files: the resolved config, ``status.json``,
-``metrics.jsonl`` (rank 0's reports, in order), ``cost.json`` (what the run used, written
+``metrics.jsonl`` (rank 0's reports, in order; the experiment loggers get each too,
+``loggers.py``), ``cost.json`` (what the run used, written
 at its end) and the committed checkpoints (the
 newest ``checkpoints_to_keep``), and it is the run's one writer (``RunLease``).
 
@@ -26,6 +27,7 @@ from raylight._time import wall
 from raylight.checkpoint import Checkpoint, deserialize_state
 from raylight.exceptions import ConfigError
 from raylight.lease import LEASE_FILE, RunLease
+from raylight.loggers import RunLoggers
 from raylight.storage import CHECKPOINTS, CommittedCheckpoint, RunStorage, check_state
 from raylight.worker_group.protocol import CheckpointTarget, Report
 
@@ -47,8 +49,10 @@ class RunRecorder:
         checkpoints_to_keep: int,
         on_record: Callable[[dict[str, Any], Checkpoint | None], None] | None = None,
         lease_timeout_s: float = 60.0,
+        loggers: RunLoggers | None = None,
     ) -> None:
         self.storage = storage
+        self.loggers = loggers  # experiment loggers: opened at begin, fed each report
         self.on_record = on_record
         self.keep = checkpoints_to_keep
         self.history: list[dict[str, Any]] = []
@@ -229,6 +233,8 @@ class RunRecorder:
         self._begun = True
         self._write_config()
         self._set_status("running")
+        if self.loggers is not None:
+            self.loggers.open(self._config or {}, first_step=len(self.history))
 
     def _write_config(self) -> None:
         if self._config is not None:
@@ -245,6 +251,8 @@ class RunRecorder:
         ``status.json`` and gives the lease up. Writes nothing to a run whose lease
         another driver took, or that never began."""
         try:
+            if self.loggers is not None:
+                self.loggers.close(failed=error is not None)
             if self._begun and self.lease.held and not self.lease.lost:
                 self._set_status("failed" if error is not None else "finished", error)
         finally:
@@ -304,6 +312,8 @@ class RunRecorder:
                     raise ValueError(f"checkpoint {commit_index} is older than the last committed one")
                 self._next_ckpt = commit_index
             self._commit(report, index)
+        if self.loggers is not None:
+            self.loggers.log(report.metrics, index)
         if self.on_record is not None:
             self.on_record(report.metrics, self.latest if report.checkpoint is not None else None)
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import ray
 
+from raylight import verbosity
 from raylight.exceptions import ClusterConnectionError
 
 log = logging.getLogger("raylight")
@@ -69,7 +70,7 @@ def start_embedded(
         num_cpus=num_cpus,
         num_gpus=num_gpus,
         include_dashboard=False,
-        logging_level=logging.WARNING,
+        logging_level=verbosity.before_ray_starts(),  # Ray's INFO lines only when verbose
         object_store_memory=object_store_memory,
         _temp_dir=temp_dir,
     )
@@ -185,7 +186,7 @@ def connect(address: str | None, *, connect_timeout_s: float = 15.0) -> RayRunti
             _force_loopback()  # stay on loopback rather than the machine's address
     warn_if_auth_disabled()
     try:
-        ray.init(address=address, logging_level=logging.WARNING)
+        ray.init(address=address, logging_level=verbosity.before_ray_starts())
     except Exception as exc:
         raise ClusterConnectionError(
             f"could not connect to the Ray cluster at {address!r} (from {source}): "

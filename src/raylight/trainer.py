@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from raylight import verbosity
 from raylight._time import monotonic, wall
 from raylight.checkpoint import Checkpoint
 from raylight.config import (
@@ -25,6 +26,7 @@ from raylight.config import (
 from raylight.cost import CostMeter, Prices, WorkerPlace, prices_from_env
 from raylight.exceptions import ConfigError
 from raylight.job_env import apply_job_env
+from raylight.loggers import RunLoggers
 from raylight.notices import build_watchers
 from raylight.progress import ProgressDisplay
 from raylight.recorder import RunRecorder
@@ -103,6 +105,7 @@ class Trainer:
 
     def fit(self) -> Result:
         run = self.config.run
+        verbosity.apply(run.verbose)  # before Ray starts: its logging level is set then
         name = run.name or _default_name()
         storage = RunStorage(f"{(run.storage_path or default_storage_path()).rstrip('/')}/{name}")
         recorder = RunRecorder(
@@ -110,6 +113,7 @@ class Trainer:
             checkpoints_to_keep=run.checkpoints_to_keep,
             on_record=self.on_report,
             lease_timeout_s=run.lease_timeout_s,
+            loggers=RunLoggers(run.loggers, storage, name=name, resume=run.resume) if run.loggers else None,
         )
         resolved = {
             **self.config.model_dump(),
@@ -396,6 +400,8 @@ def fit(
     resume: bool = False,
     address: str | None = None,
     progress: bool = True,
+    verbose: bool | None = None,
+    loggers: list[Any] | None = None,
     prices: dict[str, float] | None = None,
 ) -> Result:
     """Train ``train_loop`` on ``num_workers`` data-parallel workers and return a Result.
@@ -406,7 +412,9 @@ def fit(
     job elastic. ``adaptive=AdaptiveConfig(...)`` chooses batch size and learning rate
     online. ``strategy`` is ``"ddp"`` (default), ``"fsdp"``, ``"deepspeed"``, ``FSDP(...)`` or
     ``DeepSpeed(...)`` (sharded).
-    ``progress=False`` is quiet mode. ``prices={node_type: USD/h}`` prices the run
+    ``progress=False`` hides the progress display; ``verbose=True`` shows Ray's own logs
+    too (default: ``RAYLIGHT_VERBOSE``). ``loggers=["tensorboard", {"type": "mlflow", ...},
+    ...]`` writes every report to experiment loggers (``RunConfig.loggers``). ``prices={node_type: USD/h}`` prices the run
     (``Result.cost``).
     """
     settings = dict(
@@ -427,6 +435,8 @@ def fit(
                 "name": name,
                 "resume": resume,
                 "progress": progress,
+                "verbose": verbose,
+                "loggers": loggers,
                 "prices": prices,
             },
         ),

@@ -12,6 +12,7 @@ import raylight
 from raylight.declarative import api
 from raylight.declarative.loading import load_config
 from tests.conftest import REPO
+from tests.ray.test_output import ray_lines
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -45,11 +46,16 @@ def test_example_config_trains(ray_cluster, tmp_path, datasets, path):
 
 
 def test_make_run_demo(tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), REPO])}  # this checkout's raylight
-    env.pop("RAY_ADDRESS", None)
+    # This checkout's raylight, whatever the venv's editable install points at.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), REPO, os.environ.get("PYTHONPATH", "")])}
+    for name in ("RAY_ADDRESS", "RAYLIGHT_VERBOSE", "RAY_DATA_LOGGING_CONFIG", "RAY_DATA_DISABLE_PROGRESS_BARS"):
+        env.pop(name, None)
     res = subprocess.run(
-        [sys.executable, os.path.join(EXAMPLES, "demo.py"), "--epochs", "4", "--quiet", "--output-directory", str(tmp_path / "run")],
+        [sys.executable, os.path.join(EXAMPLES, "demo.py"), "--epochs", "4", "--output-directory", str(tmp_path / "run")],
         capture_output=True, text=True, timeout=280, env=env, cwd=REPO,
     )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "accuracy" in res.stdout and (tmp_path / "run" / "evaluation.json").exists()
+    # What a newcomer reads: one line per epoch, nothing of Ray's (tests/ray/test_output.py).
+    assert not ray_lines(res.stdout + res.stderr), res.stdout + res.stderr
+    assert [line.split()[:2] for line in res.stderr.splitlines()] == [["epoch", str(e)] for e in range(4)], res.stderr

@@ -137,6 +137,11 @@ def test_checkpoint_resume_and_rank_zero_loggers(ray_cluster, tmp_path):
     assert os.listdir(tmp_path / "csv" / "lightning_logs") == ["version_0"]
     assert os.path.isfile(os.path.join(first.logger.log_dir, "metrics.csv"))
     assert glob.glob(str(tmp_path / "tb" / "lightning_logs" / "version_0" / "events.out.tfevents.*"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tb" / "lightning_logs" / "version_0"))
+    events.Reload()  # rank 0 logged every step where the driver's logger points
+    assert [e.step for e in events.Scalars("train_loss")] == list(range(2 * 11))
 
     resumed = trainer(4)
     model = ddp_digits.DigitsClassifier()

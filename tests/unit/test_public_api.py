@@ -27,7 +27,7 @@ def test_fit_signature_snapshot():
     assert list(params) == [
         "train_loop", "config", "num_workers", "adaptive", "use_gpu", "resources_per_worker", "placement",
         "strategy",
-        "storage_path", "name", "max_failures", "resume", "address", "progress", "prices",
+        "storage_path", "name", "max_failures", "resume", "address", "progress", "verbose", "loggers", "prices",
     ]
     assert all(p.kind is p.KEYWORD_ONLY for n, p in params.items() if n != "train_loop")
 
@@ -126,7 +126,10 @@ def test_boundaries():
     # Config is the core's pure data: nothing else of raylight but its error type (the
     # declarative product's config lives in raylight.declarative).
     cfg = {d for d in _deps("raylight.config") if d.startswith("raylight")}
-    assert cfg <= {"raylight.config.base", "raylight.config.schema", "raylight.config.validation", "raylight.exceptions"}
+    assert cfg <= {
+        "raylight.config.base", "raylight.config.loggers", "raylight.config.schema", "raylight.config.validation",
+        "raylight.exceptions",
+    }
     # Tune's integration is used by products only (see test_products_stand_side_by_side).
     users = {m for m, deps in MODULES.items() if not m.startswith("raylight.tune") and any(d.startswith("raylight.tune") for d in deps)}
     assert all(m.startswith(("raylight.declarative", "raylight.lightning", "raylight.cli")) for m in users), users
@@ -163,14 +166,14 @@ def test_nothing_from_a_worker_is_unpickled_outside_ray():
 # The layers, bottom first. A module imports its own layer and those below, never above,
 # wherever the import statement is (module level, inside a function, for type checking).
 LAYERS = [
-    ("base", ["raylight._time", "raylight.exceptions", "raylight.exit_codes", "raylight.config"]),
+    ("base", ["raylight._time", "raylight.exceptions", "raylight.exit_codes", "raylight.config", "raylight.verbosity"]),
     ("pure and storage", [
         "raylight.adaptive", "raylight.storage", "raylight.checkpoint", "raylight.sharded", "raylight.lease",
         "raylight.plots", "raylight.notices", "raylight.cost",
     ]),
     ("worker pieces and records", [
         "raylight.worker_group.protocol", "raylight.worker_group.net", "raylight.strategies", "raylight.data",
-        "raylight.adaptive_worker", "raylight.recorder", "raylight.progress", "raylight.runtime",
+        "raylight.adaptive_worker", "raylight.recorder", "raylight.loggers", "raylight.progress", "raylight.runtime",
         "raylight.report",
     ]),
     ("context and control", ["raylight.context", "raylight.controller"]),

@@ -43,6 +43,9 @@ DatasetOpt = Annotated[str, typer.Option("--dataset", "-d", help="CSV, Parquet o
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a config key: trainer.epochs=5 (repeatable).")]
 BackendOpt = Annotated[str | None, typer.Option(help="local or ray (overrides backend.type).")]
 QuietOpt = Annotated[bool, typer.Option(help="No progress display.")]
+VerboseOpt = Annotated[
+    bool, typer.Option("--verbose", help="Show Ray's own logs too (Ray Data's progress, Ray's INFO lines); RAYLIGHT_VERBOSE=1 does the same.")
+]
 ModelPathOpt = Annotated[str, typer.Option(help="<output-directory>/model of a trained run.")]
 
 def _fail(exc: BaseException) -> None:
@@ -55,6 +58,18 @@ def _fail(exc: BaseException) -> None:
 
         raise typer.Exit(PREEMPTED_EXIT_CODE)
     raise typer.Exit(2 if isinstance(exc, USAGE_ERRORS) else 1)
+
+
+def _verbose(verbose: bool) -> None:
+    """--verbose: Ray's output comes back (raylight.verbosity), for this process and
+    the Ray processes it starts."""
+    if verbose:
+        import os
+
+        from raylight import verbosity
+
+        os.environ[verbosity.ENV] = "1"
+        verbosity.apply(True)
 
 
 def _config(path: str, overrides: list[str] | None):
@@ -73,11 +88,13 @@ def train(
     quiet: QuietOpt = False,
     price: PriceOpt = None,
     prices: PricesOpt = None,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Train a model described by CONFIG on DATASET."""
     from raylight.cost import format_cost
     from raylight.declarative import api
 
+    _verbose(verbose)
     try:
         table = price_table(price, prices)
         out = api.train(
@@ -87,9 +104,9 @@ def train(
     except RaylightError as exc:
         _fail(exc)
     console.print_json(json.dumps(out["evaluation"]))
-    console.print(f"model: {out['model_path']}")
+    console.print(f"model: {out['model_path']}", highlight=False, markup=False, soft_wrap=True)
     if out.get("cost"):
-        console.print(f"cost: {format_cost(out['cost'])}", highlight=False, markup=False)
+        console.print(f"cost: {format_cost(out['cost'])}", highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command()
@@ -102,9 +119,10 @@ def experiment(
     quiet: QuietOpt = False,
     price: PriceOpt = None,
     prices: PricesOpt = None,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Train, then evaluate on the test split (written to evaluation.json)."""
-    train(config, dataset, output_directory, backend, set_, quiet, price, prices)
+    train(config, dataset, output_directory, backend, set_, quiet, price, prices, verbose)
 
 
 @app.command()
@@ -114,8 +132,10 @@ def hyperopt(
     output_directory: Annotated[str, typer.Option(help="Where the search is written.")] = "results/hyperopt",
     set_: SetOpt = None,
     quiet: Annotated[bool, typer.Option(help="No progress display or results table.")] = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Search the hyperopt: section's parameters on Ray Tune; each trial trains on raylight workers."""
+    _verbose(verbose)
     try:
         from raylight.declarative.hyperopt import hyperopt as run_search
 
@@ -132,10 +152,12 @@ def hyperopt(
 def evaluate(
     model_path: ModelPathOpt,
     dataset: DatasetOpt,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Evaluate a trained model on DATASET."""
     from raylight.declarative import api
 
+    _verbose(verbose)
     try:
         metrics = api.evaluate(model_path, dataset)
     except RaylightError as exc:
@@ -148,10 +170,12 @@ def predict(
     model_path: ModelPathOpt,
     dataset: DatasetOpt,
     output: Annotated[str | None, typer.Option(help="predictions.csv, .parquet or .jsonl; default: stdout as CSV.")] = None,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Predict one row per input row, in order."""
     from raylight.declarative import api
 
+    _verbose(verbose)
     try:
         frame = api.predict(model_path, dataset, output)
     except RaylightError as exc:
@@ -193,10 +217,11 @@ def render_config(config: ConfigOpt, set_: SetOpt = None) -> None:
 
 
 @app.command()
-def check(config: ConfigOpt, dataset: DatasetOpt, set_: SetOpt = None) -> None:
+def check(config: ConfigOpt, dataset: DatasetOpt, set_: SetOpt = None, verbose: VerboseOpt = False) -> None:
     """Validate CONFIG against DATASET without training."""
     from raylight.declarative import api
 
+    _verbose(verbose)
     try:
         cfg = _config(config, set_)
         prepared = api.prepare(cfg, dataset, use_cache=False)

@@ -1,5 +1,6 @@
 """Configuration: pure data, validated by pydantic. Imports nothing else of raylight."""
 
+from raylight.config.loggers import MLflow, TensorBoard, Wandb
 from raylight.config.schema import (
     FSDP,
     AdaptiveConfig,
@@ -16,9 +17,12 @@ __all__ = [
     "AdaptiveConfig",
     "DeepSpeed",
     "FailureConfig",
+    "MLflow",
     "RunConfig",
     "ScalingConfig",
+    "TensorBoard",
     "TrainerConfig",
+    "Wandb",
     "format_validation_error",
     "validate",
 ]

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from raylight.config.base import ConfigModel
+from raylight.config.loggers import LoggerSetting, parse_loggers
 
 Placement = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 # How the learning rate follows the batch size; raylight.adaptive.lr implements each.
@@ -554,6 +555,18 @@ class RunConfig(ConfigModel):
         description="Continue the run named `name` from its last committed checkpoint.",
     )
     progress: bool = Field(True, description="Show the live progress display on the driver.")
+    loggers: list[LoggerSetting] = Field(
+        default_factory=list,
+        description="Experiment loggers the driver writes each report to: 'tensorboard', "
+        "'mlflow', 'wandb', or their options ({'type': 'mlflow', 'tracking_uri': ...}, "
+        "raylight.config.MLflow(...)). Needs `pip install 'raylight[loggers]'`.",
+    )
+    verbose: bool | None = Field(
+        None,
+        description="Show Ray's own output on the driver too (Ray Data's progress and INFO "
+        "lines, Ray's INFO logs). Default: the RAYLIGHT_VERBOSE environment variable (which "
+        "`raylight --verbose` sets), else off: raylight's display, warnings and errors only.",
+    )
     lease_timeout_s: float = Field(
         60.0,
         gt=0,
@@ -570,6 +583,8 @@ class RunConfig(ConfigModel):
         "named. Result.cost then says what the run cost (node-hours x price). Default: the "
         "RAYLIGHT_PRICES environment variable (set by `raylight submit --price`), else none.",
     )
+
+    _parse_loggers = field_validator("loggers", mode="before")(parse_loggers)
 
     @field_validator("prices")
     @classmethod

@@ -221,6 +221,7 @@ def train(
         storage_path=os.path.dirname(out),
         name=os.path.basename(out),
         progress=progress,
+        loggers=list(config.loggers),
         prices=prices,
     )
     atomic_write(os.path.join(out, "config.yaml"), render_config(config))

@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic_core import to_jsonable_python
 
 from raylight.config.base import ConfigModel
+from raylight.config.loggers import LoggerSetting, parse_loggers
 from raylight.config.schema import (
     MAX_WORKERS,
     AdaptiveConfig,
@@ -269,6 +270,13 @@ class ModelConfig(ConfigModel):
     hyperopt: HyperoptConfig | None = Field(
         None, description="Hyperparameter search run by `raylight hyperopt`; ignored by `raylight train`."
     )
+    loggers: list[LoggerSetting] = Field(
+        default_factory=list,
+        description="Experiment loggers the training run writes to: tensorboard, mlflow, wandb, "
+        "each a name or a mapping with a type and its options (RunConfig.loggers; docs/loggers.md).",
+    )
+
+    _parse_loggers = field_validator("loggers", mode="before")(parse_loggers)
 
     @model_validator(mode="before")
     @classmethod

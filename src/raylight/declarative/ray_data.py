@@ -68,14 +68,9 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
     for a vocabulary): checks and row counts; the split, exact in size and drawn at random,
     with a shuffle that spreads every block's rows over all output blocks; statistics
     and vocabularies (``fit_ray``); the transform to arrays."""
-    import logging
-
     import ray
-    from ray.data import DataContext
 
-    DataContext.get_current().enable_progress_bars = progress
-    if not progress:
-        logging.getLogger("ray.data").setLevel(logging.WARNING)
+    # Ray Data's progress bars and logs follow raylight.verbosity (quiet unless verbose).
     ds = _read(dataset)
     columns = ds.schema().names
     for kind, feats in (("input_features", config.input_features), ("output_features", config.output_features)):
