@@ -928,6 +928,10 @@ class RayWorkerGroup:
 
             with contextlib.suppress(Exception):
                 request_resources(bundles=[])
+        if self._spare is not None and not self._spare.ready:
+            # Killing an actor Ray is still creating makes the GCS log an error on the
+            # driver's console as the driver exits; a spare is seconds from ready.
+            ray.wait(self._spare.refs[:1], timeout=RELEASE_WAIT_S)
         pooled = self._pool_members()
         self._drop_spare()
         pgs = self._pgs
@@ -952,7 +956,7 @@ class RayWorkerGroup:
         if not strategy.reuses_process:
             candidates = []
         spare = self._spare
-        if spare is not None and spare.ready:
+        if spare is not None:  # started, perhaps still importing: it never ran a loop
             with contextlib.suppress(Exception):
                 candidates.append((spare.actor, ray.get(spare.refs[0], timeout=0)))
         if not candidates:
