@@ -231,6 +231,9 @@ def read_result(path: str, launched: float) -> dict[str, Any]:
         "window_change": raw.get("window_change"),
         "steps": raw["steps"],
         "torch_threads": raw["torch_threads"],
+        # raylight's own figures (bench/overhead.py): its start-up phases' ends, from the launch
+        **({"phases": {k: v - launched for k, v in raw["phases"].items()}} if raw.get("phases") else {}),
+        **({"warm_fit_start_s": raw["warm_fit_start_s"]} if raw.get("warm_fit_start_s") is not None else {}),
     }
 
 

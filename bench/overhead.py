@@ -62,6 +62,8 @@ SYSTEMS = ("torchrun", "ray_train", "raylight")
 NUM_WORKERS = 2
 SKIP_STEPS = 20  # steps left out of the steady-state throughput
 START_GOAL = 0.5  # raylight start-to-first-step <= this x Ray Train's
+TORCHRUN_START_GOAL = 1.2  # ... and <= this x torchrun's
+WARM_START_GOAL = 0.5  # a second fit in the same driver reaches its first step within this (s)
 THROUGHPUT_GOAL = 0.95  # raylight steady samples/s >= this x torchrun's
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -209,6 +211,8 @@ def ray_train_loop(job: dict[str, Any]) -> None:
 
 def raylight_loop(ctx: Any, job: dict[str, Any]) -> None:
     """raylight's train loop; its batch_size is the global batch."""
+    if ctx.rank == 0:  # the process group is formed: the breakdown's "rendezvous" ends here
+        Path(job["result_path"] + ".loop").write_text(str(time.time()))
     torch.set_num_threads(1)
     dataset = make_dataset(job["samples"], job["seed"])
     loader = ctx.prepare_loader(
@@ -225,13 +229,37 @@ def child_ray_train(job: dict[str, Any]) -> None:
     run_ray_train(ray_train_loop, job, NUM_WORKERS)
 
 
+WARM_FITS = 2  # further fits in the same driver, each timed to its first step
+WARM_SAMPLES = 6_400  # they train on this many samples (their first step is what counts)
+
+
+def _timed_phases(marks: dict[str, float]) -> None:
+    """Record when the worker group first finishes each start-up phase (wall clock)."""
+    from raylight.worker_group.ray_group import RayWorkerGroup
+
+    for method, mark in (("_reserve", "placement_group_s"), ("_spawn", "workers_started_s"), ("_launch", "loops_started_s")):
+        original = getattr(RayWorkerGroup, method)
+
+        def timed(self: Any, *args: Any, _original: Any = original, _mark: str = mark, **kwargs: Any) -> Any:
+            out = _original(self, *args, **kwargs)
+            marks.setdefault(_mark, time.time())
+            return out
+
+        setattr(RayWorkerGroup, method, timed)
+
+
 def child_raylight(job: dict[str, Any]) -> None:
+    marks = {"imports_s": 0.0}
     import ray
 
     import raylight
     from raylight import runtime
 
+    marks["imports_s"] = time.time()
+    _timed_phases(marks)
     runtime.start_embedded(num_cpus=NUM_WORKERS, temp_dir=job["ray_temp_dir"])
+    marks["ray_started_s"] = time.time()
+    warm: list[float] = []
     try:
         raylight.fit(
             raylight_loop,
@@ -241,8 +269,22 @@ def child_raylight(job: dict[str, Any]) -> None:
             storage_path=job["storage_path"],
             name="bench",
         )
+        for i in range(WARM_FITS):  # the notebook user's next fit: workers come from the pool
+            again = {**job, "samples": WARM_SAMPLES, "epochs": 1, "result_path": f"{job['result_path']}.warm{i}"}
+            called = time.time()
+            raylight.fit(
+                raylight_loop, config=again, num_workers=NUM_WORKERS, progress=False,
+                storage_path=job["storage_path"], name=f"bench-warm{i}",
+            )
+            warm.append(json.loads(Path(again["result_path"]).read_text())["first_step_end"] - called)
     finally:
         ray.shutdown()
+    result = Path(job["result_path"])
+    summary = json.loads(result.read_text())
+    marks["rendezvous_s"] = float(Path(f"{job['result_path']}.loop").read_text())
+    summary["phases"] = marks  # wall clock; read_result makes them relative to the launch
+    summary["warm_fit_start_s"] = statistics.median(warm) if warm else None
+    result.write_text(json.dumps(summary))
 
 
 CHILDREN = {
@@ -267,7 +309,11 @@ def child_command(system: str, job: dict[str, Any]) -> list[str]:
 
 # -- summary --------------------------------------------------------------------------
 
-METRICS = ("start_to_first_step_s", "wall_s", "process_s", "steady_samples_per_s", "window_change")
+METRICS = ("start_to_first_step_s", "wall_s", "process_s", "steady_samples_per_s", "window_change", "warm_fit_start_s")
+# raylight's start-up, phase by phase (seconds from the launch to the end of each): the
+# interpreter and imports, Ray's start, the placement group, the worker processes (start,
+# import torch and raylight), the rendezvous and the loops' start, the first step.
+PHASES = ("imports_s", "ray_started_s", "placement_group_s", "workers_started_s", "loops_started_s", "rendezvous_s")
 
 
 def medians(reps: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -277,6 +323,22 @@ def medians(reps: list[dict[str, Any]]) -> dict[str, float | None]:
         values = [r[metric] for r in ok if r.get(metric) is not None]
         out[metric] = statistics.median(values) if values else None
     return out
+
+
+def start_breakdown(reps: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Median seconds spent in each start-up phase (each from the end of the one before)."""
+    ok = [r for r in reps if r["ok"] and r.get("phases")]
+    spans: dict[str, list[float]] = {}
+    for rep in ok:
+        marks = rep["phases"]
+        previous = 0.0
+        for phase in (*PHASES, "first_step_s"):
+            end = rep["start_to_first_step_s"] if phase == "first_step_s" else marks.get(phase)
+            if end is None:
+                continue
+            spans.setdefault(phase, []).append(end - previous)
+            previous = end
+    return {phase: statistics.median(v) for phase, v in spans.items()}
 
 
 def ratio(num: float | None, den: float | None) -> float | None:
@@ -291,11 +353,20 @@ def goals(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:
     throughput = ratio(
         med["raylight"]["steady_samples_per_s"], med["torchrun"]["steady_samples_per_s"]
     )
+    vs_torchrun = ratio(
+        med["raylight"]["start_to_first_step_s"], med["torchrun"]["start_to_first_step_s"]
+    )
+    warm = med["raylight"]["warm_fit_start_s"]
     return {
         "raylight_vs_ray_train_start": start,
+        "raylight_vs_torchrun_start": vs_torchrun,
         "raylight_vs_torchrun_throughput": throughput,
+        "warm_fit_start_s": warm,
         "start_goal_met": None if start is None else start <= START_GOAL,
+        "torchrun_start_goal_met": None if vs_torchrun is None else vs_torchrun <= TORCHRUN_START_GOAL,
+        "warm_start_goal_met": None if warm is None else warm <= WARM_START_GOAL,
         "throughput_goal_met": None if throughput is None else throughput >= THROUGHPUT_GOAL,
+        "raylight_start_breakdown_s": start_breakdown(summary["raylight"]["reps"]),
     }
 
 
@@ -333,6 +404,16 @@ def print_table(summary: dict[str, dict[str, Any]], verdict: dict[str, Any]) -> 
         f"raylight / torchrun steady throughput:    {fmt(tput, '.3f')} "
         f"(goal >= {THROUGHPUT_GOAL}: {verdict['throughput_goal_met']})"
     )
+    print(
+        f"raylight / torchrun start-to-first-step:  {fmt(verdict['raylight_vs_torchrun_start'], '.3f')} "
+        f"(goal <= {TORCHRUN_START_GOAL}: {verdict['torchrun_start_goal_met']})"
+    )
+    print(
+        f"raylight warm fit start-to-first-step:    {fmt(verdict['warm_fit_start_s'], '.3f')} s "
+        f"(goal <= {WARM_START_GOAL} s: {verdict['warm_start_goal_met']})"
+    )
+    breakdown = verdict["raylight_start_breakdown_s"]
+    print("raylight cold start, s per phase: " + ", ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in breakdown.items()))
 
 
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:

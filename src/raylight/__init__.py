@@ -53,6 +53,15 @@ def load_model(path: str):
 
     return _load(path)
 
+
+def release_workers() -> int:
+    """Kill the idle worker processes this driver keeps for its next run now, rather than
+    after ``ScalingConfig.idle_worker_timeout_s`` or at exit (``reuse_workers``). Returns
+    how many were killed."""
+    from raylight.worker_group.pool import release_workers as _release
+
+    return _release()
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -82,4 +91,5 @@ __all__ = [
     "__version__",
     "fit",
     "load_model",
+    "release_workers",
 ]

@@ -65,6 +65,7 @@ def start_embedded(
         return current()
     _force_loopback()
     warn_if_auth_disabled()
+    _import_in_background("torch")  # the run needs it next; Ray's start is mostly waiting
     ray.init(
         address="local",
         num_cpus=num_cpus,
@@ -83,6 +84,17 @@ def start_embedded(
             "does not turn it on by default); raylight needs ray>=2.60"
         )
     return RayRuntime(embedded=True, address=address)
+
+
+def _import_in_background(name: str) -> None:
+    """Start importing ``name`` in a thread (seconds for torch) while this one waits for
+    Ray's processes to start; whoever imports it next waits for that import to finish."""
+    import importlib
+    import sys
+    import threading
+
+    if name not in sys.modules:
+        threading.Thread(target=importlib.import_module, args=(name,), name=f"raylight-import-{name}", daemon=True).start()
 
 
 def auth_disabled() -> bool:

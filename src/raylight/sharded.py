@@ -25,13 +25,24 @@ import io
 import pickle
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 import torch
-import torch.distributed.checkpoint as dcp
 from fsspec.implementations.local import LocalFileSystem
-from torch.distributed.checkpoint import metadata as dcp_metadata
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint import metadata as dcp_metadata
+
+# torch.distributed.checkpoint takes 0.6 s to import: every worker and driver imports this
+# module, only runs that write or read sharded checkpoints need it, and they import it here.
+_DCP_METADATA = "torch.distributed.checkpoint.metadata"
+
+
+def _dcp_metadata() -> Any:
+    from torch.distributed.checkpoint import metadata
+
+    return metadata
 
 TENSOR_REF = "\x00raylight.tensor"  # placeholder key: {TENSOR_REF: "<dcp key>"}
 METADATA_FILE = ".metadata"  # DCP's manifest, written last by its coordinator rank
@@ -119,7 +130,7 @@ class _MetadataUnpickler(pickle.Unpickler):
     layouts and memory formats); anything else is refused before it is imported."""
 
     def find_class(self, module: str, name: str) -> Any:
-        allowed = (module, name) in _SAFE_GLOBALS or module == dcp_metadata.__name__
+        allowed = (module, name) in _SAFE_GLOBALS or module == _DCP_METADATA
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype | torch.memory_format | torch.layout):
             allowed = True
         if not allowed:
@@ -135,7 +146,7 @@ def read_metadata(uri: str) -> dcp_metadata.Metadata:
     with fsspec.open(f"{uri.rstrip('/')}/{METADATA_FILE}", "rb") as f:
         data = f.read()
     metadata = _MetadataUnpickler(io.BytesIO(data)).load()
-    if not isinstance(metadata, dcp_metadata.Metadata):
+    if not isinstance(metadata, _dcp_metadata().Metadata):
         raise pickle.UnpicklingError(f"{METADATA_FILE} holds {type(metadata).__name__}, not DCP metadata")
     return metadata
 
@@ -156,7 +167,7 @@ def _reader(uri: str) -> Any:
     class SafeReader(base):
         def read_metadata(self, *args: Any, **kwargs: Any) -> dcp_metadata.Metadata:
             metadata = read_metadata(uri)
-            storage_meta = getattr(metadata, "storage_meta", None) or dcp_metadata.StorageMeta()
+            storage_meta = getattr(metadata, "storage_meta", None) or _dcp_metadata().StorageMeta()
             storage_meta.load_id = self.load_id
             metadata.storage_meta = storage_meta
             return metadata
@@ -177,6 +188,8 @@ def _writer(uri: str) -> Any:
 def save(tensors: dict[str, torch.Tensor], uri: str) -> None:
     """Write ``tensors`` into the directory ``uri``: each rank its shards, a replicated
     tensor once, the manifest last. A collective: every rank calls it with the same keys."""
+    import torch.distributed.checkpoint as dcp
+
     dcp.save(tensors, storage_writer=_writer(uri))
 
 
@@ -186,6 +199,8 @@ def load_into(template: dict[str, torch.Tensor], uri: str, *, collective: bool) 
     rank calls it (they plan the reads together); else this process reads alone."""
     if not template:
         return
+    import torch.distributed.checkpoint as dcp
+
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
@@ -203,7 +218,7 @@ def load_full(skeleton: Any, uri: str, keys: set[str] | None = None) -> Any:
     template: dict[str, torch.Tensor] = {}
     for key in wanted:
         info = metadata.state_dict_metadata.get(key)
-        if not isinstance(info, dcp_metadata.TensorStorageMetadata):
+        if not isinstance(info, _dcp_metadata().TensorStorageMetadata):
             raise KeyError(f"the sharded checkpoint {uri} has no tensor {key!r}")
         template[key] = torch.empty(info.size, dtype=info.properties.dtype)
     load_into(template, uri, collective=False)

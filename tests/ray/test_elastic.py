@@ -75,7 +75,8 @@ def _fit_until_resized(trainer, run_dir, stop, *, resizes: int, what: str):
 @pytest.mark.parametrize("kind", ["in_place_spare", "in_place_cold", "from_checkpoint"])
 def test_grows_when_resources_free_up_with_exact_data_coverage(ray_cluster, tmp_path, kind):
     """in_place_spare: the CPU comes back once the warm spare is ready and the spare joins;
-    in_place_cold: no spare (warm_spare=False), a new process starts and warms."""
+    in_place_cold: no spare (warm_spare=False) and no reused process (reuse_workers=False),
+    a new process starts and warms."""
     in_place, spare = kind != "from_checkpoint", kind == "in_place_spare"
     blocker = Blocker.remote()
     ray.get(blocker.ready.remote())
@@ -86,7 +87,8 @@ def test_grows_when_resources_free_up_with_exact_data_coverage(ray_cluster, tmp_
         train_loop_config={"batch_size": 16, "epochs": 10_000, "stop_file": str(stop)},
         config=TrainerConfig(
             scaling=ScalingConfig(
-                num_workers=(1, 2), scaling_policy="max", resize_interval_s=0.3, resize_in_place=in_place, warm_spare=spare
+                num_workers=(1, 2), scaling_policy="max", resize_interval_s=0.3, resize_in_place=in_place, warm_spare=spare,
+                reuse_workers=kind != "in_place_cold",  # cold: no process from an earlier test's run either
             ),
             run=RunConfig(storage_path=str(tmp_path), name="grow", progress=False),
         ),

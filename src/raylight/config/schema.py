@@ -364,6 +364,21 @@ class ScalingConfig(ConfigModel):
         "its node and it joins (decision to first step well under a second instead of a "
         "process start). False: grow by starting new processes.",
     )
+    reuse_workers: bool = Field(
+        True,
+        description="Keep the worker processes of a run that ends cleanly for the next run "
+        "of this driver (a second fit, Lightning's validate after fit, the next Tune trial in "
+        "the same process): it then starts in well under a second instead of starting and "
+        "importing new processes. Idle workers hold no Ray resources. CPU workers of DDP runs "
+        "only; see docs/performance.md for what a reused process keeps. False: every run "
+        "starts new processes.",
+    )
+    idle_worker_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="Idle workers kept for reuse are killed after this many seconds unused "
+        "(and when the driver exits, or by raylight.release_workers()).",
+    )
     autoscale: bool = Field(
         False,
         description="When more workers would help than fit, ask the Ray autoscaler for them "

@@ -35,6 +35,11 @@ class Strategy(Protocol):
     # it is reduced (DDP). When False (sharded gradients), adaptive training measures the
     # gradient noise on the reduced gradients, as with one replica.
     replicated: bool
+    # Whether a worker process that ran a loop under this strategy can run the next run's
+    # loop (raylight.worker_group.pool): True only where the strategy keeps no process-wide
+    # state past its process group (FSDP's device meshes and DeepSpeed's communication
+    # globals outlive it).
+    reuses_process: bool
 
     def checkpoint_format(self, world_size: int) -> CheckpointFormat:
         """``sharded`` when the workers write their shards themselves, else ``full``."""

@@ -28,6 +28,7 @@ def apply_ddp(model: nn.Module, *, device: torch.device) -> nn.Module:
 class DDPStrategy:
     name = "ddp"
     replicated = True
+    reuses_process = True
 
     def backend(self, use_gpu: bool) -> str:
         return backend_for(use_gpu)

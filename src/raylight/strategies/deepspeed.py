@@ -325,6 +325,7 @@ class DeepSpeedOptimizer(torch.optim.Optimizer):
 class DeepSpeedStrategy:
     name = "deepspeed"
     replicated = False  # gradients are reduced (ZeRO-2/3: partitioned) by the engine
+    reuses_process = False  # deepspeed.comm keeps its process group in module globals
 
     def __init__(self, options: DeepSpeed | None = None) -> None:
         self.options = options or DeepSpeed()

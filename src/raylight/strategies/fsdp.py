@@ -130,6 +130,7 @@ def full_tensors(state: Any) -> Any:
 class FSDPStrategy:
     name = "fsdp"
     replicated = False
+    reuses_process = False  # device meshes outlive the process group they were built on
 
     def __init__(self, options: FSDP | None = None) -> None:
         self.options = options or FSDP()

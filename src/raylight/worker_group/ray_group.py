@@ -41,6 +41,7 @@ from raylight.exceptions import InsufficientResourcesError, WorkerStartError
 from raylight.storage import checkpoint_name
 from raylight.strategies import build_strategy
 from raylight.strategies.base import worker_env
+from raylight.worker_group.pool import POOL, pool_key
 from raylight.worker_group.protocol import (
     CheckpointTarget,
     GroupPoll,
@@ -57,6 +58,7 @@ log = logging.getLogger("raylight")
 _RemoteWorker = ray.remote(RaylightWorker)
 
 
+RELEASE_WAIT_S = 5.0  # how long a clean shutdown waits for workers to say they can be reused
 STOP_POLL_S = 0.02  # how often a resize checks whether every worker has stopped
 # An elastic start waits this long for a size above its minimum before trying fewer: a
 # healthy cluster places a group in milliseconds; free resources read a moment earlier
@@ -79,6 +81,28 @@ def draining_nodes() -> dict[str, float | None]:
     except Exception:  # Ray's private API moved, or no GCS connection: no drain notices
         return {}
     return {str(node): (ms / 1000.0 if ms else None) for node, ms in found.items()}
+
+
+# A placement group asked for while the resources of one just removed are still being
+# freed waits for Ray's retry of pending groups (0.3-0.9 s here); one asked for once they
+# are free is placed in milliseconds. So a new group first waits, at most this long, for
+# what this process removed lately to show up as available.
+REMOVAL_WAIT_S = 1.0
+_removed_at = [-1e9]
+
+
+def _remove(pg: PlacementGroup) -> None:
+    remove_placement_group(pg)
+    _removed_at[0] = monotonic()
+
+
+def _await_removals(need: dict[str, float]) -> None:
+    deadline = _removed_at[0] + REMOVAL_WAIT_S
+    while monotonic() < deadline:
+        free = ray.available_resources()
+        if all(free.get(k, 0.0) >= v for k, v in need.items()):
+            return
+        time.sleep(0.01)
 
 
 def _fmt(resources: dict[str, float]) -> str:
@@ -208,6 +232,7 @@ class RayWorkerGroup:
         self._members: list[_Member] = []  # index = rank
         self._pgs: list[PlacementGroup] = []
         self._spare: _Spare | None = None
+        self._last_states: list[str] = []  # each rank's state at the last poll
         self._resizing = False
         self._draining: dict[str, float | None] = {}
         # Workers asked of the autoscaler: withdrawn at shutdown (the nodes it brought may
@@ -289,6 +314,7 @@ class RayWorkerGroup:
             raise embedded_shortfall(reason)
         if reason and self._embedded:  # never here: let the caller try fewer
             return None
+        _await_removals({k: v * num_workers for k, v in per_worker.items()})
         pg = placement_group([dict(per_worker)] * num_workers, strategy=placement)
         timeout = self._failure.placement_timeout_s
         ready, _ = ray.wait([pg.ready()], timeout=timeout if wait_s is None else wait_s)
@@ -349,33 +375,109 @@ class RayWorkerGroup:
             else:
                 log.info("started %d of %d new workers: the cluster placed no more within %gs", len(slots), count, wait_s)
         spare_at, spare = self._take_spare(slots)
-        per_worker = self._scaling.worker_resources()
-        custom = {k: v for k, v in per_worker.items() if k not in ("CPU", "GPU")}
-        actors: list[Any] = [
-            spare.actor
-            if i == spare_at and spare is not None
-            else _RemoteWorker.options(
-                num_cpus=per_worker.get("CPU", 0),
-                num_gpus=per_worker.get("GPU", 0),
-                resources=custom or None,
-                max_restarts=0,
-                runtime_env=self._runtime_env(),
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=pg, placement_group_bundle_index=bundle
-                ),
-            ).remote(RankInfo(i, 0, count, 1, 0), self._run_name, *self._notice_args())
-            for i, (pg, bundle) in enumerate(slots)
-        ]
+        bundle_nodes: list[str | None] = self._bundle_nodes(slots) if self._pooled else [None] * len(slots)
+        actors: list[Any] = []
+        warm: list[bool] = []
+        reused: list[bool] = []
+        refs: list[Any] = []
+        for i, (slot, node_id) in enumerate(zip(slots, bundle_nodes, strict=True)):
+            info = RankInfo(i, 0, count, 1, 0)
+            idle = POOL.take(node_id, self._pool_key) if node_id is not None and i != spare_at else None
+            if i == spare_at and spare is not None:
+                actor, ref = spare.actor, spare.actor.node_info.remote()
+            elif idle is not None:
+                actor, ref = idle.actor, idle.actor.begin_run.remote(info, self._run_name, *self._notice_args())
+            else:
+                actor = self._new_actor(slot, node_id, info)
+                ref = actor.node_info.remote()
+            actors.append(actor)
+            warm.append(i == spare_at or idle is not None)
+            reused.append(idle is not None)
+            refs.append(ref)
         try:
-            nodes = self._get([a.node_info.remote() for a in actors], self._failure.worker_start_timeout_s, "start")
+            nodes = self._started(actors, refs, reused, slots, bundle_nodes)
         except BaseException:
             for actor in actors:
                 ray.kill(actor, no_restart=True)
             raise
         return [
-            _Member(a, n, pg, b, warm=i == spare_at)
-            for i, (a, n, (pg, b)) in enumerate(zip(actors, nodes, slots, strict=True))
+            _Member(a, n, pg, b, warm=w)
+            for a, n, (pg, b), w in zip(actors, nodes, slots, warm, strict=True)
         ]
+
+    def _new_actor(self, slot: tuple[PlacementGroup, int], node_id: str | None, info: RankInfo) -> Any:
+        """A new worker process for ``slot``: inside the bundle, or (pooled workers, which
+        must outlive the placement group) a zero-resource actor on the bundle's node, whose
+        reservation the bundle holds."""
+        pg, bundle = slot
+        per_worker = self._scaling.worker_resources()
+        custom = {k: v for k, v in per_worker.items() if k not in ("CPU", "GPU")}
+        options: dict[str, Any]
+        if node_id is not None:
+            options = {"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)}
+        else:
+            options = {
+                "num_cpus": per_worker.get("CPU", 0),
+                "num_gpus": per_worker.get("GPU", 0),
+                "resources": custom or None,
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=bundle
+                ),
+            }
+        return _RemoteWorker.options(max_restarts=0, runtime_env=self._runtime_env(), **options).remote(
+            info, self._run_name, *self._notice_args()
+        )
+
+    def _started(
+        self,
+        actors: list[Any],
+        refs: list[Any],
+        reused: list[bool],
+        slots: list[tuple[PlacementGroup, int]],
+        bundle_nodes: list[str | None],
+    ) -> list[dict[str, Any]]:
+        """Every worker's node_info, once started; a pooled one that cannot serve (dead,
+        or its modules changed) is replaced by a new process in ``actors``."""
+        timeout = self._failure.worker_start_timeout_s
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        nodes: list[Any] = []
+        for i, ref in enumerate(refs):
+            try:
+                found = ray.get(ref, timeout=0) if ref in ready else None
+            except RayActorError as exc:
+                if not reused[i]:
+                    raise WorkerStartError(f"a worker failed to start: {exc}") from None
+                found = f"it died while idle ({_death_reason(exc)})"
+            except RayError as exc:
+                raise WorkerStartError(f"a worker failed to start: {exc}") from None
+            if isinstance(found, str):  # reused, but it cannot serve: a new one instead
+                log.debug("not reusing an idle worker: %s", found)
+                ray.kill(actors[i], no_restart=True)
+                actors[i] = self._new_actor(slots[i], bundle_nodes[i], RankInfo(i, 0, len(refs), 1, 0))
+                found = self._get([actors[i].node_info.remote()], timeout, "start")[0]
+            elif found is None:
+                self._get([ref], 0, "start")  # raises WorkerStartError naming the setting
+            nodes.append(found)
+        return nodes
+
+    @property
+    def _pooled(self) -> bool:
+        """Whether this group's workers go to the pool (and come from it)."""
+        return self._scaling.reuse_workers and not self._scaling.use_gpu
+
+    @property
+    def _pool_key(self) -> str:
+        return pool_key(self._runtime_env())
+
+    @staticmethod
+    def _bundle_nodes(slots: list[tuple[PlacementGroup, int]]) -> list[str | None]:
+        tables: dict[int, dict[int, str]] = {}
+        nodes: list[str | None] = []
+        for pg, bundle in slots:
+            if id(pg) not in tables:
+                tables[id(pg)] = placement_group_table(pg).get("bundles_to_node_id", {})
+            nodes.append(tables[id(pg)].get(bundle))
+        return nodes
 
     def _notice_args(self) -> tuple[float, tuple[str, ...]]:
         """What a worker watches for preemption notices (``RaylightWorker``'s last arguments)."""
@@ -708,7 +810,7 @@ class RayWorkerGroup:
         for pg in self._pgs:  # never the outer group: it is not in self._pgs
             if id(pg) not in used:
                 with contextlib.suppress(Exception):
-                    remove_placement_group(pg)
+                    _remove(pg)
         self._pgs = [pg for pg in self._pgs if id(pg) in used]
 
     # -- poll -----------------------------------------------------------------------
@@ -773,6 +875,7 @@ class RayWorkerGroup:
                         **where,
                     )
                 )
+        self._last_states = [p.state for p in polls] if not failures else []
         if not failures:
             self._tend_spare(polls)
         spare_ready = self._spare is not None and self._spare.ready
@@ -825,16 +928,55 @@ class RayWorkerGroup:
 
             with contextlib.suppress(Exception):
                 request_resources(bundles=[])
+        if self._spare is not None and not self._spare.ready:
+            # Killing an actor Ray is still creating makes the GCS log an error on the
+            # driver's console as the driver exits; a spare is seconds from ready.
+            ray.wait(self._spare.refs[:1], timeout=RELEASE_WAIT_S)
+        pooled = self._pool_members()
         self._drop_spare()
         pgs = self._pgs
         for m in self._members:
-            with contextlib.suppress(Exception):  # already dead
-                ray.kill(m.actor, no_restart=True)
+            if id(m.actor) not in pooled:
+                with contextlib.suppress(Exception):  # already dead
+                    ray.kill(m.actor, no_restart=True)
         self._members = []
         self._pgs = []
         for pg in pgs:
             with contextlib.suppress(Exception):
-                remove_placement_group(pg)
+                _remove(pg)
+
+
+    def _pool_members(self) -> set[int]:
+        """Hand the workers whose loops finished (and a ready spare) to the pool, where
+        each one says it can serve another run; returns the ids of the actors pooled."""
+        if not self._pooled or not ray.is_initialized():
+            return set()
+        strategy = build_strategy(self._scaling.strategy)
+        candidates = [(m.actor, m.node) for m, s in zip(self._members, self._last_states, strict=False) if s == "finished"]
+        if not strategy.reuses_process:
+            candidates = []
+        spare = self._spare
+        if spare is not None:  # started, perhaps still importing: it never ran a loop
+            with contextlib.suppress(Exception):
+                candidates.append((spare.actor, ray.get(spare.refs[0], timeout=0)))
+        if not candidates:
+            return set()
+        refs = [actor.release.remote() for actor, _ in candidates]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=RELEASE_WAIT_S)
+        pooled: set[int] = set()
+        for (actor, node), ref in zip(candidates, refs, strict=True):
+            try:
+                why = ray.get(ref, timeout=0) if ref in ready else "it did not answer"
+            except RayError as exc:
+                why = str(exc).splitlines()[0]
+            if why is None:
+                POOL.put(actor, node, self._pool_key, self._scaling.idle_worker_timeout_s)
+                pooled.add(id(actor))
+                if spare is not None and actor is spare.actor:
+                    self._spare = None
+            else:
+                log.debug("not keeping worker %s for the next run: %s", node.get("pid"), why)
+        return pooled
 
 
 def _death_reason(exc: RayActorError) -> str:

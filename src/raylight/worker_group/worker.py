@@ -140,20 +140,32 @@ class RaylightWorker:
         self._ray_sigterm: Any = None
         if threading.current_thread() is threading.main_thread():
             self._ray_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._watch_stop = threading.Event()
+        self._start_watchers(notice_sources)
+        # What a reused process puts back between runs (see ``release``): as it is now.
+        self._fresh = _ProcessState.now()
+        self._threads = {t.ident for t in threading.enumerate()}
+        self._tidying: threading.Thread | None = None
+        self._imported: dict[str, float] = {}  # user module file -> mtime, at release
+
+    def _start_watchers(self, notice_sources: tuple[str, ...]) -> None:
+        self._watch_stop.set()
+        self._watch_stop = threading.Event()
         if notice_sources:
             from raylight.notices import build_watchers
 
             watchers = build_watchers(notice_sources)
-            threading.Thread(target=self._watch, args=(watchers,), name="raylight-notices", daemon=True).start()
+            threading.Thread(
+                target=self._watch, args=(watchers, self._watch_stop), name="raylight-notices", daemon=True
+            ).start()
 
-    def _watch(self, watchers: list[Any]) -> None:
+    def _watch(self, watchers: list[Any], stop: threading.Event) -> None:
         """Poll this node's preemption notices (cloud metadata, a notice file) every
-        NOTICE_POLL_S until one comes; the driver hears it with the next poll."""
-        stop = threading.Event()
-        while self._notice is None:
+        NOTICE_POLL_S until one comes (or the run ends); the driver hears it with the next poll."""
+        while self._notice is None and not stop.is_set():
             for watcher in watchers:
                 found = watcher.check()
-                if found is not None and self._notice is None:
+                if found is not None and self._notice is None and not stop.is_set():
                     self._notice = NodeNotice(
                         node_id=self._node_id(), source=found.source,
                         reason=f"{found.reason} {found.detail}".strip(), deadline=found.deadline_wall,
@@ -206,6 +218,70 @@ class RaylightWorker:
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "node_type": _node_type(node_id),
         }
+
+    # -- reuse by the next run (raylight.worker_group.pool) ---------------------------
+    def release(self) -> str | None:
+        """This worker's run ended. None: the process can serve another run (its state is
+        put back as a new process has it, in the background); else why it cannot."""
+        if self._thread is not None and self._thread.is_alive():
+            return "its training loop is still running"
+        if self._state not in ("finished", "starting") or self._error is not None:
+            return f"its loop ended {self._state}"
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return "a process group is still initialised"
+        left = [
+            t.name for t in threading.enumerate()
+            if t.is_alive() and t.ident not in self._threads and not t.name.startswith("raylight-")
+        ]
+        if left:
+            return f"the loop left threads running: {left[:3]}"
+        children = _child_processes()
+        if children:
+            return f"the loop left child processes running: {children[:3]}"
+        self._watch_stop.set()
+        self._state = "starting"
+        self._imported = _user_module_files()  # before the driver returns: the user may edit them next
+        self._tidying = threading.Thread(target=self._tidy, name="raylight-tidy", daemon=True)
+        self._tidying.start()
+        return None
+
+    def _tidy(self) -> None:
+        self._fresh.restore()
+        _FROZEN.clear()
+        gc.unfreeze()
+        gc.collect()
+
+    def begin_run(
+        self, rank_info: RankInfo, run_name: str, sigterm_grace_s: float, notice_sources: tuple[str, ...]
+    ) -> dict[str, Any] | str:
+        """A pooled worker joins a new run with the state a new worker has. Returns its
+        ``node_info``, or why it cannot serve (a module it imported changed on disk)."""
+        if self._tidying is not None:
+            self._tidying.join()
+            self._tidying = None
+        changed = [f for f, mtime in self._imported.items() if _mtime(f) != mtime]
+        if changed:
+            return f"modules it imported changed on disk: {changed[:3]}"
+        self.info = rank_info
+        self.run_name = run_name
+        with self._lock:
+            self._state = "starting"
+            self._reports = []
+            self._progress = Progress()
+            self._samples = 0
+            self._error = None
+            self._joined = False
+            self._commit = None
+            self._notice = None
+            self._last_progress = monotonic()
+        self._store = None
+        self._thread = None
+        self._sync = None
+        self._sigterm_grace_s = sigterm_grace_s
+        self._start_watchers(notice_sources)
+        return self.node_info()
 
     def set_rank(self, rank_info: RankInfo) -> int:
         """Take a new place in a resized group; returns the checkpoint index held."""
@@ -437,6 +513,82 @@ class RaylightWorker:
                 except Exception:  # the group may be broken by a peer's death
                     pass
             self._store = None
+
+
+@dataclass
+class _ProcessState:
+    """Process-wide state a training loop may change, as a new process has it:
+    environment variables, torch's default dtype and deterministic mode as now, and
+    random generators seeded afresh from the OS (torch, numpy's global one, Python's), as
+    a new worker's are: an unseeded loop draws differently in every run either way."""
+
+    env: dict[str, str]
+    dtype: Any
+    deterministic: bool
+
+    @classmethod
+    def now(cls) -> _ProcessState:
+        import torch
+
+        return cls(dict(os.environ), torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled())
+
+    def restore(self) -> None:
+        import random
+
+        import torch
+
+        for key in [k for k in os.environ if k not in self.env]:
+            del os.environ[key]
+        os.environ.update(self.env)
+        torch.set_default_dtype(self.dtype)
+        torch.use_deterministic_algorithms(self.deterministic)
+        torch.seed()
+        random.seed()
+        if "numpy" in sys.modules:
+            sys.modules["numpy"].random.seed()
+
+
+def _child_processes() -> list[int]:
+    try:
+        import psutil
+    except ImportError:  # Ray depends on psutil; without it, assume none
+        return []
+    return [c.pid for c in psutil.Process().children() if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+
+def _library_dirs() -> tuple[str, ...]:
+    import site
+    import sysconfig
+
+    dirs = {sys.prefix, sys.base_prefix, sysconfig.get_paths()["stdlib"], *site.getsitepackages()}
+    return tuple(os.path.realpath(d) for d in dirs if d)
+
+
+def _user_module_files() -> dict[str, float]:
+    """Files of the imported modules that are not installed libraries (the user's own
+    code, editable checkouts included), with their modification times."""
+    libraries = _library_dirs()
+    found: dict[str, float] = {}
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if not path or not path.endswith(".py"):
+            continue
+        if path.startswith(libraries):
+            continue
+        real = os.path.realpath(path)
+        if real.startswith(libraries):
+            continue
+        mtime = _mtime(real)
+        if mtime is not None:
+            found[real] = mtime
+    return found
+
+
+def _mtime(path: str) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
 
 
 def _node_type(node_id: str) -> str:

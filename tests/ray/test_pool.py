@@ -1,0 +1,96 @@
+"""Warm worker processes reused across runs of one driver (raylight.worker_group.pool)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+import raylight
+from raylight import ScalingConfig
+from raylight.worker_group.pool import POOL
+from tests.helpers import wait_until
+from tests.ray import pool_loops
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def pool(ray_cluster):
+    raylight.release_workers()
+    yield POOL
+    raylight.release_workers()
+
+
+def _fit(loop, tmp_path, name, **kwargs):
+    return raylight.fit(loop, num_workers=2, storage_path=str(tmp_path), name=name, progress=False, **kwargs)
+
+
+def _fit_with(scaling: ScalingConfig, loop, tmp_path):
+    config = raylight.TrainerConfig(scaling=scaling, run=raylight.RunConfig(storage_path=str(tmp_path), progress=False))
+    return raylight.Trainer(loop, config=config).fit()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_second_fit_runs_on_the_first_fit_s_processes_as_new_ones_would(pool, tmp_path):
+    first = _fit(pool_loops.unseeded_loop, tmp_path, "first")
+    assert len(pool) == 2, "both workers were kept for the next run"
+    second = _fit(pool_loops.unseeded_loop, tmp_path, "second")
+    assert second.metrics["pids"] == first.metrics["pids"], "the second run reused both processes"
+    # What the first loop changed in its processes is undone: its environment variable,
+    # torch's default dtype; torch's generator is seeded afresh, as a new process's is.
+    assert second.metrics["seen"] == "" and second.metrics["dtype"] == "torch.float32"
+    assert second.metrics["draws"] != first.metrics["draws"]
+    raylight.release_workers()
+    third = _fit(pool_loops.unseeded_loop, tmp_path, "third")
+    assert set(third.metrics["pids"].split(",")).isdisjoint(first.metrics["pids"].split(","))
+    assert len({first.metrics["draws"], second.metrics["draws"], third.metrics["draws"]}) == 3
+
+
+def test_a_loop_that_leaves_a_thread_running_gets_new_processes_next_time(pool, tmp_path):
+    first = _fit(pool_loops.thread_leaving_loop, tmp_path, "first")
+    assert len(pool) == 0
+    second = _fit(pool_loops.pid_loop, tmp_path, "second")
+    assert set(second.metrics["pids"].split(",")).isdisjoint(first.metrics["pids"].split(","))
+    wait_until(lambda: not any(_alive(int(p)) for p in first.metrics["pids"].split(",")), 30, "the first run's workers to exit")
+
+
+def test_a_worker_whose_user_module_changed_on_disk_is_not_reused(pool, tmp_path):
+    code = tmp_path / "code"
+    code.mkdir()
+    module = code / "pool_user_module.py"
+    module.write_text("VALUE = 1\n")
+    first = _fit(pool_loops.module_loop, tmp_path, "first", config={"dir": str(code)})
+    assert first.metrics["value"] == 1 and len(pool) == 2
+    module.write_text("VALUE = 2\n")
+    os.utime(module, (time.time() + 5, time.time() + 5))  # a new mtime even within its resolution
+    second = _fit(pool_loops.module_loop, tmp_path, "second", config={"dir": str(code)})
+    assert second.metrics["value"] == 2, "the edited module is what runs"
+    assert set(second.metrics["pids"].split(",")).isdisjoint(first.metrics["pids"].split(","))
+
+
+def test_idle_workers_go_after_their_timeout_and_hold_no_resources_meanwhile(pool, tmp_path):
+    import ray
+
+    scaling = ScalingConfig(num_workers=2, idle_worker_timeout_s=5.0)
+    first = _fit_with(scaling, pool_loops.pid_loop, tmp_path)
+    pids = [int(p) for p in first.metrics["pids"].split(",")]
+    total = ray.cluster_resources()["CPU"]
+    wait_until(lambda: ray.available_resources().get("CPU") == total, 5, "the run's placement group to be removed")
+    assert len(pool) == 2 and all(_alive(p) for p in pids), "idle workers live on, holding no CPU"
+    wait_until(lambda: not any(_alive(p) for p in pids), 30, "idle workers to be killed after idle_worker_timeout_s")
+    assert len(pool) == 0
+
+
+def test_reuse_can_be_turned_off(pool, tmp_path):
+    first = _fit_with(ScalingConfig(num_workers=2, reuse_workers=False), pool_loops.pid_loop, tmp_path)
+    assert len(pool) == 0
+    wait_until(lambda: not any(_alive(int(p)) for p in first.metrics["pids"].split(",")), 30, "the workers to exit")
