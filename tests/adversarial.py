@@ -219,7 +219,7 @@ case("config-workers-zero", "config", CHECK, ["backend.trainer.num_workers", "gr
 case("config-workers-huge", "config", CHECK, ["backend.trainer.num_workers", "100000"], setup=edited("backend: {type: local}", "backend: {type: local, trainer: {num_workers: 10000000}}"))
 case("config-elastic-order", "config", CHECK, ["min_workers (3) must not exceed max_workers (2)"], setup=edited("backend: {type: local}", "backend: {type: local, trainer: {min_workers: 3, max_workers: 2}}"))
 case("config-backend-type", "config", CHECK, ["backend.type", "'spark'"], setup=edited("backend: {type: local}", "backend: {type: spark}"))
-case("config-processor-type", "config", CHECK, ["backend.processor.type", "'dask'"], setup=edited("backend: {type: local}", "backend: {type: local, processor: {type: dask}}"))
+case("config-processor-type", "config", CHECK, ["backend.processor.type", "spark", "ray_data"], setup=edited("backend: {type: local}", "backend: {type: local, processor: {type: spark}}"))
 case("config-strategy", "config", CHECK, ["backend.trainer.strategy", "'horovod'"], setup=edited("backend: {type: local}", "backend: {type: local, trainer: {strategy: horovod}}"))
 case("config-feature-type", "config", CHECK, ["input_features.0", "'image'", "'number'"], setup=edited("{name: age, type: number}", "{name: age, type: image}"))
 case("config-feature-no-name", "config", CHECK, ["input_features.0.number.name", "Field required"], setup=edited("{name: age, type: number}", "{type: number}"))

@@ -189,6 +189,9 @@ def hyperopt(config: ModelConfig, dataset: str, *, output_directory: str, progre
             num_samples=h.executor.num_samples,
             max_concurrent_trials=concurrency.max_concurrent,
             time_budget_s=h.executor.time_budget_s,
+            # A trial process serves the next trial, and its idle raylight workers with it
+            # (docs/performance.md): trials of one search share a shape.
+            reuse_actors=True,
         ),
         run_config=tune.RunConfig(
             storage_path=out, name="tune", verbose=1 if progress else 0,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayError
+from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError, RayError
 from ray.util.placement_group import (
     PlacementGroup,
     get_current_placement_group,
@@ -471,12 +471,16 @@ class RayWorkerGroup:
 
     @staticmethod
     def _bundle_nodes(slots: list[tuple[PlacementGroup, int]]) -> list[str | None]:
+        """Each slot's node where it is this driver's node (pooled workers live only
+        there), else None (a worker inside the bundle, killed when its run ends)."""
+        home = _driver_node()
         tables: dict[int, dict[int, str]] = {}
         nodes: list[str | None] = []
         for pg, bundle in slots:
             if id(pg) not in tables:
                 tables[id(pg)] = placement_group_table(pg).get("bundles_to_node_id", {})
-            nodes.append(tables[id(pg)].get(bundle))
+            node = tables[id(pg)].get(bundle)
+            nodes.append(node if node is not None and node == home else None)
         return nodes
 
     def _notice_args(self) -> tuple[float, tuple[str, ...]]:
@@ -837,7 +841,7 @@ class RayWorkerGroup:
                 continue
             try:
                 poll: WorkerPoll = ray.get(ref)
-            except RayActorError as exc:
+            except (RayActorError, ObjectLostError) as exc:  # lost: its node died with the answer
                 failures.append(WorkerFailure(rank, "died", _death_reason(exc), **where))
                 continue
             polls.append(poll)
@@ -952,11 +956,16 @@ class RayWorkerGroup:
         if not self._pooled or not ray.is_initialized():
             return set()
         strategy = build_strategy(self._scaling.strategy)
-        candidates = [(m.actor, m.node) for m, s in zip(self._members, self._last_states, strict=False) if s == "finished"]
+        home = _driver_node()
+        candidates = [
+            (m.actor, m.node)
+            for m, s in zip(self._members, self._last_states, strict=False)
+            if s == "finished" and m.node.get("node_id") == home
+        ]
         if not strategy.reuses_process:
             candidates = []
         spare = self._spare
-        if spare is not None:  # started, perhaps still importing: it never ran a loop
+        if spare is not None and spare.node_id == home:  # started, perhaps still importing: it never ran a loop
             with contextlib.suppress(Exception):
                 candidates.append((spare.actor, ray.get(spare.refs[0], timeout=0)))
         if not candidates:
@@ -979,7 +988,17 @@ class RayWorkerGroup:
         return pooled
 
 
-def _death_reason(exc: RayActorError) -> str:
+def _driver_node() -> str | None:
+    """The node this driver runs on; None where Ray cannot say (a Ray Client driver).
+    Only its workers are pooled: an idle worker elsewhere would keep an autoscaled node
+    (and its bill) alive, and one in the bundle dies with its node as Ray expects."""
+    try:
+        return str(ray.get_runtime_context().get_node_id())
+    except Exception:
+        return None
+
+
+def _death_reason(exc: RayError) -> str:
     text = str(exc).strip()
     for marker in ("SIGKILL", "out of memory", "OOM", "node", "exit"):
         for line in text.splitlines():

@@ -231,6 +231,8 @@ class RaylightWorker:
 
         if dist.is_available() and dist.is_initialized():
             return "a process group is still initialised"
+        if "deepspeed" in sys.modules:  # e.g. Lightning's DeepSpeed on a "ddp" group
+            return "DeepSpeed keeps process-wide state bound to the old process group"
         left = [
             t.name for t in threading.enumerate()
             if t.is_alive() and t.ident not in self._threads and not t.name.startswith("raylight-")
