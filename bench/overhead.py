@@ -27,9 +27,14 @@ child, they give, identically for all three:
                          error of "the next window is as fast as the last" at a fixed plan
                          (what the adaptive benchmark's prediction error reads against)
 
+raylight's child also times its start-up phase by phase (imports, Ray's start, placement
+group, worker processes, loops' start and rendezvous, first step) and then runs WARM_FITS
+more fits in the same driver, timing each from its call to its first step (warm workers).
+
 Results: a table on stdout and bench/results/overhead.json (medians, raw repetitions,
-machine info, and the ratios raylight/Ray Train start-up and raylight/torchrun
-throughput against the goals <= 0.5 and >= 0.95).
+machine info, the ratios raylight/Ray Train start-up, raylight/torchrun start-up and
+raylight/torchrun throughput against the goals <= 0.5, <= 1.2 and >= 0.95,
+warm_fit_start_s against <= 0.5 s, and raylight_start_breakdown_s).
 """
 
 from __future__ import annotations
