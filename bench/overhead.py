@@ -254,7 +254,7 @@ def _timed_phases(marks: dict[str, float]) -> None:
 
 
 def child_raylight(job: dict[str, Any]) -> None:
-    marks = {"imports_s": 0.0}
+    marks: dict[str, float] = {}
     import ray
 
     import raylight

@@ -115,7 +115,8 @@ class WorkerPool:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
-        if _cluster() is not None and _cluster() == self._cluster:
+        here = _cluster()
+        if here is not None and here == self._cluster:
             for entry in idle:
                 _kill(entry.actor)
         return len(idle)

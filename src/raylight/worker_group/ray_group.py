@@ -377,7 +377,6 @@ class RayWorkerGroup:
         spare_at, spare = self._take_spare(slots)
         bundle_nodes: list[str | None] = self._bundle_nodes(slots) if self._pooled else [None] * len(slots)
         actors: list[Any] = []
-        warm: list[bool] = []
         reused: list[bool] = []
         refs: list[Any] = []
         for i, (slot, node_id) in enumerate(zip(slots, bundle_nodes, strict=True)):
@@ -391,7 +390,6 @@ class RayWorkerGroup:
                 actor = self._new_actor(slot, node_id, info)
                 ref = actor.node_info.remote()
             actors.append(actor)
-            warm.append(i == spare_at or idle is not None)
             reused.append(idle is not None)
             refs.append(ref)
         try:
@@ -401,8 +399,8 @@ class RayWorkerGroup:
                 ray.kill(actor, no_restart=True)
             raise
         return [
-            _Member(a, n, pg, b, warm=w)
-            for a, n, (pg, b), w in zip(actors, nodes, slots, warm, strict=True)
+            _Member(a, n, pg, b, warm=i == spare_at or reused[i])
+            for i, (a, n, (pg, b)) in enumerate(zip(actors, nodes, slots, strict=True))
         ]
 
     def _new_actor(self, slot: tuple[PlacementGroup, int], node_id: str | None, info: RankInfo) -> Any:
@@ -949,21 +947,18 @@ class RayWorkerGroup:
             with contextlib.suppress(Exception):
                 _remove(pg)
 
-
     def _pool_members(self) -> set[int]:
         """Hand the workers whose loops finished (and a ready spare) to the pool, where
         each one says it can serve another run; returns the ids of the actors pooled."""
         if not self._pooled or not ray.is_initialized():
             return set()
-        strategy = build_strategy(self._scaling.strategy)
         home = _driver_node()
+        reusable = build_strategy(self._scaling.strategy).reuses_process
         candidates = [
             (m.actor, m.node)
             for m, s in zip(self._members, self._last_states, strict=False)
-            if s == "finished" and m.node.get("node_id") == home
+            if reusable and s == "finished" and m.node.get("node_id") == home
         ]
-        if not strategy.reuses_process:
-            candidates = []
         spare = self._spare
         if spare is not None and spare.node_id == home:  # started, perhaps still importing: it never ran a loop
             with contextlib.suppress(Exception):
