@@ -175,7 +175,7 @@ LAYERS = [
     ("worker pieces and records", [
         "raylight.worker_group.protocol", "raylight.worker_group.net", "raylight.strategies", "raylight.data",
         "raylight.adaptive_worker", "raylight.recorder", "raylight.loggers", "raylight.progress", "raylight.runtime",
-        "raylight.report",
+        "raylight.report", "raylight.launcher_env",
     ]),
     ("context and control", ["raylight.context", "raylight.controller"]),
     ("worker group", ["raylight.worker_group"]),
