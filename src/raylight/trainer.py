@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import gc
 import logging
 import os
 import uuid
@@ -343,6 +344,7 @@ class Trainer:
                 next_checkpoint=begin["next_checkpoint"],
             )
             call_train_loop(self.train_loop, ctx, self.train_loop_config)
+            del ctx, sink  # the loop's modules (DDP holds the group) go before the group does
             ended: list[Any] = [None]
             if recorder is not None:
                 latest = recorder.latest
@@ -353,6 +355,7 @@ class Trainer:
             dist.broadcast_object_list(ended, src=0)
         finally:
             if created and dist.is_initialized():
+                gc.collect()  # a module the loop left in a cycle still holds the group
                 dist.destroy_process_group()
         history = ended[0]["history"]
         last = ended[0]["checkpoint"]

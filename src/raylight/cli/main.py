@@ -41,7 +41,7 @@ console = Console(stderr=True)
 ConfigOpt = Annotated[str, typer.Option("--config", "-c", help="YAML config: local path or fsspec URI.")]
 DatasetOpt = Annotated[str, typer.Option("--dataset", "-d", help="CSV, Parquet or JSON-lines file, glob or URI.")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a config key: trainer.epochs=5 (repeatable).")]
-BackendOpt = Annotated[str | None, typer.Option(help="local or ray (overrides backend.type).")]
+BackendOpt = Annotated[str | None, typer.Option(help="local, ray or launcher (overrides backend.type).")]
 QuietOpt = Annotated[bool, typer.Option(help="No progress display.")]
 VerboseOpt = Annotated[
     bool, typer.Option("--verbose", help="Show Ray's own logs too (Ray Data's progress, Ray's INFO lines); RAYLIGHT_VERBOSE=1 does the same.")
@@ -103,6 +103,8 @@ def train(
         )
     except RaylightError as exc:
         _fail(exc)
+    if out.get("rank", 0) != 0:  # under a launcher, rank 0 reports for every rank
+        return
     console.print_json(json.dumps(out["evaluation"]))
     console.print(f"model: {out['model_path']}", highlight=False, markup=False, soft_wrap=True)
     if out.get("cost"):
@@ -162,7 +164,8 @@ def evaluate(
         metrics = api.evaluate(model_path, dataset)
     except RaylightError as exc:
         _fail(exc)
-    print(json.dumps(metrics, indent=2))
+    if metrics is not None:  # None: a launcher's other ranks; rank 0 prints
+        print(json.dumps(metrics, indent=2))
 
 
 @app.command()
@@ -180,7 +183,7 @@ def predict(
         frame = api.predict(model_path, dataset, output)
     except RaylightError as exc:
         _fail(exc)
-    if output is None:
+    if output is None and frame is not None:
         frame.to_csv(sys.stdout, index=False)
 
 
