@@ -133,3 +133,25 @@ def test_launcher_ignore_runs_as_if_no_launcher_had(launched_alone, tmp_path):
     trainer = raylight.Trainer(loops.sgd_loop, train_loop_config={"lr": 0.05, "batch_size": 32, "epochs": 1}, config=config)
     assert trainer._launched() is None
     assert trainer.fit().metrics == {"world_size": 1}
+
+
+def test_raylight_train_under_the_deepspeed_launcher(tmp_path):
+    """Ludwig's `deepspeed --no_python ... ludwig train`: the launcher puts --local_rank=N in
+    front of the command; both ranks train, rank 0 writes the output directory."""
+    pytest.importorskip("deepspeed")
+    from tests.declarative_data import CONFIG, write
+
+    cfg, data = write(tmp_path, config=CONFIG.replace("backend: {type: local}", "backend: {type: deepspeed}"))
+    bin_dir = os.path.dirname(sys.executable)
+    env = {**_env(), "DS_ACCELERATOR": "cpu", "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
+    done = subprocess.run(
+        [os.path.join(bin_dir, "deepspeed"), "--num_gpus", "2", "--master_port", str(_free_port()), "--no_python",
+         os.path.join(bin_dir, "raylight"), "train", "--config", cfg, "--dataset", data, "--output-directory",
+         str(tmp_path / "out"), "--quiet"],
+        capture_output=True, text=True, timeout=150, env=env, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (tmp_path / "out" / "model" / "weights.safetensors").exists()
+    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert {r["_workers"] for r in rows} == {2}
+    assert (done.stdout + done.stderr).count('"best_epoch"') == 1

@@ -48,6 +48,16 @@ VerboseOpt = Annotated[
 ]
 ModelPathOpt = Annotated[str, typer.Option(help="<output-directory>/model of a trained run.")]
 
+
+@app.callback()
+def _main(
+    local_rank: Annotated[int | None, typer.Option("--local_rank", "--local-rank", hidden=True)] = None,
+) -> None:
+    """Distributed, adaptive training on Ray."""
+    # `deepspeed --no_python raylight ...` puts --local_rank=N first unless given
+    # --no_local_rank; LOCAL_RANK says the same, and that is what raylight reads.
+
+
 def _fail(exc: BaseException) -> None:
     """Exit 2 for what the user can fix (config, data, paths, cluster, resources, a run in
     use), 1 for failures at run time; the message, never a traceback."""
