@@ -136,8 +136,13 @@ def test_cli_usage_errors_exit_2(tmp_path):
         assert expected in " ".join(err.split()), (args, err)
 
 
-def test_cli_ctrl_c_stops_every_worker(tmp_path):
-    proc = _cli("-n", "2", "--storage-path", str(tmp_path), "-m", "tests.ray.run_scripts", "sleep", str(tmp_path))
+def test_cli_on_a_cluster_address_ctrl_c_stops_every_worker(ray_cluster, tmp_path):
+    """The command joins a running cluster (the session's) by --address; Ctrl-C ends it."""
+    address = ray_cluster.get_runtime_context().gcs_address
+    proc = _cli(
+        "-n", "2", "--address", address, "--storage-path", str(tmp_path), "-m", "tests.ray.run_scripts", "sleep",
+        str(tmp_path),
+    )
     assert proc.stdout is not None
     ready = set()
     for line in proc.stdout:  # both ranks are in their scripts
