@@ -20,6 +20,7 @@ from raylight.exceptions import (
     InsufficientResourcesError,
     RaylightError,
 )
+from raylight.launch.driver import INIT_TIMEOUT_S, launch, parse_size
 
 console = Console(stderr=True)
 USAGE_ERRORS = (ConfigError, ClusterConnectionError, InsufficientResourcesError)
@@ -41,7 +42,7 @@ def run(
     gpus: Annotated[float, typer.Option(help="GPUs per worker (NCCL where the script asks for it).")] = 0.0,
     address: Annotated[str | None, typer.Option(help="A Ray cluster's address; default: RAY_ADDRESS, else an embedded local Ray.")] = None,
     max_failures: Annotated[int, typer.Option(help="Restart the whole group this many times after a rank fails (-1: always), as torchrun's --max-restarts.")] = 0,
-    init_timeout: Annotated[float, typer.Option(help="Seconds every rank has to call init_process_group after the first did.")] = 300.0,
+    init_timeout: Annotated[float, typer.Option(help="Seconds every rank has to call init_process_group after the first did.")] = INIT_TIMEOUT_S,
     name: Annotated[str | None, typer.Option(help="The run's name (its directory under the storage path).")] = None,
     storage_path: Annotated[str | None, typer.Option(help="Where run directories go (reports and checkpoints of raylight.run_context()).")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", help="Show Ray's own logs too.")] = False,
@@ -50,10 +51,9 @@ def run(
 
     Each rank runs the script as __main__ in its own process with RANK, LOCAL_RANK,
     WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set; its output comes back
-    prefixed with [rank N]. See docs/launch.md.
+    prefixed with \\[rank N]. Exit code: the failing rank's; 2 for usage errors. See
+    docs/launch.md.
     """
-    from raylight.launch.driver import launch, parse_size
-
     args = list(ctx.args)
     try:
         if module is None:

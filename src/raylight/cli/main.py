@@ -256,7 +256,7 @@ def report(
 
 
 app.command()(submit)
-app.command("run", context_settings=RUN_CONTEXT)(run)
+app.command("run", context_settings=RUN_CONTEXT, options_metavar="[OPTIONS] (SCRIPT | -m MODULE) [ARGS]...")(run)
 app.add_typer(jobs_app, name="jobs")
 
 
