@@ -170,3 +170,39 @@ def test_run_context_reports_and_loads_through_the_agent_channel(monkeypatch):
             client.RunContext(channel.address, b"wrong key" * 4)
         assert run.load_checkpoint() is not None  # the channel still serves
         run._conn.close()
+
+
+class _AgentContext(_FakeContext):
+    """A one-worker TrainContext as the agent loop sees it."""
+
+    local_rank, world_size, local_world_size, node_rank = 0, 1, 1, 0
+
+    def all_reduce(self, value, op="mean"):
+        return value
+
+    def heartbeat(self):
+        pass
+
+
+def test_agent_runs_the_script_in_a_child_and_forwards_its_lines(tmp_path, monkeypatch):
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import os, sys\n"
+        "import torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "print('rank', os.environ['RANK'], 'of', dist.get_world_size(), 'restart', os.environ['TORCHELASTIC_RESTART_COUNT'])\n"
+        "print('oops', file=sys.stderr)\n"
+        "dist.destroy_process_group()\n"
+        "sys.exit(int(sys.argv[1]))\n"
+    )
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    spec = LaunchSpec(str(script), ("0",), False, str(tmp_path), "r", 0)
+    ctx = _AgentContext()
+    agent.agent_loop(ctx, {"spec": spec, "restarts": [2]})
+    # stdout and stderr are read by a thread each: in order within a stream, interleaved across
+    assert sorted(ctx.lines) == sorted([
+        ("event", "init_entered"), ("event", "init_done"), ("stdout", "rank 0 of 1 restart 2"), ("stderr", "oops"),
+    ])
+    assert [line for line in ctx.lines if line[0] == "event"] == [("event", "init_entered"), ("event", "init_done")]
+    with pytest.raises(ScriptExitError, match="rank 0: the script exited with code 9"):
+        agent.agent_loop(_AgentContext(), {"spec": LaunchSpec(str(script), ("9",), False, str(tmp_path), "r", 0), "restarts": [0]})
