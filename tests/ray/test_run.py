@@ -10,6 +10,7 @@ Most cases call ``launch`` in this process on the session's Ray; the CLI's own c
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -51,11 +52,21 @@ def torchrun_params(tmp_path_factory):
     """The example's parameters after 12 steps under real torchrun, 2 processes."""
     out = tmp_path_factory.mktemp("torchrun") / "params.pt"
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    done = subprocess.run(
-        [torchrun, "--nproc-per-node", "2", "--master-port", "0", EXAMPLE, "--steps", "12", "--out", str(out)],
-        capture_output=True, text=True, timeout=TIMEOUT,
-    )
-    assert done.returncode == 0, done.stderr
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [
+        torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port), EXAMPLE,
+        "--steps", "12", "--out", str(out),
+    ]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err
     return torch.load(out, weights_only=True)
 
 
