@@ -93,6 +93,7 @@ def test_child_env_is_torchruns():
         "TORCHELASTIC_RESTART_COUNT": "1", "TORCHELASTIC_MAX_RESTARTS": "2", "TORCHELASTIC_RUN_ID": "r",
     }
     assert env["PATH"] == "/bin"
+    assert env["TORCHELASTIC_USE_AGENT_STORE"] == "True"  # the scripts' store is the agent's
     assert child_command(SPEC)[2:] == ["/x/train.py", "--lr", "0.1"]
     assert child_command(LaunchSpec("pkg.mod", ("-x",), True, "/x", "r", 0))[2:] == ["-m", "pkg.mod", "-x"]
 
@@ -206,3 +207,5 @@ def test_agent_runs_the_script_in_a_child_and_forwards_its_lines(tmp_path, monke
     assert [line for line in ctx.lines if line[0] == "event"] == [("event", "init_entered"), ("event", "init_done")]
     with pytest.raises(ScriptExitError, match="rank 0: the script exited with code 9"):
         agent.agent_loop(_AgentContext(), {"spec": LaunchSpec(str(script), ("9",), False, str(tmp_path), "r", 0), "restarts": [0]})
+    assert len(agent._AGENT_STORES) == 2  # rank 0's agent held each attempt's store
+    agent._AGENT_STORES.clear()

@@ -16,7 +16,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ from typing import IO, Any
 from raylight.launch.bootstrap import CHANNEL_ENV, KEY_ENV, PARENT_ENV
 
 BOOTSTRAP = str(Path(__file__).with_name("bootstrap.py"))
+STORE_TIMEOUT_S = 1800.0  # the agent store's own operations (torch's default process-group timeout)
 STOP_GRACE_S = 5.0  # SIGTERM to SIGKILL when the loop stops a child that still runs
 EVENT = "event"  # the output stream of the child's events (init_entered, init_done)
 
@@ -69,8 +69,9 @@ def agent_loop(ctx: Any, config: dict[str, Any]) -> None:
     spec: LaunchSpec = config["spec"]
     restarts = int(config["restarts"][0])
     master_addr = os.environ["MASTER_ADDR"]  # rank 0's node, set by the worker for its own group
-    port = float(_free_port(master_addr)) if ctx.rank == 0 else 0.0
-    # The child's own store port (the core's store holds MASTER_PORT): rank 0 picks, all learn it.
+    # The scripts' store, as torchrun's agent store: held by rank 0's agent (not its script),
+    # on a port of its own (the core's store holds the worker's MASTER_PORT); all learn it.
+    port = float(_open_agent_store(master_addr, ctx.world_size)) if ctx.rank == 0 else 0.0
     master_port = int(ctx.all_reduce(port, "sum"))
     nodes = int(ctx.all_reduce(float(ctx.node_rank), "max")) + 1
     env = child_env(
@@ -97,7 +98,8 @@ def child_env(
         RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size),
         LOCAL_WORLD_SIZE=str(local_world_size), GROUP_RANK=str(node_rank), NODE_RANK=str(node_rank),
         GROUP_WORLD_SIZE=str(nodes), ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(world_size), ROLE_NAME="default",
-        MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), TORCHELASTIC_RESTART_COUNT=str(restarts),
+        MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), TORCHELASTIC_USE_AGENT_STORE="True",
+        TORCHELASTIC_RESTART_COUNT=str(restarts),
         TORCHELASTIC_MAX_RESTARTS=str(spec.max_restarts), TORCHELASTIC_RUN_ID=spec.run_name,
     )
     env.setdefault("PYTHONUNBUFFERED", "1")  # lines reach the driver as they are printed
@@ -109,10 +111,32 @@ def child_command(spec: LaunchSpec) -> list[str]:
     return [sys.executable, BOOTSTRAP, *target, *spec.args]
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+# Rank 0's agent store. Like torchrun's, it lives as long as the agent's process (the worker
+# serves this one run and is killed with it: reuse_workers=False), so no script outlives it.
+_AGENT_STORES: list[Any] = []
+
+
+def _open_agent_store(host: str, world_size: int) -> int:
+    """Start the scripts' TCPStore server in this process, listening on ``host`` alone;
+    its port. The scripts connect as clients (TORCHELASTIC_USE_AGENT_STORE)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from raylight.worker_group.net import listen_socket
+
+    sock = listen_socket(host)
+    try:
+        store = dist.TCPStore(
+            host, sock.getsockname()[1], world_size, True, timedelta(seconds=STORE_TIMEOUT_S),
+            wait_for_workers=False, master_listen_fd=sock.fileno(),
+        )
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store owns the descriptor now
+    _AGENT_STORES.append(store)
+    return int(store.port)
 
 
 def _run_child(ctx: Any, spec: LaunchSpec, env: dict[str, str]) -> int:
