@@ -16,8 +16,7 @@ import os
 import threading
 from typing import Any
 
-CHANNEL_ENV = "RAYLIGHT_RUN_CHANNEL"  # the same names as bootstrap.py's
-KEY_ENV = "RAYLIGHT_RUN_AUTHKEY"
+from raylight.launch.bootstrap import CHANNEL_ENV, KEY_ENV
 
 
 class RunContext:
