@@ -39,7 +39,7 @@ def test_parse_size():
 def test_bad_targets_name_what_is_missing(tmp_path):
     with pytest.raises(ConfigError, match=r"nope\.py' does not exist"):
         _check_target(str(tmp_path / "nope.py"), module=False)
-    with pytest.raises(ConfigError, match=r"no module 'no_such_pkg\.mod'"):
+    with pytest.raises(ConfigError, match=r"-m no_such_pkg\.mod: no module 'no_such_pkg'"):
         _check_target("no_such_pkg.mod", module=True)
     with pytest.raises(ConfigError, match="--init-timeout"):
         launch(__file__, init_timeout_s=0)

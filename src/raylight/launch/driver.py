@@ -169,15 +169,18 @@ def parse_size(text: str) -> int | tuple[int, int]:
 
 def _check_target(target: str, module: bool) -> str:
     if module:
+        # Its top-level package only: finding a submodule would import the user's package
+        # here, on the driver; the scripts' own `python -m` reports a missing submodule.
+        top = target.split(".")[0]
         sys.path.insert(0, os.getcwd())  # where `python -m` looks first
         try:
-            found = importlib.util.find_spec(target)
+            found = importlib.util.find_spec(top) if top else None
         except (ImportError, ValueError):
             found = None
         finally:
             sys.path.pop(0)
         if found is None:
-            raise ConfigError(f"-m {target}: no module {target!r} importable from {os.getcwd()} or the installed packages")
+            raise ConfigError(f"-m {target}: no module {top!r} importable from {os.getcwd()} or the installed packages")
         return target
     if not os.path.isfile(target):
         raise ConfigError(f"script {target!r} does not exist (or is not a file); give the path of a Python script, or -m MODULE")
