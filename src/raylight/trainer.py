@@ -6,6 +6,7 @@ import datetime as _dt
 import gc
 import logging
 import os
+import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from raylight.notices import build_watchers
 from raylight.progress import ProgressDisplay
 from raylight.recorder import RunRecorder
 from raylight.storage import RunStorage, default_storage_path
-from raylight.worker_group.protocol import Report
+from raylight.worker_group.protocol import GroupPoll, Report
 
 log = logging.getLogger("raylight")
 
@@ -80,6 +81,9 @@ class Trainer:
             forwards reports to ``ray.tune.report`` this way.
         resume_from: a checkpoint (e.g. from another run, or a Tune trial's) that a new
             run starts from, as if it had committed it itself.
+        on_poll: called on the driver after each poll of the workers with the
+            ``GroupPoll`` (``raylight run`` prints its ranks' output this way); an
+            exception it raises ends the run.
     """
 
     def __init__(
@@ -90,6 +94,7 @@ class Trainer:
         config: TrainerConfig | None = None,
         on_report: Callable[[dict[str, Any], Checkpoint | None], None] | None = None,
         resume_from: Checkpoint | None = None,
+        on_poll: Callable[[GroupPoll], None] | None = None,
     ) -> None:
         if not callable(train_loop):
             raise TypeError(f"train_loop must be callable, got {type(train_loop).__name__}")
@@ -104,6 +109,7 @@ class Trainer:
         self.config = apply_job_env(config or TrainerConfig())
         self.on_report = on_report
         self.resume_from = resume_from
+        self.on_poll = on_poll
 
     def fit(self) -> Result:
         run = self.config.run
@@ -234,14 +240,15 @@ class Trainer:
         def trace(row: dict[str, Any]) -> None:
             recorder.trace({"time": wall(), **row}, policy.state_dict())
 
-        telemetry = RunTelemetry(
-            cost=meter,
-            trace=trace if adaptive_run else None,
-            on_poll=lambda poll, c: display.update(
+        def on_poll(poll: GroupPoll, c: Any) -> None:
+            display.update(
                 poll, num_workers=c.num_workers, num_restarts=c.num_restarts,
                 **policy.display_fields(c.num_workers, c.threads),
-            ),
-        )
+            )
+            if self.on_poll is not None:
+                self.on_poll(poll)
+
+        telemetry = RunTelemetry(cost=meter, trace=trace if adaptive_run else None, on_poll=on_poll)
         policy = build_scaling_policy(cfg, trace=telemetry.trace_row, saved=recorder.engine_state() if cfg.run.resume else None)
         failure = FailurePolicy(
             cfg.failure.max_failures, backoff_s=cfg.failure.restart_backoff_s,
@@ -407,6 +414,9 @@ class _InProcessSink:
 
     def heartbeat(self) -> None:
         pass
+
+    def output(self, stream: str, text: str) -> None:
+        print(text, file=sys.stderr if stream == "stderr" else sys.stdout, flush=True)
 
     def keep_commit(self, index: int, data: bytes, seq: int) -> None:
         pass

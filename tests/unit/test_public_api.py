@@ -13,7 +13,7 @@ PUBLIC = [
     "InsufficientResourcesError", "PreemptedError", "RaylightError", "Result", "RunConfig", "RunInUseError", "ScalingConfig",
     "TrainContext", "Trainer", "TrainerConfig", "TrainingDivergedError", "TrainingFailedError", "WorkerDiedError",
     "WorkerError", "WorkerHangError", "WorkerStartError", "__version__", "fit", "load_model",
-    "release_workers",
+    "release_workers", "run_context",
 ]
 
 
@@ -181,7 +181,8 @@ LAYERS = [
     ("worker group", ["raylight.worker_group"]),
     ("trainer", ["raylight.trainer", "raylight.job_env"]),
     ("products", [
-        "raylight.declarative", "raylight.models", "raylight.lightning", "raylight.tune", "raylight.jobs", "raylight.cli",
+        "raylight.declarative", "raylight.models", "raylight.lightning", "raylight.tune", "raylight.jobs",
+        "raylight.launch", "raylight.cli",
     ]),
 ]
 FACADE = "raylight"  # the package's __init__: the public surface over every layer
@@ -191,10 +192,12 @@ PRODUCTS = {
     "lightning": ["raylight.lightning"],
     "tune": ["raylight.tune"],
     "jobs": ["raylight.jobs"],
+    "launch": ["raylight.launch"],
     "cli": ["raylight.cli"],
 }
 PRODUCT_USES = {
-    "declarative": {"tune"}, "lightning": {"tune"}, "cli": {"declarative", "tune", "jobs"}, "tune": set(), "jobs": set(),
+    "declarative": {"tune"}, "lightning": {"tune"}, "cli": {"declarative", "tune", "jobs", "launch"}, "tune": set(),
+    "jobs": set(), "launch": set(),
 }
 
 

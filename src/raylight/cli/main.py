@@ -18,6 +18,8 @@ import yaml
 from rich.console import Console
 
 from raylight.cli.jobs import jobs_app, submit
+from raylight.cli.launch import CONTEXT as RUN_CONTEXT
+from raylight.cli.launch import run
 from raylight.cli.prices import PriceOpt, PricesOpt, price_table
 from raylight.exceptions import (
     ClusterConnectionError,
@@ -267,6 +269,7 @@ def report(
 
 
 app.command()(submit)
+app.command("run", context_settings=RUN_CONTEXT, options_metavar="[OPTIONS] (SCRIPT | -m MODULE) [ARGS]...")(run)
 app.add_typer(jobs_app, name="jobs")
 
 
