@@ -93,7 +93,7 @@ def main(workdir: str) -> None:
         epochs = [m for m in result.metrics_history if m.get("kind") == "epoch"]
         reference = raylight.fit(
             loops.elastic_loop,
-            config={**config, "epochs": len(epochs), "stop_file": None, "positions": None},
+            config={**config, "epochs": len(epochs), "stop_file": None, "positions": None, "epoch_checkpoints": False},
             num_workers=0, storage_path=workdir, name="reference", progress=False,
         )
         ref_epochs = [m for m in reference.metrics_history if m.get("kind") == "epoch"]

@@ -193,7 +193,8 @@ def elastic_loop(ctx, config):
             {"kind": "epoch", "epoch": epoch, "workers": ctx.world_size, "batch": ctx.batch_size,
              "resumed_sharded": bool(ctx.get_checkpoint() and ctx.get_checkpoint().sharded),
              **{k.rstrip("0123456789"): v for k, v in totals.items()}},
-            checkpoint=state(),
+            # reference runs (uninterrupted, compared epoch by epoch) need no checkpoints
+            checkpoint=state() if config.get("epoch_checkpoints", True) else None,
         )
         stop = 1.0 if config.get("stop_file") and os.path.exists(config["stop_file"]) else 0.0
         if ctx.all_reduce(stop, op="max") > 0:

@@ -25,6 +25,11 @@ def _env():
     return env
 
 
+def session_env(ray) -> dict[str, str]:
+    """A child driver's environment that joins the session's cluster (token auth on)."""
+    return {**_env(), "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "RAY_AUTH_MODE": "token"}
+
+
 def test_resume_after_the_driver_is_killed(tmp_path, ray_cluster):
     storage, log = str(tmp_path / "runs"), str(tmp_path / "starts.log")
     temp_dir = tempfile.mkdtemp(prefix="rl-drv-", dir="/tmp")
@@ -34,8 +39,9 @@ def test_resume_after_the_driver_is_killed(tmp_path, ray_cluster):
     try:
         wait_until(marker.exists, 120, "checkpoint 2", first)
         # A second driver resuming the run while the first writes it is refused, with the
-        # holder named; the first is undisturbed.
-        rival = subprocess.run([*cmd, "1", log], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=60)
+        # holder named; the first is undisturbed. (The rival starts no Ray of its own: fit
+        # refuses it before it would connect.)
+        rival = subprocess.run([*cmd, "1", log, "rival"], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=60)
         assert rival.returncode != 0 and "RunInUseError" in rival.stderr, rival.stdout + rival.stderr
         assert f"pid {first.pid} on" in rival.stderr and first.poll() is None
     finally:
@@ -53,12 +59,14 @@ def test_resume_after_the_driver_is_killed(tmp_path, ray_cluster):
 
 @pytest.mark.parametrize("mode", ["adaptive", "fixed"])
 def test_digits_example_runs(tmp_path, ray_cluster, mode):
-    """adaptive: DDP with the adaptive engine; fixed: FSDP (sharded checkpoints)."""
+    """adaptive: DDP with the adaptive engine; fixed: FSDP (sharded checkpoints). The
+    example's driver joins the session's cluster (RAY_ADDRESS, as a Ray Job's driver
+    does), idle while it runs: the embedded start is what the other tests here check."""
     args = ["--epochs", "4", "--quiet", "--storage", str(tmp_path)]
     args += ["--fixed", "--strategy", "fsdp"] if mode == "fixed" else []
     out = subprocess.run(
         [sys.executable, "examples/digits.py", *args],
-        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=200,
+        cwd=REPO, env=session_env(ray_cluster), capture_output=True, text=True, timeout=200,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     line = next(ln for ln in out.stdout.splitlines() if "test accuracy" in ln)

@@ -108,11 +108,11 @@ def test_time_budget_stops_search(ray_cluster, tmp_path):
     grid = tune.Tuner(
         trainable,
         param_space={"seed": tune.grid_search([0, 1, 2, 3])},
-        tune_config=tune.TuneConfig(metric="loss", mode="min", time_budget_s=15),
+        tune_config=tune.TuneConfig(metric="loss", mode="min", time_budget_s=8),
         run_config=_run_config(tmp_path, "budget"),
     ).fit()
     elapsed = time.monotonic() - start
-    assert elapsed < 50, f"the search ran {elapsed:.0f}s, past a time budget of 15s"
+    assert elapsed < 50, f"the search ran {elapsed:.0f}s, past a time budget of 8s"
     # Stopped, not finished (on a loaded machine a trial may not reach its first report).
     epochs = [r.metrics.get("training_iteration", 0) if r.metrics else 0 for r in grid]
     assert max(epochs) < 20000, epochs
