@@ -537,3 +537,53 @@ def test_import_hook_does_nothing_where_horovod_is_installed(tmp_path, monkeypat
         assert compat.install_import_hook() is False
     assert "Horovod is installed" in str(caught[0].message)
     assert compat._finder not in sys.meta_path
+
+
+# -- under horovodrun's environment ------------------------------------------------------
+def _horovodrun_rank(rank: int, port: int, kv_port: int, queue) -> None:
+    os.environ.update(
+        HOROVOD_RANK=str(rank), HOROVOD_SIZE="2", HOROVOD_LOCAL_RANK=str(rank), HOROVOD_LOCAL_SIZE="2",
+        HOROVOD_CROSS_RANK="0", HOROVOD_CROSS_SIZE="1", HOROVOD_GLOO_RENDEZVOUS_ADDR="127.0.0.1",
+        HOROVOD_GLOO_RENDEZVOUS_PORT=str(kv_port), HOROVOD_CONTROLLER="gloo",
+    )
+    torch.set_num_threads(1)
+    hvd.init()
+    try:
+        state = hvd.elastic.ObjectState(step=0)
+        failed = []
+
+        @hvd.elastic.run
+        def train(s):
+            s.step += 1
+            s.commit()
+            s.step += 1  # not committed
+            if not failed:
+                failed.append(1)
+                raise hvd.HorovodInternalError("injected")
+            return hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum).item()
+
+        total = train(state)
+        queue.put({"rank": rank, "total": total, "step": state.step, "place": (hvd.local_rank(), hvd.cross_size())})
+    finally:
+        hvd.shutdown()
+
+
+def test_under_horovodrun_env_and_a_reset_meets_in_a_new_scope():
+    import http.server
+    import threading
+
+    from tests.unit.test_launcher_env import _KeyValue
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _KeyValue)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        got = run_gloo_ranks(_horovodrun_rank, server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+    for r in (0, 1):
+        assert got[r]["total"] == 3.0 and got[r]["place"] == (r, 1)
+        assert got[r]["step"] == 3  # 1 committed, restored to it, then 2 more on the retry
+    # the first group met under horovodrun's scope, the re-formed one under the next
+    assert {"/raylight/master", "/raylight-1/master"} <= set(_KeyValue.store)

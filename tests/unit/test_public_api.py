@@ -157,7 +157,7 @@ def test_boundaries():
     hvd = {d for path in (SRC / "horovod").rglob("*.py") for d in _all_imports(path)}
     assert not {d for d in hvd if d.split(".")[0] == "ray"}, hvd
     assert {d for d in hvd if d.startswith("raylight.") and not d.startswith("raylight.horovod")} <= {
-        "raylight.launcher_env", "raylight.exceptions", "raylight.launch",
+        "raylight.launcher_env", "raylight.exceptions", "raylight.launch.client",
     }, hvd
     # Preemption notice watchers are the standard library alone: no raylight, Ray or torch.
     notices = {d.split(".")[0] for d in _all_imports(SRC / "notices.py")}

@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 
-from raylight.exceptions import RaylightError
 from raylight.horovod import basics
 from raylight.horovod.basics import HorovodInternalError, HostsUpdatedInterrupt
 from raylight.horovod.ops import allgather_object, broadcast_object
@@ -48,12 +47,12 @@ def _run_context() -> Any:
     """``raylight run``'s context (``report(metrics, checkpoint=)``, ``load_checkpoint()``),
     or None outside ``raylight run``."""
     try:
-        from raylight.launch import run_context  # type: ignore[import-not-found,attr-defined,unused-ignore]
-    except ImportError:
+        from raylight.launch.client import run_context  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:  # a raylight without `raylight run`
         return None
     try:
         return run_context()
-    except (RaylightError, RuntimeError):  # not under raylight run
+    except RuntimeError:  # not under raylight run
         return None
 
 
