@@ -1,7 +1,7 @@
 """Horovod's examples/elastic/pytorch/pytorch_mnist_elastic.py pattern, on synthetic data:
 state committed every few batches, ``@hvd.elastic.run`` retrying from the last commit.
 
-Run:  raylight run -n 1:2 python -m raylight.horovod examples/horovod/pytorch_elastic.py
+Run:  raylight run -n 2 --max-failures 3 -m raylight.horovod examples/horovod/pytorch_elastic.py
       horovodrun --gloo -np 2 python -m raylight.horovod examples/horovod/pytorch_elastic.py
 
 ``--fail-at-batch N`` makes every rank raise ``HorovodInternalError`` once, at batch N of

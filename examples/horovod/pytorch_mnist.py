@@ -3,7 +3,7 @@
 An unchanged Horovod script: `import horovod.torch as hvd` is served by raylight.horovod
 through its import hook where Horovod is not installed (real Horovod where it is).
 
-Run:  raylight run -n 2 python -m raylight.horovod examples/horovod/pytorch_mnist.py
+Run:  raylight run -n 2 -m raylight.horovod examples/horovod/pytorch_mnist.py
       mpirun -np 2 python -m raylight.horovod examples/horovod/pytorch_mnist.py
       horovodrun --gloo -np 2 python -m raylight.horovod examples/horovod/pytorch_mnist.py
       python -m raylight.horovod examples/horovod/pytorch_mnist.py        (one process)
