@@ -14,16 +14,12 @@ says which), so a resumed run sees the batches a run without failure does.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
+from pytorch_mnist import Net, synthetic_mnist  # beside this script (its directory is on sys.path)
 from torch import optim
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pytorch_mnist import Net, synthetic_mnist
 
 parser = argparse.ArgumentParser(description="PyTorch elastic example (synthetic data)")
 parser.add_argument("--batch-size", type=int, default=16)

@@ -266,10 +266,13 @@ def test_distributed_optimizer_bad_arguments():
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0))
         assert isinstance(opt, torch.optim.Optimizer)
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        steps = []
+        opt.register_step_post_hook(lambda *args: steps.append(1))
         model(torch.ones(1, 2)).sum().backward()
         opt.step()
         sched.step()
         assert opt.param_groups[0]["lr"] == 0.5 and opt.state_dict()["param_groups"][0]["lr"] == 0.5
+        assert steps == [1]
     finally:
         hvd.shutdown()
 
@@ -507,6 +510,11 @@ def test_elastic_sampler_reshards_what_is_left():
 
 
 # -- the import hook ---------------------------------------------------------------------
+def test_runner_refuses_a_missing_script_with_exit_2(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "raylight.horovod", str(tmp_path / "nope.py")],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "nope.py" in run.stderr and "is not a file" in run.stderr
+
 def test_import_hook_serves_horovod_torch_and_stays_off_by_default():
     assert "horovod.torch" not in sys.modules
     with pytest.raises(ImportError):

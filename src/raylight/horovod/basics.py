@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from raylight.launcher_env import detect, init_process_group
+from raylight.launcher_env import LaunchEnvError, detect, init_process_group
 
 # Horovod's reduction ops (the values of horovod.common.basics' ReduceOp).
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
@@ -79,11 +79,15 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     if is_initialized():
         return
     _state = None
-    launch = detect()
-    if dist.is_initialized():
+    if dist.is_initialized():  # adopt: the environment only says where this process sits
+        try:
+            launch = detect()
+        except LaunchEnvError:
+            launch = None
         rank, size = dist.get_rank(), dist.get_world_size()
         owns = False
     else:
+        launch = detect()
         if launch is None:  # no launcher: one process, as Horovod runs without horovodrun
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         else:

@@ -72,8 +72,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.defaults = optimizer.defaults
         self.param_groups = optimizer.param_groups
         self.state = optimizer.state
-        self._optimizer_step_pre_hooks = optimizer._optimizer_step_pre_hooks  # torch's hook tables, shared
-        self._optimizer_step_post_hooks = optimizer._optimizer_step_post_hooks
         self._compression = compression
         self._op = op
         self._bpps = backward_passes_per_step
@@ -168,6 +166,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._inner.load_state_dict(state_dict)
+
+    # Hooks live on the wrapped optimizer, whose step() and state_dict() run them (they are
+    # called with it, not with this wrapper).
+    def register_step_pre_hook(self, hook: Any) -> Any:
+        return self._inner.register_step_pre_hook(hook)
+
+    def register_step_post_hook(self, hook: Any) -> Any:
+        return self._inner.register_step_post_hook(hook)
+
+    def register_state_dict_pre_hook(self, hook: Any, prepend: bool = False) -> Any:
+        return self._inner.register_state_dict_pre_hook(hook, prepend)
+
+    def register_state_dict_post_hook(self, hook: Any, prepend: bool = False) -> Any:
+        return self._inner.register_state_dict_post_hook(hook, prepend)
+
+    def register_load_state_dict_pre_hook(self, hook: Any, prepend: bool = False) -> Any:
+        return self._inner.register_load_state_dict_pre_hook(hook, prepend)
+
+    def register_load_state_dict_post_hook(self, hook: Any, prepend: bool = False) -> Any:
+        return self._inner.register_load_state_dict_post_hook(hook, prepend)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         raise ValueError("hvd.DistributedOptimizer: add parameter groups to the optimizer before wrapping it")
