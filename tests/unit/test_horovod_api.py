@@ -585,7 +585,10 @@ def test_under_horovodrun_env_and_a_reset_meets_in_a_new_scope():
     import http.server
     import threading
 
-    from tests.unit.test_launcher_env import _KeyValue
+    from tests.unit.test_launcher_env import _KeyValue as _SharedKeyValue
+
+    class _KeyValue(_SharedKeyValue):
+        store: dict[str, bytes] = {}  # this server's own keys (the parent's dict is a class attribute)
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _KeyValue)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
