@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: run run-digits test lint unit bench bench-adaptive bench-declarative bench-lightning bench-adversarial bench-strategies bench-cluster clean
+.PHONY: run run-digits test lint unit bench bench-adaptive bench-declarative bench-lightning bench-adversarial bench-strategies bench-cluster bench-launch clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,10 @@ bench-strategies: $(STAMP)
 bench-cluster: $(STAMP)
 	$(PIP) install -q -c constraints.txt -e ".[bench,examples]"
 	PYTHONPATH=. $(PY) bench/cluster.py
+
+bench-launch: $(STAMP)
+	$(PIP) install -q -c constraints.txt -e ".[bench]"
+	$(PY) bench/launch.py
 
 bench-lightning: $(STAMP)
 	$(PIP) install -q -c constraints.txt -e ".[bench,lightning]"

@@ -206,5 +206,8 @@ class Sink:
     def heartbeat(self) -> None:
         pass
 
+    def output(self, *args: Any) -> None:
+        pass
+
     def keep_commit(self, *args: Any) -> None:
         pass

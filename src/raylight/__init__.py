@@ -29,11 +29,15 @@ from raylight.exceptions import (
 
 if TYPE_CHECKING:
     from raylight.context import TrainContext
+    from raylight.launch.client import run_context
     from raylight.trainer import Result, Trainer, fit
 
 # torch and the engine load on first use, so that `import raylight` (and the CLI's
 # start-up, and its error messages) does not pay seconds for them.
-_LAZY = {"TrainContext": "raylight.context", "Result": "raylight.trainer", "Trainer": "raylight.trainer", "fit": "raylight.trainer"}
+_LAZY = {
+    "TrainContext": "raylight.context", "Result": "raylight.trainer", "Trainer": "raylight.trainer", "fit": "raylight.trainer",
+    "run_context": "raylight.launch.client",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -92,4 +96,5 @@ __all__ = [
     "fit",
     "load_model",
     "release_workers",
+    "run_context",
 ]

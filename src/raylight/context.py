@@ -43,6 +43,10 @@ class ReportSink(Protocol):
 
     def heartbeat(self) -> None: ...
 
+    def output(self, stream: str, text: str) -> None:
+        """Forward a line of output to the driver (``raylight run``: its child's stdout
+        and stderr, stream "stdout" or "stderr", and its events, stream "event")."""
+
     def keep_commit(self, index: int, data: bytes, seq: int) -> None:
         """Hold this rank's copy of checkpoint ``index`` (made at report ``seq``) in
         memory (elastic runs)."""
@@ -487,6 +491,11 @@ class TrainContext:
     def heartbeat(self) -> None:
         """Tell the driver this worker is alive; call it inside very long steps."""
         self._sink.heartbeat()
+
+    def _output(self, stream: str, text: str) -> None:
+        """raylight's own loops (``raylight run``): send a line to the driver with the
+        next poll (``Trainer(on_poll=...)`` sees it in ``WorkerPoll.output``)."""
+        self._sink.output(stream, text)
 
     # -- collectives ---------------------------------------------------------------
     def barrier(self) -> None:

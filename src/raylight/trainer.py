@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import datetime as _dt
+import gc
 import logging
 import os
+import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from raylight import verbosity
+from raylight import launcher_env, verbosity
 from raylight._time import monotonic, wall
 from raylight.checkpoint import Checkpoint
 from raylight.config import (
@@ -26,12 +28,13 @@ from raylight.config import (
 from raylight.cost import CostMeter, Prices, WorkerPlace, prices_from_env
 from raylight.exceptions import ConfigError
 from raylight.job_env import apply_job_env
+from raylight.launcher_env import LaunchEnv
 from raylight.loggers import RunLoggers
 from raylight.notices import build_watchers
 from raylight.progress import ProgressDisplay
 from raylight.recorder import RunRecorder
 from raylight.storage import RunStorage, default_storage_path
-from raylight.worker_group.protocol import Report
+from raylight.worker_group.protocol import GroupPoll, Report
 
 log = logging.getLogger("raylight")
 
@@ -78,6 +81,9 @@ class Trainer:
             forwards reports to ``ray.tune.report`` this way.
         resume_from: a checkpoint (e.g. from another run, or a Tune trial's) that a new
             run starts from, as if it had committed it itself.
+        on_poll: called on the driver after each poll of the workers with the
+            ``GroupPoll`` (``raylight run`` prints its ranks' output this way); an
+            exception it raises ends the run.
     """
 
     def __init__(
@@ -88,6 +94,7 @@ class Trainer:
         config: TrainerConfig | None = None,
         on_report: Callable[[dict[str, Any], Checkpoint | None], None] | None = None,
         resume_from: Checkpoint | None = None,
+        on_poll: Callable[[GroupPoll], None] | None = None,
     ) -> None:
         if not callable(train_loop):
             raise TypeError(f"train_loop must be callable, got {type(train_loop).__name__}")
@@ -102,6 +109,7 @@ class Trainer:
         self.config = apply_job_env(config or TrainerConfig())
         self.on_report = on_report
         self.resume_from = resume_from
+        self.on_poll = on_poll
 
     def fit(self) -> Result:
         run = self.config.run
@@ -133,7 +141,9 @@ class Trainer:
                 "cannot write their checkpoint shards to; use a directory or an object store, or "
                 "checkpoint through the driver with strategy=raylight.FSDP(checkpoint='full')"
             )
-        on_ray = self.config.scaling.num_workers != 0
+        launch = self._launched()
+        leader = launch is None or launch.rank == 0  # the process that records the run
+        on_ray = self.config.scaling.num_workers != 0 and launch is None
         if on_ray:
             from raylight import runtime
 
@@ -146,6 +156,8 @@ class Trainer:
         # refused before it starts anything. A new run's directory appears only once
         # training starts.
         prices = Prices(run.prices if run.prices is not None else prices_from_env(os.environ) or {})
+        if launch is not None and not leader:
+            return self._fit_launched(launch, None, storage)
         recorder.open(resolved, resume=run.resume, start_from=self.resume_from)
         meter = CostMeter(monotonic(), previous=recorder.previous_cost() if run.resume else None)
         resizes: list[dict[str, Any]] = []
@@ -156,7 +168,11 @@ class Trainer:
                     self.config.address, connect_timeout_s=self.config.failure.connect_timeout_s
                 ).embedded
             with ProgressDisplay(enabled=run.progress) as display:
-                if self.config.scaling.num_workers == 0:
+                if launch is not None:
+                    meter.observe(monotonic(), _launcher_places(launch))
+                    launched = self._fit_launched(launch, recorder, storage)
+                    num_failures, num_preemptions = launched.num_failures, 0
+                elif self.config.scaling.num_workers == 0:
                     meter.observe(monotonic(), [WorkerPlace(0, "local", "local", {"CPU": 1.0})])
                     num_failures, num_preemptions = self._fit_in_process(recorder), 0
                 else:
@@ -224,14 +240,15 @@ class Trainer:
         def trace(row: dict[str, Any]) -> None:
             recorder.trace({"time": wall(), **row}, policy.state_dict())
 
-        telemetry = RunTelemetry(
-            cost=meter,
-            trace=trace if adaptive_run else None,
-            on_poll=lambda poll, c: display.update(
+        def on_poll(poll: GroupPoll, c: Any) -> None:
+            display.update(
                 poll, num_workers=c.num_workers, num_restarts=c.num_restarts,
                 **policy.display_fields(c.num_workers, c.threads),
-            ),
-        )
+            )
+            if self.on_poll is not None:
+                self.on_poll(poll)
+
+        telemetry = RunTelemetry(cost=meter, trace=trace if adaptive_run else None, on_poll=on_poll)
         policy = build_scaling_policy(cfg, trace=telemetry.trace_row, saved=recorder.engine_state() if cfg.run.resume else None)
         failure = FailurePolicy(
             cfg.failure.max_failures, backoff_s=cfg.failure.restart_backoff_s,
@@ -251,6 +268,110 @@ class Trainer:
             assert controller.error is not None
             raise controller.error
         return controller.num_failures, controller.num_preemptions
+
+    def _launched(self) -> LaunchEnv | None:
+        """The external launcher's group this run joins (``ScalingConfig.launcher``), or None."""
+        if self.config.scaling.launcher == "ignore":
+            return None
+        launch = launcher_env.detect()
+        if launch is None:
+            return None
+        if self.config.adaptive is not None or self.config.scaling.elastic:
+            raise ConfigError(
+                f"this process was started by {launch.launcher} ({launch.world_size} processes), whose size is "
+                "fixed: adaptive and elastic training need raylight's own Ray workers. Run without the "
+                "launcher (python script.py), or drop adaptive= and give a fixed num_workers "
+                "(or ScalingConfig.launcher='ignore' to start Ray workers from every process)"
+            )
+        if launch.rank == 0:
+            log.info(
+                "started by %s: %d processes join its group (num_workers=%s is not used)",
+                launch.launcher, launch.world_size, self.config.scaling.num_workers,
+            )
+        return launch
+
+    def _fit_launched(self, launch: LaunchEnv, recorder: RunRecorder | None, storage: RunStorage) -> Result:
+        """Every process an external launcher started runs the loop in its group; rank 0
+        (``recorder`` given) records reports and commits checkpoints as a Ray run's driver
+        does, and at the end every rank returns rank 0's result."""
+        import torch
+        import torch.distributed as dist
+
+        from raylight.context import TrainContext, call_train_loop
+        from raylight.strategies import build_strategy
+
+        scaling = self.config.scaling
+        strategy = build_strategy(scaling.strategy)
+        created = not dist.is_initialized()
+        if created:
+            launcher_env.init_process_group(
+                launch, strategy.backend(scaling.use_gpu), timeout_s=self.config.failure.collective_timeout_s
+            )
+        elif dist.get_world_size() != launch.world_size or dist.get_rank() != launch.rank:
+            raise ConfigError(
+                f"the process group already formed (rank {dist.get_rank()} of {dist.get_world_size()}) is not "
+                f"the launcher's ({launch.describe()}); destroy it before fit, or let raylight form it"
+            )
+        try:
+            if scaling.use_gpu:
+                device = torch.device("cuda", launch.local_rank)
+                torch.cuda.set_device(device)
+            else:
+                device = torch.device("cpu")
+            # Rank 0 knows where the run resumes from and where shards go; the others hear it.
+            start: list[Any] = [None]
+            if recorder is not None:
+                recorder.begin()
+                target = recorder.checkpoint_target() if scaling.sharded_checkpoints else None
+                latest = recorder.latest
+                start = [{
+                    "checkpoint": (latest.path, latest.metadata, latest.to_bytes()) if latest is not None else None,
+                    "checkpoint_dir": target.directory if target is not None else None,
+                    "next_checkpoint": target.next_index if target is not None else None,
+                }]
+            dist.broadcast_object_list(start, src=0)
+            begin = start[0]
+            checkpoint = None
+            if begin["checkpoint"] is not None:
+                path, metadata, data = begin["checkpoint"]
+                checkpoint = Checkpoint(path, metadata=metadata, data=data)
+            sink: Any = _InProcessSink(recorder, num_workers=launch.world_size) if recorder is not None else _NullSink()
+            ctx = TrainContext(
+                rank=launch.rank,
+                local_rank=launch.local_rank,
+                world_size=launch.world_size,
+                local_world_size=launch.local_world_size,
+                node_rank=launch.cross_rank,
+                device=device,
+                sink=sink,
+                checkpoint=checkpoint,
+                config=self.train_loop_config,
+                strategy=strategy,
+                checkpoint_dir=begin["checkpoint_dir"],
+                next_checkpoint=begin["next_checkpoint"],
+            )
+            call_train_loop(self.train_loop, ctx, self.train_loop_config)
+            del ctx, sink  # the loop's modules (DDP holds the group) go before the group does
+            ended: list[Any] = [None]
+            if recorder is not None:
+                latest = recorder.latest
+                ended = [{
+                    "history": list(recorder.history),
+                    "checkpoint": (latest.path, latest.metadata) if latest is not None else None,
+                }]
+            dist.broadcast_object_list(ended, src=0)
+        finally:
+            if created and dist.is_initialized():
+                gc.collect()  # a module the loop left in a cycle still holds the group
+                dist.destroy_process_group()
+        history = ended[0]["history"]
+        last = ended[0]["checkpoint"]
+        return Result(
+            metrics=history[-1] if history else {},
+            metrics_history=history,
+            checkpoint=Checkpoint(last[0], metadata=last[1]) if last is not None else None,
+            path=storage.uri,
+        )
 
     def _fit_in_process(self, recorder: RunRecorder) -> int:
         import torch
@@ -278,13 +399,15 @@ class Trainer:
 
 
 class _InProcessSink:
-    """ReportSink for num_workers=0: reports go straight to the recorder."""
+    """ReportSink for num_workers=0 and a launcher's rank 0: reports go straight to the
+    recorder."""
 
-    def __init__(self, recorder: RunRecorder) -> None:
+    def __init__(self, recorder: RunRecorder, num_workers: int = 1) -> None:
         self.recorder = recorder
+        self.num_workers = num_workers
 
     def report(self, report: Report) -> None:
-        self.recorder.record(report, num_workers=1)
+        self.recorder.record(report, num_workers=self.num_workers)
 
     def progress(self, epoch: int, step: int, steps_per_epoch: int, samples: int) -> None:
         pass  # no display in this mode; nothing reads it
@@ -292,8 +415,26 @@ class _InProcessSink:
     def heartbeat(self) -> None:
         pass
 
+    def output(self, stream: str, text: str) -> None:
+        print(text, file=sys.stderr if stream == "stderr" else sys.stdout, flush=True)
+
     def keep_commit(self, index: int, data: bytes, seq: int) -> None:
         pass
+
+
+class _NullSink(_InProcessSink):
+    """A launcher's other ranks: rank 0 records the run."""
+
+    def __init__(self) -> None:
+        pass
+
+    def report(self, report: Report) -> None:
+        pass
+
+
+def _launcher_places(launch: LaunchEnv) -> list[WorkerPlace]:
+    per_node = max(launch.local_world_size, 1)
+    return [WorkerPlace(r, f"{launch.launcher}-node{r // per_node}", launch.launcher, {"CPU": 1.0}) for r in range(launch.world_size)]
 
 
 def engine_settings(scaling: ScalingConfig, adaptive: AdaptiveConfig | None) -> Any:

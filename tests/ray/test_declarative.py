@@ -211,3 +211,68 @@ def test_forced_ray_data_fits_what_pandas_fits_with_the_same_split_sizes(ray_clu
     assert np.isclose(on_ray.meta["age"]["mean"], local.meta["age"]["mean"], rtol=0.05)
     assert np.isclose(on_ray.meta["age"]["std"], local.meta["age"]["std"], rtol=0.1)
     assert on_ray.meta["income"] == local.meta["income"]
+
+
+LAUNCHED_CONFIG = CONFIG.replace(
+    "backend: {type: local}", "backend: {type: ray, processor: {type: pandas}, trainer: {num_workers: 2}}"
+)
+
+
+def _under_torchrun(*args: str) -> subprocess.CompletedProcess:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(port), "-m", "raylight.cli", *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env={**env, "RAYLIGHT_RENDEZVOUS_TIMEOUT_S": "60"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def test_raylight_train_under_torchrun_gives_the_model_two_ray_workers_give(ray_cluster, tmp_path):
+    """Ludwig's `horovodrun ... ludwig train`, the torchrun way: both processes join
+    torchrun's group, rank 0 writes the model directory; evaluate and predict share rows."""
+    import json
+
+    import pandas as pd
+    from safetensors.torch import load_file
+
+    cfg, data = write(tmp_path, config=LAUNCHED_CONFIG)
+    on_ray = api.train(load_config(cfg), data, output_directory=str(tmp_path / "ray"), progress=False)
+    assert on_ray["backend"] == "ray"
+    trained = _under_torchrun("train", "--config", cfg, "--dataset", data, "--output-directory", str(tmp_path / "tr"), "--quiet")
+    assert (trained.stdout + trained.stderr).count("\"best_epoch\"") == 1, "rank 0 alone prints the evaluation"
+    ray_w = load_file(str(tmp_path / "ray" / "model" / "weights.safetensors"))
+    tr_w = load_file(str(tmp_path / "tr" / "model" / "weights.safetensors"))
+    assert ray_w.keys() == tr_w.keys()
+    for key in ray_w:
+        assert torch_allclose(ray_w[key], tr_w[key]), key
+    run = json.loads((tmp_path / "tr" / "evaluation.json").read_text())
+    assert run["test"]["accuracy"] == pytest.approx(on_ray["evaluation"]["test"]["accuracy"], abs=1e-6)
+    rows = [json.loads(line) for line in (tmp_path / "tr" / "metrics.jsonl").read_text().splitlines()]
+    assert {r["_workers"] for r in rows} == {2}
+
+    model = str(tmp_path / "tr" / "model")
+    evaluated = _under_torchrun("evaluate", "--model-path", model, "--dataset", data)
+    assert json.loads(evaluated.stdout) == pytest.approx(api.evaluate(model, data), rel=1e-6)  # float32 sums, other order
+    _under_torchrun("predict", "--model-path", model, "--dataset", data, "--output", str(tmp_path / "p.csv"))
+    api.predict(model, data, str(tmp_path / "one.csv"))
+    assert (tmp_path / "p.csv").read_text() == (tmp_path / "one.csv").read_text()
+    assert len(pd.read_csv(tmp_path / "p.csv")) == len(pd.read_csv(data))
+
+
+def torch_allclose(a, b) -> bool:
+    import torch
+
+    return bool(torch.allclose(a, b, atol=1e-6, rtol=1e-5))
+
+
+def test_a_launcher_backend_without_a_launcher_says_how_to_launch(tmp_path):
+    cfg, data = write(tmp_path, config=CONFIG.replace("backend: {type: local}", "backend: {type: horovod}"))
+    with pytest.raises(ConfigError) as err:
+        api.train(load_config(cfg), data, output_directory=str(tmp_path / "run"), progress=False)
+    assert "backend.type horovod" in str(err.value) and "horovodrun -np N raylight train" in str(err.value)
+    assert not (tmp_path / "run").exists()

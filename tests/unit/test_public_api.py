@@ -13,7 +13,7 @@ PUBLIC = [
     "InsufficientResourcesError", "PreemptedError", "RaylightError", "Result", "RunConfig", "RunInUseError", "ScalingConfig",
     "TrainContext", "Trainer", "TrainerConfig", "TrainingDivergedError", "TrainingFailedError", "WorkerDiedError",
     "WorkerError", "WorkerHangError", "WorkerStartError", "__version__", "fit", "load_model",
-    "release_workers",
+    "release_workers", "run_context",
 ]
 
 
@@ -206,8 +206,8 @@ LAYERS = [
     ("worker group", ["raylight.worker_group"]),
     ("trainer", ["raylight.trainer", "raylight.job_env"]),
     ("products", [
-        "raylight.declarative", "raylight.models", "raylight.lightning", "raylight.tune", "raylight.jobs", "raylight.cli",
-        "raylight.horovod",
+        "raylight.declarative", "raylight.models", "raylight.lightning", "raylight.tune", "raylight.jobs",
+        "raylight.launch", "raylight.cli", "raylight.horovod",
     ]),
 ]
 FACADE = "raylight"  # the package's __init__: the public surface over every layer
@@ -218,11 +218,12 @@ PRODUCTS = {
     "tune": ["raylight.tune"],
     "horovod": ["raylight.horovod"],
     "jobs": ["raylight.jobs"],
+    "launch": ["raylight.launch"],
     "cli": ["raylight.cli"],
 }
 PRODUCT_USES = {
-    "declarative": {"tune"}, "lightning": {"tune", "horovod"}, "cli": {"declarative", "tune", "jobs"}, "tune": set(),
-    "jobs": set(), "horovod": set(),
+    "declarative": {"tune"}, "lightning": {"tune", "horovod"}, "cli": {"declarative", "tune", "jobs", "launch"},
+    "tune": set(), "jobs": set(), "launch": set(), "horovod": {"launch"},  # hvd.elastic: raylight run's client
 }
 
 

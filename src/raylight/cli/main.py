@@ -18,6 +18,8 @@ import yaml
 from rich.console import Console
 
 from raylight.cli.jobs import jobs_app, submit
+from raylight.cli.launch import CONTEXT as RUN_CONTEXT
+from raylight.cli.launch import run
 from raylight.cli.prices import PriceOpt, PricesOpt, price_table
 from raylight.exceptions import (
     ClusterConnectionError,
@@ -41,12 +43,22 @@ console = Console(stderr=True)
 ConfigOpt = Annotated[str, typer.Option("--config", "-c", help="YAML config: local path or fsspec URI.")]
 DatasetOpt = Annotated[str, typer.Option("--dataset", "-d", help="CSV, Parquet or JSON-lines file, glob or URI.")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a config key: trainer.epochs=5 (repeatable).")]
-BackendOpt = Annotated[str | None, typer.Option(help="local or ray (overrides backend.type).")]
+BackendOpt = Annotated[str | None, typer.Option(help="local, ray or launcher (overrides backend.type).")]
 QuietOpt = Annotated[bool, typer.Option(help="No progress display.")]
 VerboseOpt = Annotated[
     bool, typer.Option("--verbose", help="Show Ray's own logs too (Ray Data's progress, Ray's INFO lines); RAYLIGHT_VERBOSE=1 does the same.")
 ]
 ModelPathOpt = Annotated[str, typer.Option(help="<output-directory>/model of a trained run.")]
+
+
+@app.callback()
+def _main(
+    local_rank: Annotated[int | None, typer.Option("--local_rank", "--local-rank", hidden=True)] = None,
+) -> None:
+    """Distributed, adaptive training on Ray."""
+    # `deepspeed --no_python raylight ...` puts --local_rank=N first unless given
+    # --no_local_rank; LOCAL_RANK says the same, and that is what raylight reads.
+
 
 def _fail(exc: BaseException) -> None:
     """Exit 2 for what the user can fix (config, data, paths, cluster, resources, a run in
@@ -103,6 +115,8 @@ def train(
         )
     except RaylightError as exc:
         _fail(exc)
+    if out.get("rank", 0) != 0:  # under a launcher, rank 0 reports for every rank
+        return
     console.print_json(json.dumps(out["evaluation"]))
     console.print(f"model: {out['model_path']}", highlight=False, markup=False, soft_wrap=True)
     if out.get("cost"):
@@ -162,7 +176,8 @@ def evaluate(
         metrics = api.evaluate(model_path, dataset)
     except RaylightError as exc:
         _fail(exc)
-    print(json.dumps(metrics, indent=2))
+    if metrics is not None:  # None: a launcher's other ranks; rank 0 prints
+        print(json.dumps(metrics, indent=2))
 
 
 @app.command()
@@ -180,7 +195,7 @@ def predict(
         frame = api.predict(model_path, dataset, output)
     except RaylightError as exc:
         _fail(exc)
-    if output is None:
+    if output is None and frame is not None:
         frame.to_csv(sys.stdout, index=False)
 
 
@@ -254,6 +269,7 @@ def report(
 
 
 app.command()(submit)
+app.command("run", context_settings=RUN_CONTEXT, options_metavar="[OPTIONS] (SCRIPT | -m MODULE) [ARGS]...")(run)
 app.add_typer(jobs_app, name="jobs")
 
 

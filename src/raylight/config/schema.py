@@ -384,6 +384,14 @@ class ScalingConfig(ConfigModel):
         description="When more workers would help than fit, ask the Ray autoscaler for them "
         "(ray.autoscaler.sdk.request_resources).",
     )
+    launcher: Literal["auto", "ignore"] = Field(
+        "auto",
+        description="auto: when torchrun, the deepspeed launcher, horovodrun, mpirun or "
+        "`raylight run` started this process (their environment variables say so), join the "
+        "group they started instead of starting Ray workers: every rank runs the loop, rank 0 "
+        "records the run, num_workers is the launcher's. ignore: start Ray workers (or run in "
+        "this process) as if no launcher had.",
+    )
 
     @field_validator("strategy", mode="before")
     @classmethod

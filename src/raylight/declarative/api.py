@@ -7,10 +7,12 @@ nothing half-written.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,26 +39,45 @@ log = logging.getLogger("raylight")
 DEFAULT_LR = {"adam": 1e-3, "adamw": 1e-3, "sgd": 0.05}
 
 
+LAUNCHED = ("launcher", "horovod", "deepspeed")  # backend types that run under an external launcher
+
+
 @dataclass
 class Backend:
-    kind: str  # "local" or "ray"
+    kind: str  # "local", "ray" or "launcher"
     num_workers: int | tuple[int, int]
     use_gpu: bool
     resources: dict[str, float] | None
+    rank: int = 0  # this process's rank under a launcher; 0 elsewhere
 
 
 def resolve_backend(config: ModelConfig, override: str | None) -> Backend:
     """Which backend runs, with how many workers; connects to Ray for the ray backend and
-    checks the resources it asks for exist."""
+    checks the resources it asks for exist. A process torchrun, horovodrun, mpirun or the
+    deepspeed launcher started runs in the launcher's group, whatever the backend says."""
+    from raylight import launcher_env
+
     b = config.backend
     kind = override or b.type
+    if kind is not None and kind not in ("local", "ray", *LAUNCHED):
+        raise ConfigError(f"backend must be local, ray or launcher, got {kind!r}")
+    launch = launcher_env.detect()
+    t = b.trainer
+    if launch is not None:
+        if launch.rank == 0 and kind not in (None, *LAUNCHED):
+            log.info("started by %s: its %d processes train (backend %s is not used)", launch.launcher, launch.world_size, kind)
+        return Backend("launcher", launch.world_size, t.use_gpu, None, rank=launch.rank)
+    if kind in LAUNCHED:
+        where = "--backend" if override else "backend.type"
+        raise ConfigError(
+            f"{where} {kind} trains in the processes a launcher starts, but no launcher started this one; "
+            "run it as `torchrun --nproc-per-node N -m raylight.cli train ...`, `horovodrun -np N raylight train ...` "
+            "or `deepspeed --no_python --num_gpus N raylight train ...`, or use the ray backend"
+        )
     if kind is None:
         import ray
 
         kind = "ray" if (os.environ.get("RAY_ADDRESS") or ray.is_initialized()) else "local"
-    if kind not in ("local", "ray"):
-        raise ConfigError(f"backend must be local or ray, got {kind!r}")
-    t = b.trainer
     if kind == "local":
         return Backend("local", 0, t.use_gpu, None)
     import ray
@@ -120,10 +141,12 @@ class Prepared:
 
 
 def prepare(
-    config: ModelConfig, dataset: str, *, use_cache: bool = True, processor: str = "pandas", progress: bool = True
+    config: ModelConfig, dataset: str, *, use_cache: bool = True, processor: str = "pandas", progress: bool = True,
+    write_cache: bool = True,
 ) -> Prepared:
     """Preprocessed splits, from ``backend.cache_dir`` when an entry matches. ``processor``
-    "ray_data" leaves the splits in the object store as blocks (``BlockRefs``)."""
+    "ray_data" leaves the splits in the object store as blocks (``BlockRefs``).
+    ``write_cache``: store a new entry (rank 0 alone does, under a launcher)."""
     cache_dir = config.backend.cache_dir if use_cache else None
     if cache_dir:
         from raylight.declarative import cache
@@ -141,7 +164,7 @@ def prepare(
         prepared = Prepared(config, parts["meta"], parts["train"], parts["validation"], parts["test"], None)
     else:
         prepared = _prepare(config, dataset)
-    if cache_dir:
+    if cache_dir and write_cache:
         cache.save(cache_dir, key, prepared.meta, {"train": prepared.train, "validation": prepared.validation, "test": prepared.test})
     return prepared
 
@@ -197,15 +220,18 @@ def train(
 ) -> dict[str, Any]:
     """Train, save the model to ``<output_directory>/model`` and evaluate on the test split.
     ``prices`` (USD per hour per node type) prices the run: the result's ``cost``."""
+    from raylight import launcher_env
     from raylight.declarative.train import declarative_loop, evaluate_data, load_model, save_model
     from raylight.trainer import fit
 
-    out = new_output_dir(output_directory)
+    launch = launcher_env.detect()
+    leader = launch is None or launch.rank == 0  # under a launcher, rank 0 alone writes the output directory
+    out = new_output_dir(output_directory) if leader else os.path.abspath(output_directory)
     started = time.monotonic()
     resolved = resolve_backend(config, backend)
     connected = time.monotonic()
     choice = processor.resolve(config.backend.processor, resolved.kind, dataset)
-    prepared = prepare(config, dataset, processor=choice.processor, progress=progress)
+    prepared = prepare(config, dataset, processor=choice.processor, progress=progress, write_cache=leader)
     if resolved.kind == "ray":
         prepared = in_store(prepared)
     preprocessed = time.monotonic()
@@ -224,6 +250,8 @@ def train(
         loggers=list(config.loggers),
         prices=prices,
     )
+    if not leader:
+        return {"output_directory": out, "model_path": os.path.join(out, "model"), "backend": resolved.kind, "rank": resolved.rank}
     atomic_write(os.path.join(out, "config.yaml"), render_config(config))
     assert result.checkpoint is not None, "every epoch reports a checkpoint"
     best = result.checkpoint.load()["best"]
@@ -289,7 +317,10 @@ def loop_settings(config: ModelConfig, prepared: Prepared, *, on_ray: bool) -> t
         rule = "adascale" if t.optimizer.type == "sgd" else "sqrt"
         adaptive = AdaptiveConfig(lr_rule=rule)
     if not on_ray and adaptive is not None:
-        log.warning("trainer: the adaptive engine runs on the ray backend only; the local backend keeps batch %s", 64 if auto_batch else t.batch_size)
+        log.warning(
+            "trainer: the adaptive engine runs on the ray backend only; training here keeps batch %s",
+            64 if auto_batch else t.batch_size,
+        )
         adaptive = None
     loop_config = {
         "model_config": config.model_dump(mode="json"),
@@ -326,13 +357,48 @@ def _plot_learning_curves(history: list[dict[str, Any]], path: str) -> None:
     plt.close(fig)
 
 
-def predict(model_path: str, dataset: str, output: str | None) -> pd.DataFrame:
+@contextlib.contextmanager
+def _launched_group() -> Iterator[Any]:
+    """Under a launcher with more than one process: its group, formed here and destroyed
+    after (the LaunchEnv is yielded); None elsewhere."""
+    from raylight import launcher_env
+
+    launch = launcher_env.detect()
+    if launch is None or launch.world_size == 1:
+        yield None
+        return
+    import torch.distributed as dist
+
+    launcher_env.init_process_group(launch, "gloo")
+    try:
+        yield launch
+    finally:
+        dist.destroy_process_group()
+
+
+def predict(model_path: str, dataset: str, output: str | None) -> pd.DataFrame | None:
+    """Predictions for every row of ``dataset``, in order. Under a launcher each process
+    predicts its share of the rows and rank 0 writes (and returns) them all; the other
+    ranks return None."""
     from raylight.declarative.train import load_model
 
     if output:
         check_output_file(output, "--output", FRAME_FORMATS)
     model = load_model(model_path)
-    frame = model.predict(read_pandas(dataset), source=dataset)
+    df = read_pandas(dataset)
+    with _launched_group() as launch:
+        if launch is None:
+            frame = model.predict(df, source=dataset)
+        else:
+            import numpy as np
+            import torch.distributed as dist
+
+            rows = np.array_split(np.arange(len(df)), launch.world_size)[launch.rank]
+            parts: list[Any] = [None] * launch.world_size
+            dist.all_gather_object(parts, model.predict(df.iloc[rows], source=dataset))
+            if launch.rank != 0:
+                return None
+            frame = pd.concat(parts)
     if output:
         write_frame(frame, output)
     return frame
@@ -356,10 +422,26 @@ def check_output_file(path: str, option: str, suffixes: tuple[str, ...] | None =
         raise ConfigError(f"{option} {path!r}: its directory {parent!r} is not writable")
 
 
-def evaluate(model_path: str, dataset: str) -> dict[str, float]:
+def evaluate(model_path: str, dataset: str) -> dict[str, float] | None:
+    """Metrics of the model on ``dataset``. Under a launcher each process evaluates its
+    share of the rows, the sums are added up, and rank 0 returns the metrics (the other
+    ranks None)."""
     from raylight.declarative.train import load_model
 
-    return load_model(model_path).evaluate(read_pandas(dataset), source=dataset)
+    model, df = load_model(model_path), read_pandas(dataset)
+    with _launched_group() as launch:
+        if launch is None:
+            return model.evaluate(df, source=dataset)
+        import torch
+        import torch.distributed as dist
+
+        def reduce(sums: dict[str, float]) -> dict[str, float]:
+            values = torch.tensor(list(sums.values()), dtype=torch.float64)
+            dist.all_reduce(values)
+            return dict(zip(sums, values.tolist(), strict=True))
+
+        metrics = model.evaluate(df, source=dataset, part=(launch.rank, launch.world_size), reduce=reduce)
+        return metrics if launch.rank == 0 else None
 
 
 def write_frame(frame: pd.DataFrame, path: str) -> None:

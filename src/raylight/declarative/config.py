@@ -250,8 +250,12 @@ class BackendTrainer(ConfigModel):
 
 
 class BackendConfig(ConfigModel):
-    type: Literal["local", "ray"] | None = Field(
-        None, description="local: one process; ray: workers on Ray. Unset: ray if a cluster is reachable, else local."
+    type: Literal["local", "ray", "launcher", "horovod", "deepspeed"] | None = Field(
+        None,
+        description="local: one process; ray: workers on Ray; launcher (Ludwig's horovod and "
+        "deepspeed name it too): the processes torchrun, horovodrun, mpirun or the deepspeed "
+        "launcher started, which it requires. Unset: ray if a cluster is reachable, else local. "
+        "Whatever it says, a process such a launcher started joins the launcher's group.",
     )
     processor: ProcessorConfig = Field(default_factory=lambda: ProcessorConfig(), description="Preprocessing engine.")
     trainer: BackendTrainer = Field(default_factory=lambda: BackendTrainer(), description="Distributed training.")

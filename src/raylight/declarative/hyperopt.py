@@ -150,8 +150,15 @@ def hyperopt(config: ModelConfig, dataset: str, *, output_directory: str, progre
             "the config has no hyperopt: section; add one, e.g. hyperopt: {parameters: "
             "{trainer.learning_rate: {space: loguniform, lower: 0.0001, upper: 0.1}}}"
         )
-    if config.backend.type == "local":
-        log.warning("backend.type: local is ignored by hyperopt; every trial runs its workers on Ray")
+    from raylight import launcher_env
+
+    if (launch := launcher_env.detect()) is not None:
+        raise ConfigError(
+            f"hyperopt runs its trials on Ray, but {launch.launcher} started this process; run "
+            "`raylight hyperopt ...` without the launcher"
+        )
+    if config.backend.type not in (None, "ray"):
+        log.warning("backend.type: %s is ignored by hyperopt; every trial runs its workers on Ray", config.backend.type)
     out = api.new_output_dir(output_directory)
     search.search_algorithm(h)  # optuna missing is a usage error, before any work
     frame = read_pandas(dataset)

@@ -56,13 +56,14 @@ def memory_limit(setting: int | str, available: int) -> int:
 
 
 def choose(config: ProcessorConfig, backend: str, estimated: int, limit: int) -> Choice:
-    """The engine for a run on ``backend`` ("local" or "ray") of a dataset estimated at
+    """The engine for a run on ``backend`` ("local", "launcher" or "ray") of a dataset estimated at
     ``estimated`` bytes in memory, with an in-memory limit of ``limit`` bytes."""
     kind = config.type
-    if backend == "local":
+    if backend in ("local", "launcher"):  # a launcher's ranks each preprocess as the local backend does
+        how = "the local backend preprocesses" if backend == "local" else "under a launcher every rank preprocesses"
         if kind in ("ray_data", "dask"):
-            return Choice("pandas", f"backend.processor.type {kind} needs the ray backend; the local backend preprocesses with pandas")
-        return Choice("pandas", "the local backend preprocesses with pandas")
+            return Choice("pandas", f"backend.processor.type {kind} needs the ray backend; {how} with pandas")
+        return Choice("pandas", f"{how} with pandas")
     if kind == "dask":
         return Choice("ray_data", "backend.processor.type dask (Ludwig's Dask on Ray) runs on Ray Data")
     if kind in ("pandas", "ray_data"):
@@ -80,7 +81,7 @@ def resolve(config: ProcessorConfig, backend: str, dataset: str) -> Choice:
         choice = choose(config, backend, estimated_memory(dataset), memory_limit(config.in_memory_limit_mb, available_memory()))
     else:
         choice = choose(config, backend, 0, 0)
-    if config.type == "dask" or (backend == "local" and config.type == "ray_data"):
+    if config.type == "dask" or (backend != "ray" and config.type == "ray_data"):
         log.warning("%s", choice.reason)  # a setting read differently than a Ludwig user may expect
     else:
         log.info("preprocessing: %s", choice.reason)

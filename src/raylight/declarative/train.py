@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -57,9 +57,13 @@ def _chunks(data: Any) -> Iterator[dict[str, np.ndarray]]:
         yield {k: v[lo : lo + EVAL_ROWS] for k, v in data.items()}
 
 
-def evaluate_data(model: torch.nn.Module, data: Any, output: Any, meta: dict[str, Any], device: torch.device) -> dict[str, float]:
+def evaluate_data(
+    model: torch.nn.Module, data: Any, output: Any, meta: dict[str, Any], device: torch.device,
+    reduce: Callable[[dict[str, float]], dict[str, float]] | None = None,
+) -> dict[str, float]:
     """Loss and metrics of ``model`` on ``data`` (arrays or object-store blocks), streamed
-    chunk by chunk: sums over chunks, so nothing larger than a chunk is held at once."""
+    chunk by chunk: sums over chunks, so nothing larger than a chunk is held at once.
+    ``reduce`` adds up the sums of every process that evaluated a part of the data."""
     from raylight.models import loss_for, predictions
 
     std = meta[output.name].get("std", 1.0)
@@ -89,6 +93,8 @@ def evaluate_data(model: torch.nn.Module, data: Any, output: Any, meta: dict[str
                 sums["t"] += float(scaled.sum())
                 sums["t2"] += float(scaled.pow(2).sum())
     model.train(was_training)
+    if reduce is not None:
+        sums = reduce(sums)
     rows = sums["n"] or 1.0
     if classifier:
         return {"loss": sums["loss"] / rows, "accuracy": sums["correct"] / rows}
@@ -313,7 +319,12 @@ class LoadedModel:
                 result[f"{out_name}_probability_{cls}"] = probs
         return result.reset_index(drop=True)
 
-    def evaluate(self, df: pd.DataFrame, *, source: str = "input") -> dict[str, float]:
+    def evaluate(
+        self, df: pd.DataFrame, *, source: str = "input", part: tuple[int, int] | None = None,
+        reduce: Callable[[dict[str, float]], dict[str, float]] | None = None,
+    ) -> dict[str, float]:
+        """Metrics on ``df``; ``part=(rank, world_size)`` evaluates that share of its rows and
+        ``reduce`` adds up every share's sums (processes a launcher started)."""
         from raylight.declarative.preprocess import check_target
         from raylight.exceptions import ConfigError
 
@@ -324,7 +335,11 @@ class LoadedModel:
                 f"no rows to evaluate: every row of the {len(df)} given lacks the target "
                 f"{self.output.col!r} or is dropped by a drop_row strategy"
             )
-        return evaluate_data(self.model, arrays, self.output, self.meta, torch.device("cpu"))
+        if part is not None:
+            rank, world = part
+            rows = np.array_split(np.arange(len(arrays[self.output.name])), world)[rank]
+            arrays = {k: v[rows] for k, v in arrays.items()}
+        return evaluate_data(self.model, arrays, self.output, self.meta, torch.device("cpu"), reduce)
 
 
 def load_model(path: str) -> LoadedModel:

@@ -80,6 +80,9 @@ class WorkerPoll:
     joined: bool = True
     commit: int = -1  # index of the last checkpoint this worker holds in memory
     notice: NodeNotice | None = None  # a preemption notice this worker's node was given
+    # Lines a product's loop forwards to the driver since the last poll, as (stream, text):
+    # `raylight run` sends its child process's stdout and stderr this way.
+    output: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,7 @@ class RaylightWorker:
         self._lock = threading.Lock()
         self._state: WorkerState = "starting"
         self._reports: list[Report] = []
+        self._output: list[tuple[str, str]] = []
         self._progress = Progress()
         self._samples = 0
         self._last_progress = monotonic()
@@ -271,6 +272,7 @@ class RaylightWorker:
         with self._lock:
             self._state = "starting"
             self._reports = []
+            self._output = []
             self._progress = Progress()
             self._samples = 0
             self._error = None
@@ -384,6 +386,7 @@ class RaylightWorker:
         stats = sync.drain_stats() if sync is not None and sync.ready and self.info.rank == 0 else None
         with self._lock:
             reports, self._reports = self._reports, []
+            output, self._output = self._output, []
             return WorkerPoll(
                 rank=self.info.rank,
                 state=self._state,
@@ -395,6 +398,7 @@ class RaylightWorker:
                 adaptive=stats,
                 commit=self._commit[0] if self._commit is not None else -1,
                 notice=self._notice,
+                output=output,
             )
 
     # -- ReportSink for the TrainContext ---------------------------------------------
@@ -402,6 +406,10 @@ class RaylightWorker:
         with self._lock:
             self._reports.append(report)
             self._last_progress = monotonic()
+
+    def output(self, stream: str, text: str) -> None:
+        with self._lock:
+            self._output.append((stream, text))
 
     def progress(self, epoch: int, step: int, steps_per_epoch: int, samples: int) -> None:
         freeze_long_lived("first batch")

@@ -1,0 +1,76 @@
+"""`raylight run`: a thin command over ``raylight.launch.driver.launch``.
+
+Everything after the script (or after ``-m MODULE``) goes to the script unchanged, options
+that start with ``-`` included. Exit codes: the script's (0, or the failing rank's), 2 for
+usage errors (flags, a missing script or module, the address, resources the cluster does
+not have), 1 for other failures (a rank that never initialises its process group, a worker
+that died), 130 for Ctrl-C.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+
+from raylight.exceptions import (
+    ClusterConnectionError,
+    ConfigError,
+    InsufficientResourcesError,
+    RaylightError,
+)
+from raylight.launch.driver import INIT_TIMEOUT_S, launch, parse_size
+
+console = Console(stderr=True)
+USAGE_ERRORS = (ConfigError, ClusterConnectionError, InsufficientResourcesError)
+# Options end at the script: `raylight run -n 2 train.py --lr 0.1` gives --lr to the script.
+CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False}
+
+
+def _error(exc: BaseException, code: int) -> NoReturn:
+    console.print("[bold red]error:[/] ", end="", highlight=False)
+    console.print(str(exc), highlight=False, soft_wrap=True, markup=False)
+    raise typer.Exit(code)
+
+
+def run(
+    ctx: typer.Context,
+    nproc: Annotated[str, typer.Option("--nproc", "-n", help="Workers: N, or MIN:MAX for an elastic run.")] = "1",
+    module: Annotated[str | None, typer.Option("--module", "-m", help="Run a module as `python -m MODULE` does.")] = None,
+    cpus: Annotated[float, typer.Option(help="CPUs per worker.")] = 1.0,
+    gpus: Annotated[float, typer.Option(help="GPUs per worker (NCCL where the script asks for it).")] = 0.0,
+    address: Annotated[str | None, typer.Option(help="A Ray cluster's address; default: RAY_ADDRESS, else an embedded local Ray.")] = None,
+    max_failures: Annotated[int, typer.Option(help="Restart the whole group this many times after a rank fails (-1: always), as torchrun's --max-restarts.")] = 0,
+    init_timeout: Annotated[float, typer.Option(help="Seconds every rank has to call init_process_group after the first did.")] = INIT_TIMEOUT_S,
+    name: Annotated[str | None, typer.Option(help="The run's name (its directory under the storage path).")] = None,
+    storage_path: Annotated[str | None, typer.Option(help="Where run directories go (reports and checkpoints of raylight.run_context()).")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Show Ray's own logs too.")] = False,
+) -> None:
+    """Run SCRIPT [ARGS...] (or -m MODULE [ARGS...]) on N Ray workers, as torchrun would.
+
+    Each rank runs the script as __main__ in its own process with RANK, LOCAL_RANK,
+    WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set; its output comes back
+    prefixed with \\[rank N]. Exit code: the failing rank's; 2 for usage errors. See
+    docs/launch.md.
+    """
+    args = list(ctx.args)
+    try:
+        if module is None:
+            if not args:
+                raise ConfigError("give a script (raylight run -n 2 train.py ARGS) or a module (-m pkg.mod ARGS)")
+            if args[0].startswith("-"):
+                raise ConfigError(f"no such option {args[0]!r} before the script; see raylight run --help")
+            target, args = args[0], args[1:]
+        else:
+            target = module
+        code = launch(
+            target, args, module=module is not None, num_workers=parse_size(nproc), cpus=cpus, gpus=gpus,
+            address=address, max_failures=max_failures, init_timeout_s=init_timeout, name=name,
+            storage_path=storage_path, verbose=True if verbose else None,
+        )
+    except USAGE_ERRORS as exc:
+        _error(exc, 2)
+    except RaylightError as exc:
+        _error(exc, 1)
+    raise typer.Exit(code)

@@ -1,0 +1,271 @@
+"""The worker side of `raylight run`, the loop each raylight worker runs: like torchrun's
+agent, it starts the user's script in a child process with torchrun's environment,
+forwards the child's output lines to the driver with the worker's polls, serves the
+child's ``raylight.run_context()`` calls, and fails with the child's exit code.
+
+The child runs ``bootstrap.py`` (by its path: it imports nothing of raylight), which runs
+the script as ``__main__``. It is its own process group (killed as a group when the loop
+stops it) and dies with the actor thread that started it (``PR_SET_PDEATHSIG``), so a
+killed worker leaves no script behind.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection, Listener
+from pathlib import Path
+from typing import IO, Any
+
+from raylight.launch.bootstrap import CHANNEL_ENV, KEY_ENV, PARENT_ENV
+
+BOOTSTRAP = str(Path(__file__).with_name("bootstrap.py"))
+STORE_TIMEOUT_S = 1800.0  # the agent store's own operations (torch's default process-group timeout)
+STOP_GRACE_S = 5.0  # SIGTERM to SIGKILL when the loop stops a child that still runs
+EVENT = "event"  # the output stream of the child's events (init_entered, init_done)
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What every agent runs: ``python TARGET ARGS`` (or ``python -m TARGET ARGS``) in
+    ``cwd``, as ``run_name``, allowed ``max_restarts`` group restarts."""
+
+    target: str
+    args: tuple[str, ...]
+    module: bool
+    cwd: str
+    run_name: str
+    max_restarts: int
+
+
+class ScriptExitError(RuntimeError):
+    """A rank's script exited with a non-zero code (or was killed by a signal)."""
+
+    def __init__(self, rank: int, code: int) -> None:
+        if code > 128 and code - 128 in signal.Signals._value2member_map_:
+            how = f"was killed by {signal.Signals(code - 128).name} (exit code {code})"
+        else:
+            how = f"exited with code {code}"
+        super().__init__(f"rank {rank}: the script {how}")
+        self.rank = rank
+        self.code = code
+
+    def __reduce__(self) -> Any:
+        return (ScriptExitError, (self.rank, self.code))
+
+
+def agent_loop(ctx: Any, config: dict[str, Any]) -> None:
+    """The loop of one raylight worker under `raylight run` (see the module's doc).
+    ``config["restarts"]`` is the driver's count of group restarts so far (a list the
+    driver updates; Ray sends its value with each start)."""
+    spec: LaunchSpec = config["spec"]
+    restarts = int(config["restarts"][0])
+    master_addr = os.environ["MASTER_ADDR"]  # rank 0's node, set by the worker for its own group
+    # The scripts' store, as torchrun's agent store: held by rank 0's agent (not its script),
+    # on a port of its own (the core's store holds the worker's MASTER_PORT); all learn it.
+    port = float(_open_agent_store(master_addr, ctx.world_size)) if ctx.rank == 0 else 0.0
+    master_port = int(ctx.all_reduce(port, "sum"))
+    nodes = int(ctx.all_reduce(float(ctx.node_rank), "max")) + 1
+    env = child_env(
+        dict(os.environ), spec, rank=ctx.rank, local_rank=ctx.local_rank, world_size=ctx.world_size,
+        local_world_size=ctx.local_world_size, node_rank=ctx.node_rank, nodes=nodes,
+        master_addr=master_addr, master_port=master_port, restarts=restarts,
+    )
+    with _Channel(ctx) as channel:
+        env[CHANNEL_ENV] = channel.address
+        env[KEY_ENV] = channel.key.hex()
+        env[PARENT_ENV] = str(os.getpid())
+        code = _run_child(ctx, spec, env)
+    if code != 0:
+        raise ScriptExitError(ctx.rank, code)
+
+
+def child_env(
+    base: dict[str, str], spec: LaunchSpec, *, rank: int, local_rank: int, world_size: int, local_world_size: int,
+    node_rank: int, nodes: int, master_addr: str, master_port: int, restarts: int,
+) -> dict[str, str]:
+    """The child's environment: the worker's, with what torchrun sets for its workers."""
+    env = dict(base)
+    env.update(
+        RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(local_world_size), GROUP_RANK=str(node_rank), NODE_RANK=str(node_rank),
+        GROUP_WORLD_SIZE=str(nodes), ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(world_size), ROLE_NAME="default",
+        MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), TORCHELASTIC_USE_AGENT_STORE="True",
+        TORCHELASTIC_RESTART_COUNT=str(restarts),
+        TORCHELASTIC_MAX_RESTARTS=str(spec.max_restarts), TORCHELASTIC_RUN_ID=spec.run_name,
+    )
+    env.setdefault("PYTHONUNBUFFERED", "1")  # lines reach the driver as they are printed
+    return env
+
+
+def child_command(spec: LaunchSpec) -> list[str]:
+    target = ["-m", spec.target] if spec.module else [spec.target]
+    return [sys.executable, BOOTSTRAP, *target, *spec.args]
+
+
+# Rank 0's agent store. Like torchrun's, it lives as long as the agent's process (the worker
+# serves this one run and is killed with it: reuse_workers=False), so no script outlives it.
+_AGENT_STORES: list[Any] = []
+
+
+def _open_agent_store(host: str, world_size: int) -> int:
+    """Start the scripts' TCPStore server in this process, listening on ``host`` alone;
+    its port. The scripts connect as clients (TORCHELASTIC_USE_AGENT_STORE)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from raylight.worker_group.net import listen_socket
+
+    sock = listen_socket(host)
+    try:
+        store = dist.TCPStore(
+            host, sock.getsockname()[1], world_size, True, timedelta(seconds=STORE_TIMEOUT_S),
+            wait_for_workers=False, master_listen_fd=sock.fileno(),
+        )
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store owns the descriptor now
+    _AGENT_STORES.append(store)
+    return int(store.port)
+
+
+def _run_child(ctx: Any, spec: LaunchSpec, env: dict[str, str]) -> int:
+    """Start the child, forward its output until it exits; its exit code (128 + N when
+    signal N killed it). Stopped any other way (the loop's thread interrupted), the child's
+    process group is terminated, then killed."""
+    cwd = spec.cwd if os.path.isdir(spec.cwd) else None
+    child = subprocess.Popen(
+        child_command(spec), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=env, cwd=cwd, start_new_session=True,
+    )
+    assert child.stdout is not None and child.stderr is not None
+    pumps = [
+        threading.Thread(target=_pump, args=(stream, name, ctx), name=f"raylight-run-{name}", daemon=True)
+        for stream, name in ((child.stdout, "stdout"), (child.stderr, "stderr"))
+    ]
+    for pump in pumps:
+        pump.start()
+    try:
+        while True:
+            try:
+                code = child.wait(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                ctx.heartbeat()  # the script's progress is its own; the worker is alive
+    finally:
+        if child.poll() is None:
+            _stop(child)
+        for pump in pumps:
+            pump.join(timeout=STOP_GRACE_S)
+    return 128 - code if code < 0 else code
+
+
+def _stop(child: subprocess.Popen[bytes]) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(child.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            child.wait(timeout=STOP_GRACE_S)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _pump(stream: IO[bytes], name: str, ctx: Any) -> None:
+    """Forward each line of one of the child's streams to the driver."""
+    with stream:
+        for raw in iter(stream.readline, b""):
+            ctx._output(name, raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+
+
+class _Channel:
+    """The agent's listener for its child (``bootstrap`` events and ``run_context``
+    calls): 127.0.0.1, an ephemeral port, a random key; each connection is served in its
+    own thread, calling the worker's context."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._ctx = ctx
+        self.key = secrets.token_bytes(32)
+        self._listener = Listener(("127.0.0.1", 0), authkey=self.key)
+        host, port = self._listener.address
+        self.address = f"{host}:{port}"
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._accept, name="raylight-run-channel", daemon=True)
+
+    def __enter__(self) -> _Channel:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._closed.set()
+        self._listener.close()  # ends accept()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn = self._listener.accept()
+            except (OSError, EOFError, AuthenticationError):  # closed, or a client that failed authentication
+                if self._closed.is_set():
+                    return
+                continue
+            threading.Thread(target=self._serve, args=(conn,), name="raylight-run-client", daemon=True).start()
+
+    def _serve(self, conn: Connection) -> None:
+        with conn:
+            while True:
+                try:
+                    request = json.loads(conn.recv_bytes())
+                    payload = conn.recv_bytes() if request.get("op") == "report" and request.get("checkpoint") and self._ctx.rank == 0 else None
+                except (EOFError, OSError):
+                    return
+                try:
+                    reply, data = self._handle(request, payload)
+                except Exception as exc:  # the script hears of it, the worker goes on
+                    reply, data = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, None
+                try:
+                    conn.send_bytes(json.dumps({**reply, "payload": data is not None}).encode())
+                    if data is not None:
+                        conn.send_bytes(data)
+                except OSError:
+                    return
+
+    def _handle(self, request: dict[str, Any], payload: bytes | None) -> tuple[dict[str, Any], bytes | None]:
+        op = request.get("op")
+        if op == "event":
+            self._ctx._output(EVENT, str(request.get("event")))
+            return {"ok": True}, None
+        if op == "report":
+            checkpoint = None
+            if request.get("checkpoint"):
+                checkpoint = _load(payload) if payload is not None else {}
+            self._ctx.report(request.get("metrics") or {}, checkpoint=checkpoint)
+            return {"ok": True}, None
+        if op == "load":
+            state = self._ctx.load_checkpoint()
+            if state is None:
+                return {"ok": True, "checkpoint": False}, None
+            import torch
+
+            buf = io.BytesIO()
+            torch.save(state, buf)
+            return {"ok": True, "checkpoint": True}, buf.getvalue()
+        return {"ok": False, "error": f"unknown request {op!r}"}, None
+
+
+def _load(data: bytes) -> dict[str, Any]:
+    import torch
+
+    state: dict[str, Any] = torch.load(io.BytesIO(data), weights_only=True)
+    return state

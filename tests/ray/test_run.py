@@ -1,0 +1,168 @@
+"""`raylight run` on real Ray and real torch.distributed: a torchrun-style DDP script gives
+torchrun's parameters, output comes back rank-prefixed, exit codes and restarts behave as
+under torchrun, raylight.run_context() reports and checkpoints, bad input is refused, and
+no process of a script outlives its run (checked with ps after each test).
+
+Most cases call ``launch`` in this process on the session's Ray; the CLI's own cases
+(usage errors, Ctrl-C) run the command in a subprocess.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from raylight.launch.driver import InitTimeoutError, launch
+from tests.conftest import REPO
+
+EXAMPLE = os.path.join(REPO, "examples", "launch", "ddp_torchrun.py")
+TIMEOUT = 300
+
+
+def _processes_with(marker: str) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if marker in line and f"{os.getpid()} " not in line and "ps -eo" not in line]
+
+
+def _assert_no_strays(marker: str) -> None:
+    """Every process whose command line holds ``marker`` (the test's tmp dir) is gone; a
+    killed actor's child gets its SIGKILL a moment after the actor dies."""
+    deadline = time.monotonic() + 20
+    while (left := _processes_with(marker)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"processes left running: {left}"
+
+
+def _cli(*args: str, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.path.join(REPO, "src")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "raylight.cli", "run", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=env, cwd=REPO, **kwargs,
+    )
+
+
+@pytest.fixture(scope="module")
+def torchrun_params(tmp_path_factory):
+    """The example's parameters after 12 steps under real torchrun, 2 processes."""
+    out = tmp_path_factory.mktemp("torchrun") / "params.pt"
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [
+        torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port), EXAMPLE,
+        "--steps", "12", "--out", str(out),
+    ]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err
+    return torch.load(out, weights_only=True)
+
+
+def _assert_same(params, expected):
+    assert params.keys() == expected.keys()
+    for key in expected:
+        assert torch.equal(params[key], expected[key]), key
+
+
+def test_ddp_script_matches_torchrun_with_rank_prefixed_output(ray_cluster, tmp_path, capsys, torchrun_params):
+    out = tmp_path / "params.pt"
+    assert launch(EXAMPLE, ["--steps", "12", "--out", str(out)], num_workers=2, storage_path=str(tmp_path / "runs")) == 0
+    _assert_same(torch.load(out, weights_only=True), torchrun_params)
+    printed = capsys.readouterr().out.splitlines()
+    for rank in (0, 1):
+        assert [line.split(" loss ")[0] for line in printed if line.startswith(f"[rank {rank}] step")] == [
+            f"[rank {rank}] step {s}" for s in (0, 5, 10)
+        ]
+    _assert_no_strays(str(tmp_path))
+
+
+def test_a_failed_rank_restarts_the_group_and_the_script_resumes_itself(ray_cluster, tmp_path, capsys, torchrun_params):
+    out, ckpt = tmp_path / "params.pt", tmp_path / "own.pt"
+    args = ["--steps", "12", "--out", str(out), "--checkpoint", str(ckpt), "--fail-once-at", "4"]
+    assert launch(EXAMPLE, args, num_workers=2, max_failures=1, storage_path=str(tmp_path / "runs")) == 0
+    _assert_same(torch.load(out, weights_only=True), torchrun_params)  # as if it had never failed
+    captured = capsys.readouterr()
+    assert "[rank 1] failing at step 4" in captured.err
+    assert "[rank 0] resumed at step 4" in captured.out
+    _assert_no_strays(str(tmp_path))
+
+
+def test_a_rank_exit_code_is_the_runs(ray_cluster, tmp_path, capsys):
+    code = launch(EXAMPLE, ["--exit-code", "3", "--out", str(tmp_path / "x")], num_workers=2, storage_path=str(tmp_path))
+    assert code == 3
+    err = capsys.readouterr().err
+    assert "[rank 1] rank 1 exiting with 3" in err
+    assert "raylight run: rank 1: the script exited with code 3" in err
+    _assert_no_strays(str(tmp_path))
+
+
+def test_module_with_run_context_reports_checkpoints_and_resumes(ray_cluster, tmp_path, capsys):
+    code = launch(
+        "tests.ray.run_scripts", ["context", str(tmp_path)], module=True, num_workers=2, max_failures=1,
+        storage_path=str(tmp_path), name="ctx",
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "[rank 0] attempt 0 starts at step 0 of 2" in out
+    resumed = [line for line in out.splitlines() if line.startswith("[rank 0] attempt 1 starts at step")]
+    assert resumed in (["[rank 0] attempt 1 starts at step 3 of 2"], ["[rank 0] attempt 1 starts at step 4 of 2"])
+    rows = [json.loads(line) for line in (tmp_path / "ctx" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(6))  # a restart repeats no row
+    assert rows[-1]["weight_sum"] == 12.0
+    assert list((tmp_path / "ctx" / "checkpoints").iterdir())
+    _assert_no_strays(str(tmp_path))
+
+
+def test_a_rank_that_never_initialises_is_named(ray_cluster, tmp_path, capsys):
+    with pytest.raises(InitTimeoutError, match=r"rank\(s\) 1 did not call torch.distributed.init_process_group within --init-timeout=3s"):
+        launch("tests.ray.run_scripts", ["noinit", str(tmp_path)], module=True, num_workers=2, init_timeout_s=3,
+               storage_path=str(tmp_path))
+    assert "[rank 1] rank 1 does not init" in capsys.readouterr().out
+    _assert_no_strays(str(tmp_path))
+
+
+def test_cli_usage_errors_exit_2(tmp_path):
+    cases = [
+        (["-n", "0", EXAMPLE], "-n/--nproc must be a number of workers >= 1"),
+        (["-n", "2", str(tmp_path / "missing.py")], "missing.py' does not exist"),
+        (["-n", "3", EXAMPLE], "CPU"),  # 3 one-CPU workers on the embedded 2-CPU Ray
+        (["--bogus", EXAMPLE], "no such option '--bogus'"),
+    ]
+    procs = [_cli(*args) for args, _ in cases]
+    for proc, (args, expected) in zip(procs, cases, strict=True):
+        _, err = proc.communicate(timeout=TIMEOUT)
+        assert proc.returncode == 2, (args, err)
+        assert expected in " ".join(err.split()), (args, err)
+
+
+def test_cli_on_a_cluster_address_ctrl_c_stops_every_worker(ray_cluster, tmp_path):
+    """The command joins a running cluster (the session's) by --address; Ctrl-C ends it."""
+    address = ray_cluster.get_runtime_context().gcs_address
+    proc = _cli(
+        "-n", "2", "--address", address, "--storage-path", str(tmp_path), "-m", "tests.ray.run_scripts", "sleep",
+        str(tmp_path),
+    )
+    assert proc.stdout is not None
+    ready = set()
+    for line in proc.stdout:  # both ranks are in their scripts
+        if line.strip().endswith("ready"):
+            ready.add(line.split("]")[0])
+            if len(ready) == 2:
+                break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    _assert_no_strays(str(tmp_path))

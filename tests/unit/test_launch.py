@@ -1,0 +1,211 @@
+"""`raylight run`'s pure parts and its child-side channel, without Ray: the size
+parser, the init watch, the driver's printing, the child's environment and command, the
+bootstrap running a script as __main__, and run_context() against a real agent channel."""
+
+import io
+import os
+import subprocess
+import sys
+import threading
+from multiprocessing import AuthenticationError
+
+import pytest
+import torch
+
+from raylight.exceptions import ConfigError
+from raylight.launch import agent, client
+from raylight.launch.agent import LaunchSpec, ScriptExitError, _Channel, child_command, child_env
+from raylight.launch.driver import (
+    InitTimeoutError,
+    InitWatch,
+    RankOutput,
+    _check_target,
+    launch,
+    parse_size,
+)
+from raylight.worker_group.protocol import GroupPoll, WorkerFailure, WorkerPoll
+
+SPEC = LaunchSpec(target="/x/train.py", args=("--lr", "0.1"), module=False, cwd="/x", run_name="r", max_restarts=2)
+
+
+def test_parse_size():
+    assert parse_size("2") == 2
+    assert parse_size("1:4") == (1, 4)
+    for bad in ("0", "-1", "3:2", "a", "1:2:3", "", "0:2"):
+        with pytest.raises(ConfigError, match="-n/--nproc"):
+            parse_size(bad)
+
+
+def test_bad_targets_name_what_is_missing(tmp_path):
+    with pytest.raises(ConfigError, match=r"nope\.py' does not exist"):
+        _check_target(str(tmp_path / "nope.py"), module=False)
+    with pytest.raises(ConfigError, match=r"-m no_such_pkg\.mod: no module 'no_such_pkg'"):
+        _check_target("no_such_pkg.mod", module=True)
+    with pytest.raises(ConfigError, match="--init-timeout"):
+        launch(__file__, init_timeout_s=0)
+    with pytest.raises(ConfigError, match="--cpus"):
+        launch(__file__, cpus=0)
+
+
+def test_init_watch_names_the_missing_ranks():
+    watch = InitWatch(10.0)
+    assert watch.missing(100.0, 3) == []  # nobody called init: a single-process script
+    watch.event(0, "init_entered", 1.0)
+    watch.event(2, "init_entered", 5.0)
+    watch.event(0, "init_done", 6.0)
+    assert watch.missing(10.9, 3) == []
+    assert watch.missing(11.0, 3) == [1]
+    watch.reset()
+    assert watch.missing(100.0, 3) == []
+
+
+def _poll(outputs, failures=()):
+    polls = [WorkerPoll(rank=r, state="running", output=list(o)) for r, o in enumerate(outputs)]
+    return GroupPoll(polls=polls, failures=list(failures))
+
+
+def test_rank_output_prints_by_stream_counts_restarts_and_times_out_init():
+    out, err, now = io.StringIO(), io.StringIO(), [0.0]
+    restarts = [0]
+    printer = RankOutput(InitWatch(5.0), restarts, out=out, err=err, clock=lambda: now[0])
+    printer(_poll([[("stdout", "hello"), ("event", "init_entered"), ("stderr", "warn")], [("stdout", "hi")]]))
+    assert out.getvalue() == "[rank 0] hello\n[rank 1] hi\n"
+    assert err.getvalue() == "[rank 0] warn\n"
+    now[0] = 6.0
+    with pytest.raises(InitTimeoutError, match=r"rank\(s\) 1 did not call torch.distributed.init_process_group within --init-timeout=5s"):
+        printer(_poll([[], []]))
+    printer(_poll([[], []], failures=[WorkerFailure(1, "error", "boom")]))  # a restart: the watch starts again
+    assert restarts == [1]
+    printer(_poll([[], []]))
+
+
+def test_child_env_is_torchruns():
+    env = child_env(
+        {"PATH": "/bin", "MASTER_PORT": "1"}, SPEC, rank=3, local_rank=1, world_size=4, local_world_size=2,
+        node_rank=1, nodes=2, master_addr="10.0.0.1", master_port=29555, restarts=1,
+    )
+    assert {k: env[k] for k in (
+        "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+        "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+    )} == {
+        "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
+        "GROUP_WORLD_SIZE": "2", "ROLE_RANK": "3", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29555",
+        "TORCHELASTIC_RESTART_COUNT": "1", "TORCHELASTIC_MAX_RESTARTS": "2", "TORCHELASTIC_RUN_ID": "r",
+    }
+    assert env["PATH"] == "/bin"
+    assert env["TORCHELASTIC_USE_AGENT_STORE"] == "True"  # the scripts' store is the agent's
+    assert child_command(SPEC)[2:] == ["/x/train.py", "--lr", "0.1"]
+    assert child_command(LaunchSpec("pkg.mod", ("-x",), True, "/x", "r", 0))[2:] == ["-m", "pkg.mod", "-x"]
+
+
+def test_script_exit_error_pickles_and_names_signals():
+    import pickle
+
+    err = pickle.loads(pickle.dumps(ScriptExitError(1, 3)))
+    assert (err.rank, err.code, str(err)) == (1, 3, "rank 1: the script exited with code 3")
+    assert "killed by SIGKILL" in str(ScriptExitError(0, 137))
+
+
+def test_bootstrap_runs_a_script_as_main(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import sys, os\n"
+        "print(__name__, sys.argv, sys.path[0] == os.path.dirname(os.path.abspath(__file__)))\n"
+        "sys.exit(int(sys.argv[2]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAYLIGHT_RUN")}
+    done = subprocess.run(
+        [sys.executable, agent.BOOTSTRAP, str(script), "--code", "7"], capture_output=True, text=True, env=env,
+        timeout=60,
+    )
+    assert done.returncode == 7
+    assert done.stdout.strip() == f"__main__ ['{script}', '--code', '7'] True"
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "mod.py").write_text("import sys\nif __name__ == '__main__':\n    print('module', sys.argv[1:])\n")
+    done = subprocess.run(
+        [sys.executable, agent.BOOTSTRAP, "-m", "pkg.mod", "-v"], capture_output=True, text=True, env=env,
+        cwd=tmp_path, timeout=60,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "module ['-v']")
+
+
+class _FakeContext:
+    """The agent's view of a worker's TrainContext: what the channel calls."""
+
+    rank = 0
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str]] = []
+        self.reports: list[tuple[dict, dict | None]] = []
+        self.lock = threading.Lock()
+
+    def _output(self, stream, text):
+        with self.lock:
+            self.lines.append((stream, text))
+
+    def report(self, metrics, *, checkpoint=None):
+        self.reports.append((metrics, checkpoint))
+
+    def load_checkpoint(self):
+        return self.reports[-1][1] if self.reports else None
+
+
+def test_run_context_reports_and_loads_through_the_agent_channel(monkeypatch):
+    with pytest.raises(RuntimeError, match="only in a script started by `raylight run`"):
+        monkeypatch.delenv(client.CHANNEL_ENV, raising=False)
+        client.run_context()
+    ctx = _FakeContext()
+    with _Channel(ctx) as channel:
+        run = client.RunContext(channel.address, channel.key)
+        assert run.load_checkpoint() is None
+        run.report({"loss": torch.tensor(0.5), "step": 1}, checkpoint={"w": torch.arange(3.0), "step": 1})
+        metrics, ckpt = ctx.reports[0]
+        assert metrics == {"loss": 0.5, "step": 1}
+        assert torch.equal(ckpt["w"], torch.arange(3.0)) and ckpt["step"] == 1
+        loaded = run.load_checkpoint()
+        assert torch.equal(loaded["w"], torch.arange(3.0))
+        with pytest.raises(TypeError, match="metric 'bad'"):
+            run.report({"bad": object()})
+        with pytest.raises(AuthenticationError):
+            client.RunContext(channel.address, b"wrong key" * 4)
+        assert run.load_checkpoint() is not None  # the channel still serves
+        run._conn.close()
+
+
+class _AgentContext(_FakeContext):
+    """A one-worker TrainContext as the agent loop sees it."""
+
+    local_rank, world_size, local_world_size, node_rank = 0, 1, 1, 0
+
+    def all_reduce(self, value, op="mean"):
+        return value
+
+    def heartbeat(self):
+        pass
+
+
+def test_agent_runs_the_script_in_a_child_and_forwards_its_lines(tmp_path, monkeypatch):
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import os, sys\n"
+        "import torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "print('rank', os.environ['RANK'], 'of', dist.get_world_size(), 'restart', os.environ['TORCHELASTIC_RESTART_COUNT'])\n"
+        "print('oops', file=sys.stderr)\n"
+        "dist.destroy_process_group()\n"
+        "sys.exit(int(sys.argv[1]))\n"
+    )
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    spec = LaunchSpec(str(script), ("0",), False, str(tmp_path), "r", 0)
+    ctx = _AgentContext()
+    agent.agent_loop(ctx, {"spec": spec, "restarts": [2]})
+    # stdout and stderr are read by a thread each: in order within a stream, interleaved across
+    assert sorted(ctx.lines) == sorted([
+        ("event", "init_entered"), ("event", "init_done"), ("stdout", "rank 0 of 1 restart 2"), ("stderr", "oops"),
+    ])
+    assert [line for line in ctx.lines if line[0] == "event"] == [("event", "init_entered"), ("event", "init_done")]
+    with pytest.raises(ScriptExitError, match="rank 0: the script exited with code 9"):
+        agent.agent_loop(_AgentContext(), {"spec": LaunchSpec(str(script), ("9",), False, str(tmp_path), "r", 0), "restarts": [0]})
+    assert len(agent._AGENT_STORES) == 2  # rank 0's agent held each attempt's store
+    agent._AGENT_STORES.clear()
