@@ -18,7 +18,7 @@ from torch import nn
 
 import raylight.horovod as hvd
 from raylight.horovod import compat, elastic
-from tests.helpers import process_tree, run_gloo_ranks
+from tests.helpers import run_gloo_ranks
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -345,18 +345,11 @@ def _assert_same(a: dict, b: dict, atol: float = 1e-6) -> None:
         assert torch.allclose(a[k], b[k], atol=atol), (k, (a[k] - b[k]).abs().max())
 
 
-def _no_children_left() -> None:
-    """No process of a launched script outlives it (multiprocessing's resource tracker,
-    the test process's own, may run)."""
-    left = []
-    for pid in process_tree(os.getpid())[1:]:
-        try:
-            with open(f"/proc/{pid}/cmdline") as f:
-                cmd = f.read().replace("\0", " ")
-        except OSError:
-            continue
-        if "resource_tracker" not in cmd:
-            left.append(cmd)
+def _no_strays(marker: str) -> None:
+    """No process of a launched script (its command line holds ``marker``, the test's
+    tmp dir) outlives it."""
+    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    left = [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
     assert not left, left
 
 
@@ -365,7 +358,7 @@ def test_mnist_example_under_mpirun_env_matches_ddp(tmp_path):
     runs = _launch(os.path.join(EXAMPLES, "pytorch_mnist.py"), ["--epochs", "2", "--save", save], f"hvd{os.getpid()}")
     assert all(r.returncode == 0 for r in runs), [r.stdout[-3000:] for r in runs]
     assert "epoch 2: train loss" in runs[0].stdout and "(2 ranks)" in runs[0].stdout
-    _no_children_left()
+    _no_strays(str(tmp_path))
     assert not os.path.exists(os.path.join(tempfile.gettempdir(), f"raylight-mpi-hvd{os.getpid()}"))
     ref = run_gloo_ranks(_ddp_mnist_rank, {"seed": 42, "samples": 256, "epochs": 2})
     _assert_same(torch.load(save, weights_only=True), ref[0]["state"])
@@ -406,7 +399,7 @@ def test_elastic_example_restores_the_last_commit_after_a_failure(tmp_path):
     job = f"hvdel{os.getpid()}"
     runs = _launch(os.path.join(EXAMPLES, "pytorch_elastic.py"), ["--fail-at-batch", "3", "--save", save], job)
     assert all(r.returncode == 0 for r in runs), [r.stdout[-3000:] for r in runs]
-    _no_children_left()
+    _no_strays(str(tmp_path))
     saved = torch.load(save, weights_only=True)
     assert saved["resets"] == [2]  # one reset, the reset callback saw the re-formed group
     ref = run_gloo_ranks(_ddp_elastic_rank)
