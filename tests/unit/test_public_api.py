@@ -33,6 +33,23 @@ def test_fit_signature_snapshot():
     assert all(p.kind is p.KEYWORD_ONLY for n, p in params.items() if n != "train_loop")
 
 
+def test_horovod_surface():
+    """Horovod's torch API names raylight.horovod serves (docs/horovod.md lists them)."""
+    import raylight.horovod as hvd
+
+    for name in (
+        "init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size", "cross_rank", "cross_size",
+        "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "allgather", "allgather_async",
+        "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",
+        "synchronize", "poll", "join", "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
+        "allgather_object", "DistributedOptimizer", "Compression", "Average", "Sum", "Min", "Max", "Product",
+        "Adasum", "HorovodInternalError", "HostsUpdatedInterrupt", "elastic", "install_import_hook",
+    ):
+        assert name in hvd.__all__ and hasattr(hvd, name), name
+    for name in ("TorchState", "ObjectState", "State", "ElasticSampler", "run"):
+        assert hasattr(hvd.elastic, name), name
+
+
 def test_context_surface():
     for name in ("rank", "local_rank", "world_size", "node_rank", "device", "logger"):
         assert name in inspect.getsource(raylight.TrainContext.__init__)
@@ -134,6 +151,14 @@ def test_boundaries():
     # Tune's integration is used by products only (see test_products_stand_side_by_side).
     users = {m for m, deps in MODULES.items() if not m.startswith("raylight.tune") and any(d.startswith("raylight.tune") for d in deps)}
     assert all(m.startswith(("raylight.declarative", "raylight.lightning", "raylight.cli")) for m in users), users
+    # Horovod's API is a library on torch.distributed and the launcher's environment: no Ray,
+    # and of raylight only the launcher's environment, the error types and (hvd.elastic's
+    # persistence) raylight run's context.
+    hvd = {d for path in (SRC / "horovod").rglob("*.py") for d in _all_imports(path)}
+    assert not {d for d in hvd if d.split(".")[0] == "ray"}, hvd
+    assert {d for d in hvd if d.startswith("raylight.") and not d.startswith("raylight.horovod")} <= {
+        "raylight.launcher_env", "raylight.exceptions", "raylight.launch.client",
+    }, hvd
     # Preemption notice watchers are the standard library alone: no raylight, Ray or torch.
     notices = {d.split(".")[0] for d in _all_imports(SRC / "notices.py")}
     assert not notices & {"raylight", "ray", "torch", "requests", "urllib3"}, notices
@@ -182,7 +207,7 @@ LAYERS = [
     ("trainer", ["raylight.trainer", "raylight.job_env"]),
     ("products", [
         "raylight.declarative", "raylight.models", "raylight.lightning", "raylight.tune", "raylight.jobs",
-        "raylight.launch", "raylight.cli",
+        "raylight.launch", "raylight.cli", "raylight.horovod",
     ]),
 ]
 FACADE = "raylight"  # the package's __init__: the public surface over every layer
@@ -191,13 +216,14 @@ PRODUCTS = {
     "declarative": ["raylight.declarative", "raylight.models"],
     "lightning": ["raylight.lightning"],
     "tune": ["raylight.tune"],
+    "horovod": ["raylight.horovod"],
     "jobs": ["raylight.jobs"],
     "launch": ["raylight.launch"],
     "cli": ["raylight.cli"],
 }
 PRODUCT_USES = {
-    "declarative": {"tune"}, "lightning": {"tune"}, "cli": {"declarative", "tune", "jobs", "launch"}, "tune": set(),
-    "jobs": set(), "launch": set(),
+    "declarative": {"tune"}, "lightning": {"tune", "horovod"}, "cli": {"declarative", "tune", "jobs", "launch"},
+    "tune": set(), "jobs": set(), "launch": set(), "horovod": {"launch"},  # hvd.elastic: raylight run's client
 }
 
 

@@ -1,5 +1,6 @@
-"""PyTorch Lightning on raylight: ``RayStrategy`` (DDP), ``RayFSDPStrategy`` (FSDP2)
-and ``RayDeepSpeedStrategy`` (ZeRO; needs the ``deepspeed`` extra).
+"""PyTorch Lightning on raylight: ``RayStrategy`` (DDP), ``RayFSDPStrategy`` (FSDP2),
+``RayDeepSpeedStrategy`` (ZeRO; needs the ``deepspeed`` extra) and ``HorovodRayStrategy``
+(DDP with ``raylight.horovod`` ready on every worker).
 
 The ``pl.Trainer`` stays on the driver; the strategy runs fit, validate, test and
 predict on raylight workers (Ray actors) and brings rank 0's results back. Needs the
@@ -18,8 +19,9 @@ from raylight.lightning.checkpoint_io import AtomicCheckpointIO
 from raylight.lightning.deepspeed import RayDeepSpeedStrategy
 from raylight.lightning.environment import RaylightEnvironment
 from raylight.lightning.fsdp import RayFSDPStrategy
+from raylight.lightning.horovod import HorovodRayStrategy
 from raylight.lightning.strategies import RayStrategy
 
 __all__ = [
-    "AtomicCheckpointIO", "RayDeepSpeedStrategy", "RayFSDPStrategy", "RayStrategy", "RaylightEnvironment",
+    "AtomicCheckpointIO", "HorovodRayStrategy", "RayDeepSpeedStrategy", "RayFSDPStrategy", "RayStrategy", "RaylightEnvironment",
 ]

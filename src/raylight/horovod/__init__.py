@@ -1,0 +1,89 @@
+"""Horovod's PyTorch API on ``torch.distributed``, with no Horovod install:
+``import raylight.horovod as hvd``.
+
+``hvd.init()`` joins the process group raylight or a launcher made (``raylight run``,
+``raylight.fit``, the Lightning strategies, torchrun, ``horovodrun``, ``mpirun``), and the
+collectives, ``DistributedOptimizer`` and ``hvd.elastic`` behave as Horovod's on it. See
+docs/horovod.md for each function's ``torch.distributed`` meaning and the differences
+(no Adasum, no process sets, ops matched by order, not name). ``install_import_hook()``
+makes ``import horovod.torch`` give this module where Horovod is absent.
+"""
+
+from raylight.horovod import elastic
+from raylight.horovod.basics import (
+    Adasum,
+    Average,
+    HorovodInternalError,
+    HostsUpdatedInterrupt,
+    Max,
+    Min,
+    ProcessSet,
+    Product,
+    Sum,
+    add_process_set,
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    global_process_set,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    remove_process_set,
+    rocm_built,
+    shutdown,
+    size,
+)
+from raylight.horovod.compat import install_import_hook, uninstall_import_hook
+from raylight.horovod.ops import (
+    allgather,
+    allgather_async,
+    allgather_object,
+    allreduce,
+    allreduce_,
+    allreduce_async,
+    allreduce_async_,
+    alltoall,
+    alltoall_async,
+    barrier,
+    broadcast,
+    broadcast_,
+    broadcast_async,
+    broadcast_async_,
+    broadcast_object,
+    grouped_allreduce,
+    grouped_allreduce_,
+    join,
+    poll,
+    reducescatter,
+    synchronize,
+)
+from raylight.horovod.optimizer import (
+    Compression,
+    DistributedOptimizer,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
+
+__all__ = [
+    "Adasum", "Average", "Compression", "DistributedOptimizer", "HorovodInternalError", "HostsUpdatedInterrupt",
+    "Max", "Min", "ProcessSet", "Product", "Sum", "add_process_set", "allgather", "allgather_async",
+    "allgather_object", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall",
+    "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters", "ccl_built", "cross_rank",
+    "cross_size", "cuda_built", "ddl_built", "elastic", "global_process_set", "gloo_built", "gloo_enabled",
+    "grouped_allreduce", "grouped_allreduce_", "init", "install_import_hook", "is_homogeneous", "is_initialized",
+    "join", "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll",
+    "rank", "reducescatter", "remove_process_set", "rocm_built", "shutdown", "size", "synchronize",
+    "uninstall_import_hook",
+]
