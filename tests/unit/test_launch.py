@@ -209,3 +209,21 @@ def test_agent_runs_the_script_in_a_child_and_forwards_its_lines(tmp_path, monke
         agent.agent_loop(_AgentContext(), {"spec": LaunchSpec(str(script), ("9",), False, str(tmp_path), "r", 0), "restarts": [0]})
     assert len(agent._AGENT_STORES) == 2  # rank 0's agent held each attempt's store
     agent._AGENT_STORES.clear()
+
+
+def test_bootstrap_serves_import_horovod_when_asked(tmp_path):
+    """RAYLIGHT_HOROVOD_COMPAT=1: a Horovod script's `import horovod.torch` gets raylight.horovod."""
+    import importlib.util
+
+    if importlib.util.find_spec("horovod") is not None:
+        pytest.skip("real Horovod is installed: the hook steps aside")
+    script = tmp_path / "h.py"
+    script.write_text("import horovod.torch as hvd\nhvd.init()\nprint(hvd.__name__, hvd.size(), hvd.rank())\nhvd.shutdown()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAYLIGHT_RUN", "RANK", "WORLD_SIZE", "MASTER_"))}
+    done = subprocess.run(
+        [sys.executable, agent.BOOTSTRAP, str(script)], capture_output=True, text=True, timeout=60,
+        env={**env, "RAYLIGHT_HOROVOD_COMPAT": "1"},
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "raylight.horovod 1 0"), done.stderr
+    done = subprocess.run([sys.executable, agent.BOOTSTRAP, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode != 0 and "No module named 'horovod'" in done.stderr

@@ -156,7 +156,8 @@ class _KeyValue(http.server.BaseHTTPRequestHandler):
 
 
 def test_horovod_rendezvous_publishes_rank_zeros_store():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _KeyValue)
+    handler = type("KeyValue", (_KeyValue,), {"store": {}})  # this server's own keys
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -168,5 +169,5 @@ def test_horovod_rendezvous_publishes_rank_zeros_store():
         server.shutdown()
         server.server_close()
     assert [got[r]["sum"] for r in (0, 1)] == [3.0, 3.0]
-    host = _KeyValue.store["/raylight/master"].decode().rpartition(":")[0]
+    host = handler.store["/raylight/master"].decode().rpartition(":")[0]
     assert host == "127.0.0.1"  # the store listened on loopback alone, toward a loopback server

@@ -223,7 +223,9 @@ PRODUCTS = {
 }
 PRODUCT_USES = {
     "declarative": {"tune"}, "lightning": {"tune", "horovod"}, "cli": {"declarative", "tune", "jobs", "launch"},
-    "tune": set(), "jobs": set(), "launch": set(), "horovod": {"launch"},  # hvd.elastic: raylight run's client
+    "tune": set(), "jobs": set(),
+    "launch": {"horovod"},  # the scripts' bootstrap installs the `import horovod` hook when asked
+    "horovod": {"launch"},  # hvd.elastic: raylight run's client
 }
 
 

@@ -81,6 +81,11 @@ def _watch_init() -> None:
 
 def main(argv: list[str]) -> None:
     _die_with_parent()
+    if os.environ.get("RAYLIGHT_HOROVOD_COMPAT", "").strip() not in ("", "0"):
+        # `import horovod.torch` serves raylight.horovod (imported only when asked for)
+        from raylight.horovod.compat import install_from_env
+
+        install_from_env()
     if argv[:1] == ["-m"]:
         module, args = argv[1], argv[2:]
         sys.path[0] = os.getcwd()  # as `python -m` does
