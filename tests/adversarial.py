@@ -329,7 +329,7 @@ case("resources-cpus-per-worker", "resources", TRAIN, ["CPU: 512"], setup=edited
 case("usage-unknown-option", "usage", [*CHECK, "--epochs", "3"], ["No such option", "--epochs"])
 case("usage-missing-option", "usage", ["train", "--config", "{cfg}"], ["Missing option", "--dataset"])
 case("usage-unknown-command", "usage", ["fit", "--config", "{cfg}"], ["No such command", "fit"])
-case("usage-backend", "usage", [*TRAIN, "--backend", "spark"], ["backend must be local or ray", "'spark'"])
+case("usage-backend", "usage", [*TRAIN, "--backend", "spark"], ["backend must be local, ray or launcher", "'spark'"])
 case("usage-init-config-no-target", "usage", ["init-config", "--dataset", "{data}"], ["Missing option", "--target"])
 
 # -- odd but valid: these must work ---------------------------------------------------------------

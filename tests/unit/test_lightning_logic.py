@@ -50,7 +50,8 @@ def test_reserved_and_invalid_arguments_name_the_setting():
 
 def test_package_surface_snapshot():
     assert raylight.lightning.__all__ == [
-        "AtomicCheckpointIO", "RayDeepSpeedStrategy", "RayFSDPStrategy", "RayStrategy", "RaylightEnvironment",
+        "AtomicCheckpointIO", "HorovodRayStrategy", "RayDeepSpeedStrategy", "RayFSDPStrategy", "RayStrategy",
+        "RaylightEnvironment",
     ]
 
 
