@@ -335,7 +335,7 @@ class Trainer:
             if begin["checkpoint"] is not None:
                 path, metadata, data = begin["checkpoint"]
                 checkpoint = Checkpoint(path, metadata=metadata, data=data)
-            sink: Any = _InProcessSink(recorder, num_workers=launch.world_size) if recorder is not None else _NullSink()
+            sink = _InProcessSink(recorder, num_workers=launch.world_size)
             ctx = TrainContext(
                 rank=launch.rank,
                 local_rank=launch.local_rank,
@@ -399,15 +399,16 @@ class Trainer:
 
 
 class _InProcessSink:
-    """ReportSink for num_workers=0 and a launcher's rank 0: reports go straight to the
-    recorder."""
+    """ReportSink for num_workers=0 and a launcher's ranks: reports go straight to the
+    recorder (rank 0's; the other ranks have none, rank 0 records the run)."""
 
-    def __init__(self, recorder: RunRecorder, num_workers: int = 1) -> None:
+    def __init__(self, recorder: RunRecorder | None, num_workers: int = 1) -> None:
         self.recorder = recorder
         self.num_workers = num_workers
 
     def report(self, report: Report) -> None:
-        self.recorder.record(report, num_workers=self.num_workers)
+        if self.recorder is not None:
+            self.recorder.record(report, num_workers=self.num_workers)
 
     def progress(self, epoch: int, step: int, steps_per_epoch: int, samples: int) -> None:
         pass  # no display in this mode; nothing reads it
@@ -419,16 +420,6 @@ class _InProcessSink:
         print(text, file=sys.stderr if stream == "stderr" else sys.stdout, flush=True)
 
     def keep_commit(self, index: int, data: bytes, seq: int) -> None:
-        pass
-
-
-class _NullSink(_InProcessSink):
-    """A launcher's other ranks: rank 0 records the run."""
-
-    def __init__(self) -> None:
-        pass
-
-    def report(self, report: Report) -> None:
         pass
 
 
