@@ -11,6 +11,8 @@ group of one, as Horovod runs without ``horovodrun``.
 
 from __future__ import annotations
 
+import atexit
+import gc
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -56,6 +58,7 @@ class _State:
 
 _state: _State | None = None
 _formed = 0  # groups this process formed: a re-formed group meets under a new name
+_exit_hook: list[bool] = []  # shutdown() registered to run at exit
 
 
 def _backend() -> str:
@@ -97,6 +100,12 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
                 launch = replace(launch, rendezvous_id=f"{launch.rendezvous_id}-{_formed}")
             init_process_group(launch, _backend())
             _formed += 1
+        if not _exit_hook:
+            # Horovod scripts end without hvd.shutdown(); a gloo group left to the
+            # interpreter's teardown can abort the process ("terminate called without an
+            # active exception") after the script succeeded.
+            atexit.register(shutdown)
+            _exit_hook.append(True)
         rank, size = dist.get_rank(), dist.get_world_size()
         owns = True
     if launch is not None and (launch.rank, launch.world_size) == (rank, size):
@@ -112,6 +121,9 @@ def shutdown() -> None:
     global _state
     state, _state = _state, None
     if state is not None and state.owns_group and dist.is_initialized() and dist.group.WORLD is state.group:
+        # Collectives' work objects caught in reference cycles (an optimizer's gradient
+        # hooks) must go while their group exists: freed after it, they abort the process.
+        gc.collect()
         dist.destroy_process_group()
 
 
