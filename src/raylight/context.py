@@ -497,6 +497,13 @@ class TrainContext:
         next poll (``Trainer(on_poll=...)`` sees it in ``WorkerPoll.output``)."""
         self._sink.output(stream, text)
 
+    def _started(self) -> None:
+        """raylight's own loops (``raylight run``): count one step, of no samples, when
+        the loop's work has begun (its script formed its process group, or reported). The
+        driver times a resize to the first step after it, and an elastic run decides its
+        size again only after that."""
+        self._sink.progress(0, 0, 0, 0)
+
     # -- collectives ---------------------------------------------------------------
     def barrier(self) -> None:
         """Wait until every worker reaches this point."""

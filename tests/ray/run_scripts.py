@@ -5,9 +5,18 @@
   of the first attempt (TORCHELASTIC_RESTART_COUNT=0).
 - ``noinit``: rank 1 never calls init_process_group (it exits 0); rank 0 waits in it.
 - ``sleep``: every rank inits, says "ready" and sleeps (Ctrl-C tests).
+- ``world``: every rank inits and prints its WORLD_SIZE.
+- ``elastic``: trains a counter through raylight.run_context() under ``-n 1:2``; on the
+  first attempt rank 1 kills its own worker process (its agent, RAYLIGHT_RUN_PARENT) at
+  step 3; at one worker the script does a step, then waits for the run to grow back
+  (exit 5 if it never does); at two it finishes.
+- ``nodes``: under ``-n 1:2`` on a fake cluster whose nodes come and go
+  (``run_cluster_driver``): at one worker as ``elastic``; at two, before any loss
+  (TORCHELASTIC_RESTART_COUNT=0), it waits for a node to be taken away, else it finishes.
 """
 
 import os
+import signal
 import sys
 import time
 
@@ -47,5 +56,69 @@ def sleep() -> None:
     time.sleep(3600)
 
 
+def world() -> None:
+    dist.init_process_group("gloo")
+    print(f"world size {dist.get_world_size()} (WORLD_SIZE={os.environ['WORLD_SIZE']})")
+    dist.destroy_process_group()
+
+
+GROW_WAIT_S = 120.0  # at one worker: how long to wait for the run to grow back before failing
+
+
+def elastic() -> None:
+    import raylight
+
+    ctx = raylight.run_context()
+    state = ctx.load_checkpoint()
+    start = 0 if state is None else int(state["step"]) + 1
+    weight = torch.zeros(2) if state is None else state["weight"]
+    print(f"world {ctx.world_size} restart {ctx.restart_count} starts at step {start}", flush=True)
+    if ctx.world_size == 1:
+        # One step alone, reported before the rendezvous: the run grows again only once
+        # the script is at work (its first report or its process group), so it is recorded.
+        weight = weight + 1
+        ctx.report({"step": start, "world": 1, "weight_sum": weight.sum()}, checkpoint={"step": start, "weight": weight})
+        dist.init_process_group("gloo")
+        print("waiting to grow", flush=True)
+        time.sleep(GROW_WAIT_S)  # the run restarts this script at two workers
+        sys.exit(5)
+    dist.init_process_group("gloo")
+    for step in range(start, 6):
+        if step == 3 and ctx.rank == 1 and ctx.restart_count == 0:
+            os.kill(int(os.environ["RAYLIGHT_RUN_PARENT"]), signal.SIGKILL)  # this rank's worker is lost
+            time.sleep(60)  # killed with it (PR_SET_PDEATHSIG)
+        weight = weight + 1
+        ctx.report({"step": step, "world": ctx.world_size, "weight_sum": weight.sum()}, checkpoint={"step": step, "weight": weight})
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def nodes() -> None:
+    import raylight
+
+    ctx = raylight.run_context()
+    state = ctx.load_checkpoint()
+    start = 0 if state is None else int(state["step"]) + 1
+    weight = torch.zeros(2) if state is None else state["weight"]
+    print(f"world {ctx.world_size} restart {ctx.restart_count} starts at step {start}", flush=True)
+    if ctx.world_size == 1:  # as in elastic(): one step, then wait for a node to join
+        weight = weight + 1
+        ctx.report({"step": start, "world": 1, "weight_sum": weight.sum()}, checkpoint={"step": start, "weight": weight})
+        dist.init_process_group("gloo")
+        print("waiting to grow", flush=True)
+        time.sleep(GROW_WAIT_S)
+        sys.exit(5)
+    dist.init_process_group("gloo")
+    for step in range(start, 6):
+        weight = weight + 1
+        ctx.report({"step": step, "world": ctx.world_size, "weight_sum": weight.sum()}, checkpoint={"step": step, "weight": weight})
+        dist.barrier()
+        if ctx.restart_count == 0:  # no node lost yet: wait for the test to take one away
+            print("waiting to shrink", flush=True)
+            time.sleep(GROW_WAIT_S)
+            sys.exit(6)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    {"context": context, "noinit": noinit, "sleep": sleep}[sys.argv[1]]()
+    {"context": context, "noinit": noinit, "sleep": sleep, "world": world, "elastic": elastic, "nodes": nodes}[sys.argv[1]]()

@@ -138,6 +138,8 @@ def test_cli_usage_errors_exit_2(tmp_path):
         (["-n", "0", EXAMPLE], "-n/--nproc must be a number of workers >= 1"),
         (["-n", "2", str(tmp_path / "missing.py")], "missing.py' does not exist"),
         (["-n", "3", EXAMPLE], "CPU"),  # 3 one-CPU workers on the embedded 2-CPU Ray
+        (["-n", "3:4", EXAMPLE], "3 workers x {CPU: 1} need {CPU: 3}"),  # an elastic run's MIN does not fit
+        (["-n", "2:2", "--cpus", "2", EXAMPLE], "2 workers x {CPU: 2} need {CPU: 4}"),
         (["--bogus", EXAMPLE], "no such option '--bogus'"),
     ]
     procs = [_cli(*args) for args, _ in cases]
@@ -165,4 +167,60 @@ def test_cli_on_a_cluster_address_ctrl_c_stops_every_worker(ray_cluster, tmp_pat
     _, err = proc.communicate(timeout=TIMEOUT)
     assert proc.returncode == 130, err
     assert "interrupted" in err
+    _assert_no_strays(str(tmp_path))
+
+
+def test_an_elastic_run_starts_with_as_many_workers_as_fit(ray_cluster, tmp_path, capsys):
+    """-n 1:4 on the session's 2 CPUs: two one-CPU workers."""
+    assert launch("tests.ray.run_scripts", ["world"], module=True, num_workers=(1, 4), storage_path=str(tmp_path)) == 0
+    printed = sorted(line for line in capsys.readouterr().out.splitlines() if "world size" in line)
+    assert printed == [f"[rank {r}] world size 2 (WORLD_SIZE=2)" for r in (0, 1)]
+    _assert_no_strays(str(tmp_path))
+
+
+def test_an_elastic_run_shrinks_when_a_worker_is_lost_and_grows_back(ray_cluster, tmp_path, capsys):
+    """-n 1:2: rank 1's worker process is killed; the scripts restart at one worker from the
+    last checkpoint (a loss, not a failure: --max-failures is 0), and, the CPU being free
+    again, at two."""
+    code = launch(
+        "tests.ray.run_scripts", ["elastic", str(tmp_path)], module=True, num_workers=(1, 2),
+        storage_path=str(tmp_path), name="el",
+    )
+    assert code == 0
+    captured = capsys.readouterr()
+    starts = [line for line in captured.out.splitlines() if line.startswith("[rank 0] world ")]
+    assert [line for line in captured.err.splitlines() if "restarted with" in line] == [
+        "raylight run: the scripts restarted with WORLD_SIZE=1 (was 2)",
+        "raylight run: the scripts restarted with WORLD_SIZE=2 (was 1)",
+    ]
+    assert starts[0] == "[rank 0] world 2 restart 0 starts at step 0"
+    # rank 0 may have committed step 3 before its peer's loss reached it
+    assert starts[1] in ("[rank 0] world 1 restart 1 starts at step 3", "[rank 0] world 1 restart 1 starts at step 4")
+    resumed = int(starts[1].rsplit(" ", 1)[1])
+    assert starts[2:] == [f"[rank 0] world 2 restart 1 starts at step {resumed + 1}"]  # a grow is no failure restart
+    rows = [json.loads(line) for line in (tmp_path / "el" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(6))  # a restart repeats no row
+    assert [r["world"] for r in rows] == [2] * resumed + [1] + [2] * (5 - resumed)
+    assert rows[-1]["weight_sum"] == 12.0
+    _assert_no_strays(str(tmp_path))
+
+
+def test_an_elastic_run_follows_nodes_that_join_and_go(tmp_path):
+    """-n 1:2 on a fake cluster (its own Ray, in a child driver): one worker on the 1-CPU
+    head; a node joins and the scripts restart at two; the node is lost and they restart
+    at one from the last checkpoint; another joins and they restart at two and finish."""
+    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.ray.run_cluster_driver", str(tmp_path)], cwd=REPO, env=env,
+        capture_output=True, text=True, timeout=TIMEOUT,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    data = json.loads(next(ln for ln in done.stdout.splitlines() if ln.startswith("RESULT "))[len("RESULT "):])
+    assert data["code"] == 0, data
+    assert data["worlds"] == ["1", "2", "1", "2"], data["starts"]
+    rows = [json.loads(line) for line in (tmp_path / "nodes" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(6))  # each restart resumed from the last checkpoint
+    assert [r["world"] for r in rows] == [1, 2, 1, 2, 2, 2]
+    assert rows[-1]["weight_sum"] == 12.0
     _assert_no_strays(str(tmp_path))

@@ -77,6 +77,9 @@ def test_rank_output_prints_by_stream_counts_restarts_and_times_out_init():
     printer(_poll([[], []], failures=[WorkerFailure(1, "error", "boom")]))  # a restart: the watch starts again
     assert restarts == [1]
     printer(_poll([[], []]))
+    printer(_poll([[]]))  # an elastic run's group came back smaller
+    assert err.getvalue().splitlines()[-1] == "raylight run: the scripts restarted with WORLD_SIZE=1 (was 2)"
+    assert restarts == [1]
 
 
 def test_child_env_is_torchruns():
@@ -136,6 +139,7 @@ class _FakeContext:
     rank = 0
 
     def __init__(self) -> None:
+        self.starts = 0
         self.lines: list[tuple[str, str]] = []
         self.reports: list[tuple[dict, dict | None]] = []
         self.lock = threading.Lock()
@@ -149,6 +153,9 @@ class _FakeContext:
 
     def load_checkpoint(self):
         return self.reports[-1][1] if self.reports else None
+
+    def _started(self):
+        self.starts += 1
 
 
 def test_run_context_reports_and_loads_through_the_agent_channel(monkeypatch):
@@ -170,6 +177,7 @@ def test_run_context_reports_and_loads_through_the_agent_channel(monkeypatch):
         with pytest.raises(AuthenticationError):
             client.RunContext(channel.address, b"wrong key" * 4)
         assert run.load_checkpoint() is not None  # the channel still serves
+        assert ctx.starts == 1  # the first report told the driver the script is at work, once
         run._conn.close()
 
 
@@ -205,6 +213,7 @@ def test_agent_runs_the_script_in_a_child_and_forwards_its_lines(tmp_path, monke
         ("event", "init_entered"), ("event", "init_done"), ("stdout", "rank 0 of 1 restart 2"), ("stderr", "oops"),
     ])
     assert [line for line in ctx.lines if line[0] == "event"] == [("event", "init_entered"), ("event", "init_done")]
+    assert ctx.starts == 1  # init_done told the driver the script is at work (an elastic resize settled)
     with pytest.raises(ScriptExitError, match="rank 0: the script exited with code 9"):
         agent.agent_loop(_AgentContext(), {"spec": LaunchSpec(str(script), ("9",), False, str(tmp_path), "r", 0), "restarts": [0]})
     assert len(agent._AGENT_STORES) == 2  # rank 0's agent held each attempt's store

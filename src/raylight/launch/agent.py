@@ -203,6 +203,8 @@ class _Channel:
         self.address = f"{host}:{port}"
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._accept, name="raylight-run-channel", daemon=True)
+        self._began = False  # the script finished its rendezvous or reported: told the driver
+        self._lock = threading.Lock()
 
     def __enter__(self) -> _Channel:
         self._thread.start()
@@ -245,12 +247,15 @@ class _Channel:
         op = request.get("op")
         if op == "event":
             self._ctx._output(EVENT, str(request.get("event")))
+            if request.get("event") == "init_done":
+                self._begin()
             return {"ok": True}, None
         if op == "report":
             checkpoint = None
             if request.get("checkpoint"):
                 checkpoint = _load(payload) if payload is not None else {}
             self._ctx.report(request.get("metrics") or {}, checkpoint=checkpoint)
+            self._begin()
             return {"ok": True}, None
         if op == "load":
             state = self._ctx.load_checkpoint()
@@ -262,6 +267,16 @@ class _Channel:
             torch.save(state, buf)
             return {"ok": True, "checkpoint": True}, buf.getvalue()
         return {"ok": False, "error": f"unknown request {op!r}"}, None
+
+
+    def _begin(self) -> None:
+        """The script is at work (its process group formed, or it reported): the
+        worker's first step, once. The driver times a resize to it, and an elastic run
+        considers its size again only after rank 0's."""
+        with self._lock:
+            began, self._began = self._began, True
+        if not began:
+            self._ctx._started()
 
 
 def _load(data: bytes) -> dict[str, Any]:

@@ -59,8 +59,10 @@ class InitWatch:
 
 class RankOutput:
     """``Trainer(on_poll=...)`` of `raylight run`: prints what each rank's child wrote,
-    watches the init calls, and counts the group's restarts (``restarts[0]``, which the
-    agents read as ``TORCHELASTIC_RESTART_COUNT``)."""
+    watches the init calls, counts the group's restarts after failures and lost workers
+    (``restarts[0]``, which the agents read as ``TORCHELASTIC_RESTART_COUNT``; a restart
+    to grow does not count, as torchrun's membership changes do not), and says when an
+    elastic run's group comes back at another size."""
 
     def __init__(
         self, watch: InitWatch, restarts: list[int], *, out: IO[str], err: IO[str],
@@ -71,6 +73,7 @@ class RankOutput:
         self.out = out
         self.err = err
         self.clock = clock
+        self.size: int | None = None  # ranks of the group last polled without failures
 
     def __call__(self, poll: GroupPoll) -> None:
         now = self.clock()
@@ -84,6 +87,9 @@ class RankOutput:
             self.restarts[0] += 1
             self.watch.reset()
             return
+        if self.size is not None and len(poll.polls) != self.size:
+            print(f"raylight run: the scripts restarted with WORLD_SIZE={len(poll.polls)} (was {self.size})", file=self.err, flush=True)
+        self.size = len(poll.polls)
         missing = self.watch.missing(now, len(poll.polls))
         if missing:
             called = sorted(self.watch.entered)
@@ -199,8 +205,11 @@ def _config(
     scaling = validate(ScalingConfig, {
         "num_workers": num_workers, "use_gpu": gpus > 0, "resources_per_worker": resources,
         # A worker process serves one script run: never pooled, no warm spare, and an
-        # elastic run changes size by restarting its scripts.
+        # elastic run changes size by restarting its scripts. Its size is as many workers
+        # as fit (policy 'max'): scripts report no step times for the goodput model, and
+        # each worker's torch threads stay its CPUs (the script's threads are its own).
         "reuse_workers": False, "warm_spare": False, "resize_in_place": False,
+        "scaling_policy": "max", "threads_per_worker": max(1, int(cpus)),
     })
     run = validate(RunConfig, {"name": name, "storage_path": storage_path, "progress": False, "verbose": verbose})
     failure = validate(FailureConfig, {"max_failures": max_failures})
