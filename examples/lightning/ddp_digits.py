@@ -93,9 +93,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--address", default=None, help="Ray cluster address (default: embedded local Ray)")
     parser.add_argument("--root-dir", default=None, help="logs and checkpoints (default: a temp dir)")
+    parser.add_argument("--seed", type=int, default=0, help="the model's initial weights (the data order is seeded too)")
     args = parser.parse_args(argv)
 
     root = args.root_dir or tempfile.mkdtemp(prefix="raylight-lightning-example-")
+    torch.manual_seed(args.seed)  # the workers get this model, so its initial weights
     model = DigitsClassifier()
     trainer = pl.Trainer(
         max_epochs=args.epochs,
