@@ -36,7 +36,7 @@ def test_names_and_options_build_their_strategy():
     assert isinstance(deepspeed, DeepSpeedStrategy) and deepspeed.options.offload_params
     assert isinstance(build_strategy("deepspeed"), DeepSpeedStrategy)
     assert build_strategy("deepspeed").options == DeepSpeed(stage=2)
-    with pytest.raises(ValueError, match=r"unknown strategy 'zero'; choose one of \['ddp', 'deepspeed', 'fsdp'\]"):
+    with pytest.raises(ValueError, match=r"unknown strategy 'zero'; choose one of \['ddp', 'deepspeed', 'fsdp', 'horovod'\]"):
         build_strategy("zero")
 
 
@@ -44,7 +44,7 @@ def test_the_strategy_setting_names_the_allowed_values():
     assert ScalingConfig(strategy="fsdp").strategy_name == "fsdp"
     assert ScalingConfig(strategy=FSDP(mixed_precision="bf16")).strategy_name == "fsdp"
     with pytest.raises(ConfigError) as err:
-        validate(ScalingConfig, {"strategy": "horovod"})
+        validate(ScalingConfig, {"strategy": "horovods"})
     assert "strategy" in str(err.value) and "'ddp'" in str(err.value) and "'fsdp'" in str(err.value)
     with pytest.raises(ConfigError, match=r"strategy\.fsdp\.mixed_precision|mixed_precision"):
         validate(ScalingConfig, {"strategy": {"name": "fsdp", "mixed_precision": "fp8"}})
@@ -145,7 +145,7 @@ def test_declarative_strategy_takes_ludwig_and_raylight_spellings(spelled, expec
     [
         ("zero3", r"backend\.trainer\.strategy.*must be one of \['ddp', 'fsdp'.*got 'zero3'"),
         ({"type": "zero3"}, r"must be one of .*got 'zero3'"),
-        ({"type": "horovod"}, r"horovod is not available"),
+        ({"type": "horovod", "fusion": 1}, r"backend\.trainer\.strategy\.horovod\.fusion"),
         ({"type": "ddp", "bucket_cap_mb": 25}, r"ddp takes no options; got \['bucket_cap_mb'\]"),
         ({"type": "fsdp", "name": "fsdp"}, r"`type:` \(Ludwig's spelling\) or `name:`, not both"),
         ({"type": "fsdp", "sharding": "full"}, r"backend\.trainer\.strategy\.fsdp\.sharding"),

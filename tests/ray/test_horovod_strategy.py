@@ -1,0 +1,55 @@
+"""strategy="horovod" through raylight.fit on a real local Ray (2 CPUs, gloo): on
+raylight.horovod (always) and on real Horovod (skipped where it is not installed; run with
+``PYTHONPATH=<horovod site>:src``), a seeded job ends with the parameters DDP reaches, and
+Horovod is the one asked for inside the loop."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import raylight
+from raylight.horovod import compat
+from tests.ray import loops
+
+pytestmark = pytest.mark.timeout(240)
+
+CONFIG = {"lr": 0.05, "batch_size": 32, "epochs": 2}
+REAL = pytest.mark.skipif(
+    not compat.horovod_installed(),
+    reason="real Horovod is not installed (docs/horovod.md: building Horovod 0.28.1)",
+)
+
+
+def _fit(tmp_path, name, strategy, **config):
+    return raylight.fit(
+        loops.prepared_sgd_loop, config={**CONFIG, **config}, num_workers=2, strategy=strategy,
+        storage_path=str(tmp_path), name=name, progress=False,
+    )
+
+
+def _same_as_ddp(tmp_path, result) -> None:
+    ddp = _fit(tmp_path, "ddp", "ddp").checkpoint.load()
+    got = result.checkpoint.load()
+    init = loops.initial_model().state_dict()
+    for key, want in ddp["model"].items():
+        assert (want - init[key]).abs().max() > 1e-2, "training must move the parameters"
+        assert torch.allclose(got["model"][key], want, atol=1e-5, rtol=0), key
+    # the optimizer's state (momentum) is saved by parameter name, as DDP's
+    assert sorted(got["opt"]["state"]) == sorted(ddp["opt"]["state"])
+
+
+def test_horovod_on_raylight_horovod_ends_where_ddp_ends(ray_cluster, tmp_path):
+    strategy = raylight.Horovod(implementation="raylight")
+    result = _fit(tmp_path, "hvd", strategy, hvd="raylight.horovod")
+    assert result.metrics["hvd_real"] == 0 and result.metrics["hvd_size"] == 2
+    assert result.metrics["hvd_rank_mean"] == 0.5  # (0 + 1) / 2 on the workers' group
+    _same_as_ddp(tmp_path, result)
+
+
+@REAL
+def test_horovod_on_real_horovod_ends_where_ddp_ends(ray_cluster, tmp_path):
+    result = _fit(tmp_path, "hvd", "horovod", hvd="horovod.torch")  # auto: real Horovod, installed
+    assert result.metrics["hvd_real"] == 1 and result.metrics["hvd_size"] == 2
+    assert result.metrics["hvd_rank_mean"] == 0.5  # real Horovod's allreduce across the two workers
+    _same_as_ddp(tmp_path, result)
