@@ -64,6 +64,8 @@ class HorovodStrategy:
         self._hvd: Any = None  # horovod.torch, or raylight.horovod's functions
         self._real: Any = None  # raylight.horovod.real.RealHorovod
         self._optimizers: list[Any] = []
+        self._names: dict[torch.Tensor, str] = {}  # the prepared models' parameter names
+        self._models = 0
         self._passes = 1
 
     @property
@@ -89,7 +91,7 @@ class HorovodStrategy:
             return
         hvd, real = self._hvd, self._real
         self._hvd = self._real = None
-        self._optimizers = []
+        self._optimizers, self._names = [], {}
         if real is not None:
             real.shutdown()
         else:
@@ -101,6 +103,8 @@ class HorovodStrategy:
     def wrap_model(self, model: nn.Module, *, device: torch.device, world_size: int) -> nn.Module:
         materialize(model, device=device, rank=0)
         model = model.to(device)
+        self._models += 1
+        self._names.update({p: f"model{self._models}.{n}" for n, p in model.named_parameters()})
         if world_size > 1:
             self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         return model
@@ -115,7 +119,10 @@ class HorovodStrategy:
                 "the gradients itself; use strategy 'ddp' with adaptive=..."
             )
         hvd = self.hvd
-        named = [(n, p) for group in optimizer.param_groups for n, p in _named(group["params"])]
+        # Horovod names each gradient's all-reduce: unique within and across optimizers
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        prefix = f"opt{len(self._optimizers)}."
+        named = [(prefix + self._names.get(p, f"param.{i}"), p) for i, p in enumerate(params)]
         wrapped = hvd.DistributedOptimizer(
             optimizer, named_parameters=named, backward_passes_per_step=self._passes
         )
@@ -160,15 +167,26 @@ def _raylight_horovod() -> Any:
     )
 
 
-def _named(params: list[torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
-    # Names only need to be unique and the same on every rank: the optimizer's order is.
-    return [(f"param.{i}", p) for i, p in enumerate(params)]
-
-
 def _inner(objects: dict[str, Any]) -> dict[str, Any]:
-    """``objects`` with each ``raylight.horovod`` ``DistributedOptimizer`` replaced by the
-    optimizer it wraps, which torch's state-dict helpers understand (real Horovod's is a
-    subclass of the user's optimizer class, sharing its state: it is kept)."""
+    """``objects`` with each Horovod ``DistributedOptimizer`` replaced by the plain
+    optimizer under it, which torch's state-dict helpers understand (they call
+    ``zero_grad(set_to_none=True)`` on a fresh optimizer, which real Horovod's lacks)."""
     from raylight.horovod.optimizer import _DistributedOptimizer
 
-    return {k: v._inner if isinstance(v, _DistributedOptimizer) else v for k, v in objects.items()}
+    return {
+        k: v._inner if isinstance(v, _DistributedOptimizer) else _plain(v) for k, v in objects.items()
+    }
+
+
+def _plain(value: Any) -> Any:
+    """Real Horovod's ``DistributedOptimizer`` is an instance of a class Horovod makes on
+    the fly, with the user's optimizer class as its base: the same object seen as that base
+    class (its attributes shared: parameter groups, state, hooks), so its methods are the
+    plain optimizer's and no gradient is all-reduced. Anything else as it is."""
+    cls = type(value)
+    if not (isinstance(value, torch.optim.Optimizer) and cls.__module__ == "horovod.torch.optimizer"):
+        return value
+    base = cls.__mro__[1]
+    plain: Any = object.__new__(base)
+    plain.__dict__ = value.__dict__
+    return plain
