@@ -71,6 +71,8 @@ def run_rank(rank: int, port: int, implementation: str, queue) -> None:
             hvd = HorovodStrategy(Horovod(implementation=implementation))
             model = hvd.wrap_model(make_model(rank), device=cpu, world_size=2)
             out["module"] = hvd.hvd.__name__
+            if hvd._real is not None and hvd._real.server is not None:  # rank 0's rendezvous server
+                out["listens_on"] = hvd._real.server.httpd.server_address[0]
             opt = hvd.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
             # as prepare_loader does, after prepare_optimizer in the usual loop: the optimizer's
             # backward_passes_per_step follows
@@ -109,5 +111,7 @@ def test_horovod_strategy_trains_as_ddp(implementation):
             for key in ddp:
                 diff = max(abs(a - b) for a, b in zip(ddp[key], hvd[key], strict=True))
                 assert diff < TOL, (rank, accum, key, diff)
+    if implementation == "horovod":  # one node: the unauthenticated server is on loopback alone
+        assert out[0]["listens_on"] == "127.0.0.1" and "listens_on" not in out[1]
     # accumulation changed the result (the test can tell a skipped micro-batch)
     assert out[0][f"hvd{ACCUM}"] != out[0]["hvd1"]

@@ -5,7 +5,15 @@ import pytest
 import torch
 from torch import nn
 
-from raylight.config import FSDP, AdaptiveConfig, DeepSpeed, ScalingConfig, TrainerConfig, validate
+from raylight.config import (
+    FSDP,
+    AdaptiveConfig,
+    DeepSpeed,
+    Horovod,
+    ScalingConfig,
+    TrainerConfig,
+    validate,
+)
 from raylight.declarative.config import ModelConfig
 from raylight.exceptions import ConfigError
 from raylight.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, build_strategy
@@ -130,6 +138,8 @@ def test_a_meta_model_needs_reset_parameters_on_every_module_that_owns_tensors()
         ("fsdp", "fsdp"),
         ({"type": "fsdp"}, "fsdp"),  # Ludwig
         ({"type": "ddp"}, "ddp"),
+        ({"type": "horovod"}, "horovod"),  # Ludwig's Horovod strategy: raylight's
+        ({"type": "horovod", "implementation": "raylight"}, Horovod(implementation="raylight")),
         ({"type": "fsdp", "reshard_after_forward": False}, FSDP(reshard_after_forward=False)),
         ({"name": "fsdp", "blocks": ["Block"], "checkpoint": "full"}, FSDP(blocks=("Block",), checkpoint="full")),
     ],
