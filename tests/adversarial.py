@@ -220,7 +220,7 @@ case("config-workers-huge", "config", CHECK, ["backend.trainer.num_workers", "10
 case("config-elastic-order", "config", CHECK, ["min_workers (3) must not exceed max_workers (2)"], setup=edited("backend: {type: local}", "backend: {type: local, trainer: {min_workers: 3, max_workers: 2}}"))
 case("config-backend-type", "config", CHECK, ["backend.type", "'spark'"], setup=edited("backend: {type: local}", "backend: {type: spark}"))
 case("config-processor-type", "config", CHECK, ["backend.processor.type", "spark", "ray_data"], setup=edited("backend: {type: local}", "backend: {type: local, processor: {type: spark}}"))
-case("config-strategy", "config", CHECK, ["backend.trainer.strategy", "'horovod'"], setup=edited("backend: {type: local}", "backend: {type: local, trainer: {strategy: horovod}}"))
+case("config-strategy", "config", CHECK, ["backend.trainer.strategy", "'horovods'"], setup=edited("backend: {type: local}", "backend: {type: local, trainer: {strategy: horovods}}"))
 case("config-feature-type", "config", CHECK, ["input_features.0", "'image'", "'number'"], setup=edited("{name: age, type: number}", "{name: age, type: image}"))
 case("config-feature-no-name", "config", CHECK, ["input_features.0.number.name", "Field required"], setup=edited("{name: age, type: number}", "{type: number}"))
 case("config-feature-empty-name", "config", CHECK, ["input_features.0.number.name", "at least 1 character"], setup=edited("{name: age, type: number}", "{name: '', type: number}"))
@@ -431,7 +431,7 @@ API_CASES = [
     ApiCase("api-loop-not-callable", "raylight.fit(5, num_workers=0, storage_path='{tmp}/runs')", "TypeError", ["train_loop must be callable"]),
     ApiCase("api-hang-timeout-inf", "raylight.FailureConfig(hang_timeout_s=float('inf'))", "ValidationError", ["hang_timeout_s", "finite"]),
     ApiCase("api-batch-bounds", "raylight.AdaptiveConfig(local_batch_bounds=(0, 4))", "ValidationError", ["local_batch_bounds", "needs 1 <= min <= max"]),
-    ApiCase("api-strategy-unknown", FIT + "num_workers=1, strategy='zero3')", "ConfigError", ["strategy: must be one of ['ddp', 'fsdp', 'deepspeed']", "'zero3'"]),
+    ApiCase("api-strategy-unknown", FIT + "num_workers=1, strategy='zero3')", "ConfigError", ["strategy: must be one of ['ddp', 'fsdp', 'deepspeed', 'horovod']", "'zero3'"]),
     ApiCase("api-strategy-option", FIT + "num_workers=1, strategy=dict(name='fsdp', mixed_precision='fp8'))", "ConfigError", ["strategy.fsdp.mixed_precision", "'fp8'"]),
     ApiCase("api-fsdp-memory-storage", "raylight.fit(loop, storage_path='memory://runs', progress=False, num_workers=2, strategy='fsdp')", "ConfigError", ["memory://runs", "checkpoint shards", "checkpoint='full'"]),
     ApiCase("api-threads-zero", "raylight.ScalingConfig(threads_per_worker=0)", "ValidationError", ["threads_per_worker"]),

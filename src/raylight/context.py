@@ -572,6 +572,8 @@ def run_worker_loop(
         if stop.snapshot:
             ctx._snapshot()
         return "paused"
+    finally:
+        ctx._strategy.close()  # before the worker destroys the process group
     return "finished"
 
 

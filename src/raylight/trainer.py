@@ -20,6 +20,7 @@ from raylight.config import (
     AdaptiveConfig,
     DeepSpeed,
     FailureConfig,
+    Horovod,
     RunConfig,
     ScalingConfig,
     TrainerConfig,
@@ -350,7 +351,10 @@ class Trainer:
                 checkpoint_dir=begin["checkpoint_dir"],
                 next_checkpoint=begin["next_checkpoint"],
             )
-            call_train_loop(self.train_loop, ctx, self.train_loop_config)
+            try:
+                call_train_loop(self.train_loop, ctx, self.train_loop_config)
+            finally:
+                strategy.close()
             del ctx, sink  # the loop's modules (DDP holds the group) go before the group does
             ended: list[Any] = [None]
             if recorder is not None:
@@ -382,6 +386,7 @@ class Trainer:
         recorder.begin()
         sink = _InProcessSink(recorder)
         device = torch.device("cuda") if self.config.scaling.use_gpu else torch.device("cpu")
+        strategy = build_strategy(self.config.scaling.strategy)
         ctx = TrainContext(
             rank=0,
             local_rank=0,
@@ -392,9 +397,12 @@ class Trainer:
             sink=sink,
             checkpoint=recorder.latest,
             config=self.train_loop_config,
-            strategy=build_strategy(self.config.scaling.strategy),
+            strategy=strategy,
         )
-        call_train_loop(self.train_loop, ctx, self.train_loop_config)
+        try:
+            call_train_loop(self.train_loop, ctx, self.train_loop_config)
+        finally:
+            strategy.close()
         return 0
 
 
@@ -525,7 +533,7 @@ def fit(
     use_gpu: bool = False,
     resources_per_worker: dict[str, float] | None = None,
     placement: str = "PACK",
-    strategy: str | FSDP | DeepSpeed = "ddp",
+    strategy: str | FSDP | DeepSpeed | Horovod = "ddp",
     storage_path: str | None = None,
     name: str | None = None,
     max_failures: int = 0,
@@ -543,7 +551,7 @@ def fit(
     ``num_workers=0`` runs the loop in this process without Ray; ``(min, max)`` makes the
     job elastic. ``adaptive=AdaptiveConfig(...)`` chooses batch size and learning rate
     online. ``strategy`` is ``"ddp"`` (default), ``"fsdp"``, ``"deepspeed"``, ``FSDP(...)`` or
-    ``DeepSpeed(...)`` (sharded).
+    ``DeepSpeed(...)`` (sharded), ``"horovod"`` or ``Horovod(...)`` (Horovod's optimizer).
     ``progress=False`` hides the progress display; ``verbose=True`` shows Ray's own logs
     too (default: ``RAYLIGHT_VERBOSE``). ``loggers=["tensorboard", {"type": "mlflow", ...},
     ...]`` writes every report to experiment loggers (``RunConfig.loggers``). ``prices={node_type: USD/h}`` prices the run

@@ -245,3 +245,29 @@ def timed_loop(ctx, config):
         time.sleep(0.05)
         ctx.heartbeat()
     ctx.report({"start": start, "end": time.time()})
+
+
+def prepared_sgd_loop(ctx, config):
+    """sgd_loop with momentum and the optimizer prepared by the strategy (the horovod
+    strategy wraps it in hvd.DistributedOptimizer); with ``config["hvd"]`` the loop also
+    imports that Horovod module ("horovod.torch" or "raylight.horovod") and reports what
+    it is and an ``hvd.allreduce`` of the rank."""
+    import importlib
+
+    model = ctx.prepare_model(initial_model())
+    opt = ctx.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9))
+    loader = ctx.prepare_loader(regression_data(), batch_size=config["batch_size"], shuffle=True, seed=7)
+    for _ in range(config["epochs"]):
+        for x, y in loader:
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    metrics = {"world_size": ctx.world_size}
+    if config.get("hvd"):
+        hvd = importlib.import_module(config["hvd"])
+        metrics.update(
+            hvd_real=int(hasattr(hvd, "mpi_lib_v2")),  # real Horovod's compiled library
+            hvd_size=hvd.size(),
+            hvd_rank_mean=float(hvd.allreduce(torch.tensor(float(hvd.rank())))),
+        )
+    ctx.report(metrics, checkpoint={"model": ctx.unwrap_model(model).state_dict(), "opt": opt.state_dict()})

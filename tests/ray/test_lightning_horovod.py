@@ -1,5 +1,6 @@
 """HorovodRayStrategy on a real local Ray (2 CPUs): a LightningModule calling hvd.rank(),
-hvd.size() and hvd.allreduce trains on 2 workers, fits twice, its metrics come back."""
+hvd.size() and hvd.allreduce trains on 2 workers, fits twice, its metrics come back; on
+raylight.horovod always, on real Horovod where it is installed (else skipped)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import raylight.horovod as hvd  # noqa: E402
 from raylight.exceptions import ConfigError  # noqa: E402
+from raylight.horovod import compat  # noqa: E402
 from raylight.lightning import HorovodRayStrategy  # noqa: E402
 
 pytestmark = pytest.mark.timeout(150)
@@ -49,16 +51,51 @@ def _loader() -> DataLoader:
 def test_hvd_calls_inside_the_module_fit_twice(ray_cluster):
     torch.manual_seed(0)
     model = HorovodModule()
-    trainer = pl.Trainer(max_epochs=2, strategy=HorovodRayStrategy(num_hosts=1, num_slots=2), **QUIET)
+    strategy = HorovodRayStrategy(num_hosts=1, num_slots=2, implementation="raylight")
+    trainer = pl.Trainer(max_epochs=2, strategy=strategy, **QUIET)
     trainer.fit(model, _loader())
     metrics = trainer.callback_metrics
     assert float(metrics["hvd_size"]) == 2.0 and float(metrics["hvd_local_size"]) == 2.0
     assert float(metrics["hvd_rank_mean"]) == 0.5  # (0 + 1) / 2: hvd.allreduce on the workers' group
     first = float(metrics["train_loss"])
-    trainer = pl.Trainer(max_epochs=2, strategy=HorovodRayStrategy(num_workers=2), **QUIET)
+    trainer = pl.Trainer(max_epochs=2, strategy=HorovodRayStrategy(num_workers=2, implementation="raylight"), **QUIET)
     trainer.fit(model, _loader())  # the trained weights came back: fitting again starts from them
     assert float(trainer.callback_metrics["train_loss"]) < first
     assert not hvd.is_initialized()  # the driver never joined a group
+
+
+class RealHorovodModule(HorovodModule):
+    """The same, with real Horovod's module (imported on the worker)."""
+
+    def training_step(self, batch, batch_idx):
+        import horovod.torch as real
+
+        x, y = batch
+        loss = ((self.net(x) - y) ** 2).mean()
+        self.log("hvd_real", float(real.__name__ == "horovod.torch" and hasattr(real, "mpi_lib_v2")))
+        self.log("hvd_size", float(real.size()))
+        self.log("hvd_rank_mean", real.allreduce(torch.tensor(float(real.rank()))))
+        self.log("hvd_local_size", float(real.local_size()))
+        self.log("train_loss", loss)
+        return loss
+
+
+@pytest.mark.skipif(not compat.horovod_installed(), reason="real Horovod is not installed (docs/horovod.md)")
+def test_real_horovod_inside_the_module_fit_twice(ray_cluster):
+    torch.manual_seed(0)
+    model = RealHorovodModule()
+    losses = []
+    for _ in range(2):  # the second fit's workers start real Horovod again (reused processes or new)
+        strategy = HorovodRayStrategy(num_workers=2)  # auto: real Horovod, installed
+        assert strategy.implementation == "horovod"
+        trainer = pl.Trainer(max_epochs=2, strategy=strategy, **QUIET)
+        trainer.fit(model, _loader())
+        metrics = trainer.callback_metrics
+        assert float(metrics["hvd_real"]) == 1.0
+        assert float(metrics["hvd_size"]) == 2.0 and float(metrics["hvd_local_size"]) == 2.0
+        assert float(metrics["hvd_rank_mean"]) == 0.5  # real Horovod's allreduce across the workers
+        losses.append(float(metrics["train_loss"]))
+    assert losses[1] < losses[0]  # the trained weights came back between the fits
 
 
 def test_constructor_arguments():
@@ -68,3 +105,9 @@ def test_constructor_arguments():
         HorovodRayStrategy(num_hosts=2, num_slots=0)
     assert HorovodRayStrategy(num_hosts=2, num_slots=3).settings.scaling.num_workers == 6
     assert HorovodRayStrategy().settings.scaling.num_workers == 1
+    with pytest.raises(ConfigError, match=r"implementation='mpi'.*\['auto', 'horovod', 'raylight'\]"):
+        HorovodRayStrategy(implementation="mpi")
+    assert HorovodRayStrategy(implementation="raylight").implementation == "raylight"
+    if not compat.horovod_installed():
+        with pytest.raises(ConfigError, match=r"HorovodRayStrategy\(implementation=...\).*docs/horovod\.md"):
+            HorovodRayStrategy(implementation="horovod")

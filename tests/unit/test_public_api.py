@@ -9,7 +9,7 @@ import raylight
 SRC = pathlib.Path(raylight.__file__).parent
 
 PUBLIC = [
-    "AdaptiveConfig", "Checkpoint", "ClusterConnectionError", "ConfigError", "DeepSpeed", "FSDP", "FailureConfig",
+    "AdaptiveConfig", "Checkpoint", "ClusterConnectionError", "ConfigError", "DeepSpeed", "FSDP", "FailureConfig", "Horovod",
     "InsufficientResourcesError", "PreemptedError", "RaylightError", "Result", "RunConfig", "RunInUseError", "ScalingConfig",
     "TrainContext", "Trainer", "TrainerConfig", "TrainingDivergedError", "TrainingFailedError", "WorkerDiedError",
     "WorkerError", "WorkerHangError", "WorkerStartError", "__version__", "fit", "load_model",
@@ -152,12 +152,13 @@ def test_boundaries():
     users = {m for m, deps in MODULES.items() if not m.startswith("raylight.tune") and any(d.startswith("raylight.tune") for d in deps)}
     assert all(m.startswith(("raylight.declarative", "raylight.lightning", "raylight.cli")) for m in users), users
     # Horovod's API is a library on torch.distributed and the launcher's environment: no Ray,
-    # and of raylight only the launcher's environment, the error types and (hvd.elastic's
-    # persistence) raylight run's context.
+    # and of raylight only the launcher's environment, the error types, (hvd.elastic's
+    # persistence) raylight run's context and (real Horovod's rendezvous server) where
+    # listeners bind, which is the standard library alone.
     hvd = {d for path in (SRC / "horovod").rglob("*.py") for d in _all_imports(path)}
     assert not {d for d in hvd if d.split(".")[0] == "ray"}, hvd
     assert {d for d in hvd if d.startswith("raylight.") and not d.startswith("raylight.horovod")} <= {
-        "raylight.launcher_env", "raylight.exceptions", "raylight.launch.client",
+        "raylight.launcher_env", "raylight.exceptions", "raylight.launch.client", "raylight.worker_group.net",
     }, hvd
     # Preemption notice watchers are the standard library alone: no raylight, Ray or torch.
     notices = {d.split(".")[0] for d in _all_imports(SRC / "notices.py")}
@@ -201,6 +202,10 @@ LAYERS = [
         "raylight.worker_group.protocol", "raylight.worker_group.net", "raylight.strategies", "raylight.data",
         "raylight.adaptive_worker", "raylight.recorder", "raylight.loggers", "raylight.progress", "raylight.runtime",
         "raylight.report", "raylight.launcher_env",
+        # raylight.horovod's API on torch.distributed and real Horovod's start in a group:
+        # libraries the horovod strategy uses (its script runner and elastic stay products)
+        "raylight.horovod.basics", "raylight.horovod.ops", "raylight.horovod.optimizer",
+        "raylight.horovod.compat", "raylight.horovod.real",
     ]),
     ("context and control", ["raylight.context", "raylight.controller"]),
     ("worker group", ["raylight.worker_group"]),

@@ -5,7 +5,15 @@ import pytest
 import torch
 from torch import nn
 
-from raylight.config import FSDP, AdaptiveConfig, DeepSpeed, ScalingConfig, TrainerConfig, validate
+from raylight.config import (
+    FSDP,
+    AdaptiveConfig,
+    DeepSpeed,
+    Horovod,
+    ScalingConfig,
+    TrainerConfig,
+    validate,
+)
 from raylight.declarative.config import ModelConfig
 from raylight.exceptions import ConfigError
 from raylight.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, build_strategy
@@ -36,7 +44,7 @@ def test_names_and_options_build_their_strategy():
     assert isinstance(deepspeed, DeepSpeedStrategy) and deepspeed.options.offload_params
     assert isinstance(build_strategy("deepspeed"), DeepSpeedStrategy)
     assert build_strategy("deepspeed").options == DeepSpeed(stage=2)
-    with pytest.raises(ValueError, match=r"unknown strategy 'zero'; choose one of \['ddp', 'deepspeed', 'fsdp'\]"):
+    with pytest.raises(ValueError, match=r"unknown strategy 'zero'; choose one of \['ddp', 'deepspeed', 'fsdp', 'horovod'\]"):
         build_strategy("zero")
 
 
@@ -44,7 +52,7 @@ def test_the_strategy_setting_names_the_allowed_values():
     assert ScalingConfig(strategy="fsdp").strategy_name == "fsdp"
     assert ScalingConfig(strategy=FSDP(mixed_precision="bf16")).strategy_name == "fsdp"
     with pytest.raises(ConfigError) as err:
-        validate(ScalingConfig, {"strategy": "horovod"})
+        validate(ScalingConfig, {"strategy": "horovods"})
     assert "strategy" in str(err.value) and "'ddp'" in str(err.value) and "'fsdp'" in str(err.value)
     with pytest.raises(ConfigError, match=r"strategy\.fsdp\.mixed_precision|mixed_precision"):
         validate(ScalingConfig, {"strategy": {"name": "fsdp", "mixed_precision": "fp8"}})
@@ -130,6 +138,8 @@ def test_a_meta_model_needs_reset_parameters_on_every_module_that_owns_tensors()
         ("fsdp", "fsdp"),
         ({"type": "fsdp"}, "fsdp"),  # Ludwig
         ({"type": "ddp"}, "ddp"),
+        ({"type": "horovod"}, "horovod"),  # Ludwig's Horovod strategy: raylight's
+        ({"type": "horovod", "implementation": "raylight"}, Horovod(implementation="raylight")),
         ({"type": "fsdp", "reshard_after_forward": False}, FSDP(reshard_after_forward=False)),
         ({"name": "fsdp", "blocks": ["Block"], "checkpoint": "full"}, FSDP(blocks=("Block",), checkpoint="full")),
     ],
@@ -145,7 +155,7 @@ def test_declarative_strategy_takes_ludwig_and_raylight_spellings(spelled, expec
     [
         ("zero3", r"backend\.trainer\.strategy.*must be one of \['ddp', 'fsdp'.*got 'zero3'"),
         ({"type": "zero3"}, r"must be one of .*got 'zero3'"),
-        ({"type": "horovod"}, r"horovod is not available"),
+        ({"type": "horovod", "fusion": 1}, r"backend\.trainer\.strategy\.horovod\.fusion"),
         ({"type": "ddp", "bucket_cap_mb": 25}, r"ddp takes no options; got \['bucket_cap_mb'\]"),
         ({"type": "fsdp", "name": "fsdp"}, r"`type:` \(Ludwig's spelling\) or `name:`, not both"),
         ({"type": "fsdp", "sharding": "full"}, r"backend\.trainer\.strategy\.fsdp\.sharding"),

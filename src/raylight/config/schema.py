@@ -21,7 +21,7 @@ LRRule = Literal["adascale", "sqrt", "linear", "legw", "none"]
 LR_RULES: tuple[str, ...] = get_args(LRRule)
 
 
-StrategyName = Literal["ddp", "fsdp", "deepspeed"]
+StrategyName = Literal["ddp", "fsdp", "deepspeed", "horovod"]
 STRATEGIES: tuple[str, ...] = get_args(StrategyName)
 
 
@@ -60,6 +60,28 @@ class FSDP(ConfigModel):
         "shared filesystem or an object store). 'full': the shards are gathered and rank 0's "
         "full state goes through the driver, as with DDP (each worker then briefly holds the "
         "whole model and optimizer state).",
+    )
+
+
+class Horovod(ConfigModel):
+    """Horovod data parallelism: rank 0's parameters broadcast to every worker, gradients
+    averaged by ``hvd.DistributedOptimizer`` (no DDP wrapper). Pass
+    ``strategy=Horovod(...)`` for these options, or ``strategy="horovod"`` for the defaults."""
+
+    name: Literal["horovod"] = Field("horovod", description="The strategy's name (always 'horovod').")
+    implementation: Literal["auto", "horovod", "raylight"] = Field(
+        "auto",
+        description="Which Horovod: 'horovod' (real horovod.torch, which must be installed in "
+        "the workers' Python; its gloo controller meets through a rendezvous server raylight "
+        "starts on rank 0), 'raylight' (raylight.horovod: Horovod's API on the workers' "
+        "torch.distributed group, no install), 'auto' (real Horovod where it is installed, "
+        "else raylight.horovod).",
+    )
+    init_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="How long real Horovod's gloo rendezvous may take when the workers start "
+        "(HOROVOD_GLOO_TIMEOUT_SECONDS).",
     )
 
 
@@ -254,6 +276,8 @@ def _strategy_kind(value: object) -> str | None:
         return "name"
     if isinstance(value, DeepSpeed) or (isinstance(value, dict) and value.get("name") == "deepspeed"):
         return "deepspeed"
+    if isinstance(value, Horovod) or (isinstance(value, dict) and value.get("name") == "horovod"):
+        return "horovod"
     if isinstance(value, FSDP | dict):
         return "fsdp"
     return None
@@ -261,11 +285,15 @@ def _strategy_kind(value: object) -> str | None:
 
 # A name, or a strategy's options; a bad value gets one error, not one per alternative.
 StrategySetting = Annotated[
-    Annotated[StrategyName, Tag("name")] | Annotated[FSDP, Tag("fsdp")] | Annotated[DeepSpeed, Tag("deepspeed")],
+    Annotated[StrategyName, Tag("name")]
+    | Annotated[FSDP, Tag("fsdp")]
+    | Annotated[DeepSpeed, Tag("deepspeed")]
+    | Annotated[Horovod, Tag("horovod")],
     Discriminator(
         _strategy_kind,
         custom_error_type="strategy",
-        custom_error_message="must be 'ddp', 'fsdp', 'deepspeed', raylight.FSDP(...) or raylight.DeepSpeed(...)",
+        custom_error_message="must be 'ddp', 'fsdp', 'deepspeed', 'horovod', raylight.FSDP(...), "
+        "raylight.DeepSpeed(...) or raylight.Horovod(...)",
     ),
 ]
 
@@ -276,7 +304,8 @@ def check_strategy_name(value: object) -> object:
     name = value.get("name") if isinstance(value, dict) else value
     if isinstance(name, str) and name not in STRATEGIES:
         raise ValueError(
-            f"must be one of {list(STRATEGIES)}, raylight.FSDP(...) or raylight.DeepSpeed(...), got {name!r}"
+            f"must be one of {list(STRATEGIES)}, raylight.FSDP(...), raylight.DeepSpeed(...) or "
+            f"raylight.Horovod(...), got {name!r}"
         )
     return value
 
@@ -327,8 +356,9 @@ class ScalingConfig(ConfigModel):
     strategy: StrategySetting = Field(
         "ddp",
         description="How the model is replicated or sharded: 'ddp' (every worker holds the "
-        "whole model), 'fsdp' (sharded, PyTorch FSDP2), 'deepspeed' (DeepSpeed ZeRO), or "
-        "FSDP(...) / DeepSpeed(...) for their options.",
+        "whole model), 'fsdp' (sharded, PyTorch FSDP2), 'deepspeed' (DeepSpeed ZeRO), "
+        "'horovod' (replicated, gradients averaged by Horovod's DistributedOptimizer), or "
+        "FSDP(...) / DeepSpeed(...) / Horovod(...) for their options.",
     )
     scaling_policy: Literal["goodput", "max"] = Field(
         "goodput",
@@ -736,6 +766,12 @@ class TrainerConfig(ConfigModel):
     @model_validator(mode="after")
     def _check_strategy(self) -> TrainerConfig:
         spec = self.scaling.strategy
+        if self.scaling.strategy_name == "horovod" and self.adaptive is not None:
+            raise ValueError(
+                "scaling.strategy 'horovod' cannot run adaptive training (adaptive=...): "
+                "hvd.DistributedOptimizer reduces the gradients itself, while adaptive training "
+                "measures and reduces them in its own optimizer; remove adaptive, or use strategy 'ddp'"
+            )
         if isinstance(spec, DeepSpeed) and self.adaptive is not None:
             fixed = {k: v for k, v in spec.config_dict.items() if k in DEEPSPEED_BATCH_KEYS and v != "auto"}
             if fixed:

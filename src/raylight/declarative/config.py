@@ -173,8 +173,6 @@ def strategy_from_ludwig(value: Any) -> Any:
         raise ValueError("give the strategy's name once: `type:` (Ludwig's spelling) or `name:`, not both")
     options = {k: v for k, v in value.items() if k != "type"}
     name = value["type"]
-    if name == "horovod":
-        raise ValueError("strategy horovod is not available; use ddp, fsdp or deepspeed")
     check_strategy_name(name)
     if not options or name == "ddp":
         if options:
@@ -220,7 +218,9 @@ class BackendTrainer(ConfigModel):
     strategy: StrategySetting = Field(
         "ddp",
         description="ddp: every worker holds the model; fsdp: sharded (PyTorch FSDP2); "
-        "deepspeed: ZeRO stage 1 or 2 (extra deepspeed). Or a mapping naming the strategy "
+        "deepspeed: ZeRO stage 1 or 2 (extra deepspeed); horovod: Horovod's "
+        "DistributedOptimizer (real Horovod where installed, else raylight.horovod; not with "
+        "batch_size: auto, which trains adaptively). Or a mapping naming the strategy "
         "with `type:` (Ludwig's spelling) or `name:`, and its options, e.g. {type: fsdp, "
         "reshard_after_forward: false} or Ludwig's {type: deepspeed, zero_optimization: "
         "{stage: 2}}.",

@@ -130,6 +130,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._delay = {p: self._bpps for p in self._params}
         self._synchronized = True
 
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Reduce each gradient once ``passes`` backward passes accumulated it (Horovod's
+        method of the same name); counts already under way start again."""
+        if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+            raise ValueError(f"backward_passes_per_step={passes!r}: expected an int >= 1")
+        self._bpps = passes
+        self._delay = {p: passes for p in self._params}
+
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:
         """``step()`` inside this block does not synchronize (call ``synchronize()``

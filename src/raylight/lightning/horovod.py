@@ -1,13 +1,15 @@
 """HorovodRayStrategy: ray_lightning's Horovod strategy, on raylight's DDP workers.
 
 The constructor is ray_lightning's (``num_workers``, or ``num_hosts`` x ``num_slots``;
-``use_gpu``). Training runs as ``RayStrategy`` runs it (DDP on raylight workers, the
-Trainer on the driver, notebook-safe, ``fit`` as often as wanted, ``callback_metrics``
-back); on each worker ``raylight.horovod`` is initialised on the worker's process group
-before the Trainer starts, so a LightningModule's ``hvd.rank()``, ``hvd.size()``,
-``hvd.allreduce(...)`` work unchanged. Gradients are reduced by DDP, not by Horovod's
-``DistributedOptimizer`` (the result is the same average); see docs/horovod.md for how this
-differs from ray_lightning's.
+``use_gpu``) plus ``implementation``. Training runs as ``RayStrategy`` runs it (DDP on
+raylight workers, the Trainer on the driver, notebook-safe, ``fit`` as often as wanted,
+``callback_metrics`` back); on each worker Horovod is initialised before the Trainer starts
+and shut down at teardown: real ``horovod.torch`` where it is installed
+(``raylight.horovod.real``: a rendezvous server on rank 0, Horovod's gloo controller), else
+``raylight.horovod`` on the worker's process group. So a LightningModule's ``hvd.rank()``,
+``hvd.size()``, ``hvd.allreduce(...)`` work unchanged. Gradients are reduced by DDP, not by
+Horovod's ``DistributedOptimizer`` (the result is the same average); see docs/horovod.md
+for how this differs from ray_lightning's.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any
 from raylight.exceptions import ConfigError
 from raylight.horovod import basics as hvd
 from raylight.lightning.strategies import RayStrategy
+
+_IMPLEMENTATIONS = ("auto", "horovod", "raylight")
 
 
 def _num_workers(num_workers: Any, num_hosts: Any, num_slots: Any) -> Any:
@@ -46,6 +50,9 @@ class HorovodRayStrategy(RayStrategy):
             workers. raylight places them as ``placement`` says (PACK by default); it does
             not pin ``num_slots`` to each host.
         use_gpu: give each worker a GPU.
+        implementation: which Horovod the workers initialise: ``"horovod"`` (real
+            ``horovod.torch``, which must be installed), ``"raylight"``
+            (``raylight.horovod``), ``"auto"`` (real Horovod where installed).
         **kwargs: as ``RayStrategy`` (``resources_per_worker``, ``placement``,
             ``failure``, ``address``, ...).
     """
@@ -58,14 +65,35 @@ class HorovodRayStrategy(RayStrategy):
         num_hosts: int | None = None,
         num_slots: int | None = None,
         use_gpu: bool = False,
+        implementation: str = "auto",
         **kwargs: Any,
     ) -> None:
+        from raylight.strategies.horovod import resolve_implementation
+
+        if implementation not in _IMPLEMENTATIONS:
+            raise ConfigError(
+                f"HorovodRayStrategy(implementation={implementation!r}): choose one of {list(_IMPLEMENTATIONS)}"
+            )
         super().__init__(_num_workers(num_workers, num_hosts, num_slots), use_gpu=use_gpu, **kwargs)
+        self.implementation = resolve_implementation(implementation, setting="HorovodRayStrategy(implementation=...)")
+        self._real: Any = None  # raylight.horovod.real.RealHorovod, on a worker
 
     def attach_worker(self, ctx: Any, trainer: Any) -> None:
         super().attach_worker(ctx, trainer)
-        hvd.init()  # adopts the group raylight formed for this worker
+        if self.implementation == "horovod":
+            from raylight.horovod.real import init_horovod
+
+            self._real = init_horovod(
+                timeout_s=self.settings.failure.collective_timeout_s,
+                setting="HorovodRayStrategy(failure=FailureConfig(collective_timeout_s=...))",
+            )
+        else:
+            hvd.init()  # adopts the group raylight formed for this worker
 
     def teardown(self) -> None:
         super().teardown()
-        hvd.shutdown()  # forgets the group (raylight's, left formed); a reused process starts clean
+        if self._real is not None:
+            real, self._real = self._real, None
+            real.shutdown()  # hvd.shutdown(); rank 0 stops its rendezvous server
+        else:
+            hvd.shutdown()  # forgets the group (raylight's, left formed); a reused process starts clean

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from raylight.config.schema import FSDP, DeepSpeed
+from raylight.config.schema import FSDP, DeepSpeed, Horovod
 from raylight.strategies.base import Strategy
 from raylight.strategies.ddp import DDPStrategy
 from raylight.strategies.deepspeed import DeepSpeedStrategy  # imports deepspeed only when used
 from raylight.strategies.fsdp import FSDPStrategy
+from raylight.strategies.horovod import HorovodStrategy  # imports Horovod only when used
 
 
 def _fsdp(options: Any) -> Strategy:
@@ -20,10 +21,19 @@ def _deepspeed(options: Any) -> Strategy:
     return DeepSpeedStrategy(options if isinstance(options, DeepSpeed) else None)
 
 
-_STRATEGIES: dict[str, Any] = {"ddp": lambda _: DDPStrategy(), "fsdp": _fsdp, "deepspeed": _deepspeed}
+def _horovod(options: Any) -> Strategy:
+    return HorovodStrategy(options if isinstance(options, Horovod) else None)
 
 
-def build_strategy(spec: str | FSDP | DeepSpeed) -> Strategy:
+_STRATEGIES: dict[str, Any] = {
+    "ddp": lambda _: DDPStrategy(),
+    "fsdp": _fsdp,
+    "deepspeed": _deepspeed,
+    "horovod": _horovod,
+}
+
+
+def build_strategy(spec: str | FSDP | DeepSpeed | Horovod) -> Strategy:
     """The strategy for a ``ScalingConfig.strategy`` value: a name or an options object."""
     name = spec if isinstance(spec, str) else spec.name
     try:
@@ -33,4 +43,4 @@ def build_strategy(spec: str | FSDP | DeepSpeed) -> Strategy:
     return make(spec)
 
 
-__all__ = ["DDPStrategy", "DeepSpeedStrategy", "FSDPStrategy", "Strategy", "build_strategy"]
+__all__ = ["DDPStrategy", "DeepSpeedStrategy", "FSDPStrategy", "HorovodStrategy", "Strategy", "build_strategy"]

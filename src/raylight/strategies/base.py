@@ -91,6 +91,12 @@ class Strategy(Protocol):
         engine needs the batch (DeepSpeed's batch fields) keeps it, DDP and FSDP ignore it."""
         ...
 
+    def close(self) -> None:
+        """Release what the strategy started beside the process group (Horovod's
+        background thread and rendezvous server), once the loop has ended and before the
+        group is destroyed. Every rank calls it; DDP, FSDP and DeepSpeed have nothing to release."""
+        ...
+
 
 def backend_for(use_gpu: bool) -> str:
     return "nccl" if use_gpu else "gloo"

@@ -55,6 +55,9 @@ class DDPStrategy:
     def set_batch_layout(self, *, micro_batch: int, accumulation: int) -> None:
         pass  # DDP needs no batch settings
 
+    def close(self) -> None:
+        pass  # nothing beside the process group
+
     def checkpoint_format(self, world_size: int) -> CheckpointFormat:
         return "full"
 

@@ -418,6 +418,9 @@ class DeepSpeedStrategy:
     def full_state(self, state: Any) -> Any:
         return full_tensors(state)
 
+    def close(self) -> None:
+        pass  # the engine goes with the loop; deepspeed.comm's globals stay (reuses_process)
+
     def set_batch_layout(self, *, micro_batch: int, accumulation: int) -> None:
         self._layout = (micro_batch, accumulation)
         if self._engine is None:

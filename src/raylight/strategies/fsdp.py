@@ -188,6 +188,9 @@ class FSDPStrategy:
     def set_batch_layout(self, *, micro_batch: int, accumulation: int) -> None:
         pass  # FSDP needs no batch settings
 
+    def close(self) -> None:
+        pass  # nothing beside the process group
+
     def checkpoint_format(self, world_size: int) -> CheckpointFormat:
         return "sharded" if world_size > 1 and self.options.checkpoint == "sharded" else "full"
 

@@ -1,0 +1,59 @@
+"""The horovod strategy's settings (no Ray, no processes): its options, what it refuses,
+which Horovod ``auto`` picks, and Horovod's host allocation plan for a group."""
+
+import pytest
+
+from raylight.config import AdaptiveConfig, Horovod, ScalingConfig, TrainerConfig, validate
+from raylight.exceptions import ConfigError
+from raylight.horovod import compat
+from raylight.horovod.real import Slot, host_plan
+from raylight.strategies import HorovodStrategy, build_strategy
+
+INSTALLED = compat.horovod_installed()
+
+
+def test_names_and_options_build_the_strategy():
+    strategy = build_strategy("horovod")
+    assert isinstance(strategy, HorovodStrategy) and strategy.options == Horovod()
+    assert strategy.implementation == ("horovod" if INSTALLED else "raylight")
+    assert strategy.reuses_process is (not INSTALLED)  # real Horovod's process starts the next run fresh
+    ours = build_strategy(Horovod(implementation="raylight", init_timeout_s=5))
+    assert ours.implementation == "raylight" and ours.reuses_process and ours.checkpoint_format(2) == "full"
+    assert validate(ScalingConfig, {"strategy": {"name": "horovod", "implementation": "raylight"}}).strategy_name == "horovod"
+
+
+@pytest.mark.parametrize(
+    ("strategy", "message"),
+    [
+        ({"name": "horovod", "implementation": "mpi"}, r"scaling\.strategy\.horovod\.implementation"),
+        ({"name": "horovod", "init_timeout_s": 0}, r"scaling\.strategy\.horovod\.init_timeout_s"),
+        ({"name": "horovod", "fusion_threshold": 1}, r"scaling\.strategy\.horovod\.fusion_threshold"),
+        ("horovods", r"must be one of \['ddp', 'fsdp', 'deepspeed', 'horovod'\]"),
+    ],
+)
+def test_bad_options_name_the_key(strategy, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(TrainerConfig, {"scaling": {"strategy": strategy}})
+
+
+def test_adaptive_training_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match=r"'horovod' cannot run adaptive training.*use strategy 'ddp'"):
+        TrainerConfig(scaling=ScalingConfig(num_workers=2, strategy="horovod"), adaptive=AdaptiveConfig())
+    TrainerConfig(scaling=ScalingConfig(num_workers=2, strategy="horovod"))  # fixed batch: fine
+    with pytest.raises(ConfigError, match="cannot run adaptive training"):
+        build_strategy(Horovod(implementation="raylight")).wrap_optimizer(None, adaptive=True)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(INSTALLED, reason="real Horovod is installed")
+def test_real_horovod_asked_for_but_absent_says_how_to_install():
+    with pytest.raises(ConfigError, match=r"scaling\.strategy\.implementation.*docs/horovod\.md.*implementation='raylight'"):
+        build_strategy(Horovod(implementation="horovod"))
+
+
+def test_host_plan_numbers_local_and_cross_ranks_as_horovod():
+    plan = host_plan(["a", "a", "b", "a", "b"])
+    assert plan[0] == Slot("a", 0, 0, 0, 5, 3, 2)
+    assert [(s.local_rank, s.local_size) for s in plan] == [(0, 3), (1, 3), (0, 2), (2, 3), (1, 2)]
+    # local rank 2 exists only on host a: a cross group of one
+    assert [(s.cross_rank, s.cross_size) for s in plan] == [(0, 2), (0, 2), (1, 2), (0, 1), (1, 2)]
+    assert host_plan(["solo"]) == [Slot("solo", 0, 0, 0, 1, 1, 1)]
