@@ -37,16 +37,20 @@ def train_epoch(model, opt, loader) -> float:
     return total
 
 
+def _regression_epochs(model, opt, loader, epochs: int) -> None:
+    for _ in range(epochs):
+        for x, y in loader:
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+
+
 def sgd_loop(ctx, config):
     """Plain SGD on a linear regression; reports the final parameters."""
     model = ctx.prepare_model(initial_model())
     opt = torch.optim.SGD(model.parameters(), lr=config["lr"])
     loader = ctx.prepare_loader(regression_data(), batch_size=config["batch_size"], shuffle=True, seed=7)
-    for _ in range(config["epochs"]):
-        for x, y in loader:
-            opt.zero_grad()
-            nn.functional.mse_loss(model(x), y).backward()
-            opt.step()
+    _regression_epochs(model, opt, loader, config["epochs"])
     tunables = os.environ.get("GLIBC_TUNABLES")  # what the worker started with, if anything
     ctx.report(
         {"world_size": ctx.world_size, **({"tunables": tunables} if tunables else {})},
@@ -257,11 +261,7 @@ def prepared_sgd_loop(ctx, config):
     model = ctx.prepare_model(initial_model())
     opt = ctx.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9))
     loader = ctx.prepare_loader(regression_data(), batch_size=config["batch_size"], shuffle=True, seed=7)
-    for _ in range(config["epochs"]):
-        for x, y in loader:
-            opt.zero_grad()
-            nn.functional.mse_loss(model(x), y).backward()
-            opt.step()
+    _regression_epochs(model, opt, loader, config["epochs"])
     metrics = {"world_size": ctx.world_size}
     if config.get("hvd"):
         hvd = importlib.import_module(config["hvd"])

@@ -65,7 +65,8 @@ def world() -> None:
 GROW_WAIT_S = 120.0  # at one worker: how long to wait for the run to grow back before failing
 
 
-def elastic() -> None:
+def _resumed():
+    """The run's context, the step to start at and the weight, from its last checkpoint."""
     import raylight
 
     ctx = raylight.run_context()
@@ -73,15 +74,25 @@ def elastic() -> None:
     start = 0 if state is None else int(state["step"]) + 1
     weight = torch.zeros(2) if state is None else state["weight"]
     print(f"world {ctx.world_size} restart {ctx.restart_count} starts at step {start}", flush=True)
+    return ctx, start, weight
+
+
+def _one_step_then_wait_to_grow(ctx, start: int, weight: torch.Tensor) -> None:
+    """One step alone, reported before the rendezvous: the run grows again only once the
+    script is at work (its first report or its process group), so it is recorded. The run
+    then restarts this script at two workers; exit 5 if it never does."""
+    weight = weight + 1
+    ctx.report({"step": start, "world": 1, "weight_sum": weight.sum()}, checkpoint={"step": start, "weight": weight})
+    dist.init_process_group("gloo")
+    print("waiting to grow", flush=True)
+    time.sleep(GROW_WAIT_S)
+    sys.exit(5)
+
+
+def elastic() -> None:
+    ctx, start, weight = _resumed()
     if ctx.world_size == 1:
-        # One step alone, reported before the rendezvous: the run grows again only once
-        # the script is at work (its first report or its process group), so it is recorded.
-        weight = weight + 1
-        ctx.report({"step": start, "world": 1, "weight_sum": weight.sum()}, checkpoint={"step": start, "weight": weight})
-        dist.init_process_group("gloo")
-        print("waiting to grow", flush=True)
-        time.sleep(GROW_WAIT_S)  # the run restarts this script at two workers
-        sys.exit(5)
+        _one_step_then_wait_to_grow(ctx, start, weight)
     dist.init_process_group("gloo")
     for step in range(start, 6):
         if step == 3 and ctx.rank == 1 and ctx.restart_count == 0:
@@ -94,20 +105,9 @@ def elastic() -> None:
 
 
 def nodes() -> None:
-    import raylight
-
-    ctx = raylight.run_context()
-    state = ctx.load_checkpoint()
-    start = 0 if state is None else int(state["step"]) + 1
-    weight = torch.zeros(2) if state is None else state["weight"]
-    print(f"world {ctx.world_size} restart {ctx.restart_count} starts at step {start}", flush=True)
+    ctx, start, weight = _resumed()
     if ctx.world_size == 1:  # as in elastic(): one step, then wait for a node to join
-        weight = weight + 1
-        ctx.report({"step": start, "world": 1, "weight_sum": weight.sum()}, checkpoint={"step": start, "weight": weight})
-        dist.init_process_group("gloo")
-        print("waiting to grow", flush=True)
-        time.sleep(GROW_WAIT_S)
-        sys.exit(5)
+        _one_step_then_wait_to_grow(ctx, start, weight)
     dist.init_process_group("gloo")
     for step in range(start, 6):
         weight = weight + 1
