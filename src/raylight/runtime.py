@@ -12,7 +12,6 @@ running cluster".
 from __future__ import annotations
 
 import atexit
-import ipaddress
 import logging
 import os
 import socket
@@ -22,6 +21,7 @@ import ray
 
 from raylight import verbosity
 from raylight.exceptions import ClusterConnectionError
+from raylight.worker_group.net import is_loopback
 
 log = logging.getLogger("raylight")
 
@@ -162,13 +162,6 @@ def _host_port(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
 def connect(address: str | None, *, connect_timeout_s: float = 15.0) -> RayRuntime:
     """Use the running Ray of this process (a Ray Client driver's too), the cluster at
     ``address`` (or ``default_address()``: RAY_ADDRESS, as in a Ray Job's driver, or a
@@ -194,7 +187,7 @@ def connect(address: str | None, *, connect_timeout_s: float = 15.0) -> RayRunti
                 f"could not reach the Ray cluster at {address!r} (from {source}) within "
                 f"FailureConfig.connect_timeout_s={connect_timeout_s:g}s: {exc}. {fix}"
             ) from None
-        if _is_loopback(target[0]):
+        if is_loopback(target[0]):
             _force_loopback()  # stay on loopback rather than the machine's address
     warn_if_auth_disabled()
     try:

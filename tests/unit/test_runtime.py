@@ -3,7 +3,8 @@
 import subprocess
 import sys
 
-from raylight.runtime import _host_port, _is_loopback
+from raylight.runtime import _host_port
+from raylight.worker_group.net import is_loopback as _is_loopback
 
 SCRIPT = """
 import raylight

@@ -17,7 +17,6 @@ raylight's worker group sets it then), else rank 0's cluster address.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import socket
 import threading
@@ -27,6 +26,7 @@ from typing import Any
 import torch.distributed as dist
 
 from raylight.exceptions import ConfigError
+from raylight.worker_group.net import interface_for, is_loopback, loopback_interface
 
 INSTALL_HINT = (
     "real Horovod is not installed in the workers' Python; build Horovod 0.28.1 as "
@@ -95,13 +95,6 @@ class _Rendezvous:
         self.thread.join()
 
 
-def _is_loopback(addr: str) -> bool:
-    try:
-        return ipaddress.ip_address(addr).is_loopback
-    except ValueError:
-        return addr == "localhost"
-
-
 def _host_key() -> str:
     """This rank's host in the plan: raylight's node index when the worker group set one
     (fake nodes on one machine stay apart), else the hostname."""
@@ -110,8 +103,6 @@ def _host_key() -> str:
 
 
 def _interface(loopback: bool, addr: str) -> str:
-    from raylight.worker_group.net import interface_for, loopback_interface
-
     if loopback:
         return loopback_interface()
     given = os.environ.get("GLOO_SOCKET_IFNAME")  # raylight's workers set it to the cluster's interface
@@ -175,7 +166,7 @@ def init_horovod(*, timeout_s: float, setting: str) -> RealHorovod:
         hosts = [_host_key()]
     slots = host_plan(hosts)
     master = os.environ.get("MASTER_ADDR", "127.0.0.1") if grouped else "127.0.0.1"
-    loopback = len(set(hosts)) == 1 or _is_loopback(master)
+    loopback = len(set(hosts)) == 1 or is_loopback(master)
     bind = "127.0.0.1" if loopback else master
     server = None
     where: list[Any] = [None]

@@ -17,6 +17,14 @@ import struct
 _SIOCGIFADDR = 0x8915  # Linux: the IPv4 address of an interface
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an IP address or ``localhost``) names this machine's loopback."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def loopback_interface() -> str:
     names = {name for _, name in socket.if_nameindex()}
     return "lo" if "lo" in names else "lo0"
