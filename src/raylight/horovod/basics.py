@@ -58,7 +58,6 @@ class _State:
 
 _state: _State | None = None
 _formed = 0  # groups this process formed: a re-formed group meets under a new name
-_exit_hook: list[bool] = []  # shutdown() registered to run at exit
 
 
 def _backend() -> str:
@@ -100,12 +99,6 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
                 launch = replace(launch, rendezvous_id=f"{launch.rendezvous_id}-{_formed}")
             init_process_group(launch, _backend())
             _formed += 1
-        if not _exit_hook:
-            # Horovod scripts end without hvd.shutdown(); a gloo group left to the
-            # interpreter's teardown can abort the process ("terminate called without an
-            # active exception") after the script succeeded.
-            atexit.register(shutdown)
-            _exit_hook.append(True)
         rank, size = dist.get_rank(), dist.get_world_size()
         owns = True
     if launch is not None and (launch.rank, launch.world_size) == (rank, size):
@@ -125,6 +118,12 @@ def shutdown() -> None:
         # hooks) must go while their group exists: freed after it, they abort the process.
         gc.collect()
         dist.destroy_process_group()
+
+
+# Horovod scripts may end without hvd.shutdown(); a gloo group left to the interpreter's
+# teardown can abort the process ("terminate called without an active exception") after
+# the script succeeded. A no-op when no group was formed here.
+atexit.register(shutdown)
 
 
 def is_initialized() -> bool:
