@@ -11,6 +11,7 @@ rank 1 exit with code 5 at that step on the first attempt (TORCHELASTIC_RESTART_
 """
 
 import argparse
+import gc
 import os
 import sys
 
@@ -66,6 +67,11 @@ def main() -> None:
             print(f"step {step} loss {loss.item():.5f}")
     if rank == 0 and args.out:
         torch.save(model.state_dict(), args.out)
+    # DDP leaves collective work objects in reference cycles; free them while the
+    # interpreter is whole: left to its teardown, torch 2.13's gloo group can abort a
+    # finished run with exit code 134 (docs/launch.md, "Ending a script cleanly").
+    del ddp, opt
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -248,6 +248,10 @@ def init_process_group(launch: LaunchEnv, backend: str, *, timeout_s: float | No
     ``RAYLIGHT_RENDEZVOUS_TIMEOUT_S``) raises, naming the setting."""
     import torch.distributed as dist
 
+    from raylight.launch.bootstrap import collect_at_exit
+
+    collect_at_exit()  # the launcher's process ends in the user's script, not in raylight
+
     timeout = rendezvous_timeout_s() if timeout_s is None else timeout_s
     delta = timedelta(seconds=timeout)
     common: dict[str, Any] = dict(rank=launch.rank, world_size=launch.world_size, timeout=delta)

@@ -133,6 +133,27 @@ def test_bootstrap_runs_a_script_as_main(tmp_path):
     assert (done.returncode, done.stdout.strip()) == (0, "module ['-v']")
 
 
+def test_bootstrap_frees_reference_cycles_before_the_interpreters_teardown(tmp_path):
+    """What a script leaves in a cycle (DDP's reducer and its collective work) is freed by
+    the bootstrap's exit hook, while the interpreter is whole, not during its teardown."""
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import sys\n"
+        "class Held:\n"
+        "    def __del__(self):\n"
+        "        print('finalizing' if sys.is_finalizing() else 'whole', flush=True)\n"
+        "held = Held()\n"
+        "held.me = held\n"
+        "del held\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAYLIGHT_RUN")}
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    booted = subprocess.run(
+        [sys.executable, agent.BOOTSTRAP, str(script)], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert (plain.stdout.strip(), booted.stdout.strip()) == ("finalizing", "whole")
+
+
 class _FakeContext:
     """The agent's view of a worker's TrainContext: what the channel calls."""
 

@@ -1,0 +1,69 @@
+"""A script an external launcher starts on every rank (torchrun, mpirun-style env):
+``raylight.fit`` joins the launcher's group. Each rank writes what it saw to
+``OUT/rank<r>.json``; rank 0 also the trained parameters to ``OUT/model.pt``.
+
+Usage: fit_script.py OUT STORAGE NAME [sgd|epochs EPOCHS] [--resume]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+
+import raylight  # noqa: E402
+from tests.ray import loops  # noqa: E402
+
+
+def epochs_loop(ctx, config):
+    """Checkpoints every epoch; every rank records where it started."""
+    ckpt = ctx.get_checkpoint()
+    start = ckpt.load()["epoch"] + 1 if ckpt is not None else 0
+    model = ctx.prepare_model(loops.initial_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    if ckpt is not None:
+        ctx.unwrap_model(model).load_state_dict(ckpt.load()["model"])
+    loader = ctx.prepare_loader(loops.regression_data(64), batch_size=16, shuffle=True)
+    with open(os.path.join(config["out"], f"start{ctx.rank}.txt"), "a") as f:
+        f.write(f"{start}\n")
+    for epoch in range(start, config["epochs"]):
+        loader.set_epoch(epoch)
+        total = loops.train_epoch(model, opt, loader)
+        ctx.report({"epoch": epoch, "loss": ctx.all_reduce(total)}, checkpoint={"epoch": epoch, "model": ctx.unwrap_model(model).state_dict()})
+
+
+def main() -> None:
+    out, storage, name, kind = sys.argv[1:5]
+    torch.set_num_threads(1)
+    if kind == "sgd":
+        result = raylight.fit(
+            loops.sgd_loop, config={"lr": 0.05, "batch_size": 32, "epochs": 3}, num_workers=4,
+            storage_path=storage, name=name, progress=False,
+        )
+    else:
+        result = raylight.fit(
+            epochs_loop, config={"epochs": int(sys.argv[5]), "out": out}, num_workers=2,
+            storage_path=storage, name=name, progress=False, resume="--resume" in sys.argv,
+        )
+    import gc as _gc
+    from torch.nn.parallel import DistributedDataParallel as _DDP
+    _gc.collect()
+    _objs = [o for o in _gc.get_objects() if isinstance(o, _DDP)]
+    print("DDP alive", os.environ.get("RANK"), len(_objs), flush=True)
+    for _o in _objs[:1]:
+        for _r in _gc.get_referrers(_o):
+            print("  ref", type(_r), (list(_r.keys())[:8] if isinstance(_r, dict) else str(_r)[:150]), flush=True)
+    rank = int(os.environ.get("RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or 0)
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({"history": result.metrics_history, "path": result.path, "checkpoint": result.checkpoint is not None}, f)
+    if rank == 0 and result.checkpoint is not None:
+        torch.save(result.checkpoint.load()["model"], os.path.join(out, "model.pt"))
+
+
+if __name__ == "__main__":
+    main()
