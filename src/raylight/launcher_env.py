@@ -19,6 +19,8 @@ called.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import socket
 import tempfile
@@ -242,13 +244,27 @@ def rendezvous_timeout_s(environ: Mapping[str, str] | None = None) -> float:
     return value
 
 
+def collect_at_exit() -> None:
+    """Collect garbage at exit, before the interpreter's teardown (idempotent).
+
+    A gloo group's worker thread drops the last reference to a finished collective's work
+    object, which needs the GIL; when the main thread goes straight from the script's last
+    collective into interpreter teardown, that thread is ended mid-destructor and the
+    process aborts with "terminate called without an active exception" (exit code 134)
+    after the script succeeded: 5 runs in 50 of a 2-rank DDP script under plain torchrun
+    on torch 2.13. Collecting first frees what DDP left in reference cycles and lets that
+    thread finish while the interpreter is whole: 0 in 40. `raylight run`'s bootstrap does
+    the same for every script.
+    """
+    atexit.unregister(gc.collect)
+    atexit.register(gc.collect)
+
+
 def init_process_group(launch: LaunchEnv, backend: str, *, timeout_s: float | None = None) -> None:
     """Form the launcher's ``torch.distributed`` default group (see the module docstring).
     A rank that does not meet the others within ``timeout_s`` (default
     ``RAYLIGHT_RENDEZVOUS_TIMEOUT_S``) raises, naming the setting."""
     import torch.distributed as dist
-
-    from raylight.launch.bootstrap import collect_at_exit
 
     collect_at_exit()  # the launcher's process ends in the user's script, not in raylight
 

@@ -133,25 +133,31 @@ def test_bootstrap_runs_a_script_as_main(tmp_path):
     assert (done.returncode, done.stdout.strip()) == (0, "module ['-v']")
 
 
-def test_bootstrap_frees_reference_cycles_before_the_interpreters_teardown(tmp_path):
-    """What a script leaves in a cycle (DDP's reducer and its collective work) is freed by
-    the bootstrap's exit hook, while the interpreter is whole, not during its teardown."""
+HELD_IN_A_CYCLE = (
+    "import sys\n"
+    "class Held:\n"
+    "    def __del__(self):\n"
+    "        print('finalizing' if sys.is_finalizing() else 'whole', flush=True)\n"
+    "held = Held()\n"
+    "held.me = held\n"
+    "del held\n"
+)
+
+
+def test_cycles_are_freed_before_the_interpreters_teardown(tmp_path):
+    """What a script leaves in a cycle (DDP's reducer and its collective work) is freed at
+    exit while the interpreter is whole, not during its teardown: under `raylight run`'s
+    bootstrap, and in a launcher's process once raylight joins it (collect_at_exit)."""
     script = tmp_path / "s.py"
-    script.write_text(
-        "import sys\n"
-        "class Held:\n"
-        "    def __del__(self):\n"
-        "        print('finalizing' if sys.is_finalizing() else 'whole', flush=True)\n"
-        "held = Held()\n"
-        "held.me = held\n"
-        "del held\n"
-    )
+    script.write_text(HELD_IN_A_CYCLE)
+    joined = tmp_path / "joined.py"
+    joined.write_text("from raylight.launcher_env import collect_at_exit\ncollect_at_exit()\ncollect_at_exit()\n" + HELD_IN_A_CYCLE)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAYLIGHT_RUN")}
-    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
-    booted = subprocess.run(
-        [sys.executable, agent.BOOTSTRAP, str(script)], capture_output=True, text=True, env=env, timeout=60
-    )
-    assert (plain.stdout.strip(), booted.stdout.strip()) == ("finalizing", "whole")
+
+    def run(*cmd: str) -> str:
+        return subprocess.run([sys.executable, *cmd], capture_output=True, text=True, env=env, timeout=60).stdout.strip()
+
+    assert (run(str(script)), run(agent.BOOTSTRAP, str(script)), run(str(joined))) == ("finalizing", "whole", "whole")
 
 
 class _FakeContext:

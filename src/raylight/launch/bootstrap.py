@@ -7,7 +7,7 @@ thread that started it), (2) makes ``sys.path`` and ``sys.argv`` what ``python S
 (or ``python -m MODULE``) would make them, (3) wraps
 ``torch.distributed.init_process_group`` so that the agent learns when this rank enters
 and completes it: the driver names a rank that never does (``--init-timeout``), and (4)
-collects garbage at exit (``collect_at_exit``).
+collects garbage at exit (see ``raylight.launcher_env.collect_at_exit``).
 Standard library only, apart from torch where it is installed.
 """
 
@@ -43,25 +43,6 @@ def _die_with_parent() -> None:
     parent = os.environ.get(PARENT_ENV)
     if parent and os.getppid() != int(parent):
         os._exit(1)
-
-
-def _collect() -> None:
-    gc.collect()
-
-
-def collect_at_exit() -> None:
-    """Collect garbage at exit, before the interpreter's teardown (idempotent).
-
-    A gloo group's worker thread drops the last reference to a finished collective's work
-    object, which needs the GIL; when the main thread goes straight from the script's last
-    collective into interpreter teardown, that thread is ended mid-destructor and the
-    process aborts with "terminate called without an active exception" (exit code 134)
-    after the script succeeded: 5 runs in 50 of a 2-rank DDP script under plain torchrun
-    on torch 2.13. Collecting first frees what DDP left in reference cycles and lets that
-    thread finish while the interpreter is whole: 0 in 40.
-    """
-    atexit.unregister(_collect)
-    atexit.register(_collect)
 
 
 def _tell(event: str) -> None:
@@ -103,7 +84,10 @@ def _watch_init() -> None:
 
 def main(argv: list[str]) -> None:
     _die_with_parent()
-    collect_at_exit()
+    # raylight.launcher_env.collect_at_exit, without importing raylight: free what DDP
+    # left in reference cycles before the interpreter's teardown, where a gloo thread
+    # freeing the last collective's work aborts a finished run (exit code 134)
+    atexit.register(gc.collect)
     if os.environ.get("RAYLIGHT_HOROVOD_COMPAT", "").strip() not in ("", "0"):
         # `import horovod.torch` serves raylight.horovod (imported only when asked for)
         from raylight.horovod.compat import install_from_env
