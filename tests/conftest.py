@@ -82,7 +82,7 @@ def ray_session():
     runtime.start_embedded(num_cpus=2, temp_dir=temp_dir, object_store_memory=256 * 1024**2)
     _SESSION_ENV.update(k for k in os.environ if before.get(k) != os.environ[k])
     yield ray
-    ray.shutdown()
+    runtime._shutdown_embedded()
     deadline = time.monotonic() + 30
     while _ray_processes(temp_dir) and time.monotonic() < deadline:
         time.sleep(0.2)
