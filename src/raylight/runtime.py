@@ -16,6 +16,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
+from typing import Any
 
 import ray
 
@@ -96,7 +97,8 @@ def _shutdown_embedded() -> None:
     first (its report would only print an "autoscaler failed" line)."""
     try:
         node = ray._private.worker._global_node
-        for info in node.all_processes.get("monitor", []) if node is not None else []:
+        monitors: list[Any] = node.all_processes.get("monitor", []) if node is not None else []
+        for info in monitors:
             if info.process.poll() is None:
                 info.process.kill()
                 info.process.wait(timeout=5)
