@@ -23,6 +23,8 @@ LR_RULES: tuple[str, ...] = get_args(LRRule)
 
 StrategyName = Literal["ddp", "fsdp", "deepspeed", "horovod"]
 STRATEGIES: tuple[str, ...] = get_args(StrategyName)
+HorovodImplementation = Literal["auto", "horovod", "raylight"]
+HOROVOD_IMPLEMENTATIONS: tuple[str, ...] = get_args(HorovodImplementation)
 
 
 class FSDP(ConfigModel):
@@ -69,7 +71,7 @@ class Horovod(ConfigModel):
     ``strategy=Horovod(...)`` for these options, or ``strategy="horovod"`` for the defaults."""
 
     name: Literal["horovod"] = Field("horovod", description="The strategy's name (always 'horovod').")
-    implementation: Literal["auto", "horovod", "raylight"] = Field(
+    implementation: HorovodImplementation = Field(
         "auto",
         description="Which Horovod: 'horovod' (real horovod.torch, which must be installed in "
         "the workers' Python; its gloo controller meets through a rendezvous server raylight "

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from raylight.config.schema import HOROVOD_IMPLEMENTATIONS
 from raylight.exceptions import ConfigError
 from raylight.horovod import basics as hvd
 from raylight.lightning.strategies import RayStrategy
-
-_IMPLEMENTATIONS = ("auto", "horovod", "raylight")
 
 
 def _num_workers(num_workers: Any, num_hosts: Any, num_slots: Any) -> Any:
@@ -70,9 +69,9 @@ class HorovodRayStrategy(RayStrategy):
     ) -> None:
         from raylight.strategies.horovod import resolve_implementation
 
-        if implementation not in _IMPLEMENTATIONS:
+        if implementation not in HOROVOD_IMPLEMENTATIONS:
             raise ConfigError(
-                f"HorovodRayStrategy(implementation={implementation!r}): choose one of {list(_IMPLEMENTATIONS)}"
+                f"HorovodRayStrategy(implementation={implementation!r}): choose one of {list(HOROVOD_IMPLEMENTATIONS)}"
             )
         super().__init__(_num_workers(num_workers, num_hosts, num_slots), use_gpu=use_gpu, **kwargs)
         self.implementation = resolve_implementation(implementation, setting="HorovodRayStrategy(implementation=...)")
