@@ -151,6 +151,32 @@ def test_adaptive_batch_size_grows_on_noisy_gradients(ray_cluster, tmp_path, str
     assert epochs[-1]["sse"] < epochs[0]["sse"]
 
 
+def fit_killed_and_regrown(tmp_path, strategy, **loop_config):
+    """An elastic run of 1 to 2 workers under ``strategy`` whose rank 1 is SIGKILLed at
+    step 8, run until it has shrunk and grown back. Returns its Result and its epochs,
+    checked: the kill happened, every epoch saw every sample once, at 1 and 2 workers."""
+    run_dir, stop = str(tmp_path / "shrink"), tmp_path / "stop"
+    trainer = raylight.Trainer(
+        loops.elastic_loop,
+        train_loop_config={
+            "batch_size": 16, "epochs": 10_000, "objects": True, "checkpoint_every": 3,
+            "kills": [[1, 8]], "marker": str(tmp_path / "killed"), "stop_file": str(stop), **loop_config,
+        },
+        config=TrainerConfig(
+            scaling=ScalingConfig(
+                num_workers=(1, 2), strategy=strategy, scaling_policy="max",
+                resize_interval_s=0.3, warm_spare=False,
+            ),
+            run=RunConfig(storage_path=str(tmp_path), name="shrink", progress=False),
+        ),
+    )
+    result = _fit_until_resized(trainer, run_dir, stop, resizes=2, what="a shrink and a grow")
+    assert (tmp_path / "killed0").exists()
+    epochs = assert_exact_coverage(result.metrics_history)
+    assert {m["workers"] for m in epochs} == {1, 2} or len(epochs) == 1
+    return result, epochs
+
+
 @pytest.mark.parametrize("strategy", ["fsdp", "deepspeed"])
 def test_a_sharded_run_shrinks_when_a_worker_dies_and_grows_back(ray_cluster, tmp_path, strategy):
     """Elastic FSDP: rank 1 is SIGKILLed; rank 0 keeps the skeleton of the last sharded
@@ -162,28 +188,10 @@ def test_a_sharded_run_shrinks_when_a_worker_dies_and_grows_back(ray_cluster, tm
         pytest.importorskip("deepspeed")
     options = raylight.FSDP(min_block_params=1) if strategy == "fsdp" else raylight.DeepSpeed(stage=2)
     kind = "in_place" if strategy == "fsdp" else "checkpoint"
-    run_dir, stop = str(tmp_path / "shrink"), tmp_path / "stop"
-    trainer = raylight.Trainer(
-        loops.elastic_loop,
-        train_loop_config={
-            "batch_size": 16, "epochs": 10_000, "objects": True, "checkpoint_every": 3,
-            "kills": [[1, 8]], "marker": str(tmp_path / "killed"), "stop_file": str(stop),
-            "float32": strategy == "deepspeed",
-        },
-        config=TrainerConfig(
-            scaling=ScalingConfig(
-                num_workers=(1, 2), strategy=options, scaling_policy="max",
-                resize_interval_s=0.3, warm_spare=False,
-            ),
-            run=RunConfig(storage_path=str(tmp_path), name="shrink", progress=False),
-        ),
-    )
-    result = _fit_until_resized(trainer, run_dir, stop, resizes=2, what="a shrink and a grow")
-    assert (tmp_path / "killed0").exists() and result.num_failures == 0
-    epochs = assert_exact_coverage(result.metrics_history)
+    result, epochs = fit_killed_and_regrown(tmp_path, options, float32=strategy == "deepspeed")
+    assert result.num_failures == 0
     moves = [(r["from"], r["to"], r["kind"]) for r in result.resizes]
     assert moves[:2] == [(2, 1, kind), (1, 2, kind)], moves
-    assert {m["workers"] for m in epochs} == {1, 2} or len(epochs) == 1
     # after the shrink, one worker resumed from shards two had written
     assert any(m["resumed_sharded"] and m["workers"] == 1 for m in epochs), epochs
 
