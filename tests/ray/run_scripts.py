@@ -77,12 +77,18 @@ def _resumed():
     return ctx, start, weight
 
 
+def _step(ctx, step: int, weight: torch.Tensor) -> torch.Tensor:
+    """One step of the counter: the weight goes up by one, reported with a checkpoint."""
+    weight = weight + 1
+    ctx.report({"step": step, "world": ctx.world_size, "weight_sum": weight.sum()}, checkpoint={"step": step, "weight": weight})
+    return weight
+
+
 def _one_step_then_wait_to_grow(ctx, start: int, weight: torch.Tensor) -> None:
     """One step alone, reported before the rendezvous: the run grows again only once the
     script is at work (its first report or its process group), so it is recorded. The run
     then restarts this script at two workers; exit 5 if it never does."""
-    weight = weight + 1
-    ctx.report({"step": start, "world": 1, "weight_sum": weight.sum()}, checkpoint={"step": start, "weight": weight})
+    _step(ctx, start, weight)
     dist.init_process_group("gloo")
     print("waiting to grow", flush=True)
     time.sleep(GROW_WAIT_S)
@@ -98,8 +104,7 @@ def elastic() -> None:
         if step == 3 and ctx.rank == 1 and ctx.restart_count == 0:
             os.kill(int(os.environ["RAYLIGHT_RUN_PARENT"]), signal.SIGKILL)  # this rank's worker is lost
             time.sleep(60)  # killed with it (PR_SET_PDEATHSIG)
-        weight = weight + 1
-        ctx.report({"step": step, "world": ctx.world_size, "weight_sum": weight.sum()}, checkpoint={"step": step, "weight": weight})
+        weight = _step(ctx, step, weight)
         dist.barrier()
     dist.destroy_process_group()
 
@@ -110,8 +115,7 @@ def nodes() -> None:
         _one_step_then_wait_to_grow(ctx, start, weight)
     dist.init_process_group("gloo")
     for step in range(start, 6):
-        weight = weight + 1
-        ctx.report({"step": step, "world": ctx.world_size, "weight_sum": weight.sum()}, checkpoint={"step": step, "weight": weight})
+        weight = _step(ctx, step, weight)
         dist.barrier()
         if ctx.restart_count == 0:  # no node lost yet: wait for the test to take one away
             print("waiting to shrink", flush=True)
