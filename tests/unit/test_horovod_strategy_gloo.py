@@ -4,6 +4,8 @@ accumulation (``set_batch_layout`` -> ``backward_passes_per_step``), end where D
 (accumulating under ``no_sync``). On raylight.horovod always; on real Horovod where it is
 installed (``PYTHONPATH=<horovod site>:src``), else that case is skipped."""
 
+import contextlib
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -36,17 +38,9 @@ def train(model: nn.Module, opt: torch.optim.Optimizer, rank: int, accum: int, n
         opt.zero_grad()
         for micro in range(accum):
             x, y = batch(rank, step, micro)
-            with no_sync(model) if micro < accum - 1 else _nothing():
+            with no_sync(model) if micro < accum - 1 else contextlib.nullcontext():
                 ((model(x) - y) ** 2).mean().backward()
         opt.step()
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        pass
-
-    def __exit__(self, *exc: object) -> None:
-        pass
 
 
 def flat(model: nn.Module) -> dict[str, list[float]]:
