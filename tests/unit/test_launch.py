@@ -263,3 +263,29 @@ def test_bootstrap_serves_import_horovod_when_asked(tmp_path):
     assert (done.returncode, done.stdout.strip()) == (0, "raylight.horovod 1 0"), done.stderr
     done = subprocess.run([sys.executable, agent.BOOTSTRAP, str(script)], capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode != 0 and "No module named 'horovod'" in done.stderr
+
+
+@pytest.mark.parametrize("outcome, code, words", [
+    (3, 3, ""),  # a rank's script exited with 3: the run's code
+    (InitTimeoutError("rank(s) 1 did not call torch.distributed.init_process_group within --init-timeout=3s"), 1,
+     "rank(s) 1 did not call torch.distributed.init_process_group"),
+])
+def test_the_command_exits_with_the_runs_code(monkeypatch, tmp_path, outcome, code, words):
+    """What the command makes of launch's outcome (launch itself runs on Ray in
+    tests/ray/test_run.py): a failing rank's code, 1 and the rank named for a never-init."""
+    from typer.testing import CliRunner
+
+    from raylight.cli import app
+    from raylight.cli import launch as command
+
+    def fake_launch(*args, **kwargs):
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(command, "launch", fake_launch)
+    script = tmp_path / "s.py"
+    script.write_text("")
+    result = CliRunner().invoke(app, ["run", "-n", "2", str(script)])
+    assert result.exit_code == code, result.output
+    assert words in " ".join(result.output.split())
