@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -249,6 +250,7 @@ class Sink:
         pass
 
 
+@functools.cache
 def openmpi_missing() -> str | None:
     """Why the tests that run real ``mpirun`` skip, or None when OpenMPI's is on PATH."""
     import shutil
