@@ -285,11 +285,8 @@ def _script_env() -> dict[str, str]:
 
 
 def _on_raylight_horovod(script: str, args: list[str]) -> list[str]:
-    """The command that runs a Horovod script on raylight.horovod: as users run it, or,
-    where real Horovod is installed (the hook steps aside there), pointed at it directly."""
-    runner = [os.path.join(REPO, "tests", "horovod_compat_main.py")] if compat.horovod_installed() else [
-        "-m", "raylight.horovod"]
-    return [sys.executable, *runner, script, *args]
+    """A Horovod script on raylight.horovod, as users run it (real Horovod installed or not)."""
+    return [sys.executable, "-m", "raylight.horovod", script, *args]
 
 
 def _launch(script: str, args: list[str], job: str) -> list[subprocess.CompletedProcess]:
@@ -566,11 +563,28 @@ def test_import_hook_does_nothing_where_horovod_is_installed(tmp_path, monkeypat
     (tmp_path / "horovod" / "__init__.py").write_text("")
     (fake / "__init__.py").write_text("REAL = True\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "horovod", raising=False)  # a real one another test imported
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert compat.install_import_hook() is False
     assert "Horovod is installed" in str(caught[0].message)
     assert compat._finder not in sys.meta_path
+    try:  # python -m raylight.horovod and RAYLIGHT_HOROVOD_COMPAT=1 ask for raylight.horovod
+        assert compat.install_import_hook(force=True)
+        import horovod.torch as h
+
+        assert h is hvd
+    finally:
+        compat.uninstall_import_hook()
+    import horovod.torch as real
+
+    try:
+        assert real.REAL
+        with pytest.raises(RuntimeError, match=r"horovod.torch is already imported \(real Horovod\); install the hook before"):
+            compat.install_import_hook(force=True)
+    finally:
+        for name in ("horovod.torch", "horovod"):
+            sys.modules.pop(name, None)
 
 
 # -- under horovodrun's environment ------------------------------------------------------
