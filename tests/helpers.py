@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -247,3 +248,28 @@ class Sink:
 
     def keep_commit(self, *args: Any) -> None:
         pass
+
+
+@functools.cache
+def openmpi_missing() -> str | None:
+    """Why the tests that run real ``mpirun`` skip, or None when OpenMPI's is on PATH."""
+    import shutil
+    import subprocess
+
+    path = shutil.which("mpirun")
+    if path is None:
+        return "real mpirun is not on PATH (OpenMPI: `apt-get install openmpi-bin`)"
+    version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+    return None if "Open MPI" in version else f"{path} is not OpenMPI's mpirun: {version.strip()[:80]!r}"
+
+
+def mpirun_command(np: int) -> list[str]:
+    """OpenMPI's ``mpirun -np N`` kept on this machine: loopback only, as root (containers),
+    more ranks than cores, stdin not forwarded."""
+    import shutil
+
+    return [
+        shutil.which("mpirun") or "mpirun", "-np", str(np), "--allow-run-as-root", "--oversubscribe",
+        "--stdin", "none", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo",
+        "--mca", "oob_tcp_if_include", "lo",
+    ]

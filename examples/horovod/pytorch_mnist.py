@@ -1,7 +1,8 @@
 """Horovod's examples/pytorch/pytorch_mnist.py, on synthetic MNIST-shaped data (no download).
 
-An unchanged Horovod script: `import horovod.torch as hvd` is served by raylight.horovod
-through its import hook where Horovod is not installed (real Horovod where it is).
+An unchanged Horovod script: under `python -m raylight.horovod`, `import horovod.torch as hvd`
+is served by raylight.horovod through its import hook (installed Horovod or not); run as
+`python pytorch_mnist.py` where Horovod is installed, it is real Horovod.
 
 Run:  raylight run -n 2 -m raylight.horovod examples/horovod/pytorch_mnist.py
       mpirun -np 2 python -m raylight.horovod examples/horovod/pytorch_mnist.py

@@ -168,15 +168,18 @@ def _mpi(env: Mapping[str, str]) -> LaunchEnv:
         size = _int(env, "OMPI_COMM_WORLD_SIZE", launcher=name)
         local_rank = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0, launcher=name)
         local_size = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", size, launcher=name)
-        node = _int(env, "OMPI_COMM_WORLD_NODE_RANK", rank // max(local_size, 1), launcher=name)
         job = env.get("OMPI_MCA_ess_base_jobid") or env.get("OMPI_MCA_orte_ess_jobid") or env.get("PMIX_NAMESPACE") or ""
     else:  # MPICH, Intel MPI (Hydra's PMI)
         rank = _int(env, "PMI_RANK", launcher=name)
         size = _int(env, "PMI_SIZE", launcher=name)
         local_rank = _int(env, "MPI_LOCALRANKID", 0, launcher=name)
         local_size = _int(env, "MPI_LOCALNRANKS", size, launcher=name)
-        node = rank // max(local_size, 1)
         job = env.get("PMI_KVSNAME") or env.get("PMIX_NAMESPACE") or ""
+    # The node's index as Horovod's cross rank counts it (the rank among the processes with
+    # this local rank), under MPI's default by-slot mapping. Not OMPI_COMM_WORLD_NODE_RANK:
+    # that is this process's rank among its node's processes (1 for rank 1 of a one-node
+    # `mpirun -np 2`), not the node's.
+    node = rank // max(local_size, 1)
     common = LaunchEnv(
         launcher=name, rank=rank, world_size=size, local_rank=local_rank, local_world_size=local_size,
         cross_rank=node, cross_size=max(-(-size // max(local_size, 1)), 1), rendezvous="env",

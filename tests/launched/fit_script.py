@@ -1,6 +1,7 @@
 """A script an external launcher starts on every rank (torchrun, mpirun-style env):
 ``raylight.fit`` joins the launcher's group. Each rank writes what it saw to
-``OUT/rank<r>.json``; rank 0 also the trained parameters to ``OUT/model.pt``.
+``OUT/rank<r>.json`` and its place as raylight read it from the launcher's variables
+to ``OUT/place<r>.json``; rank 0 also the trained parameters to ``OUT/model.pt``.
 
 Usage: fit_script.py OUT STORAGE NAME [sgd|epochs EPOCHS] [--resume]
 """
@@ -17,6 +18,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 
 import raylight  # noqa: E402
+from raylight import launcher_env  # noqa: E402
 from tests.ray import loops  # noqa: E402
 
 
@@ -50,9 +52,14 @@ def main() -> None:
             epochs_loop, config={"epochs": int(sys.argv[5]), "out": out}, num_workers=2,
             storage_path=storage, name=name, progress=False, resume="--resume" in sys.argv,
         )
-    rank = int(os.environ.get("RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or 0)
+    launch = launcher_env.detect()
+    rank = launch.rank if launch is not None else 0
+    place = [launch.rank, launch.world_size, launch.local_rank, launch.local_world_size, launch.cross_rank,
+             launch.cross_size, launch.rendezvous, launch.rendezvous_id] if launch is not None else None
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"history": result.metrics_history, "path": result.path, "checkpoint": result.checkpoint is not None}, f)
+    with open(os.path.join(out, f"place{rank}.json"), "w") as f:
+        json.dump(place, f)
     if rank == 0 and result.checkpoint is not None:
         torch.save(result.checkpoint.load()["model"], os.path.join(out, "model.pt"))
 

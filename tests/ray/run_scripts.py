@@ -10,6 +10,9 @@
   first attempt rank 1 kills its own worker process (its agent, RAYLIGHT_RUN_PARENT) at
   step 3; at one worker the script does a step, then waits for the run to grow back
   (exit 5 if it never does); at two it finishes.
+- ``fit DIR``: every rank calls ``raylight.fit(loops.sgd_loop, num_workers=2)`` with its
+  run in DIR/fit, prints ``result`` and the result's history and path; rank 0 saves the
+  trained parameters to DIR/model.pt.
 - ``nodes``: under ``-n 1:2`` on a fake cluster whose nodes come and go
   (``run_cluster_driver``): at one worker as ``elastic``; at two, before any loss
   (TORCHELASTIC_RESTART_COUNT=0), it waits for a node to be taken away, else it finishes.
@@ -60,6 +63,23 @@ def world() -> None:
     dist.init_process_group("gloo")
     print(f"world size {dist.get_world_size()} (WORLD_SIZE={os.environ['WORLD_SIZE']})")
     dist.destroy_process_group()
+
+
+def fit() -> None:
+    import json
+
+    import raylight
+    from tests.ray import loops
+
+    out = sys.argv[2]
+    torch.set_num_threads(1)
+    result = raylight.fit(
+        loops.sgd_loop, config={"lr": 0.05, "batch_size": 32, "epochs": 3}, num_workers=2, storage_path=out,
+        name="fit", progress=False,
+    )
+    print("result", json.dumps({"history": result.metrics_history, "path": result.path}), flush=True)
+    if os.environ["RANK"] == "0" and result.checkpoint is not None:
+        torch.save(result.checkpoint.load()["model"], os.path.join(out, "model.pt"))
 
 
 GROW_WAIT_S = 120.0  # at one worker: how long to wait for the run to grow back before failing
@@ -125,4 +145,4 @@ def nodes() -> None:
 
 
 if __name__ == "__main__":
-    {"context": context, "noinit": noinit, "sleep": sleep, "world": world, "elastic": elastic, "nodes": nodes}[sys.argv[1]]()
+    {"context": context, "noinit": noinit, "sleep": sleep, "world": world, "fit": fit, "elastic": elastic, "nodes": nodes}[sys.argv[1]]()

@@ -20,6 +20,7 @@ import torch
 
 from raylight.launch.driver import InitTimeoutError, launch
 from tests.conftest import REPO
+from tests.ray import loops
 
 EXAMPLE = os.path.join(REPO, "examples", "launch", "ddp_torchrun.py")
 TIMEOUT = 300
@@ -122,6 +123,28 @@ def test_module_with_run_context_reports_checkpoints_and_resumes(ray_cluster, tm
     assert [r["step"] for r in rows] == list(range(6))  # a restart repeats no row
     assert rows[-1]["weight_sum"] == 12.0
     assert list((tmp_path / "ctx" / "checkpoints").iterdir())
+    _assert_no_strays(str(tmp_path))
+
+
+def test_raylight_fit_in_a_script_joins_the_runs_group(ray_cluster, tmp_path, capsys):
+    """A script that calls raylight.fit(num_workers=2) under `raylight run -n 2` trains once,
+    in the run's two ranks (the launcher is the run's: no Ray workers of its own), both ranks
+    get the same result and rank 0 alone writes the fit's run directory."""
+    fits = tmp_path / "fits"
+    fits.mkdir()
+    code = launch("tests.ray.run_scripts", ["fit", str(fits)], module=True, num_workers=2, storage_path=str(tmp_path / "runs"))
+    assert code == 0
+    results = sorted(line for line in capsys.readouterr().out.splitlines() if " result " in line)
+    assert [line.split("]")[0] for line in results] == ["[rank 0", "[rank 1"]
+    seen = [json.loads(line.split(" result ", 1)[1]) for line in results]
+    assert seen[0] == seen[1] and seen[0]["history"] == [{"world_size": 2}]
+    rows = [json.loads(line) for line in (fits / "fit" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["_workers"], r["world_size"]) for r in rows] == [(2, 2)], "one run of two workers, not two of two"
+    assert set(json.loads((fits / "fit" / "cost.json").read_text())["node_seconds"]) == {"torchrun"}
+    assert sorted(os.listdir(fits)) == ["fit", "model.pt"], "rank 0 alone writes"
+    ref, got = loops.reference_sgd({"lr": 0.05, "batch_size": 32, "epochs": 3}), torch.load(fits / "model.pt", weights_only=True)
+    for key in ref:
+        assert torch.allclose(got[key], ref[key], atol=1e-5, rtol=0), key
     _assert_no_strays(str(tmp_path))
 
 

@@ -18,7 +18,7 @@ from torch import nn
 
 import raylight.horovod as hvd
 from raylight.horovod import compat, elastic
-from tests.helpers import run_gloo_ranks
+from tests.helpers import mpirun_command, openmpi_missing, run_gloo_ranks
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -278,22 +278,28 @@ def test_distributed_optimizer_bad_arguments():
 
 
 # -- Horovod scripts under an mpirun environment -----------------------------------------
+def _script_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_"))}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(REPO, "src"), REPO, env.get("PYTHONPATH", "")])
+    return env
+
+
+def _on_raylight_horovod(script: str, args: list[str]) -> list[str]:
+    """A Horovod script on raylight.horovod, as users run it (real Horovod installed or not)."""
+    return [sys.executable, "-m", "raylight.horovod", script, *args]
+
+
 def _launch(script: str, args: list[str], job: str) -> list[subprocess.CompletedProcess]:
+    """Two processes with the variables OpenMPI 4.1's `mpirun -np 2` sets on one node."""
     procs = []
     for r in range(2):
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_"))}
+        env = _script_env()
         env.update(
             OMPI_COMM_WORLD_RANK=str(r), OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_LOCAL_RANK=str(r),
-            OMPI_COMM_WORLD_LOCAL_SIZE="2", OMPI_COMM_WORLD_NODE_RANK="0", OMPI_MCA_ess_base_jobid=job,
-            PYTHONPATH=os.pathsep.join([os.path.join(REPO, "src"), REPO, env.get("PYTHONPATH", "")]),
+            OMPI_COMM_WORLD_LOCAL_SIZE="2", OMPI_COMM_WORLD_NODE_RANK=str(r), OMPI_MCA_ess_base_jobid=job,
         )
-        # As users run it; where real Horovod is installed the hook steps aside, so the
-        # script is pointed at raylight.horovod directly.
-        runner = [os.path.join(REPO, "tests", "horovod_compat_main.py")] if compat.horovod_installed() else [
-            "-m", "raylight.horovod"]
         procs.append(subprocess.Popen(
-            [sys.executable, *runner, script, *args], env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            _on_raylight_horovod(script, args), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         ))
     done = []
     try:
@@ -353,15 +359,34 @@ def _no_strays(marker: str) -> None:
     assert not left, left
 
 
-def test_mnist_example_under_mpirun_env_matches_ddp(tmp_path):
+@pytest.fixture(scope="module")
+def mnist_ddp() -> dict:
+    """rank 0's parameters after the MNIST example's 2 epochs written for plain DDP."""
+    return run_gloo_ranks(_ddp_mnist_rank, {"seed": 42, "samples": 256, "epochs": 2})[0]["state"]
+
+
+def test_mnist_example_under_mpirun_env_matches_ddp(tmp_path, mnist_ddp):
     save = str(tmp_path / "hvd.pt")
     runs = _launch(os.path.join(EXAMPLES, "pytorch_mnist.py"), ["--epochs", "2", "--save", save], f"hvd{os.getpid()}")
     assert all(r.returncode == 0 for r in runs), [r.stdout[-3000:] for r in runs]
     assert "epoch 2: train loss" in runs[0].stdout and "(2 ranks)" in runs[0].stdout
     _no_strays(str(tmp_path))
     assert not os.path.exists(os.path.join(tempfile.gettempdir(), f"raylight-mpi-hvd{os.getpid()}"))
-    ref = run_gloo_ranks(_ddp_mnist_rank, {"seed": 42, "samples": 256, "epochs": 2})
-    _assert_same(torch.load(save, weights_only=True), ref[0]["state"])
+    _assert_same(torch.load(save, weights_only=True), dict(mnist_ddp))
+
+
+@pytest.mark.skipif(openmpi_missing() is not None, reason=str(openmpi_missing()))
+def test_mnist_example_under_real_mpirun_matches_ddp(tmp_path, mnist_ddp):
+    """OpenMPI's own `mpirun -np 2`: the ranks meet through the job-named file store."""
+    save = str(tmp_path / "hvd.pt")
+    done = subprocess.run(
+        [*mpirun_command(2), *_on_raylight_horovod(os.path.join(EXAMPLES, "pytorch_mnist.py"), ["--epochs", "2", "--save", save])],
+        env=_script_env(), capture_output=True, text=True, timeout=150, stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "epoch 2: train loss" in done.stdout and "(2 ranks)" in done.stdout
+    _no_strays(str(tmp_path))
+    _assert_same(torch.load(save, weights_only=True), dict(mnist_ddp))
 
 
 def _ddp_elastic_rank(rank: int, port: int, queue) -> None:
@@ -538,11 +563,28 @@ def test_import_hook_does_nothing_where_horovod_is_installed(tmp_path, monkeypat
     (tmp_path / "horovod" / "__init__.py").write_text("")
     (fake / "__init__.py").write_text("REAL = True\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "horovod", raising=False)  # a real one another test imported
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert compat.install_import_hook() is False
     assert "Horovod is installed" in str(caught[0].message)
     assert compat._finder not in sys.meta_path
+    try:  # python -m raylight.horovod and RAYLIGHT_HOROVOD_COMPAT=1 ask for raylight.horovod
+        assert compat.install_import_hook(force=True)
+        import horovod.torch as h
+
+        assert h is hvd
+    finally:
+        compat.uninstall_import_hook()
+    import horovod.torch as real
+
+    try:
+        assert real.REAL
+        with pytest.raises(RuntimeError, match=r"horovod.torch is already imported \(real Horovod\); install the hook before"):
+            compat.install_import_hook(force=True)
+    finally:
+        for name in ("horovod.torch", "horovod"):
+            sys.modules.pop(name, None)
 
 
 # -- under horovodrun's environment ------------------------------------------------------

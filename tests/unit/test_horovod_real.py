@@ -33,7 +33,7 @@ def _env() -> dict[str, str]:
     return env
 
 
-def test_the_import_hook_steps_aside_for_real_horovod():
+def test_the_import_hook_steps_aside_for_real_horovod(tmp_path):
     code = (
         "import warnings; warnings.simplefilter('error')\n"
         "from raylight.horovod import compat\n"
@@ -44,6 +44,11 @@ def test_the_import_hook_steps_aside_for_real_horovod():
     assert run.returncode == 0, run.stderr
     assert "warned:" in run.stdout and "Horovod is installed" in run.stdout
     assert "module: horovod.torch" in run.stdout  # real Horovod's, not raylight.horovod
+    script = tmp_path / "which.py"
+    script.write_text("import horovod.torch as hvd\nprint('module:', hvd.__name__)\n")
+    run = subprocess.run([sys.executable, "-m", "raylight.horovod", str(script)], env=_env(), capture_output=True,
+                         text=True, timeout=120)
+    assert (run.returncode, run.stdout.strip()) == (0, "module: raylight.horovod"), run.stderr  # asked for by name
 
 
 def _horovodrun(tmp_path, *command: str) -> subprocess.CompletedProcess:
@@ -58,7 +63,7 @@ def test_horovodrun_gives_the_same_parameters_on_raylight_horovod(tmp_path):
     run = _horovodrun(tmp_path, sys.executable, MNIST, "--epochs", "1", "--save", str(real))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     run = _horovodrun(
-        tmp_path, sys.executable, os.path.join(REPO, "tests", "horovod_compat_main.py"), MNIST, "--epochs", "1",
+        tmp_path, sys.executable, "-m", "raylight.horovod", MNIST, "--epochs", "1",
         "--save", str(ours),
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

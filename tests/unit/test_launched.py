@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ import torch
 import raylight
 from raylight.config import AdaptiveConfig, ScalingConfig, TrainerConfig
 from raylight.exceptions import ConfigError
+from tests.helpers import mpirun_command, openmpi_missing
 from tests.ray import loops
 
 pytestmark = pytest.mark.timeout(180)
@@ -92,6 +94,30 @@ def test_fit_under_an_mpirun_environment_meets_through_a_job_file(tmp_path):
                 p.kill()
     assert [p.returncode for p in procs] == [0, 0], logs
     _check_same_as_one_process(str(out))
+
+
+@pytest.mark.skipif(openmpi_missing() is not None, reason=str(openmpi_missing()))
+def test_fit_under_real_mpirun_joins_its_group_through_the_job_file(tmp_path):
+    """OpenMPI's own `mpirun -np 2` (no MASTER_ADDR): the ranks meet through the job-named
+    file store, train as one process would, rank 0 alone writes, nothing is left behind."""
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    out.mkdir()
+    done = subprocess.run(
+        [*mpirun_command(2), sys.executable, SCRIPT, str(out), str(runs), "m", "sgd"],
+        capture_output=True, text=True, timeout=150, env=_env(), stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    _check_same_as_one_process(str(out))
+    places = [json.loads((out / f"place{r}.json").read_text()) for r in (0, 1)]
+    job = places[0][-1]
+    assert job.startswith("raylight-mpi-") and places == [[0, 2, 0, 2, 0, 1, "file", job], [1, 2, 1, 2, 0, 1, "file", job]]
+    rows = [json.loads(line) for line in (runs / "m" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["_workers"], r["world_size"]) for r in rows] == [(2, 2)]
+    assert set(json.loads((runs / "m" / "cost.json").read_text())["node_seconds"]) == {"mpirun"}
+    assert sorted(os.listdir(runs)) == ["m"], "only rank 0 writes the run"
+    assert not os.path.exists(os.path.join(tempfile.gettempdir(), job)), "the rendezvous file is gone"
+    left = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout.splitlines()
+    assert not [line for line in left if str(out) in line], "no process of the launch is left"
 
 
 def test_a_launched_run_resumes_every_rank_from_rank_zeros_checkpoint(tmp_path):

@@ -64,6 +64,21 @@ def test_openmpi_one_node_uses_a_file_named_after_the_job():
     assert env.rendezvous_id == "raylight-mpi-3172859905" and env.cross_size == 1
 
 
+def test_openmpi_node_rank_is_not_the_node():
+    """OpenMPI 4.1's `mpirun -np 2` on one node sets OMPI_COMM_WORLD_NODE_RANK=1 on rank 1
+    (its rank among the node's processes); both ranks are on node 0 of 1."""
+    env = detect({
+        "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_NODE_RANK": "1", "OMPI_MCA_ess_base_jobid": "1",
+    })
+    assert env is not None and (env.cross_rank, env.cross_size) == (0, 1)
+    two_nodes = detect({
+        "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_NODE_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1",
+    })
+    assert two_nodes is not None and (two_nodes.cross_rank, two_nodes.cross_size) == (1, 2)
+
+
 def test_mpich_with_a_master_address():
     env = detect({"PMI_RANK": "0", "PMI_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1234"})
     assert env is not None and (env.launcher, env.rendezvous, env.master_port) == ("mpirun", "env", 1234)

@@ -2,7 +2,8 @@
 ``import horovod.torch`` served by raylight.horovod (the import hook), under any launcher:
 ``mpirun -np 2 python -m raylight.horovod train.py``, ``raylight run -n 2 -m raylight.horovod
 train.py``. The script runs as ``python SCRIPT`` would run it (``__main__``, its directory
-first on ``sys.path``, ``sys.argv``)."""
+first on ``sys.path``, ``sys.argv``). Where real Horovod is installed the script still gets
+raylight.horovod: this command asks for it (run ``python SCRIPT`` for real Horovod)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def main(argv: list[str]) -> int:
     if not os.path.isfile(script):
         print(f"python -m raylight.horovod: {script!r} is not a file; give the Horovod script to run", file=sys.stderr)
         return 2
-    install_import_hook()
+    install_import_hook(force=True)
     sys.argv = list(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     runpy.run_path(script, run_name="__main__")

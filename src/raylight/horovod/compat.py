@@ -1,10 +1,13 @@
 """``import horovod.torch as hvd`` served by ``raylight.horovod`` where Horovod is absent.
 
-Off by default. ``install_import_hook()`` (or ``RAYLIGHT_HOROVOD_COMPAT=1`` read by
-``python -m raylight.horovod script.py``) puts a finder on ``sys.meta_path`` that answers
+Off by default. ``install_import_hook()`` puts a finder on ``sys.meta_path`` that answers
 ``horovod``, ``horovod.torch``, ``horovod.torch.elastic`` and
-``horovod.common.exceptions`` with raylight's modules. When real Horovod is installed the
-hook does nothing and says so: real Horovod wins.
+``horovod.common.exceptions`` with raylight's modules. When real Horovod is installed it
+does nothing and says so: real Horovod wins. The explicit requests, ``python -m
+raylight.horovod script.py`` and ``RAYLIGHT_HOROVOD_COMPAT=1`` (read by ``raylight run``'s
+scripts), install it even then (``force``): real Horovod's ``hvd.init()`` joins only the
+groups horovodrun (or MPI, in an MPI build) forms, so under ``raylight run``, torchrun or
+mpirun's environment every rank of a real-Horovod script would train alone.
 """
 
 from __future__ import annotations
@@ -56,13 +59,20 @@ def horovod_installed() -> bool:
     return importlib.machinery.PathFinder.find_spec("horovod.torch", list(spec.submodule_search_locations)) is not None
 
 
-def install_import_hook() -> bool:
+def install_import_hook(*, force: bool = False) -> bool:
     """Let ``import horovod.torch`` give ``raylight.horovod``. Returns True when the hook
     is installed (or already was), False when real Horovod is installed (then nothing
-    changes)."""
+    changes). ``force``: install it in front of an installed Horovod too."""
     if _finder in sys.meta_path:
         return True
-    if horovod_installed():
+    if force:
+        real = [name for name in ALIASES if name in sys.modules]  # imported, they cannot be served
+        if real:
+            raise RuntimeError(
+                f"raylight.horovod.install_import_hook(force=True): {real[0]} is already imported (real "
+                "Horovod); install the hook before anything imports Horovod"
+            )
+    elif horovod_installed():
         warnings.warn(
             "raylight.horovod.install_import_hook(): Horovod is installed, so `import horovod.torch` "
             "stays real Horovod; the hook was not installed",
@@ -85,10 +95,11 @@ def uninstall_import_hook() -> None:
 
 def install_from_env(environ: Any = None) -> bool:
     """Install the hook when ``RAYLIGHT_HOROVOD_COMPAT=1`` (for a launcher that starts
-    scripts, e.g. ``raylight run``); True when it is installed."""
+    scripts, e.g. ``raylight run``), in front of an installed Horovod too; True when it is
+    installed."""
     import os
 
     raw = (os.environ if environ is None else environ).get(COMPAT_ENV, "").strip()
     if raw not in ("", "0", "1"):
         raise ValueError(f"{COMPAT_ENV}={raw!r}: expected 1 (serve `import horovod.torch`) or 0")
-    return install_import_hook() if raw == "1" else False
+    return install_import_hook(force=True) if raw == "1" else False
