@@ -11,6 +11,10 @@ with DDP over gloo on 2 CPU workers (1 torch thread each), SGD, global batch 128
   torchrun   `torchrun --nproc_per_node 2` running plain DDP in this same file
   ray_train  Ray Train's TorchTrainer (2 workers of 1 CPU), prepare_model/_data_loader
   raylight   raylight.fit with ctx.prepare_model / ctx.prepare_loader
+  raylight_core  the same, run by $RAYLIGHT_BENCH_CORE_PYTHON when set: an interpreter
+             whose environment has raylight's core install only (`ray` without
+             `[default]`, as `pip install raylight` gives), where Ray's dashboard
+             processes start with fewer imports than under this venv's dev extras
 
 Every run is its own child process, started cold (its own local Ray cluster for the
 two Ray systems), and the systems are interleaved across repetitions. Rank 0 writes
@@ -34,7 +38,8 @@ more fits in the same driver, timing each from its call to its first step (warm 
 Results: a table on stdout and bench/results/overhead.json (medians, raw repetitions,
 machine info, the ratios raylight/Ray Train start-up, raylight/torchrun start-up and
 raylight/torchrun throughput against the goals <= 0.5, <= 1.2 and >= 0.95,
-warm_fit_start_s against <= 0.5 s, and raylight_start_breakdown_s).
+warm_fit_start_s against <= 0.5 s, and raylight_start_breakdown_s; with the core row,
+raylight_core_vs_torchrun_start and raylight_core_start_breakdown_s).
 """
 
 from __future__ import annotations
@@ -64,6 +69,12 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 SYSTEMS = ("torchrun", "ray_train", "raylight")
+# raylight once more, run by an interpreter whose environment holds raylight's core install
+# alone (`pip install raylight`: `ray` without `[default]`), as its users have it: this
+# venv has the dev extras, whose `ray[default]` makes Ray start its dashboard processes with
+# their full imports (docs/benchmarks.md). Unset: the row is left out and the JSON says why.
+CORE_PYTHON_ENV = "RAYLIGHT_BENCH_CORE_PYTHON"
+CORE = "raylight_core"
 NUM_WORKERS = 2
 SKIP_STEPS = 20  # steps left out of the steady-state throughput
 START_GOAL = 0.5  # raylight start-to-first-step <= this x Ray Train's
@@ -309,7 +320,14 @@ def child_command(system: str, job: dict[str, Any]) -> list[str]:
         launcher += ["--nproc_per_node", str(NUM_WORKERS), "--master_addr", "127.0.0.1"]
         launcher += ["--master_port", str(free_port()), this_file]
         return [*launcher, "--child", "torchrun-worker", "--job", json.dumps(job)]
+    if system == CORE:
+        return [os.environ[CORE_PYTHON_ENV], *script_command(this_file, "raylight", job)[1:]]
     return script_command(this_file, system, job)
+
+
+def systems() -> tuple[str, ...]:
+    """The systems this run measures: SYSTEMS, and raylight's core install where given."""
+    return (*SYSTEMS, CORE) if os.environ.get(CORE_PYTHON_ENV) else SYSTEMS
 
 
 # -- summary --------------------------------------------------------------------------
@@ -362,6 +380,16 @@ def goals(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:
         med["raylight"]["start_to_first_step_s"], med["torchrun"]["start_to_first_step_s"]
     )
     warm = med["raylight"]["warm_fit_start_s"]
+    core: dict[str, Any] = {"raylight_core_vs_torchrun_start": None, "raylight_core_start_breakdown_s": None}
+    if CORE in summary:
+        core = {
+            "raylight_core_vs_torchrun_start": ratio(
+                med[CORE]["start_to_first_step_s"], med["torchrun"]["start_to_first_step_s"]
+            ),
+            "raylight_core_start_breakdown_s": start_breakdown(summary[CORE]["reps"]),
+        }
+    else:
+        core["raylight_core_missing"] = f"{CORE_PYTHON_ENV} is not set (docs/benchmarks.md: a venv with raylight's core install)"
     return {
         "raylight_vs_ray_train_start": start,
         "raylight_vs_torchrun_start": vs_torchrun,
@@ -372,6 +400,7 @@ def goals(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "warm_start_goal_met": None if warm is None else warm <= WARM_START_GOAL,
         "throughput_goal_met": None if throughput is None else throughput >= THROUGHPUT_GOAL,
         "raylight_start_breakdown_s": start_breakdown(summary["raylight"]["reps"]),
+        **core,
     }
 
 
@@ -381,14 +410,14 @@ def fmt(value: float | None, spec: str) -> str:
 
 def print_table(summary: dict[str, dict[str, Any]], verdict: dict[str, Any]) -> None:
     print(
-        f"\n{'system':<10} {'ok':>5} {'start->1st step s':>18} {'wall s':>8} "
+        f"\n{'system':<13} {'ok':>5} {'start->1st step s':>18} {'wall s':>8} "
         f"{'process s':>10} {'steady samples/s':>17} {'window change':>14}"
     )
     for name, s in summary.items():
         m = s["median"]
         status = f"{s['ok_reps']}/{len(s['reps'])}"
         print(
-            f"{name:<10} {status:>5} {fmt(m['start_to_first_step_s'], '.2f'):>18} "
+            f"{name:<13} {status:>5} {fmt(m['start_to_first_step_s'], '.2f'):>18} "
             f"{fmt(m['wall_s'], '.2f'):>8} {fmt(m['process_s'], '.2f'):>10} "
             f"{fmt(m['steady_samples_per_s'], ',.0f'):>17} {fmt(m['window_change'], '.3f'):>14}"
         )
@@ -419,13 +448,18 @@ def print_table(summary: dict[str, dict[str, Any]], verdict: dict[str, Any]) -> 
     )
     breakdown = verdict["raylight_start_breakdown_s"]
     print("raylight cold start, s per phase: " + ", ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in breakdown.items()))
+    if verdict["raylight_core_start_breakdown_s"] is not None:
+        print(
+            f"raylight (core install) / torchrun start-to-first-step: {fmt(verdict['raylight_core_vs_torchrun_start'], '.3f')}; s per phase: "
+            + ", ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in verdict["raylight_core_start_breakdown_s"].items())
+        )
 
 
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     job = {"samples": args.samples, "epochs": args.epochs, "batch_size": 128, "lr": 0.05, "seed": 0}
-    reps: dict[str, list[dict[str, Any]]] = {name: [] for name in SYSTEMS}
+    reps: dict[str, list[dict[str, Any]]] = {name: [] for name in systems()}
     for rep in range(args.reps):
-        for name in SYSTEMS:  # interleaved, so drift hits every system alike
+        for name in reps:  # interleaved, so drift hits every system alike
             print(f"rep {rep + 1}/{args.reps}: {name} ...", end=" ", flush=True)
             record = run_once(name, job, args.timeout, command=child_command)
             reps[name].append(record)
