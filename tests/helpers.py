@@ -23,6 +23,15 @@ def wait_until(cond: Callable[[], Any], timeout_s: float, what: str, proc: Any =
         time.sleep(0.05)
 
 
+def processes_with(marker: str) -> list[str]:
+    """Live processes (``pid args`` lines) whose command line holds ``marker`` (a test's tmp
+    dir): what a launched script or run left behind. Not this process, nor ``ps`` itself."""
+    import subprocess
+
+    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, timeout=30).stdout
+    return [line for line in out.splitlines() if marker in line and f"{os.getpid()} " not in line and "ps -eo" not in line]
+
+
 def read_trace(run_dir: str) -> list[dict[str, Any]]:
     """The rows of a run's adaptive.jsonl (none before it exists)."""
     path = os.path.join(run_dir, "adaptive.jsonl")

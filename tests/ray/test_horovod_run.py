@@ -5,7 +5,6 @@ run that never failed; no process outlives the run. Skips where `raylight run` i
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 
 import pytest
@@ -15,6 +14,7 @@ from torch import nn
 launch_driver = pytest.importorskip("raylight.launch.driver")
 
 from tests.conftest import REPO  # noqa: E402
+from tests.helpers import processes_with  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -33,11 +33,6 @@ def _reference() -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
-def _strays(marker: str) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
-
-
 def test_elastic_state_survives_a_group_restart(ray_cluster, tmp_path, capsys):
     out = tmp_path / "params.pt"
     code = launch_driver.launch(
@@ -52,6 +47,6 @@ def test_elastic_state_survives_a_group_restart(ray_cluster, tmp_path, capsys):
     for key, value in _reference().items():
         assert torch.allclose(got[key], value, atol=1e-6), key
     deadline = time.monotonic() + 20
-    while _strays(str(out)) and time.monotonic() < deadline:
+    while processes_with(str(out)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _strays(str(out))
+    assert not processes_with(str(out))

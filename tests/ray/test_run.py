@@ -20,22 +20,18 @@ import torch
 
 from raylight.launch.driver import InitTimeoutError, launch
 from tests.conftest import REPO
+from tests.helpers import processes_with
 from tests.ray import loops
 
 EXAMPLE = os.path.join(REPO, "examples", "launch", "ddp_torchrun.py")
 TIMEOUT = 300
 
 
-def _processes_with(marker: str) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if marker in line and f"{os.getpid()} " not in line and "ps -eo" not in line]
-
-
 def _assert_no_strays(marker: str) -> None:
     """Every process whose command line holds ``marker`` (the test's tmp dir) is gone; a
     killed actor's child gets its SIGKILL a moment after the actor dies."""
     deadline = time.monotonic() + 20
-    while (left := _processes_with(marker)) and time.monotonic() < deadline:
+    while (left := processes_with(marker)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"processes left running: {left}"
 

@@ -18,7 +18,7 @@ from torch import nn
 
 import raylight.horovod as hvd
 from raylight.horovod import compat, elastic
-from tests.helpers import mpirun_command, openmpi_missing, run_gloo_ranks
+from tests.helpers import mpirun_command, openmpi_missing, processes_with, run_gloo_ranks
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -354,8 +354,7 @@ def _assert_same(a: dict, b: dict, atol: float = 1e-6) -> None:
 def _no_strays(marker: str) -> None:
     """No process of a launched script (its command line holds ``marker``, the test's
     tmp dir) outlives it."""
-    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
-    left = [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
+    left = processes_with(marker)
     assert not left, left
 
 

@@ -17,7 +17,7 @@ import torch
 import raylight
 from raylight.config import AdaptiveConfig, ScalingConfig, TrainerConfig
 from raylight.exceptions import ConfigError
-from tests.helpers import mpirun_command, openmpi_missing
+from tests.helpers import mpirun_command, openmpi_missing, processes_with
 from tests.ray import loops
 
 pytestmark = pytest.mark.timeout(180)
@@ -116,8 +116,7 @@ def test_fit_under_real_mpirun_joins_its_group_through_the_job_file(tmp_path):
     assert set(json.loads((runs / "m" / "cost.json").read_text())["node_seconds"]) == {"mpirun"}
     assert sorted(os.listdir(runs)) == ["m"], "only rank 0 writes the run"
     assert not os.path.exists(os.path.join(tempfile.gettempdir(), job)), "the rendezvous file is gone"
-    left = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout.splitlines()
-    assert not [line for line in left if str(out) in line], "no process of the launch is left"
+    assert not processes_with(str(out)), "no process of the launch is left"
 
 
 def test_a_launched_run_resumes_every_rank_from_rank_zeros_checkpoint(tmp_path):
@@ -128,8 +127,7 @@ def test_a_launched_run_resumes_every_rank_from_rank_zeros_checkpoint(tmp_path):
     assert [(out / f"start{r}.txt").read_text().split() for r in (0, 1)] == [["0", "2"], ["0", "2"]]
     history = json.loads((out / "rank1.json").read_text())["history"]
     assert [h["epoch"] for h in history] == [0, 1, 2, 3]
-    left = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout.splitlines()
-    assert not [line for line in left if str(out) in line], "no process of the launches is left"
+    assert not processes_with(str(out)), "no process of the launches is left"
 
 
 @pytest.fixture
