@@ -380,16 +380,20 @@ def goals(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:
         med["raylight"]["start_to_first_step_s"], med["torchrun"]["start_to_first_step_s"]
     )
     warm = med["raylight"]["warm_fit_start_s"]
-    core: dict[str, Any] = {"raylight_core_vs_torchrun_start": None, "raylight_core_start_breakdown_s": None}
-    if CORE in summary:
-        core = {
+    core: dict[str, Any] = (
+        {
             "raylight_core_vs_torchrun_start": ratio(
                 med[CORE]["start_to_first_step_s"], med["torchrun"]["start_to_first_step_s"]
             ),
             "raylight_core_start_breakdown_s": start_breakdown(summary[CORE]["reps"]),
         }
-    else:
-        core["raylight_core_missing"] = f"{CORE_PYTHON_ENV} is not set (docs/benchmarks.md: a venv with raylight's core install)"
+        if CORE in summary
+        else {
+            "raylight_core_vs_torchrun_start": None,
+            "raylight_core_start_breakdown_s": None,
+            "raylight_core_missing": f"{CORE_PYTHON_ENV} is not set (docs/benchmarks.md: a venv with raylight's core install)",
+        }
+    )
     return {
         "raylight_vs_ray_train_start": start,
         "raylight_vs_torchrun_start": vs_torchrun,
@@ -446,13 +450,16 @@ def print_table(summary: dict[str, dict[str, Any]], verdict: dict[str, Any]) -> 
         f"raylight warm fit start-to-first-step:    {fmt(verdict['warm_fit_start_s'], '.3f')} s "
         f"(goal <= {WARM_START_GOAL} s: {verdict['warm_start_goal_met']})"
     )
-    breakdown = verdict["raylight_start_breakdown_s"]
-    print("raylight cold start, s per phase: " + ", ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in breakdown.items()))
+    print("raylight cold start, s per phase: " + per_phase(verdict["raylight_start_breakdown_s"]))
     if verdict["raylight_core_start_breakdown_s"] is not None:
         print(
-            f"raylight (core install) / torchrun start-to-first-step: {fmt(verdict['raylight_core_vs_torchrun_start'], '.3f')}; s per phase: "
-            + ", ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in verdict["raylight_core_start_breakdown_s"].items())
+            f"raylight (core install) / torchrun start-to-first-step: {fmt(verdict['raylight_core_vs_torchrun_start'], '.3f')}; "
+            "s per phase: " + per_phase(verdict["raylight_core_start_breakdown_s"])
         )
+
+
+def per_phase(breakdown: dict[str, float | None]) -> str:
+    return ", ".join(f"{k.removesuffix('_s')} {fmt(v, '.2f')}" for k, v in breakdown.items())
 
 
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
