@@ -305,6 +305,7 @@ def test_resize_falls_back_to_the_checkpoint_path(recorder):
     assert group.starts[-1][0] == 3 and group.starts[-1][1].load() == {"epoch": 0}
     assert c.num_failures == 0 and c.num_restarts == 1
     assert c.resizes == [] and c.telemetry.watch["kind"] == "checkpoint"
+    assert c.telemetry.watch["fallback"] == "no live worker holds checkpoint 0", "the trace says why"
     assert c.step() is State.FINISHED
 
 
@@ -326,6 +327,7 @@ def test_a_resize_not_in_place_restarts_from_the_checkpoint(recorder):
     c = make(group, recorder, policy=ScriptedPolicy(2, [[Resize(3, "test", in_place=False)]]))
     c.step(), c.step(), c.step(), c.step()
     assert c.step() is State.RUNNING and group.resizes == [] and group.starts[-1][0] == 3
+    assert c.telemetry.watch["fallback"] is None, "a planned checkpoint restart is no fallback"
 
 
 def test_a_lost_worker_is_a_resize_when_the_policy_says_so(recorder):

@@ -114,6 +114,20 @@ def test_a_resize_never_leaves_min_and_max():
     assert resize.num_workers == 4 and resize.in_place
 
 
+def test_a_new_size_runs_a_whole_interval_from_its_first_step_before_the_next_look():
+    """A resize slower than resize_interval_s (a DeepSpeed restart) is not undone the
+    moment its first step lands: the interval counts again from that step."""
+    clock = Clock()
+    p = policy(scaling_policy="max", max_workers=4, resize_interval_s=10.0, clock=clock)
+    poll = measured_poll()
+    p.observe(poll)
+    clock.now = 25.0  # the first step at the new size, 25 s after the last look
+    p.record_restart(20.0)
+    assert not any(isinstance(d, Resize) for d in p.decide(view(34.0, poll, capacity=4)))
+    grow = [d for d in p.decide(view(35.0, poll, capacity=4)) if isinstance(d, Resize)]
+    assert [d.num_workers for d in grow] == [4]
+
+
 def test_a_new_size_gets_the_plan_for_its_size():
     p = policy()
     p.observe(measured_poll())

@@ -381,7 +381,10 @@ class ScalingConfig(ConfigModel):
         description="A resize must save more time than it costs within this horizon.",
     )
     resize_interval_s: float = Field(
-        5.0, gt=0, description="How often elastic jobs reconsider their size."
+        5.0,
+        gt=0,
+        description="How often elastic jobs reconsider their size; after a resize, counted "
+        "from the first step at the new size.",
     )
     resize_in_place: bool = Field(
         True,

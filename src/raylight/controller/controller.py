@@ -316,6 +316,8 @@ class Controller:
             "from": old,
             "to": target,
             "reason": reason,
+            # Why a resize meant to keep the live workers restarted from a checkpoint instead.
+            "fallback": outcome.reason if kind == "checkpoint" and phase.resize.in_place else None,
             "decided_at": phase.decided_at,
             "restored_checkpoint": None if latest is None else latest.metadata.get("index"),
             "stopped_at": outcome.stopped_at if outcome.stopped_at is not None else phase.decided_at,

@@ -4,8 +4,9 @@ Why did this run resize, or change its batch? It is decided here. Each poll, the
 feeds rank 0's measurements to the adaptive engine (``raylight.adaptive.engine``, pure
 goodput math). Every ``decision_interval_s`` it asks the engine for a better batch plan
 for the running layout (``SetPlan``) and writes a trace row of what the engine predicts.
-In an elastic run, every ``resize_interval_s`` it asks the engine for the best layout
-among those the cluster can run now, within (min, max) workers (``Resize``), and, with
+In an elastic run, every ``resize_interval_s`` (after a resize, counted from the first
+step at the new size) it asks the engine for the best layout among those the cluster can
+run now, within (min, max) workers (``Resize``), and, with
 ``autoscale``, asks the autoscaler for the workers the goodput model wants beyond what
 fits (``RequestResources``). It owns the run's one (min, max) clamp, its start size,
 the threads per worker of each size, and the plan for a new size. The controller
@@ -56,6 +57,7 @@ class GoodputScalingPolicy:
         self.engine = engine
         self.settings = settings
         self._trace = trace or (lambda row: None)
+        self._clock = clock
         self._last_batch = clock()
         self._last_layout = clock()
         self._plan_workers = 1  # the size the engine's current plan was made for
@@ -152,6 +154,9 @@ class GoodputScalingPolicy:
 
     def record_restart(self, seconds: float) -> None:
         self.engine.record_restart(seconds)
+        # A new size gets a whole interval from its first step before the next look: a
+        # resize slower than the interval would otherwise be undone (or redone) at once.
+        self._last_layout = self._clock()
 
     def finish(self, view: ScalingView) -> None:
         self._trace(self.engine.trace_row(num_workers=view.num_workers, threads=view.threads))
