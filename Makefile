@@ -27,8 +27,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples bench
 	$(VENV)/bin/mypy
 
+# Two pytest workers, a test file each at a time (each worker has its own session Ray):
+# the suite is mostly CPU-bound, but about a quarter of a serial run waits on processes
+# starting and clusters forming, which the other worker fills.
 test: lint
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n 2 --dist loadfile
 
 unit: $(STAMP)
 	$(VENV)/bin/pytest -m unit
