@@ -1,6 +1,8 @@
 """The strategy family without processes: names and options, the FSDP block policy, and
 the settings that do not combine with a sharded strategy yet."""
 
+import os
+
 import pytest
 import torch
 from torch import nn
@@ -379,3 +381,27 @@ def test_sharded_cpu_workers_start_with_huge_pages_for_malloc_unless_the_user_tu
     assert worker_env("deepspeed", False, {}) == {"GLIBC_TUNABLES": HEAP_TUNABLES}
     assert worker_env("ddp", False, {}) == {} and worker_env("fsdp", True, {}) == {}
     assert worker_env("fsdp", False, {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == {}
+
+
+def test_deepspeed_is_imported_without_mlflow_and_mlflow_still_imports_after():
+    """DeepSpeed's autotuner imports mlflow where it is installed (most of the import's
+    time); raylight's import leaves it out, and mlflow imports as usual afterwards."""
+    pytest.importorskip("deepspeed")
+    pytest.importorskip("mlflow")
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from raylight.strategies.deepspeed import import_deepspeed\n"
+        "ds = import_deepspeed()\n"
+        "print('mlflow' in sys.modules, ds.autotuning.autotuner.has_mlflow)\n"
+        "import mlflow\n"
+        "print(mlflow.__name__, 'mlflow' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "DS_ACCELERATOR": "cpu"},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "False", "mlflow", "True"], out.stdout

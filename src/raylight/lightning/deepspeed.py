@@ -49,8 +49,10 @@ _OURS = {
 
 
 def require_deepspeed() -> None:
+    from raylight.strategies.deepspeed import import_deepspeed
+
     try:
-        import deepspeed  # noqa: F401
+        import_deepspeed()
     except ImportError as exc:
         raise ImportError(
             f"{_OWNER} needs DeepSpeed: pip install 'raylight[deepspeed]' "
@@ -192,8 +194,11 @@ class RayDeepSpeedStrategy(_RayWorkers, DeepSpeedStrategy):
         self.setup_distributed()
 
     def setup_distributed(self) -> None:
-        import deepspeed
         from lightning.fabric.utilities.seed import reset_seed
+
+        from raylight.strategies.deepspeed import import_deepspeed
+
+        deepspeed = import_deepspeed()
 
         reset_seed()
         self.set_world_ranks()
