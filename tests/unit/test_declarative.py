@@ -107,8 +107,14 @@ def test_cli_exit_codes_and_nothing_half_written(tmp_path):
     res = run_cli("train", "--config", cfg, "--dataset", data, "--output-directory", str(out))
     assert res.returncode == 2 and "trainer.epochs" in res.stderr
     assert not out.exists()
-    res = run_cli("train", "--config", cfg, "--dataset", str(tmp_path / "missing.csv"))
-    assert res.returncode == 2
+    (tmp_path / "valid").mkdir()
+    valid, _ = write(tmp_path / "valid")
+    missing = str(tmp_path / "missing.csv")
+    for backend in ("local", "ray"):  # named before Ray starts (it was named after Ray's start, before)
+        res = run_cli("train", "--config", valid, "--dataset", missing, "--backend", backend, "--verbose",
+                      "--output-directory", str(out))
+        assert res.returncode == 2 and f"dataset {missing!r} does not exist" in res.stderr, res.stderr
+        assert "Ray instance" not in res.stderr and not out.exists(), res.stderr
     res = run_cli("train", "--config", cfg)
     assert res.returncode == 2 and "--dataset" in res.stderr  # usage error
     res = run_cli("render-config", "--config", cfg, "--set", "trainer.epochs=4")

@@ -20,7 +20,7 @@ import pandas as pd
 
 from raylight.declarative import processor
 from raylight.declarative.config import OUTPUT_TYPES, ModelConfig
-from raylight.declarative.dataset import read_pandas
+from raylight.declarative.dataset import expand, read_pandas
 from raylight.declarative.features import infer_type
 from raylight.declarative.loading import render_config
 from raylight.declarative.preprocess import (
@@ -227,6 +227,7 @@ def train(
     launch = launcher_env.detect()
     leader = launch is None or launch.rank == 0  # under a launcher, rank 0 alone writes the output directory
     out = new_output_dir(output_directory) if leader else os.path.abspath(output_directory)
+    expand(dataset)  # a missing or unreadable path is named before Ray starts
     started = time.monotonic()
     resolved = resolve_backend(config, backend)
     connected = time.monotonic()
