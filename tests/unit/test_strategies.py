@@ -405,3 +405,31 @@ def test_deepspeed_is_imported_without_mlflow_and_mlflow_still_imports_after():
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["False", "False", "mlflow", "True"], out.stdout
+
+
+def test_a_deepspeed_process_group_on_cpu_builds_no_shared_memory_op(tmp_path):
+    """DeepSpeed's CPU backend compiles its shared-memory all-reduce (inference only) when
+    its communication starts; raylight's DeepSpeed import marks it not to be built: a fresh
+    extensions directory stays empty and the backend has no such op."""
+    pytest.importorskip("deepspeed")
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, torch.distributed as dist\n"
+        "from raylight.strategies.deepspeed import _import_deepspeed\n"
+        "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "ds = _import_deepspeed(torch.device('cpu'))\n"
+        "ds.init_distributed(dist_backend='gloo', verbose=False)\n"
+        "from deepspeed.comm import comm\n"
+        "print(type(comm.cdb).__name__, comm.cdb.shm_comm_op is None)\n"
+        "dist.destroy_process_group()\n"
+    )
+    extensions = tmp_path / "torch_extensions"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions), "LOCAL_RANK": "0"},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["TorchBackend", "True"], out.stdout + out.stderr[-2000:]
+    assert not extensions.exists() or not list(extensions.rglob("*shm_comm*")), list(extensions.rglob("*"))

@@ -196,9 +196,10 @@ class RayDeepSpeedStrategy(_RayWorkers, DeepSpeedStrategy):
     def setup_distributed(self) -> None:
         from lightning.fabric.utilities.seed import reset_seed
 
-        from raylight.strategies.deepspeed import import_deepspeed
+        from raylight.strategies.deepspeed import import_deepspeed, skip_shm_comm
 
         deepspeed = import_deepspeed()
+        skip_shm_comm()
 
         reset_seed()
         self.set_world_ranks()

@@ -225,6 +225,21 @@ def import_deepspeed() -> Any:
     return deepspeed
 
 
+def skip_shm_comm() -> None:
+    """Keep DeepSpeed from building its shared-memory all-reduce when its communication
+    backend starts (``deepspeed.comm``'s ``TorchBackend``, on the CPU accelerator): a C++
+    extension compiled on first use (27 s, 47 CPU-s on this project's 2-core machine, and
+    a compiler on every node) for ``inference_all_reduce`` alone, which training never
+    calls: its collectives are torch.distributed's over raylight's process group. DeepSpeed
+    keeps edits to ``deepspeed.ops.__compatible_ops__``; marked incompatible, the op is not
+    built (the same as on a machine without a compiler). Call before the backend starts."""
+    import deepspeed.ops
+
+    compatible = getattr(deepspeed.ops, "__compatible_ops__", None)
+    if isinstance(compatible, dict):
+        compatible["deepspeed_shm_comm"] = False
+
+
 def _import_deepspeed(device: torch.device) -> Any:
     """DeepSpeed, with its accelerator matching ``device``: DeepSpeed picks it when first
     imported (``DS_ACCELERATOR``), and takes its device index from ``LOCAL_RANK``."""
@@ -239,6 +254,7 @@ def _import_deepspeed(device: torch.device) -> Any:
     except ImportError as exc:
         raise ImportError(f"strategy 'deepspeed' needs DeepSpeed: {INSTALL} ({exc})") from exc
     name = get_accelerator().device_name()
+    skip_shm_comm()
     if name != wanted:
         raise RuntimeError(
             f"DeepSpeed was imported in this process for {name!r}, but this worker trains on "
