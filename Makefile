@@ -29,9 +29,10 @@ lint: $(STAMP)
 
 # Two pytest workers, a test file each at a time (each worker has its own session Ray):
 # the suite is mostly CPU-bound, but about a quarter of a serial run waits on processes
-# starting and clusters forming, which the other worker fills.
+# starting and clusters forming, which the other worker fills. A worker that crashes ends
+# the run (pytest-xdist's rescheduling after a crash once left it waiting forever).
 test: lint
-	$(VENV)/bin/pytest -n 2 --dist loadfile
+	$(VENV)/bin/pytest -n 2 --dist loadfile --max-worker-restart=0
 
 unit: $(STAMP)
 	$(VENV)/bin/pytest -m unit

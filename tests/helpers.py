@@ -23,6 +23,36 @@ def wait_until(cond: Callable[[], Any], timeout_s: float, what: str, proc: Any =
         time.sleep(0.05)
 
 
+def read_until(proc: Any, done: Callable[[list[str]], bool], timeout_s: float, what: str) -> list[str]:
+    """Read ``proc``'s stdout line by line until ``done(lines so far)`` holds, within
+    ``timeout_s`` (then the process is killed and the wait fails, naming ``what`` and the
+    lines read). The reading stops there, so ``proc.communicate()`` can take the rest."""
+    import threading
+
+    lines: list[str] = []
+    finished = threading.Event()
+
+    def reader() -> None:
+        try:
+            for line in proc.stdout:
+                lines.append(line)
+                if done(lines):
+                    return
+        finally:
+            finished.set()
+
+    thread = threading.Thread(target=reader, name="read-until", daemon=True)
+    thread.start()
+    if not finished.wait(timeout_s):
+        proc.kill()
+        thread.join(10)
+        raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; output so far:\n{''.join(lines)[-3000:]}")
+    thread.join()
+    if not done(lines):
+        raise AssertionError(f"the output ended (exit code {proc.wait(10)}) before {what}:\n{''.join(lines)[-3000:]}")
+    return lines
+
+
 def processes_with(marker: str) -> list[str]:
     """Live processes (``pid args`` lines) whose command line holds ``marker`` (a test's tmp
     dir): what a launched script or run left behind. Not this process, nor ``ps`` itself."""

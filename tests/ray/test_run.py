@@ -20,7 +20,7 @@ import torch
 
 from raylight.launch.driver import InitTimeoutError, launch
 from tests.conftest import REPO
-from tests.helpers import processes_with
+from tests.helpers import processes_with, read_until
 from tests.ray import loops
 
 EXAMPLE = os.path.join(REPO, "examples", "launch", "ddp_torchrun.py")
@@ -38,9 +38,10 @@ def _assert_no_strays(marker: str) -> None:
 
 def _cli(*args: str, **kwargs) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.path.join(REPO, "src")}
+    kwargs.setdefault("stderr", subprocess.PIPE)
     return subprocess.Popen(
-        [sys.executable, "-m", "raylight.cli", "run", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env=env, cwd=REPO, **kwargs,
+        [sys.executable, "-m", "raylight.cli", "run", *args], stdout=subprocess.PIPE, text=True, env=env, cwd=REPO,
+        **kwargs,
     )
 
 
@@ -171,19 +172,24 @@ def test_cli_usage_errors_exit_2(tmp_path):
 def test_cli_on_a_cluster_address_ctrl_c_stops_every_worker(ray_cluster, tmp_path):
     """The command joins a running cluster (the session's) by --address; Ctrl-C ends it."""
     address = ray_cluster.get_runtime_context().gcs_address
-    proc = _cli(
-        "-n", "2", "--address", address, "--storage-path", str(tmp_path), "-m", "tests.ray.run_scripts", "sleep",
-        str(tmp_path),
-    )
-    assert proc.stdout is not None
-    ready = set()
-    for line in proc.stdout:  # both ranks are in their scripts
-        if line.strip().endswith("ready"):
-            ready.add(line.split("]")[0])
-            if len(ready) == 2:
-                break
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=TIMEOUT)
+    with open(tmp_path / "stderr", "w+") as stderr:  # a file: a full stderr pipe nobody reads would block the command
+        proc = _cli(
+            "-n", "2", "--address", address, "--storage-path", str(tmp_path), "-m", "tests.ray.run_scripts", "sleep",
+            str(tmp_path), stderr=stderr,
+        )
+
+        def both_ready(lines: list[str]) -> bool:
+            return len({line.split("]")[0] for line in lines if line.strip().endswith("ready")}) == 2
+
+        try:
+            read_until(proc, both_ready, TIMEOUT, "both ranks to say ready")
+        except AssertionError as exc:
+            stderr.seek(0)
+            raise AssertionError(f"{exc}\nstderr:\n{stderr.read()[-3000:]}") from None
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=TIMEOUT)
+        stderr.seek(0)
+        err = stderr.read()
     assert proc.returncode == 130, err
     assert "interrupted" in err
     _assert_no_strays(str(tmp_path))
