@@ -62,6 +62,16 @@ def processes_with(marker: str) -> list[str]:
     return [line for line in out.splitlines() if marker in line and f"{os.getpid()} " not in line and "ps -eo" not in line]
 
 
+def assert_no_strays(marker: str, grace_s: float = 20) -> None:
+    """Every process whose command line holds ``marker`` (the test's tmp dir) is gone
+    within ``grace_s``: a killed actor's child gets its SIGKILL a moment after the actor
+    dies."""
+    deadline = time.monotonic() + grace_s
+    while (left := processes_with(marker)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"processes left running: {left}"
+
+
 def read_trace(run_dir: str) -> list[dict[str, Any]]:
     """The rows of a run's adaptive.jsonl (none before it exists)."""
     path = os.path.join(run_dir, "adaptive.jsonl")

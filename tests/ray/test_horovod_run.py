@@ -5,7 +5,6 @@ run that never failed; no process outlives the run. Skips where `raylight run` i
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ from torch import nn
 launch_driver = pytest.importorskip("raylight.launch.driver")
 
 from tests.conftest import REPO  # noqa: E402
-from tests.helpers import processes_with  # noqa: E402
+from tests.helpers import assert_no_strays  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -46,7 +45,4 @@ def test_elastic_state_survives_a_group_restart(ray_cluster, tmp_path, capsys):
     got = torch.load(out, weights_only=True)
     for key, value in _reference().items():
         assert torch.allclose(got[key], value, atol=1e-6), key
-    deadline = time.monotonic() + 20
-    while processes_with(str(out)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not processes_with(str(out))
+    assert_no_strays(str(out))

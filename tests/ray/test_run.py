@@ -13,27 +13,17 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
 from raylight.launch.driver import InitTimeoutError, launch
 from tests.conftest import REPO
-from tests.helpers import processes_with, read_until
+from tests.helpers import assert_no_strays, read_until
 from tests.ray import loops
 
 EXAMPLE = os.path.join(REPO, "examples", "launch", "ddp_torchrun.py")
 TIMEOUT = 300
-
-
-def _assert_no_strays(marker: str) -> None:
-    """Every process whose command line holds ``marker`` (the test's tmp dir) is gone; a
-    killed actor's child gets its SIGKILL a moment after the actor dies."""
-    deadline = time.monotonic() + 20
-    while (left := processes_with(marker)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not left, f"processes left running: {left}"
 
 
 def _cli(*args: str, **kwargs) -> subprocess.Popen:
@@ -83,7 +73,7 @@ def test_ddp_script_matches_torchrun_with_rank_prefixed_output(ray_cluster, tmp_
         assert [line.split(" loss ")[0] for line in printed if line.startswith(f"[rank {rank}] step")] == [
             f"[rank {rank}] step {s}" for s in (0, 5, 10)
         ]
-    _assert_no_strays(str(tmp_path))
+    assert_no_strays(str(tmp_path))
 
 
 def test_a_failed_rank_restarts_the_group_and_the_script_resumes_itself(ray_cluster, tmp_path, capsys, torchrun_params):
@@ -94,7 +84,7 @@ def test_a_failed_rank_restarts_the_group_and_the_script_resumes_itself(ray_clus
     captured = capsys.readouterr()
     assert "[rank 1] failing at step 4" in captured.err
     assert "[rank 0] resumed at step 4" in captured.out
-    _assert_no_strays(str(tmp_path))
+    assert_no_strays(str(tmp_path))
 
 
 def test_a_rank_exit_code_is_the_runs(ray_cluster, tmp_path, capsys):
@@ -103,7 +93,7 @@ def test_a_rank_exit_code_is_the_runs(ray_cluster, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "[rank 1] rank 1 exiting with 3" in err
     assert "raylight run: rank 1: the script exited with code 3" in err
-    _assert_no_strays(str(tmp_path))
+    assert_no_strays(str(tmp_path))
 
 
 def test_module_with_run_context_reports_checkpoints_and_resumes(ray_cluster, tmp_path, capsys):
@@ -120,7 +110,7 @@ def test_module_with_run_context_reports_checkpoints_and_resumes(ray_cluster, tm
     assert [r["step"] for r in rows] == list(range(6))  # a restart repeats no row
     assert rows[-1]["weight_sum"] == 12.0
     assert list((tmp_path / "ctx" / "checkpoints").iterdir())
-    _assert_no_strays(str(tmp_path))
+    assert_no_strays(str(tmp_path))
 
 
 def test_raylight_fit_in_a_script_joins_the_runs_group(ray_cluster, tmp_path, capsys):
@@ -142,7 +132,7 @@ def test_raylight_fit_in_a_script_joins_the_runs_group(ray_cluster, tmp_path, ca
     ref, got = loops.reference_sgd({"lr": 0.05, "batch_size": 32, "epochs": 3}), torch.load(fits / "model.pt", weights_only=True)
     for key in ref:
         assert torch.allclose(got[key], ref[key], atol=1e-5, rtol=0), key
-    _assert_no_strays(str(tmp_path))
+    assert_no_strays(str(tmp_path))
 
 
 def test_a_rank_that_never_initialises_is_named(ray_cluster, tmp_path, capsys):
@@ -150,7 +140,7 @@ def test_a_rank_that_never_initialises_is_named(ray_cluster, tmp_path, capsys):
         launch("tests.ray.run_scripts", ["noinit", str(tmp_path)], module=True, num_workers=2, init_timeout_s=3,
                storage_path=str(tmp_path))
     assert "[rank 1] rank 1 does not init" in capsys.readouterr().out
-    _assert_no_strays(str(tmp_path))
+    assert_no_strays(str(tmp_path))
 
 
 def test_cli_usage_errors_exit_2(tmp_path):
@@ -192,7 +182,7 @@ def test_cli_on_a_cluster_address_ctrl_c_stops_every_worker(ray_cluster, tmp_pat
         err = stderr.read()
     assert proc.returncode == 130, err
     assert "interrupted" in err
-    _assert_no_strays(str(tmp_path))
+    assert_no_strays(str(tmp_path))
 
 
 def test_an_elastic_run_starts_with_as_many_workers_as_fit(ray_cluster, tmp_path, capsys):
@@ -200,7 +190,7 @@ def test_an_elastic_run_starts_with_as_many_workers_as_fit(ray_cluster, tmp_path
     assert launch("tests.ray.run_scripts", ["world"], module=True, num_workers=(1, 4), storage_path=str(tmp_path)) == 0
     printed = sorted(line for line in capsys.readouterr().out.splitlines() if "world size" in line)
     assert printed == [f"[rank {r}] world size 2 (WORLD_SIZE=2)" for r in (0, 1)]
-    _assert_no_strays(str(tmp_path))
+    assert_no_strays(str(tmp_path))
 
 
 def test_an_elastic_run_shrinks_when_a_worker_is_lost_and_grows_back(ray_cluster, tmp_path, capsys):
@@ -227,7 +217,7 @@ def test_an_elastic_run_shrinks_when_a_worker_is_lost_and_grows_back(ray_cluster
     assert [r["step"] for r in rows] == list(range(6))  # a restart repeats no row
     assert [r["world"] for r in rows] == [2] * resumed + [1] + [2] * (5 - resumed)
     assert rows[-1]["weight_sum"] == 12.0
-    _assert_no_strays(str(tmp_path))
+    assert_no_strays(str(tmp_path))
 
 
 def test_an_elastic_run_follows_nodes_that_join_and_go(tmp_path):
@@ -248,4 +238,4 @@ def test_an_elastic_run_follows_nodes_that_join_and_go(tmp_path):
     assert [r["step"] for r in rows] == list(range(6))  # each restart resumed from the last checkpoint
     assert [r["world"] for r in rows] == [1, 2, 1, 2, 2, 2]
     assert rows[-1]["weight_sum"] == 12.0
-    _assert_no_strays(str(tmp_path))
+    assert_no_strays(str(tmp_path))
