@@ -304,32 +304,15 @@ class JobsClient:
 
     def follow(self, job_id: str, write: Callable[[str], None]) -> Any:
         """Stream the job's logs until it ends (no timeout: Ctrl-C interrupts), then
-        return its JobInfo. The stream runs in a daemon thread and this one waits on it,
-        so Ctrl-C ends the wait at once whatever the stream is doing (with ``asyncio.run``
-        on this thread, Ctrl-C first cancels the stream and waits for that; a test once saw
-        the command still running 30 s after SIGINT)."""
+        return its JobInfo."""
         import asyncio
-        import threading
         import time
-
-        failed: list[BaseException] = []
 
         async def tail() -> None:
             async for chunk in self.client.tail_job_logs(job_id):
                 write(chunk)
 
-        def stream() -> None:
-            try:
-                asyncio.run(tail())
-            except BaseException as exc:  # raised here, on the waiting thread
-                failed.append(exc)
-
-        thread = threading.Thread(target=stream, name="raylight-job-logs", daemon=True)
-        thread.start()
-        while thread.is_alive():
-            thread.join(0.2)
-        if failed:
-            raise failed[0]
+        asyncio.run(tail())
         while not (info := self.client.get_job_info(job_id)).status.is_terminal():
             time.sleep(0.2)  # the log stream ends as the job does; its status follows
         return info
