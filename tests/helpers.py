@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,15 @@ def wait_until(cond: Callable[[], Any], timeout_s: float, what: str, proc: Any =
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         time.sleep(0.05)
+
+
+def ctrl_c_reaches_child() -> None:
+    """``preexec_fn`` for a child a test will Ctrl-C: SIGINT back to its default, so the
+    child's Python turns it into KeyboardInterrupt. A shell starts a background job
+    (``make test &``) with SIGINT ignored, its children inherit that, and Python then
+    leaves SIGINT ignored: the Ctrl-C would never arrive (`GNU timeout` resets it, which
+    is why such a test passed under `timeout` and failed in a backgrounded run)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def read_until(proc: Any, done: Callable[[list[str]], bool], timeout_s: float, what: str) -> list[str]:

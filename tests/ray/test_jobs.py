@@ -21,7 +21,7 @@ import urllib.request
 
 import pytest
 
-from tests.helpers import listening_sockets, process_tree, wait_until
+from tests.helpers import ctrl_c_reaches_child, listening_sockets, process_tree, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -188,6 +188,7 @@ def test_ctrl_c_stops_waiting_and_leaves_the_job_running(head, tmp_path):
         proc = subprocess.Popen(
             [sys.executable, "-m", "raylight.cli", "submit", "--address", head.url, "--name", "int1", "--", command],
             env=_env(RAY_AUTH_MODE="token"), stdout=out, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=ctrl_c_reaches_child,
         )
         try:
             wait_until(lambda: "WAITING" in log.read_text(), 60, "the job's streamed output", proc=proc)

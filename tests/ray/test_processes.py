@@ -13,7 +13,7 @@ import tempfile
 import pytest
 
 from tests.conftest import REPO, _ray_processes
-from tests.helpers import wait_until
+from tests.helpers import ctrl_c_reaches_child, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -90,7 +90,9 @@ def test_ctrl_c_on_the_driver_leaves_no_processes(tmp_path, ray_cluster):
     temp_dir = tempfile.mkdtemp(prefix="rl-int-", dir="/tmp")
     marker = tmp_path / "runs" / "resumable" / "checkpoints" / "checkpoint_000002" / "meta.json"
     cmd = [sys.executable, "-m", "tests.ray.resume_driver", str(tmp_path / "runs"), temp_dir, "0", str(tmp_path / "log")]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=ctrl_c_reaches_child,
+    )
     try:
         wait_until(marker.exists, 120, "checkpoint 2", proc)
         proc.send_signal(signal.SIGINT)

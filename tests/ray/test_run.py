@@ -19,7 +19,7 @@ import torch
 
 from raylight.launch.driver import InitTimeoutError, launch
 from tests.conftest import REPO
-from tests.helpers import assert_no_strays, read_until
+from tests.helpers import assert_no_strays, ctrl_c_reaches_child, read_until
 from tests.ray import loops
 
 EXAMPLE = os.path.join(REPO, "examples", "launch", "ddp_torchrun.py")
@@ -31,7 +31,7 @@ def _cli(*args: str, **kwargs) -> subprocess.Popen:
     kwargs.setdefault("stderr", subprocess.PIPE)
     return subprocess.Popen(
         [sys.executable, "-m", "raylight.cli", "run", *args], stdout=subprocess.PIPE, text=True, env=env, cwd=REPO,
-        **kwargs,
+        preexec_fn=ctrl_c_reaches_child, **kwargs,
     )
 
 
