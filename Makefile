@@ -27,10 +27,9 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples bench
 	$(VENV)/bin/mypy
 
-# Serial: on two workers (pytest -n 2 --dist loadfile) the suite took 14:42 against 19:21,
-# but two of three runs on 2026-11-27 failed under the contention (README, Tests).
+# The Ray tier in front, the unit tier beside it at lower CPU priority (tests/suite.py).
 test: lint
-	$(VENV)/bin/pytest
+	$(PY) -m tests.suite
 
 unit: $(STAMP)
 	$(VENV)/bin/pytest -m unit

@@ -23,11 +23,22 @@ REPO = os.path.dirname(TESTS_DIR)
 _SESSION_ENV: set[str] = set()
 
 
+# `make test` (tests/suite.py) runs the suite as two pytest runs at once: these Ray-tier
+# modules run with the unit tier, beside the rest at lower CPU priority. Chosen as those
+# with no timer or deadline a slower CPU could trip (Lightning, the CLI's output, the
+# examples) and enough minutes to even out the two runs' wall time.
+BESIDE = {"test_lightning.py", "test_lightning_sharded.py", "test_lightning_horovod.py", "test_output.py",
+          "test_declarative_examples.py"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these markers
 def pytest_collection_modifyitems(items):
     for item in items:
         tier = "ray" if f"{os.sep}ray{os.sep}" in str(item.fspath) else "unit"
-        if not any(item.iter_markers(name=t) for t in ("unit", "ray", "gpu", "distributed")):
+        if not any(item.get_closest_marker(t) for t in ("unit", "ray", "gpu", "distributed")):
             item.add_marker(getattr(pytest.mark, tier))
+        if item.get_closest_marker("unit") or os.path.basename(str(item.fspath)) in BESIDE:
+            item.add_marker(pytest.mark.beside)
 
 
 @pytest.fixture(autouse=True)
