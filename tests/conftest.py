@@ -25,10 +25,10 @@ _SESSION_ENV: set[str] = set()
 
 # `make test` (tests/suite.py) runs the suite as two pytest runs at once: these Ray-tier
 # modules run with the unit tier, beside the rest at lower CPU priority. Chosen as those
-# with no timer or deadline a slower CPU could trip (Lightning, the CLI's output, the
-# examples) and enough minutes to even out the two runs' wall time.
+# with no timer or deadline a slower CPU could trip (Lightning, declarative training, the
+# CLI's output, the examples) and enough minutes to even out the two runs' wall time.
 BESIDE = {"test_lightning.py", "test_lightning_sharded.py", "test_lightning_horovod.py", "test_output.py",
-          "test_declarative_examples.py"}
+          "test_declarative_examples.py", "test_declarative.py"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these markers
