@@ -27,7 +27,8 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples bench
 	$(VENV)/bin/mypy
 
-# The Ray tier in front, the unit tier beside it at lower CPU priority (tests/suite.py).
+# Two pytest runs at once: the timing-sensitive Ray tests in front, the rest beside at
+# lower CPU priority (tests/suite.py; README, Tests).
 test: lint
 	$(PY) -m tests.suite
 

@@ -1,8 +1,8 @@
 """Test tiers and the guards every test runs under.
 
 Tiers (markers): unit (no Ray), ray (a real local Ray cluster started once per
-session by raylight's embedded runtime, 2 CPUs, its own temp dir; under pytest-xdist,
-one per worker). Autouse guards
+session by raylight's embedded runtime, 2 CPUs, its own temp dir; one per pytest
+process: `make test` runs two, see tests/suite.py and ``BESIDE``). Autouse guards
 fail a test that leaks environment variables, a torch process group, threads, or
 Ray resources (actors and placement groups hold resources until removed).
 """
