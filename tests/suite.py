@@ -25,6 +25,8 @@ import subprocess
 import sys
 import tempfile
 
+from tests.helpers import ctrl_c_reaches_child
+
 # Both runs take minutes and every test in them has pytest-timeout's limit; this bounds
 # the wait for the run beside once the front run has ended.
 BESIDE_WAIT_S = 1800
@@ -36,7 +38,7 @@ INTERRUPTED = 130
 
 def _lower_priority() -> None:
     os.nice(BESIDE_NICE)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)  # a shell's background job starts with it ignored
+    ctrl_c_reaches_child()  # so _stop's Ctrl-C reaches it from a backgrounded make test too
 
 
 def _stop(proc: subprocess.Popen) -> None:
