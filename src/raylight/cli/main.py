@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 try:
     import typer
@@ -274,4 +274,37 @@ app.add_typer(jobs_app, name="jobs")
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except SystemExit as exc:  # typer always ends this way
+        exit_now(exc.code)
+    exit_now(0)
+
+
+def exit_now(code: int | str | None) -> NoReturn:
+    """Exit as ``sys.exit(code)`` would, without the interpreter's teardown.
+
+    Everything that matters at exit still runs: the atexit handlers (the embedded Ray's
+    shutdown, loggers, ``logging.shutdown``) and the flush of stdout and stderr. What is
+    skipped is freeing every module, which with torch and Ray loaded took 0.7-1.0 s of
+    every command measured here (torch alone 0.35 s): the run's files are all closed by then.
+    A thread Python would wait for (not a daemon) keeps the ordinary exit."""
+    import atexit
+    import os
+    import threading
+
+    main_thread = threading.main_thread()
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not main_thread):
+        sys.exit(code)
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):  # sys.exit("message"): printed, exit status 1
+        print(code, file=sys.stderr)
+        code = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can reach it
+            pass
+    os._exit(code)

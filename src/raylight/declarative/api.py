@@ -221,8 +221,6 @@ def train(
     """Train, save the model to ``<output_directory>/model`` and evaluate on the test split.
     ``prices`` (USD per hour per node type) prices the run: the result's ``cost``."""
     from raylight import launcher_env
-    from raylight.declarative.train import declarative_loop, evaluate_data, load_model, save_model
-    from raylight.trainer import fit
 
     launch = launcher_env.detect()
     leader = launch is None or launch.rank == 0  # under a launcher, rank 0 alone writes the output directory
@@ -236,6 +234,11 @@ def train(
     if resolved.kind == "ray":
         prepared = in_store(prepared)
     preprocessed = time.monotonic()
+    # torch only now: the ray backend's start began importing it in a thread while Ray's
+    # processes started, and preprocessing overlapped it (an import up front serialises it).
+    from raylight.declarative.train import declarative_loop, evaluate_data, load_model, save_model
+    from raylight.trainer import fit
+
     loop_config, adaptive = loop_settings(config, prepared, on_ray=resolved.kind == "ray")
     result = fit(  # creates the output directory when training starts
         declarative_loop,
