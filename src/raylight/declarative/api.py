@@ -239,6 +239,7 @@ def train(
     from raylight.declarative.train import declarative_loop, evaluate_data, load_model, save_model
     from raylight.trainer import fit
 
+    imported = time.monotonic()
     loop_config, adaptive = loop_settings(config, prepared, on_ray=resolved.kind == "ray")
     result = fit(  # creates the output directory when training starts
         declarative_loop,
@@ -279,8 +280,12 @@ def train(
         "best_epoch": best["epoch"],
         "epochs_run": len(result.metrics_history),
         # Where the time went: connecting to (or starting) Ray, preprocessing (and putting
-        # the arrays into the object store), fit() (worker start-up included).
-        "seconds": {"connect": connected - started, "preprocess": preprocessed - connected, "train": trained - preprocessed},
+        # the arrays into the object store), what was left of importing torch, fit()
+        # (worker start-up included).
+        "seconds": {
+            "connect": connected - started, "preprocess": preprocessed - connected,
+            "imports": imported - preprocessed, "train": trained - imported,
+        },
         "processor": choice.processor,
     }
     if prepared.test is not None:
