@@ -12,23 +12,33 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 
 import pytest
 
+from tests.cpu_log import pytest_runtest_protocol  # noqa: F401  (RAYLIGHT_TEST_CPU_LOG: CPU per test)
+
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS_DIR)
 _SESSION_ENV: set[str] = set()
+
+# DeepSpeed's CPU Adam (ZeRO-Offload) is compiled by torch on first use, about a minute of
+# both cores. torch rebuilds it whenever the build flags change, and they hold the venv's
+# paths: with one cache for every venv, each checkout's run rebuilt what another's had
+# replaced. One cache per venv keeps each build.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 
 
 # `make test` (tests/suite.py) runs the suite as two pytest runs at once: these Ray-tier
 # modules run with the unit tier, beside the rest at lower CPU priority. Chosen as those
 # with no timer or deadline a slower CPU could trip (Lightning, declarative training, the
-# CLI's output, the examples) and enough minutes to even out the two runs' wall time.
+# CLI's output, the examples, sharded strategies' equality) and enough minutes to even out
+# the two runs' wall time. A single test goes beside with @pytest.mark.beside.
 BESIDE = {"test_lightning.py", "test_lightning_sharded.py", "test_lightning_horovod.py", "test_output.py",
-          "test_declarative_examples.py", "test_declarative.py"}
+          "test_declarative_examples.py", "test_declarative.py", "test_strategies.py"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these markers

@@ -12,7 +12,9 @@ timing-sensitive Ray tests fail under the contention. So:
   priority (nice 10, its Ray processes too), its output kept in a file and printed after.
 
 It takes the cores the front run leaves idle, so the front run's timing sees almost no
-contention. Every test runs once, in one of the two; each run starts its own embedded Ray.
+contention. Ray starts its worker processes at nice 15 (``RAY_worker_niceness``, so its
+own processes stay responsive), which put the front run's training workers below the run
+beside's tests (nice 10); the front run's Ray workers start at nice 0 instead. Every test runs once, in one of the two; each run starts its own embedded Ray.
 
     python -m tests.suite [pytest args...]   # the args go to both runs
 """
@@ -34,6 +36,7 @@ BESIDE_NICE = 10
 STOP_GRACE_S = 30  # stopping the run beside early: from Ctrl-C to SIGKILL
 NO_TESTS = 5  # pytest's exit code when the args select no test of a run
 INTERRUPTED = 130
+FRONT_WORKER_NICENESS = "RAY_worker_niceness"  # Ray's, read by every worker process it starts
 
 
 def _lower_priority() -> None:
@@ -65,7 +68,7 @@ def main(args: list[str]) -> int:
         )
         front_rc = beside_rc = INTERRUPTED
         try:
-            front_rc = subprocess.call([*pytest, "-m", "not beside"])
+            front_rc = subprocess.call([*pytest, "-m", "not beside"], env={**os.environ, FRONT_WORKER_NICENESS: "0"})
             beside_rc = beside.wait(timeout=BESIDE_WAIT_S)
         except subprocess.TimeoutExpired:
             print(f"\nthe run beside was still going {BESIDE_WAIT_S} s after the front run ended "
