@@ -352,6 +352,12 @@ def main() -> None:
     parser.add_argument("--ludwig-sizes", default="1000,50000", help="the sizes Ludwig also runs at")
     parser.add_argument("--skip-breast-cancer", action="store_true", help="keep the breast-cancer figures of the last results")
     args = parser.parse_args()
+    if args.sizes:  # before the breast-cancer runs, whose figures would be lost with it
+        try:
+            import plotnine  # noqa: F401
+        except ImportError:
+            parser.error("the diamonds runs need plotnine (its diamonds.csv): pip install -e '.[bench]', "
+                         "as make bench-declarative does, or --sizes '' to skip them")
     python = ludwig_python(args.ludwig_python)
     why_not = ludwig_available(python)
     work = tempfile.mkdtemp(prefix="bench-declarative-")
