@@ -12,9 +12,11 @@ timing-sensitive Ray tests fail under the contention. So:
   priority (nice 10, its Ray processes too), its output kept in a file and printed after.
 
 It takes the cores the front run leaves idle, so the front run's timing sees almost no
-contention. Ray starts its worker processes at nice 15 (``RAY_worker_niceness``, so its
-own processes stay responsive), which put the front run's training workers below the run
-beside's tests (nice 10); the front run's Ray workers start at nice 0 instead. Every test runs once, in one of the two; each run starts its own embedded Ray.
+contention. (Ray starts its worker processes at nice 15, ``RAY_worker_niceness``, below
+the run beside's tests at nice 10. Starting the front run's at nice 0 instead was tried
+and made it slower: a busy training worker then held its core against the driver's
+controller, and the elastic tests waited minutes for a resize.) Every test runs once, in
+one of the two; each run starts its own embedded Ray.
 
     python -m tests.suite [pytest args...]   # the args go to both runs
 """
@@ -36,7 +38,6 @@ BESIDE_NICE = 10
 STOP_GRACE_S = 30  # stopping the run beside early: from Ctrl-C to SIGKILL
 NO_TESTS = 5  # pytest's exit code when the args select no test of a run
 INTERRUPTED = 130
-FRONT_WORKER_NICENESS = "RAY_worker_niceness"  # Ray's, read by every worker process it starts
 
 
 def _lower_priority() -> None:
@@ -44,14 +45,20 @@ def _lower_priority() -> None:
     ctrl_c_reaches_child()  # so _stop's Ctrl-C reaches it from a backgrounded make test too
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """Ctrl-C for the run beside (its session's Ray shuts down as pytest ends), then kill."""
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+def _stop(procs: list[subprocess.Popen]) -> list[subprocess.Popen]:
+    """Ctrl-C for each run still going (pytest tears its fixtures down: the drivers and
+    clusters tests started, its session's Ray), then kill what is left of its group.
+    Returns the runs it stopped."""
+    running = [p for p in procs if p.poll() is None]
+    for proc in running:
+        proc.send_signal(signal.SIGINT)
+    for proc in running:
+        try:
+            proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    return running
 
 
 def _interrupted(signum: int, frame: object) -> None:
@@ -59,7 +66,7 @@ def _interrupted(signum: int, frame: object) -> None:
 
 
 def main(args: list[str]) -> int:
-    signal.signal(signal.SIGTERM, _interrupted)  # stopped by a CI runner: stop the run beside too
+    signal.signal(signal.SIGTERM, _interrupted)  # stopped by a CI runner: stop both runs too
     pytest = [sys.executable, "-m", "pytest", *args]
     with tempfile.NamedTemporaryFile("w+", prefix="raylight-tests-beside-", suffix=".log") as log:
         beside = subprocess.Popen(
@@ -67,18 +74,25 @@ def main(args: list[str]) -> int:
             preexec_fn=_lower_priority, start_new_session=True,
         )
         front_rc = beside_rc = INTERRUPTED
+        # Its own session too, so that Ctrl-C reaches it through _stop alone: a Ctrl-C that
+        # killed it outright (subprocess.call does) left the drivers its tests had started.
+        front = subprocess.Popen([*pytest, "-m", "not beside"], preexec_fn=ctrl_c_reaches_child, start_new_session=True)
         try:
-            front_rc = subprocess.call([*pytest, "-m", "not beside"], env={**os.environ, FRONT_WORKER_NICENESS: "0"})
+            front_rc = front.wait()
             beside_rc = beside.wait(timeout=BESIDE_WAIT_S)
         except subprocess.TimeoutExpired:
             print(f"\nthe run beside was still going {BESIDE_WAIT_S} s after the front run ended "
                   "(tests/suite.py BESIDE_WAIT_S); stopped", flush=True)
             beside_rc = 1
         except KeyboardInterrupt:
-            print("\ninterrupted: stopping the run beside", flush=True)
+            print("\ninterrupted: stopping both runs", flush=True)
         finally:
-            if beside.poll() is None:
-                _stop(beside)
+            stopped = _stop([front, beside])
+        # A run that had ended before an interrupt keeps its own exit code.
+        front_rc, beside_rc = (
+            rc if proc in stopped or proc.returncode is None else proc.returncode
+            for proc, rc in ((front, front_rc), (beside, beside_rc))
+        )
         log.seek(0)
         print("\n" + "=" * 25 + " the run beside (unit tier and -m beside, at lower CPU priority) " + "=" * 25)
         print(log.read(), end="", flush=True)

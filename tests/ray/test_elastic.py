@@ -16,6 +16,7 @@ from tests.ray import loops
 pytestmark = pytest.mark.timeout(240)
 
 N = 240
+GROW_N = 960  # test_grows_when_resources_free_up_with_exact_data_coverage's samples
 
 
 def _committed(run_dir):
@@ -25,13 +26,13 @@ def _committed(run_dir):
     )
 
 
-def assert_exact_coverage(history):
+def assert_exact_coverage(history, n=N):
     epochs = [m for m in history if m.get("kind") == "epoch"]
     assert epochs, "no epoch finished"
     for m in epochs:
-        assert m["count"] == N, m
-        assert m["sum"] == N * (N - 1) / 2, m
-        assert m["sq"] == sum(i * i for i in range(N)), m
+        assert m["count"] == n, m
+        assert m["sum"] == n * (n - 1) / 2, m
+        assert m["sq"] == sum(i * i for i in range(n)), m
     assert [m["epoch"] for m in epochs] == list(range(len(epochs)))
     return epochs
 
@@ -82,9 +83,12 @@ def test_grows_when_resources_free_up_with_exact_data_coverage(ray_cluster, tmp_
     ray.get(blocker.ready.remote())
     run_dir = str(tmp_path / "grow")
     stop = tmp_path / "stop"
+    # Epochs of 60 steps and a checkpoint at each epoch's end only: 240 samples with a
+    # checkpoint every 5 steps made about 400 reports a second on one worker, and under
+    # the full suite's load the driver then took minutes to get to the resize.
     trainer = raylight.Trainer(
         loops.elastic_loop,
-        train_loop_config={"batch_size": 16, "epochs": 10_000, "stop_file": str(stop)},
+        train_loop_config={"batch_size": 16, "epochs": 10_000, "stop_file": str(stop), "n": GROW_N, "checkpoint_every": 10**9},
         config=TrainerConfig(
             scaling=ScalingConfig(
                 num_workers=(1, 2), scaling_policy="max", resize_interval_s=0.3, resize_in_place=in_place, warm_spare=spare,
@@ -109,7 +113,7 @@ def test_grows_when_resources_free_up_with_exact_data_coverage(ray_cluster, tmp_
         thread.join(180)
     assert "error" not in out, out.get("error")
     result = out["result"]
-    epochs = assert_exact_coverage(result.metrics_history)
+    epochs = assert_exact_coverage(result.metrics_history, GROW_N)
     assert {m["workers"] for m in epochs} == {1, 2}
     resize = result.resizes[0]
     assert (resize["from"], resize["to"]) == (1, 2)
