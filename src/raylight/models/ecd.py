@@ -52,6 +52,25 @@ class DeclarativeModel(nn.Module):
         size = len(meta[out.name]["classes"]) if out.type == "category" else 1
         self.decoder = nn.Linear(width, size)
         self.output_type = out.type
+        self._initialise()
+
+    def _initialise(self) -> None:
+        """Ludwig's initialisation: xavier-uniform weights and zero biases for the layers,
+        xavier-uniform embeddings (a padding row stays zero). With torch's defaults the
+        category embeddings (N(0, 1), 32 wide) outweighed the standardised numbers in the
+        concatenated inputs. Measured on diamonds (bench/declarative.py's files and config,
+        local backend, one run each), held-out accuracy with torch's defaults and with
+        this: 0.5809 and 0.6127 at 1k rows, 0.7067 and 0.7167 at 50k, 0.7293 and 0.7626 at
+        500k (Ludwig 0.17: 0.6076, 0.7039, 0.7646)."""
+        with torch.no_grad():
+            for module in self.modules():
+                if isinstance(module, nn.Linear):
+                    nn.init.xavier_uniform_(module.weight)
+                    nn.init.zeros_(module.bias)
+                elif isinstance(module, nn.Embedding | nn.EmbeddingBag):
+                    nn.init.xavier_uniform_(module.weight)
+                    if module.padding_idx is not None:
+                        module.weight[module.padding_idx].zero_()
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         parts = []
