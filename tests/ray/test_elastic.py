@@ -207,6 +207,60 @@ def test_a_sharded_run_shrinks_when_a_worker_dies_and_grows_back(ray_cluster, tm
     assert any(m["resumed_sharded"] and m["workers"] == 1 for m in epochs), epochs
 
 
+def _dead(actor) -> bool:
+    try:
+        ray.get(actor.loaded_modules.remote(), timeout=10)
+    except ray.exceptions.RayActorError:
+        return True
+    return False
+
+
+@pytest.mark.beside  # no deadline a slower CPU could trip (tests/conftest.py)
+@pytest.mark.parametrize("victim", ["the_one_to_restore_from", "another"])
+def test_a_survivor_lost_while_the_group_re_forms_is_left_out_and_the_resize_stays_in_place(ray_cluster, tmp_path, monkeypatch, victim):
+    """Rank 2 of 3 is SIGKILLed; while the others re-form in place, one of the two
+    survivors dies too (its node went as well, say) after pausing and before taking its
+    new rank: the one chosen to broadcast the state, or the other. The resize goes on in
+    place with the one left (every rank of an elastic run keeps its copy of the state)
+    instead of restarting everyone from the checkpoint; every epoch still sees every
+    sample exactly once."""
+    from raylight.worker_group.ray_group import RayWorkerGroup
+
+    launch, lost = RayWorkerGroup._launch, []
+
+    def launch_losing_a_survivor(self, members, **kwargs):
+        if kwargs.get("broadcast") is not None and not lost:  # the resize's launch
+            gone = members[0 if victim == "the_one_to_restore_from" else -1]
+            lost.append(gone.node["pid"])
+            ray.kill(gone.actor, no_restart=True)
+            wait_until(lambda: _dead(gone.actor), 30, "the survivor's death")
+        return launch(self, members, **kwargs)
+
+    monkeypatch.setattr(RayWorkerGroup, "_launch", launch_losing_a_survivor)
+    run_dir, stop = str(tmp_path / "lost"), tmp_path / "stop"
+    trainer = raylight.Trainer(
+        loops.elastic_loop,
+        train_loop_config={
+            "batch_size": 16, "epochs": 10_000, "objects": True, "checkpoint_every": 3,
+            "kills": [[2, 8]], "marker": str(tmp_path / "killed"), "stop_file": str(stop),
+        },
+        config=TrainerConfig(
+            scaling=ScalingConfig(
+                num_workers=(1, 3), resources_per_worker={"CPU": 0.5}, scaling_policy="max",
+                resize_interval_s=3600, warm_spare=False,
+            ),
+            run=RunConfig(storage_path=str(tmp_path), name="lost", progress=False),
+        ),
+    )
+    result = _fit_until_resized(trainer, run_dir, stop, resizes=1, what="the shrink")
+    assert (tmp_path / "killed0").exists() and len(lost) == 1
+    assert result.num_failures == 0
+    resize = result.resizes[0]
+    assert (resize["from"], resize["to"], resize["kind"]) == (3, 1, "in_place"), resize
+    epochs = assert_exact_coverage(result.metrics_history)
+    assert {m["workers"] for m in epochs} <= {3, 1} and epochs[-1]["workers"] == 1, epochs
+
+
 def test_elastic_reserve_places_fewer_when_the_cluster_cannot_place_all(ray_cluster):
     """What an elastic start does when free resources read a moment earlier are gone:
     it asks for 2, Ray cannot place them (a blocker holds 1 of the 2 CPUs), and it takes

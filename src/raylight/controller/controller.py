@@ -314,7 +314,7 @@ class Controller:
         self.telemetry.resized({
             "kind": kind,
             "from": old,
-            "to": target,
+            "to": self.num_workers,  # an in-place resize may keep fewer than it aimed for
             "reason": reason,
             # Why a resize meant to keep the live workers restarted from a checkpoint instead.
             "fallback": outcome.reason if kind == "checkpoint" and phase.resize.in_place else None,

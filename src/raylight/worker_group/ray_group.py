@@ -185,6 +185,14 @@ def assign_ranks(bundle_nodes: list[str]) -> list[RankInfo]:
     return [infos[i] for i in range(len(bundle_nodes))]
 
 
+class MembersLostError(WorkerStartError):
+    """Workers of a group being formed died before it met (``members``: those lost)."""
+
+    def __init__(self, message: str, members: list[_Member]) -> None:
+        super().__init__(message)
+        self.members = members
+
+
 @dataclass
 class _Member:
     actor: Any
@@ -568,7 +576,10 @@ class RayWorkerGroup:
         infos = assign_ranks([m.node["node_id"] for m in ordered])
         self._members = ordered
         timeout = self._failure.worker_start_timeout_s
-        self._get([m.actor.set_rank.remote(info) for m, info in zip(ordered, infos, strict=True)], timeout, "take their ranks")
+        refs = [m.actor.set_rank.remote(info) for m, info in zip(ordered, infos, strict=True)]
+        lost = [m for m, error in zip(ordered, self._errors(refs, timeout, "take their ranks"), strict=True) if isinstance(error, RayActorError)]
+        if lost:  # nothing has met yet: the caller may go on without them
+            raise MembersLostError(f"{len(lost)} worker(s) died before taking their ranks", lost)
         ips = {m.node["ip"] for m in ordered}
         loopback = len(ips) == 1
         master = "127.0.0.1" if loopback else first.node["ip"]
@@ -615,6 +626,22 @@ class RayWorkerGroup:
         for node in self._nodes:
             per_node[node["node_id"]].extend(node["gpu_ids"])
         return [",".join(per_node[node["node_id"]]) for node in self._nodes]
+
+    def _errors(self, refs: list[Any], timeout: float, what: str) -> list[Exception | None]:
+        """Each call's error (None if it returned), waiting for all of them like ``_get``."""
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        if len(done) < len(refs):
+            self._get(refs, 0, what)  # raises WorkerStartError naming the setting
+        errors: list[Exception | None] = []
+        for ref in refs:
+            try:
+                ray.get(ref, timeout=0)
+                errors.append(None)
+            except RayActorError as exc:
+                errors.append(exc)
+            except RayError as exc:
+                raise WorkerStartError(f"a worker failed to {what}: {exc}") from None
+        return errors
 
     def _get(self, refs: list[Any], timeout: float, what: str) -> list[Any]:
         try:
@@ -760,6 +787,7 @@ class RayWorkerGroup:
             if rank not in keep_ranks:
                 ray.kill(self._members[rank].actor, no_restart=True)
         survivors = [self._members[r] for r in keep_ranks]
+        holding = {id(self._members[r]) for r in holders}  # each rank of an elastic run keeps its copy
         for extra in added[max(0, num_workers - len(survivors)) :]:
             ray.kill(extra.actor, no_restart=True)
         added = added[: max(0, num_workers - len(survivors))]
@@ -771,12 +799,24 @@ class RayWorkerGroup:
             except (InsufficientResourcesError, WorkerStartError) as exc:
                 log.warning("could not replace %d worker(s) (%s); continuing with %d", short, exc, len(survivors) + len(added))
         launch_began = monotonic()
-        try:
-            self._launch(
-                survivors + added, broadcast=commit if commit >= 0 else None, threads=threads, plan=plan, target=target
-            )
-        except WorkerStartError as exc:
-            return ResizeOutcome("fallback", reports, str(exc), shadow, adopted, stopped_at, stopped_wall, phases)
+        members = survivors + added
+        while True:
+            try:
+                self._launch(members, broadcast=commit if commit >= 0 else None, threads=threads, plan=plan, target=target)
+                break
+            except MembersLostError as exc:
+                # A survivor that was paused a moment ago can still die (its node went
+                # too): go on without it, from another that holds the state if it held it.
+                members = [m for m in members if m not in exc.members]
+                members.sort(key=lambda m: id(m) not in holding)  # stable: a holder first
+                if not members or (commit >= 0 and id(members[0]) not in holding):
+                    return ResizeOutcome("fallback", reports, str(exc), shadow, adopted, stopped_at, stopped_wall, phases)
+                log.warning("%s; resizing in place without them", exc)
+                for m in exc.members:
+                    with contextlib.suppress(Exception):
+                        ray.kill(m.actor, no_restart=True)
+            except WorkerStartError as exc:
+                return ResizeOutcome("fallback", reports, str(exc), shadow, adopted, stopped_at, stopped_wall, phases)
         phases["launch_s"] = monotonic() - launch_began
         self._release_unused_groups()
         return ResizeOutcome(
