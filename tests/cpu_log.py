@@ -7,8 +7,9 @@ CLIs a test starts). A thread reads them from /proc every ``INTERVAL_S`` and kee
 process's last figure after it exits: Ray's raylet does not wait for its workers, so
 the kernel's accounting of reaped children (cutime) misses them, and reading it alone
 missed three quarters of the suite's CPU. A process that lives less than one interval is
-missed. ``python -m tests.cpu_log DIR`` prints the tests that used the most, and each
-module's total. Linux only; nothing runs without the variable.
+missed. ``python -m tests.cpu_log DIR`` prints the tests that used the most, each
+module's total, and the total by kind of process (pytest, Ray's actors by class, its
+daemons, the scripts tests start) with how many of each were started. Linux only; nothing runs without the variable.
 """
 
 from __future__ import annotations
@@ -25,6 +26,31 @@ import pytest
 
 ENV = "RAYLIGHT_TEST_CPU_LOG"
 INTERVAL_S = 0.25
+
+
+def _kind(pid: int, root: int) -> str:
+    """What a process is, from its command line: pytest itself, a Ray process (``ray::`` and
+    the actor's class, ``raylet``, ``gcs_server``, ``dashboard.py``...), or the script or
+    program a test started."""
+    if pid == root:
+        return "pytest"
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return ""
+    if not argv:
+        return ""
+    if argv[0].startswith("ray::"):
+        return argv[0].split()[0].split(".")[0]
+    words = [a for a in argv[1:] if not a.startswith("-")]
+    if "python" in os.path.basename(argv[0]) and "-c" in argv:
+        return "python -c"
+    if "python" in os.path.basename(argv[0]) and "-m" in argv:
+        return "python -m " + argv[argv.index("-m") + 1]
+    if "python" in os.path.basename(argv[0]) and words:
+        return "python " + os.path.basename(words[0])
+    return os.path.basename(argv[0])
 
 
 def _tree(root: int) -> dict[tuple[int, int], int]:
@@ -57,6 +83,7 @@ class _Sampler:
 
     def __init__(self) -> None:
         self._seen: dict[tuple[int, int], int] = {}
+        self._kinds: dict[tuple[int, int], str] = {}
         self._lock = threading.Lock()
         threading.Thread(target=self._run, name="raylight-cpu-log", daemon=True).start()
 
@@ -65,11 +92,21 @@ class _Sampler:
             self.cpu_s()
             time.sleep(INTERVAL_S)
 
-    def cpu_s(self) -> float:
+    def cpu_s(self) -> tuple[dict[str, float], dict[str, int]]:
+        """CPU seconds so far, by kind of process (``_kind``) and in all (""), and how
+        many processes of each kind were seen."""
         tree = _tree(os.getpid())
+        kinds = {key: kind for key in tree if (kind := _kind(key[0], os.getpid()))}
         with self._lock:
             self._seen.update(tree)
-            return sum(self._seen.values()) / os.sysconf("SC_CLK_TCK")
+            self._kinds.update(kinds)  # the latest name: Ray renames its workers as they start
+            out: dict[str, float] = defaultdict(float)
+            count: dict[str, int] = defaultdict(int)
+            for key, ticks in self._seen.items():
+                out[self._kinds.get(key, "?")] += ticks / os.sysconf("SC_CLK_TCK")
+                count[self._kinds.get(key, "?")] += 1
+            out[""] = sum(out.values())
+            return out, count
 
 
 _sampler: list[_Sampler] = []
@@ -83,9 +120,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return
     if not _sampler:
         _sampler.append(_Sampler())
-    wall, cpu = time.monotonic(), _sampler[0].cpu_s()
+    wall, (cpu, count) = time.monotonic(), _sampler[0].cpu_s()
     yield
-    row = {"test": item.nodeid, "wall_s": time.monotonic() - wall, "cpu_s": _sampler[0].cpu_s() - cpu}
+    after, count_after = _sampler[0].cpu_s()
+    kinds = {k: round(v - cpu.get(k, 0.0), 2) for k, v in after.items() if k and v - cpu.get(k, 0.0) >= 0.01}
+    started = {k: n - count.get(k, 0) for k, n in count_after.items() if n > count.get(k, 0)}
+    row = {"test": item.nodeid, "wall_s": time.monotonic() - wall, "cpu_s": after[""] - cpu[""], "kinds": kinds, "started": started}
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, f"cpu-{os.getpid()}.jsonl"), "a") as f:
         f.write(json.dumps(row) + "\n")
@@ -109,6 +149,17 @@ def main(directory: str, top: int = 40) -> None:
     print(f"\n{'cpu s':>7} {'wall s':>7}  module")
     for name, (cpu, wall) in sorted(modules.items(), key=lambda kv: -kv[1][0]):
         print(f"{cpu:7.1f} {wall:7.1f}  {name}")
+    kinds: dict[str, float] = defaultdict(float)
+    for r in rows:
+        for kind, cpu in r.get("kinds", {}).items():
+            kinds[kind] += cpu
+    started: dict[str, int] = defaultdict(int)
+    for r in rows:
+        for kind, n in r.get("started", {}).items():
+            started[kind] += n
+    print(f"\n{'cpu s':>7} {'procs':>6}  kind of process")
+    for kind, cpu in sorted(kinds.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"{cpu:7.1f} {started.get(kind, 0):6d}  {kind}")
 
 
 if __name__ == "__main__":
