@@ -11,8 +11,9 @@ import contextlib
 import json
 import logging
 import os
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,22 +52,16 @@ class Backend:
     rank: int = 0  # this process's rank under a launcher; 0 elsewhere
 
 
-def resolve_backend(config: ModelConfig, override: str | None) -> Backend:
-    """Which backend runs, with how many workers; connects to Ray for the ray backend and
-    checks the resources it asks for exist. A process torchrun, horovodrun, mpirun or the
-    deepspeed launcher started runs in the launcher's group, whatever the backend says."""
+def backend_kind(config: ModelConfig, override: str | None) -> str:
+    """"local", "ray" or "launcher": which backend ``resolve_backend`` gives, without
+    connecting to Ray."""
     from raylight import launcher_env
 
-    b = config.backend
-    kind = override or b.type
+    kind = override or config.backend.type
     if kind is not None and kind not in ("local", "ray", *LAUNCHED):
         raise ConfigError(f"backend must be local, ray or launcher, got {kind!r}")
-    launch = launcher_env.detect()
-    t = b.trainer
-    if launch is not None:
-        if launch.rank == 0 and kind not in (None, *LAUNCHED):
-            log.info("started by %s: its %d processes train (backend %s is not used)", launch.launcher, launch.world_size, kind)
-        return Backend("launcher", launch.world_size, t.use_gpu, None, rank=launch.rank)
+    if launcher_env.detect() is not None:
+        return "launcher"
     if kind in LAUNCHED:
         where = "--backend" if override else "backend.type"
         raise ConfigError(
@@ -78,6 +73,24 @@ def resolve_backend(config: ModelConfig, override: str | None) -> Backend:
         import ray
 
         kind = "ray" if (os.environ.get("RAY_ADDRESS") or ray.is_initialized()) else "local"
+    return kind
+
+
+def resolve_backend(config: ModelConfig, override: str | None, *, connecting: Callable[[], None] | None = None) -> Backend:
+    """Which backend runs, with how many workers; connects to Ray for the ray backend and
+    checks the resources it asks for exist. A process torchrun, horovodrun, mpirun or the
+    deepspeed launcher started runs in the launcher's group, whatever the backend says.
+    ``connecting`` is called once the checks that need no Ray passed, before connecting."""
+    from raylight import launcher_env
+
+    kind, t = backend_kind(config, override), config.backend.trainer
+    if kind == "launcher":
+        launch = launcher_env.detect()
+        assert launch is not None
+        wanted = override or config.backend.type
+        if launch.rank == 0 and wanted not in (None, *LAUNCHED):
+            log.info("started by %s: its %d processes train (backend %s is not used)", launch.launcher, launch.world_size, wanted)
+        return Backend("launcher", launch.world_size, t.use_gpu, None, rank=launch.rank)
     if kind == "local":
         return Backend("local", 0, t.use_gpu, None)
     import ray
@@ -90,6 +103,8 @@ def resolve_backend(config: ModelConfig, override: str | None) -> Backend:
         per.setdefault("GPU", 1.0)
     if runtime.would_start_embedded(None):  # what can be checked before starting Ray
         _check_resources(t, per, runtime.local_capacity(), "this machine", sized_by_ray=True)
+    if connecting is not None:
+        connecting()
     runtime.connect(None)
     total = ray.cluster_resources()
     if t.min_workers is not None or t.max_workers is not None:
@@ -103,6 +118,33 @@ def resolve_backend(config: ModelConfig, override: str | None) -> Backend:
         need = workers
     _check_resources(t, per, total, "the cluster", need=need)
     return Backend("ray", workers, t.use_gpu, per)
+
+
+def _connect_while(preprocess: Callable[[], Prepared], config: ModelConfig, backend: str | None) -> tuple[Backend, float, Prepared]:
+    """``resolve_backend`` (Ray's start: seconds on a laptop) in this thread while
+    ``preprocess``, which needs no Ray, runs in another. Returns the backend, the seconds
+    connecting took, and the preprocessed data. A backend that connects to nothing
+    preprocesses after; an error connecting is raised at once (the thread is a daemon:
+    it ends with the process, and a cache entry it was writing stays uncommitted)."""
+    out: dict[str, Any] = {}
+
+    def side() -> None:
+        try:
+            out["prepared"] = preprocess()
+        except BaseException as exc:  # raised in the caller's thread below
+            out["error"] = exc
+
+    began = time.monotonic()
+    thread = threading.Thread(target=side, name="raylight-preprocess", daemon=True)
+    resolved = resolve_backend(config, backend, connecting=thread.start)
+    connect_s = time.monotonic() - began
+    if thread.ident is None:  # nothing to connect to
+        side()
+    else:
+        thread.join()
+    if "error" in out:
+        raise out["error"]
+    return resolved, connect_s, out["prepared"]
 
 
 def _check_resources(
@@ -227,10 +269,17 @@ def train(
     out = new_output_dir(output_directory) if leader else os.path.abspath(output_directory)
     expand(dataset)  # a missing or unreadable path is named before Ray starts
     started = time.monotonic()
-    resolved = resolve_backend(config, backend)
-    connected = time.monotonic()
-    choice = processor.resolve(config.backend.processor, resolved.kind, dataset)
-    prepared = prepare(config, dataset, processor=choice.processor, progress=progress, write_cache=leader)
+    choice = processor.resolve(config.backend.processor, backend_kind(config, backend), dataset)
+
+    def preprocess() -> Prepared:
+        return prepare(config, dataset, processor=choice.processor, progress=progress, write_cache=leader)
+
+    if choice.processor == "ray_data":  # on Ray: after connecting
+        resolved = resolve_backend(config, backend)
+        connect_s = time.monotonic() - started
+        prepared = preprocess()
+    else:  # while Ray's processes start, if it starts them
+        resolved, connect_s, prepared = _connect_while(preprocess, config, backend)
     if resolved.kind == "ray":
         prepared = in_store(prepared)
     preprocessed = time.monotonic()
@@ -282,8 +331,10 @@ def train(
         # Where the time went: connecting to (or starting) Ray, preprocessing (and putting
         # the arrays into the object store), what was left of importing torch, fit()
         # (worker start-up included).
+        # connect and preprocess overlap, except with the ray_data processor: preprocess
+        # is the time from the start to the arrays in place less connect's.
         "seconds": {
-            "connect": connected - started, "preprocess": preprocessed - connected,
+            "connect": connect_s, "preprocess": preprocessed - started - connect_s,
             "imports": imported - preprocessed, "train": trained - imported,
         },
         "processor": choice.processor,
