@@ -22,3 +22,48 @@ def test_ranks_are_contiguous_per_node():
     by_bundle = [(i.rank, i.local_rank, i.node_rank, i.local_world_size) for i in infos]
     assert by_bundle == [(0, 0, 0, 2), (2, 0, 1, 2), (1, 1, 0, 2), (3, 1, 1, 2), (4, 0, 2, 1)]
     assert all(i.world_size == 5 for i in infos)
+
+
+def test_a_paused_worker_says_so_only_once_its_process_group_is_gone(monkeypatch):
+    """An in-place resize gives a worker a new rank as soon as it sees it paused: the
+    state changes after the old process group is torn down (a real gloo group of one,
+    its teardown held back here), so set_rank then never finds the loop still running."""
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    from raylight.worker_group.worker import RankInfo, RaylightWorker, StartSpec
+    from tests.helpers import wait_until
+
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GLOO_SOCKET_IFNAME"):
+        monkeypatch.setenv(key, "")  # the worker sets them for its loop; put back after
+    tearing, release, destroy = threading.Event(), threading.Event(), dist.destroy_process_group
+
+    def held_back_teardown(*args, **kwargs):
+        tearing.set()
+        release.wait(30)
+        return destroy(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "destroy_process_group", held_back_teardown)
+    threads = torch.get_num_threads()
+    worker = RaylightWorker(RankInfo(0, 0, 1, 1, 0), "states")
+    try:
+        port = worker.open_store("127.0.0.1", 1, 10.0)
+        spec = StartSpec(
+            entry=lambda fn, config, **kw: "paused", master_addr="127.0.0.1", master_port=port, backend="gloo",
+            threads=threads, use_gpu=False, collective_timeout_s=30, cuda_visible_devices=None, loopback=True,
+            checkpoint_path=None, checkpoint_meta=None,
+        )
+        worker.start(None, None, spec, None)
+        wait_until(tearing.is_set, 30, "the old group's teardown")
+        assert worker.poll().state == "running", "paused while its process group still exists"
+        release.set()
+        wait_until(lambda: worker.poll().state == "paused", 30, "the paused state")
+        assert not dist.is_initialized()
+        worker.set_rank(RankInfo(0, 0, 1, 1, 0))  # refused while the loop's thread ran
+    finally:
+        release.set()
+        if worker._thread is not None:
+            worker._thread.join(30)
+        torch.set_num_threads(threads)

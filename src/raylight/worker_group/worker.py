@@ -458,6 +458,8 @@ class RaylightWorker:
         from raylight.strategies import build_strategy
 
         info = self.info
+        ended: WorkerState | None = None
+        error: ErrorInfo | None = None
         try:
             os.environ.update(
                 MASTER_ADDR=spec.master_addr,
@@ -510,12 +512,8 @@ class RaylightWorker:
                 next_checkpoint=spec.next_checkpoint,
                 on_start=self._loop_starts,
             )
-            with self._lock:
-                self._state = ended  # "finished", or "paused" by an in-place resize
         except BaseException as exc:
-            with self._lock:
-                self._error = error_info(exc)
-                self._state = "errored"
+            error = error_info(exc)
         finally:
             if dist.is_initialized():
                 try:
@@ -523,6 +521,14 @@ class RaylightWorker:
                 except Exception:  # the group may be broken by a peer's death
                     pass
             self._store = None
+            # Only now: a resize that sees it paused (or errored) gives this process a new
+            # rank next, and must find the old group gone. Said while it was still being
+            # torn down, set_rank refused ("the training loop runs": seen under load).
+            with self._lock:
+                if ended is None:
+                    self._error, self._state = error, "errored"
+                else:
+                    self._state = ended  # "finished", or "paused" by an in-place resize
 
 
 @dataclass
