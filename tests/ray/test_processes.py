@@ -16,6 +16,7 @@ from tests.conftest import REPO, _ray_processes
 from tests.helpers import ctrl_c_reaches_child, wait_until
 
 pytestmark = pytest.mark.timeout(240)
+# @pytest.mark.beside: a test with no timer or deadline, run beside the rest (tests/conftest.py BESIDE)
 
 
 def _env():
@@ -57,6 +58,7 @@ def test_resume_after_the_driver_is_killed(tmp_path, ray_cluster):
     wait_until(lambda: not _ray_processes(temp_dir), 60, "the second driver's Ray processes to exit")
 
 
+@pytest.mark.beside
 @pytest.mark.parametrize("mode", ["adaptive", "fixed"])
 def test_digits_example_runs(tmp_path, ray_cluster, mode):
     """adaptive: DDP with the adaptive engine; fixed: FSDP (sharded checkpoints). The

@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.join(REPO, "examples", "declarative"))
 from make_datasets import write_all
 
 pytestmark = pytest.mark.timeout(240)
+# @pytest.mark.beside: a test with no timer or deadline, run beside the rest (tests/conftest.py BESIDE)
 
 
 def _run_config(tmp_path, name):
@@ -71,6 +72,7 @@ def test_pbt_restores_checkpoints(ray_cluster, tmp_path):
         assert row["start_epoch"] == row["restored_epoch"] + 1, row
 
 
+@pytest.mark.beside
 @pytest.mark.parametrize("strategy", ["fsdp", "deepspeed"])
 def test_a_sharded_trial_fails_once_resumes_from_its_tune_checkpoint_and_ends_equal(ray_cluster, tmp_path, strategy):
     """A 2-worker trial under each sharded strategy: every report's sharded checkpoint goes
@@ -145,6 +147,7 @@ def _cli(*args: str):
     return CliRunner().invoke(app, list(args))
 
 
+@pytest.mark.beside
 def test_hyperopt_cli_end_to_end(ray_cluster, tmp_path, breast_cancer):
     """The example YAML as a grid of four learning rates, one good and three too small
     to learn: four 2-worker trials on 2 CPUs with max_concurrent_trials auto (so one
@@ -173,6 +176,7 @@ def test_hyperopt_cli_end_to_end(ray_cluster, tmp_path, breast_cancer):
     assert check.exit_code == 0, check.output
 
 
+@pytest.mark.beside
 @pytest.mark.parametrize(
     ("edit", "expected"),
     [
@@ -197,6 +201,7 @@ def test_hyperopt_cli_bad_input_exits_2(ray_cluster, tmp_path, breast_cancer, ed
     assert time.monotonic() - start < 15
 
 
+@pytest.mark.beside
 def test_digits_tune_example(ray_cluster, tmp_path):
     """examples/tune/digits_tune.py as users run it (as __main__), kept small."""
     path = os.path.join(REPO, "examples", "tune", "digits_tune.py")
@@ -206,6 +211,7 @@ def test_digits_tune_example(ray_cluster, tmp_path):
     assert out["best_metrics"]["accuracy"] > 0.5
 
 
+@pytest.mark.beside
 def test_lightning_report_callbacks(ray_cluster, tmp_path):
     """TuneReportCallback and TuneReportCheckpointCallback in a Lightning fit inside a
     trial: metrics per validation and a Lightning checkpoint per epoch reach Tune."""
