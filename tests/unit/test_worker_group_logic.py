@@ -1,6 +1,25 @@
-"""Pure parts of the Ray worker group: feasibility and rank assignment."""
+"""Pure parts of the Ray worker group (feasibility, rank assignment), and the worker's own
+state handling, driven directly in this process."""
 
+import signal
+import threading
+
+import pytest
+
+from raylight.worker_group import worker as worker_module
+from raylight.worker_group.protocol import Report
 from raylight.worker_group.ray_group import assign_ranks, check_feasible
+from raylight.worker_group.worker import RankInfo, RaylightWorker
+from tests.helpers import wait_until
+
+
+@pytest.fixture
+def worker():
+    """A worker object of a run of one, as a Ray actor would hold it; this process's
+    SIGTERM handler, which it replaces, is put back after."""
+    handler = signal.getsignal(signal.SIGTERM)
+    yield RaylightWorker(RankInfo(0, 0, 1, 1, 0), "states")
+    signal.signal(signal.SIGTERM, handler)
 
 
 def test_too_many_workers_is_infeasible_with_numbers():
@@ -24,17 +43,14 @@ def test_ranks_are_contiguous_per_node():
     assert all(i.world_size == 5 for i in infos)
 
 
-def test_a_paused_worker_says_so_only_once_its_process_group_is_gone(monkeypatch):
+def test_a_paused_worker_says_so_only_once_its_process_group_is_gone(monkeypatch, worker):
     """An in-place resize gives a worker a new rank as soon as it sees it paused: the
     state changes after the old process group is torn down (a real gloo group of one,
     its teardown held back here), so set_rank then never finds the loop still running."""
-    import threading
-
     import torch
     import torch.distributed as dist
 
-    from raylight.worker_group.worker import RankInfo, RaylightWorker, StartSpec
-    from tests.helpers import wait_until
+    from raylight.worker_group.worker import StartSpec
 
     for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GLOO_SOCKET_IFNAME"):
         monkeypatch.setenv(key, "")  # the worker sets them for its loop; put back after
@@ -47,7 +63,6 @@ def test_a_paused_worker_says_so_only_once_its_process_group_is_gone(monkeypatch
 
     monkeypatch.setattr(dist, "destroy_process_group", held_back_teardown)
     threads = torch.get_num_threads()
-    worker = RaylightWorker(RankInfo(0, 0, 1, 1, 0), "states")
     try:
         port = worker.open_store("127.0.0.1", 1, 10.0)
         spec = StartSpec(
@@ -67,3 +82,44 @@ def test_a_paused_worker_says_so_only_once_its_process_group_is_gone(monkeypatch
         if worker._thread is not None:
             worker._thread.join(30)
         torch.set_num_threads(threads)
+
+
+def _report_in_a_thread(worker, reports):
+    done: list[int] = []
+
+    def loop():
+        for i, report in enumerate(reports):
+            worker.report(report)
+            done.append(i)
+
+    thread = threading.Thread(target=loop, name="loop", daemon=True)
+    thread.start()
+    return thread, done
+
+
+def test_report_waits_for_the_driver_while_it_holds_too_many_checkpoints(worker):
+    """A loop that reports checkpoints faster than the driver takes them waits at
+    ctx.report once MAX_PENDING_CHECKPOINTS are held (the backlog, and this process's
+    memory, stay bounded), and goes on when the driver polls; reports without a
+    checkpoint never wait."""
+    held = worker_module.MAX_PENDING_CHECKPOINTS
+    thread, done = _report_in_a_thread(worker, [Report({"i": i}, checkpoint=b"state", seq=i) for i in range(held + 1)])
+    wait_until(lambda: len(done) == held, 10, f"{held} reports")
+    thread.join(0.5)
+    assert thread.is_alive() and len(done) == held, "the report after them waits"
+    worker.report(Report({"plain": True}))  # no checkpoint: returns at once
+    assert [r.metrics for r in worker.poll().reports] == [{"i": i} for i in range(held)] + [{"plain": True}]
+    thread.join(10)
+    assert not thread.is_alive()
+    assert [r.metrics for r in worker.poll().reports] == [{"i": held}]
+
+
+def test_report_waits_while_the_checkpoints_held_are_too_large(worker, monkeypatch):
+    monkeypatch.setattr(worker_module, "MAX_PENDING_CHECKPOINT_BYTES", 10)
+    thread, done = _report_in_a_thread(worker, [Report({"i": i}, checkpoint=b"12345678", seq=i) for i in range(2)])
+    wait_until(lambda: len(done) == 1, 10, "the first report")
+    thread.join(0.5)
+    assert thread.is_alive() and len(done) == 1, "8 bytes held, 8 more would pass the limit of 10"
+    assert len(worker.poll().reports) == 1
+    thread.join(10)
+    assert not thread.is_alive() and len(worker.poll().reports) == 1

@@ -66,6 +66,12 @@ class StartSpec:
 # The node type the autoscaler (v2, the fake multi-node provider, KubeRay) gave a node's raylet.
 NODE_TYPE_ENV = "RAY_NODE_TYPE_NAME"
 NOTICE_POLL_S = 5.0  # how often a worker reads its node's preemption notices (AWS advises 5 s)
+# Reports with checkpoints a worker holds for the driver before ``ctx.report`` waits for it
+# to take them (its next poll): the driver commits each, and a loop that reports faster
+# than that would otherwise grow the backlog (and this process's memory) without bound,
+# while the run's control decisions (resizes) wait behind it. Either limit stops it.
+MAX_PENDING_CHECKPOINTS = 16
+MAX_PENDING_CHECKPOINT_BYTES = 256 * 1024**2
 
 
 def freeze_long_lived(point: str) -> None:
@@ -121,6 +127,7 @@ class RaylightWorker:
         self.info = rank_info
         self.run_name = run_name
         self._lock = threading.Lock()
+        self._taken = threading.Condition(self._lock)  # the driver took the pending reports
         self._state: WorkerState = "starting"
         self._reports: list[Report] = []
         self._output: list[tuple[str, str]] = []
@@ -386,6 +393,7 @@ class RaylightWorker:
         stats = sync.drain_stats() if sync is not None and sync.ready and self.info.rank == 0 else None
         with self._lock:
             reports, self._reports = self._reports, []
+            self._taken.notify_all()
             output, self._output = self._output, []
             return WorkerPoll(
                 rank=self.info.rank,
@@ -404,8 +412,16 @@ class RaylightWorker:
     # -- ReportSink for the TrainContext ---------------------------------------------
     def report(self, report: Report) -> None:
         with self._lock:
+            if report.checkpoint is not None or report.has_checkpoint:
+                self._taken.wait_for(lambda: self._room_for(len(report.checkpoint or b"")))
             self._reports.append(report)
             self._last_progress = monotonic()
+
+    def _room_for(self, size: int) -> bool:
+        """Whether a checkpoint of ``size`` bytes fits beside those held (one always does)."""
+        held = [r for r in self._reports if r.checkpoint is not None or r.has_checkpoint]
+        total = size + sum(len(r.checkpoint) for r in held if r.checkpoint is not None)
+        return not held or (len(held) < MAX_PENDING_CHECKPOINTS and total <= MAX_PENDING_CHECKPOINT_BYTES)
 
     def output(self, stream: str, text: str) -> None:
         with self._lock:
