@@ -260,9 +260,42 @@ def test_bootstrap_serves_import_horovod_when_asked(tmp_path):
         env={**env, "RAYLIGHT_HOROVOD_COMPAT": "1"},
     )
     assert (done.returncode, done.stdout.strip()) == (0, "raylight.horovod 1 0"), done.stderr
-    if importlib.util.find_spec("horovod") is None:  # off by default
+    if importlib.util.find_spec("horovod") is None:  # off by default, and the error says how to turn it on
         done = subprocess.run([sys.executable, agent.BOOTSTRAP, str(script)], capture_output=True, text=True, timeout=60, env=env)
         assert done.returncode != 0 and "No module named 'horovod'" in done.stderr
+        assert "-m raylight.horovod" in done.stderr and "horovodrun" in done.stderr, done.stderr
+
+
+def test_a_real_horovod_group_smaller_than_the_run_fails_its_init(tmp_path):
+    """Where Horovod is installed, a script under `raylight run` without raylight.horovod
+    gets real Horovod, whose hvd.init() forms a group of 1 outside horovodrun or MPI:
+    every rank would train alone. Its init fails instead, saying what to run. (A stand-in
+    `horovod.torch` package with real Horovod's init/size shape; tests/unit/test_horovod_real.py
+    runs real Horovod where it is built.)"""
+    package = tmp_path / "site" / "horovod"
+    (package / "torch").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "torch" / "__init__.py").write_text(
+        "from horovod.torch.mpi_ops import init, size\n"
+    )
+    (package / "torch" / "mpi_ops.py").write_text("def init():\n    pass\n\ndef size():\n    return 1\n")
+    script = tmp_path / "h.py"
+    script.write_text("import horovod.torch as hvd\nhvd.init()\nprint('trained', hvd.size())\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAYLIGHT_", "RANK", "WORLD_SIZE", "MASTER_"))}
+    env["PYTHONPATH"] = str(tmp_path / "site")
+
+    def run(world: int) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, agent.BOOTSTRAP, str(script)], capture_output=True, text=True, timeout=60,
+            env={**env, "WORLD_SIZE": str(world)},
+        )
+
+    alone = run(2)
+    assert alone.returncode != 0 and "trained" not in alone.stdout, alone.stdout
+    assert "formed a group of 1 under `raylight run`, whose group has 2 ranks" in alone.stderr, alone.stderr
+    assert "-m raylight.horovod" in alone.stderr
+    one = run(1)  # a run of one rank: real Horovod's group of one is the run's
+    assert (one.returncode, one.stdout.strip()) == (0, "trained 1"), one.stderr
 
 
 @pytest.mark.parametrize("outcome, code, words", [

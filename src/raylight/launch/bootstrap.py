@@ -6,9 +6,10 @@ Before the script it (1) dies with its agent (Linux ``PR_SET_PDEATHSIG``: the ac
 thread that started it), (2) makes ``sys.path`` and ``sys.argv`` what ``python SCRIPT``
 (or ``python -m MODULE``) would make them, (3) wraps
 ``torch.distributed.init_process_group`` so that the agent learns when this rank enters
-and completes it: the driver names a rank that never does (``--init-timeout``), and (4)
-collects garbage at exit (see ``raylight.launcher_env.collect_at_exit``).
-Standard library only, apart from torch where it is installed.
+and completes it: the driver names a rank that never does (``--init-timeout``), (4)
+collects garbage at exit (see ``raylight.launcher_env.collect_at_exit``), and (5) unless
+``RAYLIGHT_HOROVOD_COMPAT=1`` serves ``raylight.horovod``, guards a Horovod script (see
+``_HorovodGuard``). Standard library only, apart from torch where it is installed.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import atexit
 import functools
 import gc
+import importlib.abc
+import importlib.machinery
 import json
 import os
 import runpy
@@ -82,6 +85,56 @@ def _watch_init() -> None:
     dist.init_process_group = init_process_group
 
 
+HOROVOD_HINT = (
+    "run `raylight run ... -m raylight.horovod SCRIPT` (or set RAYLIGHT_HOROVOD_COMPAT=1) to give "
+    "`import horovod.torch` raylight.horovod on this run's group, or start real Horovod with "
+    "`horovodrun --gloo -np N python SCRIPT` (docs/horovod.md)"
+)
+
+
+class _HorovodGuard(importlib.abc.MetaPathFinder):
+    """A Horovod script under ``raylight run`` without raylight.horovod, where real
+    Horovod is installed: its ``hvd.init()`` cannot join this run's group (it forms groups
+    under horovodrun or MPI only), so every rank would train alone. ``init`` fails instead
+    when the group it formed is not this run's size. (Where Horovod is not installed,
+    ``main`` adds the fix to the import's error.)"""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if name != "horovod.torch":
+            return None
+        others = [f for f in sys.meta_path if f is not self and hasattr(f, "find_spec")]
+        spec = next((s for f in others if (s := f.find_spec(name, path, target)) is not None), None)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader, exec_module = spec.loader, spec.loader.exec_module
+
+        def exec_and_guard(module: Any) -> None:
+            exec_module(module)
+            _guard_init(module)
+
+        loader.exec_module = exec_and_guard  # type: ignore[method-assign]
+        return spec
+
+
+def _guard_init(hvd: Any) -> None:
+    original = getattr(hvd, "init", None)
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def init(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        world = int(os.environ.get("WORLD_SIZE") or 1)
+        if world > 1 and hvd.size() != world:
+            raise RuntimeError(
+                f"real Horovod's hvd.init() formed a group of {hvd.size()} under `raylight run`, whose "
+                f"group has {world} ranks: every rank would train alone. {HOROVOD_HINT[0].upper()}{HOROVOD_HINT[1:]}"
+            )
+        return result
+
+    hvd.init = init
+
+
 def main(argv: list[str]) -> None:
     _die_with_parent()
     # raylight.launcher_env.collect_at_exit, without importing raylight: free what DDP
@@ -93,6 +146,17 @@ def main(argv: list[str]) -> None:
         from raylight.horovod.compat import install_from_env
 
         install_from_env()
+    elif argv[:2] != ["-m", "raylight.horovod"]:  # which serves raylight.horovod itself
+        sys.meta_path.insert(0, _HorovodGuard())
+    try:
+        _run(argv)
+    except ModuleNotFoundError as exc:
+        if exc.name in ("horovod", "horovod.torch") and hasattr(exc, "add_note"):  # Python 3.11+
+            exc.add_note(f"Horovod is not installed here: {HOROVOD_HINT}")
+        raise
+
+
+def _run(argv: list[str]) -> None:
     if argv[:1] == ["-m"]:
         module, args = argv[1], argv[2:]
         sys.path[0] = os.getcwd()  # as `python -m` does
