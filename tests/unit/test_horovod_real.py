@@ -70,3 +70,17 @@ def test_horovodrun_gives_the_same_parameters_on_raylight_horovod(tmp_path):
     a, b = torch.load(real, weights_only=True), torch.load(ours, weights_only=True)
     for key in a:
         assert torch.allclose(a[key], b[key], atol=1e-5), (key, (a[key] - b[key]).abs().max())
+
+
+def test_real_horovod_under_raylight_run_fails_its_init_instead_of_training_alone(tmp_path):
+    """A rank of `raylight run -n 2` (its bootstrap, WORLD_SIZE=2) whose script gets real
+    Horovod: hvd.init() forms a group of one, and says so, naming the fix."""
+    from raylight.launch import agent
+
+    script = tmp_path / "h.py"
+    script.write_text("import horovod.torch as hvd\nhvd.init()\nprint('trained', hvd.size())\n")
+    env = {k: v for k, v in _env().items() if not k.startswith(("RAYLIGHT_", "RANK", "MASTER_"))}
+    run = subprocess.run([sys.executable, agent.BOOTSTRAP, str(script)], env={**env, "WORLD_SIZE": "2"},
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "trained" not in run.stdout, run.stdout
+    assert "formed a group of 1 under `raylight run`" in run.stderr and "-m raylight.horovod" in run.stderr, run.stderr
