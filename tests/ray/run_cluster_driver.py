@@ -56,7 +56,7 @@ def main(workdir: str) -> None:
     result: dict = {}
     thread = threading.Thread(target=lambda: result.setdefault("code", launch(
         "tests.ray.run_scripts", ["nodes", workdir], module=True, num_workers=(1, 2), storage_path=workdir,
-        name="nodes", out=out,
+        name="nodes", out=out, resize_interval_s=1.0,  # grow soon after each node joins
     )))
     try:
         thread.start()

@@ -45,6 +45,10 @@ def test_bad_targets_name_what_is_missing(tmp_path):
         launch(__file__, init_timeout_s=0)
     with pytest.raises(ConfigError, match="--cpus"):
         launch(__file__, cpus=0)
+    with pytest.raises(ConfigError, match="--resize-interval must be > 0 seconds, got 0"):
+        launch(__file__, num_workers=(1, 2), resize_interval_s=0)
+    with pytest.raises(ConfigError, match="--resize-interval is for an elastic run: give -n MIN:MAX"):
+        launch(__file__, num_workers=2, resize_interval_s=1)
 
 
 def test_init_watch_names_the_missing_ranks():

@@ -117,6 +117,7 @@ def launch(
     verbose: bool | None = None,
     out: IO[str] | None = None,
     err: IO[str] | None = None,
+    resize_interval_s: float | None = None,
 ) -> int:
     """Run ``python TARGET ARGS`` (``module``: ``python -m TARGET ARGS``) on
     ``num_workers`` raylight workers as torchrun would run it; returns the exit code.
@@ -130,10 +131,15 @@ def launch(
     target = _check_target(target, module)
     if init_timeout_s <= 0:
         raise ConfigError(f"--init-timeout must be > 0 seconds, got {init_timeout_s:g}")
+    if resize_interval_s is not None and (resize_interval_s <= 0 or not isinstance(num_workers, tuple)):
+        raise ConfigError(
+            f"--resize-interval must be > 0 seconds, got {resize_interval_s:g}" if resize_interval_s <= 0
+            else "--resize-interval is for an elastic run: give -n MIN:MAX"
+        )
     name = name or _default_name()
     config = _config(
         num_workers=num_workers, cpus=cpus, gpus=gpus, address=address, max_failures=max_failures, name=name,
-        storage_path=storage_path, verbose=verbose,
+        storage_path=storage_path, verbose=verbose, resize_interval_s=resize_interval_s,
     )
     spec = LaunchSpec(
         target=target, args=tuple(args), module=module, cwd=os.getcwd(), run_name=name, max_restarts=max_failures,
@@ -195,7 +201,7 @@ def _check_target(target: str, module: bool) -> str:
 
 def _config(
     *, num_workers: int | tuple[int, int], cpus: float, gpus: float, address: str | None, max_failures: int,
-    name: str, storage_path: str | None, verbose: bool | None,
+    name: str, storage_path: str | None, verbose: bool | None, resize_interval_s: float | None = None,
 ) -> TrainerConfig:
     if cpus <= 0:
         raise ConfigError(f"--cpus must be > 0 per worker, got {cpus:g}")
@@ -210,6 +216,7 @@ def _config(
         # each worker's torch threads stay its CPUs (the script's threads are its own).
         "reuse_workers": False, "warm_spare": False, "resize_in_place": False,
         "scaling_policy": "max", "threads_per_worker": max(1, int(cpus)),
+        **({"resize_interval_s": resize_interval_s} if resize_interval_s is not None else {}),
     })
     run = validate(RunConfig, {"name": name, "storage_path": storage_path, "progress": False, "verbose": verbose})
     failure = validate(FailureConfig, {"max_failures": max_failures})
