@@ -326,3 +326,19 @@ def test_the_command_exits_with_the_runs_code(monkeypatch, tmp_path, outcome, co
     result = CliRunner().invoke(app, ["run", "-n", "2", str(script)])
     assert result.exit_code == code, result.output
     assert words in " ".join(result.output.split())
+
+
+def test_resize_interval_reaches_the_run_and_is_checked_before_ray_starts(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from raylight.cli import app
+    from raylight.cli import launch as command
+
+    script = tmp_path / "s.py"
+    script.write_text("")
+    bad = CliRunner().invoke(app, ["run", "-n", "2", "--resize-interval", "1", str(script)])
+    assert bad.exit_code == 2 and "give -n MIN:MAX" in " ".join(bad.output.split()), bad.output
+    seen = {}
+    monkeypatch.setattr(command, "launch", lambda *a, **kw: seen.update(kw) or 0)
+    ok = CliRunner().invoke(app, ["run", "-n", "1:2", "--resize-interval", "0.5", str(script)])
+    assert ok.exit_code == 0 and seen["resize_interval_s"] == 0.5, ok.output
