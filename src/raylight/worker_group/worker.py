@@ -475,7 +475,6 @@ class RaylightWorker:
 
         info = self.info
         ended: WorkerState | None = None
-        error: ErrorInfo | None = None
         try:
             os.environ.update(
                 MASTER_ADDR=spec.master_addr,
@@ -529,7 +528,11 @@ class RaylightWorker:
                 on_start=self._loop_starts,
             )
         except BaseException as exc:
-            error = error_info(exc)
+            # Said at once: the driver restarts or resizes on it, and tearing down a group a
+            # dead peer broke may take long (NCCL's can block).
+            with self._lock:
+                self._error = error_info(exc)
+                self._state = "errored"
         finally:
             if dist.is_initialized():
                 try:
@@ -537,13 +540,11 @@ class RaylightWorker:
                 except Exception:  # the group may be broken by a peer's death
                     pass
             self._store = None
-            # Only now: a resize that sees it paused (or errored) gives this process a new
-            # rank next, and must find the old group gone. Said while it was still being
-            # torn down, set_rank refused ("the training loop runs": seen under load).
-            with self._lock:
-                if ended is None:
-                    self._error, self._state = error, "errored"
-                else:
+            # Only now: a resize that sees it paused gives this process a new rank next, and
+            # must find the old group gone. Said while it was still being torn down,
+            # set_rank refused ("the training loop runs": seen under load).
+            if ended is not None:
+                with self._lock:
                     self._state = ended  # "finished", or "paused" by an in-place resize
 
 
