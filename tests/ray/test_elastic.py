@@ -184,6 +184,7 @@ def fit_killed_and_regrown(tmp_path, strategy, *, resize_interval_s=0.3, **loop_
     return result, epochs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["fsdp", "deepspeed"])
 def test_a_sharded_run_shrinks_when_a_worker_dies_and_grows_back(ray_cluster, tmp_path, strategy):
     """Elastic FSDP: rank 1 is SIGKILLed; rank 0 keeps the skeleton of the last sharded

@@ -232,6 +232,7 @@ def test_notebook_runs_in_a_real_kernel(tmp_path):
     assert float(values["local_acc"]) > 0.8, "the kernel's model object is trained"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_tune_example_reports_from_workers_through_the_trial(ray_cluster, tmp_path):
     """ray_lightning's Tune example: RayStrategy inside Tune trials, the report callback

@@ -232,6 +232,7 @@ def zero2_run(ray_session, tmp_path_factory):
     return _fit_twice(_deepspeed(2), tmp_path_factory.mktemp("zero2-ckpt"), predict=False)
 
 
+@pytest.mark.slow
 def test_deepspeed_fit_twice_and_validate(zero2_run):
     _check_fit_twice_validate_predict(zero2_run)
 

@@ -48,6 +48,7 @@ def _cli_train(tmp_path, *extra: str, config: str = RAY_CONFIG) -> subprocess.Co
     )
 
 
+@pytest.mark.slow
 def test_cli_shows_raylight_not_ray_and_verbose_gives_ray_back(tmp_path):
     """The quiet run also has the declarative loggers: key's three loggers, whose
     libraries stay as quiet."""

@@ -31,6 +31,7 @@ def session_env(ray) -> dict[str, str]:
     return {**_env(), "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "RAY_AUTH_MODE": "token"}
 
 
+@pytest.mark.slow
 def test_resume_after_the_driver_is_killed(tmp_path, ray_cluster):
     storage, log = str(tmp_path / "runs"), str(tmp_path / "starts.log")
     temp_dir = tempfile.mkdtemp(prefix="rl-drv-", dir="/tmp")
@@ -116,6 +117,7 @@ def segments(steps):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(450)
 def test_a_preempted_node_and_a_lost_one_shrink_in_place_and_regrowth_matches_an_uninterrupted_run(tmp_path):
     """A fake 3-node cluster in its own driver process, checkpoints at epoch ends only.
@@ -155,6 +157,7 @@ def test_a_preempted_node_and_a_lost_one_shrink_in_place_and_regrowth_matches_an
         assert got["sse"] == pytest.approx(want["sse"], rel=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_an_autoscaled_run_grows_as_nodes_join_and_the_nodes_go_after_it_ends(tmp_path):
     """Ray's real autoscaler (the fake multi-node provider starts real raylets): the run

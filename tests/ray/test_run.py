@@ -220,6 +220,7 @@ def test_an_elastic_run_shrinks_when_a_worker_is_lost_and_grows_back(ray_cluster
     assert_no_strays(str(tmp_path))
 
 
+@pytest.mark.slow
 def test_an_elastic_run_follows_nodes_that_join_and_go(tmp_path):
     """-n 1:2 on a fake cluster (its own Ray, in a child driver): one worker on the 1-CPU
     head; a node joins and the scripts restart at two; the node is lost and they restart

@@ -45,6 +45,7 @@ def _reported(result):
     return [*rows, result.metrics] if result.metrics else rows
 
 
+@pytest.mark.slow
 def test_pbt_restores_checkpoints(ray_cluster, tmp_path):
     """Two 1-worker trials side by side: the slow one exploits the fast one's raylight
     checkpoint (through a ray.tune.Checkpoint) and continues from its score. Epochs are
