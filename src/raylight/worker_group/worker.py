@@ -70,6 +70,7 @@ NOTICE_POLL_S = 5.0  # how often a worker reads its node's preemption notices (A
 # to take them (its next poll): the driver commits each, and a loop that reports faster
 # than that would otherwise grow the backlog (and this process's memory) without bound,
 # while the run's control decisions (resizes) wait behind it. Either limit stops it.
+TEARDOWN_WAIT_S = 30.0  # set_rank's wait for an ended loop's process group to be torn down
 MAX_PENDING_CHECKPOINTS = 16
 MAX_PENDING_CHECKPOINT_BYTES = 256 * 1024**2
 
@@ -295,9 +296,15 @@ class RaylightWorker:
         return self.node_info()
 
     def set_rank(self, rank_info: RankInfo) -> int:
-        """Take a new place in a resized group; returns the checkpoint index held."""
+        """Take a new place in a resized group; returns the checkpoint index held. A loop
+        that has ended (errored: said at once) may still be tearing its process group down:
+        wait for that, up to ``TEARDOWN_WAIT_S``."""
         if self._thread is not None and self._thread.is_alive():
-            raise RuntimeError("cannot change rank while the training loop runs")
+            if self._state == "running":
+                raise RuntimeError("cannot change rank while the training loop runs")
+            self._thread.join(TEARDOWN_WAIT_S)
+            if self._thread.is_alive():
+                raise RuntimeError(f"the ended training loop's process group was not torn down within {TEARDOWN_WAIT_S:g} s")
         self.info = rank_info
         self._store = None
         return self._commit[0] if self._commit is not None else -1
