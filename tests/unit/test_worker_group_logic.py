@@ -43,10 +43,10 @@ def test_ranks_are_contiguous_per_node():
     assert all(i.world_size == 5 for i in infos)
 
 
-def test_an_errored_worker_says_so_at_once_and_set_rank_waits_for_its_teardown(monkeypatch, worker):
-    """An errored loop (a peer died under its collective) is said at once, for the driver
-    to act on; a resize that then gives the process a new rank waits for the old group's
-    teardown (a real gloo group of one, its teardown held back here) instead of failing."""
+@pytest.fixture
+def held_teardown(monkeypatch, worker):
+    """``start(entry)``: run ``entry`` as ``worker``'s loop in a real gloo group of one
+    whose teardown is held back until ``release`` is set; returns once it is held."""
     import torch
     import torch.distributed as dist
 
@@ -60,77 +60,64 @@ def test_an_errored_worker_says_so_at_once_and_set_rank_waits_for_its_teardown(m
         tearing.set()
         release.wait(30)
         return destroy(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "destroy_process_group", held_back_teardown)
+    threads = torch.get_num_threads()
+
+    def start(entry):
+        port = worker.open_store("127.0.0.1", 1, 10.0)
+        worker.start(None, None, StartSpec(
+            entry=entry, master_addr="127.0.0.1", master_port=port, backend="gloo",
+            threads=threads, use_gpu=False, collective_timeout_s=30, cuda_visible_devices=None, loopback=True,
+            checkpoint_path=None, checkpoint_meta=None,
+        ), None)
+        wait_until(tearing.is_set, 30, "the old group's teardown")
+
+    try:
+        yield start, release
+    finally:
+        release.set()
+        if worker._thread is not None:
+            worker._thread.join(30)
+        torch.set_num_threads(threads)
+
+
+def test_an_errored_worker_says_so_at_once_and_set_rank_waits_for_its_teardown(worker, held_teardown):
+    """An errored loop (a peer died under its collective) is said at once, for the driver
+    to act on; a resize that then gives the process a new rank waits for the old group's
+    teardown (held back here) instead of failing."""
+    import torch.distributed as dist
 
     def peer_died(fn, config, **kw):
         raise RuntimeError("a peer died")
 
-    monkeypatch.setattr(dist, "destroy_process_group", held_back_teardown)
-    threads = torch.get_num_threads()
+    start, release = held_teardown
     ranked = threading.Event()
-    try:
-        port = worker.open_store("127.0.0.1", 1, 10.0)
-        spec = StartSpec(
-            entry=peer_died, master_addr="127.0.0.1", master_port=port, backend="gloo",
-            threads=threads, use_gpu=False, collective_timeout_s=30, cuda_visible_devices=None, loopback=True,
-            checkpoint_path=None, checkpoint_meta=None,
-        )
-        worker.start(None, None, spec, None)
-        wait_until(tearing.is_set, 30, "the old group's teardown")
-        poll = worker.poll()
-        assert poll.state == "errored" and "a peer died" in str(poll.error), "said before the teardown"
-        setter = threading.Thread(target=lambda: (worker.set_rank(RankInfo(0, 0, 1, 1, 0)), ranked.set()), daemon=True)
-        setter.start()
-        setter.join(0.5)
-        assert not ranked.is_set(), "set_rank waits for the teardown"
-        release.set()
-        wait_until(ranked.is_set, 30, "set_rank after the teardown")
-        assert not dist.is_initialized()
-    finally:
-        release.set()
-        if worker._thread is not None:
-            worker._thread.join(30)
-        torch.set_num_threads(threads)
+    start(peer_died)
+    poll = worker.poll()
+    assert poll.state == "errored" and "a peer died" in str(poll.error), "said before the teardown"
+    setter = threading.Thread(target=lambda: (worker.set_rank(RankInfo(0, 0, 1, 1, 0)), ranked.set()), daemon=True)
+    setter.start()
+    setter.join(0.5)
+    assert not ranked.is_set(), "set_rank waits for the teardown"
+    release.set()
+    wait_until(ranked.is_set, 30, "set_rank after the teardown")
+    assert not dist.is_initialized()
 
 
-def test_a_paused_worker_says_so_only_once_its_process_group_is_gone(monkeypatch, worker):
+def test_a_paused_worker_says_so_only_once_its_process_group_is_gone(worker, held_teardown):
     """An in-place resize gives a worker a new rank as soon as it sees it paused: the
-    state changes after the old process group is torn down (a real gloo group of one,
-    its teardown held back here), so set_rank then never finds the loop still running."""
-    import torch
+    state changes after the old process group is torn down (held back here), so set_rank
+    then never finds the loop still running."""
     import torch.distributed as dist
 
-    from raylight.worker_group.worker import StartSpec
-
-    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GLOO_SOCKET_IFNAME"):
-        monkeypatch.setenv(key, "")  # the worker sets them for its loop; put back after
-    tearing, release, destroy = threading.Event(), threading.Event(), dist.destroy_process_group
-
-    def held_back_teardown(*args, **kwargs):
-        tearing.set()
-        release.wait(30)
-        return destroy(*args, **kwargs)
-
-    monkeypatch.setattr(dist, "destroy_process_group", held_back_teardown)
-    threads = torch.get_num_threads()
-    try:
-        port = worker.open_store("127.0.0.1", 1, 10.0)
-        spec = StartSpec(
-            entry=lambda fn, config, **kw: "paused", master_addr="127.0.0.1", master_port=port, backend="gloo",
-            threads=threads, use_gpu=False, collective_timeout_s=30, cuda_visible_devices=None, loopback=True,
-            checkpoint_path=None, checkpoint_meta=None,
-        )
-        worker.start(None, None, spec, None)
-        wait_until(tearing.is_set, 30, "the old group's teardown")
-        assert worker.poll().state == "running", "paused while its process group still exists"
-        release.set()
-        wait_until(lambda: worker.poll().state == "paused", 30, "the paused state")
-        assert not dist.is_initialized()
-        worker.set_rank(RankInfo(0, 0, 1, 1, 0))  # refused while the loop's thread ran
-    finally:
-        release.set()
-        if worker._thread is not None:
-            worker._thread.join(30)
-        torch.set_num_threads(threads)
+    start, release = held_teardown
+    start(lambda fn, config, **kw: "paused")
+    assert worker.poll().state == "running", "paused while its process group still exists"
+    release.set()
+    wait_until(lambda: worker.poll().state == "paused", 30, "the paused state")
+    assert not dist.is_initialized()
+    worker.set_rank(RankInfo(0, 0, 1, 1, 0))  # refused while the loop's thread ran
 
 
 def _report_in_a_thread(worker, reports):

@@ -75,6 +75,11 @@ MAX_PENDING_CHECKPOINTS = 16
 MAX_PENDING_CHECKPOINT_BYTES = 256 * 1024**2
 
 
+def _carries_checkpoint(report: Report) -> bool:
+    """Rank 0's report with its checkpoint's bytes, or another rank's copy of one."""
+    return report.checkpoint is not None or report.has_checkpoint
+
+
 def freeze_long_lived(point: str) -> None:
     """Move every object alive now out of the garbage collector's reach, once per worker
     process for each ``point``: "start" (torch, Ray and the user's module imported) and
@@ -419,14 +424,14 @@ class RaylightWorker:
     # -- ReportSink for the TrainContext ---------------------------------------------
     def report(self, report: Report) -> None:
         with self._lock:
-            if report.checkpoint is not None or report.has_checkpoint:
+            if _carries_checkpoint(report):
                 self._taken.wait_for(lambda: self._room_for(len(report.checkpoint or b"")))
             self._reports.append(report)
             self._last_progress = monotonic()
 
     def _room_for(self, size: int) -> bool:
         """Whether a checkpoint of ``size`` bytes fits beside those held (one always does)."""
-        held = [r for r in self._reports if r.checkpoint is not None or r.has_checkpoint]
+        held = [r for r in self._reports if _carries_checkpoint(r)]
         total = size + sum(len(r.checkpoint) for r in held if r.checkpoint is not None)
         return not held or (len(held) < MAX_PENDING_CHECKPOINTS and total <= MAX_PENDING_CHECKPOINT_BYTES)
 
