@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: run run-digits test lint unit bench bench-adaptive bench-declarative bench-lightning bench-adversarial bench-strategies bench-cluster bench-launch clean
+.PHONY: run run-digits test lint unit bench bench-adaptive bench-declarative bench-lightning bench-adversarial bench-strategies bench-cluster bench-launch bench-tune clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,10 @@ bench-cluster: $(STAMP)
 bench-launch: $(STAMP)
 	$(PIP) install -q -c constraints.txt -e ".[bench]"
 	$(PY) bench/launch.py
+
+bench-tune: $(STAMP)
+	$(PIP) install -q -c constraints.txt -e ".[bench,tune]"
+	$(PY) bench/tune_trials.py
 
 bench-lightning: $(STAMP)
 	$(PIP) install -q -c constraints.txt -e ".[bench,lightning]"

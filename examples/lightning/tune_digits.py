@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         trainable,
         param_space={"lr": tune.loguniform(1e-3, 0.3), "hidden": tune.choice([32, 64])},
         tune_config=tune.TuneConfig(
-            metric="loss", mode="min", num_samples=args.num_samples, max_concurrent_trials=plan.max_concurrent
+            metric="loss", mode="min", num_samples=args.num_samples, max_concurrent_trials=plan.max_concurrent,
+            reuse_actors=True,  # the next trial runs in this trial's process, on its warm workers
         ),
         run_config=tune.RunConfig(
             name="lightning-digits",

@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> dict:
             search_alg=tune.search.BasicVariantGenerator(random_state=args.seed),
             max_concurrent_trials=plan.max_concurrent,
             scheduler=tune.schedulers.ASHAScheduler(max_t=args.epochs, grace_period=1, reduction_factor=2),
+            reuse_actors=True,  # the next trial runs in this trial's process, on its warm workers
         ),
         run_config=tune.RunConfig(storage_path=args.storage or tempfile.mkdtemp(prefix="digits-tune-"), name="tune_digits", verbose=1),
     )

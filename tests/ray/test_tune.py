@@ -22,7 +22,7 @@ import raylight.tune as rt
 from raylight.declarative.loading import load_config
 from raylight.exceptions import InsufficientResourcesError
 from tests.conftest import REPO
-from tests.ray.tune_loops import long_loop, offset_loop, pbt_loop, sharded_loop
+from tests.ray.tune_loops import long_loop, offset_loop, pbt_loop, pid_loop, sharded_loop
 
 sys.path.insert(0, os.path.join(REPO, "examples", "declarative"))
 from make_datasets import write_all
@@ -50,7 +50,8 @@ def test_pbt_restores_checkpoints(ray_cluster, tmp_path):
     """Two 1-worker trials side by side: the slow one exploits the fast one's raylight
     checkpoint (through a ray.tune.Checkpoint) and continues from its score. Epochs are
     long (real work, ~1-2 s) and PBT may act at every one, so the trials' start-up skew
-    cannot make both finish before PBT sees them side by side."""
+    cannot make both finish before PBT sees them side by side. With reuse_actors, as Tune
+    advises for PBT, the exploit resets the slow trial's process and restores in it."""
     trainable = rt.trainable(pbt_loop, num_workers=1, base_config={"epochs": 5, "steps": 8000})
     pbt = tune.schedulers.PopulationBasedTraining(
         time_attr="training_iteration", perturbation_interval=1, quantile_fraction=0.5,
@@ -59,7 +60,7 @@ def test_pbt_restores_checkpoints(ray_cluster, tmp_path):
     grid = tune.Tuner(
         trainable,
         param_space={"rate": tune.grid_search([1.0, 0.0])},
-        tune_config=tune.TuneConfig(metric="score", mode="max", scheduler=pbt),
+        tune_config=tune.TuneConfig(metric="score", mode="max", scheduler=pbt, reuse_actors=True),
         run_config=_run_config(tmp_path, "pbt"),
     ).fit()
     assert not grid.errors
@@ -102,6 +103,25 @@ def test_a_sharded_trial_fails_once_resumes_from_its_tune_checkpoint_and_ends_eq
     got, want = restored.load()["model"], ds.reference()
     for key in want:  # the one-process reference; 1e-5 as in tests/ray/test_deepspeed.py
         assert torch.allclose(got[key].float(), want[key], atol=1e-5, rtol=0), key
+
+
+@pytest.mark.beside
+def test_trials_in_a_reused_trial_process_take_the_last_trials_workers(ray_cluster, tmp_path):
+    """TuneConfig(reuse_actors=True), trials one after another: Tune gives each the trial
+    process the last one ran in, and raylight's worker pool gives it the worker process
+    the last trial's run ended with, instead of starting new ones (docs/tune.md)."""
+    trainable = rt.trainable(pid_loop, num_workers=1)
+    grid = tune.Tuner(
+        trainable,
+        param_space={"seed": tune.grid_search([0, 1, 2])},
+        tune_config=tune.TuneConfig(metric="loss", mode="min", max_concurrent_trials=1, reuse_actors=True),
+        run_config=_run_config(tmp_path, "reused"),
+    ).fit()
+    assert not grid.errors, grid.errors
+    rows = [row for r in grid for row in _reported(r)]
+    assert len({r["trial_id"] for r in rows}) == 3 and all(r["loss"] >= 0 for r in rows), rows
+    assert len({r["pid"] for r in rows}) == 1, f"a trial started in a new trial process: {rows}"
+    assert len({r["worker_pid"] for r in rows}) == 1, f"a trial started new worker processes: {rows}"
 
 
 def test_time_budget_stops_search(ray_cluster, tmp_path):

@@ -19,6 +19,18 @@ def offset_loop(ctx, config):
         ctx.report({"epoch": epoch, "loss": ctx.all_reduce(total) + config["offset"]})
 
 
+def pid_loop(ctx, config):
+    """A few real SGD steps; each report names the worker process that ran them."""
+    import os
+
+    model = ctx.prepare_model(initial_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    loader = ctx.prepare_loader(regression_data(64), batch_size=16, shuffle=True, seed=config["seed"])
+    for epoch in ctx.epochs(2):
+        total = train_epoch(model, opt, loader)
+        ctx.report({"epoch": epoch, "loss": ctx.all_reduce(total), "worker_pid": os.getpid()})
+
+
 def pbt_loop(ctx, config):
     """``score`` grows by ``rate`` per epoch and lives in the checkpoint, so a trial
     restored from another's checkpoint continues from the donor's score."""
