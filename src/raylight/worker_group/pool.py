@@ -60,7 +60,8 @@ def _cluster() -> str | None:
         return "client"
 
 
-def _kill(actor: Any) -> None:
+def kill_quietly(actor: Any) -> None:
+    """``ray.kill`` that ignores an actor already gone, or a Ray shutting down."""
     import ray
 
     with contextlib.suppress(Exception):  # already gone, or Ray is shutting down
@@ -106,7 +107,7 @@ class WorkerPool:
                 atexit.register(self.clear)
                 self._exit_hook = True
         for actor in evicted:
-            _kill(actor)
+            kill_quietly(actor)
 
     def clear(self) -> int:
         """Kill every idle worker now; returns how many there were."""
@@ -118,7 +119,7 @@ class WorkerPool:
         here = _cluster()
         if here is not None and here == self._cluster:
             for entry in idle:
-                _kill(entry.actor)
+                kill_quietly(entry.actor)
         return len(idle)
 
     def _forget_other_cluster(self) -> None:
@@ -146,7 +147,7 @@ class WorkerPool:
             self._schedule()
         if same:
             for entry in expired:
-                _kill(entry.actor)
+                kill_quietly(entry.actor)
         if expired:
             log.debug("killed %d idle worker(s) after their idle timeout", len(expired))
 

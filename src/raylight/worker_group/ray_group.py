@@ -41,7 +41,7 @@ from raylight.exceptions import InsufficientResourcesError, WorkerStartError
 from raylight.storage import checkpoint_name
 from raylight.strategies import build_strategy
 from raylight.strategies.base import worker_env
-from raylight.worker_group.pool import POOL, pool_key
+from raylight.worker_group.pool import POOL, kill_quietly, pool_key
 from raylight.worker_group.protocol import (
     CheckpointTarget,
     GroupPoll,
@@ -546,15 +546,13 @@ class RayWorkerGroup:
             self._get(spare.refs, self._failure.worker_start_timeout_s, "warm up (the spare)")
         except WorkerStartError as exc:
             log.warning("the warm spare is not usable (%s); starting a new worker", exc)
-            with contextlib.suppress(Exception):
-                ray.kill(spare.actor, no_restart=True)
+            kill_quietly(spare.actor)
             return -1, None
         return at, spare
 
     def _drop_spare(self) -> None:
         if self._spare is not None:
-            with contextlib.suppress(Exception):
-                ray.kill(self._spare.actor, no_restart=True)
+            kill_quietly(self._spare.actor)
             self._spare = None
 
     def _launch(
@@ -813,8 +811,7 @@ class RayWorkerGroup:
                     return ResizeOutcome("fallback", reports, str(exc), shadow, adopted, stopped_at, stopped_wall, phases)
                 log.warning("%s; resizing in place without them", exc)
                 for m in exc.members:
-                    with contextlib.suppress(Exception):
-                        ray.kill(m.actor, no_restart=True)
+                    kill_quietly(m.actor)
             except WorkerStartError as exc:
                 return ResizeOutcome("fallback", reports, str(exc), shadow, adopted, stopped_at, stopped_wall, phases)
         phases["launch_s"] = monotonic() - launch_began
@@ -979,8 +976,7 @@ class RayWorkerGroup:
         pgs = self._pgs
         for m in self._members:
             if id(m.actor) not in pooled:
-                with contextlib.suppress(Exception):  # already dead
-                    ray.kill(m.actor, no_restart=True)
+                kill_quietly(m.actor)
         self._members = []
         self._pgs = []
         for pg in pgs:
