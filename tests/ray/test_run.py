@@ -9,10 +9,12 @@ Most cases call ``launch`` in this process on the session's Ray; the CLI's own c
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -26,8 +28,8 @@ EXAMPLE = os.path.join(REPO, "examples", "launch", "ddp_torchrun.py")
 TIMEOUT = 300
 
 
-def _cli(*args: str, **kwargs) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.path.join(REPO, "src")}
+def _cli(*args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.path.join(REPO, "src"), **(env or {})}
     kwargs.setdefault("stderr", subprocess.PIPE)
     return subprocess.Popen(
         [sys.executable, "-m", "raylight.cli", "run", *args], stdout=subprocess.PIPE, text=True, env=env, cwd=REPO,
@@ -144,6 +146,9 @@ def test_a_rank_that_never_initialises_is_named(ray_cluster, tmp_path, capsys):
 
 
 def test_cli_usage_errors_exit_2(tmp_path):
+    """Each exits 2 naming the fix, before starting the embedded Ray (whether the
+    workers fit it is known from this machine's CPUs): no Ray to wait for, none left."""
+    ray_tmp = tempfile.mkdtemp(prefix="rl-usage-", dir="/tmp")  # where a Ray started here would live
     cases = [
         (["-n", "0", EXAMPLE], "-n/--nproc must be a number of workers >= 1"),
         (["-n", "2", str(tmp_path / "missing.py")], "missing.py' does not exist"),
@@ -152,11 +157,14 @@ def test_cli_usage_errors_exit_2(tmp_path):
         (["-n", "2:2", "--cpus", "2", EXAMPLE], "2 workers x {CPU: 2} need {CPU: 4}"),
         (["--bogus", EXAMPLE], "no such option '--bogus'"),
     ]
-    procs = [_cli(*args) for args, _ in cases]
+    procs = [_cli(*args, env={"RAY_TMPDIR": ray_tmp}) for args, _ in cases]
     for proc, (args, expected) in zip(procs, cases, strict=True):
         _, err = proc.communicate(timeout=TIMEOUT)
         assert proc.returncode == 2, (args, err)
         assert expected in " ".join(err.split()), (args, err)
+    started = os.listdir(ray_tmp)
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert not started, f"a usage error started Ray: {started}"
 
 
 def test_cli_on_a_cluster_address_ctrl_c_stops_every_worker(ray_cluster, tmp_path):
