@@ -262,6 +262,59 @@ def test_a_survivor_lost_while_the_group_re_forms_is_left_out_and_the_resize_sta
     assert {m["workers"] for m in epochs} <= {3, 1} and epochs[-1]["workers"] == 1, epochs
 
 
+@pytest.mark.beside  # no deadline a slower CPU could trip (tests/conftest.py)
+def test_a_shrink_keeps_a_reserve_until_the_group_re_forms(ray_cluster, tmp_path, monkeypatch):
+    """The scaling policy shrinks 3 workers to 1 in place; the one kept dies after pausing
+    and before taking its rank. Another of the three, which holds the state too and was
+    kept aside until the group re-formed, takes its place: the resize stays in place
+    instead of restarting from the checkpoint. Every epoch still sees every sample once."""
+    from raylight.controller.decisions import Resize
+    from raylight.controller.scaling import GoodputScalingPolicy
+    from raylight.worker_group.ray_group import RayWorkerGroup
+
+    decide, asked = GoodputScalingPolicy.decide, []
+
+    def shrink_once(self, view):
+        out = decide(self, view)
+        trained = view.poll.polls and all(p.progress.batches_since_start >= 8 for p in view.poll.polls)
+        if view.num_workers == 3 and trained and not asked:
+            asked.append(view.now)
+            return [*out, Resize(1, "the test asks for one worker")]
+        return out
+
+    launch, lost = RayWorkerGroup._launch, []
+
+    def launch_losing_the_kept_one(self, members, **kwargs):
+        if kwargs.get("broadcast") is not None and not lost:  # the resize's launch
+            gone = members[0]
+            lost.append(gone.node["pid"])
+            ray.kill(gone.actor, no_restart=True)
+            wait_until(lambda: _dead(gone.actor), 30, "the kept worker's death")
+        return launch(self, members, **kwargs)
+
+    monkeypatch.setattr(GoodputScalingPolicy, "decide", shrink_once)
+    monkeypatch.setattr(RayWorkerGroup, "_launch", launch_losing_the_kept_one)
+    run_dir, stop = str(tmp_path / "reserve"), tmp_path / "stop"
+    trainer = raylight.Trainer(
+        loops.elastic_loop,
+        train_loop_config={"batch_size": 16, "epochs": 10_000, "objects": True, "checkpoint_every": 3, "stop_file": str(stop)},
+        config=TrainerConfig(
+            scaling=ScalingConfig(
+                num_workers=(1, 3), resources_per_worker={"CPU": 0.5}, scaling_policy="max",
+                resize_interval_s=3600, warm_spare=False,
+            ),
+            run=RunConfig(storage_path=str(tmp_path), name="reserve", progress=False),
+        ),
+    )
+    result = _fit_until_resized(trainer, run_dir, stop, resizes=1, what="the shrink")
+    assert asked and len(lost) == 1
+    assert result.num_failures == 0
+    resize = result.resizes[0]
+    assert (resize["from"], resize["to"], resize["kind"]) == (3, 1, "in_place"), resize
+    epochs = assert_exact_coverage(result.metrics_history)
+    assert {m["workers"] for m in epochs} <= {3, 1} and epochs[-1]["workers"] == 1, epochs
+
+
 def test_elastic_reserve_places_fewer_when_the_cluster_cannot_place_all(ray_cluster):
     """What an elastic start does when free resources read a moment earlier are gone:
     it asks for 2, Ray cannot place them (a blocker holds 1 of the 2 CPUs), and it takes

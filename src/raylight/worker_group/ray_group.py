@@ -16,6 +16,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -780,45 +781,65 @@ class RayWorkerGroup:
         keep_ranks = ([holders[0]] if holders else []) + [r for r in sorted(live) if r not in holders[:1]]
         if not keep_ranks:
             return ResizeOutcome("fallback", reports, "no live worker left", shadow, None, stopped_at, stopped_wall, phases)
+        # Live workers beyond the new size that could stand in for a kept one (they hold
+        # the state, where there is one) go only once the group has re-formed: a kept one
+        # can still die before taking its rank.
+        reserve_ranks = [r for r in keep_ranks[num_workers:] if commit < 0 or r in holders]
+        reserves = [self._members[r] for r in reserve_ranks]
         keep_ranks = keep_ranks[:num_workers]
         for rank in sorted(live):
-            if rank not in keep_ranks:
+            if rank not in keep_ranks and rank not in reserve_ranks:
                 ray.kill(self._members[rank].actor, no_restart=True)
-        survivors = [self._members[r] for r in keep_ranks]
-        holding = {id(self._members[r]) for r in holders}  # each rank of an elastic run keeps its copy
-        for extra in added[max(0, num_workers - len(survivors)) :]:
-            ray.kill(extra.actor, no_restart=True)
-        added = added[: max(0, num_workers - len(survivors))]
-        short = num_workers - len(survivors) - len(added)
-        self._members = survivors + added  # the bundles of those removed are free again
-        if short > 0:  # replace workers lost or hung while stopping (their bundles are free)
-            try:
-                added += self._spawn(short, wait_s=self._grow_wait_s())
-            except (InsufficientResourcesError, WorkerStartError) as exc:
-                log.warning("could not replace %d worker(s) (%s); continuing with %d", short, exc, len(survivors) + len(added))
-        launch_began = monotonic()
-        members = survivors + added
-        while True:
-            try:
-                self._launch(members, broadcast=commit if commit >= 0 else None, threads=threads, plan=plan, target=target)
-                break
-            except MembersLostError as exc:
-                # A survivor that was paused a moment ago can still die (its node went
-                # too): go on without it, from another that holds the state if it held it.
-                members = [m for m in members if m not in exc.members]
-                members.sort(key=lambda m: id(m) not in holding)  # stable: a holder first
-                if not members or (commit >= 0 and id(members[0]) not in holding):
+        with self._killed_unless_members(list(reserves)):
+            survivors = [self._members[r] for r in keep_ranks]
+            holding = {id(self._members[r]) for r in holders}  # each rank of an elastic run keeps its copy
+            for extra in added[max(0, num_workers - len(survivors)) :]:
+                ray.kill(extra.actor, no_restart=True)
+            added = added[: max(0, num_workers - len(survivors))]
+            short = num_workers - len(survivors) - len(added)
+            self._members = survivors + added  # the bundles of those removed are free again
+            if short > 0:  # replace workers lost or hung while stopping (their bundles are free)
+                try:
+                    added += self._spawn(short, wait_s=self._grow_wait_s())
+                except (InsufficientResourcesError, WorkerStartError) as exc:
+                    log.warning("could not replace %d worker(s) (%s); continuing with %d", short, exc, len(survivors) + len(added))
+            launch_began = monotonic()
+            members = survivors + added
+            while True:
+                try:
+                    self._launch(members, broadcast=commit if commit >= 0 else None, threads=threads, plan=plan, target=target)
+                    break
+                except MembersLostError as exc:
+                    # A survivor that was paused a moment ago can still die (its node went
+                    # too): go on without it, from another that holds the state if it held it.
+                    wanted = len(members)
+                    members = [m for m in members if m not in exc.members]
+                    while reserves and len(members) < wanted:  # a reserve takes a lost one's place
+                        members.append(reserves.pop(0))
+                    members.sort(key=lambda m: id(m) not in holding)  # stable: a holder first
+                    if not members or (commit >= 0 and id(members[0]) not in holding):
+                        return ResizeOutcome("fallback", reports, str(exc), shadow, adopted, stopped_at, stopped_wall, phases)
+                    log.warning("%s; resizing in place without them", exc)
+                    for m in exc.members:
+                        kill_quietly(m.actor)
+                except WorkerStartError as exc:
                     return ResizeOutcome("fallback", reports, str(exc), shadow, adopted, stopped_at, stopped_wall, phases)
-                log.warning("%s; resizing in place without them", exc)
-                for m in exc.members:
+            phases["launch_s"] = monotonic() - launch_began
+            self._release_unused_groups()
+            return ResizeOutcome(
+                "in_place", reports, shadow=shadow, adopted=adopted, stopped_at=stopped_at, stopped_wall=stopped_wall, phases=phases
+            )
+
+    @contextlib.contextmanager
+    def _killed_unless_members(self, workers: list[_Member]) -> Iterator[None]:
+        """On the way out, kill those of ``workers`` that did not become members."""
+        try:
+            yield
+        finally:
+            kept = {id(m) for m in self._members}
+            for m in workers:
+                if id(m) not in kept:
                     kill_quietly(m.actor)
-            except WorkerStartError as exc:
-                return ResizeOutcome("fallback", reports, str(exc), shadow, adopted, stopped_at, stopped_wall, phases)
-        phases["launch_s"] = monotonic() - launch_began
-        self._release_unused_groups()
-        return ResizeOutcome(
-            "in_place", reports, shadow=shadow, adopted=adopted, stopped_at=stopped_at, stopped_wall=stopped_wall, phases=phases
-        )
 
     def _grow_wait_s(self) -> float:
         """How long a resize waits for a new placement group before going on with what
