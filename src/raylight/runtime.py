@@ -38,6 +38,14 @@ AUTH_MODE_ENV = "RAY_AUTH_MODE"
 LAUNCHER_HEAD_FILE = "~/ray_bootstrap_config.yaml"
 
 
+# Ray prestarts one idle worker process per CPU when the first driver connects. On the
+# embedded cluster raylight's workers did not land on them (Ray had killed them as idle
+# by then, and started new processes), so they only cost CPU while Ray and the run start,
+# and kept polling while idle (~0.6 CPU-s a minute each, measured). Ray starts a worker
+# when a task or actor needs one either way. docs/performance.md.
+EMBEDDED_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
+
+
 @dataclass(frozen=True)
 class RayRuntime:
     embedded: bool  # started by raylight in this process: no autoscaler, fixed resources
@@ -75,6 +83,7 @@ def start_embedded(
         logging_level=verbosity.before_ray_starts(),  # Ray's INFO lines only when verbose
         object_store_memory=object_store_memory,
         _temp_dir=temp_dir,
+        _system_config=EMBEDDED_SYSTEM_CONFIG,
     )
     address = ray.get_runtime_context().gcs_address
     _started_embedded[:] = [address]
