@@ -216,6 +216,46 @@ def _dead(actor) -> bool:
     return False
 
 
+def _shrunk_in_place_to_one(tmp_path, monkeypatch, name, victim, **loop_config):
+    """A 3-worker elastic run (half a CPU each, no regrowth) whose resize loses a
+    survivor after it paused and before it took its new rank: ``victim(members)`` (the
+    members about to be launched, the one to broadcast the state first) is killed then.
+    Runs until that resize and checks it went on in place with one worker, every epoch
+    seeing every sample once; returns the Result."""
+    from raylight.worker_group.ray_group import RayWorkerGroup
+
+    launch, lost = RayWorkerGroup._launch, []
+
+    def launch_losing_a_survivor(self, members, **kwargs):
+        if kwargs.get("broadcast") is not None and not lost:  # the resize's launch
+            gone = victim(members)
+            lost.append(gone.node["pid"])
+            ray.kill(gone.actor, no_restart=True)
+            wait_until(lambda: _dead(gone.actor), 30, "the survivor's death")
+        return launch(self, members, **kwargs)
+
+    monkeypatch.setattr(RayWorkerGroup, "_launch", launch_losing_a_survivor)
+    run_dir, stop = str(tmp_path / name), tmp_path / "stop"
+    trainer = raylight.Trainer(
+        loops.elastic_loop,
+        train_loop_config={"batch_size": 16, "epochs": 10_000, "objects": True, "checkpoint_every": 3, "stop_file": str(stop), **loop_config},
+        config=TrainerConfig(
+            scaling=ScalingConfig(
+                num_workers=(1, 3), resources_per_worker={"CPU": 0.5}, scaling_policy="max",
+                resize_interval_s=3600, warm_spare=False,
+            ),
+            run=RunConfig(storage_path=str(tmp_path), name=name, progress=False),
+        ),
+    )
+    result = _fit_until_resized(trainer, run_dir, stop, resizes=1, what="the shrink")
+    assert len(lost) == 1 and result.num_failures == 0
+    resize = result.resizes[0]
+    assert (resize["from"], resize["to"], resize["kind"]) == (3, 1, "in_place"), resize
+    epochs = assert_exact_coverage(result.metrics_history)
+    assert {m["workers"] for m in epochs} <= {3, 1} and epochs[-1]["workers"] == 1, epochs
+    return result
+
+
 @pytest.mark.beside  # no deadline a slower CPU could trip (tests/conftest.py)
 @pytest.mark.parametrize("victim", ["the_one_to_restore_from", "another"])
 def test_a_survivor_lost_while_the_group_re_forms_is_left_out_and_the_resize_stays_in_place(ray_cluster, tmp_path, monkeypatch, victim):
@@ -225,41 +265,11 @@ def test_a_survivor_lost_while_the_group_re_forms_is_left_out_and_the_resize_sta
     place with the one left (every rank of an elastic run keeps its copy of the state)
     instead of restarting everyone from the checkpoint; every epoch still sees every
     sample exactly once."""
-    from raylight.worker_group.ray_group import RayWorkerGroup
-
-    launch, lost = RayWorkerGroup._launch, []
-
-    def launch_losing_a_survivor(self, members, **kwargs):
-        if kwargs.get("broadcast") is not None and not lost:  # the resize's launch
-            gone = members[0 if victim == "the_one_to_restore_from" else -1]
-            lost.append(gone.node["pid"])
-            ray.kill(gone.actor, no_restart=True)
-            wait_until(lambda: _dead(gone.actor), 30, "the survivor's death")
-        return launch(self, members, **kwargs)
-
-    monkeypatch.setattr(RayWorkerGroup, "_launch", launch_losing_a_survivor)
-    run_dir, stop = str(tmp_path / "lost"), tmp_path / "stop"
-    trainer = raylight.Trainer(
-        loops.elastic_loop,
-        train_loop_config={
-            "batch_size": 16, "epochs": 10_000, "objects": True, "checkpoint_every": 3,
-            "kills": [[2, 8]], "marker": str(tmp_path / "killed"), "stop_file": str(stop),
-        },
-        config=TrainerConfig(
-            scaling=ScalingConfig(
-                num_workers=(1, 3), resources_per_worker={"CPU": 0.5}, scaling_policy="max",
-                resize_interval_s=3600, warm_spare=False,
-            ),
-            run=RunConfig(storage_path=str(tmp_path), name="lost", progress=False),
-        ),
+    _shrunk_in_place_to_one(
+        tmp_path, monkeypatch, "lost", lambda members: members[0 if victim == "the_one_to_restore_from" else -1],
+        kills=[[2, 8]], marker=str(tmp_path / "killed"),
     )
-    result = _fit_until_resized(trainer, run_dir, stop, resizes=1, what="the shrink")
-    assert (tmp_path / "killed0").exists() and len(lost) == 1
-    assert result.num_failures == 0
-    resize = result.resizes[0]
-    assert (resize["from"], resize["to"], resize["kind"]) == (3, 1, "in_place"), resize
-    epochs = assert_exact_coverage(result.metrics_history)
-    assert {m["workers"] for m in epochs} <= {3, 1} and epochs[-1]["workers"] == 1, epochs
+    assert (tmp_path / "killed0").exists()
 
 
 @pytest.mark.beside  # no deadline a slower CPU could trip (tests/conftest.py)
@@ -270,7 +280,6 @@ def test_a_shrink_keeps_a_reserve_until_the_group_re_forms(ray_cluster, tmp_path
     instead of restarting from the checkpoint. Every epoch still sees every sample once."""
     from raylight.controller.decisions import Resize
     from raylight.controller.scaling import GoodputScalingPolicy
-    from raylight.worker_group.ray_group import RayWorkerGroup
 
     decide, asked = GoodputScalingPolicy.decide, []
 
@@ -282,37 +291,9 @@ def test_a_shrink_keeps_a_reserve_until_the_group_re_forms(ray_cluster, tmp_path
             return [*out, Resize(1, "the test asks for one worker")]
         return out
 
-    launch, lost = RayWorkerGroup._launch, []
-
-    def launch_losing_the_kept_one(self, members, **kwargs):
-        if kwargs.get("broadcast") is not None and not lost:  # the resize's launch
-            gone = members[0]
-            lost.append(gone.node["pid"])
-            ray.kill(gone.actor, no_restart=True)
-            wait_until(lambda: _dead(gone.actor), 30, "the kept worker's death")
-        return launch(self, members, **kwargs)
-
     monkeypatch.setattr(GoodputScalingPolicy, "decide", shrink_once)
-    monkeypatch.setattr(RayWorkerGroup, "_launch", launch_losing_the_kept_one)
-    run_dir, stop = str(tmp_path / "reserve"), tmp_path / "stop"
-    trainer = raylight.Trainer(
-        loops.elastic_loop,
-        train_loop_config={"batch_size": 16, "epochs": 10_000, "objects": True, "checkpoint_every": 3, "stop_file": str(stop)},
-        config=TrainerConfig(
-            scaling=ScalingConfig(
-                num_workers=(1, 3), resources_per_worker={"CPU": 0.5}, scaling_policy="max",
-                resize_interval_s=3600, warm_spare=False,
-            ),
-            run=RunConfig(storage_path=str(tmp_path), name="reserve", progress=False),
-        ),
-    )
-    result = _fit_until_resized(trainer, run_dir, stop, resizes=1, what="the shrink")
-    assert asked and len(lost) == 1
-    assert result.num_failures == 0
-    resize = result.resizes[0]
-    assert (resize["from"], resize["to"], resize["kind"]) == (3, 1, "in_place"), resize
-    epochs = assert_exact_coverage(result.metrics_history)
-    assert {m["workers"] for m in epochs} <= {3, 1} and epochs[-1]["workers"] == 1, epochs
+    _shrunk_in_place_to_one(tmp_path, monkeypatch, "reserve", lambda members: members[0])
+    assert asked
 
 
 def test_elastic_reserve_places_fewer_when_the_cluster_cannot_place_all(ray_cluster):
