@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -20,16 +19,13 @@ import time
 import pytest
 
 from tests.cpu_log import pytest_runtest_protocol  # noqa: F401  (RAYLIGHT_TEST_CPU_LOG: CPU per test)
+from tests.helpers import use_venv_torch_extensions
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS_DIR)
 _SESSION_ENV: set[str] = set()
 
-# DeepSpeed's CPU Adam (ZeRO-Offload) is compiled by torch on first use, about a minute of
-# both cores. torch rebuilds it whenever the build flags change, and they hold the venv's
-# paths: with one cache for every venv, each checkout's run rebuilt what another's had
-# replaced. One cache per venv keeps each build.
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
+use_venv_torch_extensions()  # DeepSpeed's CPU Adam, built once per venv (tests/helpers.py)
 
 
 # `make test` (tests/suite.py) runs the suite as two pytest runs at once: these Ray-tier

@@ -6,9 +6,20 @@ import functools
 import json
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
+
+
+def use_venv_torch_extensions() -> str:
+    """Point torch's C++ extension cache at this venv (unless set) and return it.
+
+    DeepSpeed's CPU Adam (ZeRO-Offload) is compiled by torch on first use, about a minute
+    of both cores. torch rebuilds it whenever the build flags change, and they hold the
+    venv's paths: with one cache for every venv, each checkout's run rebuilt what another's
+    had replaced. One cache per venv keeps each build."""
+    return os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 
 
 def wait_until(cond: Callable[[], Any], timeout_s: float, what: str, proc: Any = None) -> None:

@@ -23,13 +23,14 @@ one of the two; each run starts its own embedded Ray.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 
-from tests.helpers import ctrl_c_reaches_child
+from tests.helpers import ctrl_c_reaches_child, use_venv_torch_extensions
 
 # Both runs take minutes and every test in them has pytest-timeout's limit; this bounds
 # the wait for the run beside once the front run has ended.
@@ -61,6 +62,31 @@ def _stop(procs: list[subprocess.Popen]) -> list[subprocess.Popen]:
     return running
 
 
+# DeepSpeed's CPU Adam, built the way a CPU rank loads it in tests/unit/test_deepspeed_gloo.py.
+_BUILD_CPU_ADAM = (
+    "from deepspeed.accelerator import get_accelerator; "
+    "get_accelerator().create_op_builder('CPUAdamBuilder').load(verbose=False)"
+)
+
+
+def _prebuild() -> subprocess.Popen | None:
+    """Start building DeepSpeed's CPU Adam beside both runs, at the run beside's priority.
+
+    torch compiles it on first use into this venv's extension cache: 46 s and 80 CPU-s on
+    this project's 2 cores, paid by every new venv (CI's, a fresh clone's) in the one test
+    that uses it, late in the run beside, which then ended a minute after the front run.
+    Started here, it overlaps the start of both runs; a test that gets there first waits
+    on torch's build lock. Where it is built already this only loads it. Its outcome does
+    not matter: a test that needs the op builds it, or fails, as before."""
+    if importlib.util.find_spec("deepspeed") is None:
+        return None
+    use_venv_torch_extensions()  # the runs inherit it: one cache
+    return subprocess.Popen(
+        [sys.executable, "-c", _BUILD_CPU_ADAM], env={**os.environ, "DS_ACCELERATOR": "cpu"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_lower_priority, start_new_session=True,
+    )
+
+
 def _interrupted(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -68,6 +94,7 @@ def _interrupted(signum: int, frame: object) -> None:
 def main(args: list[str]) -> int:
     signal.signal(signal.SIGTERM, _interrupted)  # stopped by a CI runner: stop both runs too
     pytest = [sys.executable, "-m", "pytest", *args]
+    build = _prebuild()
     with tempfile.NamedTemporaryFile("w+", prefix="raylight-tests-beside-", suffix=".log") as log:
         beside = subprocess.Popen(
             [*pytest, "-m", "beside", "-p", "no:cacheprovider"], stdout=log, stderr=subprocess.STDOUT,
@@ -88,6 +115,8 @@ def main(args: list[str]) -> int:
             print("\ninterrupted: stopping both runs", flush=True)
         finally:
             stopped = _stop([front, beside])
+            if build is not None:  # still going only when stopped early
+                _stop([build])  # Ctrl-C first: torch releases its build lock on the way out
         # A run that had ended before an interrupt keeps its own exit code.
         front_rc, beside_rc = (
             rc if proc in stopped or proc.returncode is None else proc.returncode
