@@ -22,6 +22,15 @@ def use_venv_torch_extensions() -> str:
     return os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this PID exists on this machine."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def wait_until(cond: Callable[[], Any], timeout_s: float, what: str, proc: Any = None) -> None:
     """Wait for a condition a test can observe (a file, a trace row), with a deadline.
     ``proc``: a subprocess whose early exit fails the wait at once."""

@@ -10,7 +10,7 @@ import pytest
 import raylight
 from raylight import ScalingConfig
 from raylight.worker_group.pool import POOL
-from tests.helpers import wait_until
+from tests.helpers import pid_alive, wait_until
 from tests.ray import pool_loops
 
 pytestmark = pytest.mark.timeout(120)
@@ -30,14 +30,6 @@ def _fit(loop, tmp_path, name, **kwargs):
 def _fit_with(scaling: ScalingConfig, loop, tmp_path):
     config = raylight.TrainerConfig(scaling=scaling, run=raylight.RunConfig(storage_path=str(tmp_path), progress=False))
     return raylight.Trainer(loop, config=config).fit()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_a_second_fit_runs_on_the_first_fit_s_processes_as_new_ones_would(pool, tmp_path):
@@ -60,7 +52,7 @@ def test_a_loop_that_leaves_a_thread_running_gets_new_processes_next_time(pool, 
     assert len(pool) == 0
     second = _fit(pool_loops.pid_loop, tmp_path, "second")
     assert set(second.metrics["pids"].split(",")).isdisjoint(first.metrics["pids"].split(","))
-    wait_until(lambda: not any(_alive(int(p)) for p in first.metrics["pids"].split(",")), 30, "the first run's workers to exit")
+    wait_until(lambda: not any(pid_alive(int(p)) for p in first.metrics["pids"].split(",")), 30, "the first run's workers to exit")
 
 
 def test_a_worker_whose_user_module_changed_on_disk_is_not_reused(pool, tmp_path):
@@ -85,12 +77,12 @@ def test_idle_workers_go_after_their_timeout_and_hold_no_resources_meanwhile(poo
     pids = [int(p) for p in first.metrics["pids"].split(",")]
     total = ray.cluster_resources()["CPU"]
     wait_until(lambda: ray.available_resources().get("CPU") == total, 5, "the run's placement group to be removed")
-    assert len(pool) == 2 and all(_alive(p) for p in pids), "idle workers live on, holding no CPU"
-    wait_until(lambda: not any(_alive(p) for p in pids), 30, "idle workers to be killed after idle_worker_timeout_s")
+    assert len(pool) == 2 and all(pid_alive(p) for p in pids), "idle workers live on, holding no CPU"
+    wait_until(lambda: not any(pid_alive(p) for p in pids), 30, "idle workers to be killed after idle_worker_timeout_s")
     assert len(pool) == 0
 
 
 def test_reuse_can_be_turned_off(pool, tmp_path):
     first = _fit_with(ScalingConfig(num_workers=2, reuse_workers=False), pool_loops.pid_loop, tmp_path)
     assert len(pool) == 0
-    wait_until(lambda: not any(_alive(int(p)) for p in first.metrics["pids"].split(",")), 30, "the workers to exit")
+    wait_until(lambda: not any(pid_alive(int(p)) for p in first.metrics["pids"].split(",")), 30, "the workers to exit")

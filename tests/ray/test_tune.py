@@ -22,7 +22,7 @@ import raylight.tune as rt
 from raylight.declarative.loading import load_config
 from raylight.exceptions import InsufficientResourcesError
 from tests.conftest import REPO
-from tests.helpers import wait_until
+from tests.helpers import pid_alive, wait_until
 from tests.ray.tune_loops import long_loop, offset_loop, pbt_loop, pid_loop, sharded_loop
 
 sys.path.insert(0, os.path.join(REPO, "examples", "declarative"))
@@ -124,15 +124,7 @@ def test_trials_in_a_reused_trial_process_take_the_last_trials_workers(ray_clust
     assert len({r["pid"] for r in rows}) == 1, f"a trial started in a new trial process: {rows}"
     assert len({r["worker_pid"] for r in rows}) == 1, f"a trial started new worker processes: {rows}"
     # The idle worker the trial process kept goes with it when the search ends.
-    wait_until(lambda: not _alive(rows[0]["worker_pid"]), 30, "the trial process's idle worker to exit")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    wait_until(lambda: not pid_alive(rows[0]["worker_pid"]), 30, "the trial process's idle worker to exit")
 
 
 def test_time_budget_stops_search(ray_cluster, tmp_path):

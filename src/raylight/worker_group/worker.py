@@ -66,11 +66,11 @@ class StartSpec:
 # The node type the autoscaler (v2, the fake multi-node provider, KubeRay) gave a node's raylet.
 NODE_TYPE_ENV = "RAY_NODE_TYPE_NAME"
 NOTICE_POLL_S = 5.0  # how often a worker reads its node's preemption notices (AWS advises 5 s)
+TEARDOWN_WAIT_S = 30.0  # set_rank's wait for an ended loop's process group to be torn down
 # Reports with checkpoints a worker holds for the driver before ``ctx.report`` waits for it
 # to take them (its next poll): the driver commits each, and a loop that reports faster
 # than that would otherwise grow the backlog (and this process's memory) without bound,
 # while the run's control decisions (resizes) wait behind it. Either limit stops it.
-TEARDOWN_WAIT_S = 30.0  # set_rank's wait for an ended loop's process group to be torn down
 MAX_PENDING_CHECKPOINTS = 16
 MAX_PENDING_CHECKPOINT_BYTES = 256 * 1024**2
 
