@@ -54,3 +54,10 @@ def module_loop(ctx, config):
 
 def pid_loop(ctx, config):
     ctx.report({"pids": _pids()})
+
+
+def sgd_pid_loop(ctx, config):
+    """tests.ray.loops.sgd_loop, also reporting its processes."""
+    from tests.ray import loops
+
+    loops.sgd_loop(ctx, {**config, "also_report": {"pids": _pids()}})

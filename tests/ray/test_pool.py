@@ -6,6 +6,7 @@ import os
 import time
 
 import pytest
+import torch
 
 import raylight
 from raylight import ScalingConfig
@@ -45,6 +46,20 @@ def test_a_second_fit_runs_on_the_first_fit_s_processes_as_new_ones_would(pool, 
     third = _fit(pool_loops.unseeded_loop, tmp_path, "third")
     assert set(third.metrics["pids"].split(",")).isdisjoint(first.metrics["pids"].split(","))
     assert len({first.metrics["draws"], second.metrics["draws"], third.metrics["draws"]}) == 3
+
+
+def test_an_fsdp_run_trains_on_the_last_fsdp_run_s_processes_as_on_new_ones(pool, tmp_path):
+    """FSDP leaves nothing in a process that the next run sees: the second run reuses both
+    processes and ends with the same parameters, bit for bit; a DDP run after it starts
+    new processes (sharded workers keep their malloc settings: the pool keeps them apart)."""
+    config = {"lr": 0.05, "batch_size": 32, "epochs": 2}
+    sharded = raylight.FSDP(min_block_params=1)  # every block its own FSDP unit and device mesh
+    first, second = (_fit(pool_loops.sgd_pid_loop, tmp_path, name, config=config, strategy=sharded) for name in ("a", "b"))
+    assert second.metrics["pids"] == first.metrics["pids"], "the second run reused both processes"
+    want, got = first.checkpoint.load()["model"], second.checkpoint.load()["model"]
+    assert want.keys() == got.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    replicated = _fit(pool_loops.pid_loop, tmp_path, "ddp")
+    assert set(replicated.metrics["pids"].split(",")).isdisjoint(first.metrics["pids"].split(","))
 
 
 def test_a_loop_that_leaves_a_thread_running_gets_new_processes_next_time(pool, tmp_path):

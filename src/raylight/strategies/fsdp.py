@@ -130,7 +130,10 @@ def full_tensors(state: Any) -> Any:
 class FSDPStrategy:
     name = "fsdp"
     replicated = False
-    reuses_process = False  # device meshes outlive the process group they were built on
+    # The device meshes and DTensors go with the loop's model; on CPU, DTensor's random ops
+    # draw from the process's generator (its GPU tracker is never set: GPU workers are not
+    # pooled); keep_heap_small's malloc settings stay, so the pool keys workers by strategy.
+    reuses_process = True
 
     def __init__(self, options: FSDP | None = None) -> None:
         self.options = options or FSDP()

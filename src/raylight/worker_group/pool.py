@@ -3,7 +3,7 @@
 A new worker is a new process that imports torch, Ray and the user's libraries: seconds,
 on every ``fit``, every Lightning ``fit/validate/test`` and every Tune trial. A run that
 ends cleanly hands its workers to this pool instead of killing them, and the next run on
-the same node, with the same worker runtime environment, takes them.
+the same node, with the same worker runtime environment and strategy, takes them.
 
 - Idle workers hold no Ray resources: pooled workers run as zero-CPU actors pinned to
   their node, and while they train the run's placement group bundle accounts for them
@@ -11,7 +11,7 @@ the same node, with the same worker runtime environment, takes them.
   actor when it is created.
 - Which processes come back is the worker's own decision when its run ends
   (``RaylightWorker.release``): only a loop that finished, under a strategy that keeps no
-  process-wide state (DDP, or none), that left no threads or child processes running; its
+  process-wide state (DDP, FSDP, or none), that left no threads or child processes running; its
   environment variables, torch's default dtype and RNG are put back as a new process has
   them. A worker whose user modules changed on disk since it imported them (a notebook
   user edited them) is not reused. Everything else is killed, as before.
@@ -45,8 +45,10 @@ class Idle:
     expires: float  # monotonic time it is killed at, unless taken first
 
 
-def pool_key(runtime_env: dict[str, Any] | None) -> str:
-    return json.dumps(runtime_env or {}, sort_keys=True)
+def pool_key(runtime_env: dict[str, Any] | None, strategy: str) -> str:
+    """Which idle workers a run may take: started with its runtime environment, and last
+    run under its strategy (a sharded strategy leaves malloc tuned for its buffers)."""
+    return json.dumps({"runtime_env": runtime_env or {}, "strategy": strategy}, sort_keys=True)
 
 
 def _cluster() -> str | None:

@@ -474,7 +474,7 @@ class RayWorkerGroup:
 
     @property
     def _pool_key(self) -> str:
-        return pool_key(self._runtime_env())
+        return pool_key(self._runtime_env(), self._scaling.strategy_name)
 
     @staticmethod
     def _bundle_nodes(slots: list[tuple[PlacementGroup, int]]) -> list[str | None]:
