@@ -53,7 +53,7 @@ def sgd_loop(ctx, config):
     _regression_epochs(model, opt, loader, config["epochs"])
     tunables = os.environ.get("GLIBC_TUNABLES")  # what the worker started with, if anything
     ctx.report(
-        {"world_size": ctx.world_size, **({"tunables": tunables} if tunables else {}), **config.get("also_report", {})},
+        {"world_size": ctx.world_size, **({"tunables": tunables} if tunables else {})},
         checkpoint={"model": ctx.unwrap_model(model).state_dict()},
     )
 

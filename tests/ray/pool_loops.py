@@ -56,8 +56,17 @@ def pid_loop(ctx, config):
     ctx.report({"pids": _pids()})
 
 
-def sgd_pid_loop(ctx, config):
-    """tests.ray.loops.sgd_loop, also reporting its processes."""
-    from tests.ray import loops
 
-    loops.sgd_loop(ctx, {**config, "also_report": {"pids": _pids()}})
+def adam_pid_loop(ctx, config):
+    """Two epochs of Adam on tests.ray.deepspeed_loops' model and data under the run's
+    strategy; checkpoints the prepared model and optimizer."""
+    from tests.ray import deepspeed_loops as ds
+    from tests.ray.loops import train_epoch
+
+    model = ctx.prepare_model(ds.initial_model())
+    opt = ctx.prepare_optimizer(torch.optim.Adam(model.parameters(), lr=ds.LR))
+    loader = ctx.prepare_loader(ds.data(), batch_size=ds.BATCH, shuffle=True)
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        train_epoch(model, opt, loader)
+    ctx.report({"pids": _pids()}, checkpoint={"model": model, "opt": opt})

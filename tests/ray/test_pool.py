@@ -48,16 +48,30 @@ def test_a_second_fit_runs_on_the_first_fit_s_processes_as_new_ones_would(pool, 
     assert len({first.metrics["draws"], second.metrics["draws"], third.metrics["draws"]}) == 3
 
 
-def test_an_fsdp_run_trains_on_the_last_fsdp_run_s_processes_as_on_new_ones(pool, tmp_path):
-    """FSDP leaves nothing in a process that the next run sees: the second run reuses both
-    processes and ends with the same parameters, bit for bit; a DDP run after it starts
-    new processes (sharded workers keep their malloc settings: the pool keeps them apart)."""
-    config = {"lr": 0.05, "batch_size": 32, "epochs": 2}
-    sharded = raylight.FSDP(min_block_params=1)  # every block its own FSDP unit and device mesh
-    first, second = (_fit(pool_loops.sgd_pid_loop, tmp_path, name, config=config, strategy=sharded) for name in ("a", "b"))
+SHARDED = {
+    "fsdp": lambda: raylight.FSDP(min_block_params=1),  # every block its own FSDP unit and device mesh
+    "zero2": lambda: raylight.DeepSpeed(stage=2),
+    "zero3": lambda: raylight.DeepSpeed(stage=3, config={"zero_optimization": {"stage3_param_persistence_threshold": 0}}),
+}
+
+
+@pytest.mark.parametrize("strategy", list(SHARDED))
+def test_a_sharded_run_trains_on_the_last_run_s_processes_as_on_new_ones(pool, tmp_path, strategy):
+    """FSDP and DeepSpeed leave nothing in a process that the next run sees (DeepSpeed's
+    process groups are released with the run's): the second run reuses both processes and
+    ends with the same parameters and optimizer state, bit for bit; a DDP run after it
+    starts new processes (sharded workers keep malloc tuned: the pool keeps them apart)."""
+    if strategy != "fsdp":
+        pytest.importorskip("deepspeed")
+    first, second = (
+        _fit(pool_loops.adam_pid_loop, tmp_path, name, strategy=SHARDED[strategy]()) for name in ("a", "b")
+    )
     assert second.metrics["pids"] == first.metrics["pids"], "the second run reused both processes"
-    want, got = first.checkpoint.load()["model"], second.checkpoint.load()["model"]
-    assert want.keys() == got.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    want, got = first.checkpoint.load(), second.checkpoint.load()
+    assert want["model"].keys() == got["model"].keys()
+    assert all(torch.equal(got["model"][k], want["model"][k]) for k in want["model"])
+    moments = [s["exp_avg"] for s in (want["opt"]["state"]["model.0.weight"], got["opt"]["state"]["model.0.weight"])]
+    assert torch.equal(*moments) and moments[0].abs().max() > 0
     replicated = _fit(pool_loops.pid_loop, tmp_path, "ddp")
     assert set(replicated.metrics["pids"].split(",")).isdisjoint(first.metrics["pids"].split(","))
 

@@ -223,6 +223,31 @@ def import_deepspeed() -> Any:
     return deepspeed
 
 
+def release_process_group() -> bool:
+    """Destroy the run's process group in a process where DeepSpeed ran, as a new process
+    finds it: through ``deepspeed.comm``, which then drops its own references to the group
+    and the subgroups it made (``deepspeed.utils.groups``), and with DeepSpeed's
+    communication backend dropped too (built for this run's rank and world size; the next
+    run's ``deepspeed.initialize`` builds its own). False where this DeepSpeed cannot drop
+    its references (the group is destroyed all the same, and the process is not reused)."""
+    import deepspeed.comm
+    from deepspeed.comm import comm
+    from deepspeed.utils import groups
+
+    if not hasattr(groups, "_release_process_group_references"):  # DeepSpeed before it had one
+        dist.destroy_process_group()
+        return False
+    deepspeed.comm.destroy_process_group()
+    comm.cdb = None
+    return True
+
+
+def holds_process_groups() -> bool:
+    """Whether DeepSpeed, if this process imported it, still holds a run's process group."""
+    comm = sys.modules.get("deepspeed.comm.comm")
+    return comm is not None and getattr(comm, "cdb", None) is not None
+
+
 def skip_shm_comm() -> None:
     """Keep DeepSpeed from building its shared-memory all-reduce when its communication
     backend starts (``deepspeed.comm``'s ``TorchBackend``, on the CPU accelerator): a C++
@@ -359,7 +384,7 @@ class DeepSpeedOptimizer(torch.optim.Optimizer):
 class DeepSpeedStrategy:
     name = "deepspeed"
     replicated = False  # gradients are reduced (ZeRO-2/3: partitioned) by the engine
-    reuses_process = False  # deepspeed.comm keeps its process group in module globals
+    reuses_process = True  # the worker tears its groups down through deepspeed.comm (release_process_group)
 
     def __init__(self, options: DeepSpeed | None = None) -> None:
         self.options = options or DeepSpeed()
@@ -453,7 +478,7 @@ class DeepSpeedStrategy:
         return full_tensors(state)
 
     def close(self) -> None:
-        pass  # the engine goes with the loop; deepspeed.comm's globals stay (reuses_process)
+        pass  # the engine goes with the loop; the worker releases deepspeed.comm's state
 
     def set_batch_layout(self, *, micro_batch: int, accumulation: int) -> None:
         self._layout = (micro_batch, accumulation)

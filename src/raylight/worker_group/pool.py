@@ -11,7 +11,7 @@ the same node, with the same worker runtime environment and strategy, takes them
   actor when it is created.
 - Which processes come back is the worker's own decision when its run ends
   (``RaylightWorker.release``): only a loop that finished, under a strategy that keeps no
-  process-wide state (DDP, FSDP, or none), that left no threads or child processes running; its
+  process-wide state once its group is gone (DDP, FSDP, DeepSpeed, or none), that left no threads or child processes running; its
   environment variables, torch's default dtype and RNG are put back as a new process has
   them. A worker whose user modules changed on disk since it imported them (a notebook
   user edited them) is not reused. Everything else is killed, as before.

@@ -245,7 +245,9 @@ class RaylightWorker:
 
         if dist.is_available() and dist.is_initialized():
             return "a process group is still initialised"
-        if "deepspeed" in sys.modules:  # e.g. Lightning's DeepSpeed on a "ddp" group
+        from raylight.strategies.deepspeed import holds_process_groups
+
+        if holds_process_groups():  # the loop destroyed the group itself, past deepspeed.comm
             return "DeepSpeed keeps process-wide state bound to the old process group"
         left = [
             t.name for t in threading.enumerate()
@@ -547,8 +549,16 @@ class RaylightWorker:
                 self._state = "errored"
         finally:
             if dist.is_initialized():
+                from raylight.strategies.deepspeed import (
+                    holds_process_groups,
+                    release_process_group,
+                )
+
                 try:
-                    dist.destroy_process_group()
+                    if holds_process_groups():  # the loop ran DeepSpeed (raylight's strategy or Lightning's)
+                        release_process_group()
+                    else:
+                        dist.destroy_process_group()
                 except Exception:  # the group may be broken by a peer's death
                     pass
             self._store = None
