@@ -352,3 +352,40 @@ def test_a_ddp_checkpoint_loads_into_zero3(trained, read):
     got = read[2][0]["zero3_from_ddp"]
     assert got["loaded"] == trained["ranks"][0]["ddp_saved"]
     close(got["final"], trained["ranks"][0]["ddp_final"], TOL)
+
+
+def regrouped(rank: int, port: int, directory: str, queue) -> None:
+    """DeepSpeed's groups on one process group, released, then a new process group in the
+    same process (a pooled worker's next run): DeepSpeed builds everything anew on it."""
+    from raylight.strategies.deepspeed import (
+        _import_deepspeed,
+        holds_process_groups,
+        release_process_group,
+    )
+
+    start(rank, port, 2)
+    ds = _import_deepspeed(torch.device("cpu"))
+    from deepspeed.utils import groups
+
+    out = {"rank": rank, "before": holds_process_groups()}
+    ds.init_distributed(dist_backend="gloo")
+    first = groups._get_data_parallel_group()  # DeepSpeed keeps a clone of the world group
+    out["held"] = holds_process_groups() and groups._WORLD_GROUP is first
+    out["released"] = release_process_group()
+    out["after"] = [holds_process_groups(), groups._WORLD_GROUP, dist.is_initialized()]
+    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(directory, "store"), 2), rank=rank, world_size=2)
+    ds.init_distributed(dist_backend="gloo")
+    second = groups._get_data_parallel_group()
+    total = torch.tensor(float(rank + 1))
+    ds.comm.all_reduce(total, group=second)
+    out["again"] = [second is not first, float(total)]
+    release_process_group()
+    queue.put(out)
+
+
+def test_a_released_process_forms_deepspeed_s_groups_anew_on_the_next_process_group(tmp_path):
+    """What lets a DeepSpeed worker serve the next run (raylight.worker_group.pool)."""
+    for out in run_gloo_ranks(regrouped, str(tmp_path)).values():
+        assert out["before"] is False and out["held"] is True and out["released"] is True, out
+        assert out["after"] == [False, None, False], "nothing of the old group is left"
+        assert out["again"] == [True, 3.0], "a new world group, and it reduces"
