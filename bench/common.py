@@ -234,6 +234,7 @@ def read_result(path: str, launched: float) -> dict[str, Any]:
         # raylight's own figures (bench/overhead.py): its start-up phases' ends, from the launch
         **({"phases": {k: v - launched for k, v in raw["phases"].items()}} if raw.get("phases") else {}),
         **({"warm_fit_start_s": raw["warm_fit_start_s"]} if raw.get("warm_fit_start_s") is not None else {}),
+        **({"sharded_fit_start_s": raw["sharded_fit_start_s"]} if raw.get("sharded_fit_start_s") else {}),
     }
 
 

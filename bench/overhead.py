@@ -33,7 +33,10 @@ child, they give, identically for all three:
 
 raylight's child also times its start-up phase by phase (imports, Ray's start, placement
 group, worker processes, loops' start and rendezvous, first step) and then runs WARM_FITS
-more fits in the same driver, timing each from its call to its first step (warm workers).
+more fits in the same driver, timing each from its call to its first step (warm workers);
+then, per sharded strategy (FSDP; DeepSpeed where installed), a fit on new worker processes
+(Ray already up: the DDP workers in the pool are not theirs) and one on the processes it
+left (sharded_fit_start_s).
 
 Results: a table on stdout and bench/results/overhead.json (medians, raw repetitions,
 machine info, the ratios raylight/Ray Train start-up, raylight/torchrun start-up and
@@ -45,6 +48,7 @@ raylight_core_vs_torchrun_start and raylight_core_start_breakdown_s).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
 import os
@@ -172,9 +176,12 @@ def train(
     job: dict[str, Any],
     rank: int,
     world_size: int,
+    prepare: Callable[[torch.optim.Optimizer], torch.optim.Optimizer] | None = None,
 ) -> None:
-    """The training loop every system runs; rank 0 writes its timings to the result file."""
+    """The training loop every system runs; rank 0 writes its timings to the result file.
+    ``prepare``: raylight's ``ctx.prepare_optimizer``, for the strategies that need it."""
     opt = torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=0.9)
+    opt = prepare(opt) if prepare is not None else opt
     loss_fn = nn.CrossEntropyLoss()
     clock = StepClock()
     for epoch in range(job["epochs"]):
@@ -235,7 +242,8 @@ def raylight_loop(ctx: Any, job: dict[str, Any]) -> None:
         dataset, batch_size=job["batch_size"], shuffle=True, seed=job["seed"]
     )
     model = ctx.prepare_model(make_model(job["seed"]))
-    train(model, loader, loader.set_epoch, job, ctx.rank, ctx.world_size)
+    prepare = ctx.prepare_optimizer if job.get("strategy") else None  # DDP runs as it always did
+    train(model, loader, loader.set_epoch, job, ctx.rank, ctx.world_size, prepare)
 
 
 # -- child processes: one run of one system -------------------------------------------
@@ -247,6 +255,7 @@ def child_ray_train(job: dict[str, Any]) -> None:
 
 WARM_FITS = 2  # further fits in the same driver, each timed to its first step
 WARM_SAMPLES = 6_400  # they train on this many samples (their first step is what counts)
+SHARDED = ("fsdp", "deepspeed")  # each: a fit on new processes, then one on the same processes
 
 
 def _timed_phases(marks: dict[str, float]) -> None:
@@ -276,6 +285,18 @@ def child_raylight(job: dict[str, Any]) -> None:
     runtime.start_embedded(num_cpus=NUM_WORKERS, temp_dir=job["ray_temp_dir"])
     marks["ray_started_s"] = time.time()
     warm: list[float] = []
+    sharded: dict[str, dict[str, float]] = {}
+
+    def fit_start(name: str, **kwargs: Any) -> float:
+        """A short fit in this driver: seconds from its call to its first step."""
+        again = {**job, "samples": WARM_SAMPLES, "epochs": 1, "result_path": f"{job['result_path']}.{name}", **kwargs}
+        called = time.time()
+        raylight.fit(
+            raylight_loop, config=again, num_workers=NUM_WORKERS, progress=False,
+            storage_path=job["storage_path"], name=f"bench-{name}", strategy=kwargs.get("strategy", "ddp"),
+        )
+        return float(json.loads(Path(again["result_path"]).read_text())["first_step_end"] - called)
+
     try:
         raylight.fit(
             raylight_loop,
@@ -286,13 +307,11 @@ def child_raylight(job: dict[str, Any]) -> None:
             name="bench",
         )
         for i in range(WARM_FITS):  # the notebook user's next fit: workers come from the pool
-            again = {**job, "samples": WARM_SAMPLES, "epochs": 1, "result_path": f"{job['result_path']}.warm{i}"}
-            called = time.time()
-            raylight.fit(
-                raylight_loop, config=again, num_workers=NUM_WORKERS, progress=False,
-                storage_path=job["storage_path"], name=f"bench-warm{i}",
-            )
-            warm.append(json.loads(Path(again["result_path"]).read_text())["first_step_end"] - called)
+            warm.append(fit_start(f"warm{i}"))
+        for strategy in SHARDED:
+            if strategy == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+                continue
+            sharded[strategy] = {kind: fit_start(f"{strategy}-{kind}", strategy=strategy) for kind in ("new", "warm")}
     finally:
         ray.shutdown()
     result = Path(job["result_path"])
@@ -300,6 +319,7 @@ def child_raylight(job: dict[str, Any]) -> None:
     marks["rendezvous_s"] = float(Path(f"{job['result_path']}.loop").read_text())
     summary["phases"] = marks  # wall clock; read_result makes them relative to the launch
     summary["warm_fit_start_s"] = statistics.median(warm) if warm else None
+    summary["sharded_fit_start_s"] = sharded
     result.write_text(json.dumps(summary))
 
 
@@ -364,6 +384,19 @@ def start_breakdown(reps: list[dict[str, Any]]) -> dict[str, float | None]:
     return {phase: statistics.median(v) for phase, v in spans.items()}
 
 
+def sharded_starts(reps: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Median seconds to the first step of a sharded fit on new and on reused processes."""
+    values: dict[tuple[str, str], list[float]] = {}
+    for rep in reps:
+        for strategy, kinds in (rep.get("sharded_fit_start_s") or {}).items() if rep["ok"] else ():
+            for kind, seconds in kinds.items():
+                values.setdefault((strategy, kind), []).append(seconds)
+    out: dict[str, dict[str, float]] = {}
+    for (strategy, kind), v in values.items():
+        out.setdefault(strategy, {})[kind] = statistics.median(v)
+    return out
+
+
 def ratio(num: float | None, den: float | None) -> float | None:
     return num / den if num is not None and den else None
 
@@ -404,6 +437,7 @@ def goals(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "warm_start_goal_met": None if warm is None else warm <= WARM_START_GOAL,
         "throughput_goal_met": None if throughput is None else throughput >= THROUGHPUT_GOAL,
         "raylight_start_breakdown_s": start_breakdown(summary["raylight"]["reps"]),
+        "sharded_fit_start_s": sharded_starts(summary["raylight"]["reps"]),
         **core,
     }
 
@@ -451,6 +485,11 @@ def print_table(summary: dict[str, dict[str, Any]], verdict: dict[str, Any]) -> 
         f"(goal <= {WARM_START_GOAL} s: {verdict['warm_start_goal_met']})"
     )
     print("raylight cold start, s per phase: " + per_phase(verdict["raylight_start_breakdown_s"]))
+    for strategy, kinds in verdict["sharded_fit_start_s"].items():
+        print(
+            f"raylight {strategy} fit start-to-first-step, Ray running: new processes "
+            f"{fmt(kinds.get('new'), '.2f')} s, reused {fmt(kinds.get('warm'), '.3f')} s"
+        )
     if verdict["raylight_core_start_breakdown_s"] is not None:
         print(
             f"raylight (core install) / torchrun start-to-first-step: {fmt(verdict['raylight_core_vs_torchrun_start'], '.3f')}; "

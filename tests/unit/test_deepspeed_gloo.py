@@ -2,7 +2,8 @@
 ZeRO-2 with its optimizer offloaded) train like DDP, accumulation agrees with DDP's, and a
 DeepSpeed checkpoint of objects round-trips through ``ctx.report``,
 ``RunStorage.commit_sharded`` and ``ctx.load_checkpoint`` at 1, 2 and 3 workers, under
-another ZeRO stage and under DDP; a DDP checkpoint loads into ZeRO-3."""
+another ZeRO stage and under DDP; a DDP checkpoint loads into ZeRO-3; a process whose
+DeepSpeed groups were released forms them anew on the next process group."""
 
 from __future__ import annotations
 
