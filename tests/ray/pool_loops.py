@@ -59,11 +59,14 @@ def pid_loop(ctx, config):
 
 def adam_pid_loop(ctx, config):
     """Two epochs of Adam on tests.ray.deepspeed_loops' model and data under the run's
-    strategy; checkpoints the prepared model and optimizer."""
+    strategy (the model built on the meta device with ``config["meta"]``); checkpoints the
+    prepared model and optimizer."""
     from tests.ray import deepspeed_loops as ds
     from tests.ray.loops import train_epoch
 
-    model = ctx.prepare_model(ds.initial_model())
+    with torch.device("meta" if config.get("meta") else "cpu"):  # meta: each rank builds only its shards
+        built = ds.initial_model()
+    model = ctx.prepare_model(built)
     opt = ctx.prepare_optimizer(torch.optim.Adam(model.parameters(), lr=ds.LR))
     loader = ctx.prepare_loader(ds.data(), batch_size=ds.BATCH, shuffle=True)
     for epoch in range(2):

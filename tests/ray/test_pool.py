@@ -53,6 +53,7 @@ SHARDED = {
     "zero2": lambda: raylight.DeepSpeed(stage=2),
     "zero3": lambda: raylight.DeepSpeed(stage=3, config={"zero_optimization": {"stage3_param_persistence_threshold": 0}}),
 }
+SHARDED["zero3-meta"] = SHARDED["zero3"]  # the model built on the meta device: zero.Init partitions it
 
 
 @pytest.mark.parametrize("strategy", list(SHARDED))
@@ -64,7 +65,8 @@ def test_a_sharded_run_trains_on_the_last_run_s_processes_as_on_new_ones(pool, t
     if strategy != "fsdp":
         pytest.importorskip("deepspeed")
     first, second = (
-        _fit(pool_loops.adam_pid_loop, tmp_path, name, strategy=SHARDED[strategy]()) for name in ("a", "b")
+        _fit(pool_loops.adam_pid_loop, tmp_path, name, strategy=SHARDED[strategy](), config={"meta": "meta" in strategy})
+        for name in ("a", "b")
     )
     assert second.metrics["pids"] == first.metrics["pids"], "the second run reused both processes"
     want, got = first.checkpoint.load(), second.checkpoint.load()
