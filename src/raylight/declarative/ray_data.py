@@ -71,13 +71,17 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
     import ray
 
     # Ray Data's progress bars and logs follow raylight.verbosity (quiet unless verbose).
-    ds = _read(dataset)
+    # Read it all first: asked of a lazy read, schema() runs the read until one block comes
+    # and cancels the read tasks still running, and in Ray 2.60 a cancel that races a
+    # task's completion can abort the driver (seen once in the suite: task_manager.cc
+    # "Tried to complete task that was not pending"). Materialised, nothing is cancelled.
+    ds = _read(dataset).materialize()
     columns = ds.schema().names
     for kind, feats in (("input_features", config.input_features), ("output_features", config.output_features)):
         for feat in feats:
             if feat.col not in columns:
                 raise missing_column(kind, feat, dataset, columns)
-    blocks = ds.materialize().to_pandas_refs()  # read once; the rest starts from these blocks
+    blocks = ds.to_pandas_refs()  # read once; the rest starts from these blocks
     summary = pd.concat(ray.get([_task(_summary).remote(b, config) for b in blocks]), ignore_index=True)
     rows = int(summary["rows"].sum())
     if rows == 0:
