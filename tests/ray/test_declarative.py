@@ -49,6 +49,28 @@ def test_unreachable_ray_address_exits_2(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_ray_data_preprocessing_cancels_no_ray_task(ray_cluster, tmp_path, monkeypatch):
+    """In Ray 2.60 a task cancelled as it completes can abort the driver (task_manager.cc:
+    "Tried to complete task that was not pending": it stopped the suite once). A lazy
+    read's schema() cancels the read tasks still running; preprocessing asks nothing of
+    a dataset it has not read in full, so it cancels nothing."""
+    import ray
+
+    from raylight.declarative.ray_data import prepare_ray_data
+    from tests.declarative_data import frame
+
+    cancelled: list = []
+    cancel = ray.cancel
+    monkeypatch.setattr(ray, "cancel", lambda *args, **kwargs: (cancelled.append(args), cancel(*args, **kwargs))[1])
+    df = frame(20_000).drop(columns="smoker")  # the check of the columns ends it: no need to train
+    for i in range(4):  # several files, large enough that their read tasks run side by side
+        (tmp_path / f"part{i}").mkdir()
+        cfg, _ = write(tmp_path / f"part{i}", df=df, config=RAY_CONFIG)
+    with pytest.raises(ConfigError, match="smoker"):
+        prepare_ray_data(load_config(cfg), str(tmp_path / "part*" / "data.csv"), progress=False)
+    assert cancelled == []
+
+
 def test_ray_data_finds_non_numeric_strings_in_a_number_column(ray_cluster, tmp_path):
     from raylight.declarative.ray_data import prepare_ray_data
     from tests.declarative_data import frame
