@@ -387,8 +387,8 @@ def start_breakdown(reps: list[dict[str, Any]]) -> dict[str, float | None]:
 def sharded_starts(reps: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Median seconds to the first step of a sharded fit on new and on reused processes."""
     values: dict[tuple[str, str], list[float]] = {}
-    for rep in reps:
-        for strategy, kinds in (rep.get("sharded_fit_start_s") or {}).items() if rep["ok"] else ():
+    for rep in (r for r in reps if r["ok"]):
+        for strategy, kinds in rep.get("sharded_fit_start_s", {}).items():
             for kind, seconds in kinds.items():
                 values.setdefault((strategy, kind), []).append(seconds)
     out: dict[str, dict[str, float]] = {}

@@ -56,7 +56,6 @@ def pid_loop(ctx, config):
     ctx.report({"pids": _pids()})
 
 
-
 def adam_pid_loop(ctx, config):
     """Two epochs of Adam on tests.ray.deepspeed_loops' model and data under the run's
     strategy (the model built on the meta device with ``config["meta"]``); checkpoints the
