@@ -15,6 +15,8 @@ import atexit
 import logging
 import os
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,16 +77,17 @@ def start_embedded(
     _force_loopback()
     warn_if_auth_disabled()
     _import_in_background("torch")  # the run needs it next; Ray's start is mostly waiting
-    ray.init(
-        address="local",
-        num_cpus=num_cpus,
-        num_gpus=num_gpus,
-        include_dashboard=False,
-        logging_level=verbosity.before_ray_starts(),  # Ray's INFO lines only when verbose
-        object_store_memory=object_store_memory,
-        _temp_dir=temp_dir,
-        _system_config=EMBEDDED_SYSTEM_CONFIG,
-    )
+    with _without_api_server():
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            include_dashboard=False,
+            logging_level=verbosity.before_ray_starts(),  # Ray's INFO lines only when verbose
+            object_store_memory=object_store_memory,
+            _temp_dir=temp_dir,
+            _system_config=EMBEDDED_SYSTEM_CONFIG,
+        )
     address = ray.get_runtime_context().gcs_address
     _started_embedded[:] = [address]
     atexit.register(_shutdown_embedded)
@@ -94,6 +97,38 @@ def start_embedded(
             "does not turn it on by default); raylight needs ray>=2.60"
         )
     return RayRuntime(embedded=True, address=address)
+
+
+@contextmanager
+def _without_api_server() -> Iterator[None]:
+    """Start a head node without Ray's API server process, for the embedded cluster.
+
+    Ray's head starts its API server (the dashboard process) even with
+    ``include_dashboard=False``; it then loads only Ray's usage-stats module, and
+    ``ray.init`` waits for that process to publish its address before it starts the raylet.
+    On this project's 2-core machine that wait was 1.2-1.8 s of every embedded start
+    (docs/performance.md). The embedded cluster serves no dashboard, no Jobs API and no
+    state API, so nothing needs that process, and Ray starts without one (its start is
+    allowed to fail when the dashboard is off). Where Ray's internals moved, this does
+    nothing and Ray starts its API server as before."""
+    from ray._private import node
+
+    original = getattr(node.Node, "start_api_server", None)
+    if original is None:
+        yield
+        return
+
+    def start_api_server(self: Any, *, include_dashboard: bool | None, raise_on_failure: bool) -> None:
+        if include_dashboard is not False:  # None is Ray's "start it where it can"
+            original(self, include_dashboard=include_dashboard, raise_on_failure=raise_on_failure)
+        else:
+            log.debug("embedded Ray: not starting Ray's API server (no dashboard, Jobs or state API)")
+
+    node.Node.start_api_server = start_api_server  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        node.Node.start_api_server = original  # type: ignore[method-assign]
 
 
 def _shutdown_embedded() -> None:

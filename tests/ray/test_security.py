@@ -50,3 +50,22 @@ def test_a_single_node_run_listens_on_loopback_only(ray_cluster, tmp_path):
     assert {pid for pid, _, _ in by_worker} == workers, sockets
     exposed = [s for s in sockets if not ipaddress.ip_address(s[1]).is_loopback]
     assert not exposed, f"listening beyond loopback: {exposed} (all: {sockets})"
+
+
+def test_the_embedded_cluster_runs_without_ray_s_api_server(ray_cluster):
+    """Ray starts its API server (``dashboard.py``) even with the dashboard off; the
+    embedded cluster does without it (``runtime._without_api_server``): no such process
+    under this driver, no address published for it, and the cluster serves tasks."""
+    import ray
+
+    cmdlines = []
+    for pid in process_tree(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdlines.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue
+    assert any("raylet" in c for c in cmdlines), cmdlines  # the listing sees Ray's processes
+    assert not [c for c in cmdlines if "dashboard/dashboard.py" in c], cmdlines
+    assert ray._private.worker._global_node.webui_url is None
+    assert ray.get(ray.remote(lambda: 1).remote(), timeout=60) == 1

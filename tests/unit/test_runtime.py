@@ -3,7 +3,10 @@
 import subprocess
 import sys
 
-from raylight.runtime import _host_port
+import pytest
+from ray._private import node
+
+from raylight.runtime import _host_port, _without_api_server
 from raylight.worker_group.net import is_loopback as _is_loopback
 
 SCRIPT = """
@@ -36,3 +39,29 @@ def test_address_parsing():
     assert _host_port("[::1]:6379") == ("::1", 6379)
     assert _host_port("auto") is None
     assert _is_loopback("127.0.0.2") and _is_loopback("localhost") and not _is_loopback("10.0.0.1")
+
+
+def test_the_api_server_is_skipped_only_for_a_head_without_dashboard(monkeypatch):
+    calls = []
+    monkeypatch.setattr(node.Node, "start_api_server", lambda self, **kw: calls.append(kw))
+    original = node.Node.start_api_server
+    with _without_api_server():
+        assert node.Node.start_api_server is not original
+        node.Node.start_api_server(None, include_dashboard=False, raise_on_failure=False)
+        node.Node.start_api_server(None, include_dashboard=None, raise_on_failure=False)
+        node.Node.start_api_server(None, include_dashboard=True, raise_on_failure=True)
+    assert calls == [
+        {"include_dashboard": None, "raise_on_failure": False}, {"include_dashboard": True, "raise_on_failure": True},
+    ]
+    assert node.Node.start_api_server is original
+
+
+def test_the_api_server_patch_is_undone_on_error_and_absent_where_ray_moved(monkeypatch):
+    original = node.Node.start_api_server
+    with pytest.raises(RuntimeError), _without_api_server():
+        raise RuntimeError("ray.init failed")
+    assert node.Node.start_api_server is original
+    monkeypatch.delattr(node.Node, "start_api_server")
+    with _without_api_server():  # Ray without the method: nothing to skip, nothing added
+        assert not hasattr(node.Node, "start_api_server")
+    assert not hasattr(node.Node, "start_api_server")
