@@ -98,7 +98,8 @@ def _scaling(scaling: ScalingConfig, env: Mapping[str, str]) -> ScalingConfig:
             update["use_gpu"] = True
     if not update:
         return scaling
-    return validate(ScalingConfig, {**dict(scaling), **update}, prefix="scaling")
+    capped = validate(ScalingConfig, {**dict(scaling), **update}, prefix="scaling")
+    return capped.for_processes_of(scaling.process_kind)  # not a field: carried over
 
 
 def _run(run: RunConfig, env: Mapping[str, str]) -> RunConfig:

@@ -59,7 +59,28 @@ class ShardProbe(pl.Callback):
             local = sum(t.numel() for t in optimizer.single_partition_of_fp32_groups)
             total = sum(p.numel() for p in params)
             kind = "zero2"
-        self.seen = {"kind": kind, "local": local, "total": total, "rank": trainer.global_rank}
+        self.seen = {"kind": kind, "local": local, "total": total, "rank": trainer.global_rank, **_process()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.seen)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.seen = dict(state)
+
+
+def _process() -> dict[str, Any]:
+    """The worker process: its pid, and the malloc tunables it started with."""
+    return {"pid": os.getpid(), "tunables": os.environ.get("GLIBC_TUNABLES")}
+
+
+class ProcessProbe(pl.Callback):
+    """Records ``_process()`` on the worker at the start of training (rank 0's comes back)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, Any] = {}
+
+    def on_train_start(self, trainer, pl_module):
+        self.seen = _process()
 
     def state_dict(self) -> dict[str, Any]:
         return dict(self.seen)
@@ -201,10 +222,22 @@ def ddp_run(ray_session):
     """The reference: the same model, data order (DistributedSampler, seed 0) and 44 SGD
     steps under RayStrategy (DDP)."""
     model = _init_model()
-    trainer = pl.Trainer(max_epochs=2, strategy=RayStrategy(num_workers=2), enable_checkpointing=False, **QUIET)
+    probe = ProcessProbe()
+    trainer = pl.Trainer(max_epochs=2, strategy=RayStrategy(num_workers=2), enable_checkpointing=False, callbacks=[probe], **QUIET)
     trainer.fit(model, datamodule=ddp_digits.DigitsDataModule(batch_size=32))
     assert trainer.global_step == 2 * STEPS
-    return SimpleNamespace(weights=_weights(model), val_acc=float(trainer.callback_metrics["val_acc"]))
+    return SimpleNamespace(weights=_weights(model), val_acc=float(trainer.callback_metrics["val_acc"]), probe=dict(probe.seen))
+
+
+def test_fsdp_workers_start_as_fsdp_s_and_ddp_does_not_reuse_them(fsdp_run, ddp_run):
+    # FSDP tunes malloc in its processes (strategies.base.keep_heap_small): they start with
+    # the tunables raylight.fit's FSDP workers get, and a DDP run after it in this driver
+    # takes other processes, not those the pool kept from the FSDP runs.
+    from raylight.strategies.base import HEAP_TUNABLES
+
+    assert fsdp_run.first.probe["tunables"] == HEAP_TUNABLES
+    assert ddp_run.probe["tunables"] is None
+    assert ddp_run.probe["pid"] != fsdp_run.first.probe["pid"]
 
 
 def test_fsdp_trains_like_ddp(fsdp_run, ddp_run):

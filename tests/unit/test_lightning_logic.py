@@ -78,6 +78,30 @@ def test_fsdp_options_are_raylights():
     assert RayFSDPStrategy(num_workers=2, use_gpu=True, cpu_offload=True).fsdp.cpu_offload
 
 
+def test_fsdp_workers_start_and_are_pooled_as_fsdp_workers(tmp_path):
+    # Its group's strategy is "ddp" (Lightning drives FSDP), but FSDP runs in the processes
+    # and tunes their malloc: they start with FSDP's environment and pool apart from DDP's.
+    from raylight.strategies.base import HEAP_TUNABLES, worker_env
+    from raylight.worker_group.pool import pool_key
+
+    fsdp, ddp = RayFSDPStrategy(num_workers=2).settings.scaling, RayStrategy(num_workers=2).settings.scaling
+    assert fsdp.strategy_name == ddp.strategy_name == "ddp"
+    assert (fsdp.process_kind, ddp.process_kind) == ("fsdp", "ddp")
+    assert worker_env(fsdp.process_kind, False, {}) == {"GLIBC_TUNABLES": HEAP_TUNABLES}
+    assert pool_key(None, fsdp.process_kind) != pool_key(None, ddp.process_kind)
+    assert pickle.loads(pickle.dumps(fsdp)).process_kind == "fsdp"  # as the workers get it
+    copy = fsdp.model_copy(update={"threads_per_worker": 2})
+    assert copy.process_kind == "fsdp" and copy.strategy_name == "ddp"
+    config = raylight.ScalingConfig(num_workers=2)
+    assert config.for_processes_of("fsdp").process_kind == "fsdp" and config.process_kind == "ddp"
+    # A submitted job's cap on workers rebuilds the config; the kind stays.
+    from raylight.job_env import MAX_WORKERS_ENV, apply_job_env
+
+    trainer_config = RayFSDPStrategy(num_workers=2).settings.trainer_config(storage_path=str(tmp_path))
+    capped = apply_job_env(trainer_config, {MAX_WORKERS_ENV: "1"})
+    assert capped.scaling.num_workers == 1 and capped.scaling.process_kind == "fsdp"
+
+
 def test_fsdp_blocks_must_name_a_submodule_class():
     from raylight.lightning.fsdp import check_blocks
 

@@ -10,7 +10,7 @@ import json
 import os
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import Discriminator, Field, PrivateAttr, Tag, field_validator, model_validator
 
 from raylight.config.base import ConfigModel
 from raylight.config.loggers import LoggerSetting, parse_loggers
@@ -428,6 +428,11 @@ class ScalingConfig(ConfigModel):
         "this process) as if no launcher had.",
     )
 
+    # The strategy whose code the worker processes run, where an integration runs one
+    # under another's worker group (the Lightning RayFSDPStrategy: FSDP in the
+    # processes of a "ddp" group). Not a setting: see ``for_processes_of``.
+    _process_kind: str | None = PrivateAttr(default=None)
+
     @field_validator("strategy", mode="before")
     @classmethod
     def _check_strategy_name(cls, value: object) -> object:
@@ -503,6 +508,21 @@ class ScalingConfig(ConfigModel):
     @property
     def strategy_name(self) -> str:
         return self.strategy if isinstance(self.strategy, str) else self.strategy.name
+
+    @property
+    def process_kind(self) -> str:
+        """The strategy the worker processes are started for (their environment,
+        ``strategies.base.worker_env``) and pooled under (``worker_group.pool.pool_key``):
+        ``strategy_name``, unless ``for_processes_of`` said otherwise."""
+        return self._process_kind or self.strategy_name
+
+    def for_processes_of(self, strategy_name: str) -> ScalingConfig:
+        """A copy whose worker processes are started and pooled as ``strategy_name``'s,
+        for an integration that runs that strategy's code in them (the copy's own strategy
+        still decides everything else)."""
+        copy = self.model_copy()
+        copy._process_kind = strategy_name
+        return copy
 
     @property
     def sharded_checkpoints(self) -> bool:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -138,7 +139,7 @@ class RayFSDPStrategy(_RayWorkers, ParallelStrategy):
         cpu_offload: bool = False,
         **kwargs: Any,
     ) -> None:
-        self.settings = make_settings(
+        settings = make_settings(
             _OWNER,
             num_workers=num_workers,
             use_gpu=use_gpu,
@@ -150,6 +151,10 @@ class RayFSDPStrategy(_RayWorkers, ParallelStrategy):
             address=address,
             kwargs=kwargs,
         )
+        # FSDP runs in the workers (raylight's, below): they start as FSDP workers do
+        # (malloc's tunables on CPU), and the pool keeps them apart from DDP's, since
+        # FSDP tunes their malloc for its buffers (strategies.base.keep_heap_small).
+        self.settings = replace(settings, scaling=settings.scaling.for_processes_of("fsdp"))
         if kwargs:
             key = next(iter(kwargs))
             raise ConfigError(

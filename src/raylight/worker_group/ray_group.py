@@ -474,7 +474,7 @@ class RayWorkerGroup:
 
     @property
     def _pool_key(self) -> str:
-        return pool_key(self._runtime_env(), self._scaling.strategy_name)
+        return pool_key(self._runtime_env(), self._scaling.process_kind)
 
     @staticmethod
     def _bundle_nodes(slots: list[tuple[PlacementGroup, int]]) -> list[str | None]:
@@ -497,7 +497,7 @@ class RayWorkerGroup:
     def _runtime_env(self) -> dict[str, Any] | None:
         """The workers' own runtime_env: environment variables their strategy wants at
         process start (merged by Ray into the job's ``env_vars``), else None."""
-        env = worker_env(self._scaling.strategy_name, self._scaling.use_gpu)
+        env = worker_env(self._scaling.process_kind, self._scaling.use_gpu)
         return {"env_vars": env} if env else None
 
     # -- the warm spare -------------------------------------------------------------------
