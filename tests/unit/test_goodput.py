@@ -157,15 +157,14 @@ def test_fit_objective_gradient_matches_finite_differences(obs, monkeypatch):
     """The fit hands L-BFGS-B an analytic gradient; it must be the objective's."""
     import scipy.optimize
 
-    import raylight.adaptive.perf_model as perf_model
-
     seen = []
+    minimize = scipy.optimize.minimize
 
     def spy(fun, x0, **kwargs):
         seen.append((fun, x0, kwargs["bounds"]))
-        return scipy.optimize.minimize(fun, x0, **kwargs)
+        return minimize(fun, x0, **kwargs)
 
-    monkeypatch.setattr(perf_model, "minimize", spy)
+    monkeypatch.setattr(scipy.optimize, "minimize", spy)  # the fit imports it when it runs
     fit_perf_params(*obs)
     fit_perf_params(*obs, weights=np.arange(1.0, len(obs[0]) + 1))  # weighted rows too
     for fun, x0, bounds in (seen[0], seen[-1]):
@@ -179,7 +178,7 @@ def test_fit_searches_with_one_blas_thread(monkeypatch):
     import scipy.optimize
     from threadpoolctl import threadpool_info, threadpool_limits
 
-    import raylight.adaptive.perf_model as perf_model
+    minimize = scipy.optimize.minimize
 
     def blas_threads():
         return {lib["filepath"]: lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"}
@@ -188,9 +187,9 @@ def test_fit_searches_with_one_blas_thread(monkeypatch):
 
     def spy(fun, x0, **kwargs):
         during.append(blas_threads())
-        return scipy.optimize.minimize(fun, x0, **kwargs)
+        return minimize(fun, x0, **kwargs)
 
-    monkeypatch.setattr(perf_model, "minimize", spy)
+    monkeypatch.setattr(scipy.optimize, "minimize", spy)  # the fit imports it when it runs
     obs = ([1, 1, 1, 1], [1, 2, 1, 2], [32, 32, 64, 64], [np.nan] * 4, [0.1, 0.15, 0.18, 0.23])
     with threadpool_limits(limits=2, user_api="blas"):
         before = blas_threads()

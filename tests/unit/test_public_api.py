@@ -274,3 +274,18 @@ def test_products_stand_side_by_side():
             if theirs is not None and theirs != mine and groups[theirs][0] not in PRODUCT_USES[name]:
                 crossing.append(f"{module} ({name}) imports {dep} ({groups[theirs][0]})")
     assert not crossing, "\n".join(crossing)
+
+
+def test_the_driver_s_path_to_a_run_does_not_import_the_fitter():
+    """scipy's optimizer (0.3-0.6 s to import here) is needed only when an adaptive run
+    fits its performance model; every run's driver imports the controller before it asks
+    for workers."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, raylight.trainer, raylight.controller, raylight.worker_group.ray_group; "
+        "print('scipy.optimize' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
