@@ -35,16 +35,30 @@ QUIET = {"enable_progress_bar": False, "enable_model_summary": False, "logger": 
 STEPS = 22  # per epoch: 1400 samples / 2 workers / batch 32, rounded up
 
 
-class ShardProbe(pl.Callback):
-    """Records, on the worker at the start of training, how many parameter elements this
-    rank holds against the model's total; its state comes back to the driver (rank 0's)."""
+class ProcessProbe(pl.Callback):
+    """Records, on the worker at the start of training, its pid and the malloc tunables it
+    started with; its state comes back to the driver (rank 0's)."""
 
     def __init__(self) -> None:
         self.seen: dict[str, Any] = {}
 
     def on_train_start(self, trainer, pl_module):
+        self.seen = {"pid": os.getpid(), "tunables": os.environ.get("GLIBC_TUNABLES")}
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.seen)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.seen = dict(state)
+
+
+class ShardProbe(ProcessProbe):
+    """And how many parameter elements this rank holds against the model's total."""
+
+    def on_train_start(self, trainer, pl_module):
         from torch.distributed.tensor import DTensor
 
+        super().on_train_start(trainer, pl_module)
         params = list(pl_module.parameters())
         if isinstance(params[0], DTensor):  # FSDP2
             local = sum(p.to_local().numel() for p in params)
@@ -59,34 +73,7 @@ class ShardProbe(pl.Callback):
             local = sum(t.numel() for t in optimizer.single_partition_of_fp32_groups)
             total = sum(p.numel() for p in params)
             kind = "zero2"
-        self.seen = {"kind": kind, "local": local, "total": total, "rank": trainer.global_rank, **_process()}
-
-    def state_dict(self) -> dict[str, Any]:
-        return dict(self.seen)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.seen = dict(state)
-
-
-def _process() -> dict[str, Any]:
-    """The worker process: its pid, and the malloc tunables it started with."""
-    return {"pid": os.getpid(), "tunables": os.environ.get("GLIBC_TUNABLES")}
-
-
-class ProcessProbe(pl.Callback):
-    """Records ``_process()`` on the worker at the start of training (rank 0's comes back)."""
-
-    def __init__(self) -> None:
-        self.seen: dict[str, Any] = {}
-
-    def on_train_start(self, trainer, pl_module):
-        self.seen = _process()
-
-    def state_dict(self) -> dict[str, Any]:
-        return dict(self.seen)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.seen = dict(state)
+        self.seen.update(kind=kind, local=local, total=total, rank=trainer.global_rank)
 
 
 def _init_model() -> ddp_digits.DigitsClassifier:
