@@ -11,6 +11,13 @@ with DDP over gloo on 2 CPU workers (1 torch thread each), SGD, global batch 128
   torchrun   `torchrun --nproc_per_node 2` running plain DDP in this same file
   ray_train  Ray Train's TorchTrainer (2 workers of 1 CPU), prepare_model/_data_loader
   raylight   raylight.fit with ctx.prepare_model / ctx.prepare_loader
+  ray_actors the floor under any trainer built on Ray actors: Ray started as raylight's
+             embedded cluster starts it (the quickest start found, docs/performance.md),
+             a placement group, two bare actors of 1 CPU that form the gloo group
+             (env://, as torchrun's workers) and run torchrun's worker code. No
+             controller, checkpoints, pool or progress: raylight's start-to-first-step
+             minus this row's is raylight's own cost; this row over torchrun's is what
+             Ray's start and its worker processes cost on this machine
   raylight_core  the same, run by $RAYLIGHT_BENCH_CORE_PYTHON when set: an interpreter
              whose environment has raylight's core install only (`ray` without
              `[default]`, as `pip install raylight` gives), where Ray's dashboard
@@ -41,8 +48,9 @@ left (sharded_fit_start_s).
 Results: a table on stdout and bench/results/overhead.json (medians, raw repetitions,
 machine info, the ratios raylight/Ray Train start-up, raylight/torchrun start-up and
 raylight/torchrun throughput against the goals <= 0.5, <= 1.2 and >= 0.95,
-warm_fit_start_s against <= 0.5 s, and raylight_start_breakdown_s; with the core row,
-raylight_core_vs_torchrun_start and raylight_core_start_breakdown_s).
+warm_fit_start_s against <= 0.5 s, and raylight_start_breakdown_s; ray_actors_vs_torchrun_start,
+the lowest start-up ratio a trainer on Ray actors reached here, and raylight_vs_ray_actors_start;
+with the core row, raylight_core_vs_torchrun_start and raylight_core_start_breakdown_s).
 """
 
 from __future__ import annotations
@@ -72,7 +80,7 @@ from common import (
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-SYSTEMS = ("torchrun", "ray_train", "raylight")
+SYSTEMS = ("torchrun", "ray_train", "raylight", "ray_actors")
 # raylight once more, run by an interpreter whose environment holds raylight's core install
 # alone (`pip install raylight`: `ray` without `[default]`), as its users have it: this
 # venv has the dev extras, whose `ray[default]` makes Ray start its dashboard processes with
@@ -323,10 +331,43 @@ def child_raylight(job: dict[str, Any]) -> None:
     result.write_text(json.dumps(summary))
 
 
+def child_ray_actors(job: dict[str, Any]) -> None:
+    """torchrun's worker code on two bare Ray actors (the module docstring's ray_actors)."""
+    import ray
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from raylight import runtime
+
+    runtime.start_embedded(num_cpus=NUM_WORKERS, temp_dir=job["ray_temp_dir"])
+    try:
+        group = placement_group([{"CPU": 1}] * NUM_WORKERS, strategy="PACK")
+        ray.get(group.ready(), timeout=60)
+        port = free_port()
+
+        @ray.remote(num_cpus=1)
+        def rank(rank: int) -> None:
+            os.environ.update(
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                LOCAL_RANK=str(rank), WORLD_SIZE=str(NUM_WORKERS),
+            )
+            torchrun_worker(job)
+
+        ray.get([
+            rank.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i)
+            ).remote(i)
+            for i in range(NUM_WORKERS)
+        ])  # bounded by the parent's --timeout, which kills this child
+    finally:
+        ray.shutdown()
+
+
 CHILDREN = {
     "torchrun-worker": torchrun_worker,
     "ray_train": child_ray_train,
     "raylight": child_raylight,
+    "ray_actors": child_ray_actors,
 }
 
 
@@ -413,6 +454,7 @@ def goals(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:
         med["raylight"]["start_to_first_step_s"], med["torchrun"]["start_to_first_step_s"]
     )
     warm = med["raylight"]["warm_fit_start_s"]
+    floor = ratio(med["ray_actors"]["start_to_first_step_s"], med["torchrun"]["start_to_first_step_s"])
     core: dict[str, Any] = (
         {
             "raylight_core_vs_torchrun_start": ratio(
@@ -431,6 +473,10 @@ def goals(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "raylight_vs_ray_train_start": start,
         "raylight_vs_torchrun_start": vs_torchrun,
         "raylight_vs_torchrun_throughput": throughput,
+        "ray_actors_vs_torchrun_start": floor,
+        "raylight_vs_ray_actors_start": ratio(
+            med["raylight"]["start_to_first_step_s"], med["ray_actors"]["start_to_first_step_s"]
+        ),
         "warm_fit_start_s": warm,
         "start_goal_met": None if start is None else start <= START_GOAL,
         "torchrun_start_goal_met": None if vs_torchrun is None else vs_torchrun <= TORCHRUN_START_GOAL,
@@ -479,6 +525,10 @@ def print_table(summary: dict[str, dict[str, Any]], verdict: dict[str, Any]) -> 
     print(
         f"raylight / torchrun start-to-first-step:  {fmt(verdict['raylight_vs_torchrun_start'], '.3f')} "
         f"(goal <= {TORCHRUN_START_GOAL}: {verdict['torchrun_start_goal_met']})"
+    )
+    print(
+        f"bare Ray actors / torchrun start-to-first-step: {fmt(verdict['ray_actors_vs_torchrun_start'], '.3f')} "
+        f"(Ray's floor here); raylight / bare Ray actors: {fmt(verdict['raylight_vs_ray_actors_start'], '.3f')}"
     )
     print(
         f"raylight warm fit start-to-first-step:    {fmt(verdict['warm_fit_start_s'], '.3f')} s "
