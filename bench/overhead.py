@@ -346,19 +346,19 @@ def child_ray_actors(job: dict[str, Any]) -> None:
         port = free_port()
 
         @ray.remote(num_cpus=1)
-        def rank(rank: int) -> None:
-            os.environ.update(
-                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                LOCAL_RANK=str(rank), WORLD_SIZE=str(NUM_WORKERS),
-            )
-            torchrun_worker(job)
+        class Rank:
+            def run(self, rank: int) -> None:
+                os.environ.update(
+                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                    LOCAL_RANK=str(rank), WORLD_SIZE=str(NUM_WORKERS),
+                )
+                torchrun_worker(job)
 
-        ray.get([
-            rank.options(
-                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i)
-            ).remote(i)
+        ranks = [
+            Rank.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i)).remote()
             for i in range(NUM_WORKERS)
-        ])  # bounded by the parent's --timeout, which kills this child
+        ]
+        ray.get([r.run.remote(i) for i, r in enumerate(ranks)])  # bounded by the parent's --timeout, which kills this child
     finally:
         ray.shutdown()
 
