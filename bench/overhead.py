@@ -49,7 +49,7 @@ Results: a table on stdout and bench/results/overhead.json (medians, raw repetit
 machine info, the ratios raylight/Ray Train start-up, raylight/torchrun start-up and
 raylight/torchrun throughput against the goals <= 0.5, <= 1.2 and >= 0.95,
 warm_fit_start_s against <= 0.5 s, and raylight_start_breakdown_s; ray_actors_vs_torchrun_start,
-the lowest start-up ratio a trainer on Ray actors reached here, and raylight_vs_ray_actors_start;
+the bare Ray actors row over torchrun, and raylight_vs_ray_actors_start (raylight over that row);
 with the core row, raylight_core_vs_torchrun_start and raylight_core_start_breakdown_s).
 """
 
