@@ -22,8 +22,17 @@ Two parts, every run a separate process timed from launch to exit:
    (`RAYLIGHT_BENCH_LUDWIG` or `--ludwig-python`; Ludwig 0.17 needs Python 3.12),
    otherwise each Ludwig row says why it is missing.
 
+3. Parquet reader (`--parquet-reps`, 5 by default): `raylight train` on the Ray backend
+   with `processor: ray_data` forced, on the 50k-row diamonds training file written as
+   one Parquet file, 5 epochs. Two variants, interleaved in each repetition: raylight's
+   reader (Ray Data's first Parquet reader, which raylight picks for its own read) and
+   Ray's default (`RAY_DATA_USE_DATASOURCE_V2=1`, which raylight leaves to the user: Ray
+   2.60's DataSourceV2, which starts 32 FooterReader actors per read). Medians of the
+   preprocessing seconds (evaluation.json: read, checks, split, statistics, transform) and
+   of the wall time, and their ratios.
+
 Results: bench/results/declarative.json (breast cancer at the top level as before, the
-diamonds runs under "diamonds") and tables on stdout.
+diamonds runs under "diamonds", the readers under "parquet_reader") and tables on stdout.
 """
 
 from __future__ import annotations
@@ -239,28 +248,35 @@ def held_out_accuracy(predicted: list[Any], held_path: str) -> float:
     return sum(str(p) == t for p, t in zip(predicted, truth, strict=True)) / len(truth)
 
 
-def run_raylight(data: str, held: str, backend: str, processor: str, epochs: int, workdir: str) -> dict:
+def run_raylight(
+    data: str, held: str, backend: str, processor: str, epochs: int, workdir: str,
+    *, env_extra: dict[str, str] | None = None, held_csv: bool = True,
+) -> dict:
+    """One `raylight train`; ``held_csv=False`` skips the held-out accuracy."""
     os.makedirs(workdir, exist_ok=True)
     cfg, out = os.path.join(workdir, "raylight.yaml"), os.path.join(workdir, "run")
     raylight_config(cfg, backend, processor, epochs)
     cmd = [sys.executable, "-m", "raylight.cli", "train", "--config", cfg, "--dataset", data, "--output-directory", out, "--quiet"]
-    res, wall, _ = run_timed(cmd, timeout=1800, env=raylight_env(), marker=workdir)
+    res, wall, _ = run_timed(cmd, timeout=1800, env={**raylight_env(), **(env_extra or {})}, marker=workdir)
     if res.returncode != 0:
         return {"ok": False, "error": res.stderr[-2000:]}
-    import pandas as pd
-
-    sys.path.insert(0, os.path.join(REPO, "src"))
-    import raylight
-
     with open(os.path.join(out, "evaluation.json")) as f:
         evaluation = json.load(f)
-    pred = raylight.load_model(os.path.join(out, "model")).predict(pd.read_csv(held))[f"{TARGET}_predictions"]
     seconds = evaluation["seconds"]
-    return {
-        "ok": True, "wall_s": wall, "held_out_accuracy": held_out_accuracy(pred.tolist(), held),
+    row = {
+        "ok": True, "wall_s": wall,
         "chosen_processor": evaluation["processor"], "connect_s": seconds["connect"],
         "preprocess_s": seconds["preprocess"], "train_s": seconds["train"],
     }
+    if held_csv:
+        import pandas as pd
+
+        sys.path.insert(0, os.path.join(REPO, "src"))
+        import raylight
+
+        pred = raylight.load_model(os.path.join(out, "model")).predict(pd.read_csv(held))[f"{TARGET}_predictions"]
+        row["held_out_accuracy"] = held_out_accuracy(pred.tolist(), held)
+    return row
 
 
 def run_ludwig(python: str, data: str, held: str, backend: str, epochs: int, workdir: str) -> dict:
@@ -323,6 +339,48 @@ def diamonds(args: argparse.Namespace, work: str, why_not: str | None, python: s
     }
 
 
+PARQUET_ROWS = 50_000
+READERS = {"raylight": None, "ray_default": "1"}  # RAY_DATA_USE_DATASOURCE_V2 for each variant
+
+
+def parquet_reader(args: argparse.Namespace, work: str) -> dict:
+    """Part 3 of the module docstring: raylight's Parquet reader against Ray's default."""
+    import pandas as pd
+
+    _, files = diamonds_files(os.path.join(work, "parquet"), [PARQUET_ROWS])
+    data = files[PARQUET_ROWS].replace(".csv", ".parquet")
+    pd.read_csv(files[PARQUET_ROWS]).to_parquet(data)
+    epochs = EPOCHS[PARQUET_ROWS]
+    runs: list[dict] = []
+    for rep in range(args.parquet_reps):
+        for reader, v2 in READERS.items():
+            where = os.path.join(work, f"parquet-{rep}-{reader}")
+            row: dict[str, Any] = {"rep": rep, "reader": reader}
+            row.update(run_raylight(data, data, "ray", "ray_data", epochs, where, env_extra={} if v2 is None else {"RAY_DATA_USE_DATASOURCE_V2": v2}, held_csv=False))
+            print(json.dumps({k: v for k, v in row.items() if k != "error"}), flush=True)
+            runs.append(row)
+    medians: dict[str, dict[str, float | None]] = {}
+    for reader in READERS:
+        ok = [r for r in runs if r["reader"] == reader and r.get("ok")]
+        medians[reader] = {
+            key: statistics.median(r[key] for r in ok) if ok else None for key in ("preprocess_s", "wall_s")
+        }
+    ours, theirs = medians["raylight"], medians["ray_default"]
+    return {
+        "dataset": f"plotnine diamonds, {PARQUET_ROWS} training rows as one Parquet file; ray backend, processor ray_data, {epochs} epochs",
+        "readers": {"raylight": "Ray Data's first Parquet reader (raylight's choice for its read)",
+                    "ray_default": "RAY_DATA_USE_DATASOURCE_V2=1: Ray 2.60's default DataSourceV2 reader"},
+        "runs": runs,
+        "medians": medians,
+        "raylight_vs_ray_default_preprocess": _ratio(ours["preprocess_s"], theirs["preprocess_s"]),
+        "raylight_vs_ray_default_wall": _ratio(ours["wall_s"], theirs["wall_s"]),
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
 def print_tables(result: dict) -> None:
     bc = result["systems"]
     print(f"\nbreast cancer\n{'system':10} {'wall s':>8} {'test accuracy':>14}")
@@ -330,17 +388,22 @@ def print_tables(result: dict) -> None:
         wall = f"{s['wall_s']:.1f}" if s["wall_s"] is not None else "-"
         acc = f"{s['test_accuracy']:.4f}" if s["test_accuracy"] is not None else "-"
         print(f"{system:10} {wall:>8} {acc:>14}")
-    d = result.get("diamonds")
-    if not d:
-        return
-    print(f"\ndiamonds\n{'rows':>8} {'system':9} {'backend':8} {'processor':10} {'wall s':>7} {'prep s':>7} {'train s':>8} {'held-out acc':>13}")
+    d = result.get("diamonds") or {"runs": [], "raylight_vs_ludwig": []}
     def f(r: dict, key: str, fmt: str = "{:.2f}") -> str:
         return fmt.format(r[key]) if r.get(key) is not None else "-"
 
+    print(f"\ndiamonds\n{'rows':>8} {'system':9} {'backend':8} {'processor':10} {'wall s':>7} {'prep s':>7} {'train s':>8} {'held-out acc':>13}")
     for r in d["runs"]:
         print(f"{r['rows']:>8} {r['system']:9} {r['backend']:8} {r['processor']:10} {f(r, 'wall_s', '{:.1f}'):>7} {f(r, 'preprocess_s'):>7} {f(r, 'train_s'):>8} {f(r, 'held_out_accuracy', '{:.4f}'):>13}")
     for q in d["raylight_vs_ludwig"]:
         print(f"raylight/ludwig wall at {q['rows']} rows, {q['backend']}: {q['wall_ratio']:.2f}; accuracy {q['accuracy_points']:+.2f} points")
+    pr = result.get("parquet_reader")
+    if pr:
+        print(f"\nparquet reader ({pr['dataset']})\n{'reader':12} {'prep s':>7} {'wall s':>7}")
+        for reader, m in pr["medians"].items():
+            print(f"{reader:12} {f(m, 'preprocess_s'):>7} {f(m, 'wall_s', '{:.1f}'):>7}")
+        for key in ("raylight_vs_ray_default_preprocess", "raylight_vs_ray_default_wall"):
+            print(f"{key}: {f(pr, key, '{:.3f}')}")
 
 
 def main() -> None:
@@ -351,13 +414,14 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000,50000,500000", help="diamonds training-file sizes ('' skips diamonds)")
     parser.add_argument("--ludwig-sizes", default="1000,50000", help="the sizes Ludwig also runs at")
     parser.add_argument("--skip-breast-cancer", action="store_true", help="keep the breast-cancer figures of the last results")
+    parser.add_argument("--parquet-reps", type=int, default=5, help="repetitions of the Parquet reader part (0 keeps the last results)")
     args = parser.parse_args()
-    if args.sizes:  # before the breast-cancer runs, whose figures would be lost with it
+    if args.sizes or args.parquet_reps:  # before the breast-cancer runs, whose figures would be lost with it
         try:
             import plotnine  # noqa: F401
         except ImportError:
-            parser.error("the diamonds runs need plotnine (its diamonds.csv): pip install -e '.[bench]', "
-                         "as make bench-declarative does, or --sizes '' to skip them")
+            parser.error("the diamonds and Parquet runs need plotnine (its diamonds.csv): pip install -e '.[bench]', "
+                         "as make bench-declarative does, or --sizes '' --parquet-reps 0 to skip them")
     python = ludwig_python(args.ludwig_python)
     why_not = ludwig_available(python)
     work = tempfile.mkdtemp(prefix="bench-declarative-")
@@ -373,6 +437,10 @@ def main() -> None:
         result["diamonds"] = diamonds(args, work, why_not, python)
     elif "diamonds" in previous:
         result["diamonds"] = previous["diamonds"]
+    if args.parquet_reps:
+        result["parquet_reader"] = parquet_reader(args, work)
+    elif "parquet_reader" in previous:
+        result["parquet_reader"] = previous["parquet_reader"]
     result["machine"] = machine_info()
     if why_not is None:
         res = subprocess.run([python, "-c", "import ludwig; print(ludwig.__version__)"], capture_output=True, text=True, timeout=300)

@@ -71,6 +71,29 @@ def test_ray_data_preprocessing_cancels_no_ray_task(ray_cluster, tmp_path, monke
     assert cancelled == []
 
 
+def test_ray_data_reads_parquet_without_an_actor_pool(ray_cluster, tmp_path):
+    """Ray 2.60's default Parquet reader starts 32 FooterReader actors for every read and
+    kills them when the listing ends (seconds of process starts on a small machine, and a
+    GCS error line on the driver when one is killed while it starts). raylight reads
+    Parquet with Ray Data's first reader, which starts no actor; the file is read all the
+    same."""
+    import ray
+
+    from raylight.declarative.ray_data import prepare_ray_data
+    from tests.declarative_data import frame
+
+    def classes() -> set[str]:
+        return {a.get("ActorClassName", "") for a in ray._private.state.actors().values()}
+
+    before = classes()
+    cfg, data = write(tmp_path, fmt="parquet", df=frame(300), config=RAY_CONFIG)
+    prepared = prepare_ray_data(load_config(cfg), data, progress=False)
+    assert sum(len(prepared[k]) for k in ("train", "validation", "test")) == 300
+    started = {name for name in classes() - before if "FooterReader" in name}
+    assert not started, started
+    assert ray.data.DataContext.get_current().use_datasource_v2  # the user's reads keep Ray's default
+
+
 def test_ray_data_finds_non_numeric_strings_in_a_number_column(ray_cluster, tmp_path):
     from raylight.declarative.ray_data import prepare_ray_data
     from tests.declarative_data import frame

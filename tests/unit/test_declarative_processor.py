@@ -146,3 +146,25 @@ def test_combined_block_moments_equal_numpy_over_all_values(seed):
     assert n == 1000 and low == values.min() and high == values.max()
     assert mean == pytest.approx(values.mean(), rel=1e-12)
     assert np.sqrt(m2 / n) == pytest.approx(values.std(), rel=1e-9)
+
+
+def test_parquet_goes_through_ray_datas_first_reader_only_inside_raylights_read(monkeypatch):
+    """Ray Data's reader switch is process-wide: raylight turns its default reader off for
+    its own read only (restored after, and after an error), and an explicit
+    RAY_DATA_USE_DATASOURCE_V2 stays the user's choice."""
+    from ray.data import DataContext
+
+    from raylight.declarative.ray_data import PARQUET_READER_ENV, _parquet_reader_v1
+
+    context = DataContext.get_current()
+    monkeypatch.delenv(PARQUET_READER_ENV, raising=False)
+    monkeypatch.setattr(context, "use_datasource_v2", True)
+    with _parquet_reader_v1():
+        assert context.use_datasource_v2 is False
+    assert context.use_datasource_v2 is True
+    with pytest.raises(KeyError), _parquet_reader_v1():
+        raise KeyError("a read that fails")
+    assert context.use_datasource_v2 is True
+    monkeypatch.setenv(PARQUET_READER_ENV, "1")
+    with _parquet_reader_v1():
+        assert context.use_datasource_v2 is True

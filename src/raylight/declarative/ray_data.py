@@ -14,6 +14,9 @@ All of it runs before the training workers reserve their CPUs, so the two never 
 from __future__ import annotations
 
 import functools
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +50,37 @@ def _read(path: str) -> Any:
         kwargs["filesystem"] = PyFileSystem(FSSpecHandler(fs))
         files = [fs._strip_protocol(f) for f in files]
     reader = {"csv": ray.data.read_csv, "parquet": ray.data.read_parquet, "json": ray.data.read_json}[fmt]
-    return reader(files, **kwargs)
+    with _parquet_reader_v1():
+        return reader(files, **kwargs)
+
+
+# Ray Data's own switch between its two Parquet readers (an explicit value is the user's).
+PARQUET_READER_ENV = "RAY_DATA_USE_DATASOURCE_V2"
+
+
+@contextmanager
+def _parquet_reader_v1() -> Iterator[None]:
+    """Read Parquet through Ray Data's first reader, unless ``RAY_DATA_USE_DATASOURCE_V2``
+    asks otherwise; the user's own ``read_parquet`` calls keep Ray Data's default.
+
+    Ray 2.60's default reader (DataSourceV2) starts a pool of 32 ``FooterReader`` actors
+    for every read and kills them when the listing ends. On this project's 2-core machine a
+    400-row file took 3.6-3.9 s to read that way and started 5-7 Ray worker processes; the
+    first reader took 1.7-1.9 s and 2 (docs/performance.md). Those actors are also killed
+    while Ray is still starting them, which makes Ray's GCS print a "Failed to kill actor"
+    error to the driver, through raylight's quiet output."""
+    import ray.data
+
+    context = ray.data.DataContext.get_current()
+    before = getattr(context, "use_datasource_v2", None)
+    if before is None or PARQUET_READER_ENV in os.environ:
+        yield
+        return
+    context.use_datasource_v2 = False
+    try:
+        yield
+    finally:
+        context.use_datasource_v2 = before
 
 
 def _features(config: ModelConfig) -> list[tuple[str, Any]]:
