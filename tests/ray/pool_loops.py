@@ -24,15 +24,18 @@ def _pids() -> str:
 def unseeded_loop(ctx, config):
     """Draws from torch's default generator without seeding it (new processes draw
     differently every run; so must a reused one), and changes process-wide state the next run on this
-    process must not see: an environment variable and torch's default dtype."""
+    process must not see: an environment variable, torch's default dtype and its
+    deterministic mode."""
     seen = os.environ.get(LEFT_BEHIND, "")
     dtype = str(torch.get_default_dtype())
+    deterministic = f"{torch.are_deterministic_algorithms_enabled()},{torch.is_deterministic_algorithms_warn_only_enabled()}"
     draw = float(torch.randn(()).item())
     os.environ[LEFT_BEHIND] = "1"
     torch.set_default_dtype(torch.float64)
+    torch.use_deterministic_algorithms(True, warn_only=True)
     draws = [None] * ctx.world_size
     torch.distributed.all_gather_object(draws, draw)
-    ctx.report({"pids": _pids(), "draws": ",".join(map(str, draws)), "seen": seen, "dtype": dtype})
+    ctx.report({"pids": _pids(), "draws": ",".join(map(str, draws)), "seen": seen, "dtype": dtype, "deterministic": deterministic})
 
 
 _STOP = threading.Event()

@@ -39,8 +39,10 @@ def test_a_second_fit_runs_on_the_first_fit_s_processes_as_new_ones_would(pool, 
     second = _fit(pool_loops.unseeded_loop, tmp_path, "second")
     assert second.metrics["pids"] == first.metrics["pids"], "the second run reused both processes"
     # What the first loop changed in its processes is undone: its environment variable,
-    # torch's default dtype; torch's generator is seeded afresh, as a new process's is.
+    # torch's default dtype and deterministic mode; torch's generator is seeded afresh, as
+    # a new process's is.
     assert second.metrics["seen"] == "" and second.metrics["dtype"] == "torch.float32"
+    assert first.metrics["deterministic"] == second.metrics["deterministic"] == "False,False"
     assert second.metrics["draws"] != first.metrics["draws"]
     raylight.release_workers()
     third = _fit(pool_loops.unseeded_loop, tmp_path, "third")

@@ -159,3 +159,24 @@ def test_report_waits_while_the_checkpoints_held_are_too_large(worker, monkeypat
     assert len(worker.poll().reports) == 1
     thread.join(10)
     assert not thread.is_alive() and len(worker.poll().reports) == 1
+
+
+def test_a_released_process_sets_deterministic_mode_back_only_where_the_loop_changed_it(monkeypatch):
+    """torch's setter of deterministic mode imports its compiler stack (about a CPU-second):
+    a pooled process calls it only to undo what the loop changed, both flags."""
+    import torch
+
+    setter = torch.use_deterministic_algorithms
+    setter(False)  # as a new process has it
+    state = worker_module._ProcessState.now()
+    calls: list[tuple] = []
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda *a, **kw: (calls.append((a, kw)), setter(*a, **kw))[1])
+    state.restore()
+    assert calls == []
+    try:
+        setter(True, warn_only=True)  # what a loop may leave behind
+        state.restore()
+        assert calls == [((False,), {"warn_only": False})]
+        assert not torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled()
+    finally:
+        setter(False)

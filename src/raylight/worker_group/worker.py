@@ -575,17 +575,19 @@ class _ProcessState:
     """Process-wide state a training loop may change, as a new process has it:
     environment variables, torch's default dtype and deterministic mode as now, and
     random generators seeded afresh from the OS (torch, numpy's global one, Python's), as
-    a new worker's are: an unseeded loop draws differently in every run either way."""
+    a new worker's are: an unseeded loop draws differently in every run either way.
+
+    Deterministic mode is set back only where the loop changed it: the setter imports
+    torch's compiler stack (about 800 modules, 1.0-1.4 CPU-s on this project's 2 cores),
+    which every pooled worker paid after every run before."""
 
     env: dict[str, str]
     dtype: Any
-    deterministic: bool
+    deterministic: tuple[bool, bool]  # (enabled, warn only)
 
     @classmethod
     def now(cls) -> _ProcessState:
-        import torch
-
-        return cls(dict(os.environ), torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled())
+        return cls(dict(os.environ), *_torch_modes())
 
     def restore(self) -> None:
         import random
@@ -596,11 +598,22 @@ class _ProcessState:
             del os.environ[key]
         os.environ.update(self.env)
         torch.set_default_dtype(self.dtype)
-        torch.use_deterministic_algorithms(self.deterministic)
+        if _torch_modes()[1] != self.deterministic:
+            enabled, warn_only = self.deterministic
+            torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
         torch.seed()
         random.seed()
         if "numpy" in sys.modules:
             sys.modules["numpy"].random.seed()
+
+
+def _torch_modes() -> tuple[Any, tuple[bool, bool]]:
+    """torch's default dtype and deterministic mode (enabled, warn only), as a process has them now."""
+    import torch
+
+    return torch.get_default_dtype(), (
+        torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    )
 
 
 def _child_processes() -> list[int]:
