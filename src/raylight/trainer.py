@@ -254,6 +254,7 @@ class Trainer:
         failure = FailurePolicy(
             cfg.failure.max_failures, backoff_s=cfg.failure.restart_backoff_s,
             backoff_max_s=cfg.failure.restart_backoff_max_s, max_preemptions=cfg.failure.max_preemptions,
+            rendezvous_retries=cfg.failure.rendezvous_retries,
         )
         controller = Controller(
             group=group, recorder=recorder, failure_policy=failure, scaling_policy=policy,

@@ -244,6 +244,31 @@ def test_worker_exception_carries_type_message_traceback_and_cause(recorder):
     assert pickle.loads(pickle.dumps(err)).worker_traceback == err.worker_traceback
 
 
+def test_a_worker_that_fails_to_join_the_group_makes_the_run_form_it_again(recorder):
+    """A rendezvous error (a peer's gloo connection closed while the group formed, seen in
+    the suite on a loaded machine) gets FailureConfig.rendezvous_retries new groups, not
+    counted against max_failures; past them, or for an error in the loop, the run fails."""
+    joining = ErrorInfo("RuntimeError", "Gloo connectFullMesh failed", "Traceback...", rendezvous=True)
+    group = FakeGroup([failed("error", error=joining), running(ckpt_report(0)), finished()])
+    c = Controller(group=group, recorder=recorder, failure_policy=FailurePolicy(0, rendezvous_retries=1),
+                   scaling_policy=FixedScalingPolicy(2, 1))
+    c.run()
+    assert c.state is State.FINISHED and c.num_failures == 0 and c.rendezvous_retries == 1
+    assert len(group.starts) == 2 and group.shutdowns >= 1
+
+    twice = FakeGroup([failed("error", error=joining), failed("error", error=joining)])
+    c = Controller(group=twice, recorder=recorder, failure_policy=FailurePolicy(0, rendezvous_retries=1),
+                   scaling_policy=FixedScalingPolicy(2, 1))
+    c.run()
+    assert isinstance(c.error, WorkerError) and c.error.exc_type == "RuntimeError" and len(twice.starts) == 2
+
+    in_loop = ErrorInfo("RuntimeError", "Gloo connectFullMesh failed", "Traceback...")  # the loop's own group
+    c = Controller(group=FakeGroup([failed("error", error=in_loop)]), recorder=recorder,
+                   failure_policy=FailurePolicy(0, rendezvous_retries=1), scaling_policy=FixedScalingPolicy(2, 1))
+    c.run()
+    assert isinstance(c.error, WorkerError) and c.rendezvous_retries == 0
+
+
 def test_insufficient_resources_is_not_retried(recorder):
     group = FakeGroup([], start_errors=[InsufficientResourcesError("3 workers need CPU: 3")])
     c = make(group, recorder, max_failures=5)

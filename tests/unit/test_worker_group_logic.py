@@ -9,7 +9,7 @@ import pytest
 from raylight.worker_group import worker as worker_module
 from raylight.worker_group.protocol import Report
 from raylight.worker_group.ray_group import assign_ranks, check_feasible
-from raylight.worker_group.worker import RankInfo, RaylightWorker
+from raylight.worker_group.worker import RankInfo, RaylightWorker, StartSpec
 from tests.helpers import wait_until
 
 
@@ -103,6 +103,34 @@ def test_an_errored_worker_says_so_at_once_and_set_rank_waits_for_its_teardown(w
     release.set()
     wait_until(ranked.is_set, 30, "set_rank after the teardown")
     assert not dist.is_initialized()
+
+
+def test_an_error_while_joining_the_group_is_marked_as_one_and_the_loops_own_is_not(worker, held_teardown, monkeypatch):
+    """The driver forms the group again after a worker fails to join it
+    (FailureConfig.rendezvous_retries): the worker says which of its errors came then.
+    Here rank 1 of 2 finds no store where rank 0's should be."""
+    import socket
+
+    def peer_died(fn, config, **kw):
+        raise RuntimeError("a peer died")
+
+    start, release = held_teardown
+    start(peer_died)
+    assert worker.poll().error is not None and not worker.poll().error.rendezvous
+    release.set()
+    worker._thread.join(30)
+
+    with socket.socket() as s:  # a port where nothing listens
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    joining = RaylightWorker(RankInfo(1, 1, 2, 2, 0), "states")
+    joining.start(None, None, StartSpec(
+        entry=peer_died, master_addr="127.0.0.1", master_port=port, backend="gloo", threads=1, use_gpu=False,
+        collective_timeout_s=1, cuda_visible_devices=None, loopback=True, checkpoint_path=None, checkpoint_meta=None,
+    ), None)
+    joining._thread.join(60)
+    poll = joining.poll()
+    assert poll.state == "errored" and poll.error is not None and poll.error.rendezvous, poll.error
 
 
 def test_a_paused_worker_says_so_only_once_its_process_group_is_gone(worker, held_teardown):

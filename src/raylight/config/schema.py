@@ -751,6 +751,13 @@ class FailureConfig(ConfigModel):
         "drain, a SIGTERM, a cloud's preemption notice); they do not count against "
         "max_failures. -1 for unlimited.",
     )
+    rendezvous_retries: int = Field(
+        1,
+        ge=0,
+        description="Times a run forms its process group again when a worker fails to join "
+        "it (before the loop begins: a peer's connection closed or refused, a port taken in a "
+        "race); they do not count against max_failures. A worker that dies is a failure.",
+    )
     preemption_notices: list[str] = Field(
         default_factory=list,
         description="Preemption notices the workers watch for, besides Ray's node drain and "

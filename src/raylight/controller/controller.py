@@ -108,6 +108,7 @@ class Controller:
         self.threads = 1
         self.num_failures = 0
         self.num_preemptions = 0
+        self.rendezvous_retries = 0  # groups formed again after a worker failed to join
         self.num_restarts = 0
         self._noticed: set[str] = set()  # nodes given notice (acted on once each)
         self.error: RaylightError | None = None
@@ -360,6 +361,15 @@ class Controller:
     def _handle_failure(self, failure: WorkerFailure, cause: BaseException | None = None) -> None:
         if failure.kind == "died" and failure.node_id is not None and failure.node_id in self._noticed:
             self._handle_preemption(failure, cause)
+            return
+        if self.failure_policy.retries_rendezvous(failure, retried=self.rendezvous_retries):
+            self.rendezvous_retries += 1
+            log.warning(
+                "worker rank %s could not join the process group (%s); forming it again "
+                "(retry %d of FailureConfig.rendezvous_retries=%d, not counted against max_failures)",
+                failure.rank, failure.message, self.rendezvous_retries, self.failure_policy.rendezvous_retries,
+            )
+            self.phase = Phase(State.RESTARTING)
             return
         self.num_failures += 1
         self.last_failure = failure

@@ -31,12 +31,27 @@ class FailurePolicy:
     instead of spinning."""
 
     def __init__(
-        self, max_failures: int, *, backoff_s: float = 0.0, backoff_max_s: float = 0.0, max_preemptions: int = -1
+        self,
+        max_failures: int,
+        *,
+        backoff_s: float = 0.0,
+        backoff_max_s: float = 0.0,
+        max_preemptions: int = -1,
+        rendezvous_retries: int = 0,
     ) -> None:
         self.max_failures = max_failures
         self.backoff_s = backoff_s
         self.backoff_max_s = backoff_max_s
         self.max_preemptions = max_preemptions
+        self.rendezvous_retries = rendezvous_retries
+
+    def retries_rendezvous(self, failure: WorkerFailure, *, retried: int) -> bool:
+        """Whether to form the group again, not counting a failure: the worker failed to
+        join the run's process group (before its loop began; a peer's connection closed
+        or refused) and the run has retried that fewer than ``rendezvous_retries`` times.
+        A worker that died is a failure as before."""
+        error = failure.error
+        return failure.kind == "error" and error is not None and error.rendezvous and retried < self.rendezvous_retries
 
     def delay(self, in_a_row: int) -> float:
         """Seconds to wait before the restart after the ``in_a_row``-th failure with no

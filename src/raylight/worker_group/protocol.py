@@ -64,6 +64,9 @@ class ErrorInfo:
     # one): the worker group fetches it into WorkerFailure.cause. None: not serialisable.
     exception: Any = None
     time: float = 0.0  # wall clock when it was raised
+    # Raised while the worker joined the run's process group, before the loop began
+    # (FailureConfig.rendezvous_retries).
+    rendezvous: bool = False
 
 
 @dataclass(frozen=True)

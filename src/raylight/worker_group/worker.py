@@ -489,6 +489,7 @@ class RaylightWorker:
 
         info = self.info
         ended: WorkerState | None = None
+        joining = False  # forming the process group (an error then may be retried)
         try:
             os.environ.update(
                 MASTER_ADDR=spec.master_addr,
@@ -509,6 +510,7 @@ class RaylightWorker:
             else:
                 device = torch.device("cpu")
             timeout = timedelta(seconds=spec.collective_timeout_s)
+            joining = True
             store = self._store
             if store is None:
                 store = dist.TCPStore(
@@ -517,6 +519,7 @@ class RaylightWorker:
             dist.init_process_group(
                 spec.backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout
             )
+            joining = False
             if spec.broadcast_state:
                 ckpt = self._broadcast_state() or None
             checkpoint = None
@@ -545,7 +548,7 @@ class RaylightWorker:
             # Said at once: the driver restarts or resizes on it, and tearing down a group a
             # dead peer broke may take long (NCCL's can block).
             with self._lock:
-                self._error = error_info(exc)
+                self._error = replace(error_info(exc), rendezvous=joining and isinstance(exc, Exception))
                 self._state = "errored"
         finally:
             if dist.is_initialized():
