@@ -23,6 +23,7 @@ import platform
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -274,3 +275,14 @@ def machine_info() -> dict[str, Any]:
         "ray": package_version("ray"),
         "raylight": package_version("raylight"),
     }
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    """num / den, None where either is missing or den is 0."""
+    return num / den if num is not None and den else None
+
+
+def median_of(records: list[dict[str, Any]], metric: str) -> float | None:
+    """The median of ``metric`` over the records that ran (``ok``) and have it."""
+    values = [r[metric] for r in records if r["ok"] and r.get(metric) is not None]
+    return statistics.median(values) if values else None

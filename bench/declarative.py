@@ -53,7 +53,7 @@ REPO = os.path.dirname(HERE)
 EXAMPLES = os.path.join(REPO, "examples", "declarative")
 RESULTS = os.path.join(HERE, "results", "declarative.json")
 sys.path.insert(0, HERE)
-from common import machine_info, reap_leftovers  # noqa: E402
+from common import machine_info, median_of, ratio, reap_leftovers  # noqa: E402
 
 HELD_OUT = 10_000
 TARGET = "cut"
@@ -359,12 +359,10 @@ def parquet_reader(args: argparse.Namespace, work: str) -> dict:
             row.update(run_raylight(data, data, "ray", "ray_data", epochs, where, env_extra={} if v2 is None else {"RAY_DATA_USE_DATASOURCE_V2": v2}, held_csv=False))
             print(json.dumps({k: v for k, v in row.items() if k != "error"}), flush=True)
             runs.append(row)
-    medians: dict[str, dict[str, float | None]] = {}
-    for reader in READERS:
-        ok = [r for r in runs if r["reader"] == reader and r.get("ok")]
-        medians[reader] = {
-            key: statistics.median(r[key] for r in ok) if ok else None for key in ("preprocess_s", "wall_s")
-        }
+    medians = {
+        reader: {key: median_of([r for r in runs if r["reader"] == reader], key) for key in ("preprocess_s", "wall_s")}
+        for reader in READERS
+    }
     ours, theirs = medians["raylight"], medians["ray_default"]
     return {
         "dataset": f"plotnine diamonds, {PARQUET_ROWS} training rows as one Parquet file; ray backend, processor ray_data, {epochs} epochs",
@@ -372,13 +370,9 @@ def parquet_reader(args: argparse.Namespace, work: str) -> dict:
                     "ray_default": "RAY_DATA_USE_DATASOURCE_V2=1: Ray 2.60's default DataSourceV2 reader"},
         "runs": runs,
         "medians": medians,
-        "raylight_vs_ray_default_preprocess": _ratio(ours["preprocess_s"], theirs["preprocess_s"]),
-        "raylight_vs_ray_default_wall": _ratio(ours["wall_s"], theirs["wall_s"]),
+        "raylight_vs_ray_default_preprocess": ratio(ours["preprocess_s"], theirs["preprocess_s"]),
+        "raylight_vs_ray_default_wall": ratio(ours["wall_s"], theirs["wall_s"]),
     }
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
 
 
 def print_tables(result: dict) -> None:
@@ -388,15 +382,17 @@ def print_tables(result: dict) -> None:
         wall = f"{s['wall_s']:.1f}" if s["wall_s"] is not None else "-"
         acc = f"{s['test_accuracy']:.4f}" if s["test_accuracy"] is not None else "-"
         print(f"{system:10} {wall:>8} {acc:>14}")
-    d = result.get("diamonds") or {"runs": [], "raylight_vs_ludwig": []}
+
     def f(r: dict, key: str, fmt: str = "{:.2f}") -> str:
         return fmt.format(r[key]) if r.get(key) is not None else "-"
 
-    print(f"\ndiamonds\n{'rows':>8} {'system':9} {'backend':8} {'processor':10} {'wall s':>7} {'prep s':>7} {'train s':>8} {'held-out acc':>13}")
-    for r in d["runs"]:
-        print(f"{r['rows']:>8} {r['system']:9} {r['backend']:8} {r['processor']:10} {f(r, 'wall_s', '{:.1f}'):>7} {f(r, 'preprocess_s'):>7} {f(r, 'train_s'):>8} {f(r, 'held_out_accuracy', '{:.4f}'):>13}")
-    for q in d["raylight_vs_ludwig"]:
-        print(f"raylight/ludwig wall at {q['rows']} rows, {q['backend']}: {q['wall_ratio']:.2f}; accuracy {q['accuracy_points']:+.2f} points")
+    d = result.get("diamonds")
+    if d:
+        print(f"\ndiamonds\n{'rows':>8} {'system':9} {'backend':8} {'processor':10} {'wall s':>7} {'prep s':>7} {'train s':>8} {'held-out acc':>13}")
+        for r in d["runs"]:
+            print(f"{r['rows']:>8} {r['system']:9} {r['backend']:8} {r['processor']:10} {f(r, 'wall_s', '{:.1f}'):>7} {f(r, 'preprocess_s'):>7} {f(r, 'train_s'):>8} {f(r, 'held_out_accuracy', '{:.4f}'):>13}")
+        for q in d["raylight_vs_ludwig"]:
+            print(f"raylight/ludwig wall at {q['rows']} rows, {q['backend']}: {q['wall_ratio']:.2f}; accuracy {q['accuracy_points']:+.2f} points")
     pr = result.get("parquet_reader")
     if pr:
         print(f"\nparquet reader ({pr['dataset']})\n{'reader':12} {'prep s':>7} {'wall s':>7}")

@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common import machine_info, run_child, run_once, write_results
+from common import machine_info, ratio, run_child, run_once, write_results
 from overhead import CHILDREN, NUM_WORKERS, SKIP_STEPS
 from overhead import child_command as overhead_command
 
@@ -58,10 +58,6 @@ def medians(reps: list[dict[str, Any]]) -> dict[str, float | None]:
         values = [r[metric] for r in ok if r.get(metric) is not None]
         out[metric] = statistics.median(values) if values else None
     return out
-
-
-def ratio(num: float | None, den: float | None) -> float | None:
-    return None if num is None or den is None or den == 0 else num / den
 
 
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:

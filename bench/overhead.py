@@ -71,6 +71,7 @@ import torch
 from common import (
     free_port,
     machine_info,
+    ratio,
     run_child,
     run_once,
     run_ray_train,
@@ -436,10 +437,6 @@ def sharded_starts(reps: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     for (strategy, kind), v in values.items():
         out.setdefault(strategy, {})[kind] = statistics.median(v)
     return out
-
-
-def ratio(num: float | None, den: float | None) -> float | None:
-    return num / den if num is not None and den else None
 
 
 def goals(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -52,6 +52,8 @@ from common import (
     ChildRun,
     free_port,
     machine_info,
+    median_of,
+    ratio,
     run_child,
     run_ray_train,
     script_command,
@@ -399,15 +401,6 @@ METRICS = (
     "peak_delta", "rss_delta", "state_bytes", "steady_samples_per_s", "checkpoint_save_s", "checkpoint_load_s",
     "process_s",
 )
-
-
-def ratio(num: float | None, den: float | None) -> float | None:
-    return num / den if num is not None and den else None
-
-
-def median_of(records: list[dict[str, Any]], metric: str) -> float | None:
-    values = [r[metric] for r in records if r["ok"] and r.get(metric) is not None]
-    return statistics.median(values) if values else None
 
 
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
