@@ -590,7 +590,9 @@ class _ProcessState:
 
     @classmethod
     def now(cls) -> _ProcessState:
-        return cls(dict(os.environ), *_torch_modes())
+        import torch
+
+        return cls(dict(os.environ), torch.get_default_dtype(), _deterministic_mode())
 
     def restore(self) -> None:
         import random
@@ -601,7 +603,7 @@ class _ProcessState:
             del os.environ[key]
         os.environ.update(self.env)
         torch.set_default_dtype(self.dtype)
-        if _torch_modes()[1] != self.deterministic:
+        if _deterministic_mode() != self.deterministic:
             enabled, warn_only = self.deterministic
             torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
         torch.seed()
@@ -610,13 +612,11 @@ class _ProcessState:
             sys.modules["numpy"].random.seed()
 
 
-def _torch_modes() -> tuple[Any, tuple[bool, bool]]:
-    """torch's default dtype and deterministic mode (enabled, warn only), as a process has them now."""
+def _deterministic_mode() -> tuple[bool, bool]:
+    """torch's deterministic-algorithms mode now: (enabled, warn only)."""
     import torch
 
-    return torch.get_default_dtype(), (
-        torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    )
+    return torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
 
 
 def _child_processes() -> list[int]:
