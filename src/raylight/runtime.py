@@ -77,7 +77,7 @@ def start_embedded(
     _force_loopback()
     warn_if_auth_disabled()
     _import_in_background("torch")  # the run needs it next; Ray's start is mostly waiting
-    with _without_api_server():
+    with _lean_head():
         ray.init(
             address="local",
             num_cpus=num_cpus,
@@ -100,45 +100,57 @@ def start_embedded(
 
 
 @contextmanager
-def _without_api_server() -> Iterator[None]:
-    """Start a head node without Ray's API server process, for the embedded cluster.
+def _lean_head() -> Iterator[None]:
+    """Start a head node without Ray's API server and autoscaler monitor processes, for
+    the embedded cluster.
 
-    Ray's head starts its API server (the dashboard process) even with
-    ``include_dashboard=False``; it then loads only Ray's usage-stats module, and
-    ``ray.init`` waits for that process to publish its address before it starts the raylet.
-    On this project's 2-core machine that wait was 1.2-1.8 s of every embedded start
-    (docs/performance.md). The embedded cluster serves no dashboard, no Jobs API and no
-    state API, so nothing needs that process, and Ray starts without one (its start is
-    allowed to fail when the dashboard is off). Where Ray's internals moved, this does
-    nothing and Ray starts its API server as before."""
+    - Ray's head starts its API server (the dashboard process) even with
+      ``include_dashboard=False``; it then loads only Ray's usage-stats module, and
+      ``ray.init`` waits for that process to publish its address before it starts the
+      raylet. On this project's 2-core machine that wait was 1.2-1.8 s of every embedded
+      start. The embedded cluster serves no dashboard, no Jobs API and no state API, so
+      nothing needs that process (its start is allowed to fail when the dashboard is off).
+    - Ray's head also starts its autoscaler monitor, a Python process that imports the
+      autoscaler while the raylet and its agents start, on the same cores. The embedded
+      cluster has fixed resources and no autoscaler to drive; Ray's own ``ray start
+      --no-monitor`` does the same. Measured on the 2-core machine: ``ray.init`` 2.7 s
+      instead of 3.1 s (median of 4 interleaved starts each), docs/performance.md.
+
+    Where Ray's internals moved, the method missing is left alone and Ray starts that
+    process as before."""
     from ray._private import node
 
-    original = getattr(node.Node, "start_api_server", None)
-    if original is None:
-        yield
-        return
+    originals = {name: getattr(node.Node, name, None) for name in ("start_api_server", "start_monitor")}
 
     def start_api_server(self: Any, *, include_dashboard: bool | None, raise_on_failure: bool) -> None:
         if include_dashboard is not False:  # None is Ray's "start it where it can"
-            original(self, include_dashboard=include_dashboard, raise_on_failure=raise_on_failure)
+            originals["start_api_server"](self, include_dashboard=include_dashboard, raise_on_failure=raise_on_failure)  # type: ignore[misc]
         else:
             log.debug("embedded Ray: not starting Ray's API server (no dashboard, Jobs or state API)")
 
-    node.Node.start_api_server = start_api_server  # type: ignore[method-assign]
+    def start_monitor(self: Any) -> None:
+        log.debug("embedded Ray: not starting Ray's autoscaler monitor (fixed resources)")
+
+    replacements = {"start_api_server": start_api_server, "start_monitor": start_monitor}
+    for name, original in originals.items():
+        if original is not None:
+            setattr(node.Node, name, replacements[name])
     try:
         yield
     finally:
-        node.Node.start_api_server = original  # type: ignore[method-assign]
+        for name, original in originals.items():
+            if original is not None:
+                setattr(node.Node, name, original)
 
 
 def _shutdown_embedded() -> None:
     """``ray.shutdown()`` for the embedded cluster, a second faster at every exit.
 
-    Ray stops its processes in turn and gives each a second after SIGTERM. Its autoscaler
-    monitor is stopped after the GCS, and on SIGTERM it first reports its own termination
-    to that GCS, which is gone: it always uses its whole second. An embedded cluster has no
-    autoscaling to report on and goes away with this process, so the monitor is killed
-    first (its report would only print an "autoscaler failed" line)."""
+    The embedded head starts without Ray's autoscaler monitor (``_lean_head``). Where a
+    Ray release started one all the same: Ray stops its processes in turn and gives each a
+    second after SIGTERM; the monitor is stopped after the GCS, and on SIGTERM it first
+    reports its own termination to that GCS, which is gone, so it always used its whole
+    second. It is killed first (its report would only print an "autoscaler failed" line)."""
     try:
         node = ray._private.worker._global_node
         monitors: list[Any] = node.all_processes.get("monitor", []) if node is not None else []

@@ -52,10 +52,11 @@ def test_a_single_node_run_listens_on_loopback_only(ray_cluster, tmp_path):
     assert not exposed, f"listening beyond loopback: {exposed} (all: {sockets})"
 
 
-def test_the_embedded_cluster_runs_without_ray_s_api_server(ray_cluster):
-    """Ray starts its API server (``dashboard.py``) even with the dashboard off; the
-    embedded cluster does without it (``runtime._without_api_server``): no such process
-    under this driver, no address published for it, and the cluster serves tasks."""
+def test_the_embedded_cluster_runs_without_ray_s_api_server_and_monitor(ray_cluster):
+    """Ray starts its API server (``dashboard.py``) even with the dashboard off, and its
+    autoscaler monitor (``monitor.py``); the embedded cluster does without both
+    (``runtime._lean_head``): no such process under this driver, no address published for
+    the API server, and the cluster serves tasks."""
     import ray
 
     cmdlines = []
@@ -66,6 +67,6 @@ def test_the_embedded_cluster_runs_without_ray_s_api_server(ray_cluster):
         except OSError:
             continue
     assert any("raylet" in c for c in cmdlines), cmdlines  # the listing sees Ray's processes
-    assert not [c for c in cmdlines if "dashboard/dashboard.py" in c], cmdlines
+    assert not [c for c in cmdlines if "dashboard/dashboard.py" in c or ("/autoscaler/" in c and "monitor.py" in c)], cmdlines
     assert ray._private.worker._global_node.webui_url is None
     assert ray.get(ray.remote(lambda: 1).remote(), timeout=60) == 1

@@ -6,7 +6,7 @@ import sys
 import pytest
 from ray._private import node
 
-from raylight.runtime import _host_port, _without_api_server
+from raylight.runtime import _host_port, _lean_head
 from raylight.worker_group.net import is_loopback as _is_loopback
 
 SCRIPT = """
@@ -41,27 +41,30 @@ def test_address_parsing():
     assert _is_loopback("127.0.0.2") and _is_loopback("localhost") and not _is_loopback("10.0.0.1")
 
 
-def test_the_api_server_is_skipped_only_for_a_head_without_dashboard(monkeypatch):
+def test_the_api_server_is_skipped_only_for_a_head_without_dashboard_and_the_monitor_always(monkeypatch):
     calls = []
     monkeypatch.setattr(node.Node, "start_api_server", lambda self, **kw: calls.append(kw))
-    original = node.Node.start_api_server
-    with _without_api_server():
-        assert node.Node.start_api_server is not original
+    monkeypatch.setattr(node.Node, "start_monitor", lambda self: calls.append("monitor"))
+    originals = node.Node.start_api_server, node.Node.start_monitor
+    with _lean_head():
+        assert node.Node.start_api_server is not originals[0] and node.Node.start_monitor is not originals[1]
         node.Node.start_api_server(None, include_dashboard=False, raise_on_failure=False)
         node.Node.start_api_server(None, include_dashboard=None, raise_on_failure=False)
         node.Node.start_api_server(None, include_dashboard=True, raise_on_failure=True)
+        node.Node.start_monitor(None)
     assert calls == [
         {"include_dashboard": None, "raise_on_failure": False}, {"include_dashboard": True, "raise_on_failure": True},
     ]
-    assert node.Node.start_api_server is original
+    assert (node.Node.start_api_server, node.Node.start_monitor) == originals
 
 
-def test_the_api_server_patch_is_undone_on_error_and_absent_where_ray_moved(monkeypatch):
-    original = node.Node.start_api_server
-    with pytest.raises(RuntimeError), _without_api_server():
+def test_the_lean_head_patches_are_undone_on_error_and_absent_where_ray_moved(monkeypatch):
+    originals = node.Node.start_api_server, node.Node.start_monitor
+    with pytest.raises(RuntimeError), _lean_head():
         raise RuntimeError("ray.init failed")
-    assert node.Node.start_api_server is original
-    monkeypatch.delattr(node.Node, "start_api_server")
-    with _without_api_server():  # Ray without the method: nothing to skip, nothing added
-        assert not hasattr(node.Node, "start_api_server")
-    assert not hasattr(node.Node, "start_api_server")
+    assert (node.Node.start_api_server, node.Node.start_monitor) == originals
+    for name in ("start_api_server", "start_monitor"):
+        monkeypatch.delattr(node.Node, name)
+        with _lean_head():  # Ray without the method: nothing to skip, nothing added
+            assert not hasattr(node.Node, name)
+        assert not hasattr(node.Node, name)
