@@ -3,11 +3,12 @@
 Run:  python examples/declarative/demo.py [--epochs N] [--quiet]
 
 Writes scikit-learn's breast-cancer data (569 tumours, no download) to a temporary
-directory, then trains examples/declarative/breast_cancer.yaml exactly as
-`raylight train` would: preprocessing in the driver (data this small fits in memory;
+directory (removed at the end), then trains examples/declarative/breast_cancer.yaml exactly
+as `raylight train` would: preprocessing in the driver (data this small fits in memory;
 `backend.processor.type: ray_data` sends it to Ray Data), 2 DDP workers on an embedded
 local Ray, batch size and learning rate chosen by the adaptive engine. Prints the evaluation
-on the held-out test split and where the run is.
+on the held-out test split and where the run is: `results/demo-<date>-<time>` under the
+current directory, as `raylight train` writes `results/run`, unless --output-directory.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+import time
 
 from rich.console import Console
 from rich.table import Table
@@ -36,12 +38,11 @@ def main(argv: list[str] | None = None) -> dict:
     sys.path.insert(0, HERE)
     from make_datasets import write_all
 
-    work = tempfile.mkdtemp(prefix="raylight-demo-")
-    data = write_all(os.path.join(work, "data"))["breast_cancer"]
+    output_directory = args.output_directory or os.path.join("results", time.strftime("demo-%Y%m%d-%H%M%S"))
     config = load_config(os.path.join(HERE, "breast_cancer.yaml"), [f"trainer.epochs={args.epochs}"])
-    out = api.train(
-        config, data, output_directory=args.output_directory or os.path.join(work, "run"), progress=not args.quiet
-    )
+    with tempfile.TemporaryDirectory(prefix="raylight-demo-") as work:
+        data = write_all(work)["breast_cancer"]
+        out = api.train(config, data, output_directory=output_directory, progress=not args.quiet)
     table = Table(title="breast cancer: held-out test split")
     table.add_column("metric")
     table.add_column("value", justify="right")

@@ -5,6 +5,7 @@ import glob
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -50,12 +51,16 @@ def test_make_run_demo(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), REPO, os.environ.get("PYTHONPATH", "")])}
     for name in ("RAY_ADDRESS", "RAYLIGHT_VERBOSE", "RAY_DATA_LOGGING_CONFIG", "RAY_DATA_DISABLE_PROGRESS_BARS"):
         env.pop(name, None)
-    res = subprocess.run(
-        [sys.executable, os.path.join(EXAMPLES, "demo.py"), "--epochs", "4", "--output-directory", str(tmp_path / "run")],
-        capture_output=True, text=True, timeout=280, env=env, cwd=REPO,
+    data_dirs = set(glob.glob(os.path.join(tempfile.gettempdir(), "raylight-demo-*")))
+    res = subprocess.run(  # the default output directory: results/demo-<date>-<time> under the cwd
+        [sys.executable, os.path.join(EXAMPLES, "demo.py"), "--epochs", "4"],
+        capture_output=True, text=True, timeout=280, env=env, cwd=tmp_path,
     )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    assert "accuracy" in res.stdout and (tmp_path / "run" / "evaluation.json").exists()
+    [run] = glob.glob(str(tmp_path / "results" / "demo-*"))
+    assert "accuracy" in res.stdout and os.path.exists(os.path.join(run, "evaluation.json"))
+    assert f"run directory: {run} " in res.stdout, res.stdout
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "raylight-demo-*"))) == data_dirs, "the data's temporary directory is removed"
     # What a newcomer reads: one line per epoch, nothing of Ray's (tests/ray/test_output.py).
     assert not ray_lines(res.stdout + res.stderr), res.stdout + res.stderr
     assert [line.split()[:2] for line in res.stderr.splitlines()] == [["epoch", str(e)] for e in range(4)], res.stderr
