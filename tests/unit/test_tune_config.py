@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from raylight.config.validation import validate
@@ -289,3 +291,30 @@ def test_tune_checkpoint_round_trip(tmp_path):
 
     with pytest.raises(ValueError, match="holds no raylight state"):
         from_tune_checkpoint(TuneCheckpoint.from_directory(str(tmp_path / "empty")))
+
+
+def test_a_forwarded_checkpoint_is_staged_in_a_directory_removed_once_tune_has_it(monkeypatch, tmp_path):
+    """TuneForwarder writes each checkpoint to a temporary directory of its own, hands it to
+    ``tune.report``, and removes it after: nothing is left in the temp dir between reports,
+    so a trial that Tune kills (PBT, a time budget) leaves nothing behind either. Tune's
+    ``report`` needs a live trial; here it is replaced by one that reads what it is given."""
+    import tempfile
+
+    from ray import tune
+
+    from raylight.checkpoint import Checkpoint, serialize_state
+    from raylight.tune.trial import TuneForwarder, from_tune_checkpoint
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    seen = []
+
+    def report(metrics, checkpoint=None):
+        seen.append((metrics, checkpoint and from_tune_checkpoint(checkpoint).load()["epoch"], checkpoint and checkpoint.path))
+
+    monkeypatch.setattr(tune, "report", report)
+    forward = TuneForwarder()
+    forward({"loss": 1.0}, None)
+    forward({"loss": 0.5, "raylight/workers": 2}, Checkpoint(None, data=serialize_state({"epoch": 3}), metadata={"index": 0}))
+    assert [(m, epoch) for m, epoch, _ in seen] == [({"loss": 1.0}, None), ({"loss": 0.5}, 3)]
+    assert seen[1][2].startswith(str(tmp_path)), seen
+    assert os.listdir(tmp_path) == [], "the staging directory is removed once Tune has copied the checkpoint"

@@ -67,8 +67,6 @@ class RayLauncher(_Launcher):
             output = result.checkpoint.load()  # torch.load(weights_only=True)
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)
-            if forward is not None:
-                forward.close()
         output.pop(RAYLIGHT_KEY, None)
         recover(trainer, output)
         return output["results"]

@@ -121,10 +121,9 @@ class TuneForwarder:
     ``ray.tune.report``, its checkpoint as a ``ray.tune.Checkpoint``. A raylight checkpoint
     becomes the state file (``from_tune_checkpoint`` reads it back); one made by
     ``TuneReportCheckpointCallback`` on a worker becomes the Lightning ``.ckpt`` file it
-    holds. Reports raylight makes for itself, and its marker metrics, are not sent."""
-
-    def __init__(self) -> None:
-        self.scratch = tempfile.mkdtemp(prefix="raylight-tune-")
+    holds. Reports raylight makes for itself, and its marker metrics, are not sent. A
+    checkpoint is staged in a temporary directory of its own, removed once Tune has copied
+    it: nothing is left behind, whoever created the forwarder and however the trial ends."""
 
     def __call__(self, metrics: dict[str, Any], checkpoint: Checkpoint | None) -> None:
         from ray import tune
@@ -135,7 +134,8 @@ class TuneForwarder:
         if checkpoint is None:
             tune.report(public)
             return
-        target = os.path.join(self.scratch, uuid.uuid4().hex[:8])
+        staging = tempfile.mkdtemp(prefix="raylight-tune-")
+        target = os.path.join(staging, "checkpoint")
         try:
             if metrics.get(LIGHTNING_CKPT_METRIC):
                 state = checkpoint.load()  # weights_only
@@ -147,10 +147,7 @@ class TuneForwarder:
                 tune_checkpoint = to_tune_checkpoint(checkpoint, target)
             tune.report(public, checkpoint=tune_checkpoint)
         finally:  # Tune has copied it into the trial's storage
-            shutil.rmtree(target, ignore_errors=True)
-
-    def close(self) -> None:
-        shutil.rmtree(self.scratch, ignore_errors=True)
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def run_trial(
@@ -170,17 +167,13 @@ def run_trial(
         update={"storage_path": storage, "name": f"raylight-{uuid.uuid4().hex[:8]}", "progress": False}
     )
     cfg = trainer_config.model_copy(update={"run": run})
-    forward = TuneForwarder()
-    try:
-        Trainer(
-            train_loop,
-            train_loop_config=loop_config,
-            config=cfg,
-            on_report=forward,
-            resume_from=from_tune_checkpoint(restored) if restored is not None else None,
-        ).fit()
-    finally:
-        forward.close()
+    Trainer(
+        train_loop,
+        train_loop_config=loop_config,
+        config=cfg,
+        on_report=TuneForwarder(),
+        resume_from=from_tune_checkpoint(restored) if restored is not None else None,
+    ).fit()
 
 
 def trainable(
