@@ -32,6 +32,8 @@ import tempfile
 
 from tests.helpers import ctrl_c_reaches_child, use_venv_torch_extensions
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 # Both runs take minutes and every test in them has pytest-timeout's limit; this bounds
 # the wait for the run beside once the front run has ended.
 BESIDE_WAIT_S = 1800
@@ -87,6 +89,23 @@ def _prebuild() -> subprocess.Popen | None:
     )
 
 
+def _compile_sources() -> None:
+    """Write the bytecode of raylight's, the tests' and the examples' modules before the runs.
+
+    Where ``PYTHONDONTWRITEBYTECODE`` is set (this project's machines set it), Python never
+    caches what it compiles, and an editable install has no bytecode of its own: every
+    process the suite starts (both pytest runs, each Ray worker, each driver and CLI a test
+    launches) compiled each raylight and test module it imported from source again:
+    measured here, 0.04 CPU-s of a worker's 0.17 for its 39 raylight modules, 0.25-0.3 CPU-s
+    for a driver that imports the declarative stack. A few percent of the suite's CPU;
+    ``compileall`` writes it once (only what changed since the last run, 0.5 s from
+    nothing), and Python checks it against the source as usual."""
+    import compileall
+
+    for directory in ("src", "tests", "examples"):
+        compileall.compile_dir(os.path.join(REPO, directory), quiet=1)
+
+
 def _interrupted(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -94,6 +113,7 @@ def _interrupted(signum: int, frame: object) -> None:
 def main(args: list[str]) -> int:
     signal.signal(signal.SIGTERM, _interrupted)  # stopped by a CI runner: stop both runs too
     pytest = [sys.executable, "-m", "pytest", *args]
+    _compile_sources()
     build = _prebuild()
     with tempfile.NamedTemporaryFile("w+", prefix="raylight-tests-beside-", suffix=".log") as log:
         beside = subprocess.Popen(
