@@ -90,6 +90,7 @@ CORE_PYTHON_ENV = "RAYLIGHT_BENCH_CORE_PYTHON"
 CORE = "raylight_core"
 NUM_WORKERS = 2
 SKIP_STEPS = 20  # steps left out of the steady-state throughput
+PLACEMENT_GROUP_TIMEOUT_S = 60.0  # the ray_actors row's wait for its 2 CPUs
 START_GOAL = 0.5  # raylight start-to-first-step <= this x Ray Train's
 TORCHRUN_START_GOAL = 1.2  # ... and <= this x torchrun's
 WARM_START_GOAL = 0.5  # a second fit in the same driver reaches its first step within this (s)
@@ -343,7 +344,13 @@ def child_ray_actors(job: dict[str, Any]) -> None:
     runtime.start_embedded(num_cpus=NUM_WORKERS, temp_dir=job["ray_temp_dir"])
     try:
         group = placement_group([{"CPU": 1}] * NUM_WORKERS, strategy="PACK")
-        ray.get(group.ready(), timeout=60)
+        try:
+            ray.get(group.ready(), timeout=PLACEMENT_GROUP_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(
+                f"the placement group of {NUM_WORKERS} CPUs was not ready after {PLACEMENT_GROUP_TIMEOUT_S:g} s "
+                "(bench/overhead.py PLACEMENT_GROUP_TIMEOUT_S); is another Ray job holding this machine's CPUs?"
+            ) from None
         port = free_port()
 
         @ray.remote(num_cpus=1)
