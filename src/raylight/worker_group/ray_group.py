@@ -514,8 +514,9 @@ class RayWorkerGroup:
         if self._resizing:
             return
         if not self._spare_wanted():
-            self._drop_spare()
-            return
+            if self._spare is None or self._spare_created():
+                self._drop_spare()
+            return  # else dropped on a later poll, once Ray has created it
         spare = self._spare
         if spare is not None and not spare.ready:
             done, _ = ray.wait(spare.refs, num_returns=len(spare.refs), timeout=0)
@@ -550,6 +551,15 @@ class RayWorkerGroup:
             kill_quietly(spare.actor)
             return -1, None
         return at, spare
+
+    def _spare_created(self) -> bool:
+        """Whether Ray has done creating the spare (its first call answered, or failed).
+        Killing an actor while Ray still grants it a worker makes Ray's GCS log "Failed to
+        kill actor NIL_ID", a line Ray forwards to the driver's console. A spare holds no
+        resources, so it can wait a poll or two for its process."""
+        assert self._spare is not None
+        done, _ = ray.wait(self._spare.refs[:1], timeout=0)
+        return bool(done)
 
     def _drop_spare(self) -> None:
         if self._spare is not None:
