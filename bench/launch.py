@@ -27,12 +27,11 @@ raylight_run/torchrun throughput).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
-from common import machine_info, ratio, run_child, run_once, write_results
+from common import machine_info, median_of, ratio, run_child, run_once, write_results
 from overhead import CHILDREN, NUM_WORKERS, SKIP_STEPS
 from overhead import child_command as overhead_command
 
@@ -52,12 +51,7 @@ def child_command(system: str, job: dict[str, Any]) -> list[str]:
 
 
 def medians(reps: list[dict[str, Any]]) -> dict[str, float | None]:
-    ok = [r for r in reps if r["ok"]]
-    out: dict[str, float | None] = {}
-    for metric in METRICS:
-        values = [r[metric] for r in ok if r.get(metric) is not None]
-        out[metric] = statistics.median(values) if values else None
-    return out
+    return {metric: median_of(reps, metric) for metric in METRICS}
 
 
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:

@@ -71,6 +71,7 @@ import torch
 from common import (
     free_port,
     machine_info,
+    median_of,
     ratio,
     run_child,
     run_once,
@@ -409,12 +410,7 @@ PHASES = ("imports_s", "ray_started_s", "placement_group_s", "workers_started_s"
 
 
 def medians(reps: list[dict[str, Any]]) -> dict[str, float | None]:
-    ok = [r for r in reps if r["ok"]]
-    out: dict[str, float | None] = {}
-    for metric in METRICS:
-        values = [r[metric] for r in ok if r.get(metric) is not None]
-        out[metric] = statistics.median(values) if values else None
-    return out
+    return {metric: median_of(reps, metric) for metric in METRICS}
 
 
 def start_breakdown(reps: list[dict[str, Any]]) -> dict[str, float | None]:
