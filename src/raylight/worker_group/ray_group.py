@@ -552,13 +552,14 @@ class RayWorkerGroup:
             return -1, None
         return at, spare
 
-    def _spare_created(self) -> bool:
-        """Whether Ray has done creating the spare (its first call answered, or failed).
-        Killing an actor while Ray still grants it a worker makes Ray's GCS log "Failed to
-        kill actor NIL_ID", a line Ray forwards to the driver's console. A spare holds no
-        resources, so it can wait a poll or two for its process."""
+    def _spare_created(self, timeout: float = 0.0) -> bool:
+        """Whether Ray has done creating the spare (its first call answered, or failed),
+        waiting up to ``timeout`` s. Killing an actor while Ray still grants it a worker
+        makes Ray's GCS log "Failed to kill actor NIL_ID", a line Ray forwards to the
+        driver's console. A spare holds no resources, so it can wait a poll or two for its
+        process."""
         assert self._spare is not None
-        done, _ = ray.wait(self._spare.refs[:1], timeout=0)
+        done, _ = ray.wait(self._spare.refs[:1], timeout=timeout)
         return bool(done)
 
     def _drop_spare(self) -> None:
@@ -999,9 +1000,7 @@ class RayWorkerGroup:
             with contextlib.suppress(Exception):
                 request_resources(bundles=[])
         if self._spare is not None and not self._spare.ready:
-            # Killing an actor Ray is still creating makes the GCS log an error on the
-            # driver's console as the driver exits; a spare is seconds from ready.
-            ray.wait(self._spare.refs[:1], timeout=RELEASE_WAIT_S)
+            self._spare_created(timeout=RELEASE_WAIT_S)  # a spare is seconds from ready
         pooled = self._pool_members()
         self._drop_spare()
         pgs = self._pgs
