@@ -31,13 +31,24 @@ Two parts, every run a separate process timed from launch to exit:
    preprocessing seconds (evaluation.json: read, checks, split, statistics, transform) and
    of the wall time, and their ratios.
 
+4. Ray against local against torchrun (`--floor-reps`, 3 by default; `--floor-sizes`):
+   the diamonds config at each size run three ways, interleaved in each repetition: the
+   local backend (one process), the same config under `torchrun --nproc-per-node 2` (two
+   DDP ranks over gloo, no Ray: docs/launchers.md) and the Ray backend (two workers).
+   Medians of the wall time, of fit's seconds and of the steady epoch (the gap between
+   epoch reports in metrics.jsonl), and the ratios ray/local (the goal: <= 1.5),
+   torchrun/local (what data parallelism itself costs on this machine and model) and
+   ray/torchrun (what Ray adds to it).
+
 Results: bench/results/declarative.json (breast cancer at the top level as before, the
-diamonds runs under "diamonds", the readers under "parquet_reader") and tables on stdout.
+diamonds runs under "diamonds", the readers under "parquet_reader", part 4 under
+"ddp_floor") and tables on stdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -53,7 +64,7 @@ REPO = os.path.dirname(HERE)
 EXAMPLES = os.path.join(REPO, "examples", "declarative")
 RESULTS = os.path.join(HERE, "results", "declarative.json")
 sys.path.insert(0, HERE)
-from common import machine_info, median_of, ratio, reap_leftovers  # noqa: E402
+from common import free_port, machine_info, median_of, ratio, reap_leftovers  # noqa: E402
 
 HELD_OUT = 10_000
 TARGET = "cut"
@@ -248,15 +259,32 @@ def held_out_accuracy(predicted: list[Any], held_path: str) -> float:
     return sum(str(p) == t for p, t in zip(predicted, truth, strict=True)) / len(truth)
 
 
+def steady_epoch_s(metrics_path: str) -> float | None:
+    """Seconds per epoch once training runs: the median gap between consecutive epoch
+    reports in the run's metrics.jsonl (start-up and the first epoch excluded); None with
+    fewer than 2 epochs."""
+    with open(metrics_path) as f:
+        times = [json.loads(line)["_time"] for line in f if line.strip()]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    return statistics.median(gaps) if gaps else None
+
+
+# torchrun in front of `raylight train` on the local backend: 2 processes in one DDP group
+# (gloo), no Ray; docs/launchers.md.
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
+
+
 def run_raylight(
     data: str, held: str, backend: str, processor: str, epochs: int, workdir: str,
-    *, env_extra: dict[str, str] | None = None, held_csv: bool = True,
+    *, env_extra: dict[str, str] | None = None, held_csv: bool = True, torchrun: bool = False,
 ) -> dict:
-    """One `raylight train`; ``held_csv=False`` skips the held-out accuracy."""
+    """One `raylight train`; ``held_csv=False`` skips the held-out accuracy; ``torchrun``
+    launches it as 2 ranks under torchrun (the local backend's config, no Ray)."""
     os.makedirs(workdir, exist_ok=True)
     cfg, out = os.path.join(workdir, "raylight.yaml"), os.path.join(workdir, "run")
     raylight_config(cfg, backend, processor, epochs)
-    cmd = [sys.executable, "-m", "raylight.cli", "train", "--config", cfg, "--dataset", data, "--output-directory", out, "--quiet"]
+    front = [*TORCHRUN, "--master-port", str(free_port())] if torchrun else [sys.executable]
+    cmd = [*front, "-m", "raylight.cli", "train", "--config", cfg, "--dataset", data, "--output-directory", out, "--quiet"]
     res, wall, _ = run_timed(cmd, timeout=1800, env={**raylight_env(), **(env_extra or {})}, marker=workdir)
     if res.returncode != 0:
         return {"ok": False, "error": res.stderr[-2000:]}
@@ -267,6 +295,7 @@ def run_raylight(
         "ok": True, "wall_s": wall,
         "chosen_processor": evaluation["processor"], "connect_s": seconds["connect"],
         "preprocess_s": seconds["preprocess"], "train_s": seconds["train"],
+        "epoch_s": steady_epoch_s(os.path.join(out, "metrics.jsonl")),
     }
     if held_csv:
         import pandas as pd
@@ -375,6 +404,45 @@ def parquet_reader(args: argparse.Namespace, work: str) -> dict:
     }
 
 
+FLOOR = {"local": "local backend: 1 process", "torchrun": "torchrun, 2 ranks (DDP over gloo), no Ray",
+         "ray": "ray backend, 2 workers (DDP over gloo)"}
+
+
+def ddp_floor(args: argparse.Namespace, work: str) -> dict:
+    """Part 4 of the module docstring: where the ray backend's time over the local
+    backend's goes. The same config at each size, three ways, interleaved in each
+    repetition: one process (local), two DDP ranks under torchrun (no Ray), and two Ray
+    workers. torchrun over local is what data parallelism itself costs (or gains) on this
+    machine and model; ray over torchrun is what Ray adds."""
+    sizes = [int(n) for n in args.floor_sizes.split(",") if n]
+    _, files = diamonds_files(os.path.join(work, "floor"), sizes)
+    runs: list[dict] = []
+    for n in sizes:
+        epochs = EPOCHS.get(n, 5)
+        for rep in range(args.floor_reps):
+            for way in FLOOR:
+                where = os.path.join(work, f"floor-{n}-{rep}-{way}")
+                row: dict[str, Any] = {"rows": n, "epochs": epochs, "rep": rep, "way": way}
+                backend = "ray" if way == "ray" else "local"
+                row.update(run_raylight(files[n], files[n], backend, "auto", epochs, where, held_csv=False, torchrun=way == "torchrun"))
+                print(json.dumps({k: v for k, v in row.items() if k != "error"}), flush=True)
+                runs.append(row)
+    keys = ("wall_s", "train_s", "epoch_s")
+    sized = []
+    for n in sizes:
+        m = {way: {k: median_of([r for r in runs if r["rows"] == n and r["way"] == way], k) for k in keys} for way in FLOOR}
+        sized.append({
+            "rows": n, "epochs": EPOCHS.get(n, 5), "medians": m,
+            **{f"{a}_vs_{b}_{k.removesuffix('_s')}": ratio(m[a][k], m[b][k])
+               for a, b in (("ray", "local"), ("torchrun", "local"), ("ray", "torchrun")) for k in ("wall_s", "epoch_s")},
+        })
+    return {
+        "dataset": "plotnine diamonds (training files as in the diamonds part), the diamonds config, processor auto",
+        "ways": FLOOR, "reps": args.floor_reps, "runs": runs, "sizes": sized,
+        "goal_ray_vs_local_wall": 1.5,
+    }
+
+
 def print_tables(result: dict) -> None:
     bc = result["systems"]
     print(f"\nbreast cancer\n{'system':10} {'wall s':>8} {'test accuracy':>14}")
@@ -400,6 +468,13 @@ def print_tables(result: dict) -> None:
             print(f"{reader:12} {f(m, 'preprocess_s'):>7} {f(m, 'wall_s', '{:.1f}'):>7}")
         for key in ("raylight_vs_ray_default_preprocess", "raylight_vs_ray_default_wall"):
             print(f"{key}: {f(pr, key, '{:.3f}')}")
+    fl = result.get("ddp_floor")
+    if fl:
+        print(f"\nray vs local vs torchrun (medians of {fl['reps']})\n{'rows':>8} {'way':9} {'wall s':>7} {'train s':>8} {'epoch s':>8}")
+        for size in fl["sizes"]:
+            for way, m in size["medians"].items():
+                print(f"{size['rows']:>8} {way:9} {f(m, 'wall_s', '{:.1f}'):>7} {f(m, 'train_s'):>8} {f(m, 'epoch_s'):>8}")
+            print("         " + ", ".join(f"{k} {f(size, k)}" for k in size if k.endswith(("_wall", "_epoch"))))
 
 
 def main() -> None:
@@ -411,13 +486,15 @@ def main() -> None:
     parser.add_argument("--ludwig-sizes", default="1000,50000", help="the sizes Ludwig also runs at")
     parser.add_argument("--skip-breast-cancer", action="store_true", help="keep the breast-cancer figures of the last results")
     parser.add_argument("--parquet-reps", type=int, default=5, help="repetitions of the Parquet reader part (0 keeps the last results)")
+    parser.add_argument("--floor-reps", type=int, default=3, help="repetitions of the ray/local/torchrun part (0 keeps the last results)")
+    parser.add_argument("--floor-sizes", default="1000,50000,500000", help="the sizes of the ray/local/torchrun part")
     args = parser.parse_args()
-    if args.sizes or args.parquet_reps:  # before the breast-cancer runs, whose figures would be lost with it
+    if args.sizes or args.parquet_reps or args.floor_reps:  # before the breast-cancer runs, whose figures would be lost with it
         try:
             import plotnine  # noqa: F401
         except ImportError:
             parser.error("the diamonds and Parquet runs need plotnine (its diamonds.csv): pip install -e '.[bench]', "
-                         "as make bench-declarative does, or --sizes '' --parquet-reps 0 to skip them")
+                         "as make bench-declarative does, or --sizes '' --parquet-reps 0 --floor-reps 0 to skip them")
     python = ludwig_python(args.ludwig_python)
     why_not = ludwig_available(python)
     work = tempfile.mkdtemp(prefix="bench-declarative-")
@@ -437,6 +514,10 @@ def main() -> None:
         result["parquet_reader"] = parquet_reader(args, work)
     elif "parquet_reader" in previous:
         result["parquet_reader"] = previous["parquet_reader"]
+    if args.floor_reps:
+        result["ddp_floor"] = ddp_floor(args, work)
+    elif "ddp_floor" in previous:
+        result["ddp_floor"] = previous["ddp_floor"]
     result["machine"] = machine_info()
     if why_not is None:
         res = subprocess.run([python, "-c", "import ludwig; print(ludwig.__version__)"], capture_output=True, text=True, timeout=300)
