@@ -43,7 +43,11 @@ def drain(node_id: str, deadline_s: float) -> None:
 
 def main(workdir: str) -> None:
     fast_health = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500, "health_check_failure_threshold": 4}
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": fast_health})
+    # No dashboard: nothing here uses it, and its process, killed at shutdown, left a
+    # multiprocessing temp dir (/tmp/pymp-*) behind on every run.
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False, "_system_config": fast_health},
+    )
     second = cluster.add_node(num_cpus=1)
     third = cluster.add_node(num_cpus=1)
     ray.init(address=cluster.address)

@@ -50,7 +50,11 @@ class Lines(io.StringIO):
 
 def main(workdir: str) -> None:
     fast_health = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500, "health_check_failure_threshold": 4}
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": fast_health})
+    # No dashboard: nothing here uses it, and its process, killed at shutdown, left a
+    # multiprocessing temp dir (/tmp/pymp-*) behind on every run.
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False, "_system_config": fast_health},
+    )
     ray.init(address=cluster.address)
     out = Lines()
     result: dict = {}
