@@ -35,10 +35,11 @@ Two parts, every run a separate process timed from launch to exit:
    the diamonds config at each size run three ways, interleaved in each repetition: the
    local backend (one process), the same config under `torchrun --nproc-per-node 2` (two
    DDP ranks over gloo, no Ray: docs/launchers.md) and the Ray backend (two workers).
-   Medians of the wall time, of fit's seconds and of the steady epoch (the gap between
-   epoch reports in metrics.jsonl), and the ratios ray/local (the goal: <= 1.5),
-   torchrun/local (what data parallelism itself costs on this machine and model) and
-   ray/torchrun (what Ray adds to it).
+   A fourth way is the Ray backend with `batch_size: auto` (the adaptive engine chooses
+   the batch). Medians of the wall time, of fit's seconds, of the steady epoch (the gap
+   between epoch reports in metrics.jsonl) and of the held-out accuracy, and the ratios
+   ray/local (the goal: <= 1.5), torchrun/local (what data parallelism itself costs on
+   this machine and model), ray/torchrun (what Ray adds to it) and ray_auto/local.
 
 Results: bench/results/declarative.json (breast cancer at the top level as before, the
 diamonds runs under "diamonds", the readers under "parquet_reader", part 4 under
@@ -217,14 +218,14 @@ def diamonds_files(work: str, sizes: list[int]) -> tuple[str, dict[int, str]]:
     return held_path, files
 
 
-def raylight_config(path: str, backend: str, processor: str, epochs: int) -> None:
+def raylight_config(path: str, backend: str, processor: str, epochs: int, batch_size: int | str = 256) -> None:
     import yaml
 
     cfg = {
         "input_features": [{"name": c, "type": "number"} for c in NUMBERS] + [{"name": c, "type": "category"} for c in CATEGORIES],
         "output_features": [{"name": TARGET, "type": "category"}],
         "combiner": {"type": "concat", "fc_layers": [{"output_size": 64}, {"output_size": 32}]},
-        "trainer": {"epochs": epochs, "batch_size": 256, "learning_rate": 0.001, "optimizer": {"type": "adam"}, "early_stop": -1},
+        "trainer": {"epochs": epochs, "batch_size": batch_size, "learning_rate": 0.001, "optimizer": {"type": "adam"}, "early_stop": -1},
         "preprocessing": {"split": {"type": "random", "probabilities": [0.9, 0.1, 0.0]}},
         "backend": {"type": backend, "processor": {"type": processor}, "trainer": {"num_workers": 2, "resources_per_worker": {"CPU": 1}}},
     }
@@ -276,13 +277,13 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "
 
 def run_raylight(
     data: str, held: str, backend: str, processor: str, epochs: int, workdir: str,
-    *, env_extra: dict[str, str] | None = None, held_csv: bool = True, torchrun: bool = False,
+    *, env_extra: dict[str, str] | None = None, held_csv: bool = True, torchrun: bool = False, batch_size: int | str = 256,
 ) -> dict:
     """One `raylight train`; ``held_csv=False`` skips the held-out accuracy; ``torchrun``
     launches it as 2 ranks under torchrun (the local backend's config, no Ray)."""
     os.makedirs(workdir, exist_ok=True)
     cfg, out = os.path.join(workdir, "raylight.yaml"), os.path.join(workdir, "run")
-    raylight_config(cfg, backend, processor, epochs)
+    raylight_config(cfg, backend, processor, epochs, batch_size)
     front = [*TORCHRUN, "--master-port", str(free_port())] if torchrun else [sys.executable]
     cmd = [*front, "-m", "raylight.cli", "train", "--config", cfg, "--dataset", data, "--output-directory", out, "--quiet"]
     res, wall, _ = run_timed(cmd, timeout=1800, env={**raylight_env(), **(env_extra or {})}, marker=workdir)
@@ -405,7 +406,8 @@ def parquet_reader(args: argparse.Namespace, work: str) -> dict:
 
 
 FLOOR = {"local": "local backend: 1 process", "torchrun": "torchrun, 2 ranks (DDP over gloo), no Ray",
-         "ray": "ray backend, 2 workers (DDP over gloo)"}
+         "ray": "ray backend, 2 workers (DDP over gloo)",
+         "ray_auto": "ray backend, 2 workers, batch_size: auto (the adaptive engine chooses the batch)"}
 
 
 def ddp_floor(args: argparse.Namespace, work: str) -> dict:
@@ -415,7 +417,7 @@ def ddp_floor(args: argparse.Namespace, work: str) -> dict:
     workers. torchrun over local is what data parallelism itself costs (or gains) on this
     machine and model; ray over torchrun is what Ray adds."""
     sizes = [int(n) for n in args.floor_sizes.split(",") if n]
-    _, files = diamonds_files(os.path.join(work, "floor"), sizes)
+    held, files = diamonds_files(os.path.join(work, "floor"), sizes)
     runs: list[dict] = []
     for n in sizes:
         epochs = EPOCHS.get(n, 5)
@@ -423,18 +425,20 @@ def ddp_floor(args: argparse.Namespace, work: str) -> dict:
             for way in FLOOR:
                 where = os.path.join(work, f"floor-{n}-{rep}-{way}")
                 row: dict[str, Any] = {"rows": n, "epochs": epochs, "rep": rep, "way": way}
-                backend = "ray" if way == "ray" else "local"
-                row.update(run_raylight(files[n], files[n], backend, "auto", epochs, where, held_csv=False, torchrun=way == "torchrun"))
+                backend = "ray" if way.startswith("ray") else "local"
+                row.update(run_raylight(files[n], held, backend, "auto", epochs, where, torchrun=way == "torchrun",
+                                        batch_size="auto" if way == "ray_auto" else 256))
                 print(json.dumps({k: v for k, v in row.items() if k != "error"}), flush=True)
                 runs.append(row)
-    keys = ("wall_s", "train_s", "epoch_s")
+    keys = ("wall_s", "train_s", "epoch_s", "held_out_accuracy")
     sized = []
     for n in sizes:
         m = {way: {k: median_of([r for r in runs if r["rows"] == n and r["way"] == way], k) for k in keys} for way in FLOOR}
         sized.append({
             "rows": n, "epochs": EPOCHS.get(n, 5), "medians": m,
             **{f"{a}_vs_{b}_{k.removesuffix('_s')}": ratio(m[a][k], m[b][k])
-               for a, b in (("ray", "local"), ("torchrun", "local"), ("ray", "torchrun")) for k in ("wall_s", "epoch_s")},
+               for a, b in (("ray", "local"), ("torchrun", "local"), ("ray", "torchrun"), ("ray_auto", "local"))
+               for k in ("wall_s", "epoch_s")},
         })
     return {
         "dataset": "plotnine diamonds (training files as in the diamonds part), the diamonds config, processor auto",
@@ -470,10 +474,10 @@ def print_tables(result: dict) -> None:
             print(f"{key}: {f(pr, key, '{:.3f}')}")
     fl = result.get("ddp_floor")
     if fl:
-        print(f"\nray vs local vs torchrun (medians of {fl['reps']})\n{'rows':>8} {'way':9} {'wall s':>7} {'train s':>8} {'epoch s':>8}")
+        print(f"\nray vs local vs torchrun (medians of {fl['reps']})\n{'rows':>8} {'way':9} {'wall s':>7} {'train s':>8} {'epoch s':>8} {'held-out acc':>13}")
         for size in fl["sizes"]:
             for way, m in size["medians"].items():
-                print(f"{size['rows']:>8} {way:9} {f(m, 'wall_s', '{:.1f}'):>7} {f(m, 'train_s'):>8} {f(m, 'epoch_s'):>8}")
+                print(f"{size['rows']:>8} {way:9} {f(m, 'wall_s', '{:.1f}'):>7} {f(m, 'train_s'):>8} {f(m, 'epoch_s'):>8} {f(m, 'held_out_accuracy', '{:.4f}'):>13}")
             print("         " + ", ".join(f"{k} {f(size, k)}" for k in size if k.endswith(("_wall", "_epoch"))))
 
 
