@@ -491,6 +491,7 @@ def main() -> None:
     parser.add_argument("--skip-breast-cancer", action="store_true", help="keep the breast-cancer figures of the last results")
     parser.add_argument("--parquet-reps", type=int, default=5, help="repetitions of the Parquet reader part (0 keeps the last results)")
     parser.add_argument("--floor-reps", type=int, default=3, help="repetitions of the ray/local/torchrun part (0 keeps the last results)")
+    parser.add_argument("--keep-work", action="store_true", help="keep the generated data and the runs' directories (default: removed at the end)")
     parser.add_argument("--floor-sizes", default="1000,50000,500000", help="the sizes of the ray/local/torchrun part")
     args = parser.parse_args()
     if args.sizes or args.parquet_reps or args.floor_reps:  # before the breast-cancer runs, whose figures would be lost with it
@@ -502,33 +503,39 @@ def main() -> None:
     python = ludwig_python(args.ludwig_python)
     why_not = ludwig_available(python)
     work = tempfile.mkdtemp(prefix="bench-declarative-")
-    previous: dict = {}
-    if os.path.exists(RESULTS):
-        with open(RESULTS) as f:
-            previous = json.load(f)
-    if args.skip_breast_cancer and "systems" in previous:
-        result = {k: previous[k] for k in ("dataset", "epochs", "workers", "systems")}
-    else:
-        result = breast_cancer(args, work, why_not, python)
-    if args.sizes:
-        result["diamonds"] = diamonds(args, work, why_not, python)
-    elif "diamonds" in previous:
-        result["diamonds"] = previous["diamonds"]
-    if args.parquet_reps:
-        result["parquet_reader"] = parquet_reader(args, work)
-    elif "parquet_reader" in previous:
-        result["parquet_reader"] = previous["parquet_reader"]
-    if args.floor_reps:
-        result["ddp_floor"] = ddp_floor(args, work)
-    elif "ddp_floor" in previous:
-        result["ddp_floor"] = previous["ddp_floor"]
-    result["machine"] = machine_info()
-    if why_not is None:
-        res = subprocess.run([python, "-c", "import ludwig; print(ludwig.__version__)"], capture_output=True, text=True, timeout=300)
-        result["machine"]["ludwig"] = res.stdout.strip()
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS, "w") as f:
-        json.dump(result, f, indent=2)
+    try:
+        previous: dict = {}
+        if os.path.exists(RESULTS):
+            with open(RESULTS) as f:
+                previous = json.load(f)
+        if args.skip_breast_cancer and "systems" in previous:
+            result = {k: previous[k] for k in ("dataset", "epochs", "workers", "systems")}
+        else:
+            result = breast_cancer(args, work, why_not, python)
+        if args.sizes:
+            result["diamonds"] = diamonds(args, work, why_not, python)
+        elif "diamonds" in previous:
+            result["diamonds"] = previous["diamonds"]
+        if args.parquet_reps:
+            result["parquet_reader"] = parquet_reader(args, work)
+        elif "parquet_reader" in previous:
+            result["parquet_reader"] = previous["parquet_reader"]
+        if args.floor_reps:
+            result["ddp_floor"] = ddp_floor(args, work)
+        elif "ddp_floor" in previous:
+            result["ddp_floor"] = previous["ddp_floor"]
+        result["machine"] = machine_info()
+        if why_not is None:
+            res = subprocess.run([python, "-c", "import ludwig; print(ludwig.__version__)"], capture_output=True, text=True, timeout=300)
+            result["machine"]["ludwig"] = res.stdout.strip()
+        os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+        with open(RESULTS, "w") as f:
+            json.dump(result, f, indent=2)
+    finally:  # the generated data and every run's directory (tens of MB); failures are in the results
+        if args.keep_work:
+            print(f"kept the runs' data and directories in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     print_tables(result)
     print(f"wrote {RESULTS}")
 
