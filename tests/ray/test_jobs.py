@@ -73,7 +73,10 @@ class Head:
             "--disable-usage-stats", "--include-dashboard", "true",
         ]
         self.log = open(os.path.join(self.temp_dir, "head.log"), "w")  # noqa: SIM115 - open while the head runs
-        self.proc = subprocess.Popen(args, env=_env(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0"), stdout=self.log, stderr=subprocess.STDOUT)
+        # TMPDIR: the head's processes make their temporary files in its temp dir, removed at
+        # stop(); Ray's dashboard, killed there, left a /tmp/pymp-* dir behind otherwise.
+        env = _env(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", TMPDIR=self.temp_dir)
+        self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT)
 
     def stop(self) -> None:
         pids = set(process_tree(self.proc.pid)) | set(_temp_dir_processes(self.temp_dir))
