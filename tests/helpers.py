@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import signal
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -20,6 +22,15 @@ def use_venv_torch_extensions() -> str:
     venv's paths: with one cache for every venv, each checkout's run rebuilt what another's
     had replaced. One cache per venv keeps each build."""
     return os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
+
+
+@contextlib.contextmanager
+def own_temp_dir(env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """``env`` with TMPDIR set to a temporary directory removed afterwards, for a launcher
+    that leaves files behind there: torchrun makes a ``torchelastic_*`` log directory on every
+    run and never removes it."""
+    with tempfile.TemporaryDirectory(prefix="rl-tmp-") as tmp:
+        yield {**env, "TMPDIR": tmp}
 
 
 def pid_alive(pid: int) -> bool:

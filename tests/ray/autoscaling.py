@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -99,6 +100,7 @@ def autoscaling_cluster(
         yield address
     finally:
         stop(head, temp_dir)
+    shutil.rmtree(temp_dir)  # kept where the run failed, with Ray's and the autoscaler's logs
 
 
 def stop(head: subprocess.Popen, temp_dir: str) -> None:

@@ -10,6 +10,7 @@ from raylight.declarative import api
 from raylight.declarative.loading import load_config
 from raylight.exceptions import ConfigError
 from tests.declarative_data import CONFIG, write
+from tests.helpers import own_temp_dir
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -272,7 +273,8 @@ def _under_torchrun(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(port), "-m", "raylight.cli", *args]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env={**env, "RAYLIGHT_RENDEZVOUS_TIMEOUT_S": "60"})
+    with own_temp_dir({**env, "RAYLIGHT_RENDEZVOUS_TIMEOUT_S": "60"}) as env:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     return done
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -57,6 +58,7 @@ def test_resume_after_the_driver_is_killed(tmp_path, ray_cluster):
     with open(log) as f:
         assert f.read().split() == ["start", "0", "start", "3"]
     wait_until(lambda: not _ray_processes(temp_dir), 60, "the second driver's Ray processes to exit")
+    shutil.rmtree(temp_dir)  # kept where the test failed, with the drivers' Ray logs
 
 
 @pytest.mark.beside
@@ -105,6 +107,7 @@ def test_ctrl_c_on_the_driver_leaves_no_processes(tmp_path, ray_cluster):
             proc.kill()
     assert proc.returncode != 0 and "KeyboardInterrupt" in out
     wait_until(lambda: not _ray_processes(temp_dir), 60, "the interrupted driver's Ray processes to exit")
+    shutil.rmtree(temp_dir)  # kept where the test failed, with the driver's Ray logs
 
 
 def segments(steps):

@@ -21,7 +21,7 @@ import torch
 
 from raylight.launch.driver import InitTimeoutError, launch
 from tests.conftest import REPO
-from tests.helpers import assert_no_strays, ctrl_c_reaches_child, read_until
+from tests.helpers import assert_no_strays, ctrl_c_reaches_child, own_temp_dir, read_until
 from tests.ray import loops
 
 EXAMPLE = os.path.join(REPO, "examples", "launch", "ddp_torchrun.py")
@@ -49,13 +49,14 @@ def torchrun_params(tmp_path_factory):
         torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port), EXAMPLE,
         "--steps", "12", "--out", str(out),
     ]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    with own_temp_dir(dict(os.environ)) as env:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+        try:
+            _, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     assert proc.returncode == 0, err
     return torch.load(out, weights_only=True)
 

@@ -17,7 +17,7 @@ import torch
 import raylight
 from raylight.config import AdaptiveConfig, ScalingConfig, TrainerConfig
 from raylight.exceptions import ConfigError
-from tests.helpers import mpirun_command, openmpi_missing, processes_with
+from tests.helpers import mpirun_command, openmpi_missing, own_temp_dir, processes_with
 from tests.ray import loops
 
 pytestmark = pytest.mark.timeout(180)
@@ -33,7 +33,8 @@ def _env() -> dict[str, str]:
 def _torchrun(*args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(_free_port()), SCRIPT, *args]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=150, env=_env())
+    with own_temp_dir(_env()) as env:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=150, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     return done
 
