@@ -80,6 +80,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def torchrun_command(nproc: int, job: dict[str, Any]) -> list[str]:
+    """``torchrun`` on one node with ``nproc`` local processes and a free loopback port, up
+    to the script to run. Its logs go to the child's run dir (``--log-dir``): without it,
+    torchrun makes a ``torchelastic_*`` directory in /tmp on every run and never removes it."""
+    log_dir = os.path.join(os.path.dirname(job["result_path"]), "torchrun")
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
+        "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "--log-dir", log_dir,
+    ]
+
+
 def script_command(script: str | Path, child: str, job: dict[str, Any]) -> list[str]:
     """A bench script run as one of its own children: ``script --child NAME --job JSON``."""
     return [sys.executable, str(script), "--child", child, "--job", json.dumps(job)]

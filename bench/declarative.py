@@ -284,7 +284,7 @@ def run_raylight(
     os.makedirs(workdir, exist_ok=True)
     cfg, out = os.path.join(workdir, "raylight.yaml"), os.path.join(workdir, "run")
     raylight_config(cfg, backend, processor, epochs, batch_size)
-    front = [*TORCHRUN, "--master-port", str(free_port())] if torchrun else [sys.executable]
+    front = [*TORCHRUN, "--master-port", str(free_port()), "--log-dir", os.path.join(workdir, "torchrun")] if torchrun else [sys.executable]
     cmd = [*front, "-m", "raylight.cli", "train", "--config", cfg, "--dataset", data, "--output-directory", out, "--quiet"]
     res, wall, _ = run_timed(cmd, timeout=1800, env={**raylight_env(), **(env_extra or {})}, marker=workdir)
     if res.returncode != 0:

@@ -61,7 +61,6 @@ import itertools
 import json
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -77,6 +76,7 @@ from common import (
     run_once,
     run_ray_train,
     script_command,
+    torchrun_command,
     write_results,
 )
 from torch import nn
@@ -386,10 +386,7 @@ CHILDREN = {
 def child_command(system: str, job: dict[str, Any]) -> list[str]:
     this_file = str(Path(__file__).resolve())
     if system == "torchrun":
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1"]
-        launcher += ["--nproc_per_node", str(NUM_WORKERS), "--master_addr", "127.0.0.1"]
-        launcher += ["--master_port", str(free_port()), this_file]
-        return [*launcher, "--child", "torchrun-worker", "--job", json.dumps(job)]
+        return [*torchrun_command(NUM_WORKERS, job), this_file, "--child", "torchrun-worker", "--job", json.dumps(job)]
     if system == CORE:
         return [os.environ[CORE_PYTHON_ENV], *script_command(this_file, "raylight", job)[1:]]
     return script_command(this_file, system, job)

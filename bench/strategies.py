@@ -42,7 +42,6 @@ import json
 import os
 import resource
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -50,13 +49,13 @@ from typing import Any
 import torch
 from common import (
     ChildRun,
-    free_port,
     machine_info,
     median_of,
     ratio,
     run_child,
     run_ray_train,
     script_command,
+    torchrun_command,
     write_results,
 )
 from torch import nn
@@ -351,10 +350,7 @@ CHILDREN = {
 def child_command(system: str, job: dict[str, Any]) -> list[str]:
     this_file = str(Path(__file__).resolve())
     if system.startswith("torchrun"):
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1"]
-        launcher += ["--nproc_per_node", str(NUM_WORKERS), "--master_addr", "127.0.0.1"]
-        launcher += ["--master_port", str(free_port()), this_file]
-        return [*launcher, "--child", system.replace("_", "-"), "--job", json.dumps(job)]
+        return [*torchrun_command(NUM_WORKERS, job), this_file, "--child", system.replace("_", "-"), "--job", json.dumps(job)]
     return script_command(this_file, "ray-train" if system == "ray_train_zero3" else "raylight", job)
 
 
