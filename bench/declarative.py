@@ -32,11 +32,10 @@ Two parts, every run a separate process timed from launch to exit:
    of the wall time, and their ratios.
 
 4. Ray against local against torchrun (`--floor-reps`, 3 by default; `--floor-sizes`):
-   the diamonds config at each size run three ways, interleaved in each repetition: the
+   the diamonds config at each size run four ways, interleaved in each repetition: the
    local backend (one process), the same config under `torchrun --nproc-per-node 2` (two
-   DDP ranks over gloo, no Ray: docs/launchers.md) and the Ray backend (two workers).
-   A fourth way is the Ray backend with `batch_size: auto` (the adaptive engine chooses
-   the batch). Medians of the wall time, of fit's seconds, of the steady epoch (the gap
+   DDP ranks over gloo, no Ray: docs/launchers.md), the Ray backend (two workers), and the
+   Ray backend with `batch_size: auto` (the adaptive engine chooses the batch). Medians of the wall time, of fit's seconds, of the steady epoch (the gap
    between epoch reports in metrics.jsonl) and of the held-out accuracy, and the ratios
    ray/local (the goal: <= 1.5), torchrun/local (what data parallelism itself costs on
    this machine and model), ray/torchrun (what Ray adds to it) and ray_auto/local.
@@ -412,10 +411,11 @@ FLOOR = {"local": "local backend: 1 process", "torchrun": "torchrun, 2 ranks (DD
 
 def ddp_floor(args: argparse.Namespace, work: str) -> dict:
     """Part 4 of the module docstring: where the ray backend's time over the local
-    backend's goes. The same config at each size, three ways, interleaved in each
-    repetition: one process (local), two DDP ranks under torchrun (no Ray), and two Ray
-    workers. torchrun over local is what data parallelism itself costs (or gains) on this
-    machine and model; ray over torchrun is what Ray adds."""
+    backend's goes. The same config at each size, four ways (FLOOR), interleaved in each
+    repetition: one process (local), two DDP ranks under torchrun (no Ray), two Ray
+    workers, and two Ray workers with the adaptive batch. torchrun over local is what data
+    parallelism itself costs (or gains) on this machine and model; ray over torchrun is what
+    Ray adds."""
     sizes = [int(n) for n in args.floor_sizes.split(",") if n]
     held, files = diamonds_files(os.path.join(work, "floor"), sizes)
     runs: list[dict] = []
