@@ -80,14 +80,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def torchrun_command(nproc: int, job: dict[str, Any]) -> list[str]:
+def torchrun_command(nproc: int, run_dir: str) -> list[str]:
     """``torchrun`` on one node with ``nproc`` local processes and a free loopback port, up
-    to the script to run. Its logs go to the child's run dir (``--log-dir``): without it,
-    torchrun makes a ``torchelastic_*`` directory in /tmp on every run and never removes it."""
-    log_dir = os.path.join(os.path.dirname(job["result_path"]), "torchrun")
+    to the script to run. Its logs go under ``run_dir`` (``--log-dir``): without it, torchrun
+    makes a ``torchelastic_*`` directory in /tmp on every run and never removes it."""
     return [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
-        "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "--log-dir", log_dir,
+        "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "--log-dir", os.path.join(run_dir, "torchrun"),
     ]
 
 
@@ -144,13 +143,15 @@ def tail(path: Path, lines: int = 15) -> str:
 class ChildRun:
     """One cold child process and its run directory (``mkdtemp`` under /tmp with
     ``prefix``: short, for Ray's socket paths). ``job`` is ``base_job`` with the paths the
-    child writes to: result_path, ray_temp_dir, storage_path (and stop_file, a file the
-    parent may create to ask the child to stop, with ``stop_file``)."""
+    child writes to: run_dir (the directory itself), result_path, ray_temp_dir, storage_path
+    (and stop_file, a file the parent may create to ask the child to stop, with
+    ``stop_file``)."""
 
     def __init__(self, base_job: dict[str, Any], *, prefix: str, stop_file: bool = False):
         self.dir = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
         self.job = dict(
             base_job,
+            run_dir=str(self.dir),
             result_path=str(self.dir / "result.json"),
             ray_temp_dir=str(self.dir / "r"),
             storage_path=str(self.dir / "storage"),

@@ -64,7 +64,7 @@ REPO = os.path.dirname(HERE)
 EXAMPLES = os.path.join(REPO, "examples", "declarative")
 RESULTS = os.path.join(HERE, "results", "declarative.json")
 sys.path.insert(0, HERE)
-from common import free_port, machine_info, median_of, ratio, reap_leftovers  # noqa: E402
+from common import machine_info, median_of, ratio, reap_leftovers, torchrun_command  # noqa: E402
 
 HELD_OUT = 10_000
 TARGET = "cut"
@@ -269,11 +269,6 @@ def steady_epoch_s(metrics_path: str) -> float | None:
     return statistics.median(gaps) if gaps else None
 
 
-# torchrun in front of `raylight train` on the local backend: 2 processes in one DDP group
-# (gloo), no Ray; docs/launchers.md.
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
-
-
 def run_raylight(
     data: str, held: str, backend: str, processor: str, epochs: int, workdir: str,
     *, env_extra: dict[str, str] | None = None, held_csv: bool = True, torchrun: bool = False, batch_size: int | str = 256,
@@ -283,7 +278,8 @@ def run_raylight(
     os.makedirs(workdir, exist_ok=True)
     cfg, out = os.path.join(workdir, "raylight.yaml"), os.path.join(workdir, "run")
     raylight_config(cfg, backend, processor, epochs, batch_size)
-    front = [*TORCHRUN, "--master-port", str(free_port()), "--log-dir", os.path.join(workdir, "torchrun")] if torchrun else [sys.executable]
+    # torchrun: 2 processes in one DDP group (gloo), no Ray; docs/launchers.md
+    front = torchrun_command(2, workdir) if torchrun else [sys.executable]
     cmd = [*front, "-m", "raylight.cli", "train", "--config", cfg, "--dataset", data, "--output-directory", out, "--quiet"]
     res, wall, _ = run_timed(cmd, timeout=1800, env={**raylight_env(), **(env_extra or {})}, marker=workdir)
     if res.returncode != 0:
@@ -419,14 +415,14 @@ def ddp_floor(args: argparse.Namespace, work: str) -> dict:
     sizes = [int(n) for n in args.floor_sizes.split(",") if n]
     held, files = diamonds_files(os.path.join(work, "floor"), sizes)
     runs: list[dict] = []
+    epochs = {n: EPOCHS.get(n, 5) for n in sizes}
     for n in sizes:
-        epochs = EPOCHS.get(n, 5)
         for rep in range(args.floor_reps):
             for way in FLOOR:
                 where = os.path.join(work, f"floor-{n}-{rep}-{way}")
-                row: dict[str, Any] = {"rows": n, "epochs": epochs, "rep": rep, "way": way}
+                row: dict[str, Any] = {"rows": n, "epochs": epochs[n], "rep": rep, "way": way}
                 backend = "ray" if way.startswith("ray") else "local"
-                row.update(run_raylight(files[n], held, backend, "auto", epochs, where, torchrun=way == "torchrun",
+                row.update(run_raylight(files[n], held, backend, "auto", epochs[n], where, torchrun=way == "torchrun",
                                         batch_size="auto" if way == "ray_auto" else 256))
                 print(json.dumps({k: v for k, v in row.items() if k != "error"}), flush=True)
                 runs.append(row)
@@ -435,7 +431,7 @@ def ddp_floor(args: argparse.Namespace, work: str) -> dict:
     for n in sizes:
         m = {way: {k: median_of([r for r in runs if r["rows"] == n and r["way"] == way], k) for k in keys} for way in FLOOR}
         sized.append({
-            "rows": n, "epochs": EPOCHS.get(n, 5), "medians": m,
+            "rows": n, "epochs": epochs[n], "medians": m,
             **{f"{a}_vs_{b}_{k.removesuffix('_s')}": ratio(m[a][k], m[b][k])
                for a, b in (("ray", "local"), ("torchrun", "local"), ("ray", "torchrun"), ("ray_auto", "local"))
                for k in ("wall_s", "epoch_s")},

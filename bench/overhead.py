@@ -386,7 +386,7 @@ CHILDREN = {
 def child_command(system: str, job: dict[str, Any]) -> list[str]:
     this_file = str(Path(__file__).resolve())
     if system == "torchrun":
-        return [*torchrun_command(NUM_WORKERS, job), this_file, "--child", "torchrun-worker", "--job", json.dumps(job)]
+        return [*torchrun_command(NUM_WORKERS, job["run_dir"]), this_file, "--child", "torchrun-worker", "--job", json.dumps(job)]
     if system == CORE:
         return [os.environ[CORE_PYTHON_ENV], *script_command(this_file, "raylight", job)[1:]]
     return script_command(this_file, system, job)

@@ -350,7 +350,7 @@ CHILDREN = {
 def child_command(system: str, job: dict[str, Any]) -> list[str]:
     this_file = str(Path(__file__).resolve())
     if system.startswith("torchrun"):
-        return [*torchrun_command(NUM_WORKERS, job), this_file, "--child", system.replace("_", "-"), "--job", json.dumps(job)]
+        return [*torchrun_command(NUM_WORKERS, job["run_dir"]), this_file, "--child", system.replace("_", "-"), "--job", json.dumps(job)]
     return script_command(this_file, "ray-train" if system == "ray_train_zero3" else "raylight", job)
 
 
