@@ -56,7 +56,8 @@ def test_the_embedded_cluster_runs_without_ray_s_api_server_and_monitor(ray_clus
     """Ray starts its API server (``dashboard.py``) even with the dashboard off, and its
     autoscaler monitor (``monitor.py``); the embedded cluster does without both
     (``runtime._lean_head``): no such process under this driver, no address published for
-    the API server, and the cluster serves tasks."""
+    the API server, and the cluster serves tasks. Its raylet starts Ray's minimal node
+    agent (no metrics or HTTP server), though this venv has the full one (ray[default])."""
     import ray
 
     cmdlines = []
@@ -68,5 +69,8 @@ def test_the_embedded_cluster_runs_without_ray_s_api_server_and_monitor(ray_clus
             continue
     assert any("raylet" in c for c in cmdlines), cmdlines  # the listing sees Ray's processes
     assert not [c for c in cmdlines if "dashboard/dashboard.py" in c or ("/autoscaler/" in c and "monitor.py" in c)], cmdlines
+    raylets = [c for c in cmdlines if "raylet/raylet " in c]
+    assert len(raylets) == 1 and "--dashboard_agent_command=" in raylets[0], raylets
+    assert " --minimal" in raylets[0].split("--dashboard_agent_command=", 1)[1], raylets
     assert ray._private.worker._global_node.webui_url is None
     assert ray.get(ray.remote(lambda: 1).remote(), timeout=60) == 1

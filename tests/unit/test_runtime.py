@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import ray._private.utils as ray_utils
 from ray._private import node
 
 from raylight.runtime import _host_port, _lean_head
@@ -58,13 +59,25 @@ def test_the_api_server_is_skipped_only_for_a_head_without_dashboard_and_the_mon
     assert (node.Node.start_api_server, node.Node.start_monitor) == originals
 
 
+def test_the_lean_head_asks_for_ray_s_minimal_node_agent_only_while_it_starts():
+    # Where the dashboard's dependencies are installed (the dev install: ray[default]), Ray
+    # starts its full agent; inside _lean_head it is told they are missing, after it not.
+    installed = ray_utils.get_dashboard_dependency_error() is None
+    with _lean_head():
+        assert isinstance(ray_utils.get_dashboard_dependency_error(), ImportError)
+    assert (ray_utils.get_dashboard_dependency_error() is None) == installed
+
+
+_PATCHED = [(node.Node, "start_api_server"), (node.Node, "start_monitor"), (ray_utils, "get_dashboard_dependency_error")]
+
+
 def test_the_lean_head_patches_are_undone_on_error_and_absent_where_ray_moved(monkeypatch):
-    originals = node.Node.start_api_server, node.Node.start_monitor
+    originals = [getattr(owner, name) for owner, name in _PATCHED]
     with pytest.raises(RuntimeError), _lean_head():
         raise RuntimeError("ray.init failed")
-    assert (node.Node.start_api_server, node.Node.start_monitor) == originals
-    for name in ("start_api_server", "start_monitor"):
-        monkeypatch.delattr(node.Node, name)
-        with _lean_head():  # Ray without the method: nothing to skip, nothing added
-            assert not hasattr(node.Node, name)
-        assert not hasattr(node.Node, name)
+    assert [getattr(owner, name) for owner, name in _PATCHED] == originals
+    for owner, name in _PATCHED:
+        monkeypatch.delattr(owner, name)
+        with _lean_head():  # Ray without it: nothing to skip, nothing added
+            assert not hasattr(owner, name)
+        assert not hasattr(owner, name)
