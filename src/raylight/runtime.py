@@ -149,7 +149,7 @@ def _lean_head() -> Iterator[None]:
         (node.Node, "start_monitor"): start_monitor,
         (ray_utils, "get_dashboard_dependency_error"): get_dashboard_dependency_error,
     }
-    originals = {key: getattr(key[0], key[1], None) for key in replacements}
+    originals: dict[tuple[Any, str], Any] = {key: getattr(key[0], key[1], None) for key in replacements}
     for (owner, name), original in originals.items():
         if original is not None:
             setattr(owner, name, replacements[owner, name])
