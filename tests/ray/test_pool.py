@@ -63,7 +63,8 @@ def test_a_sharded_run_trains_on_the_last_run_s_processes_as_on_new_ones(pool, t
     """FSDP and DeepSpeed leave nothing in a process that the next run sees (DeepSpeed's
     process groups are released with the run's): the second run reuses both processes and
     ends with the same parameters and optimizer state, bit for bit; a DDP run after it
-    starts new processes (sharded workers keep malloc tuned: the pool keeps them apart)."""
+    starts new processes (sharded workers keep malloc tuned: the pool keeps them apart by
+    strategy, one key for all of DeepSpeed's stages, so that is checked once per strategy)."""
     if strategy != "fsdp":
         pytest.importorskip("deepspeed")
     first, second = (
@@ -76,8 +77,9 @@ def test_a_sharded_run_trains_on_the_last_run_s_processes_as_on_new_ones(pool, t
     assert all(torch.equal(got["model"][k], want["model"][k]) for k in want["model"])
     moments = [s["exp_avg"] for s in (want["opt"]["state"]["model.0.weight"], got["opt"]["state"]["model.0.weight"])]
     assert torch.equal(*moments) and moments[0].abs().max() > 0
-    replicated = _fit(pool_loops.pid_loop, tmp_path, "ddp")
-    assert set(replicated.metrics["pids"].split(",")).isdisjoint(first.metrics["pids"].split(","))
+    if strategy in ("fsdp", "zero2"):
+        replicated = _fit(pool_loops.pid_loop, tmp_path, "ddp")
+        assert set(replicated.metrics["pids"].split(",")).isdisjoint(first.metrics["pids"].split(","))
 
 
 def test_a_loop_that_leaves_a_thread_running_gets_new_processes_next_time(pool, tmp_path):
