@@ -407,6 +407,37 @@ def test_deepspeed_is_imported_without_mlflow_and_mlflow_still_imports_after():
     assert out.stdout.split() == ["False", "False", "mlflow", "True"], out.stdout
 
 
+def test_the_collectives_deepspeed_calls_do_not_print_torch_s_deprecation_warning():
+    """torch deprecated ``all_gather_into_tensor`` and ``reduce_scatter_tensor``, which
+    DeepSpeed's ZeRO calls at every step: after raylight's DeepSpeed import they run
+    without the FutureWarning (shown by default before it), and other warnings still show."""
+    pytest.importorskip("deepspeed")
+    import subprocess
+    import sys
+
+    code = (
+        "import warnings, torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "x, out = torch.ones(2), torch.zeros(2)\n"
+        "dist.all_gather_into_tensor(out, x)\n"
+        "from raylight.strategies.deepspeed import _import_deepspeed\n"
+        "_import_deepspeed(torch.device('cpu'))\n"
+        "dist.all_gather_into_tensor(torch.zeros(2), x)\n"
+        "dist.reduce_scatter_tensor(torch.zeros(2), x)\n"
+        "warnings.warn('still shown', FutureWarning)\n"
+        "dist.destroy_process_group()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-W", "default", "-c", code], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "LOCAL_RANK": "0"},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "all_gather_into_tensor` is deprecated" in out.stderr  # before the import: shown
+    after = out.stderr.split("is deprecated")[-1]
+    assert "still shown" in after and "reduce_scatter_tensor` is deprecated" not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.count("is deprecated") == 1, out.stderr[-2000:]
+
+
 def test_a_deepspeed_process_group_on_cpu_builds_no_shared_memory_op(tmp_path):
     """DeepSpeed's CPU backend compiles its shared-memory all-reduce (inference only) when
     its communication starts; raylight's DeepSpeed import marks it not to be built: a fresh

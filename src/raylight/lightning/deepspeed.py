@@ -196,10 +196,15 @@ class RayDeepSpeedStrategy(_RayWorkers, DeepSpeedStrategy):
     def setup_distributed(self) -> None:
         from lightning.fabric.utilities.seed import reset_seed
 
-        from raylight.strategies.deepspeed import import_deepspeed, skip_shm_comm
+        from raylight.strategies.deepspeed import (
+            import_deepspeed,
+            quiet_deprecated_collectives,
+            skip_shm_comm,
+        )
 
         deepspeed = import_deepspeed()
         skip_shm_comm()
+        quiet_deprecated_collectives()
 
         reset_seed()
         self.set_world_ranks()

@@ -55,6 +55,7 @@ import copy
 import functools
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager as ContextManager
 from typing import Any
@@ -263,6 +264,17 @@ def skip_shm_comm() -> None:
         compatible["deepspeed_shm_comm"] = False
 
 
+# torch 2.13 deprecated two collectives DeepSpeed's ZeRO calls at every step; each rank
+# then prints a FutureWarning addressed to DeepSpeed's authors, and Ray repeats it to the
+# driver. The user's own calls to them are silenced too in that worker (the same message).
+_DEPRECATED_COLLECTIVES = r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated"
+
+
+def quiet_deprecated_collectives() -> None:
+    """Hide torch's deprecation warning of the collectives DeepSpeed calls, in this process."""
+    warnings.filterwarnings("ignore", message=_DEPRECATED_COLLECTIVES, category=FutureWarning)
+
+
 def _import_deepspeed(device: torch.device) -> Any:
     """DeepSpeed, with its accelerator matching ``device``: DeepSpeed picks it when first
     imported (``DS_ACCELERATOR``), and takes its device index from ``LOCAL_RANK``."""
@@ -278,6 +290,7 @@ def _import_deepspeed(device: torch.device) -> Any:
         raise ImportError(f"strategy 'deepspeed' needs DeepSpeed: {INSTALL} ({exc})") from exc
     name = get_accelerator().device_name()
     skip_shm_comm()
+    quiet_deprecated_collectives()
     if name != wanted:
         raise RuntimeError(
             f"DeepSpeed was imported in this process for {name!r}, but this worker trains on "
