@@ -24,6 +24,23 @@ def use_venv_torch_extensions() -> str:
     return os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 
 
+def free_loopback_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun_command(program: str | None = None) -> list[str]:
+    """torchrun with 2 processes on this node, meeting on a free loopback port, up to what it
+    runs: ``program`` (the ``torchrun`` console script) or ``python -m torch.distributed.run``.
+    Run it with ``own_temp_dir``."""
+    front = [program] if program else [sys.executable, "-m", "torch.distributed.run"]
+    return [*front, "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_loopback_port())]
+
+
 @contextlib.contextmanager
 def own_temp_dir(env: dict[str, str]) -> Iterator[dict[str, str]]:
     """``env`` with TMPDIR set to a temporary directory removed afterwards, for a launcher

@@ -10,7 +10,7 @@ from raylight.declarative import api
 from raylight.declarative.loading import load_config
 from raylight.exceptions import ConfigError
 from tests.declarative_data import CONFIG, write
-from tests.helpers import own_temp_dir
+from tests.helpers import own_temp_dir, torchrun_command
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -265,14 +265,8 @@ LAUNCHED_CONFIG = CONFIG.replace(
 
 
 def _under_torchrun(*args: str) -> subprocess.CompletedProcess:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(port), "-m", "raylight.cli", *args]
+    cmd = [*torchrun_command(), "-m", "raylight.cli", *args]
     with own_temp_dir({**env, "RAYLIGHT_RENDEZVOUS_TIMEOUT_S": "60"}) as env:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     assert done.returncode == 0, done.stdout + done.stderr

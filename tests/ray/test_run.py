@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,13 @@ import torch
 
 from raylight.launch.driver import InitTimeoutError, launch
 from tests.conftest import REPO
-from tests.helpers import assert_no_strays, ctrl_c_reaches_child, own_temp_dir, read_until
+from tests.helpers import (
+    assert_no_strays,
+    ctrl_c_reaches_child,
+    own_temp_dir,
+    read_until,
+    torchrun_command,
+)
 from tests.ray import loops
 
 EXAMPLE = os.path.join(REPO, "examples", "launch", "ddp_torchrun.py")
@@ -42,13 +47,7 @@ def torchrun_params(tmp_path_factory):
     """The example's parameters after 12 steps under real torchrun, 2 processes."""
     out = tmp_path_factory.mktemp("torchrun") / "params.pt"
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    command = [
-        torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port), EXAMPLE,
-        "--steps", "12", "--out", str(out),
-    ]
+    command = [*torchrun_command(torchrun), EXAMPLE, "--steps", "12", "--out", str(out)]
     with own_temp_dir(dict(os.environ)) as env:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
         try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,7 +16,14 @@ import torch
 import raylight
 from raylight.config import AdaptiveConfig, ScalingConfig, TrainerConfig
 from raylight.exceptions import ConfigError
-from tests.helpers import mpirun_command, openmpi_missing, own_temp_dir, processes_with
+from tests.helpers import (
+    free_loopback_port,
+    mpirun_command,
+    openmpi_missing,
+    own_temp_dir,
+    processes_with,
+    torchrun_command,
+)
 from tests.ray import loops
 
 pytestmark = pytest.mark.timeout(180)
@@ -31,8 +37,7 @@ def _env() -> dict[str, str]:
 
 
 def _torchrun(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), SCRIPT, *args]
+    cmd = [*torchrun_command(), SCRIPT, *args]
     with own_temp_dir(_env()) as env:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=150, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -42,12 +47,6 @@ def _torchrun(*args: str) -> subprocess.CompletedProcess:
 def open_text(path: str) -> str:
     with open(path) as f:
         return f.read()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _check_same_as_one_process(out: str) -> None:
@@ -135,7 +134,7 @@ def test_a_launched_run_resumes_every_rank_from_rank_zeros_checkpoint(tmp_path):
 def launched_alone(monkeypatch):
     """This process as rank 0 of a one-process torchrun."""
     env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(_free_port()), "TORCHELASTIC_RUN_ID": "test"}
+           "MASTER_PORT": str(free_loopback_port()), "TORCHELASTIC_RUN_ID": "test"}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
 
@@ -170,7 +169,7 @@ def test_raylight_train_under_the_deepspeed_launcher(tmp_path):
     bin_dir = os.path.dirname(sys.executable)
     env = {**_env(), "DS_ACCELERATOR": "cpu", "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
     done = subprocess.run(
-        [os.path.join(bin_dir, "deepspeed"), "--num_gpus", "2", "--master_port", str(_free_port()), "--no_python",
+        [os.path.join(bin_dir, "deepspeed"), "--num_gpus", "2", "--master_port", str(free_loopback_port()), "--no_python",
          os.path.join(bin_dir, "raylight"), "train", "--config", cfg, "--dataset", data, "--output-directory",
          str(tmp_path / "out"), "--quiet"],
         capture_output=True, text=True, timeout=150, env=env, cwd=tmp_path,
