@@ -35,8 +35,9 @@ Two parts, every run a separate process timed from launch to exit:
    the diamonds config at each size run four ways, interleaved in each repetition: the
    local backend (one process), the same config under `torchrun --nproc-per-node 2` (two
    DDP ranks over gloo, no Ray: docs/launchers.md), the Ray backend (two workers), and the
-   Ray backend with `batch_size: auto` (the adaptive engine chooses the batch). Medians of the wall time, of fit's seconds, of the steady epoch (the gap
-   between epoch reports in metrics.jsonl) and of the held-out accuracy, and the ratios
+   Ray backend with `batch_size: auto` (the adaptive engine chooses the batch). Medians of
+   the wall time, of fit's seconds, of the steady epoch (the gap between epoch reports in
+   metrics.jsonl) and of the held-out accuracy, and the ratios
    ray/local (the goal: <= 1.5), torchrun/local (what data parallelism itself costs on
    this machine and model), ray/torchrun (what Ray adds to it) and ray_auto/local.
 
