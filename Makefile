@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: run run-digits test lint unit bench bench-adaptive bench-declarative bench-lightning bench-adversarial bench-strategies bench-cluster bench-launch bench-tune clean
+.PHONY: run run-digits test lint unit bench bench-adaptive bench-declarative bench-lightning bench-adversarial bench-strategies bench-cluster bench-launch bench-tune bench-allreduce clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,9 @@ bench-adaptive: $(STAMP)
 
 bench-declarative: $(STAMP)
 	$(PY) bench/declarative.py
+
+bench-allreduce: $(STAMP)
+	$(PY) bench/allreduce.py
 
 bench-adversarial: $(STAMP)
 	$(PY) bench/adversarial.py

@@ -32,14 +32,16 @@ Two parts, every run a separate process timed from launch to exit:
    of the wall time, and their ratios.
 
 4. Ray against local against torchrun (`--floor-reps`, 3 by default; `--floor-sizes`):
-   the diamonds config at each size run four ways, interleaved in each repetition: the
+   the diamonds config at each size run five ways, interleaved in each repetition: the
    local backend (one process), the same config under `torchrun --nproc-per-node 2` (two
-   DDP ranks over gloo, no Ray: docs/launchers.md), the Ray backend (two workers), and the
-   Ray backend with `batch_size: auto` (the adaptive engine chooses the batch). Medians of
-   the wall time, of fit's seconds, of the steady epoch (the gap between epoch reports in
-   metrics.jsonl) and of the held-out accuracy, and the ratios
-   ray/local (the goal: <= 1.5), torchrun/local (what data parallelism itself costs on
-   this machine and model), ray/torchrun (what Ray adds to it) and ray_auto/local.
+   DDP ranks, no Ray: docs/launchers.md), the Ray backend (two workers), the Ray backend
+   with every gradient all-reduce by gloo (`strategy: {type: ddp, shared_memory: false}`:
+   raylight before its shared-memory all-reduce), and the Ray backend with `batch_size:
+   auto` (the adaptive engine chooses the batch). Medians of the wall time, of fit's
+   seconds, of the steady epoch (the gap between epoch reports in metrics.jsonl) and of
+   the held-out accuracy, and the ratios ray/local (the goal: <= 1.5), torchrun/local
+   (what data parallelism itself costs on this machine and model), ray/torchrun (what Ray
+   adds to it), ray/ray_gloo (what the shared-memory all-reduce gives) and ray_auto/local.
 
 Results: bench/results/declarative.json (breast cancer at the top level as before, the
 diamonds runs under "diamonds", the readers under "parquet_reader", part 4 under
@@ -218,7 +220,9 @@ def diamonds_files(work: str, sizes: list[int]) -> tuple[str, dict[int, str]]:
     return held_path, files
 
 
-def raylight_config(path: str, backend: str, processor: str, epochs: int, batch_size: int | str = 256) -> None:
+def raylight_config(
+    path: str, backend: str, processor: str, epochs: int, batch_size: int | str = 256, strategy: str | dict = "ddp"
+) -> None:
     import yaml
 
     cfg = {
@@ -227,7 +231,8 @@ def raylight_config(path: str, backend: str, processor: str, epochs: int, batch_
         "combiner": {"type": "concat", "fc_layers": [{"output_size": 64}, {"output_size": 32}]},
         "trainer": {"epochs": epochs, "batch_size": batch_size, "learning_rate": 0.001, "optimizer": {"type": "adam"}, "early_stop": -1},
         "preprocessing": {"split": {"type": "random", "probabilities": [0.9, 0.1, 0.0]}},
-        "backend": {"type": backend, "processor": {"type": processor}, "trainer": {"num_workers": 2, "resources_per_worker": {"CPU": 1}}},
+        "backend": {"type": backend, "processor": {"type": processor},
+                    "trainer": {"num_workers": 2, "resources_per_worker": {"CPU": 1}, "strategy": strategy}},
     }
     with open(path, "w") as f:
         yaml.safe_dump(cfg, f, sort_keys=False)
@@ -273,12 +278,13 @@ def steady_epoch_s(metrics_path: str) -> float | None:
 def run_raylight(
     data: str, held: str, backend: str, processor: str, epochs: int, workdir: str,
     *, env_extra: dict[str, str] | None = None, held_csv: bool = True, torchrun: bool = False, batch_size: int | str = 256,
+    strategy: str | dict = "ddp",
 ) -> dict:
     """One `raylight train`; ``held_csv=False`` skips the held-out accuracy; ``torchrun``
     launches it as 2 ranks under torchrun (the local backend's config, no Ray)."""
     os.makedirs(workdir, exist_ok=True)
     cfg, out = os.path.join(workdir, "raylight.yaml"), os.path.join(workdir, "run")
-    raylight_config(cfg, backend, processor, epochs, batch_size)
+    raylight_config(cfg, backend, processor, epochs, batch_size, strategy)
     # torchrun: 2 processes in one DDP group (gloo), no Ray; docs/launchers.md
     front = torchrun_command(2, workdir) if torchrun else [sys.executable]
     cmd = [*front, "-m", "raylight.cli", "train", "--config", cfg, "--dataset", data, "--output-directory", out, "--quiet"]
@@ -401,9 +407,11 @@ def parquet_reader(args: argparse.Namespace, work: str) -> dict:
     }
 
 
-FLOOR = {"local": "local backend: 1 process", "torchrun": "torchrun, 2 ranks (DDP over gloo), no Ray",
-         "ray": "ray backend, 2 workers (DDP over gloo)",
+FLOOR = {"local": "local backend: 1 process", "torchrun": "torchrun, 2 ranks (DDP), no Ray",
+         "ray": "ray backend, 2 workers (DDP)",
+         "ray_gloo": "ray backend, 2 workers (DDP, every all-reduce by gloo: strategy {type: ddp, shared_memory: false})",
          "ray_auto": "ray backend, 2 workers, batch_size: auto (the adaptive engine chooses the batch)"}
+NO_SHARED_MEMORY = {"type": "ddp", "shared_memory": False}
 
 
 def ddp_floor(args: argparse.Namespace, work: str) -> dict:
@@ -424,7 +432,8 @@ def ddp_floor(args: argparse.Namespace, work: str) -> dict:
                 row: dict[str, Any] = {"rows": n, "epochs": epochs[n], "rep": rep, "way": way}
                 backend = "ray" if way.startswith("ray") else "local"
                 row.update(run_raylight(files[n], held, backend, "auto", epochs[n], where, torchrun=way == "torchrun",
-                                        batch_size="auto" if way == "ray_auto" else 256))
+                                        batch_size="auto" if way == "ray_auto" else 256,
+                                        strategy=NO_SHARED_MEMORY if way == "ray_gloo" else "ddp"))
                 print(json.dumps({k: v for k, v in row.items() if k != "error"}), flush=True)
                 runs.append(row)
     keys = ("wall_s", "train_s", "epoch_s", "held_out_accuracy")
@@ -434,7 +443,8 @@ def ddp_floor(args: argparse.Namespace, work: str) -> dict:
         sized.append({
             "rows": n, "epochs": epochs[n], "medians": m,
             **{f"{a}_vs_{b}_{k.removesuffix('_s')}": ratio(m[a][k], m[b][k])
-               for a, b in (("ray", "local"), ("torchrun", "local"), ("ray", "torchrun"), ("ray_auto", "local"))
+               for a, b in (("ray", "local"), ("torchrun", "local"), ("ray", "torchrun"), ("ray_auto", "local"),
+                            ("ray_gloo", "local"), ("ray", "ray_gloo"))
                for k in ("wall_s", "epoch_s")},
         })
     return {

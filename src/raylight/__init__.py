@@ -4,6 +4,7 @@ from typing import TYPE_CHECKING, Any
 
 from raylight.checkpoint import Checkpoint
 from raylight.config import (
+    DDP,
     FSDP,
     AdaptiveConfig,
     DeepSpeed,
@@ -70,6 +71,7 @@ def release_workers() -> int:
 __version__ = "0.1.0"
 
 __all__ = [
+    "DDP",
     "FSDP",
     "AdaptiveConfig",
     "Checkpoint",

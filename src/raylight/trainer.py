@@ -16,6 +16,7 @@ from raylight import launcher_env, verbosity
 from raylight._time import monotonic, wall
 from raylight.checkpoint import Checkpoint
 from raylight.config import (
+    DDP,
     FSDP,
     AdaptiveConfig,
     DeepSpeed,
@@ -534,7 +535,7 @@ def fit(
     use_gpu: bool = False,
     resources_per_worker: dict[str, float] | None = None,
     placement: str = "PACK",
-    strategy: str | FSDP | DeepSpeed | Horovod = "ddp",
+    strategy: str | DDP | FSDP | DeepSpeed | Horovod = "ddp",
     storage_path: str | None = None,
     name: str | None = None,
     max_failures: int = 0,
@@ -551,8 +552,9 @@ def fit(
     in ``TrainerConfig`` (``scaling``, ``run``, ``failure``, ``adaptive``).
     ``num_workers=0`` runs the loop in this process without Ray; ``(min, max)`` makes the
     job elastic. ``adaptive=AdaptiveConfig(...)`` chooses batch size and learning rate
-    online. ``strategy`` is ``"ddp"`` (default), ``"fsdp"``, ``"deepspeed"``, ``FSDP(...)`` or
-    ``DeepSpeed(...)`` (sharded), ``"horovod"`` or ``Horovod(...)`` (Horovod's optimizer).
+    online. ``strategy`` is ``"ddp"`` (default) or ``DDP(...)``, ``"fsdp"``, ``"deepspeed"``,
+    ``FSDP(...)`` or ``DeepSpeed(...)`` (sharded), ``"horovod"`` or ``Horovod(...)`` (Horovod's
+    optimizer).
     ``progress=False`` hides the progress display; ``verbose=True`` shows Ray's own logs
     too (default: ``RAYLIGHT_VERBOSE``). ``loggers=["tensorboard", {"type": "mlflow", ...},
     ...]`` writes every report to experiment loggers (``RunConfig.loggers``). ``prices={node_type: USD/h}`` prices the run

@@ -52,10 +52,10 @@ def sgd_loop(ctx, config):
     loader = ctx.prepare_loader(regression_data(), batch_size=config["batch_size"], shuffle=True, seed=7)
     _regression_epochs(model, opt, loader, config["epochs"])
     tunables = os.environ.get("GLIBC_TUNABLES")  # what the worker started with, if anything
-    ctx.report(
-        {"world_size": ctx.world_size, **({"tunables": tunables} if tunables else {})},
-        checkpoint={"model": ctx.unwrap_model(model).state_dict()},
-    )
+    metrics = {"world_size": ctx.world_size, **({"tunables": tunables} if tunables else {})}
+    if config.get("report_hooks"):  # DDP's communication hooks (torch keeps them in _comm_hooks)
+        metrics["hooks"] = ",".join(f"{h.__module__}.{h.__name__}" for h, _ in getattr(model, "_comm_hooks", []))
+    ctx.report(metrics, checkpoint={"model": ctx.unwrap_model(model).state_dict()})
 
 
 def reference_sgd(config) -> dict[str, torch.Tensor]:

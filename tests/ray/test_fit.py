@@ -18,15 +18,21 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def test_two_workers_match_one_process_with_the_same_global_batch(ray_cluster, tmp_path):
-    config = {"lr": 0.05, "batch_size": 32, "epochs": 3}
+    """Also: DDP's gradients through shared memory (the default on CPU) and through gloo
+    alone (``DDP(shared_memory=False)``) train the same model."""
+    config = {"lr": 0.05, "batch_size": 32, "epochs": 3, "report_hooks": True}
     two = raylight.fit(loops.sgd_loop, config=config, num_workers=2, storage_path=str(tmp_path), name="two", progress=False)
+    gloo = raylight.fit(loops.sgd_loop, config=config, num_workers=2, strategy=raylight.DDP(shared_memory=False),
+                        storage_path=str(tmp_path), name="gloo", progress=False)
     one = raylight.fit(loops.sgd_loop, config=config, num_workers=0, storage_path=str(tmp_path), name="one", progress=False)
     ref = loops.reference_sgd(config)
-    assert two.metrics == {"world_size": 2}
-    p2, p1 = two.checkpoint.load()["model"], one.checkpoint.load()["model"]
+    assert two.metrics == {"world_size": 2, "hooks": "raylight.strategies.shm_allreduce.comm_hook"}
+    assert gloo.metrics == {"world_size": 2, "hooks": ""}
+    p2, pg, p1 = (r.checkpoint.load()["model"] for r in (two, gloo, one))
     init = loops.initial_model().state_dict()
     for key in ref:
         assert (ref[key] - init[key]).abs().max() > 1e-2, "training must move the parameters"
+        assert torch.equal(p2[key], pg[key]), key  # two ranks: bitwise as gloo's all-reduce
         assert torch.allclose(p2[key], ref[key], atol=1e-5, rtol=0), key
         assert torch.allclose(p1[key], ref[key], atol=1e-5, rtol=0), key
 

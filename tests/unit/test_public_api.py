@@ -9,7 +9,7 @@ import raylight
 SRC = pathlib.Path(raylight.__file__).parent
 
 PUBLIC = [
-    "AdaptiveConfig", "Checkpoint", "ClusterConnectionError", "ConfigError", "DeepSpeed", "FSDP", "FailureConfig", "Horovod",
+    "AdaptiveConfig", "Checkpoint", "ClusterConnectionError", "ConfigError", "DDP", "DeepSpeed", "FSDP", "FailureConfig", "Horovod",
     "InsufficientResourcesError", "PreemptedError", "RaylightError", "Result", "RunConfig", "RunInUseError", "ScalingConfig",
     "TrainContext", "Trainer", "TrainerConfig", "TrainingDivergedError", "TrainingFailedError", "WorkerDiedError",
     "WorkerError", "WorkerHangError", "WorkerStartError", "__version__", "fit", "load_model",

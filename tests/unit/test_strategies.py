@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from raylight.config import (
+    DDP,
     FSDP,
     AdaptiveConfig,
     DeepSpeed,
@@ -140,6 +141,7 @@ def test_a_meta_model_needs_reset_parameters_on_every_module_that_owns_tensors()
         ("fsdp", "fsdp"),
         ({"type": "fsdp"}, "fsdp"),  # Ludwig
         ({"type": "ddp"}, "ddp"),
+        ({"type": "ddp", "shared_memory": False}, DDP(shared_memory=False)),
         ({"type": "horovod"}, "horovod"),  # Ludwig's Horovod strategy: raylight's
         ({"type": "horovod", "implementation": "raylight"}, Horovod(implementation="raylight")),
         ({"type": "fsdp", "reshard_after_forward": False}, FSDP(reshard_after_forward=False)),
@@ -152,13 +154,21 @@ def test_declarative_strategy_takes_ludwig_and_raylight_spellings(spelled, expec
     assert ModelConfig.model_validate(cfg).backend.trainer.strategy == expected
 
 
+def test_ddp_options_reach_the_strategy():
+    assert build_strategy("ddp").options.shared_memory is True
+    assert build_strategy(DDP(shared_memory=False)).options.shared_memory is False
+    assert _scaling({"name": "ddp", "shared_memory": False}).strategy == DDP(shared_memory=False)
+    with pytest.raises(ConfigError, match=r"strategy\.ddp\.bucket_cap_mb"):
+        _scaling({"name": "ddp", "bucket_cap_mb": 25})
+
+
 @pytest.mark.parametrize(
     ("spelled", "message"),
     [
         ("zero3", r"backend\.trainer\.strategy.*must be one of \['ddp', 'fsdp'.*got 'zero3'"),
         ({"type": "zero3"}, r"must be one of .*got 'zero3'"),
         ({"type": "horovod", "fusion": 1}, r"backend\.trainer\.strategy\.horovod\.fusion"),
-        ({"type": "ddp", "bucket_cap_mb": 25}, r"ddp takes no options; got \['bucket_cap_mb'\]"),
+        ({"type": "ddp", "bucket_cap_mb": 25}, r"backend\.trainer\.strategy\.ddp\.bucket_cap_mb"),
         ({"type": "fsdp", "name": "fsdp"}, r"`type:` \(Ludwig's spelling\) or `name:`, not both"),
         ({"type": "fsdp", "sharding": "full"}, r"backend\.trainer\.strategy\.fsdp\.sharding"),
     ],

@@ -2,6 +2,7 @@
 
 from raylight.config.loggers import MLflow, TensorBoard, Wandb
 from raylight.config.schema import (
+    DDP,
     FSDP,
     AdaptiveConfig,
     DeepSpeed,
@@ -14,6 +15,7 @@ from raylight.config.schema import (
 from raylight.config.validation import format_validation_error, validate
 
 __all__ = [
+    "DDP",
     "FSDP",
     "AdaptiveConfig",
     "DeepSpeed",

@@ -27,6 +27,22 @@ HorovodImplementation = Literal["auto", "horovod", "raylight"]
 HOROVOD_IMPLEMENTATIONS: tuple[str, ...] = get_args(HorovodImplementation)
 
 
+class DDP(ConfigModel):
+    """Distributed data parallel (PyTorch DDP): every worker holds the whole model, and the
+    gradients are averaged at every step. Pass ``strategy=DDP(...)`` for these options, or
+    ``strategy="ddp"`` for the defaults."""
+
+    name: Literal["ddp"] = Field("ddp", description="The strategy's name (always 'ddp').")
+    shared_memory: bool = Field(
+        True,
+        description="CPU workers on one machine (Linux x86-64) average gradient buckets of up "
+        "to 1 MiB through shared memory instead of gloo's TCP all-reduce: several times faster "
+        "for small models, the same average (bitwise with two workers). Larger buckets, GPUs "
+        "and workers on other machines use the backend either way. False: gloo reduces every "
+        "bucket.",
+    )
+
+
 class FSDP(ConfigModel):
     """Fully sharded data parallel (PyTorch FSDP2, ``fully_shard``): each worker holds
     1/N of the parameters, gradients and optimizer state. Pass ``strategy=FSDP(...)``
@@ -280,6 +296,8 @@ def _strategy_kind(value: object) -> str | None:
         return "deepspeed"
     if isinstance(value, Horovod) or (isinstance(value, dict) and value.get("name") == "horovod"):
         return "horovod"
+    if isinstance(value, DDP) or (isinstance(value, dict) and value.get("name") == "ddp"):
+        return "ddp"
     if isinstance(value, FSDP | dict):
         return "fsdp"
     return None
@@ -288,14 +306,15 @@ def _strategy_kind(value: object) -> str | None:
 # A name, or a strategy's options; a bad value gets one error, not one per alternative.
 StrategySetting = Annotated[
     Annotated[StrategyName, Tag("name")]
+    | Annotated[DDP, Tag("ddp")]
     | Annotated[FSDP, Tag("fsdp")]
     | Annotated[DeepSpeed, Tag("deepspeed")]
     | Annotated[Horovod, Tag("horovod")],
     Discriminator(
         _strategy_kind,
         custom_error_type="strategy",
-        custom_error_message="must be 'ddp', 'fsdp', 'deepspeed', 'horovod', raylight.FSDP(...), "
-        "raylight.DeepSpeed(...) or raylight.Horovod(...)",
+        custom_error_message="must be 'ddp', 'fsdp', 'deepspeed', 'horovod', raylight.DDP(...), "
+        "raylight.FSDP(...), raylight.DeepSpeed(...) or raylight.Horovod(...)",
     ),
 ]
 
@@ -306,8 +325,8 @@ def check_strategy_name(value: object) -> object:
     name = value.get("name") if isinstance(value, dict) else value
     if isinstance(name, str) and name not in STRATEGIES:
         raise ValueError(
-            f"must be one of {list(STRATEGIES)}, raylight.FSDP(...), raylight.DeepSpeed(...) or "
-            f"raylight.Horovod(...), got {name!r}"
+            f"must be one of {list(STRATEGIES)}, raylight.DDP(...), raylight.FSDP(...), "
+            f"raylight.DeepSpeed(...) or raylight.Horovod(...), got {name!r}"
         )
     return value
 

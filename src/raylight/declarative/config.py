@@ -174,9 +174,7 @@ def strategy_from_ludwig(value: Any) -> Any:
     options = {k: v for k, v in value.items() if k != "type"}
     name = value["type"]
     check_strategy_name(name)
-    if not options or name == "ddp":
-        if options:
-            raise ValueError(f"strategy ddp takes no options; got {sorted(options)}")
+    if not options:
         return name
     if name == "deepspeed":
         options = _deepspeed_from_ludwig(options)
@@ -222,8 +220,8 @@ class BackendTrainer(ConfigModel):
         "DistributedOptimizer (real Horovod where installed, else raylight.horovod; not with "
         "batch_size: auto, which trains adaptively). Or a mapping naming the strategy "
         "with `type:` (Ludwig's spelling) or `name:`, and its options, e.g. {type: fsdp, "
-        "reshard_after_forward: false} or Ludwig's {type: deepspeed, zero_optimization: "
-        "{stage: 2}}.",
+        "reshard_after_forward: false}, {type: ddp, shared_memory: false} or Ludwig's "
+        "{type: deepspeed, zero_optimization: {stage: 2}}.",
     )
     num_workers: int | None = Field(None, ge=1, le=MAX_WORKERS, description="Workers; default: what the cluster's CPUs (or GPUs) allow.")
     use_gpu: bool = Field(False, description="One GPU per worker.")

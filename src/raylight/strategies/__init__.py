@@ -5,12 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from raylight.config.schema import FSDP, DeepSpeed, Horovod
+from raylight.config.schema import DDP, FSDP, DeepSpeed, Horovod
 from raylight.strategies.base import Strategy
 from raylight.strategies.ddp import DDPStrategy
 from raylight.strategies.deepspeed import DeepSpeedStrategy  # imports deepspeed only when used
 from raylight.strategies.fsdp import FSDPStrategy
 from raylight.strategies.horovod import HorovodStrategy  # imports Horovod only when used
+
+
+def _ddp(options: Any) -> Strategy:
+    return DDPStrategy(options if isinstance(options, DDP) else None)
 
 
 def _fsdp(options: Any) -> Strategy:
@@ -26,14 +30,14 @@ def _horovod(options: Any) -> Strategy:
 
 
 _STRATEGIES: dict[str, Any] = {
-    "ddp": lambda _: DDPStrategy(),
+    "ddp": _ddp,
     "fsdp": _fsdp,
     "deepspeed": _deepspeed,
     "horovod": _horovod,
 }
 
 
-def build_strategy(spec: str | FSDP | DeepSpeed | Horovod) -> Strategy:
+def build_strategy(spec: str | DDP | FSDP | DeepSpeed | Horovod) -> Strategy:
     """The strategy for a ``ScalingConfig.strategy`` value: a name or an options object."""
     name = spec if isinstance(spec, str) else spec.name
     try:

@@ -1,4 +1,5 @@
-"""Distributed data parallel: replicate the model, all-reduce (average) gradients."""
+"""Distributed data parallel: replicate the model, all-reduce (average) gradients; on CPU
+workers of one machine, through shared memory (``shm_allreduce``)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ from contextlib import AbstractContextManager as ContextManager
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from raylight.config.schema import DDP
 from raylight.strategies.base import (
     CheckpointFormat,
     backend_for,
@@ -17,9 +20,10 @@ from raylight.strategies.base import (
     no_sync_of,
     objects_state,
 )
+from raylight.strategies.shm_allreduce import SharedMemoryAllReduce, comm_hook
 
 
-def apply_ddp(model: nn.Module, *, device: torch.device) -> nn.Module:
+def apply_ddp(model: nn.Module, *, device: torch.device) -> DistributedDataParallel:
     model = model.to(device)
     device_ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids)
@@ -30,6 +34,10 @@ class DDPStrategy:
     replicated = True
     reuses_process = True
 
+    def __init__(self, options: DDP | None = None) -> None:
+        self.options = options or DDP()
+        self._shared: list[SharedMemoryAllReduce] = []
+
     def backend(self, use_gpu: bool) -> str:
         return backend_for(use_gpu)
 
@@ -38,7 +46,13 @@ class DDPStrategy:
         materialize(model, device=device, rank=0)
         if world_size == 1:
             return model.to(device)
-        return apply_ddp(model, device=device)
+        ddp = apply_ddp(model, device=device)
+        if self.options.shared_memory and device.type == "cpu" and dist.get_backend() == "gloo":
+            shared = SharedMemoryAllReduce.create()  # every rank calls it: None on all, or on none
+            if shared is not None:
+                self._shared.append(shared)
+                ddp.register_comm_hook(shared, comm_hook)
+        return ddp
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model
@@ -56,7 +70,9 @@ class DDPStrategy:
         pass  # DDP needs no batch settings
 
     def close(self) -> None:
-        pass  # nothing beside the process group
+        for shared in self._shared:  # a peer still waiting in one fails now, not at the timeout
+            shared.close()
+        self._shared.clear()
 
     def checkpoint_format(self, world_size: int) -> CheckpointFormat:
         return "full"

@@ -28,7 +28,7 @@ from raylight.checkpoint import (
     LIGHTNING_CKPT_METRIC,
     Checkpoint,
 )
-from raylight.config import FSDP, DeepSpeed, Horovod, TrainerConfig
+from raylight.config import DDP, FSDP, DeepSpeed, Horovod, TrainerConfig
 from raylight.storage import STATE_FILE, TUNE_META_FILE, write_committed
 from raylight.tune.resources import get_tune_resources
 
@@ -182,7 +182,7 @@ def trainable(
     num_workers: int = 1,
     use_gpu: bool = False,
     resources_per_worker: dict[str, float] | None = None,
-    strategy: str | FSDP | DeepSpeed | Horovod = "ddp",
+    strategy: str | DDP | FSDP | DeepSpeed | Horovod = "ddp",
     config: TrainerConfig | None = None,
     base_config: dict[str, Any] | None = None,
 ) -> Any:
@@ -194,8 +194,8 @@ def trainable(
     trial's driver and one bundle per worker, where the workers are placed. ``config``
     gives every other raylight setting (failures, adaptive, ...); its scaling section is
     replaced by ``num_workers``, ``use_gpu``, ``resources_per_worker`` and ``strategy``
-    (``"ddp"``, ``"fsdp"``, ``"deepspeed"``, ``"horovod"``, ``raylight.FSDP(...)``,
-    ``raylight.DeepSpeed(...)`` or ``raylight.Horovod(...)``).
+    (``"ddp"``, ``"fsdp"``, ``"deepspeed"``, ``"horovod"``, ``raylight.DDP(...)``,
+    ``raylight.FSDP(...)``, ``raylight.DeepSpeed(...)`` or ``raylight.Horovod(...)``).
 
     With ``tune.TuneConfig(reuse_actors=True)`` a trial runs in the process the previous
     one ran in, on the worker processes that one's finished run left idle: its first step
