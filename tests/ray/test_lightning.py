@@ -56,7 +56,7 @@ def test_two_workers_match_one_process_with_the_same_global_batch(ray_cluster, t
     common = {"max_epochs": 12, "logger": False, "enable_checkpointing": False, **QUIET}
     single = pl.Trainer(accelerator="cpu", devices=1, **common)
     single.fit(one, DataLoader(dm.train_set, batch_size=1400))
-    ray_trainer = pl.Trainer(strategy=RayStrategy(num_workers=2), **common)
+    ray_trainer = pl.Trainer(strategy=RayStrategy(num_workers=2), callbacks=[CommHooks()], **common)
     ray_trainer.fit(two, DataLoader(dm.train_set, batch_size=700))
     assert ray_trainer.global_step == single.global_step == 12
     assert _loss(init, dm.train_set) - _loss(two, dm.train_set) > 0.5, "training must lower the loss"
@@ -66,6 +66,23 @@ def test_two_workers_match_one_process_with_the_same_global_batch(ray_cluster, t
     assert float(ray_trainer.callback_metrics["train_loss"]) == pytest.approx(
         float(single.callback_metrics["train_loss"]), abs=1e-4
     )
+    # DDP's gradients went through raylight's shared memory; with shared_memory=False through
+    # gloo alone, to the same bits (two ranks)
+    assert float(ray_trainer.callback_metrics["comm_hooks"]) == 1
+    gloo = copy.deepcopy(init)
+    gloo_trainer = pl.Trainer(strategy=RayStrategy(num_workers=2, shared_memory=False), callbacks=[CommHooks()], **common)
+    gloo_trainer.fit(gloo, DataLoader(dm.train_set, batch_size=700))
+    assert float(gloo_trainer.callback_metrics["comm_hooks"]) == 0
+    for (name, p2), pg in zip(two.state_dict().items(), gloo.state_dict().values(), strict=True):
+        assert torch.equal(p2, pg), name
+
+
+class CommHooks(pl.Callback):
+    """Logs how many communication hooks the worker's DDP model has (torch keeps them in
+    ``_comm_hooks``)."""
+
+    def on_train_batch_end(self, trainer, pl_module, *args):
+        pl_module.log("comm_hooks", float(len(getattr(trainer.strategy.model, "_comm_hooks", []))))
 
 
 def test_fit_twice_then_validate_test_predict(ray_cluster, tmp_path):

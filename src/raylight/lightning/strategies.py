@@ -21,9 +21,11 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import RunningStage
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from raylight.config import (
+    DDP,
     AdaptiveConfig,
     FailureConfig,
     RunConfig,
@@ -62,6 +64,7 @@ class RaySettings:
 def make_settings(
     owner: str,
     *,
+    strategy: DDP | None = None,
     num_workers: Any,
     use_gpu: bool,
     resources_per_worker: dict[str, float] | None,
@@ -96,6 +99,7 @@ def make_settings(
             "resources_per_worker": resources_per_worker,
             "placement": placement,
             "threads_per_worker": threads_per_worker,
+            **({"strategy": strategy} if strategy is not None else {}),
         },
         prefix=owner,
     )
@@ -181,6 +185,8 @@ class RayStrategy(_RayWorkers, DDPStrategy):
             docs/lightning.md for what is adapted).
         address: Ray cluster address; default: the running or an embedded local Ray.
         checkpoint_io: default ``AtomicCheckpointIO`` (atomic writes, safe loads).
+        shared_memory: CPU workers on one machine average the gradients through shared
+            memory (``raylight.DDP(shared_memory=...)``, docs/strategies.md); False: gloo.
         **ddp_kwargs: passed to Lightning's ``DDPStrategy`` (e.g. ``find_unused_parameters``).
     """
 
@@ -198,10 +204,12 @@ class RayStrategy(_RayWorkers, DDPStrategy):
         adaptive: AdaptiveConfig | None = None,
         address: str | None = None,
         checkpoint_io: CheckpointIO | None = None,
+        shared_memory: bool = True,
         **ddp_kwargs: Any,
     ) -> None:
         self.settings = make_settings(
             "RayStrategy",
+            strategy=DDP(shared_memory=shared_memory),
             num_workers=num_workers,
             use_gpu=use_gpu,
             resources_per_worker=resources_per_worker,
@@ -218,6 +226,17 @@ class RayStrategy(_RayWorkers, DDPStrategy):
             checkpoint_io=checkpoint_io or AtomicCheckpointIO(),
             **ddp_kwargs,
         )
+
+    def _register_ddp_hooks(self) -> None:
+        """Lightning registers a ``ddp_comm_hook`` on GPUs only; on CPU workers raylight's
+        DDP averages the gradients through shared memory where it can, as in
+        ``raylight.fit`` (``shared_memory=False``: through gloo). A ``ddp_comm_hook`` of
+        the user's is left to Lightning."""
+        super()._register_ddp_hooks()
+        ctx = self._raylight_ctx
+        share = getattr(ctx._strategy, "share_memory_for", None) if ctx is not None else None
+        if share is not None and self._ddp_comm_hook is None and isinstance(self.model, DistributedDataParallel):
+            share(self.model, self.root_device)
 
 
     def process_dataloader(self, dataloader: Any) -> Any:

@@ -47,12 +47,18 @@ class DDPStrategy:
         if world_size == 1:
             return model.to(device)
         ddp = apply_ddp(model, device=device)
+        self.share_memory_for(ddp, device)
+        return ddp
+
+    def share_memory_for(self, ddp: DistributedDataParallel, device: torch.device) -> None:
+        """Average ``ddp``'s gradient buckets through shared memory where the options, the
+        device and the ranks' machines allow (``shm_allreduce``); every rank calls it (a
+        collective: all ranks register the hook, or none does)."""
         if self.options.shared_memory and device.type == "cpu" and dist.get_backend() == "gloo":
-            shared = SharedMemoryAllReduce.create()  # every rank calls it: None on all, or on none
+            shared = SharedMemoryAllReduce.create()
             if shared is not None:
                 self._shared.append(shared)
                 ddp.register_comm_hook(shared, comm_hook)
-        return ddp
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model
