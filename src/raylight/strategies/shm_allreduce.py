@@ -58,17 +58,13 @@ _SUPPORTED = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 def _machine_id() -> int:
     """The same number on two processes exactly when they share a kernel boot and a PID
     namespace (the PIDs they exchange then name the same processes)."""
-    parts = [platform.node()]
-    for path in ("/proc/sys/kernel/random/boot_id",):
-        try:
-            with open(path) as f:
-                parts.append(f.read().strip())
-        except OSError:
-            return 0
     try:
-        parts.append(os.readlink("/proc/self/ns/pid"))
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        pid_namespace = os.readlink("/proc/self/ns/pid")
     except OSError:
         return 0
+    parts = [platform.node(), boot, pid_namespace]
     return int.from_bytes(hashlib.sha256("\0".join(parts).encode()).digest()[:7], "little")
 
 
