@@ -180,7 +180,15 @@ class TrainContext:
         optimizer, which must see the sharded parameters)."""
         wrapped = self._strategy.wrap_model(model, device=self.device, world_size=self.world_size)
         self._models.append(wrapped)
+        self.use_strategy_reducer()
         return wrapped
+
+    def use_strategy_reducer(self) -> None:
+        """Adaptive training's control all-reduces go through the strategy's faster sum
+        where it offers one (every rank alike: the strategy set it up collectively)."""
+        reducer = self._strategy.sum_reducer()
+        if reducer is not None and self.sync is not None:
+            self.sync.reduce_sum = reducer
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         """The user's module inside whatever ``prepare_model`` wrapped it in."""

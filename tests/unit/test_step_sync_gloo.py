@@ -11,6 +11,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from raylight.adaptive.plan import BatchPlan
 from raylight.adaptive_worker.optimizer import AdaptiveOptimizer
 from raylight.adaptive_worker.sync import ResizeInterrupt, StepSync
+from raylight.strategies import shm_allreduce
+from raylight.strategies.shm_allreduce import SharedMemoryAllReduce, comm_hook
 from tests.helpers import run_gloo_ranks
 
 pytestmark = pytest.mark.timeout(120)
@@ -19,7 +21,7 @@ EVERY = 4
 STOP_BEFORE = 9  # rank 1 is asked to stop before this step
 
 
-def run_rank(rank: int, port: int, carrier: bool, events: bool, queue) -> None:
+def run_rank(rank: int, port: int, carrier: bool, events: bool, shared: bool, queue) -> None:
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
@@ -30,6 +32,11 @@ def run_rank(rank: int, port: int, carrier: bool, events: bool, queue) -> None:
             rank=rank, world_size=2, num_nodes=1, threads=1, plan=BatchPlan(8), init_batch_size=16,
             adaptive=True, lr_rule="adascale", every=EVERY,
         )
+        if shared:  # as raylight's DDP on CPU: gradients and control vectors through shared memory
+            memory = SharedMemoryAllReduce.create()
+            assert memory is not None
+            model.register_comm_hook(memory, comm_hook)
+            sync.reduce_sum = memory.all_reduce_
         opt = AdaptiveOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), sync=sync)
         sync.carrier = carrier
         gen = torch.Generator().manual_seed(100 + rank)
@@ -70,8 +77,8 @@ def run_rank(rank: int, port: int, carrier: bool, events: bool, queue) -> None:
         dist.destroy_process_group()
 
 
-def run_pair(carrier: bool, events: bool = True) -> dict[int, dict]:
-    return run_gloo_ranks(run_rank, carrier, events)
+def run_pair(carrier: bool, events: bool = True, shared: bool = False) -> dict[int, dict]:
+    return run_gloo_ranks(run_rank, carrier, events, shared)
 
 
 def test_control_vector_rides_on_the_gradient_all_reduce():
@@ -105,3 +112,12 @@ def test_the_same_gradient_statistics_reach_the_noise_estimator_either_way():
     assert sqr_riding == pytest.approx(sqr_own, rel=1e-4) and var_riding == pytest.approx(var_own, rel=1e-4)
     for a, b in zip(riding[0]["params"], own[0]["params"], strict=True):
         assert a == pytest.approx(b, rel=1e-5, abs=1e-7)
+
+
+@pytest.mark.skipif(not shm_allreduce._eligible_here(), reason="the shared-memory all-reduce is for Linux x86-64")
+def test_through_shared_memory_every_rank_agrees_as_through_gloo():
+    """The control vector and the measuring step's gradients summed in shared memory: the
+    same plans, stop, noise estimate and parameters as through gloo, bit for bit (two ranks)."""
+    gloo, shared = run_pair(carrier=True), run_pair(carrier=True, shared=True)
+    for key in ("plans", "stopped_at", "exchanges", "gns", "params"):
+        assert shared[0][key] == shared[1][key] == gloo[0][key], key

@@ -33,7 +33,6 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol, runtime_checkable
 
 import torch
-import torch.distributed as dist
 
 from raylight.adaptive_worker.sync import StepSync
 
@@ -233,7 +232,7 @@ class AdaptiveOptimizer:
         local = _sqr(body, scale)
         body.div_(sync.world_size)
         flat[numel:] = torch.tensor(outgoing, dtype=dtype)
-        dist.all_reduce(flat)
+        sync.reduce_sum(flat)
         offset = 0
         for g in grads:
             g.copy_(body[offset : offset + g.numel()].view_as(g))

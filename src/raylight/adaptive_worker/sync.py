@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -112,6 +113,9 @@ class StepSync:
         # Whether each rank holds its own, unreduced gradient (DDP) or only its shard of
         # the reduced one (FSDP): then the group measures noise as one replica does.
         self.replicated = replicated
+        # The group's in-place sum: the process group's, or a faster one its strategy
+        # offers (TrainContext.use_strategy_reducer: DDP's shared memory on CPU).
+        self.reduce_sum: Callable[[torch.Tensor], Any] = dist.all_reduce
         # Set by AdaptiveOptimizer: its control-step all-reduce carries the control vector.
         self.carrier = False
         self.exchanging = False  # this step's control vector rides on the gradients
@@ -190,7 +194,7 @@ class StepSync:
         own; raise ResizeInterrupt if any rank was asked to stop."""
         vec = torch.tensor(self.take_outgoing(), dtype=torch.float64, device=self.device)
         if self.world_size > 1:
-            dist.all_reduce(vec)
+            self.reduce_sum(vec)
         self._apply(vec.tolist(), stop_now=True)
         return self.plan
 

@@ -237,6 +237,7 @@ class RayStrategy(_RayWorkers, DDPStrategy):
         share = getattr(ctx._strategy, "share_memory_for", None) if ctx is not None else None
         if share is not None and self._ddp_comm_hook is None and isinstance(self.model, DistributedDataParallel):
             share(self.model, self.root_device)
+            ctx.use_strategy_reducer()
 
 
     def process_dataloader(self, dataloader: Any) -> Any:

@@ -93,8 +93,15 @@ class Strategy(Protocol):
 
     def close(self) -> None:
         """Release what the strategy started beside the process group (Horovod's
-        background thread and rendezvous server), once the loop has ended and before the
-        group is destroyed. Every rank calls it; DDP, FSDP and DeepSpeed have nothing to release."""
+        background thread and rendezvous server, DDP's shared memory), once the loop has
+        ended and before the group is destroyed. Every rank calls it; FSDP and DeepSpeed
+        have nothing to release."""
+        ...
+
+    def sum_reducer(self) -> Callable[[torch.Tensor], Any] | None:
+        """An in-place sum over the run's group that every rank can use in place of
+        ``dist.all_reduce`` and that is faster for small tensors (DDP's shared memory on
+        CPU, ``shm_allreduce``), or None. Adaptive training's control all-reduces use it."""
         ...
 
 

@@ -3,6 +3,7 @@ workers of one machine, through shared memory (``shm_allreduce``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
 from typing import Any
 
@@ -74,6 +75,9 @@ class DDPStrategy:
 
     def set_batch_layout(self, *, micro_batch: int, accumulation: int) -> None:
         pass  # DDP needs no batch settings
+
+    def sum_reducer(self) -> Callable[[torch.Tensor], Any] | None:
+        return self._shared[-1].all_reduce_ if self._shared else None
 
     def close(self) -> None:
         for shared in self._shared:  # a peer still waiting in one fails now, not at the timeout

@@ -493,6 +493,9 @@ class DeepSpeedStrategy:
     def close(self) -> None:
         pass  # the engine goes with the loop; the worker releases deepspeed.comm's state
 
+    def sum_reducer(self) -> None:
+        return None  # the process group's all-reduce
+
     def set_batch_layout(self, *, micro_batch: int, accumulation: int) -> None:
         self._layout = (micro_batch, accumulation)
         if self._engine is None:

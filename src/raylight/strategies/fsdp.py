@@ -194,6 +194,9 @@ class FSDPStrategy:
     def close(self) -> None:
         pass  # nothing beside the process group
 
+    def sum_reducer(self) -> None:
+        return None  # the process group's all-reduce
+
     def checkpoint_format(self, world_size: int) -> CheckpointFormat:
         return "sharded" if world_size > 1 and self.options.checkpoint == "sharded" else "full"
 

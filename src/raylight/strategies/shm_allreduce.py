@@ -219,6 +219,14 @@ class SharedMemoryAllReduce:
             tensor.add_(self._data(buf, r, tensor))
         return tensor
 
+    def all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``dist.all_reduce(tensor)`` (a sum, in place): here where it fits, else by the
+        backend. Every rank must call it with a tensor of the same size and type."""
+        if self.fits(tensor):
+            return self.sum_(tensor)
+        dist.all_reduce(tensor)
+        return tensor
+
     def _wait(self, buf: int, k: int) -> None:
         rounds = self._rounds[buf]
         if rounds.min() >= k:
