@@ -30,7 +30,6 @@ gloo connection does; a peer that stays silent fails it after the group's timeou
 
 # No `from __future__ import annotations`: DDP checks comm_hook's annotations as objects.
 import hashlib
-import logging
 import os
 import platform
 import secrets
@@ -40,8 +39,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-log = logging.getLogger("raylight")
 
 CAPACITY_BYTES = 1 << 20  # per rank per buffer; DDP's first bucket is 1 MiB, its others 25
 SHM_DIR = "/dev/shm"
@@ -126,10 +123,12 @@ class SharedMemoryAllReduce:
 
     # -- setting up ------------------------------------------------------------------
     @classmethod
-    def create(cls, group: Any = None, *, capacity: int = CAPACITY_BYTES) -> "SharedMemoryAllReduce | None":
+    def create(cls, group: Any = None, *, capacity: int | None = None) -> "SharedMemoryAllReduce | None":
         """Collective: every rank of ``group`` (a gloo group; None: the default one) calls
         it. Returns the shared-memory all-reduce where every rank can use it, else None on
-        every rank (gloo then reduces everything, as without it)."""
+        every rank (gloo then reduces everything, as without it). ``capacity``: bytes per
+        rank, default ``CAPACITY_BYTES`` (read at the call)."""
+        capacity = CAPACITY_BYTES if capacity is None else capacity
         rank, world = dist.get_rank(group), dist.get_world_size(group)
         if world < 2:
             return None
@@ -141,17 +140,15 @@ class SharedMemoryAllReduce:
         if len(ids) != 1 or 0 in ids:
             return None  # another machine, PID namespace, or system: gloo only
         size = 2 * world * (_HEADER + capacity)
-        name = torch.zeros(32, dtype=torch.uint8)
-        path = ""
+        name = torch.zeros(32, dtype=torch.uint8)  # rank 0's file's name, "" where it made none
         if rank == 0:
-            path = cls._make_file(size)
-            if path:
-                name[: len(path.encode())] = torch.tensor(list(path.encode()), dtype=torch.uint8)
+            made = cls._make_file(size).encode()
+            name[: len(made)] = torch.tensor(list(made), dtype=torch.uint8)
         dist.broadcast(name, 0, group=group)
         shared = bytes(name.tolist()).rstrip(b"\0").decode()
+        path = os.path.join(SHM_DIR, shared)
         mem = None
         if shared:
-            path = os.path.join(SHM_DIR, shared)
             try:
                 mem = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
             except (RuntimeError, OSError):
@@ -229,8 +226,6 @@ class SharedMemoryAllReduce:
 
     def _wait(self, buf: int, k: int) -> None:
         rounds = self._rounds[buf]
-        if rounds.min() >= k:
-            return
         start = time.monotonic()
         checked = start
         while rounds.min() < k:
