@@ -32,12 +32,13 @@ from raylight.exceptions import (
 if TYPE_CHECKING:
     from raylight.context import TrainContext
     from raylight.launch.client import run_context
-    from raylight.trainer import Result, Trainer, fit
+    from raylight.trainer import Result, Trainer, fit, prestart_workers
 
 # torch and the engine load on first use, so that `import raylight` (and the CLI's
 # start-up, and its error messages) does not pay seconds for them.
 _LAZY = {
     "TrainContext": "raylight.context", "Result": "raylight.trainer", "Trainer": "raylight.trainer", "fit": "raylight.trainer",
+    "prestart_workers": "raylight.trainer",
     "run_context": "raylight.launch.client",
 }
 
@@ -99,6 +100,7 @@ __all__ = [
     "__version__",
     "fit",
     "load_model",
+    "prestart_workers",
     "release_workers",
     "run_context",
 ]

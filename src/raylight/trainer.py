@@ -561,16 +561,7 @@ def fit(
     (``Result.cost``).
     """
     settings = dict(
-        scaling=validate(
-            ScalingConfig,
-            {
-                "num_workers": num_workers,
-                "use_gpu": use_gpu,
-                "resources_per_worker": resources_per_worker,
-                "placement": placement,
-                "strategy": strategy,
-            },
-        ),
+        scaling=_scaling(num_workers, use_gpu, resources_per_worker, placement, strategy),
         run=validate(
             RunConfig,
             {
@@ -589,3 +580,47 @@ def fit(
     )
     trainer_config = validate(TrainerConfig, settings)  # the checks across sections
     return Trainer(train_loop, train_loop_config=config, config=trainer_config).fit()
+
+
+def _scaling(
+    num_workers: int | tuple[int, int], use_gpu: bool, resources_per_worker: dict[str, float] | None, placement: str,
+    strategy: str | DDP | FSDP | DeepSpeed | Horovod,
+) -> ScalingConfig:
+    """``fit``'s ScalingConfig from its keywords."""
+    return validate(
+        ScalingConfig,
+        {
+            "num_workers": num_workers,
+            "use_gpu": use_gpu,
+            "resources_per_worker": resources_per_worker,
+            "placement": placement,
+            "strategy": strategy,
+        },
+    )
+
+
+def prestart_workers(
+    *,
+    num_workers: int | tuple[int, int],
+    use_gpu: bool = False,
+    resources_per_worker: dict[str, float] | None = None,
+    placement: str = "PACK",
+    strategy: str | DDP | FSDP | DeepSpeed | Horovod = "ddp",
+    address: str | None = None,
+    modules: tuple[str, ...] = (),
+) -> int:
+    """Start the worker processes of the next ``fit`` with these keywords now, on this
+    driver's node, and return once they are asked for: they start and import torch (and
+    ``modules``) while this process does other work (loading its data), and that ``fit``
+    takes them as warm workers. Connects to Ray as ``fit`` does (``address``; the embedded
+    local Ray by default), which takes seconds the first time. Returns how many it
+    started: none where the fit's workers would not be pooled (GPU workers), where idle
+    workers of that shape are already kept, or where this node cannot hold them all. They
+    are idle workers (``ScalingConfig.reuse_workers``): no Ray resources, gone after
+    ``idle_worker_timeout_s`` if no fit takes them."""
+    from raylight import runtime
+    from raylight.worker_group.ray_group import prestart_workers as prestart
+
+    scaling = _scaling(num_workers, use_gpu, resources_per_worker, placement, strategy)
+    runtime.connect(address)
+    return prestart(scaling, FailureConfig(), modules=modules)

@@ -124,3 +124,27 @@ def test_reuse_can_be_turned_off(pool, tmp_path):
     first = _fit_with(ScalingConfig(num_workers=2, reuse_workers=False), pool_loops.pid_loop, tmp_path)
     assert len(pool) == 0
     wait_until(lambda: not any(pid_alive(int(p)) for p in first.metrics["pids"].split(",")), 30, "the workers to exit")
+
+
+def test_prestarted_workers_are_the_next_fit_s_and_start_only_where_that_fit_would_take_them(pool, tmp_path):
+    """``raylight.prestart_workers`` (the declarative ray backend's, while it preprocesses) hands
+    new processes of the fit's shape to the pool at once, importing what it is told; that
+    fit trains on them and hands them back. Asked again, or for a shape this node cannot
+    hold, or that is not pooled, it starts nothing."""
+    import ray
+
+    from raylight import prestart_workers
+
+    assert prestart_workers(num_workers=2, modules=("tests.ray.pool_loops",)) == 2
+    assert len(pool) == 2
+    assert prestart_workers(num_workers=2) == 0, "the pool already holds them"
+    pids = sorted(ray.get([idle.actor.node_info.remote() for idle in list(pool._idle)], timeout=60), key=lambda n: n["pid"])
+    assert all(ray.get(idle.actor.loaded_modules.remote(), timeout=60).count("tests.ray.pool_loops") for idle in list(pool._idle))
+    run = _fit(pool_loops.pid_loop, tmp_path, "prestarted")
+    assert sorted(run.metrics["pids"].split(",")) == sorted(str(n["pid"]) for n in pids), "the fit took the prestarted processes"
+    assert len(pool) == 2, "and handed them back"
+    raylight.release_workers()
+    cpus = int(ray.cluster_resources()["CPU"])
+    assert prestart_workers(num_workers=cpus + 1) == 0, "more than this node holds: the fit would place them elsewhere"
+    assert prestart_workers(num_workers=2, use_gpu=True) == 0, "GPU workers are not pooled"
+    assert len(pool) == 0

@@ -120,10 +120,14 @@ def resolve_backend(config: ModelConfig, override: str | None, *, connecting: Ca
     return Backend("ray", workers, t.use_gpu, per)
 
 
-def _connect_while(preprocess: Callable[[], Prepared], config: ModelConfig, backend: str | None) -> tuple[Backend, float, Prepared]:
+def _connect_while(
+    preprocess: Callable[[], Prepared], config: ModelConfig, backend: str | None,
+    connected: Callable[[Backend], None] | None = None,
+) -> tuple[Backend, float, Prepared]:
     """``resolve_backend`` (Ray's start: seconds on a laptop) in this thread while
-    ``preprocess``, which needs no Ray, runs in another. Returns the backend, the seconds
-    connecting took, and the preprocessed data. A backend that connects to nothing
+    ``preprocess``, which needs no Ray, runs in another; ``connected`` is called with the
+    backend as soon as it is resolved, still beside preprocessing. Returns the backend, the
+    seconds connecting took, and the preprocessed data. A backend that connects to nothing
     preprocesses after; an error connecting is raised at once (the thread is a daemon:
     it ends with the process, and a cache entry it was writing stays uncommitted)."""
     out: dict[str, Any] = {}
@@ -138,6 +142,8 @@ def _connect_while(preprocess: Callable[[], Prepared], config: ModelConfig, back
     thread = threading.Thread(target=side, name="raylight-preprocess", daemon=True)
     resolved = resolve_backend(config, backend, connecting=thread.start)
     connect_s = time.monotonic() - began
+    if connected is not None:
+        connected(resolved)
     if thread.ident is None:  # nothing to connect to
         side()
     else:
@@ -279,7 +285,7 @@ def train(
         connect_s = time.monotonic() - started
         prepared = preprocess()
     else:  # while Ray's processes start, if it starts them
-        resolved, connect_s, prepared = _connect_while(preprocess, config, backend)
+        resolved, connect_s, prepared = _connect_while(preprocess, config, backend, connected=lambda b: _prestart(b, config))
     if resolved.kind == "ray":
         prepared = in_store(prepared)
     preprocessed = time.monotonic()
@@ -350,6 +356,19 @@ def train(
         "output_directory": out, "model_path": model_dir, "evaluation": evaluation, "backend": resolved.kind,
         "cost": result.cost,
     }
+
+
+def _prestart(resolved: Backend, config: ModelConfig) -> None:
+    """The ray backend's workers start (and import torch and the training loop's module)
+    while the driver still preprocesses, rather than after it."""
+    if resolved.kind != "ray":
+        return
+    from raylight.trainer import prestart_workers
+
+    prestart_workers(
+        num_workers=resolved.num_workers, use_gpu=resolved.use_gpu, resources_per_worker=resolved.resources,
+        strategy=config.backend.trainer.strategy, modules=("raylight.declarative.train",),
+    )
 
 
 def in_store(prepared: Prepared) -> Prepared:

@@ -96,6 +96,13 @@ class WorkerPool:
                     return idle
         return None
 
+    def count(self, node_id: str, key: str) -> int:
+        """Idle workers ``take`` could give for ``node_id`` and ``key`` now."""
+        with self._lock:
+            self._forget_other_cluster()
+            now = monotonic()
+            return sum(1 for i in self._idle if i.key == key and i.node.get("node_id") == node_id and i.expires > now)
+
     def put(self, actor: Any, node: dict[str, Any], key: str, idle_s: float) -> None:
         evicted: list[Any] = []
         with self._lock:

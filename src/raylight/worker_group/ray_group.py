@@ -495,10 +495,7 @@ class RayWorkerGroup:
         return self._failure.preemption_grace_s, tuple(self._failure.preemption_notices)
 
     def _runtime_env(self) -> dict[str, Any] | None:
-        """The workers' own runtime_env: environment variables their strategy wants at
-        process start (merged by Ray into the job's ``env_vars``), else None."""
-        env = worker_env(self._scaling.process_kind, self._scaling.use_gpu)
-        return {"env_vars": env} if env else None
+        return worker_runtime_env(self._scaling)
 
     # -- the warm spare -------------------------------------------------------------------
     def _spare_wanted(self) -> bool:
@@ -1047,6 +1044,46 @@ class RayWorkerGroup:
             else:
                 log.debug("not keeping worker %s for the next run: %s", node.get("pid"), why)
         return pooled
+
+
+def worker_runtime_env(scaling: ScalingConfig) -> dict[str, Any] | None:
+    """The workers' own runtime_env: environment variables their strategy wants at
+    process start (merged by Ray into the job's ``env_vars``), else None."""
+    env = worker_env(scaling.process_kind, scaling.use_gpu)
+    return {"env_vars": env} if env else None
+
+
+def prestart_workers(scaling: ScalingConfig, failure: FailureConfig, *, modules: tuple[str, ...] = ()) -> int:
+    """Start the first workers of a run of ``scaling``'s shape now, as idle pooled workers
+    on this driver's node, and return at once; the run's start takes them from the pool.
+    Their processes start and import torch (and ``modules``) while the driver is still
+    busy (the declarative backend's preprocessing). Returns how many it started: none
+    where workers are not pooled (GPU workers, ``reuse_workers=False``), where the pool
+    already holds them, or where this node cannot hold the run's first workers (they would
+    be placed elsewhere and sit idle until ``idle_worker_timeout_s``)."""
+    node_id = _driver_node()
+    if not scaling.reuse_workers or scaling.use_gpu or node_id is None or get_current_placement_group() is not None:
+        return 0
+    count = scaling.min_workers
+    per_worker = scaling.worker_resources()
+    here: dict[str, float] = next((n.get("Resources", {}) for n in ray.nodes() if n.get("NodeID") == node_id and n.get("Alive")), {})
+    if any(here.get(k, 0.0) < v * count for k, v in per_worker.items()):
+        return 0
+    runtime_env = worker_runtime_env(scaling)
+    key = pool_key(runtime_env, scaling.process_kind)
+    started = 0
+    for _ in range(count - POOL.count(node_id, key)):
+        actor: Any = _RemoteWorker.options(
+            max_restarts=0,
+            num_cpus=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+            runtime_env=runtime_env,
+        ).remote(RankInfo(0, 0, count, 1, 0), "prestarted", failure.preemption_grace_s, ())
+        if modules:
+            actor.warm.remote(None, None, list(modules))
+        POOL.put(actor, {"node_id": node_id}, key, scaling.idle_worker_timeout_s)
+        started += 1
+    return started
 
 
 def _driver_node() -> str | None:
