@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-import gc
 import logging
 import os
 import sys
@@ -302,6 +301,7 @@ class Trainer:
 
         from raylight.context import TrainContext, call_train_loop
         from raylight.strategies import build_strategy
+        from raylight.strategies.base import destroy_process_group
 
         scaling = self.config.scaling
         strategy = build_strategy(scaling.strategy)
@@ -368,8 +368,7 @@ class Trainer:
             dist.broadcast_object_list(ended, src=0)
         finally:
             if created and dist.is_initialized():
-                gc.collect()  # a module the loop left in a cycle still holds the group
-                dist.destroy_process_group()
+                destroy_process_group()
         history = ended[0]["history"]
         last = ended[0]["checkpoint"]
         return Result(

@@ -18,6 +18,7 @@ from torch import nn
 
 import raylight.horovod as hvd
 from raylight.horovod import compat, elastic
+from raylight.strategies.base import destroy_process_group
 from tests.helpers import mpirun_command, openmpi_missing, processes_with, run_gloo_ranks
 
 pytestmark = pytest.mark.timeout(180)
@@ -234,6 +235,7 @@ def _optimizer_rank(rank: int, port: int, queue) -> None:
         with opt.skip_synchronize():
             opt.step()
         out["clipped_weight"] = model.weight.detach().tolist()  # plain data: tensors on the queue need the rank alive
+        ddp = ref_opt = None  # the DDP model goes before the group (raylight.strategies.base.destroy_process_group)
         queue.put(out)
     finally:
         hvd.shutdown()
@@ -340,8 +342,9 @@ def _ddp_mnist_rank(rank: int, port: int, args: dict, queue) -> None:
                 F.nll_loss(model(data), target).backward()
                 opt.step()
         queue.put({"rank": rank, "state": {k: v.numpy().copy() for k, v in model.module.state_dict().items()}})
+        model = opt = None  # the DDP model goes before the group
     finally:
-        dist.destroy_process_group()
+        destroy_process_group()
 
 
 def _assert_same(a: dict, b: dict, atol: float = 1e-6) -> None:
@@ -414,8 +417,9 @@ def _ddp_elastic_rank(rank: int, port: int, queue) -> None:
                 F.nll_loss(model(data), target).backward()
                 opt.step()
         queue.put({"rank": rank, "state": {k: v.numpy().copy() for k, v in model.module.state_dict().items()}})
+        model = opt = None  # the DDP model goes before the group
     finally:
-        dist.destroy_process_group()
+        destroy_process_group()
 
 
 def test_elastic_example_restores_the_last_commit_after_a_failure(tmp_path):

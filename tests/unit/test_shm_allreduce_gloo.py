@@ -16,6 +16,7 @@ from torch import nn
 from raylight.config import DDP
 from raylight.strategies import DDPStrategy
 from raylight.strategies import shm_allreduce as shm
+from raylight.strategies.base import destroy_process_group
 from raylight.strategies.shm_allreduce import SharedMemoryAllReduce
 from tests.helpers import run_gloo_ranks
 
@@ -101,8 +102,9 @@ def ddp_rank(rank: int, port: int, shared_memory: bool, capacity: int, queue) ->
         hooked = len(strategy._shared)
         strategy.close()
         queue.put({"rank": rank, "hooked": hooked, "params": [_bits(p) for p in model.parameters()]})
+        model = opt = None  # the DDP model goes before the group
     finally:
-        dist.destroy_process_group()
+        destroy_process_group()
 
 
 def test_ddp_through_shared_memory_trains_bitwise_as_through_gloo():

@@ -12,6 +12,7 @@ from raylight.adaptive.plan import BatchPlan
 from raylight.adaptive_worker.optimizer import AdaptiveOptimizer
 from raylight.adaptive_worker.sync import ResizeInterrupt, StepSync
 from raylight.strategies import shm_allreduce
+from raylight.strategies.base import destroy_process_group
 from raylight.strategies.shm_allreduce import SharedMemoryAllReduce, comm_hook
 from tests.helpers import run_gloo_ranks
 
@@ -26,55 +27,57 @@ def run_rank(rank: int, port: int, carrier: bool, events: bool, shared: bool, qu
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     try:
-        torch.manual_seed(0)
-        model = DDP(nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1)))
-        sync = StepSync(
-            rank=rank, world_size=2, num_nodes=1, threads=1, plan=BatchPlan(8), init_batch_size=16,
-            adaptive=True, lr_rule="adascale", every=EVERY,
-        )
-        if shared:  # as raylight's DDP on CPU: gradients and control vectors through shared memory
-            memory = SharedMemoryAllReduce.create()
-            assert memory is not None
-            model.register_comm_hook(memory, comm_hook)
-            sync.reduce_sum = memory.all_reduce_
-        opt = AdaptiveOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), sync=sync)
-        sync.carrier = carrier
-        gen = torch.Generator().manual_seed(100 + rank)
-        plans, stopped_at, exchanges = [], None, 0
-        for step in range(40):
-            if events and rank == 0 and step == 2:
-                sync.set_plan(BatchPlan(12, 1, 1))
-            if events and rank == 1 and step == STOP_BEFORE:
-                sync.request_stop()
-            try:
-                plan = sync.begin_step()
-            except ResizeInterrupt:
-                stopped_at = step
-                break
-            exchanges += sync.exchanging
-            plans.append((plan.atomic_bsz, plan.accum_steps))
-            sync.micro_steps, sync.uniform_step = plan.accum_steps + 1, True
-            for j in range(sync.micro_steps):
-                sync.micro = j
-                opt.zero_grad()
-                x = torch.randn(plan.atomic_bsz, 6, generator=gen)
-                y = x.sum(1, keepdim=True) + torch.randn(plan.atomic_bsz, 1, generator=gen)
-                last = j == sync.micro_steps - 1
-                with model.no_sync() if (sync.measuring or not last) else torch.enable_grad():
-                    ((model(x) - y) ** 2).mean().backward()
-                opt.step()
-        queue.put(
-            {
-                "rank": rank,
-                "plans": plans,
-                "stopped_at": stopped_at,
-                "exchanges": exchanges,
-                "gns": (sync.gns.num_updates, sync.gns.sqr, sync.gns.var),
-                "params": [p.detach().reshape(-1).tolist() for p in model.parameters()],
-            }
-        )
+        queue.put(_train(rank, carrier, events, shared))  # its DDP model is garbage once it returns
     finally:
-        dist.destroy_process_group()
+        destroy_process_group()  # which frees it before the group (a hung rank otherwise)
+
+
+def _train(rank: int, carrier: bool, events: bool, shared: bool) -> dict:
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1)))
+    sync = StepSync(
+        rank=rank, world_size=2, num_nodes=1, threads=1, plan=BatchPlan(8), init_batch_size=16,
+        adaptive=True, lr_rule="adascale", every=EVERY,
+    )
+    if shared:  # as raylight's DDP on CPU: gradients and control vectors through shared memory
+        memory = SharedMemoryAllReduce.create()
+        assert memory is not None
+        model.register_comm_hook(memory, comm_hook)
+        sync.reduce_sum = memory.all_reduce_
+    opt = AdaptiveOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), sync=sync)
+    sync.carrier = carrier
+    gen = torch.Generator().manual_seed(100 + rank)
+    plans, stopped_at, exchanges = [], None, 0
+    for step in range(40):
+        if events and rank == 0 and step == 2:
+            sync.set_plan(BatchPlan(12, 1, 1))
+        if events and rank == 1 and step == STOP_BEFORE:
+            sync.request_stop()
+        try:
+            plan = sync.begin_step()
+        except ResizeInterrupt:
+            stopped_at = step
+            break
+        exchanges += sync.exchanging
+        plans.append((plan.atomic_bsz, plan.accum_steps))
+        sync.micro_steps, sync.uniform_step = plan.accum_steps + 1, True
+        for j in range(sync.micro_steps):
+            sync.micro = j
+            opt.zero_grad()
+            x = torch.randn(plan.atomic_bsz, 6, generator=gen)
+            y = x.sum(1, keepdim=True) + torch.randn(plan.atomic_bsz, 1, generator=gen)
+            last = j == sync.micro_steps - 1
+            with model.no_sync() if (sync.measuring or not last) else torch.enable_grad():
+                ((model(x) - y) ** 2).mean().backward()
+            opt.step()
+    return {
+        "rank": rank,
+        "plans": plans,
+        "stopped_at": stopped_at,
+        "exchanges": exchanges,
+        "gns": (sync.gns.num_updates, sync.gns.sqr, sync.gns.var),
+        "params": [p.detach().reshape(-1).tolist() for p in model.parameters()],
+    }
 
 
 def run_pair(carrier: bool, events: bool = True, shared: bool = False) -> dict[int, dict]:

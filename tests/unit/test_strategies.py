@@ -21,6 +21,7 @@ from raylight.declarative.config import ModelConfig
 from raylight.exceptions import ConfigError
 from raylight.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, build_strategy
 from raylight.strategies.fsdp import shard_blocks
+from tests.helpers import run_gloo_ranks
 
 
 class Block(nn.Module):
@@ -478,3 +479,41 @@ def test_a_deepspeed_process_group_on_cpu_builds_no_shared_memory_op(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-2:] == ["TorchBackend", "True"], out.stdout + out.stderr[-2000:]
     assert not extensions.exists() or not list(extensions.rglob("*shm_comm*")), list(extensions.rglob("*"))
+
+
+def _garbage_ddp_then_destroy(rank: int, port: int, queue) -> None:
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+
+    from raylight.strategies import base
+
+    gc.disable()  # only an explicit collection frees the cycle below
+    dist.init_process_group("gloo", store=dist.TCPStore("127.0.0.1", port, 1, True), rank=0, world_size=1)
+    model = torch.nn.parallel.DistributedDataParallel(nn.Linear(3, 3))
+    model(torch.ones(2, 3)).sum().backward()
+    model.__dict__["cycle"] = [model]  # as a hook or closure that refers back to the model makes one
+    gone = weakref.ref(model)
+    del model
+    seen = {"freed_by_del": gone() is None}
+    real = dist.destroy_process_group
+
+    def destroy(*args):
+        seen["freed_before_destroy"] = gone() is None
+        real(*args)
+
+    dist.destroy_process_group = destroy
+    base.destroy_process_group()
+    queue.put({"rank": 0, **seen})
+
+
+def test_destroying_the_group_frees_garbage_ddp_models_first():
+    """A DDP model caught in a reference cycle holds the process group (its C++ reducer). Freed
+    after the group's Python handle, it drops the last reference with the GIL held and
+    gloo's destructor can deadlock on its own threads (a rank of tests/unit/
+    test_step_sync_gloo.py hung so under load): raylight's workers destroy the group
+    through ``strategies.base.destroy_process_group``, which frees such garbage first."""
+    seen = run_gloo_ranks(_garbage_ddp_then_destroy, world_size=1)[0]
+    assert seen["freed_by_del"] is False, "the model outlived its last name"
+    assert seen["freed_before_destroy"] is True

@@ -12,7 +12,6 @@ group of one, as Horovod runs without ``horovodrun``.
 from __future__ import annotations
 
 import atexit
-import gc
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -20,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from raylight.launcher_env import LaunchEnvError, detect, init_process_group
+from raylight.strategies.base import destroy_process_group
 
 # Horovod's reduction ops (the values of horovod.common.basics' ReduceOp).
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
@@ -116,8 +116,7 @@ def shutdown() -> None:
     if state is not None and state.owns_group and dist.is_initialized() and dist.group.WORLD is state.group:
         # Collectives' work objects caught in reference cycles (an optimizer's gradient
         # hooks) must go while their group exists: freed after it, they abort the process.
-        gc.collect()
-        dist.destroy_process_group()
+        destroy_process_group()
 
 
 # Horovod scripts may end without hvd.shutdown(); a gloo group left to the interpreter's

@@ -552,6 +552,7 @@ class RaylightWorker:
                 self._state = "errored"
         finally:
             if dist.is_initialized():
+                from raylight.strategies.base import destroy_process_group
                 from raylight.strategies.deepspeed import (
                     holds_process_groups,
                     release_process_group,
@@ -559,9 +560,10 @@ class RaylightWorker:
 
                 try:
                     if holds_process_groups():  # the loop ran DeepSpeed (raylight's strategy or Lightning's)
+                        gc.collect()  # as destroy_process_group does
                         release_process_group()
                     else:
-                        dist.destroy_process_group()
+                        destroy_process_group()
                 except Exception:  # the group may be broken by a peer's death
                     pass
             self._store = None
