@@ -13,8 +13,9 @@ per rank and tell each its place through environment variables, each launcher it
 - ``file``: mpirun on one node with no master address: a file store in the temp directory
   named after the MPI job, which only that job's processes know.
 
-Pure apart from ``init_process_group`` (torch, sockets, HTTP), which imports torch when
-called.
+Pure apart from ``init_process_group`` (torch, sockets, HTTP) and
+``destroy_process_group``, which import torch when called; the second is how every
+raylight process ends a group (the launcher's, the Ray workers', raylight.horovod's).
 """
 
 from __future__ import annotations
@@ -261,6 +262,21 @@ def collect_at_exit() -> None:
     """
     atexit.unregister(gc.collect)
     atexit.register(gc.collect)
+
+
+def destroy_process_group() -> None:
+    """``torch.distributed.destroy_process_group()``, once the garbage that still holds the
+    group is freed. A DDP model sits in a reference cycle, and its C++ reducer holds the
+    group: freed by the garbage collector after the group's Python handle is gone, it drops
+    the last reference with the GIL held, and gloo's destructor then waits for its worker
+    threads, one of which may be waiting for the GIL to free the tensors of the last
+    collective (a hung rank, seen in the gloo tests under load; an abort where it happens
+    at the interpreter's exit). Freed first, the last reference is the Python handle's,
+    whose destructor releases the GIL."""
+    import torch.distributed as dist
+
+    gc.collect()
+    dist.destroy_process_group()
 
 
 def init_process_group(launch: LaunchEnv, backend: str, *, timeout_s: float | None = None) -> None:

@@ -300,8 +300,8 @@ class Trainer:
         import torch.distributed as dist
 
         from raylight.context import TrainContext, call_train_loop
+        from raylight.launcher_env import destroy_process_group
         from raylight.strategies import build_strategy
-        from raylight.strategies.base import destroy_process_group
 
         scaling = self.config.scaling
         strategy = build_strategy(scaling.strategy)
@@ -622,4 +622,4 @@ def prestart_workers(
 
     scaling = _scaling(num_workers, use_gpu, resources_per_worker, placement, strategy)
     runtime.connect(address)
-    return prestart(scaling, FailureConfig(), modules=modules)
+    return prestart(scaling, modules=modules)

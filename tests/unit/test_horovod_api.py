@@ -18,7 +18,7 @@ from torch import nn
 
 import raylight.horovod as hvd
 from raylight.horovod import compat, elastic
-from raylight.strategies.base import destroy_process_group
+from raylight.launcher_env import destroy_process_group
 from tests.helpers import mpirun_command, openmpi_missing, processes_with, run_gloo_ranks
 
 pytestmark = pytest.mark.timeout(180)
@@ -235,7 +235,7 @@ def _optimizer_rank(rank: int, port: int, queue) -> None:
         with opt.skip_synchronize():
             opt.step()
         out["clipped_weight"] = model.weight.detach().tolist()  # plain data: tensors on the queue need the rank alive
-        ddp = ref_opt = None  # the DDP model goes before the group (raylight.strategies.base.destroy_process_group)
+        ddp = ref_opt = None  # the DDP model goes before the group (raylight.launcher_env.destroy_process_group)
         queue.put(out)
     finally:
         hvd.shutdown()

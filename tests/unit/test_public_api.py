@@ -13,7 +13,7 @@ PUBLIC = [
     "InsufficientResourcesError", "PreemptedError", "RaylightError", "Result", "RunConfig", "RunInUseError", "ScalingConfig",
     "TrainContext", "Trainer", "TrainerConfig", "TrainingDivergedError", "TrainingFailedError", "WorkerDiedError",
     "WorkerError", "WorkerHangError", "WorkerStartError", "__version__", "fit", "load_model",
-    "release_workers", "run_context",
+    "prestart_workers", "release_workers", "run_context",
 ]
 
 

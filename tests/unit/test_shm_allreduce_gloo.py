@@ -14,9 +14,9 @@ import torch.distributed as dist
 from torch import nn
 
 from raylight.config import DDP
+from raylight.launcher_env import destroy_process_group
 from raylight.strategies import DDPStrategy
 from raylight.strategies import shm_allreduce as shm
-from raylight.strategies.base import destroy_process_group
 from raylight.strategies.shm_allreduce import SharedMemoryAllReduce
 from tests.helpers import run_gloo_ranks
 

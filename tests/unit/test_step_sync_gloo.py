@@ -11,8 +11,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from raylight.adaptive.plan import BatchPlan
 from raylight.adaptive_worker.optimizer import AdaptiveOptimizer
 from raylight.adaptive_worker.sync import ResizeInterrupt, StepSync
+from raylight.launcher_env import destroy_process_group
 from raylight.strategies import shm_allreduce
-from raylight.strategies.base import destroy_process_group
 from raylight.strategies.shm_allreduce import SharedMemoryAllReduce, comm_hook
 from tests.helpers import run_gloo_ranks
 

@@ -487,7 +487,7 @@ def _garbage_ddp_then_destroy(rank: int, port: int, queue) -> None:
 
     import torch.distributed as dist
 
-    from raylight.strategies import base
+    from raylight import launcher_env
 
     gc.disable()  # only an explicit collection frees the cycle below
     dist.init_process_group("gloo", store=dist.TCPStore("127.0.0.1", port, 1, True), rank=0, world_size=1)
@@ -504,7 +504,7 @@ def _garbage_ddp_then_destroy(rank: int, port: int, queue) -> None:
         real(*args)
 
     dist.destroy_process_group = destroy
-    base.destroy_process_group()
+    launcher_env.destroy_process_group()
     queue.put({"rank": 0, **seen})
 
 
@@ -513,7 +513,7 @@ def test_destroying_the_group_frees_garbage_ddp_models_first():
     after the group's Python handle, it drops the last reference with the GIL held and
     gloo's destructor can deadlock on its own threads (a rank of tests/unit/
     test_step_sync_gloo.py hung so under load): raylight's workers destroy the group
-    through ``strategies.base.destroy_process_group``, which frees such garbage first."""
+    through ``launcher_env.destroy_process_group``, which frees such garbage first."""
     seen = run_gloo_ranks(_garbage_ddp_then_destroy, world_size=1)[0]
     assert seen["freed_by_del"] is False, "the model outlived its last name"
     assert seen["freed_before_destroy"] is True

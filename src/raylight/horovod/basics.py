@@ -18,8 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from raylight.launcher_env import LaunchEnvError, detect, init_process_group
-from raylight.strategies.base import destroy_process_group
+from raylight.launcher_env import LaunchEnvError, destroy_process_group, detect, init_process_group
 
 # Horovod's reduction ops (the values of horovod.common.basics' ReduceOp).
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager as ContextManager
@@ -258,17 +257,3 @@ def keep_heap_small() -> None:
     if trim is not None:
         trim(0)
 
-
-def destroy_process_group() -> None:
-    """``torch.distributed.destroy_process_group()``, once the garbage that still holds the
-    group is freed. A DDP model sits in a reference cycle, and its C++ reducer holds the
-    group: freed by the garbage collector after the group's Python handle is gone, it drops
-    the last reference with the GIL held, and gloo's destructor then waits for its worker
-    threads, one of which may be waiting for the GIL to free the tensors of the last
-    collective (a hung rank, seen in the gloo tests under load; an abort where it happens
-    at the interpreter's exit). Freed first, the last reference is the Python handle's,
-    whose destructor releases the GIL."""
-    import torch.distributed as dist
-
-    gc.collect()
-    dist.destroy_process_group()

@@ -1053,7 +1053,7 @@ def worker_runtime_env(scaling: ScalingConfig) -> dict[str, Any] | None:
     return {"env_vars": env} if env else None
 
 
-def prestart_workers(scaling: ScalingConfig, failure: FailureConfig, *, modules: tuple[str, ...] = ()) -> int:
+def prestart_workers(scaling: ScalingConfig, *, modules: tuple[str, ...] = ()) -> int:
     """Start the first workers of a run of ``scaling``'s shape now, as idle pooled workers
     on this driver's node, and return at once; the run's start takes them from the pool.
     Their processes start and import torch (and ``modules``) while the driver is still
@@ -1078,7 +1078,7 @@ def prestart_workers(scaling: ScalingConfig, failure: FailureConfig, *, modules:
             num_cpus=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
             runtime_env=runtime_env,
-        ).remote(RankInfo(0, 0, count, 1, 0), "prestarted", failure.preemption_grace_s, ())
+        ).remote(RankInfo(0, 0, count, 1, 0), "prestarted")  # begin_run gives it its run's
         if modules:
             actor.warm.remote(None, None, list(modules))
         POOL.put(actor, {"node_id": node_id}, key, scaling.idle_worker_timeout_s)

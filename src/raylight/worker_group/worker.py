@@ -552,7 +552,7 @@ class RaylightWorker:
                 self._state = "errored"
         finally:
             if dist.is_initialized():
-                from raylight.strategies.base import destroy_process_group
+                from raylight.launcher_env import destroy_process_group
                 from raylight.strategies.deepspeed import (
                     holds_process_groups,
                     release_process_group,
