@@ -122,4 +122,8 @@ def _lines(path: str) -> list[str]:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
-    main(*sys.argv[1:])
+    # Its nodes start as raylight's embedded cluster does: Ray's minimal node agent (the
+    # full one, with ray[default] installed, cost about 4 CPU-s per node here) and no
+    # autoscaler monitor; nothing here uses either.
+    with runtime._lean_head():
+        main(*sys.argv[1:])

@@ -81,4 +81,5 @@ def main(workdir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    with runtime._lean_head():  # as tests.ray.cluster_driver
+        main(*sys.argv[1:])
