@@ -256,4 +256,3 @@ def keep_heap_small() -> None:
     trim = getattr(libc, "malloc_trim", None)
     if trim is not None:
         trim(0)
-

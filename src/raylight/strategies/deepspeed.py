@@ -53,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import gc
 import os
 import sys
 import warnings
@@ -230,14 +231,18 @@ def release_process_group() -> bool:
     and the subgroups it made (``deepspeed.utils.groups``), and with DeepSpeed's
     communication backend dropped too (built for this run's rank and world size; the next
     run's ``deepspeed.initialize`` builds its own). False where this DeepSpeed cannot drop
-    its references (the group is destroyed all the same, and the process is not reused)."""
+    its references (the group is destroyed all the same, and the process is not reused).
+    Garbage that holds the group goes first, as in ``launcher_env.destroy_process_group``."""
     import deepspeed.comm
     from deepspeed.comm import comm
     from deepspeed.utils import groups
 
+    from raylight.launcher_env import destroy_process_group
+
     if not hasattr(groups, "_release_process_group_references"):  # DeepSpeed before it had one
-        dist.destroy_process_group()
+        destroy_process_group()
         return False
+    gc.collect()
     deepspeed.comm.destroy_process_group()
     comm.cdb = None
     return True

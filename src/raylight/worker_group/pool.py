@@ -44,6 +44,9 @@ class Idle:
     key: str  # the worker runtime environment it was started with
     expires: float  # monotonic time it is killed at, unless taken first
 
+    def serves(self, node_id: str, key: str, now: float) -> bool:
+        return self.key == key and self.node.get("node_id") == node_id and self.expires > now
+
 
 def pool_key(runtime_env: dict[str, Any] | None, strategy: str) -> str:
     """Which idle workers a run may take: started with its runtime environment, and last
@@ -91,7 +94,7 @@ class WorkerPool:
             self._forget_other_cluster()
             now = monotonic()
             for i, idle in enumerate(self._idle):
-                if idle.key == key and idle.node.get("node_id") == node_id and idle.expires > now:
+                if idle.serves(node_id, key, now):
                     del self._idle[i]
                     return idle
         return None
@@ -101,7 +104,7 @@ class WorkerPool:
         with self._lock:
             self._forget_other_cluster()
             now = monotonic()
-            return sum(1 for i in self._idle if i.key == key and i.node.get("node_id") == node_id and i.expires > now)
+            return sum(1 for idle in self._idle if idle.serves(node_id, key, now))
 
     def put(self, actor: Any, node: dict[str, Any], key: str, idle_s: float) -> None:
         evicted: list[Any] = []

@@ -416,24 +416,20 @@ class RayWorkerGroup:
         """A new worker process for ``slot``: inside the bundle, or (pooled workers, which
         must outlive the placement group) a zero-resource actor on the bundle's node, whose
         reservation the bundle holds."""
+        args = (info, self._run_name, *self._notice_args())
+        if node_id is not None:
+            return _pinned_worker(node_id, self._runtime_env(), *args)
         pg, bundle = slot
         per_worker = self._scaling.worker_resources()
         custom = {k: v for k, v in per_worker.items() if k not in ("CPU", "GPU")}
-        options: dict[str, Any]
-        if node_id is not None:
-            options = {"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)}
-        else:
-            options = {
-                "num_cpus": per_worker.get("CPU", 0),
-                "num_gpus": per_worker.get("GPU", 0),
-                "resources": custom or None,
-                "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                    placement_group=pg, placement_group_bundle_index=bundle
-                ),
-            }
-        return _RemoteWorker.options(max_restarts=0, runtime_env=self._runtime_env(), **options).remote(
-            info, self._run_name, *self._notice_args()
-        )
+        return _RemoteWorker.options(
+            max_restarts=0,
+            runtime_env=self._runtime_env(),
+            num_cpus=per_worker.get("CPU", 0),
+            num_gpus=per_worker.get("GPU", 0),
+            resources=custom or None,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle),
+        ).remote(*args)
 
     def _started(
         self,
@@ -1053,6 +1049,18 @@ def worker_runtime_env(scaling: ScalingConfig) -> dict[str, Any] | None:
     return {"env_vars": env} if env else None
 
 
+def _pinned_worker(node_id: str, runtime_env: dict[str, Any] | None, *args: Any) -> Any:
+    """A new worker process on ``node_id`` that holds no Ray resources: a pooled worker,
+    which outlives its run's placement group (whose bundle holds its reservation while it
+    trains)."""
+    return _RemoteWorker.options(
+        max_restarts=0,
+        runtime_env=runtime_env,
+        num_cpus=0,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+    ).remote(*args)
+
+
 def prestart_workers(scaling: ScalingConfig, *, modules: tuple[str, ...] = ()) -> int:
     """Start the first workers of a run of ``scaling``'s shape now, as idle pooled workers
     on this driver's node, and return at once; the run's start takes them from the pool.
@@ -1073,12 +1081,7 @@ def prestart_workers(scaling: ScalingConfig, *, modules: tuple[str, ...] = ()) -
     key = pool_key(runtime_env, scaling.process_kind)
     started = 0
     for _ in range(count - POOL.count(node_id, key)):
-        actor: Any = _RemoteWorker.options(
-            max_restarts=0,
-            num_cpus=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-            runtime_env=runtime_env,
-        ).remote(RankInfo(0, 0, count, 1, 0), "prestarted")  # begin_run gives it its run's
+        actor = _pinned_worker(node_id, runtime_env, RankInfo(0, 0, count, 1, 0), "prestarted")  # begin_run gives it its run's
         if modules:
             actor.warm.remote(None, None, list(modules))
         POOL.put(actor, {"node_id": node_id}, key, scaling.idle_worker_timeout_s)

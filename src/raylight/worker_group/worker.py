@@ -560,7 +560,6 @@ class RaylightWorker:
 
                 try:
                     if holds_process_groups():  # the loop ran DeepSpeed (raylight's strategy or Lightning's)
-                        gc.collect()  # as destroy_process_group does
                         release_process_group()
                     else:
                         destroy_process_group()
