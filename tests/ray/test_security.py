@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -57,7 +58,8 @@ def test_the_embedded_cluster_runs_without_ray_s_api_server_and_monitor(ray_clus
     autoscaler monitor (``monitor.py``); the embedded cluster does without both
     (``runtime._lean_head``): no such process under this driver, no address published for
     the API server, and the cluster serves tasks. Its raylet starts Ray's minimal node
-    agent (no metrics or HTTP server), though this venv has the full one (ray[default])."""
+    agent (no metrics or HTTP server), though this venv has the full one (ray[default]),
+    with none of its dashboard modules."""
     import ray
 
     cmdlines = []
@@ -71,6 +73,12 @@ def test_the_embedded_cluster_runs_without_ray_s_api_server_and_monitor(ray_clus
     assert not [c for c in cmdlines if "dashboard/dashboard.py" in c or ("/autoscaler/" in c and "monitor.py" in c)], cmdlines
     raylets = [c for c in cmdlines if "raylet/raylet " in c]
     assert len(raylets) == 1 and "--dashboard_agent_command=" in raylets[0], raylets
-    assert " --minimal" in raylets[0].split("--dashboard_agent_command=", 1)[1], raylets
-    assert ray._private.worker._global_node.webui_url is None
+    agent_command = raylets[0].split("--dashboard_agent_command=", 1)[1]
+    assert " --minimal" in agent_command and "_embedded_agent.py" in agent_command, raylets
+    # The agent runs through raylight's shim (runtime._lean_head): Ray's agent, no modules.
+    agents = [c for c in cmdlines if "_embedded_agent.py" in c and "dashboard/agent.py" in c]
+    assert len(agents) == 1, cmdlines
+    node = ray._private.worker._global_node
+    assert "Loaded 0 modules." in (Path(node.get_logs_dir_path()) / "dashboard_agent.log").read_text()
+    assert node.webui_url is None
     assert ray.get(ray.remote(lambda: 1).remote(), timeout=60) == 1

@@ -1,13 +1,16 @@
 """Connecting to Ray: bad addresses fail fast with the setting named, nothing written."""
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import ray._private.utils as ray_utils
-from ray._private import node
+from ray._private import node, ray_constants, services
 
-from raylight.runtime import _host_port, _lean_head
+import raylight.runtime
+from raylight.runtime import _host_port, _lean_head, _wait_for_node
 from raylight.worker_group.net import is_loopback as _is_loopback
 
 SCRIPT = """
@@ -68,7 +71,78 @@ def test_the_lean_head_asks_for_ray_s_minimal_node_agent_only_while_it_starts():
     assert (ray_utils.get_dashboard_dependency_error() is None) == installed
 
 
-_PATCHED = [(node.Node, "start_api_server"), (node.Node, "start_monitor"), (ray_utils, "get_dashboard_dependency_error")]
+def test_the_lean_head_runs_ray_s_agent_through_the_shim_and_nothing_else(tmp_path):
+    build = services._build_python_executable_command_memory_profileable
+    plain = build(ray_constants.PROCESS_TYPE_DASHBOARD_AGENT, str(tmp_path))
+    with _lean_head():
+        lean = services._build_python_executable_command_memory_profileable
+        agent = lean(ray_constants.PROCESS_TYPE_DASHBOARD_AGENT, str(tmp_path))
+        others = lean(ray_constants.PROCESS_TYPE_RUNTIME_ENV_AGENT, str(tmp_path))
+    shim = Path(raylight.runtime.__file__).with_name("_embedded_agent.py")
+    assert agent == [*plain, str(shim)] and shim.is_file()
+    assert others == build(ray_constants.PROCESS_TYPE_RUNTIME_ENV_AGENT, str(tmp_path)) == plain
+    assert services._build_python_executable_command_memory_profileable is build
+
+
+def test_the_shim_runs_the_agent_s_script_as_ray_would_with_no_dashboard_modules(tmp_path):
+    # A stand-in for Ray's agent.py: what it sees of its run, and the modules it would load.
+    script = tmp_path / "agent.py"
+    script.write_text(
+        "import json, sys\n"
+        "import ray.dashboard.utils as u\n"
+        "from ray.dashboard.utils import DashboardAgentModule\n"
+        "print(json.dumps({'name': __name__, 'file': __file__, 'argv': sys.argv, 'path0': sys.path[0],\n"
+        "    'modules': u.get_all_modules(DashboardAgentModule), 'raylight': 'raylight' in sys.modules}))\n"
+    )
+    shim = Path(raylight.runtime.__file__).with_name("_embedded_agent.py")
+    out = subprocess.run(
+        [sys.executable, "-u", str(shim), str(script), "--node-id=x", "--minimal"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert seen == {
+        "name": "__main__", "file": str(script), "argv": [str(script), "--node-id=x", "--minimal"],
+        "path0": str(tmp_path), "modules": [], "raylight": False,
+    }
+
+
+class _Gcs:
+    """A GCS client that lists the node from its ``registers``-th answer on (never: 0)."""
+
+    def __init__(self, registers: int, node_id: str = "ab" * 28) -> None:
+        self.registers, self.node_id, self.asked = registers, node_id, 0
+
+    def get_all_node_info(self, timeout: float) -> dict:
+        self.asked += 1
+        key = type("NodeID", (), {"hex": lambda _: self.node_id})()
+        return {key: None} if self.registers and self.asked >= self.registers else {}
+
+
+def test_the_fast_wait_for_the_node_ends_once_the_gcs_lists_it_or_after_its_limit(monkeypatch):
+    gcs = _Gcs(registers=3)
+    assert _wait_for_node(gcs, "ab" * 28) is True and gcs.asked == 3
+    monkeypatch.setattr(raylight.runtime, "NODE_FAST_WAIT_S", 0.2)
+    never = _Gcs(registers=0)
+    assert _wait_for_node(never, "ab" * 28) is False and never.asked > 1  # then Ray's own wait
+    assert _wait_for_node(_Gcs(registers=1, node_id="cd" * 28), "ab" * 28) is False  # another node
+
+
+def test_the_fast_wait_leaves_a_gcs_that_fails_to_ray_s_own_wait():
+    class Down:
+        def get_all_node_info(self, timeout: float) -> dict:
+            raise RuntimeError("RPC error: Deadline Exceeded")
+
+    assert _wait_for_node(Down(), "ab" * 28) is False
+
+
+_PATCHED = [
+    (node.Node, "start_api_server"),
+    (node.Node, "start_monitor"),
+    (ray_utils, "get_dashboard_dependency_error"),
+    (services, "_build_python_executable_command_memory_profileable"),
+    (node.Node, "start_ray_processes"),
+]
 
 
 def test_the_lean_head_patches_are_undone_on_error_and_absent_where_ray_moved(monkeypatch):
