@@ -193,7 +193,10 @@ def test_nothing_from_a_worker_is_unpickled_outside_ray():
 # The layers, bottom first. A module imports its own layer and those below, never above,
 # wherever the import statement is (module level, inside a function, for type checking).
 LAYERS = [
-    ("base", ["raylight._time", "raylight.exceptions", "raylight.exit_codes", "raylight.config", "raylight.verbosity"]),
+    ("base", [
+        "raylight._time", "raylight.exceptions", "raylight.exit_codes", "raylight.config", "raylight.verbosity",
+        "raylight._embedded_agent",  # a script Ray's raylet runs; it imports no raylight module
+    ]),
     ("pure and storage", [
         "raylight.adaptive", "raylight.storage", "raylight.checkpoint", "raylight.sharded", "raylight.lease",
         "raylight.plots", "raylight.notices", "raylight.cost",
