@@ -140,9 +140,10 @@ def _lean_head() -> Iterator[None]:
       Measured: ``ray.init`` 1.0 s shorter, every start.
     - ``ray.init`` waits for the raylet to register its node by asking the GCS once a
       second, so its wait ended a whole number of seconds after it began. It now asks
-      every 20 ms first
-      (``NODE_POLL_S``, for up to ``NODE_FAST_WAIT_S``); Ray's own wait follows and finds the
-      node at once. Measured: the raylet registered 0.72 s before Ray's wait noticed.
+      every 20 ms first (``NODE_POLL_S``, for up to ``NODE_FAST_WAIT_S``); Ray's own wait
+      follows and finds the node at once. Measured: the raylet registered 0.72 s before
+      Ray's wait noticed. (The third wait, on the raylet's own object store, is a setting:
+      ``EMBEDDED_SYSTEM_CONFIG``.)
 
     A cluster started with ``ray start`` (``raylight`` given its address) keeps all of them.
     Where Ray's internals moved, what is missing is left alone and Ray starts that process
