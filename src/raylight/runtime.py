@@ -56,6 +56,8 @@ EMBEDDED_SYSTEM_CONFIG = {
     "raylet_client_connect_timeout_milliseconds": 50,
     "raylet_client_num_connect_attempts": 200,
 }
+# The script the embedded cluster's raylet runs Ray's node agent through (``_lean_head``).
+EMBEDDED_AGENT = Path(__file__).with_name("_embedded_agent.py")
 
 
 @dataclass(frozen=True)
@@ -172,7 +174,7 @@ def _lean_head() -> Iterator[None]:
             component, *args, **kwargs
         )
         if component == getattr(ray_constants, "PROCESS_TYPE_DASHBOARD_AGENT", None):
-            command = [*command, str(Path(__file__).with_name("_embedded_agent.py"))]
+            command = [*command, str(EMBEDDED_AGENT)]
         return command
 
     def start_ray_processes(self: Any) -> None:

@@ -3,7 +3,6 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import ray._private.utils as ray_utils
@@ -78,7 +77,7 @@ def test_the_lean_head_runs_ray_s_agent_through_the_shim_and_nothing_else(tmp_pa
         lean = services._build_python_executable_command_memory_profileable
         agent = lean(ray_constants.PROCESS_TYPE_DASHBOARD_AGENT, str(tmp_path))
         others = lean(ray_constants.PROCESS_TYPE_RUNTIME_ENV_AGENT, str(tmp_path))
-    shim = Path(raylight.runtime.__file__).with_name("_embedded_agent.py")
+    shim = raylight.runtime.EMBEDDED_AGENT
     assert agent == [*plain, str(shim)] and shim.is_file()
     assert others == build(ray_constants.PROCESS_TYPE_RUNTIME_ENV_AGENT, str(tmp_path)) == plain
     assert services._build_python_executable_command_memory_profileable is build
@@ -94,7 +93,7 @@ def test_the_shim_runs_the_agent_s_script_as_ray_would_with_no_dashboard_modules
         "print(json.dumps({'name': __name__, 'file': __file__, 'argv': sys.argv, 'path0': sys.path[0],\n"
         "    'modules': u.get_all_modules(DashboardAgentModule), 'raylight': 'raylight' in sys.modules}))\n"
     )
-    shim = Path(raylight.runtime.__file__).with_name("_embedded_agent.py")
+    shim = raylight.runtime.EMBEDDED_AGENT
     out = subprocess.run(
         [sys.executable, "-u", str(shim), str(script), "--node-id=x", "--minimal"],
         capture_output=True, text=True, timeout=60,
