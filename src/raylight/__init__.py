@@ -26,6 +26,7 @@ from raylight.exceptions import (
     WorkerDiedError,
     WorkerError,
     WorkerHangError,
+    WorkerImportError,
     WorkerStartError,
 )
 
@@ -96,6 +97,7 @@ __all__ = [
     "WorkerDiedError",
     "WorkerError",
     "WorkerHangError",
+    "WorkerImportError",
     "WorkerStartError",
     "__version__",
     "fit",

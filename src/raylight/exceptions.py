@@ -18,6 +18,7 @@ __all__ = [
     "WorkerDiedError",
     "WorkerError",
     "WorkerHangError",
+    "WorkerImportError",
     "WorkerStartError",
 ]
 
@@ -63,6 +64,19 @@ class InsufficientResourcesError(RaylightError):
 
 class WorkerStartError(RaylightError):
     """Workers could not be started or could not form a process group in time."""
+
+
+class WorkerImportError(WorkerStartError):
+    """The workers cannot import a module the training loop or its config needs (or
+    raylight itself). Not retried: a restart would fail the same way.
+
+    Attributes:
+        module: the module that failed to import.
+    """
+
+    def __init__(self, message: str, *, module: str = "") -> None:
+        super().__init__(message)
+        self.module = module
 
 
 class TrainingFailedError(RaylightError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import random
+import sys
 
 import fsspec
 import pytest
@@ -79,6 +80,40 @@ def test_too_many_workers_fails_fast_with_numbers(ray_cluster, tmp_path):
     text = str(info.value)
     assert "3 workers x {CPU: 1} need {CPU: 3}" in text and "{CPU: 2}" in text
     assert "num_workers" in text
+
+
+def _module_in(directory, name: str, body: str):
+    """A module ``name`` in ``directory``, imported by this driver from there."""
+    import importlib
+
+    directory.mkdir()
+    (directory / f"{name}.py").write_text(body)
+    sys.path.insert(0, str(directory))
+    importlib.invalidate_caches()
+    return importlib.import_module(name)
+
+
+_FOUND = "import sys\n\ndef loop(ctx, config):\n    ctx.report({'file': __file__, 'first': sys.path[0]})\n"
+
+
+def test_the_workers_import_a_loop_from_where_the_driver_found_it_or_say_once_what_to_do(ray_cluster, tmp_path, monkeypatch):
+    """On the embedded cluster the workers search the driver's sys.path (a module the
+    driver found through its own ``sys.path.insert``); a module the workers still cannot
+    import ends the run at its start, once, not retried, with one error that says why."""
+    monkeypatch.setattr(sys, "path", list(sys.path))  # put back after the test
+    found = _module_in(tmp_path / "lib", "rl_found_here", _FOUND)
+    result = raylight.fit(found.loop, num_workers=2, storage_path=str(tmp_path / "runs"), name="found", progress=False)
+    assert result.metrics == {"file": str(tmp_path / "lib" / "rl_found_here.py"), "first": str(tmp_path / "lib")}
+
+    gone = _module_in(tmp_path / "gone", "rl_gone_from_the_path", _FOUND)
+    sys.path.remove(str(tmp_path / "gone"))  # the driver imported it and took its directory off
+    with pytest.raises(raylight.WorkerImportError) as info:
+        raylight.fit(gone.loop, num_workers=2, storage_path=str(tmp_path / "runs"), name="gone", max_failures=3, progress=False)
+    text = str(info.value)
+    assert info.value.module == "rl_gone_from_the_path"
+    assert "cannot import module 'rl_gone_from_the_path'" in text and "(rl_gone_from_the_path.loop)" in text
+    assert f"imported it from {tmp_path / 'gone' / 'rl_gone_from_the_path.py'}" in text
+    assert "driver's sys.path" in text and "Traceback" not in text and "rank -1" not in text
 
 
 def test_sigkilled_worker_restarts_from_last_checkpoint(ray_cluster, tmp_path):

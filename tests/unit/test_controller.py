@@ -22,9 +22,11 @@ from raylight.cost import WorkerPlace
 from raylight.exceptions import (
     InsufficientResourcesError,
     PreemptedError,
+    TrainingFailedError,
     WorkerDiedError,
     WorkerError,
     WorkerHangError,
+    WorkerImportError,
     WorkerStartError,
 )
 from raylight.recorder import RunRecorder
@@ -275,6 +277,22 @@ def test_insufficient_resources_is_not_retried(recorder):
     c.run()
     assert c.state is State.ERRORED and isinstance(c.error, InsufficientResourcesError)
     assert len(group.starts) == 1
+
+
+def test_a_module_the_workers_cannot_import_is_not_retried(recorder):
+    missing = WorkerImportError("the workers cannot import module 'helper'", module="helper")
+    group = FakeGroup([finished()], start_errors=[missing, None])
+    c = make(group, recorder, max_failures=5)
+    c.run()
+    assert c.state is State.ERRORED and c.error is missing and c.num_failures == 0
+    assert len(group.starts) == 1
+
+
+def test_a_start_failure_past_max_failures_names_no_rank(recorder):
+    c = make(FakeGroup([], start_errors=[WorkerStartError("a worker failed to start the training loop: boom")]), recorder)
+    c.run()
+    assert isinstance(c.error, TrainingFailedError) and c.error.rank is None
+    assert str(c.error).startswith("a worker failed to start the training loop: boom. The run failed 1 time(s)")
 
 
 def test_start_timeout_counts_as_failure(recorder):

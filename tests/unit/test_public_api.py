@@ -12,7 +12,7 @@ PUBLIC = [
     "AdaptiveConfig", "Checkpoint", "ClusterConnectionError", "ConfigError", "DDP", "DeepSpeed", "FSDP", "FailureConfig", "Horovod",
     "InsufficientResourcesError", "PreemptedError", "RaylightError", "Result", "RunConfig", "RunInUseError", "ScalingConfig",
     "TrainContext", "Trainer", "TrainerConfig", "TrainingDivergedError", "TrainingFailedError", "WorkerDiedError",
-    "WorkerError", "WorkerHangError", "WorkerStartError", "__version__", "fit", "load_model",
+    "WorkerError", "WorkerHangError", "WorkerImportError", "WorkerStartError", "__version__", "fit", "load_model",
     "prestart_workers", "release_workers", "run_context",
 ]
 

@@ -230,3 +230,41 @@ def test_a_spare_no_longer_wanted_is_killed_only_once_ray_has_created_it(monkeyp
     assert killed == ["spare-actor"] and group._spare is None
     group._tend_spare([])  # nothing left to drop
     assert killed == ["spare-actor"]
+
+
+def test_a_worker_s_setup_gives_it_the_driver_s_path_and_ray_s_unpickling_log_only_when_verbose(monkeypatch):
+    """A call argument a worker cannot unpickle is logged by Ray there with its traceback
+    (a page per rank) and also returned to the driver, which says it once
+    (``WorkerImportError``): quiet, the worker's copy is not logged."""
+    import logging
+    import sys
+
+    from raylight.worker_group.worker import WorkerSetup
+
+    monkeypatch.setattr(sys, "path", ["/ray/workers"])
+    ray_log = logging.getLogger("ray._private.serialization")
+    level = ray_log.level
+    try:
+        WorkerSetup(driver_sys_path=("/proj/lib",)).apply()
+        assert sys.path == ["/proj/lib", "/ray/workers"]
+        assert not ray_log.isEnabledFor(logging.ERROR)
+        WorkerSetup(quiet=False).apply()
+        assert sys.path == ["/proj/lib", "/ray/workers"] and ray_log.isEnabledFor(logging.ERROR)
+    finally:
+        ray_log.setLevel(level)
+
+
+@pytest.mark.parametrize("embedded", [True, False])
+def test_only_the_embedded_cluster_s_workers_get_the_driver_s_path(embedded):
+    """A cluster's other nodes have other files: there the workers' path stays the
+    cluster's (a module they lack is a WorkerImportError with the ways to ship it)."""
+    from raylight.config import FailureConfig
+    from raylight.worker_group import ray_group
+    from raylight.worker_group.code_paths import driver_sys_path
+
+    group = ray_group.RayWorkerGroup.__new__(ray_group.RayWorkerGroup)
+    group._embedded, group._failure = embedded, FailureConfig(preemption_grace_s=7)
+    setup = group._setup()
+    assert setup.sigterm_grace_s == 7
+    assert setup.driver_sys_path == (tuple(driver_sys_path()) if embedded else ())
+    assert not embedded or setup.driver_sys_path

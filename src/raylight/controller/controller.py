@@ -42,6 +42,7 @@ from raylight.exceptions import (
     WorkerDiedError,
     WorkerError,
     WorkerHangError,
+    WorkerImportError,
     WorkerStartError,
 )
 from raylight.recorder import RunRecorder
@@ -179,7 +180,7 @@ class Controller:
                 plan=policy.plan(self.num_workers),
                 target=self.recorder.checkpoint_target(),
             )
-        except InsufficientResourcesError as exc:
+        except (InsufficientResourcesError, WorkerImportError) as exc:  # a restart would fail the same way
             self._fail(exc)
             return
         except WorkerStartError as exc:
@@ -438,14 +439,15 @@ class Controller:
     def _error_for(self, failure: WorkerFailure) -> TrainingFailedError:
         budget = self.failure_policy.max_failures
         where = f" (node {failure.node}, pid {failure.pid})" if failure.node else ""
-        head = f"worker rank {failure.rank}{where} {failure.message}."
+        # rank -1: the group failed to start, no one rank (the message says what failed)
+        head = f"worker rank {failure.rank}{where} {failure.message}." if failure.rank >= 0 else f"{failure.message}."
         tail = (
             f" The run failed {self.num_failures} time(s) and max_failures={budget} allows "
             f"{budget} restart(s); raise FailureConfig.max_failures (fit(max_failures=...)) "
             "to restart from the last checkpoint automatically."
         )
         common: dict[str, Any] = {
-            "rank": failure.rank,
+            "rank": failure.rank if failure.rank >= 0 else None,
             "node": failure.node,
             "reason": failure.message,
             "num_failures": self.num_failures,

@@ -34,14 +34,16 @@ from ray.util.scheduling_strategies import (
     PlacementGroupSchedulingStrategy,
 )
 
+from raylight import verbosity
 from raylight._time import monotonic, wall
 from raylight.adaptive.plan import AdaptiveSpec, BatchPlan
 from raylight.config import FailureConfig, ScalingConfig
 from raylight.cost import WorkerPlace
-from raylight.exceptions import InsufficientResourcesError, WorkerStartError
+from raylight.exceptions import InsufficientResourcesError, WorkerImportError, WorkerStartError
 from raylight.storage import checkpoint_name
 from raylight.strategies import build_strategy
 from raylight.strategies.base import worker_env
+from raylight.worker_group.code_paths import driver_sys_path, import_error_message, missing_module
 from raylight.worker_group.pool import POOL, kill_quietly, pool_key
 from raylight.worker_group.protocol import (
     CheckpointTarget,
@@ -52,7 +54,7 @@ from raylight.worker_group.protocol import (
     WorkerFailure,
     WorkerPoll,
 )
-from raylight.worker_group.worker import RankInfo, RaylightWorker, StartSpec
+from raylight.worker_group.worker import RankInfo, RaylightWorker, StartSpec, WorkerSetup
 
 log = logging.getLogger("raylight")
 
@@ -394,7 +396,7 @@ class RayWorkerGroup:
             if i == spare_at and spare is not None:
                 actor, ref = spare.actor, spare.actor.node_info.remote()
             elif idle is not None:
-                actor, ref = idle.actor, idle.actor.begin_run.remote(info, self._run_name, *self._notice_args())
+                actor, ref = idle.actor, idle.actor.begin_run.remote(info, self._run_name, self._setup())
             else:
                 actor = self._new_actor(slot, node_id, info)
                 ref = actor.node_info.remote()
@@ -416,7 +418,7 @@ class RayWorkerGroup:
         """A new worker process for ``slot``: inside the bundle, or (pooled workers, which
         must outlive the placement group) a zero-resource actor on the bundle's node, whose
         reservation the bundle holds."""
-        args = (info, self._run_name, *self._notice_args())
+        args = (info, self._run_name, self._setup())
         if node_id is not None:
             return _pinned_worker(node_id, self._runtime_env(), *args)
         pg, bundle = slot
@@ -449,10 +451,10 @@ class RayWorkerGroup:
                 found = ray.get(ref, timeout=0) if ref in ready else None
             except RayActorError as exc:
                 if not reused[i]:
-                    raise WorkerStartError(f"a worker failed to start: {exc}") from None
+                    raise self._start_error(exc, "start") from None
                 found = f"it died while idle ({_death_reason(exc)})"
             except RayError as exc:
-                raise WorkerStartError(f"a worker failed to start: {exc}") from None
+                raise self._start_error(exc, "start") from None
             if isinstance(found, str):  # reused, but it cannot serve: a new one instead
                 log.debug("not reusing an idle worker: %s", found)
                 ray.kill(actors[i], no_restart=True)
@@ -486,9 +488,16 @@ class RayWorkerGroup:
             nodes.append(node if node is not None and node == home else None)
         return nodes
 
-    def _notice_args(self) -> tuple[float, tuple[str, ...]]:
-        """What a worker watches for preemption notices (``RaylightWorker``'s last arguments)."""
-        return self._failure.preemption_grace_s, tuple(self._failure.preemption_notices)
+    def _setup(self) -> WorkerSetup:
+        """What a worker of this run is given (``RaylightWorker``'s and ``begin_run``'s last
+        argument): what it watches for preemption notices, on the embedded cluster the
+        driver's ``sys.path`` (``raylight.worker_group.code_paths``), and quiet or verbose."""
+        return WorkerSetup(
+            sigterm_grace_s=self._failure.preemption_grace_s,
+            notice_sources=tuple(self._failure.preemption_notices),
+            driver_sys_path=tuple(driver_sys_path()) if self._embedded else (),
+            quiet=not verbosity.is_verbose(),
+        )
 
     def _runtime_env(self) -> dict[str, Any] | None:
         return worker_runtime_env(self._scaling)
@@ -523,7 +532,7 @@ class RayWorkerGroup:
             max_restarts=0,
             runtime_env=self._runtime_env(),
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-        ).remote(RankInfo(0, 0, 1, 1, 0), self._run_name, *self._notice_args())
+        ).remote(RankInfo(0, 0, 1, 1, 0), self._run_name, self._setup())
         self._spare = _Spare(actor, node_id, [actor.node_info.remote(), *self._warm_refs([actor])])
 
     def _take_spare(self, slots: list[tuple[PlacementGroup, int]]) -> tuple[int, _Spare | None]:
@@ -643,7 +652,7 @@ class RayWorkerGroup:
             except RayActorError as exc:
                 errors.append(exc)
             except RayError as exc:
-                raise WorkerStartError(f"a worker failed to {what}: {exc}") from None
+                raise self._start_error(exc, what) from None
         return errors
 
     def _get(self, refs: list[Any], timeout: float, what: str) -> list[Any]:
@@ -655,7 +664,17 @@ class RayWorkerGroup:
                 f"{timeout:g}s; raise it if workers are slow to import or the cluster is busy"
             ) from None
         except RayError as exc:
-            raise WorkerStartError(f"a worker failed to {what}: {exc}") from None
+            raise self._start_error(exc, what) from None
+
+    def _start_error(self, exc: RayError, what: str) -> WorkerStartError:
+        """A worker call's error as raylight's: a module the workers cannot import (the
+        loop's, its config's, raylight) said in one message with its fix; else Ray's."""
+        missing = missing_module(exc)
+        if missing is None:
+            return WorkerStartError(f"a worker failed to {what}: {exc}")
+        module, reason = missing
+        message = import_error_message(module, embedded=self._embedded, loop=self._fn, reason=reason)
+        return WorkerImportError(message, module=module)
 
     # -- adaptive and elastic -----------------------------------------------------------
     def set_plan(self, plan: BatchPlan) -> None:

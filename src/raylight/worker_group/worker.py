@@ -22,6 +22,7 @@ from typing import Any
 from raylight._time import monotonic, wall
 from raylight.adaptive.plan import AdaptiveSpec, BatchPlan
 from raylight.checkpoint import Checkpoint
+from raylight.worker_group.code_paths import use_driver_sys_path
 from raylight.worker_group.net import interface_for, listen_socket, loopback_interface
 from raylight.worker_group.protocol import (
     ErrorInfo,
@@ -124,12 +125,28 @@ def error_info(exc: BaseException) -> ErrorInfo:
     )
 
 
+@dataclass(frozen=True)
+class WorkerSetup:
+    """What a worker process is given when it starts and when it joins a run from the pool."""
+
+    sigterm_grace_s: float = 30.0  # FailureConfig.preemption_grace_s
+    notice_sources: tuple[str, ...] = ()  # FailureConfig.preemption_notices
+    driver_sys_path: tuple[str, ...] = ()  # the embedded cluster's: raylight.worker_group.code_paths
+    quiet: bool = True  # raylight.verbosity: not verbose
+
+    def apply(self) -> None:
+        use_driver_sys_path(self.driver_sys_path)
+        # A call's argument that fails to unpickle here (a module this process cannot
+        # import) is logged by Ray with its traceback, a page per rank; the driver gets the
+        # same error with the call's result and says it once (WorkerImportError).
+        logging.getLogger("ray._private.serialization").setLevel(logging.CRITICAL if self.quiet else logging.NOTSET)
+
+
 class RaylightWorker:
     """One data-parallel worker. Created by the worker group, one per bundle."""
 
-    def __init__(
-        self, rank_info: RankInfo, run_name: str, sigterm_grace_s: float = 30.0, notice_sources: tuple[str, ...] = ()
-    ) -> None:
+    def __init__(self, rank_info: RankInfo, run_name: str, setup: WorkerSetup = WorkerSetup()) -> None:
+        setup.apply()  # before any call's arguments are unpickled
         self.info = rank_info
         self.run_name = run_name
         self._lock = threading.Lock()
@@ -150,12 +167,12 @@ class RaylightWorker:
         # An interface the user chose for gloo (runtime_env) wins over raylight's choice.
         self._user_gloo_ifname = os.environ.get("GLOO_SOCKET_IFNAME")
         self._notice: NodeNotice | None = None
-        self._sigterm_grace_s = sigterm_grace_s
+        self._sigterm_grace_s = setup.sigterm_grace_s
         self._ray_sigterm: Any = None
         if threading.current_thread() is threading.main_thread():
             self._ray_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
         self._watch_stop = threading.Event()
-        self._start_watchers(notice_sources)
+        self._start_watchers(setup.notice_sources)
         # What a reused process puts back between runs (see ``release``): as it is now.
         self._fresh = _ProcessState.now()
         self._threads = {t.ident for t in threading.enumerate()}
@@ -271,11 +288,10 @@ class RaylightWorker:
         gc.unfreeze()
         gc.collect()
 
-    def begin_run(
-        self, rank_info: RankInfo, run_name: str, sigterm_grace_s: float, notice_sources: tuple[str, ...]
-    ) -> dict[str, Any] | str:
+    def begin_run(self, rank_info: RankInfo, run_name: str, setup: WorkerSetup) -> dict[str, Any] | str:
         """A pooled worker joins a new run with the state a new worker has. Returns its
         ``node_info``, or why it cannot serve (a module it imported changed on disk)."""
+        setup.apply()
         if self._tidying is not None:
             self._tidying.join()
             self._tidying = None
@@ -298,8 +314,8 @@ class RaylightWorker:
         self._store = None
         self._thread = None
         self._sync = None
-        self._sigterm_grace_s = sigterm_grace_s
-        self._start_watchers(notice_sources)
+        self._sigterm_grace_s = setup.sigterm_grace_s
+        self._start_watchers(setup.notice_sources)
         return self.node_info()
 
     def set_rank(self, rank_info: RankInfo) -> int:

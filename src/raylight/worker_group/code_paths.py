@@ -1,0 +1,109 @@
+"""Where the workers find the user's code, and what to say when they cannot.
+
+Ray sends a training loop to its workers by reference when it lives in a module (the
+module's name and the function's), and each worker imports that module again. Ray adds
+the driver's script directory and working directory to the workers' ``sys.path``, and no
+more, so a loop in a module the driver found elsewhere (a ``sys.path.insert`` in the
+script, a notebook's ``sys.path.append``) failed in every worker with a page of Ray's
+deserialization traceback.
+
+- On the embedded cluster (this machine, these files), the workers search the driver's
+  ``sys.path`` as it is when their run starts, in the driver's order and ahead of their
+  own entries, as a process that ``multiprocessing`` spawns does.
+- Anywhere else the workers' environment is the cluster's: a module they cannot import
+  ends the run at its start with a ``WorkerImportError`` that names the module, where the
+  driver found it and the ways to ship it (installing it, Ray's ``runtime_env``
+  ``py_modules``/``working_dir``, ``raylight submit --working-dir``). It is not retried:
+  a restart would fail the same way.
+
+Pure: no Ray.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+_NO_MODULE = re.compile(r"No module named '([\w.]+)'")
+
+
+def driver_sys_path() -> list[str]:
+    """This process's ``sys.path`` with its relative entries made absolute (``''`` is
+    the working directory of an interactive session or ``python -c``)."""
+    return [os.path.abspath(p or os.curdir) for p in sys.path]
+
+
+def merged_sys_path(driver: Sequence[str], own: Sequence[str]) -> list[str]:
+    """The driver's entries in its order, then the worker's own entries it lacks (Ray's,
+    a ``runtime_env``'s)."""
+    first = list(dict.fromkeys(driver))
+    seen = set(first)
+    return first + [p for p in own if p not in seen]
+
+
+def use_driver_sys_path(driver: Sequence[str]) -> None:
+    """Make this (worker) process search ``driver`` first; no entries: leave it as is."""
+    if driver:
+        sys.path[:] = merged_sys_path(driver, sys.path)
+
+
+def missing_module(exc: BaseException) -> tuple[str, str] | None:
+    """The module whose import failed somewhere in ``exc``, and the import's own message
+    (Ray's errors wrap the worker's ``ImportError`` in ``cause``/``client_exc``, or carry
+    it only as text); None where no import failed."""
+    seen: set[int] = set()
+    todo: list[Any] = [exc]
+    while todo:
+        err = todo.pop()
+        if err is None or id(err) in seen:
+            continue
+        seen.add(id(err))
+        if isinstance(err, ImportError):
+            name = err.name or _module_in(str(err))
+            if name:
+                return name, str(err)
+        todo += [getattr(err, "cause", None), getattr(err, "client_exc", None), err.__cause__, err.__context__]
+    name = _module_in(str(exc))
+    return (name, f"No module named {name!r}") if name else None
+
+
+def _module_in(text: str) -> str | None:
+    found = _NO_MODULE.search(text)
+    return found.group(1) if found else None
+
+
+def import_error_message(module: str, *, embedded: bool, loop: Any, reason: str) -> str:
+    """What a user reads when the workers cannot import ``module``: what failed, where
+    the driver has it, and how to make the workers find it."""
+    top = module.split(".")[0]
+    if top == "raylight":
+        return (
+            f"the workers cannot import raylight ({reason}): install raylight where they run, "
+            "the same version as the driver's (the cluster's image or setup commands, or "
+            "ray.init(address=..., runtime_env={'pip': ['raylight==<version>']}) before raylight.fit)"
+        )
+    here = sys.modules.get(module) or sys.modules.get(top)
+    origin = getattr(here, "__file__", None)
+    found = f"; the driver imported it from {origin}" if origin else ""
+    name = f"{getattr(loop, '__module__', '?')}.{getattr(loop, '__qualname__', '?')}"
+    head = (
+        f"the workers cannot import module {module!r}, which the training loop ({name}) or its "
+        f"config refers to ({reason}){found}. Ray's workers import a function's module by name, "
+        "as the driver did"
+    )
+    if embedded:
+        return head + (
+            ". On the embedded local cluster they search the driver's sys.path as it is when "
+            "the run starts: keep the module's directory on sys.path until then, or install the "
+            "module (a module made at run time, not read from a file, cannot be imported by "
+            "another process: define the loop in a file or in the script itself)"
+        )
+    return head + (
+        ". Install it where the workers run (`pip install -e .` for a project of your own), or "
+        "ship it with the job: ray.init(address=..., runtime_env={'py_modules': [<the module>]}) "
+        "or runtime_env={'working_dir': '.'} before raylight.fit, or `raylight submit "
+        "--working-dir DIR`"
+    )

@@ -1,0 +1,94 @@
+"""Where the workers find the user's code and what a user reads when they cannot
+(``raylight.worker_group.code_paths``): pure, no Ray."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from raylight.worker_group.code_paths import (
+    driver_sys_path,
+    import_error_message,
+    merged_sys_path,
+    missing_module,
+    use_driver_sys_path,
+)
+
+
+def test_the_driver_s_entries_come_first_in_its_order_and_the_worker_keeps_its_own():
+    driver = ["/proj/lib", "/venv/site", "/proj/lib", "/proj"]
+    own = ["/ray/workers", "/venv/site", "/job/working_dir"]
+    assert merged_sys_path(driver, own) == ["/proj/lib", "/venv/site", "/proj", "/ray/workers", "/job/working_dir"]
+
+
+def test_a_worker_takes_the_driver_s_path_in_place_and_none_leaves_it(monkeypatch):
+    monkeypatch.setattr(sys, "path", ["/ray/workers", "/venv/site"])
+    same = sys.path
+    use_driver_sys_path(())
+    assert sys.path == ["/ray/workers", "/venv/site"]
+    use_driver_sys_path(("/proj/lib", "/venv/site"))
+    assert sys.path is same and sys.path == ["/proj/lib", "/venv/site", "/ray/workers"]
+
+
+def test_the_driver_s_relative_entries_are_made_absolute(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", ["", "src", "/abs"])
+    assert driver_sys_path() == [str(tmp_path), os.path.join(str(tmp_path), "src"), "/abs"]
+
+
+class _RayTaskErrorLike(Exception):
+    """The shape of Ray's error for an argument a worker could not unpickle:
+    ``RayTaskError(RaySystemError)`` whose ``cause`` holds the worker's exception in
+    ``client_exc``."""
+
+    def __init__(self, text: str, inner: BaseException | None) -> None:
+        super().__init__(text)
+        self.cause = type("RaySystemErrorLike", (Exception,), {})("System error")
+        self.cause.client_exc = inner
+
+
+def test_the_missing_module_is_found_in_ray_s_wrapping_or_its_text():
+    wrapped = _RayTaskErrorLike("At least one of the input arguments ...", ModuleNotFoundError("No module named 'helper'", name="helper"))
+    assert missing_module(wrapped) == ("helper", "No module named 'helper'")
+    name_only = ImportError("cannot import name 'loop' from 'helper' (/x/helper.py)", name="helper")
+    assert missing_module(name_only) == ("helper", "cannot import name 'loop' from 'helper' (/x/helper.py)")
+    try:
+        try:
+            raise ModuleNotFoundError("No module named 'pkg.sub'", name="pkg.sub")
+        except ImportError as exc:
+            raise RuntimeError("worker failed") from exc
+    except RuntimeError as chained:
+        assert missing_module(chained) == ("pkg.sub", "No module named 'pkg.sub'")
+    text_only = RuntimeError("ActorDiedError: ... ModuleNotFoundError: No module named 'raylight'")
+    assert missing_module(text_only) == ("raylight", "No module named 'raylight'")
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("boom"), _RayTaskErrorLike("x", ValueError("bad")), TimeoutError()])
+def test_other_failures_are_not_import_failures(exc):
+    assert missing_module(exc) is None
+
+
+def _loop(ctx, config):
+    pass
+
+
+def test_the_message_names_the_module_the_loop_the_driver_s_file_and_the_fix_for_a_cluster():
+    text = import_error_message("tests.unit.test_code_paths", embedded=False, loop=_loop, reason="No module named 'tests'")
+    assert "module 'tests.unit.test_code_paths'" in text and "(tests.unit.test_code_paths._loop)" in text
+    assert f"the driver imported it from {__file__}" in text
+    assert "py_modules" in text and "working_dir" in text and "raylight submit --working-dir" in text and "pip install" in text
+    assert "sys.path" not in text
+
+
+def test_on_the_embedded_cluster_the_message_says_the_workers_search_the_driver_s_path():
+    text = import_error_message("made_at_run_time", embedded=True, loop=_loop, reason="No module named 'made_at_run_time'")
+    assert "driver's sys.path" in text and "define the loop in a file" in text
+    assert "imported it from" not in text and "py_modules" not in text
+
+
+def test_a_cluster_without_raylight_is_told_to_install_it():
+    text = import_error_message("raylight.worker_group.worker", embedded=False, loop=_loop, reason="No module named 'raylight'")
+    assert text.startswith("the workers cannot import raylight (No module named 'raylight')")
+    assert "same version" in text
