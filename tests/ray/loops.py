@@ -271,3 +271,13 @@ def prepared_sgd_loop(ctx, config):
             hvd_rank_mean=float(hvd.allreduce(torch.tensor(float(hvd.rank())))),
         )
     ctx.report(metrics, checkpoint={"model": ctx.unwrap_model(model).state_dict(), "opt": opt.state_dict()})
+
+
+class CountsPickles:
+    """A config value that counts, in the process that holds it, how often it is pickled."""
+
+    pickled = 0
+
+    def __reduce__(self):
+        type(self).pickled += 1
+        return (CountsPickles, ())

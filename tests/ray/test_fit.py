@@ -116,6 +116,28 @@ def test_the_workers_import_a_loop_from_where_the_driver_found_it_or_say_once_wh
     assert "driver's sys.path" in text and "Traceback" not in text and "rank -1" not in text
 
 
+def test_the_loop_and_its_config_are_pickled_once_per_start_and_what_cannot_be_is_named(ray_cluster, tmp_path):
+    """Once for both workers (each ``.remote`` call pickled them again before); a config
+    value that cannot be pickled is a ConfigError naming its key, before any worker or
+    run directory exists."""
+    import threading
+
+    loops.CountsPickles.pickled = 0
+    result = raylight.fit(
+        loops.epoch_loop, config={"epochs": 1, "probe": loops.CountsPickles()}, num_workers=2,
+        storage_path=str(tmp_path), name="once", progress=False,
+    )
+    assert result.metrics["epoch"] == 0 and loops.CountsPickles.pickled == 1
+
+    with pytest.raises(raylight.ConfigError) as info:
+        raylight.fit(loops.epoch_loop, config={"epochs": 1, "data": {"lock": threading.Lock()}}, num_workers=2,
+                     storage_path=str(tmp_path), name="lock", progress=False)
+    text = str(info.value)
+    assert text.startswith("the training loop or its config cannot be sent to the workers: TypeError: cannot pickle")
+    assert "Found in: config['data']['lock'] (_thread.lock)" in text and "Checking Serializability" not in text
+    assert not (tmp_path / "lock").exists()
+
+
 def test_sigkilled_worker_restarts_from_last_checkpoint(ray_cluster, tmp_path):
     config = {
         "epochs": 5,

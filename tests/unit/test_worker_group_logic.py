@@ -66,7 +66,7 @@ def held_teardown(monkeypatch, worker):
 
     def start(entry):
         port = worker.open_store("127.0.0.1", 1, 10.0)
-        worker.start(None, None, StartSpec(
+        worker.start((None, None), StartSpec(
             entry=entry, master_addr="127.0.0.1", master_port=port, backend="gloo",
             threads=threads, use_gpu=False, collective_timeout_s=30, cuda_visible_devices=None, loopback=True,
             checkpoint_path=None, checkpoint_meta=None,
@@ -124,7 +124,7 @@ def test_an_error_while_joining_the_group_is_marked_as_one_and_the_loops_own_is_
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     joining = RaylightWorker(RankInfo(1, 1, 2, 2, 0), "states")
-    joining.start(None, None, StartSpec(
+    joining.start((None, None), StartSpec(
         entry=peer_died, master_addr="127.0.0.1", master_port=port, backend="gloo", threads=1, use_gpu=False,
         collective_timeout_s=1, cuda_visible_devices=None, loopback=True, checkpoint_path=None, checkpoint_meta=None,
     ), None)
@@ -260,7 +260,7 @@ def test_only_the_embedded_cluster_s_workers_get_the_driver_s_path(embedded):
     cluster's (a module they lack is a WorkerImportError with the ways to ship it)."""
     from raylight.config import FailureConfig
     from raylight.worker_group import ray_group
-    from raylight.worker_group.code_paths import driver_sys_path
+    from raylight.worker_group.user_code import driver_sys_path
 
     group = ray_group.RayWorkerGroup.__new__(ray_group.RayWorkerGroup)
     group._embedded, group._failure = embedded, FailureConfig(preemption_grace_s=7)

@@ -39,11 +39,15 @@ from raylight._time import monotonic, wall
 from raylight.adaptive.plan import AdaptiveSpec, BatchPlan
 from raylight.config import FailureConfig, ScalingConfig
 from raylight.cost import WorkerPlace
-from raylight.exceptions import InsufficientResourcesError, WorkerImportError, WorkerStartError
+from raylight.exceptions import (
+    ConfigError,
+    InsufficientResourcesError,
+    WorkerImportError,
+    WorkerStartError,
+)
 from raylight.storage import checkpoint_name
 from raylight.strategies import build_strategy
 from raylight.strategies.base import worker_env
-from raylight.worker_group.code_paths import driver_sys_path, import_error_message, missing_module
 from raylight.worker_group.pool import POOL, kill_quietly, pool_key
 from raylight.worker_group.protocol import (
     CheckpointTarget,
@@ -53,6 +57,13 @@ from raylight.worker_group.protocol import (
     ResizeOutcome,
     WorkerFailure,
     WorkerPoll,
+)
+from raylight.worker_group.user_code import (
+    driver_sys_path,
+    import_error_message,
+    missing_module,
+    unpicklable_message,
+    unpicklable_parts,
 )
 from raylight.worker_group.worker import RankInfo, RaylightWorker, StartSpec, WorkerSetup
 
@@ -234,6 +245,7 @@ class RayWorkerGroup:
     ) -> None:
         self._fn = train_loop
         self._loop_config = loop_config
+        self._loop_ref: Any = None  # (fn, config) in the object store: pickled once per run
         self._entry = entry  # what runs the loop on a worker (context.run_worker_loop)
         self._scaling = scaling
         self._failure = failure
@@ -280,6 +292,7 @@ class RayWorkerGroup:
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"a worker group needs at least 1 worker, got {num_workers}")
+        self._loop()  # a loop or config that cannot be pickled fails before any worker starts
         if self._requested:
             self.request_resources(self._requested)
         try:
@@ -491,7 +504,7 @@ class RayWorkerGroup:
     def _setup(self) -> WorkerSetup:
         """What a worker of this run is given (``RaylightWorker``'s and ``begin_run``'s last
         argument): what it watches for preemption notices, on the embedded cluster the
-        driver's ``sys.path`` (``raylight.worker_group.code_paths``), and quiet or verbose."""
+        driver's ``sys.path`` (``raylight.worker_group.user_code``), and quiet or verbose."""
         return WorkerSetup(
             sigterm_grace_s=self._failure.preemption_grace_s,
             notice_sources=tuple(self._failure.preemption_notices),
@@ -626,7 +639,7 @@ class RayWorkerGroup:
                 checkpoint_dir=target.directory if target is not None else None,
                 next_checkpoint=target.next_index if target is not None else None,
             )
-            starts.append(member.actor.start.remote(self._fn, self._loop_config, spec, ckpt_ref))
+            starts.append(member.actor.start.remote(self._loop(), spec, ckpt_ref))
         self._get(starts, timeout, "start the training loop")
 
     def _cuda_visible_devices(self) -> list[str | None]:
@@ -885,7 +898,23 @@ class RayWorkerGroup:
         """Start ``actors`` importing what rank 0 has imported (its module list is passed
         as a reference, resolved by Ray); one result per actor."""
         modules = self._members[0].actor.loaded_modules.remote()
-        return [a.warm.remote(self._fn, self._loop_config, modules) for a in actors]
+        return [a.warm.remote(self._loop(), modules) for a in actors]
+
+    def _loop(self) -> Any:
+        """The loop and its config, put in the object store once for every worker and
+        every start of this run (each ``.remote`` call pickled them again, per worker)."""
+        if self._loop_ref is None:
+            from ray import cloudpickle
+
+            try:
+                self._loop_ref = ray.put((self._fn, self._loop_config))
+            except RayError:
+                raise
+            except Exception as exc:  # Ray's TypeError carries its serializability report
+                root = exc.__cause__ or exc
+                parts = unpicklable_parts(self._fn, self._loop_config, cloudpickle.dumps)
+                raise ConfigError(unpicklable_message(f"{type(root).__name__}: {root}", parts)) from None
+        return self._loop_ref
 
     def _release_unused_groups(self) -> None:
         """Remove placement groups none of whose bundles holds a worker any more."""
@@ -1021,6 +1050,7 @@ class RayWorkerGroup:
                 kill_quietly(m.actor)
         self._members = []
         self._pgs = []
+        self._loop_ref = None
         for pg in pgs:
             with contextlib.suppress(Exception):
                 _remove(pg)
@@ -1102,7 +1132,7 @@ def prestart_workers(scaling: ScalingConfig, *, modules: tuple[str, ...] = ()) -
     for _ in range(count - POOL.count(node_id, key)):
         actor = _pinned_worker(node_id, runtime_env, RankInfo(0, 0, count, 1, 0), "prestarted")  # begin_run gives it its run's
         if modules:
-            actor.warm.remote(None, None, list(modules))
+            actor.warm.remote(None, list(modules))
         POOL.put(actor, {"node_id": node_id}, key, scaling.idle_worker_timeout_s)
         started += 1
     return started

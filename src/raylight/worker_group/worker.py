@@ -22,7 +22,6 @@ from typing import Any
 from raylight._time import monotonic, wall
 from raylight.adaptive.plan import AdaptiveSpec, BatchPlan
 from raylight.checkpoint import Checkpoint
-from raylight.worker_group.code_paths import use_driver_sys_path
 from raylight.worker_group.net import interface_for, listen_socket, loopback_interface
 from raylight.worker_group.protocol import (
     ErrorInfo,
@@ -32,6 +31,7 @@ from raylight.worker_group.protocol import (
     WorkerPoll,
     WorkerState,
 )
+from raylight.worker_group.user_code import use_driver_sys_path
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ class WorkerSetup:
 
     sigterm_grace_s: float = 30.0  # FailureConfig.preemption_grace_s
     notice_sources: tuple[str, ...] = ()  # FailureConfig.preemption_notices
-    driver_sys_path: tuple[str, ...] = ()  # the embedded cluster's: raylight.worker_group.code_paths
+    driver_sys_path: tuple[str, ...] = ()  # the embedded cluster's: raylight.worker_group.user_code
     quiet: bool = True  # raylight.verbosity: not verbose
 
     def apply(self) -> None:
@@ -340,11 +340,12 @@ class RaylightWorker:
             if module is not None and not name.startswith(("__main__", "__mp_main__"))
         ]
 
-    def warm(self, fn: Any, config: Any, modules: list[str]) -> float:
+    def warm(self, loop: Any, modules: list[str]) -> float:
         """Before joining a running group: import what a running worker has imported
-        (torch, the user's libraries) so the training pause does not pay for it. ``fn`` and
-        ``config`` are unpickled on the way in, importing what they refer to. A module that
-        fails to import here is skipped; the loop imports it itself. Returns seconds."""
+        (torch, the user's libraries) so the training pause does not pay for it. ``loop``
+        (the loop and its config) is unpickled on the way in, importing what it refers to.
+        A module that fails to import here is skipped; the loop imports it itself. Returns
+        seconds."""
         began = monotonic()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -394,9 +395,11 @@ class RaylightWorker:
             return
         os.environ["GLOO_SOCKET_IFNAME"] = name
 
-    def start(self, fn: Any, config: dict[str, Any] | None, spec: StartSpec, ckpt: bytes | None) -> None:
-        """Run ``spec.entry(fn, config, ...)`` in the loop thread: the entry (raylight's
-        ``context.run_worker_loop``) builds the TrainContext and calls the user's loop."""
+    def start(self, loop: tuple[Any, dict[str, Any] | None], spec: StartSpec, ckpt: bytes | None) -> None:
+        """Run ``spec.entry(fn, config, ...)`` in the loop thread, ``loop`` being ``(fn,
+        config)``: the entry (raylight's ``context.run_worker_loop``) builds the
+        TrainContext and calls the user's loop."""
+        fn, config = loop
         self._last_progress = monotonic()
         self._error = None
         self._progress = replace(self._progress, batches_since_start=0, first_batch_wall=None)

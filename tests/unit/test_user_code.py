@@ -1,5 +1,5 @@
 """Where the workers find the user's code and what a user reads when they cannot
-(``raylight.worker_group.code_paths``): pure, no Ray."""
+(``raylight.worker_group.user_code``): pure, no Ray."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import sys
 
 import pytest
 
-from raylight.worker_group.code_paths import (
+from raylight.worker_group.user_code import (
     driver_sys_path,
     import_error_message,
     merged_sys_path,
     missing_module,
+    unpicklable_message,
+    unpicklable_parts,
     use_driver_sys_path,
 )
 
@@ -75,8 +77,8 @@ def _loop(ctx, config):
 
 
 def test_the_message_names_the_module_the_loop_the_driver_s_file_and_the_fix_for_a_cluster():
-    text = import_error_message("tests.unit.test_code_paths", embedded=False, loop=_loop, reason="No module named 'tests'")
-    assert "module 'tests.unit.test_code_paths'" in text and "(tests.unit.test_code_paths._loop)" in text
+    text = import_error_message("tests.unit.test_user_code", embedded=False, loop=_loop, reason="No module named 'tests'")
+    assert "module 'tests.unit.test_user_code'" in text and "(tests.unit.test_user_code._loop)" in text
     assert f"the driver imported it from {__file__}" in text
     assert "py_modules" in text and "working_dir" in text and "raylight submit --working-dir" in text and "pip install" in text
     assert "sys.path" not in text
@@ -92,3 +94,62 @@ def test_a_cluster_without_raylight_is_told_to_install_it():
     text = import_error_message("raylight.worker_group.worker", embedded=False, loop=_loop, reason="No module named 'raylight'")
     assert text.startswith("the workers cannot import raylight (No module named 'raylight')")
     assert "same version" in text
+
+
+def _dumps(value):
+    import pickle
+
+    return pickle.dumps(value)
+
+
+class _Unpicklable:
+    def __reduce__(self):
+        raise TypeError("cannot pickle '_Unpicklable' object")
+
+
+def test_the_culprit_is_named_by_its_innermost_key_path_in_the_config():
+    config = {"lr": 0.1, "data": {"rows": [1, 2], "conn": _Unpicklable()}, "hooks": [0, _Unpicklable()]}
+    assert unpicklable_parts(None, config, _dumps) == [
+        f"config['data']['conn'] ({__name__}._Unpicklable)", f"config['hooks'][1] ({__name__}._Unpicklable)",
+    ]
+    assert unpicklable_parts(None, {"lr": 0.1}, _dumps) == []
+
+
+def test_the_culprit_in_a_loop_s_closure_its_object_or_its_attributes():
+    held = _Unpicklable()
+
+    def loop(ctx, config):
+        return held
+
+    found = unpicklable_parts(loop, None, _dumps)
+    assert f"the loop's closure variable 'held' ({__name__}._Unpicklable)" in found
+
+    class Trainer:
+        def __init__(self):
+            self.conn = _Unpicklable()
+
+        def loop(self, ctx, config):
+            pass
+
+        def __call__(self, ctx, config):
+            pass
+
+    obj = Trainer()
+    assert any(p.startswith("the loop's object (its self)") for p in unpicklable_parts(obj.loop, None, _dumps))
+    assert unpicklable_parts(obj, None, _dumps) == [f"the loop object's attribute 'conn' ({__name__}._Unpicklable)"]
+
+
+def test_a_module_level_loop_s_globals_are_not_suspects_a_script_s_are():
+    glob = {"LOCK": _Unpicklable(), "__name__": "__main__"}
+    exec("def loop(ctx, config):\n    return LOCK\n", glob)  # a loop defined in a script
+    main_loop = glob["loop"]
+    main_loop.__module__ = "__main__"
+    assert unpicklable_parts(main_loop, None, _dumps) == [f"the loop's global 'LOCK' ({__name__}._Unpicklable)"]
+    assert unpicklable_parts(_loop, None, _dumps) == []  # pickled by reference: its module's globals stay
+
+
+def test_the_unpicklable_message_says_where_and_what_to_do():
+    text = unpicklable_message("TypeError: cannot pickle '_thread.lock' object", ["config['lock'] (_thread.lock)"])
+    assert text.startswith("the training loop or its config cannot be sent to the workers: TypeError: cannot pickle")
+    assert "Found in: config['lock'] (_thread.lock)." in text and "inside the loop" in text
+    assert "Found in" not in unpicklable_message("TypeError: x", [])

@@ -1,4 +1,5 @@
-"""Where the workers find the user's code, and what to say when they cannot.
+"""The user's training loop and its config on their way to the workers: where the workers
+find the loop's code, and what a user reads when the loop cannot get there.
 
 Ray sends a training loop to its workers by reference when it lives in a module (the
 module's name and the function's), and each worker imports that module again. Ray adds
@@ -15,8 +16,13 @@ deserialization traceback.
   driver found it and the ways to ship it (installing it, Ray's ``runtime_env``
   ``py_modules``/``working_dir``, ``raylight submit --working-dir``). It is not retried:
   a restart would fail the same way.
+- The loop and its config are pickled once per run (the worker group puts them in Ray's
+  object store and every worker reads them from there). What cannot be pickled (a lock,
+  an open file, a connection the loop closes over or the config holds) is a
+  ``ConfigError`` that says where it is (``config['db']``, the loop's closure variable
+  ``lock``) instead of Ray's serializability report.
 
-Pure: no Ray.
+Pure: no Ray (the pickler is passed in).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 _NO_MODULE = re.compile(r"No module named '([\w.]+)'")
@@ -106,4 +112,88 @@ def import_error_message(module: str, *, embedded: bool, loop: Any, reason: str)
         "ship it with the job: ray.init(address=..., runtime_env={'py_modules': [<the module>]}) "
         "or runtime_env={'working_dir': '.'} before raylight.fit, or `raylight submit "
         "--working-dir DIR`"
+    )
+
+
+_MAX_DEPTH = 4  # how deep into the config's dicts and lists the search for the culprit goes
+_MAX_FOUND = 5
+
+
+def unpicklable_parts(loop: Any, config: Any, dumps: Callable[[Any], bytes]) -> list[str]:
+    """Where pickling the loop and its config with ``dumps`` fails: the config's key paths
+    (``config['db']['conn']``), the loop's closure variables, the globals it uses (a loop
+    defined in a script is pickled with them), a bound method's object. The innermost
+    failing parts; empty where no single part fails alone."""
+    found: list[str] = []
+    _search(config, "config", dumps, found, 0)
+    for where, value in _loop_parts(loop):
+        _search(value, where, dumps, found, 1)
+    return found[:_MAX_FOUND]
+
+
+def _fails(value: Any, dumps: Callable[[Any], bytes]) -> bool:
+    try:
+        dumps(value)
+    except Exception:
+        return True
+    return False
+
+
+def _search(value: Any, where: str, dumps: Callable[[Any], bytes], found: list[str], depth: int) -> None:
+    if len(found) >= _MAX_FOUND or not _fails(value, dumps):
+        return
+    children: list[tuple[str, Any]] = []
+    if depth < _MAX_DEPTH:
+        if isinstance(value, dict):
+            children = [(f"{where}[{k!r}]", v) for k, v in value.items()]
+        elif isinstance(value, (list, tuple)):
+            children = [(f"{where}[{i}]", v) for i, v in enumerate(value)]
+    before = len(found)
+    for child_where, child in children:
+        _search(child, child_where, dumps, found, depth + 1)
+    if len(found) == before:  # no single child fails alone: this is the culprit
+        found.append(f"{where} ({type(value).__module__}.{type(value).__qualname__})")
+
+
+def _loop_parts(loop: Any) -> list[tuple[str, Any]]:
+    """The values pickled with the loop: a bound method's object, a callable object's
+    attributes, a function's closure variables and the globals its code names."""
+    parts: list[tuple[str, Any]] = []
+    owner = getattr(loop, "__self__", None)
+    if owner is not None and not isinstance(owner, type(sys)):
+        parts.append(("the loop's object (its self)", owner))
+    func = getattr(loop, "__func__", loop)
+    code = getattr(func, "__code__", None)
+    if code is None:  # a callable object
+        parts += [(f"the loop object's attribute {k!r}", v) for k, v in getattr(loop, "__dict__", {}).items()]
+        return parts
+    for name, cell in zip(code.co_freevars, getattr(func, "__closure__", None) or (), strict=False):
+        try:
+            parts.append((f"the loop's closure variable {name!r}", cell.cell_contents))
+        except ValueError:  # an empty cell
+            continue
+    names: set[str] = set()
+    todo = [code]
+    while todo:
+        c = todo.pop()
+        names.update(c.co_names)
+        todo += [k for k in c.co_consts if hasattr(k, "co_names")]
+    by_value = getattr(func, "__module__", None) == "__main__" or "<" in getattr(func, "__qualname__", "<")
+    glob = getattr(func, "__globals__", {}) if by_value else {}  # by reference: its module's, not pickled
+    parts += [
+        (f"the loop's global {n!r}", glob[n])
+        for n in sorted(names)
+        if n in glob and not isinstance(glob[n], type(sys))
+    ]
+    return parts
+
+
+def unpicklable_message(reason: str, parts: Sequence[str]) -> str:
+    """What a user reads when the loop or its config cannot be pickled."""
+    where = f" Found in: {', '.join(parts)}." if parts else ""
+    return (
+        f"the training loop or its config cannot be sent to the workers: {reason}.{where} "
+        "Each worker gets a pickled copy of both (cloudpickle): make such an object inside the "
+        "loop (each worker its own: a lock, an open file, a connection, a DataLoader with "
+        "worker processes), or pass what it is made from (a path, a seed, settings) in the config"
     )
