@@ -544,6 +544,13 @@ class TrainContext:
     def __repr__(self) -> str:
         return f"TrainContext(rank={self.rank}, world_size={self.world_size}, device={self.device})"
 
+    def __getitem__(self, key: Any) -> Any:
+        # A loop written as Ray Train's `train_func(config)` gets the context, not the config.
+        raise TypeError(
+            f"the TrainContext is not the loop's config (looked up {key!r}): raylight calls a loop "
+            "of one argument as loop(ctx); define it as loop(ctx, config), or read ctx.config"
+        )
+
 
 def call_train_loop(fn: Any, ctx: Any, config: dict[str, Any] | None) -> Any:
     """Call ``fn(ctx, config)``, or ``fn(ctx)`` when it takes one argument."""

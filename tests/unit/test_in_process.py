@@ -36,3 +36,17 @@ def test_in_process_errors_propagate_unchanged_and_resume_continues(tmp_path):
         raylight.fit(loop, config={"epochs": 4, "crash_at": 1}, num_workers=0, storage_path=str(tmp_path), name="r", progress=False)
     result = raylight.fit(loop, config={"epochs": 4}, num_workers=0, storage_path=str(tmp_path), name="r", resume=True, progress=False)
     assert [m["epoch"] for m in result.metrics_history] == [0, 1, 2, 3]
+
+
+def test_a_loop_written_as_ray_train_s_train_func_config_is_told_it_got_the_context(tmp_path):
+    def train_func(config):  # Ray Train's convention: one argument, the config
+        return config["epochs"]
+
+    with pytest.raises(TypeError) as info:
+        raylight.fit(train_func, config={"epochs": 1}, num_workers=0, storage_path=str(tmp_path), progress=False)
+    assert "not the loop's config (looked up 'epochs')" in str(info.value) and "loop(ctx, config)" in str(info.value)
+
+    def one_argument(ctx):  # the context's own copy of the config still works
+        ctx.report({"epochs": ctx.config["epochs"]})
+
+    assert raylight.fit(one_argument, config={"epochs": 2}, num_workers=0, storage_path=str(tmp_path), progress=False).metrics == {"epochs": 2}
