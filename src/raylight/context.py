@@ -75,19 +75,46 @@ def _make_logger(rank: int) -> logging.Logger:
 
 
 def _plain_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
-    """Metrics as JSON-able Python values (tensors and numpy scalars become numbers)."""
+    """Metrics as JSON values: tensors and numpy values become numbers and lists, tuples
+    lists. Anything else (an object, a lock, a model) is a TypeError naming the metric:
+    the metrics are the run's JSON history, and an object could not even travel from a
+    worker to the driver."""
     if not isinstance(metrics, dict):
         raise TypeError(f"ctx.report needs a dict of metrics, got {type(metrics).__name__}")
     out: dict[str, Any] = {}
     for key, value in metrics.items():
         if not isinstance(key, str):
             raise TypeError(f"metric names must be strings, got {key!r}")
-        if isinstance(value, torch.Tensor):
-            value = value.item() if value.numel() == 1 else value.tolist()
-        elif isinstance(value, numbers.Number) and not isinstance(value, bool | int | float):
-            value = value.item() if hasattr(value, "item") else float(value)  # type: ignore[arg-type]
-        out[key] = value
+        out[key] = _plain(value, repr(key))
     return out
+
+
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def _plain(value: Any, where: str) -> Any:
+    if isinstance(value, _JSON_SCALARS):
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else value.tolist()
+    if isinstance(value, numbers.Number):
+        return value.item() if hasattr(value, "item") else float(value)  # type: ignore[arg-type]
+    if hasattr(value, "dtype") and hasattr(value, "tolist"):  # numpy arrays and bools
+        return value.tolist()
+    if isinstance(value, list | tuple):
+        return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, _JSON_SCALARS):
+                raise TypeError(f"metric {where} has a key {k!r}: keys must be strings or numbers")
+            out[k] = _plain(v, f"{where}[{k!r}]")
+        return out
+    raise TypeError(
+        f"metric {where} is a {type(value).__module__}.{type(value).__qualname__}: report numbers, "
+        "strings, None, or lists and dicts of them (tensors and numpy values become numbers), "
+        "and put objects in the checkpoint (ctx.report(metrics, checkpoint={...}))"
+    )
 
 
 class TrainContext:

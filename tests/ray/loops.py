@@ -281,3 +281,15 @@ class CountsPickles:
     def __reduce__(self):
         type(self).pickled += 1
         return (CountsPickles, ())
+
+
+def unpollable_loop(ctx, config):
+    """Rank 1 hands its worker a report whose metrics cannot be pickled, past ctx.report's
+    check (which refuses them): the worker's next poll answer cannot be serialised."""
+    import threading
+
+    from raylight.worker_group.protocol import Report
+
+    if ctx.rank == 1:
+        ctx._sink.report(Report(metrics={"lock": threading.Lock()}))
+    ctx.barrier()  # both finish; rank 1's answer to the next poll carries the report

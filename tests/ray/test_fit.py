@@ -138,6 +138,13 @@ def test_the_loop_and_its_config_are_pickled_once_per_start_and_what_cannot_be_i
     assert not (tmp_path / "lock").exists()
 
 
+def test_a_worker_whose_poll_fails_is_a_failure_of_that_rank_not_a_crash_of_the_driver(ray_cluster, tmp_path):
+    with pytest.raises(raylight.TrainingFailedError) as info:
+        raylight.fit(loops.unpollable_loop, num_workers=2, storage_path=str(tmp_path), progress=False)
+    assert info.value.rank == 1
+    assert "could not be polled: TypeError: cannot pickle '_thread.lock' object" in str(info.value)
+
+
 def test_sigkilled_worker_restarts_from_last_checkpoint(ray_cluster, tmp_path):
     config = {
         "epochs": 5,

@@ -50,3 +50,31 @@ def test_a_loop_written_as_ray_train_s_train_func_config_is_told_it_got_the_cont
         ctx.report({"epochs": ctx.config["epochs"]})
 
     assert raylight.fit(one_argument, config={"epochs": 2}, num_workers=0, storage_path=str(tmp_path), progress=False).metrics == {"epochs": 2}
+
+
+def test_metrics_are_json_values_and_an_object_among_them_is_named():
+    """The same conversion on every rank and in this process: the history is JSON, and an
+    object could not travel from a worker to the driver (it failed the driver's poll)."""
+    import threading
+
+    import numpy as np
+
+    from raylight.context import _plain_metrics
+
+    got = _plain_metrics({
+        "loss": torch.tensor(0.5), "per_class": torch.tensor([1.0, 2.0]), "acc": np.float32(0.25),
+        "hist": np.arange(3), "ok": np.bool_(True), "pair": (1, torch.tensor(2)), "nested": {"a": [np.int64(4)], 3: None},
+        "name": "x",
+    })
+    assert got == {
+        "loss": 0.5, "per_class": [1.0, 2.0], "acc": 0.25, "hist": [0, 1, 2], "ok": True, "pair": [1, 2],
+        "nested": {"a": [4], 3: None}, "name": "x",
+    }
+    assert type(got["ok"]) is bool and type(got["acc"]) is float
+    with pytest.raises(TypeError) as info:
+        _plain_metrics({"loss": 1.0, "extra": [0, {"lock": threading.Lock()}]})
+    assert str(info.value).startswith("metric 'extra'[1]['lock'] is a _thread.lock: report numbers, strings")
+    with pytest.raises(TypeError, match="metric names must be strings"):
+        _plain_metrics({1: 2.0})
+    with pytest.raises(TypeError, match=r"metric 'm' has a key \(1, 2\)"):
+        _plain_metrics({"m": {(1, 2): 3}})

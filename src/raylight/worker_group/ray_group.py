@@ -952,6 +952,10 @@ class RayWorkerGroup:
             except (RayActorError, ObjectLostError) as exc:  # lost: its node died with the answer
                 failures.append(WorkerFailure(rank, "died", _death_reason(exc), **where))
                 continue
+            except RayError as exc:  # the poll itself failed (its answer did not serialise)
+                cause = getattr(exc, "cause", None) or exc
+                failures.append(WorkerFailure(rank, "error", f"could not be polled: {type(cause).__name__}: {cause}", **where))
+                continue
             polls.append(poll)
             if poll.state == "errored" and poll.error is not None:
                 failures.append(
