@@ -280,6 +280,7 @@ class TrainContext:
         )
         if sync is not None:
             sync.init_batch_size = loader.init_batch_size
+            sync.dataset_size = loader.num_samples
             sync.ready = True
             if not self._plan_given:
                 sync.plan = BatchPlan(loader.init_batch_size // self.world_size, 0, sync.plan.version)

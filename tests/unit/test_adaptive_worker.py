@@ -117,8 +117,11 @@ def test_accumulator_outside_and_inside_sync_and_state():
         assert again["n"] == 6
 
 
-def stats(plan, profile, *, sqr=1.0, var=50.0, threads=1):
-    return AdaptiveStats(profile=profile.to_json(), plan=plan, init_batch_size=16, grad_sqr=sqr, grad_var=var, lr_factor=1.0, progress=0.0, threads=threads)
+def stats(plan, profile, *, sqr=1.0, var=50.0, threads=1, dataset_size=None):
+    return AdaptiveStats(
+        profile=profile.to_json(), plan=plan, init_batch_size=16, grad_sqr=sqr, grad_var=var, lr_factor=1.0, progress=0.0,
+        threads=threads, dataset_size=dataset_size,
+    )
 
 
 def profile_for(perf, layouts, steps=10):
@@ -151,6 +154,26 @@ def test_engine_grows_the_batch_under_noise_and_plans_for_a_resize():
     assert row["measured_step_time"] == pytest.approx(float(predict_step_time(perf, 1, 2, 8, 0)))
     assert row["predicted_step_time"] > 0
     assert "measured_step_time" not in eng.trace_row(num_workers=2, threads=1)
+
+
+def test_the_batch_never_outgrows_the_training_set():
+    """The noise that grows the batch to 512 above grows it no further than 40 samples
+    when the training set has 40 (a larger one is one short step an epoch)."""
+    perf = PerfParams(0.01, 1e-4, 0.05, 0.01, 0.02, 0.005, 1.0)
+    eng = engine()
+    eng.observe(stats(BatchPlan(8, 0, 0), profile_for(perf, [(1, 2, 8, 1), (1, 2, 16, 1)]), var=5000.0, dataset_size=40))
+    plan = eng.decide_batch(num_workers=2, threads=1)
+    assert plan is not None and 16 < plan.global_batch(2) <= 40
+    unbounded = engine()
+    unbounded.observe(stats(BatchPlan(8, 0, 0), profile_for(perf, [(1, 2, 8, 1), (1, 2, 16, 1)]), var=5000.0))
+    assert unbounded.decide_batch(num_workers=2, threads=1).global_batch(2) > 40
+    again = engine()
+    again.load_state_dict(eng.state_dict())
+    assert again.state.dataset_size == 40
+    old = eng.state_dict()
+    del old["dataset_size"]  # a state written before the size was kept
+    again.load_state_dict(old)
+    assert again.state.dataset_size is None
 
 
 def test_engine_without_adaptive_keeps_the_global_batch():

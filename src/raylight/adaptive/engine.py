@@ -51,6 +51,7 @@ class EngineSettings:
 class EngineState:
     profile: StepProfile = field(default_factory=StepProfile)
     init_batch_size: int | None = None
+    dataset_size: int | None = None  # the training set's size: no global batch is larger
     grad_sqr: float = 0.0
     grad_var: float = 0.0
     plan: BatchPlan | None = None
@@ -94,6 +95,7 @@ class AdaptiveEngine:
         st.profile.merge(increment)
         self._since_row.merge(increment)
         st.init_batch_size = stats.init_batch_size
+        st.dataset_size = stats.dataset_size
         st.grad_sqr, st.grad_var = stats.grad_sqr, stats.grad_var
         st.plan = stats.plan
         st.lr_factor, st.progress = stats.lr_factor, stats.progress
@@ -158,6 +160,8 @@ class AdaptiveEngine:
     def batch_policy(self, num_workers: int) -> BatchSizePolicy:
         m0 = self.state.init_batch_size or 1
         max_bsz = self.settings.max_batch_size or 32 * m0
+        if self.state.dataset_size:  # a batch beyond the training set is one short step an epoch
+            max_bsz = max(m0, min(max_bsz, self.state.dataset_size))
         bounds = self.settings.local_batch_bounds or (1, max_bsz)
         if not self.settings.adaptive:  # fixed global batch: M0 split over the workers
             per = max(1, m0 // num_workers)
@@ -274,6 +278,7 @@ class AdaptiveEngine:
         return {
             "profile": st.profile.to_json(),
             "init_batch_size": st.init_batch_size,
+            "dataset_size": st.dataset_size,
             "grad_sqr": st.grad_sqr,
             "grad_var": st.grad_var,
             "plan": None if st.plan is None else [st.plan.atomic_bsz, st.plan.accum_steps, st.plan.version],
@@ -286,6 +291,7 @@ class AdaptiveEngine:
         self._fits.clear()
         st.profile = StepProfile.from_json(data["profile"], memory_steps=self.settings.profile_memory_steps)
         st.init_batch_size = data["init_batch_size"]
+        st.dataset_size = data.get("dataset_size")  # absent in states written before it was kept
         st.grad_sqr, st.grad_var = data["grad_sqr"], data["grad_var"]
         st.plan = BatchPlan(*data["plan"]) if data["plan"] else None
         st.explored = set(data["explored"])

@@ -47,3 +47,4 @@ class AdaptiveStats:
     lr_factor: float
     progress: float
     threads: int
+    dataset_size: int | None = None  # samples per epoch of the training loader

@@ -98,6 +98,7 @@ class StepSync:
         self.lr_warmup_steps = lr_warmup_steps
         self.gns = NoiseScaleEstimator(noise_smoothing)
         self.progress = 0.0  # scale-invariant, in optimizer steps at the initial batch
+        self.dataset_size: int | None = None  # the training loader's samples per epoch, set when it adopts this
         self.profile = StepProfile()
         self._warm: tuple[tuple[int, int, int, int] | None, int] = (None, 0)  # layout, steps left
         self._lock = threading.Lock()
@@ -154,6 +155,7 @@ class StepSync:
             lr_factor=self.lr_factor(),
             progress=self.progress,
             threads=self.threads,
+            dataset_size=self.dataset_size,
         )
 
     # -- called from the training thread -------------------------------------------------

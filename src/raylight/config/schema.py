@@ -577,7 +577,8 @@ class AdaptiveConfig(ConfigModel):
     """Batch size, gradient accumulation and learning rate chosen online for goodput."""
 
     max_batch_size: int | None = Field(
-        None, ge=1, description="Largest global batch to consider. Default: 32x the initial batch."
+        None, ge=1, description="Largest global batch to consider. Default: 32x the initial batch. Never more than the "
+        "training set (the adaptive loader's samples per epoch)."
     )
     local_batch_bounds: tuple[int, int] | None = Field(
         None,
