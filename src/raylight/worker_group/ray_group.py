@@ -245,7 +245,7 @@ class RayWorkerGroup:
     ) -> None:
         self._fn = train_loop
         self._loop_config = loop_config
-        self._loop_ref: Any = None  # (fn, config) in the object store: pickled once per run
+        self._loop_ref: Any = None  # (fn, config) in the object store: pickled once per start
         self._entry = entry  # what runs the loop on a worker (context.run_worker_loop)
         self._scaling = scaling
         self._failure = failure
