@@ -18,7 +18,8 @@ prints it. Each kind of noise is turned off where it is made, never filtered aft
   writing all of it to ``ray-data.log`` in the session's log directory.
 
 Worker output (a loop's ``print``, tracebacks) still reaches the driver: Ray's
-``log_to_driver`` stays on in both modes.
+``log_to_driver`` stays on in both modes. In the workers, quiet turns off Ray's log of a
+call argument a worker cannot unpickle (``worker_loggers``): the driver reports that error.
 
 Logging is process-wide, so the setting is too: ``apply`` sets it (``Trainer.fit`` with
 ``RunConfig.verbose``), ``before_ray_starts`` reads it for ``ray.init`` and, quiet, puts Ray
@@ -39,6 +40,8 @@ _RAY_DATA_ENV = {"RAY_DATA_LOGGING_CONFIG": _RAY_DATA_CONFIG, "RAY_DATA_DISABLE_
 # Ray logs "Token authentication is enabled for this Ray cluster" here at WARNING.
 _AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 _TRUE = {"1", "true", "yes", "on"}
+# In a worker, Ray logs a call argument it cannot unpickle here, with its traceback.
+_RAY_UNPICKLING_LOGGER = "ray._private.serialization"
 # Experiment loggers' libraries log INFO lines too (MLflow creating its database).
 _LIBRARY_LOGGERS = ("mlflow", "alembic", "wandb")
 
@@ -78,6 +81,14 @@ def library_loggers() -> None:
     on = is_verbose()
     for name in _LIBRARY_LOGGERS:
         logging.getLogger(name).setLevel(logging.NOTSET if on else logging.WARNING)
+
+
+def worker_loggers(on: bool) -> None:
+    """In a worker process (verbose or not, as its driver): Ray's log of a call argument
+    the worker cannot unpickle (a page of traceback per rank; the driver gets the same
+    error with the call's result and says it once, ``WorkerImportError``) only when
+    verbose."""
+    logging.getLogger(_RAY_UNPICKLING_LOGGER).setLevel(logging.NOTSET if on else logging.CRITICAL)
 
 
 def is_verbose() -> bool:

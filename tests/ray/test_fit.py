@@ -82,7 +82,7 @@ def test_too_many_workers_fails_fast_with_numbers(ray_cluster, tmp_path):
     assert "num_workers" in text
 
 
-def _module_in(directory, name: str, body: str):
+def _import_from(directory, name: str, body: str):
     """A module ``name`` in ``directory``, imported by this driver from there."""
     import importlib
 
@@ -101,11 +101,11 @@ def test_the_workers_import_a_loop_from_where_the_driver_found_it_or_say_once_wh
     driver found through its own ``sys.path.insert``); a module the workers still cannot
     import ends the run at its start, once, not retried, with one error that says why."""
     monkeypatch.setattr(sys, "path", list(sys.path))  # put back after the test
-    found = _module_in(tmp_path / "lib", "rl_found_here", _FOUND)
+    found = _import_from(tmp_path / "lib", "rl_found_here", _FOUND)
     result = raylight.fit(found.loop, num_workers=2, storage_path=str(tmp_path / "runs"), name="found", progress=False)
     assert result.metrics == {"file": str(tmp_path / "lib" / "rl_found_here.py"), "first": str(tmp_path / "lib")}
 
-    gone = _module_in(tmp_path / "gone", "rl_gone_from_the_path", _FOUND)
+    gone = _import_from(tmp_path / "gone", "rl_gone_from_the_path", _FOUND)
     sys.path.remove(str(tmp_path / "gone"))  # the driver imported it and took its directory off
     with pytest.raises(raylight.WorkerImportError) as info:
         raylight.fit(gone.loop, num_workers=2, storage_path=str(tmp_path / "runs"), name="gone", max_failures=3, progress=False)

@@ -395,9 +395,8 @@ class Controller:
                 f"FailureConfig.restart_backoff_max_s={self.failure_policy.backoff_max_s:g}s"
             )
         log.warning(
-            "worker rank %s %s; restarting from %s%s (failure %d, max_failures=%s)",
-            failure.rank,
-            failure.message,
+            "%s; restarting from %s%s (failure %d, max_failures=%s)",
+            failure.described(),
             where,
             wait,
             self.num_failures,
@@ -438,16 +437,14 @@ class Controller:
 
     def _error_for(self, failure: WorkerFailure) -> TrainingFailedError:
         budget = self.failure_policy.max_failures
-        where = f" (node {failure.node}, pid {failure.pid})" if failure.node else ""
-        # rank -1: the group failed to start, no one rank (the message says what failed)
-        head = f"worker rank {failure.rank}{where} {failure.message}." if failure.rank >= 0 else f"{failure.message}."
+        head = f"{failure.described(where=True)}."
         tail = (
             f" The run failed {self.num_failures} time(s) and max_failures={budget} allows "
             f"{budget} restart(s); raise FailureConfig.max_failures (fit(max_failures=...)) "
             "to restart from the last checkpoint automatically."
         )
         common: dict[str, Any] = {
-            "rank": failure.rank if failure.rank >= 0 else None,
+            "rank": failure.known_rank,
             "node": failure.node,
             "reason": failure.message,
             "num_failures": self.num_failures,

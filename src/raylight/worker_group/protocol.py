@@ -102,7 +102,7 @@ class NodeNotice:
 
 @dataclass(frozen=True)
 class WorkerFailure:
-    rank: int
+    rank: int  # -1: the group's start failed, no one worker did (its message says what)
     kind: FailureKind
     message: str
     node: str | None = None
@@ -111,6 +111,18 @@ class WorkerFailure:
     seconds_since_progress: float = 0.0
     cause: BaseException | None = None  # the worker's exception, where it could be fetched
     node_id: str | None = None  # the Ray node it ran on
+
+    @property
+    def known_rank(self) -> int | None:
+        return self.rank if self.rank >= 0 else None
+
+    def described(self, *, where: bool = False) -> str:
+        """``worker rank 1 <message>`` (``where``: with its node and pid, when known); a
+        failure of the group's start is its message alone."""
+        if self.rank < 0:
+            return self.message
+        at = f" (node {self.node}, pid {self.pid})" if where and self.node else ""
+        return f"worker rank {self.rank}{at} {self.message}"
 
 
 _SEVERITY = {"died": 0, "hang": 1, "error": 2}

@@ -901,8 +901,8 @@ class RayWorkerGroup:
         return [a.warm.remote(self._loop(), modules) for a in actors]
 
     def _loop(self) -> Any:
-        """The loop and its config, put in the object store once for every worker and
-        every start of this run (each ``.remote`` call pickled them again, per worker)."""
+        """The loop and its config, put in the object store once per start for all its
+        workers and a spare's warm-up (each ``.remote`` call pickled them again, per worker)."""
         if self._loop_ref is None:
             from ray import cloudpickle
 

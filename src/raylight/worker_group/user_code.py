@@ -16,8 +16,8 @@ deserialization traceback.
   driver found it and the ways to ship it (installing it, Ray's ``runtime_env``
   ``py_modules``/``working_dir``, ``raylight submit --working-dir``). It is not retried:
   a restart would fail the same way.
-- The loop and its config are pickled once per run (the worker group puts them in Ray's
-  object store and every worker reads them from there). What cannot be pickled (a lock,
+- The loop and its config are pickled once per start (the worker group puts them in Ray's
+  object store and every worker of that start reads them from there). What cannot be pickled (a lock,
   an open file, a connection the loop closes over or the config holds) is a
   ``ConfigError`` that says where it is (``config['db']``, the loop's closure variable
   ``lock``) instead of Ray's serializability report.

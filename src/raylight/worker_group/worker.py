@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
+from raylight import verbosity
 from raylight._time import monotonic, wall
 from raylight.adaptive.plan import AdaptiveSpec, BatchPlan
 from raylight.checkpoint import Checkpoint
@@ -136,10 +137,7 @@ class WorkerSetup:
 
     def apply(self) -> None:
         use_driver_sys_path(self.driver_sys_path)
-        # A call's argument that fails to unpickle here (a module this process cannot
-        # import) is logged by Ray with its traceback, a page per rank; the driver gets the
-        # same error with the call's result and says it once (WorkerImportError).
-        logging.getLogger("ray._private.serialization").setLevel(logging.CRITICAL if self.quiet else logging.NOTSET)
+        verbosity.worker_loggers(not self.quiet)
 
 
 class RaylightWorker:
