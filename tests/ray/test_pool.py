@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 import time
 
 import pytest
@@ -104,6 +106,41 @@ def test_a_worker_whose_user_module_changed_on_disk_is_not_reused(pool, tmp_path
     os.utime(module, (time.time() + 5, time.time() + 5))  # a new mtime even within its resolution
     second = _fit(pool_loops.module_loop, tmp_path, "second", config={"dir": str(code)})
     assert second.metrics["value"] == 2, "the edited module is what runs"
+    assert set(second.metrics["pids"].split(",")).isdisjoint(first.metrics["pids"].split(","))
+
+
+MOVED_MODULE = """
+from tests.ray.pool_loops import _pids
+
+VALUE = {value}
+
+
+def loop(ctx):
+    ctx.report({{"pids": _pids(), "value": VALUE}})
+"""
+
+
+def test_a_worker_holding_a_module_the_driver_now_imports_from_elsewhere_is_not_reused(pool, tmp_path):
+    """The driver's ``sys.path`` changed between two fits (a notebook pointed at another
+    checkout) and the same module name is now another file: the second fit runs that file,
+    not the one its pooled processes imported for the first."""
+    for value in (1, 2):
+        (tmp_path / f"v{value}").mkdir()  # code; the runs go under tmp_path / "runs"
+        (tmp_path / f"v{value}" / "pool_moved_module.py").write_text(MOVED_MODULE.format(value=value))
+    results, saved = [], list(sys.path)
+    try:
+        for value in (1, 2):
+            sys.path[:] = [str(tmp_path / f"v{value}"), *saved]
+            sys.modules.pop("pool_moved_module", None)
+            module = importlib.import_module("pool_moved_module")
+            assert value == module.VALUE
+            results.append(_fit(module.loop, tmp_path / "runs", f"v{value}"))
+    finally:
+        sys.path[:] = saved
+        sys.modules.pop("pool_moved_module", None)
+    first, second = results
+    assert first.metrics["value"] == 1
+    assert second.metrics["value"] == 2, "the module the driver imports now is what runs"
     assert set(second.metrics["pids"].split(",")).isdisjoint(first.metrics["pids"].split(","))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import types
 
 import pytest
 
@@ -13,9 +14,11 @@ from raylight.worker_group.user_code import (
     import_error_message,
     merged_sys_path,
     missing_module,
+    moved_modules,
     unpicklable_message,
     unpicklable_parts,
     use_driver_sys_path,
+    user_modules,
 )
 
 
@@ -49,6 +52,35 @@ class _RayTaskErrorLike(Exception):
         super().__init__(text)
         self.cause = type("RaySystemErrorLike", (Exception,), {})("System error")
         self.cause.client_exc = inner
+
+
+def _module(name: str, path: str | None) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__file__ = path
+    return module
+
+
+def test_the_user_s_modules_are_source_files_outside_the_installed_libraries(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "mine.py").write_text("")
+    (tmp_path / "link").symlink_to(real, target_is_directory=True)
+    modules = {
+        "mine": _module("mine", str(tmp_path / "link" / "mine.py")),  # through a link: its real file
+        "json": sys.modules["json"],  # the standard library
+        "pytest": sys.modules["pytest"],  # installed
+        "ext": _module("ext", str(tmp_path / "ext.cpython-311-x86_64-linux-gnu.so")),  # compiled
+        "builtin": _module("builtin", None),
+        "relative": _module("relative", "_ops.py"),  # torch.ops' __file__: not a path
+    }
+    assert user_modules(modules) == {"mine": str(real / "mine.py")}
+
+
+def test_a_module_moved_is_one_the_driver_has_from_another_file():
+    held = {"mine": "/a/mine.py", "same": "/a/same.py", "only_here": "/a/only.py"}
+    driver = {"mine": "/b/mine.py", "same": "/a/same.py", "only_there": "/b/other.py"}
+    assert moved_modules(held, driver) == ["mine (/a/mine.py -> /b/mine.py)"]
+    assert moved_modules(held, {}) == []
 
 
 def test_the_missing_module_is_found_in_ray_s_wrapping_or_its_text():

@@ -64,6 +64,7 @@ from raylight.worker_group.user_code import (
     missing_module,
     unpicklable_message,
     unpicklable_parts,
+    user_modules,
 )
 from raylight.worker_group.worker import RankInfo, RaylightWorker, StartSpec, WorkerSetup
 
@@ -403,13 +404,15 @@ class RayWorkerGroup:
         actors: list[Any] = []
         reused: list[bool] = []
         refs: list[Any] = []
+        rejoin: WorkerSetup | None = None  # what the pooled workers are given (made once)
         for i, (slot, node_id) in enumerate(zip(slots, bundle_nodes, strict=True)):
             info = RankInfo(i, 0, count, 1, 0)
             idle = POOL.take(node_id, self._pool_key) if node_id is not None and i != spare_at else None
             if i == spare_at and spare is not None:
                 actor, ref = spare.actor, spare.actor.node_info.remote()
             elif idle is not None:
-                actor, ref = idle.actor, idle.actor.begin_run.remote(info, self._run_name, self._setup())
+                rejoin = rejoin or self._setup(rejoining=True)
+                actor, ref = idle.actor, idle.actor.begin_run.remote(info, self._run_name, rejoin)
             else:
                 actor = self._new_actor(slot, node_id, info)
                 ref = actor.node_info.remote()
@@ -501,14 +504,17 @@ class RayWorkerGroup:
             nodes.append(node if node is not None and node == home else None)
         return nodes
 
-    def _setup(self) -> WorkerSetup:
+    def _setup(self, *, rejoining: bool = False) -> WorkerSetup:
         """What a worker of this run is given (``RaylightWorker``'s and ``begin_run``'s last
         argument): what it watches for preemption notices, on the embedded cluster the
-        driver's ``sys.path`` (``raylight.worker_group.user_code``), and quiet or verbose."""
+        driver's ``sys.path``, to a pooled worker ``rejoining`` (on this node) the driver's
+        own modules (it does not serve if it holds one from another file:
+        ``raylight.worker_group.user_code``), and quiet or verbose."""
         return WorkerSetup(
             sigterm_grace_s=self._failure.preemption_grace_s,
             notice_sources=tuple(self._failure.preemption_notices),
             driver_sys_path=tuple(driver_sys_path()) if self._embedded else (),
+            driver_modules=tuple(user_modules().items()) if rejoining else (),
             quiet=not verbosity.is_verbose(),
         )
 

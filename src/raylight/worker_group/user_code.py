@@ -16,6 +16,10 @@ deserialization traceback.
   driver found it and the ways to ship it (installing it, Ray's ``runtime_env``
   ``py_modules``/``working_dir``, ``raylight submit --working-dir``). It is not retried:
   a restart would fail the same way.
+- A pooled worker (``raylight.worker_group.pool``) keeps the modules it imported. It
+  serves a later run only if every one of them the driver also has is the same file:
+  after the driver's ``sys.path`` changed (a notebook pointed at another checkout), a
+  module of the same name from elsewhere means new processes, not the old code.
 - The loop and its config are pickled once per start (the worker group puts them in Ray's
   object store and every worker of that start reads them from there). What cannot be pickled (a lock,
   an open file, a connection the loop closes over or the config holds) is a
@@ -30,7 +34,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 _NO_MODULE = re.compile(r"No module named '([\w.]+)'")
@@ -54,6 +58,37 @@ def use_driver_sys_path(driver: Sequence[str]) -> None:
     """Make this (worker) process search ``driver`` first; no entries: leave it as is."""
     if driver:
         sys.path[:] = merged_sys_path(driver, sys.path)
+
+
+def library_dirs() -> tuple[str, ...]:
+    """Where this interpreter's installed libraries and standard library live."""
+    import site
+    import sysconfig
+
+    dirs = {sys.prefix, sys.base_prefix, sysconfig.get_paths()["stdlib"], *site.getsitepackages()}
+    return tuple(os.path.realpath(d) for d in dirs if d)
+
+
+def user_modules(modules: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """Name -> real path of the imported modules (``sys.modules`` unless given) that are
+    source files outside the installed libraries: the user's own code, editable checkouts
+    included."""
+    libraries = library_dirs()
+    found: dict[str, str] = {}
+    for name, module in list((sys.modules if modules is None else modules).items()):
+        path = getattr(module, "__file__", None)
+        if not isinstance(path, str) or not os.path.isabs(path) or not path.endswith(".py") or path.startswith(libraries):
+            continue
+        real = os.path.realpath(path)
+        if not real.startswith(libraries):
+            found[name] = real
+    return found
+
+
+def moved_modules(held: Mapping[str, str], driver: Mapping[str, str]) -> list[str]:
+    """The modules a pooled worker ``held`` (name -> file) that the driver now has from
+    another file, each as ``name (worker's file -> driver's file)``."""
+    return [f"{name} ({path} -> {driver[name]})" for name, path in held.items() if driver.get(name, path) != path]
 
 
 def missing_module(exc: BaseException) -> tuple[str, str] | None:

@@ -32,7 +32,7 @@ from raylight.worker_group.protocol import (
     WorkerPoll,
     WorkerState,
 )
-from raylight.worker_group.user_code import use_driver_sys_path
+from raylight.worker_group.user_code import moved_modules, use_driver_sys_path, user_modules
 
 
 @dataclass(frozen=True)
@@ -133,6 +133,7 @@ class WorkerSetup:
     sigterm_grace_s: float = 30.0  # FailureConfig.preemption_grace_s
     notice_sources: tuple[str, ...] = ()  # FailureConfig.preemption_notices
     driver_sys_path: tuple[str, ...] = ()  # the embedded cluster's: raylight.worker_group.user_code
+    driver_modules: tuple[tuple[str, str], ...] = ()  # the driver's own modules (name, file): user_code.user_modules
     quiet: bool = True  # raylight.verbosity: not verbose
 
     def apply(self) -> None:
@@ -176,6 +177,7 @@ class RaylightWorker:
         self._threads = {t.ident for t in threading.enumerate()}
         self._tidying: threading.Thread | None = None
         self._imported: dict[str, float] = {}  # user module file -> mtime, at release
+        self._held: dict[str, str] = {}  # user module name -> file, at release
 
     def _start_watchers(self, notice_sources: tuple[str, ...]) -> None:
         self._watch_stop.set()
@@ -275,7 +277,8 @@ class RaylightWorker:
             return f"the loop left child processes running: {children[:3]}"
         self._watch_stop.set()
         self._state = "starting"
-        self._imported = _user_module_files()  # before the driver returns: the user may edit them next
+        self._held = user_modules()  # the user's modules, as imported here
+        self._imported = _user_module_files(self._held)  # before the driver returns: the user may edit them next
         self._tidying = threading.Thread(target=self._tidy, name="raylight-tidy", daemon=True)
         self._tidying.start()
         return None
@@ -288,7 +291,8 @@ class RaylightWorker:
 
     def begin_run(self, rank_info: RankInfo, run_name: str, setup: WorkerSetup) -> dict[str, Any] | str:
         """A pooled worker joins a new run with the state a new worker has. Returns its
-        ``node_info``, or why it cannot serve (a module it imported changed on disk)."""
+        ``node_info``, or why it cannot serve (a module it imported changed on disk, or
+        the driver now has that module from another file)."""
         setup.apply()
         if self._tidying is not None:
             self._tidying.join()
@@ -296,6 +300,9 @@ class RaylightWorker:
         changed = [f for f, mtime in self._imported.items() if _mtime(f) != mtime]
         if changed:
             return f"modules it imported changed on disk: {changed[:3]}"
+        moved = moved_modules(self._held, dict(setup.driver_modules))
+        if moved:
+            return f"the driver now imports modules it holds from other files: {moved[:3]}"
         self.info = rank_info
         self.run_name = run_name
         with self._lock:
@@ -342,8 +349,9 @@ class RaylightWorker:
         """Before joining a running group: import what a running worker has imported
         (torch, the user's libraries) so the training pause does not pay for it. ``loop``
         (the loop and its config) is unpickled on the way in, importing what it refers to.
-        A module that fails to import here is skipped; the loop imports it itself. Returns
-        seconds."""
+        A module that fails to import here is skipped; the loop imports it itself. A
+        prestarted worker's run checks these modules as a pooled worker's (``begin_run``).
+        Returns seconds."""
         began = monotonic()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -353,6 +361,8 @@ class RaylightWorker:
                         importlib.import_module(name)
                     except Exception:  # best effort, see above
                         continue
+        self._held = user_modules()
+        self._imported = _user_module_files(self._held)
         return monotonic() - began
 
     def held_commit(self) -> tuple[int, bytes, int] | None:
@@ -645,32 +655,9 @@ def _child_processes() -> list[int]:
     return [c.pid for c in psutil.Process().children() if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
 
 
-def _library_dirs() -> tuple[str, ...]:
-    import site
-    import sysconfig
-
-    dirs = {sys.prefix, sys.base_prefix, sysconfig.get_paths()["stdlib"], *site.getsitepackages()}
-    return tuple(os.path.realpath(d) for d in dirs if d)
-
-
-def _user_module_files() -> dict[str, float]:
-    """Files of the imported modules that are not installed libraries (the user's own
-    code, editable checkouts included), with their modification times."""
-    libraries = _library_dirs()
-    found: dict[str, float] = {}
-    for module in list(sys.modules.values()):
-        path = getattr(module, "__file__", None)
-        if not path or not path.endswith(".py"):
-            continue
-        if path.startswith(libraries):
-            continue
-        real = os.path.realpath(path)
-        if real.startswith(libraries):
-            continue
-        mtime = _mtime(real)
-        if mtime is not None:
-            found[real] = mtime
-    return found
+def _user_module_files(modules: dict[str, str]) -> dict[str, float]:
+    """The modification times of ``modules``' files (``user_code.user_modules``)."""
+    return {path: mtime for path in modules.values() if (mtime := _mtime(path)) is not None}
 
 
 def _mtime(path: str) -> float | None:
