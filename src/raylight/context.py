@@ -232,7 +232,7 @@ class TrainContext:
         if self.sync is None or not adaptive:
             return optimizer
         self._optimizer = AdaptiveOptimizer(optimizer, sync=self.sync)
-        return self._optimizer  # type: ignore[return-value]
+        return self._optimizer
 
     def prepare_loader(
         self,

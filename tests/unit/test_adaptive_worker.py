@@ -1,5 +1,7 @@
 """Worker-side adaptive pieces in one process (world size 1, no process group)."""
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -62,6 +64,39 @@ def test_optimizer_accumulates_then_steps_with_scaled_lr_and_restores_it():
         assert torch.allclose(p, b - 0.2 * g, atol=1e-6)
     assert base.param_groups[0]["lr"] == 0.1, "the user's LR is restored after the step"
     assert opt.progress == pytest.approx(2.0)  # linear: progress counts S per step
+
+
+def test_torch_lr_schedulers_and_step_hooks_take_the_prepared_optimizer():
+    """A scheduler built on what ``ctx.prepare_optimizer`` returned sets the unscaled rate
+    (the LR rule scales it for its step alone); hooks registered on it run once per
+    optimizer step, not per micro-step; its state is the wrapped optimizer's."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    base = torch.optim.SGD(model.parameters(), lr=0.1)
+    sync = make_sync(plan=BatchPlan(4, 1, 1), rule="linear", m0=4)  # S = 2: linear LR x2
+    opt = AdaptiveOptimizer(base, sync=sync)
+    assert isinstance(opt, torch.optim.Optimizer)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    seen: list[float] = []
+    opt.register_step_pre_hook(lambda o, args, kwargs: seen.append(o.param_groups[0]["lr"]))
+    sync.micro_steps = 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns of a scheduler stepped before its optimizer
+        for _ in range(2):
+            for j in range(2):
+                sync.micro = j
+                opt.zero_grad()
+                model(torch.randn(4, 3)).sum().backward()
+                opt.step()
+            scheduler.step()
+    assert seen == [pytest.approx(0.2), pytest.approx(0.1)], "one hook call a step, at the rule's scaled rate"
+    assert base.param_groups[0]["lr"] == pytest.approx(0.025) == scheduler.get_last_lr()[0]
+    assert opt.defaults is base.defaults and opt.state is base.state
+    assert opt.state_dict()["param_groups"] == base.state_dict()["param_groups"]
+    extra = nn.Parameter(torch.zeros(2))
+    opt.add_param_group({"params": [extra]})
+    assert base.param_groups[-1]["params"] == [extra]
+    assert repr(opt).startswith("AdaptiveOptimizer(SGD (")
 
 
 def test_single_replica_noise_measurement_from_accumulation():
