@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import math
 import numbers
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, Protocol
@@ -221,18 +222,38 @@ class TrainContext:
         """The user's module inside whatever ``prepare_model`` wrapped it in."""
         return self._strategy.unwrap_model(model)
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    def prepare_optimizer(
+        self, optimizer: torch.optim.Optimizer, *, max_grad_norm: float | None = None
+    ) -> torch.optim.Optimizer:
         """Prepare ``optimizer`` for the strategy (with FSDP, a full optimizer state dict
         loads into it sharded) and for adaptive training: gradient accumulation, the LR
         rule (applied to each step's rate explicitly and restored after it) and
         gradient-noise measurement. Without ``fit(adaptive=...)`` the same optimizer is
-        returned."""
+        returned.
+
+        ``max_grad_norm``: clip the gradient of every optimizer step to this total norm
+        (``torch.nn.utils.clip_grad_norm_``'s), right before the step: the gradient the step
+        applies, averaged over the workers and, in an adaptive run, over the step's
+        accumulated micro-steps (clipping in the loop, before ``opt.step()``, would clip each
+        micro-step's partial sum instead). Under DeepSpeed it is the engine's
+        ``gradient_clipping``. ``ctx.grad_norm`` is the norm each step found."""
+        if max_grad_norm is not None and (isinstance(max_grad_norm, bool) or not (isinstance(max_grad_norm, int | float) and 0 < max_grad_norm < math.inf)):
+            raise ValueError(f"max_grad_norm must be a positive finite number, got {max_grad_norm!r}")
         adaptive = self.sync is not None and self.sync.adaptive
-        optimizer = self._strategy.wrap_optimizer(optimizer, adaptive=adaptive)
+        optimizer = self._strategy.wrap_optimizer(
+            optimizer, adaptive=adaptive, max_grad_norm=None if max_grad_norm is None else float(max_grad_norm)
+        )
         if self.sync is None or not adaptive:
             return optimizer
         self._optimizer = AdaptiveOptimizer(optimizer, sync=self.sync)
         return self._optimizer
+
+    @property
+    def grad_norm(self) -> float | None:
+        """The total norm of the gradient the last optimizer step applied, before clipping:
+        with ``prepare_optimizer(max_grad_norm=...)``, and always under DeepSpeed (its engine
+        computes it); None otherwise and before the first step."""
+        return self._strategy.grad_norm()
 
     def prepare_loader(
         self,

@@ -1,5 +1,6 @@
 """Worker-side adaptive pieces in one process (world size 1, no process group)."""
 
+import copy
 import warnings
 
 import pytest
@@ -97,6 +98,38 @@ def test_torch_lr_schedulers_and_step_hooks_take_the_prepared_optimizer():
     opt.add_param_group({"params": [extra]})
     assert base.param_groups[-1]["params"] == [extra]
     assert repr(opt).startswith("AdaptiveOptimizer(SGD (")
+
+
+def test_a_clip_at_the_step_clips_the_averaged_gradient_of_the_accumulated_micro_steps():
+    """``prepare_optimizer(max_grad_norm=...)`` in an adaptive run: the step applies the
+    micro-steps' mean gradient clipped to the norm, at the rule's rate, and the norm it
+    found is the mean gradient's (clipping in the loop would clip each partial sum)."""
+    from raylight.strategies.base import ClipAtStep
+
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    ref = copy.deepcopy(model)
+    base = torch.optim.SGD(model.parameters(), lr=0.1)
+    clip = ClipAtStep(0.01)
+    clip.attach(base)
+    sync = make_sync(plan=BatchPlan(4, 1, 1), rule="linear", m0=4)  # S = 2: linear LR x2
+    opt = AdaptiveOptimizer(base, sync=sync)
+    x = torch.randn(8, 3)
+    sync.micro_steps = 2
+    for j, chunk in enumerate(x.split(4)):
+        sync.micro = j
+        opt.zero_grad()
+        model(chunk).sum().backward()
+        opt.step()
+        assert (clip.value is None) == (j == 0), "measured at the step, not at a micro-step"
+    for chunk in x.split(4):  # the step's gradient: the mean of the two micro-batches'
+        ref(chunk).sum().backward()
+    mean = [p.grad / 2 for p in ref.parameters()]
+    norm = float(torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in mean])))
+    assert norm > 0.01 and clip.value == pytest.approx(norm, rel=1e-6)
+    scale = 0.01 / (norm + 1e-6)  # torch's clip coefficient
+    for start, p, g in zip(ref.parameters(), model.parameters(), mean, strict=True):
+        assert torch.allclose(p.detach(), start.detach() - 0.2 * g * scale, atol=1e-7)
 
 
 def test_single_replica_noise_measurement_from_accumulation():

@@ -1,5 +1,6 @@
 """Declarative training with the local backend (no Ray): config, data checks, train, predict."""
 
+import json
 import os
 import subprocess
 import sys
@@ -99,6 +100,29 @@ def test_train_predict_evaluate_local(tmp_path, fmt):
     # One row per input row, in order: a row's prediction does not depend on its neighbours.
     assert pred.iloc[7].tolist() == model.predict(df.iloc[[7]]).iloc[0].tolist()
     assert model.evaluate(df)["accuracy"] > 0.5
+
+
+def test_gradient_clipping_takes_ludwig_s_global_norm_and_names_the_keys_it_does_not(tmp_path):
+    """``trainer.gradient_clipping.clipglobalnorm`` clips every step: at 1e-9 an SGD model
+    does not move (its validation loss stays), where unclipped it does; Ludwig's other two
+    clips are errors at their key paths, and null is accepted."""
+    losses = {}
+    for clip in ("null", "1.0e-9"):
+        config = CONFIG.replace("epochs: 6", "epochs: 2").replace("optimizer: {type: adam}", "optimizer: {type: sgd}")
+        config = config.replace("early_stop: 5}", f"early_stop: 5, gradient_clipping: {{clipglobalnorm: {clip}, clipnorm: null}}}}")
+        (tmp_path / clip).mkdir()
+        cfg, data = write(tmp_path / clip, config=config)
+        run = tmp_path / clip / "run"
+        api.train(load_config(cfg), data, output_directory=str(run), progress=False)
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        losses[clip] = [row["validation_loss"] for row in rows]
+    assert losses["1.0e-9"][0] == pytest.approx(losses["1.0e-9"][1], rel=1e-6)
+    assert abs(losses["null"][1] - losses["null"][0]) > 1e-3
+    for key in ("clipnorm", "clipvalue"):
+        text = bad_config(tmp_path, CONFIG.replace("early_stop: 5}", f"early_stop: 5, gradient_clipping: {{{key}: 0.5}}}}"))
+        assert f"trainer.gradient_clipping.{key}" in text and "set clipglobalnorm: 0.5 instead" in text
+    text = bad_config(tmp_path, CONFIG.replace("early_stop: 5}", "early_stop: 5, gradient_clipping: {clipglobalnorm: 0}}"))
+    assert "trainer.gradient_clipping.clipglobalnorm" in text
 
 
 def test_cli_exit_codes_and_nothing_half_written(tmp_path):

@@ -27,6 +27,7 @@ from tests.helpers import Sink, run_gloo_ranks
 pytestmark = pytest.mark.timeout(420)
 
 GLOBAL_BATCH, SAVE_AT, STEPS = 24, 3, 6
+CLIP = 0.5  # max_grad_norm, below every step's gradient norm (the targets are large)
 # fp32 parameters after 6 Adam steps. DeepSpeed reduces the gradients with other
 # collectives than DDP (reduce-scatter or all-reduce of flat buckets, divided before or
 # after the sum), so they may differ in the last bits (~1e-7 relative; measured: equal, or
@@ -164,6 +165,18 @@ def trainer(rank: int, port: int, directory: str, queue) -> None:
             train(model, opt, rank, 2, range(STEPS))
             out[name] = strategy.full_state(strategy.objects_state({"model": model}))["model"]
             out[name] = {k: v.reshape(-1).tolist() for k, v in out[name].items()}
+
+        # max_grad_norm: DeepSpeed's gradient_clipping, clipping as DDP's clip at the step
+        for name, strategy in (("clip_ddp", DDPStrategy()), ("clip_zero2", deepspeed(2))):
+            ctx = context(rank, 2, strategy)
+            model = ctx.prepare_model(make_model())
+            opt = ctx.prepare_optimizer(sgd(model.parameters(), 1e-3), max_grad_norm=CLIP)
+            norms = []
+            for step in range(STEPS):
+                train(model, opt, rank, 2, range(step, step + 1))
+                norms.append(ctx.grad_norm)
+            params = strategy.full_state(strategy.objects_state({"model": model}))["model"]
+            out[name] = {"params": {k: v.reshape(-1).tolist() for k, v in params.items()}, "norms": norms}
 
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
@@ -304,6 +317,16 @@ def test_torch_sgd_with_momentum_trains_like_ddp(trained):
     # SGD moves each weight by lr x its (momentum-averaged) gradient, so rounding in the
     # gradient stays rounding: 1e-6 is far above it, far below a step (lr 1e-2 x O(1))
     close(zero["sgd_zero2"], zero["sgd_ddp"], 1e-6)
+
+
+def test_max_grad_norm_clips_under_zero2_as_under_ddp(trained):
+    zero = trained["ranks"][0]
+    ddp, ds = zero["clip_ddp"], zero["clip_zero2"]
+    assert min(ddp["norms"]) > CLIP, "every step was clipped"
+    assert ds["norms"] == pytest.approx(ddp["norms"], rel=1e-5), "the norm before clipping, as DeepSpeed computed it"
+    close(ds["params"], ddp["params"], 1e-6)
+    moved = max(abs(a - b) for k in ddp["params"] for a, b in zip(ddp["params"][k], zero["sgd_ddp"][k], strict=True))
+    assert moved > 1e-3, "clipped training differs from unclipped"
 
 
 def test_offloaded_optimizer_trains_like_ddp(trained):

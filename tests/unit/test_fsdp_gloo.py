@@ -24,6 +24,7 @@ STEPS, RESUME_AT = 6, 3
 # difference (a missing or doubled gradient reduction moves weights by ~1e-3), far
 # above rounding.
 TOL = 1e-5
+CLIP, CLIP_LR, CLIP_STEPS = 0.05, 0.1, 3  # max_grad_norm below every step's gradient norm
 
 
 def make_model() -> nn.Module:
@@ -135,6 +136,21 @@ def run_rank(rank: int, port: int, queue) -> None:
         train(model, opt, rank, range(STEPS))
         state = half.full_state(model.state_dict())
         out["bf16"] = {k: (str(v.dtype), v.tolist()) for k, v in state.items() if k == "0.weight"}
+
+        # max_grad_norm: the all-reduced (DDP) or the whole sharded (FSDP) gradient, clipped
+        out["clipped"] = {}
+        for strategy in (DDPStrategy(), FSDPStrategy(FSDP(min_block_params=100))):
+            model = strategy.wrap_model(make_model(), device=cpu, world_size=2)
+            opt = strategy.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=CLIP_LR), max_grad_norm=CLIP)
+            norms = []
+            for step in range(CLIP_STEPS):
+                x, y = batch(rank, step)
+                opt.zero_grad()
+                ((model(x) - y) ** 2).mean().backward()
+                opt.step()
+                norms.append(strategy.grad_norm())
+            state = flat(strategy.full_state(strategy.unwrap_model(model).state_dict()))
+            out["clipped"][strategy.name] = {"norms": norms, "state": state}
         queue.put(out)
     finally:
         dist.destroy_process_group()
@@ -196,3 +212,26 @@ def test_a_meta_device_model_is_materialised_shard_by_shard(ranks):
         assert statistics.pstdev(values) == pytest.approx(bound / 3**0.5, rel=0.25)
     assert zero["values"] != one["values"], "shards drawn independently, not one block repeated"
     assert ranks[0]["meta_ddp"] == ranks[1]["meta_ddp"], "DDP starts every replica from rank 0's"
+
+
+def test_max_grad_norm_clips_the_whole_reduced_gradient_under_ddp_and_fsdp(ranks):
+    """Both ranks' batches averaged, the gradient's total norm taken over the whole model
+    (FSDP: over every rank's shards) and clipped to CLIP before each SGD step: what one
+    process computes from both batches."""
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=CLIP_LR)
+    norms = []
+    for step in range(CLIP_STEPS):
+        opt.zero_grad()
+        for rank in (0, 1):
+            x, y = batch(rank, step)
+            (((model(x) - y) ** 2).mean() / 2).backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)))
+        opt.step()
+    assert min(norms) > CLIP, "every step was clipped"
+    want = flat(model.state_dict())
+    for name in ("ddp", "fsdp"):
+        for rank in (0, 1):
+            got = ranks[rank]["clipped"][name]
+            assert got["norms"] == pytest.approx(norms, rel=1e-5), (name, rank)
+            close(got["state"], want, 1e-6)

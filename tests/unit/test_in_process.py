@@ -78,3 +78,27 @@ def test_metrics_are_json_values_and_an_object_among_them_is_named():
         _plain_metrics({1: 2.0})
     with pytest.raises(TypeError, match=r"metric 'm' has a key \(1, 2\)"):
         _plain_metrics({"m": {(1, 2): 3}})
+
+
+def clipping_loop(ctx, config):
+    model = ctx.prepare_model(torch.nn.Linear(2, 1))
+    for bad in (0, -1.0, float("nan"), float("inf"), True, "1"):
+        with pytest.raises(ValueError, match="max_grad_norm must be a positive finite number"):
+            ctx.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), max_grad_norm=bad)
+    opt = ctx.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), max_grad_norm=config["clip"])
+    norms = [ctx.grad_norm]
+    x = torch.ones(4, 2)
+    for _ in range(2):
+        opt.zero_grad()
+        (model(x) * 100).sum().backward()
+        opt.step()
+        norms.append(ctx.grad_norm)
+    ctx.report({"norms": norms})
+
+
+def test_the_loop_clips_through_prepare_optimizer_and_reads_the_norm_it_found(tmp_path):
+    result = raylight.fit(clipping_loop, config={"clip": 1.0}, num_workers=0, storage_path=str(tmp_path), progress=False)
+    norms = result.metrics["norms"]
+    assert norms[0] is None, "no step yet"
+    # d/dw sum(100 * (w.x + b)) over 4 rows of ones: 400 for each weight and the bias
+    assert norms[1] == pytest.approx((3 * 400**2) ** 0.5) and norms[2] == pytest.approx(norms[1])

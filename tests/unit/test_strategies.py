@@ -329,6 +329,27 @@ def test_deepspeed_engine_config_takes_the_user_json_and_raylight_fields():
     assert not engine_config(own, batch, client_cpu_optimizer=False, elementwise=True)["zero_allow_untested_optimizer"]
 
 
+def test_max_grad_norm_is_deepspeeds_gradient_clipping_and_must_agree_with_the_config():
+    from raylight.strategies.deepspeed import engine_config
+
+    batch = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 32, "gradient_accumulation_steps": 1}
+    assert engine_config(DeepSpeed(), batch, client_cpu_optimizer=False, max_grad_norm=0.5)["gradient_clipping"] == 0.5
+    same = DeepSpeed(config={"gradient_clipping": 0.5})
+    assert engine_config(same, batch, client_cpu_optimizer=False, max_grad_norm=0.5)["gradient_clipping"] == 0.5
+    off = DeepSpeed(config={"gradient_clipping": 0.0})
+    assert engine_config(off, batch, client_cpu_optimizer=False, max_grad_norm=0.5)["gradient_clipping"] == 0.5
+    with pytest.raises(ConfigError, match=r"max_grad_norm=0.5\) and the DeepSpeed config's gradient_clipping=1.0 disagree"):
+        engine_config(DeepSpeed(config={"gradient_clipping": 1.0}), batch, client_cpu_optimizer=False, max_grad_norm=0.5)
+
+
+def test_horovod_refuses_max_grad_norm_and_says_how_horovod_clips():
+    from raylight.strategies import HorovodStrategy
+
+    model = nn.Linear(2, 1)
+    with pytest.raises(ConfigError, match=r"opt.synchronize\(\).*skip_synchronize"):
+        HorovodStrategy().wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), max_grad_norm=1.0)
+
+
 def test_zero3_sizes_follow_the_model_and_never_exceed_deepspeeds_defaults():
     from raylight.strategies.deepspeed import ZERO_SIZES, engine_config, zero_sizes
 

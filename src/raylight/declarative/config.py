@@ -93,6 +93,29 @@ class OptimizerConfig(ConfigModel):
     weight_decay: float = Field(0.0, ge=0, le=1, description="Weight decay.")
 
 
+class GradientClippingConfig(ConfigModel):
+    clipglobalnorm: float | None = Field(
+        None,
+        gt=0,
+        description=(
+            "Clip each optimizer step's gradient (averaged over the workers and the step's "
+            "accumulated micro-steps) to this total norm; null: no clipping (Ludwig's default is 0.5)."
+        ),
+    )
+    clipnorm: float | None = Field(None, description="Ludwig's; raylight takes clipglobalnorm only: null.")
+    clipvalue: float | None = Field(None, description="Ludwig's; raylight takes clipglobalnorm only: null.")
+
+    @field_validator("clipnorm", "clipvalue")
+    @classmethod
+    def _only_the_global_norm(cls, value: float | None) -> None:
+        if value is not None:
+            raise ValueError(
+                f"raylight clips by the gradient's total norm only: set clipglobalnorm: {value:g} "
+                "instead, and remove this key (or set it to null)"
+            )
+        return None
+
+
 class TrainerSection(ConfigModel):
     epochs: int = Field(10, ge=1, le=MAX_EPOCHS, description="Passes over the training split.")
     batch_size: int | Literal["auto"] = Field(
@@ -107,6 +130,9 @@ class TrainerSection(ConfigModel):
         None, description="Adaptive engine settings; batch_size: auto turns it on with defaults."
     )
     seed: int = Field(42, ge=0, le=MAX_SEED, description="Seed for model initialisation and data order (0 to 2**32 - 1).")
+    gradient_clipping: GradientClippingConfig = Field(
+        default_factory=lambda: GradientClippingConfig(), description="Gradient clipping (Ludwig's section)."
+    )
 
     @field_validator("batch_size")
     @classmethod

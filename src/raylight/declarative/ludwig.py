@@ -65,7 +65,6 @@ LUDWIG_KEYS: dict[str, str] = {
     "trainer.checkpoints_per_epoch": "raylight checkpoints once per epoch; remove the key",
     "trainer.evaluate_training_set": "the training loss is reported every epoch; remove the key",
     "trainer.use_mixed_precision": "not available on the declarative path; remove the key",
-    "trainer.gradient_clipping": "not available on the declarative path; remove the key",
 }
 
 # Ludwig's processor types raylight does not run, by key path.

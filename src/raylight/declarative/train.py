@@ -145,7 +145,7 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
         base = torch.optim.AdamW(params, lr=lr, weight_decay=opt_cfg.weight_decay)
     else:
         base = torch.optim.Adam(params, lr=lr, weight_decay=opt_cfg.weight_decay)
-    opt = ctx.prepare_optimizer(base)
+    opt = ctx.prepare_optimizer(base, max_grad_norm=cfg.trainer.gradient_clipping.clipglobalnorm)
     best: dict[str, Any] = {"metric": math.inf, "epoch": -1, "state": None}
     if (ckpt := ctx.get_checkpoint()) is not None:
         state = ckpt.load()

@@ -67,11 +67,21 @@ class Strategy(Protocol):
         """The user's module inside what ``wrap_model`` returned."""
         ...
 
-    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, *, adaptive: bool = False) -> torch.optim.Optimizer:
+    def wrap_optimizer(
+        self, optimizer: torch.optim.Optimizer, *, adaptive: bool = False, max_grad_norm: float | None = None
+    ) -> torch.optim.Optimizer:
         """The optimizer the loop steps (built on the wrapped model's parameters).
         ``adaptive``: raylight's ``AdaptiveOptimizer`` will wrap it and decide when a step
         ends (accumulation), so an engine that counts micro-steps itself (DeepSpeed)
-        must step when told instead."""
+        must step when told instead. ``max_grad_norm``: clip the gradient each step
+        applies (reduced over the ranks, accumulated micro-steps averaged) to that total
+        norm, right before the step."""
+        ...
+
+    def grad_norm(self) -> float | None:
+        """The total norm of the gradient the last optimizer step applied, before any
+        clipping, where the strategy knows it (it clips: ``max_grad_norm``; or its engine
+        computes it), else None."""
         ...
 
     def no_sync(self, model: nn.Module) -> ContextManager[None]:
@@ -103,6 +113,35 @@ class Strategy(Protocol):
         ``dist.all_reduce`` and that is faster for small tensors (DDP's shared memory on
         CPU, ``shm_allreduce``), or None. Adaptive training's control all-reduces use it."""
         ...
+
+
+class ClipAtStep:
+    """Clips the gradients an optimizer steps on to a total norm, right before each of its
+    steps (a step pre-hook: after DDP's all-reduce, after an adaptive step's micro-steps
+    are summed and averaged, on the whole of FSDP's sharded gradient), and keeps the norm
+    it found (``value``)."""
+
+    def __init__(self, max_norm: float) -> None:
+        self.max_norm = max_norm
+        self._norm: torch.Tensor | None = None
+
+    def attach(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.register_step_pre_hook(self._before_step)
+
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if not params:
+            return
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        full_tensor = getattr(norm, "full_tensor", None)  # FSDP: a DTensor of the shards' partial norms
+        norm = full_tensor() if callable(full_tensor) else norm
+        torch.nn.utils.clip_grads_with_norm_(params, self.max_norm, norm)
+        self._norm = norm
+
+    @property
+    def value(self) -> float | None:
+        """The last step's norm before clipping (None before the first step)."""
+        return None if self._norm is None else float(self._norm)
 
 
 def backend_for(use_gpu: bool) -> str:

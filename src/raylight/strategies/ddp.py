@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 from raylight.config.schema import DDP
 from raylight.strategies.base import (
     CheckpointFormat,
+    ClipAtStep,
     backend_for,
     load_objects,
     materialize,
@@ -38,6 +39,7 @@ class DDPStrategy:
     def __init__(self, options: DDP | None = None) -> None:
         self.options = options or DDP()
         self._shared: list[SharedMemoryAllReduce] = []
+        self._clip: ClipAtStep | None = None  # the last optimizer prepared with max_grad_norm
 
     def backend(self, use_gpu: bool) -> str:
         return backend_for(use_gpu)
@@ -64,8 +66,16 @@ class DDPStrategy:
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model
 
-    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, *, adaptive: bool = False) -> torch.optim.Optimizer:
+    def wrap_optimizer(
+        self, optimizer: torch.optim.Optimizer, *, adaptive: bool = False, max_grad_norm: float | None = None
+    ) -> torch.optim.Optimizer:
+        if max_grad_norm is not None:
+            self._clip = ClipAtStep(max_grad_norm)
+            self._clip.attach(optimizer)
         return optimizer
+
+    def grad_norm(self) -> float | None:
+        return self._clip.value if self._clip is not None else None
 
     def no_sync(self, model: nn.Module) -> ContextManager[None]:
         return no_sync_of(model)

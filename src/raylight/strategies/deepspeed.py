@@ -66,6 +66,7 @@ import torch.distributed as dist
 from torch import nn
 
 from raylight.config.schema import DEEPSPEED_BATCH_KEYS, ZERO_SIZES, DeepSpeed
+from raylight.exceptions import ConfigError
 from raylight.strategies.base import (
     CheckpointFormat,
     _root,
@@ -181,16 +182,25 @@ def engine_config(
     client_cpu_optimizer: bool,
     elementwise: bool = False,
     numels: list[int] | None = None,
+    max_grad_norm: float | None = None,
 ) -> dict[str, Any]:
     """The config ``deepspeed.initialize`` gets: the user's, with raylight's batch fields,
     the options' ZeRO settings (which the user's config already agrees with), ZeRO's sizes
     from the model's parameter sizes ``numels`` (``zero_sizes``), no gradient clipping
-    unless it asks for some, and torch's elementwise optimizers (``ELEMENTWISE``,
-    ``elementwise``) allowed."""
+    unless it or ``ctx.prepare_optimizer(max_grad_norm=...)`` asks for some (the two must
+    agree), and torch's elementwise optimizers (``ELEMENTWISE``, ``elementwise``) allowed."""
     config = copy.deepcopy(options.config_dict)
     config.update(batch)
     # DeepSpeed clips the gradient norm to 1.0 unless told otherwise; raylight's strategies
-    # change how the model is held, not what it learns, so clipping is the config's choice.
+    # change how the model is held, not what it learns, so clipping is the loop's choice.
+    if max_grad_norm is not None:
+        theirs = config.get("gradient_clipping")
+        if theirs not in (None, 0, 0.0, max_grad_norm):
+            raise ConfigError(
+                f"ctx.prepare_optimizer(max_grad_norm={max_grad_norm:g}) and the DeepSpeed config's "
+                f"gradient_clipping={theirs} disagree: keep one of them"
+            )
+        config["gradient_clipping"] = max_grad_norm
     config.setdefault("gradient_clipping", 0.0)
     zero = config.setdefault("zero_optimization", {})
     zero["stage"] = options.stage
@@ -468,7 +478,9 @@ class DeepSpeedStrategy:
             return inner
         return model
 
-    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, *, adaptive: bool = False) -> torch.optim.Optimizer:
+    def wrap_optimizer(
+        self, optimizer: torch.optim.Optimizer, *, adaptive: bool = False, max_grad_norm: float | None = None
+    ) -> torch.optim.Optimizer:
         if self._module is None:
             raise RuntimeError("strategy 'deepspeed': call ctx.prepare_model(model) before ctx.prepare_optimizer(opt)")
         if self._engine is not None:
@@ -484,7 +496,7 @@ class DeepSpeedStrategy:
             )
         self._optimizer = optimizer
         self.caller_steps = adaptive
-        self._engine = self._build_engine(optimizer)
+        self._engine = self._build_engine(optimizer, max_grad_norm)
         self._prepared = DeepSpeedOptimizer(optimizer, self)
         self._register_state_dict_hooks(self._module)
         return self._prepared
@@ -500,6 +512,12 @@ class DeepSpeedStrategy:
 
     def sum_reducer(self) -> None:
         return None  # the process group's all-reduce
+
+    def grad_norm(self) -> float | None:
+        """DeepSpeed's norm of the last step's gradient (before its clipping), None before
+        the engine exists or where it computes none."""
+        norm = self._engine.get_global_grad_norm() if self._engine is not None else None
+        return None if norm is None else float(norm)
 
     def set_batch_layout(self, *, micro_batch: int, accumulation: int) -> None:
         self._layout = (micro_batch, accumulation)
@@ -569,14 +587,14 @@ class DeepSpeedStrategy:
             given, world_size=self._world_size, steps=steps, micro_batch=micro, accumulation=accumulation
         )
 
-    def _build_engine(self, optimizer: torch.optim.Optimizer) -> Any:
+    def _build_engine(self, optimizer: torch.optim.Optimizer, max_grad_norm: float | None = None) -> Any:
         from deepspeed.ops.adam import DeepSpeedCPUAdam
         from deepspeed.ops.lion import DeepSpeedCPULion
 
         cpu = isinstance(optimizer, DeepSpeedCPUAdam | DeepSpeedCPULion)
         config = engine_config(
             self.options, self._resolve(), client_cpu_optimizer=cpu, elementwise=type(optimizer) in ELEMENTWISE,
-            numels=self._numels,
+            numels=self._numels, max_grad_norm=max_grad_norm,
         )
         if self.caller_steps:
             if not hasattr(self._ds.DeepSpeedEngine, "managed_gradient_accumulation"):

@@ -27,6 +27,7 @@ from torch import nn
 from raylight.config.schema import FSDP
 from raylight.strategies.base import (
     CheckpointFormat,
+    ClipAtStep,
     backend_for,
     keep_heap_small,
     load_objects,
@@ -137,6 +138,7 @@ class FSDPStrategy:
 
     def __init__(self, options: FSDP | None = None) -> None:
         self.options = options or FSDP()
+        self._clip: ClipAtStep | None = None  # the last optimizer prepared with max_grad_norm
 
     def backend(self, use_gpu: bool) -> str:
         return backend_for(use_gpu)
@@ -178,9 +180,17 @@ class FSDPStrategy:
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return model  # fully_shard changes the module in place
 
-    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, *, adaptive: bool = False) -> torch.optim.Optimizer:
+    def wrap_optimizer(
+        self, optimizer: torch.optim.Optimizer, *, adaptive: bool = False, max_grad_norm: float | None = None
+    ) -> torch.optim.Optimizer:
         optimizer.register_load_state_dict_post_hook(_load_full_optimizer_state)
+        if max_grad_norm is not None:
+            self._clip = ClipAtStep(max_grad_norm)
+            self._clip.attach(optimizer)
         return optimizer
+
+    def grad_norm(self) -> float | None:
+        return self._clip.value if self._clip is not None else None
 
     def no_sync(self, model: nn.Module) -> ContextManager[None]:
         return _gradient_sync_off(model)

@@ -89,6 +89,9 @@ class HorovodStrategy:
     def sum_reducer(self) -> None:
         return None  # the process group's all-reduce
 
+    def grad_norm(self) -> None:
+        return None  # the loop clips itself (wrap_optimizer)
+
     def close(self) -> None:
         if self._hvd is None:
             return
@@ -115,7 +118,15 @@ class HorovodStrategy:
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return model
 
-    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, *, adaptive: bool = False) -> torch.optim.Optimizer:
+    def wrap_optimizer(
+        self, optimizer: torch.optim.Optimizer, *, adaptive: bool = False, max_grad_norm: float | None = None
+    ) -> torch.optim.Optimizer:
+        if max_grad_norm is not None:
+            raise ConfigError(
+                "strategy 'horovod' does not take max_grad_norm: hvd.DistributedOptimizer reduces "
+                "the gradients inside step(); clip as Horovod does: opt.synchronize(), "
+                "torch.nn.utils.clip_grad_norm_(...), then `with opt.skip_synchronize(): opt.step()`"
+            )
         if adaptive:  # TrainerConfig refuses it; a direct caller learns why
             raise ConfigError(
                 "strategy 'horovod' cannot run adaptive training: hvd.DistributedOptimizer reduces "
