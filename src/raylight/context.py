@@ -260,16 +260,20 @@ class TrainContext:
         data: Dataset | DataLoader,
         *,
         batch_size: int | None = None,
-        shuffle: bool = False,
+        shuffle: bool | None = None,
         seed: int = 0,
-        drop_last: bool = False,
+        drop_last: bool | None = None,
         adaptive: bool = False,
     ) -> ElasticLoader:
         """Shard a map-style dataset (or a DataLoader's dataset) across the workers.
 
         ``batch_size`` is the *global* batch size; each worker loads
-        ``batch_size // world_size`` samples per step. With a DataLoader, its
-        ``batch_size``, ``collate_fn`` and ``num_workers`` are used unless overridden.
+        ``batch_size // world_size`` samples per step. ``shuffle`` and ``drop_last`` default
+        to False. With a DataLoader, its ``batch_size``, ``shuffle`` (a ``RandomSampler``),
+        ``drop_last``, ``collate_fn``, ``num_workers`` and the settings of its worker
+        processes are used unless overridden; a sampler the loader cannot keep while it
+        shards the data (a ``DistributedSampler``, a weighted or custom one, a
+        ``batch_sampler``) is a ``TypeError`` saying what to pass instead.
         ``adaptive=True`` marks the training loader: its batch size follows the adaptive
         plan (with ``fit(adaptive=...)``) and an elastic run resizes at its step
         boundaries. Loader positions (epoch and sample) are saved in every checkpoint.

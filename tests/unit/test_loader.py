@@ -268,3 +268,73 @@ def test_a_checkpoint_on_an_epoch_s_last_batch_resumes_into_its_end(report_at):
     assert ends == [("end", 0), ("end", 1)], after
     expected_left = 3 - report_at  # batches of epoch 0 after the checkpoint
     assert [e[1] for e in resumed_batches] == [0] * expected_left + [1] * 4, after
+
+
+def _prepared(data, **kwargs):
+    from raylight.data.loader import prepare_loader
+
+    options = {"batch_size": None, "shuffle": None, "seed": 0, "drop_last": None, **kwargs}
+    return prepare_loader(data, rank=0, world_size=1, device=torch.device("cpu"), **options)
+
+
+def _order(loader):
+    return [int(x) for (batch,) in loader for x in batch]
+
+
+def test_a_dataloader_s_shuffle_and_drop_last_are_kept_unless_overridden():
+    from torch.utils.data import DataLoader
+
+    data = TensorDataset(torch.arange(10))
+    plain = _prepared(DataLoader(data, batch_size=3))
+    assert _order(plain) == list(range(10)), "a SequentialSampler: in order, the short last batch kept"
+    mixed = _prepared(DataLoader(data, batch_size=3, shuffle=True, drop_last=True))
+    assert mixed.shuffle and mixed.drop_last and len(_order(mixed)) == 9
+    assert _order(mixed) != list(range(9)), "a RandomSampler: shuffled"
+    assert _prepared(DataLoader(data, batch_size=3, shuffle=True), shuffle=False, drop_last=True).drop_last
+    assert not _prepared(DataLoader(data, batch_size=3, shuffle=True), shuffle=False).shuffle
+    assert not _prepared(data, batch_size=3).shuffle and not _prepared(data, batch_size=3).drop_last
+
+
+def test_a_dataloader_s_worker_settings_reach_its_worker_processes():
+    from torch.utils.data import DataLoader
+
+    def init(worker_id):
+        pass
+
+    loader = _prepared(DataLoader(TensorDataset(torch.arange(8)), batch_size=4, num_workers=1, worker_init_fn=init, prefetch_factor=3))
+    assert loader.num_workers == 1 and loader.worker_options["worker_init_fn"] is init
+    assert loader.worker_options["prefetch_factor"] == 3
+    assert _order(loader) == list(range(8)), "its worker process loads with them"
+    assert "worker_init_fn" not in _prepared(DataLoader(TensorDataset(torch.arange(8)), batch_size=4)).worker_options
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda d: torch.utils.data.distributed.DistributedSampler(d, num_replicas=2, rank=0), "has a DistributedSampler: prepare_loader shards"),
+        (lambda d: torch.utils.data.WeightedRandomSampler(torch.ones(len(d)), len(d)), r"cannot keep the DataLoader's sampler \(WeightedRandomSampler\)"),
+        (lambda d: torch.utils.data.RandomSampler(d, replacement=True), "with replacement or num_samples"),
+    ],
+    ids=["distributed", "weighted", "replacement"],
+)
+def test_a_sampler_the_loader_cannot_keep_is_named(make, match):
+    from torch.utils.data import DataLoader
+
+    data = TensorDataset(torch.arange(10))
+    with pytest.raises(TypeError, match=match):
+        _prepared(DataLoader(data, batch_size=2, sampler=make(data)))
+
+
+def test_a_custom_batch_sampler_and_a_stream_are_refused_with_what_to_do():
+    from torch.utils.data import DataLoader, IterableDataset
+
+    data = TensorDataset(torch.arange(10))
+    with pytest.raises(TypeError, match=r"batch_sampler \(list\)"):
+        _prepared(DataLoader(data, batch_sampler=[[0, 1], [2, 3]]))
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(4))
+
+    with pytest.raises(TypeError, match=r"IterableDataset Stream\. Give each worker its own part"):
+        _prepared(Stream(), batch_size=2)

@@ -25,7 +25,15 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    TensorDataset,
+)
 from torch.utils.data._utils.collate import default_collate
 
 from raylight.adaptive.plan import BatchPlan
@@ -109,6 +117,7 @@ class ElasticLoader:
         drop_last: bool = False,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         num_workers: int = 0,
+        worker_options: Mapping[str, Any] | None = None,
         sync: Any = None,  # raylight.adaptive_worker.sync.StepSync
         no_sync: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
         on_batch: Callable[[int, int, int, int], None] | None = None,
@@ -132,6 +141,7 @@ class ElasticLoader:
         self.drop_last = drop_last
         self.collate_fn = collate_fn or default_collate
         self.num_workers = num_workers
+        self.worker_options = dict(worker_options or {})  # DataLoader settings of its worker processes
         self.sync = sync
         self._fixed_plan = BatchPlan(init_batch_size // world_size)
         self._no_sync = no_sync
@@ -204,7 +214,10 @@ class ElasticLoader:
         ]
         sizes = [min(size, self.num_samples - lo) for lo in starts]
         if self.num_workers > 0:
-            batches: Any = DataLoader(self.dataset, batch_sampler=plans, collate_fn=self.collate_fn, num_workers=self.num_workers)
+            batches: Any = DataLoader(
+                self.dataset, batch_sampler=plans, collate_fn=self.collate_fn, num_workers=self.num_workers,
+                **self.worker_options,
+            )
         else:
             batches = (fetch_batch(self.dataset, idx, self.collate_fn) for idx in plans)
         yield from zip(plans, batches, sizes, strict=False)
@@ -273,13 +286,53 @@ class ElasticLoader:
         sync.pause_clock()
 
 
+# A DataLoader's settings for its worker processes that the loader keeps (each epoch's
+# DataLoader is new, so persistent_workers has nothing to keep).
+WORKER_OPTIONS = ("pin_memory", "timeout", "worker_init_fn", "multiprocessing_context", "prefetch_factor")
+
+
+def dataloader_order(data: DataLoader, shuffle: bool | None, drop_last: bool | None) -> tuple[bool, bool]:
+    """``shuffle`` and ``drop_last`` for the workers' share of ``data``'s dataset: as
+    given, else the DataLoader's own (a ``RandomSampler`` shuffles: ``shuffle=True``). A
+    sampler the loader cannot reproduce while it shards the data is an error, not dropped."""
+    sampler, batches = data.sampler, data.batch_sampler
+    if batches is not None and type(batches) is not BatchSampler:
+        raise TypeError(
+            f"prepare_loader cannot keep the DataLoader's batch_sampler ({type(batches).__name__}): it "
+            "draws each worker's batches itself. Pass the dataset, or a DataLoader with batch_size"
+        )
+    name = type(sampler).__name__
+    if name == "DistributedSampler":
+        raise TypeError(
+            "the DataLoader has a DistributedSampler: prepare_loader shards the dataset across "
+            "the workers itself. Build the DataLoader without it (shuffle=True for a shuffled "
+            "order), or pass the dataset"
+        )
+    if isinstance(sampler, RandomSampler):
+        if sampler.replacement or sampler.num_samples != len(sampler.data_source):
+            raise TypeError(
+                "prepare_loader cannot keep the DataLoader's RandomSampler with replacement or "
+                "num_samples: each epoch it visits every sample once. Pass the dataset with shuffle=True"
+            )
+        own_shuffle = True
+    elif isinstance(sampler, SequentialSampler):
+        own_shuffle = False
+    else:
+        raise TypeError(
+            f"prepare_loader cannot keep the DataLoader's sampler ({name}): it shards the dataset "
+            "and orders each epoch itself (shuffle=True or False, with seed). Pass the dataset, or "
+            "a DataLoader with shuffle=True or False"
+        )
+    return (own_shuffle if shuffle is None else shuffle), (data.drop_last if drop_last is None else drop_last)
+
+
 def prepare_loader(
     data: Dataset | DataLoader,
     *,
     batch_size: int | None,
-    shuffle: bool,
+    shuffle: bool | None,
     seed: int,
-    drop_last: bool,
+    drop_last: bool | None,
     rank: int,
     world_size: int,
     device: torch.device,
@@ -290,18 +343,25 @@ def prepare_loader(
 ) -> ElasticLoader:
     collate_fn = None
     num_workers = 0
+    worker_options: dict[str, Any] = {}
     if isinstance(data, DataLoader):
         dataset = data.dataset
         collate_fn = data.collate_fn
         num_workers = data.num_workers
         if batch_size is None:
             batch_size = data.batch_size
+        if not isinstance(dataset, IterableDataset):
+            shuffle, drop_last = dataloader_order(data, shuffle, drop_last)
+        if num_workers > 0:
+            worker_options = {k: getattr(data, k) for k in WORKER_OPTIONS}
     else:
         dataset = data
     if isinstance(dataset, IterableDataset):
         raise TypeError(
-            "prepare_loader needs a map-style dataset (with __len__ and __getitem__); "
-            f"got the IterableDataset {type(dataset).__name__}"
+            "prepare_loader needs a map-style dataset (with __len__ and __getitem__): it shards, "
+            "resumes and resizes by sample index; got the IterableDataset "
+            f"{type(dataset).__name__}. Give each worker its own part of the stream yourself "
+            "(by ctx.rank and ctx.world_size) in a plain DataLoader, or load the data into a map-style dataset"
         )
     if num_workers > 0 and hasattr(dataset, "epoch_order"):
         raise ValueError(
@@ -325,11 +385,12 @@ def prepare_loader(
         rank=rank,
         world_size=world_size,
         device=device,
-        shuffle=shuffle,
+        shuffle=bool(shuffle),
         seed=seed,
-        drop_last=drop_last,
+        drop_last=bool(drop_last),
         collate_fn=collate_fn,
         num_workers=num_workers,
+        worker_options=worker_options,
         sync=sync,
         no_sync=no_sync,
         on_batch=on_batch,
