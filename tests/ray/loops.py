@@ -91,6 +91,13 @@ def hanging_loop(ctx, config):
         threading.Event().wait()  # never set: a hung worker
 
 
+def rank0_barrier_loop(ctx, config):
+    """A collective only rank 0 calls: rank 1 finishes, rank 0 waits in it."""
+    ctx.report({"started": 1})
+    if ctx.rank == 0:
+        ctx.barrier()
+
+
 def epoch_loop(ctx, config):
     """Checkpoints every epoch; optionally SIGKILLs rank 1 once, after checkpoint
     ``kill_after`` is committed; optionally blocks forever after ``block_after``."""

@@ -74,6 +74,18 @@ def test_hung_worker_is_detected(ray_cluster, tmp_path):
     assert "hang_timeout_s=2s" in str(info.value)
 
 
+def test_a_rank_in_a_collective_its_finished_peer_never_called_is_told_why(ray_cluster, tmp_path):
+    """Rank 0 alone calls ctx.barrier(); rank 1 finishes, and gloo fails rank 0's barrier
+    with "Connection closed by peer ... typically caused by a remote worker crashing":
+    the error says rank 1 had finished and what to do."""
+    with pytest.raises(raylight.WorkerError) as info:
+        raylight.fit(loops.rank0_barrier_loop, num_workers=2, storage_path=str(tmp_path), progress=False)
+    assert info.value.rank == 0
+    text = str(info.value).split("Traceback from worker")[0]
+    assert "(rank 1 had finished the loop: a collective that only some ranks call" in text
+    assert "call it on every rank" in text
+
+
 def test_too_many_workers_fails_fast_with_numbers(ray_cluster, tmp_path):
     with pytest.raises(raylight.InsufficientResourcesError) as info:
         raylight.fit(loops.sgd_loop, num_workers=3, storage_path=str(tmp_path), progress=False)

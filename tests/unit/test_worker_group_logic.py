@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from raylight.worker_group import worker as worker_module
-from raylight.worker_group.protocol import Report
+from raylight.worker_group.protocol import ErrorInfo, Report, WorkerFailure, WorkerPoll, with_finished_peers
 from raylight.worker_group.ray_group import assign_ranks, check_feasible
 from raylight.worker_group.worker import RankInfo, RaylightWorker, StartSpec
 from tests.helpers import wait_until
@@ -268,3 +268,24 @@ def test_only_the_embedded_cluster_s_workers_get_the_driver_s_path(embedded):
     assert setup.sigterm_grace_s == 7
     assert setup.driver_sys_path == (tuple(driver_sys_path()) if embedded else ())
     assert not embedded or setup.driver_sys_path
+
+
+def _error(exc_type: str, message: str) -> ErrorInfo:
+    return ErrorInfo(exc_type=exc_type, message=message, traceback="", exception=None, time=0.0)
+
+
+def test_a_hang_or_a_lost_peer_beside_finished_ranks_says_so_and_nothing_else_does():
+    polls = [WorkerPoll(0, "running"), WorkerPoll(1, "finished"), WorkerPoll(2, "finished")]
+    gone = _error("RuntimeError", "[pair.cc:553] Connection closed by peer [127.0.0.1]:5")
+    failures = [
+        WorkerFailure(0, "hang", "made no progress for 9s"),
+        WorkerFailure(0, "error", "raised RuntimeError: closed", error=gone),
+        WorkerFailure(0, "error", "raised ValueError: bad", error=_error("ValueError", "bad")),
+        WorkerFailure(0, "died", "was killed"),
+        WorkerFailure(-1, "hang", "the group did not start"),
+    ]
+    told = with_finished_peers(failures, polls)
+    hint = " (ranks 1, 2 had finished the loop: a collective that only some ranks call"
+    assert [hint in f.message for f in told] == [True, True, False, False, False]
+    assert told[0].message.startswith("made no progress for 9s (") and told[0].message.endswith("call it on every rank)")
+    assert with_finished_peers(failures, [WorkerPoll(0, "running"), WorkerPoll(1, "running")]) == failures

@@ -5,7 +5,7 @@ The controller only sees these types, so tests drive it with a fake group.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from raylight.adaptive.plan import AdaptiveStats, BatchPlan
@@ -126,6 +126,38 @@ class WorkerFailure:
 
 
 _SEVERITY = {"died": 0, "hang": 1, "error": 2}
+
+
+# How a collective fails on a rank whose peer left it (gloo's, nccl's, torch's wrappers).
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "DistBackendError", "DistNetworkError")
+
+
+def with_finished_peers(failures: list[WorkerFailure], polls: list[WorkerPoll]) -> list[WorkerFailure]:
+    """Failures of ranks that hung, or whose collective lost its peer, saying which other
+    ranks had finished their loops: a collective that only some ranks call (a checkpoint
+    report under a sharded strategy, ``ctx.all_reduce`` or ``ctx.barrier`` inside ``if
+    ctx.rank == 0:``) waits for ever, or fails with gloo's "Connection closed by peer
+    ... typically caused by a remote worker crashing" when the finished rank's process
+    group goes, and neither says why."""
+    finished = sorted(p.rank for p in polls if p.state == "finished")
+    if not finished:
+        return failures
+    who = f"rank{'s' if len(finished) > 1 else ''} {', '.join(map(str, finished))}"
+    hint = (
+        f" ({who} had finished the loop: a collective that only some ranks call, such as "
+        "ctx.report(checkpoint=...) under FSDP or DeepSpeed, or ctx.all_reduce or ctx.barrier "
+        "inside `if ctx.rank == 0:`, waits for or fails on the ranks that never call it; "
+        "call it on every rank)"
+    )
+
+    def peer_gone(f: WorkerFailure) -> bool:
+        if f.kind == "hang":
+            return True
+        return f.kind == "error" and f.error is not None and any(
+            mark in f"{f.error.exc_type}: {f.error.message}" for mark in _PEER_GONE
+        )
+
+    return [replace(f, message=f.message + hint) if f.rank >= 0 and f.rank not in finished and peer_gone(f) else f for f in failures]
 
 
 @dataclass(frozen=True)

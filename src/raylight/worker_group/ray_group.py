@@ -57,6 +57,7 @@ from raylight.worker_group.protocol import (
     ResizeOutcome,
     WorkerFailure,
     WorkerPoll,
+    with_finished_peers,
 )
 from raylight.worker_group.user_code import (
     driver_sys_path,
@@ -997,6 +998,7 @@ class RayWorkerGroup:
                         **where,
                     )
                 )
+        failures = with_finished_peers(failures, polls)
         self._last_states = [p.state for p in polls] if not failures else []
         if not failures:
             self._tend_spare(polls)
