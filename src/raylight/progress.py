@@ -56,10 +56,13 @@ def _epoch_of(metrics: dict[str, Any], fallback: int | None) -> int | None:
 
 
 class ProgressDisplay:
-    def __init__(self, *, enabled: bool, console: Console | None = None) -> None:
+    """``live=False``: lines even on a terminal (a loop in the driver's own process, where a
+    debugger may stop it, or a launcher's rank, whose output a launcher interleaves)."""
+
+    def __init__(self, *, enabled: bool, console: Console | None = None, live: bool = True) -> None:
         self.enabled = enabled
         self.console = console or Console(stderr=True)
-        self.live = enabled and self.console.is_terminal and sys.stderr.isatty()
+        self.live = live and enabled and self.console.is_terminal and sys.stderr.isatty()
         self._progress: Progress | None = None
         self._live: Live | None = None
         # One line however narrow the terminal: the end is cut, not wrapped.

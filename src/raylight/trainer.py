@@ -35,7 +35,7 @@ from raylight.notices import build_watchers
 from raylight.progress import ProgressDisplay
 from raylight.recorder import RunRecorder
 from raylight.storage import RunStorage, default_storage_path
-from raylight.worker_group.protocol import GroupPoll, Report
+from raylight.worker_group.protocol import GroupPoll, Progress, Report, WorkerPoll
 
 log = logging.getLogger("raylight")
 
@@ -168,14 +168,17 @@ class Trainer:
                 embedded = runtime.connect(
                     self.config.address, connect_timeout_s=self.config.failure.connect_timeout_s
                 ).embedded
-            with ProgressDisplay(enabled=run.progress) as display:
+            # Lines, not a live display, where the loop runs in this process (a debugger may
+            # stop it) or a launcher's ranks share the terminal.
+            in_driver = launch is not None or self.config.scaling.num_workers == 0
+            with ProgressDisplay(enabled=run.progress, live=not in_driver) as display:
                 if launch is not None:
                     meter.observe(monotonic(), _launcher_places(launch))
-                    launched = self._fit_launched(launch, recorder, storage)
+                    launched = self._fit_launched(launch, recorder, storage, display)
                     num_failures, num_preemptions = launched.num_failures, 0
                 elif self.config.scaling.num_workers == 0:
                     meter.observe(monotonic(), [WorkerPlace(0, "local", "local", {"CPU": 1.0})])
-                    num_failures, num_preemptions = self._fit_in_process(recorder), 0
+                    num_failures, num_preemptions = self._fit_in_process(recorder, display), 0
                 else:
                     num_failures, num_preemptions = self._fit_on_ray(
                         recorder, name, display, embedded=embedded, resizes=resizes, meter=meter
@@ -292,7 +295,9 @@ class Trainer:
             )
         return launch
 
-    def _fit_launched(self, launch: LaunchEnv, recorder: RunRecorder | None, storage: RunStorage) -> Result:
+    def _fit_launched(
+        self, launch: LaunchEnv, recorder: RunRecorder | None, storage: RunStorage, display: ProgressDisplay | None = None
+    ) -> Result:
         """Every process an external launcher started runs the loop in its group; rank 0
         (``recorder`` given) records reports and commits checkpoints as a Ray run's driver
         does, and at the end every rank returns rank 0's result."""
@@ -338,7 +343,7 @@ class Trainer:
             if begin["checkpoint"] is not None:
                 path, metadata, data = begin["checkpoint"]
                 checkpoint = Checkpoint(path, metadata=metadata, data=data)
-            sink = _InProcessSink(recorder, num_workers=launch.world_size)
+            sink = _InProcessSink(recorder, num_workers=launch.world_size, display=display)
             ctx = TrainContext(
                 rank=launch.rank,
                 local_rank=launch.local_rank,
@@ -378,14 +383,14 @@ class Trainer:
             path=storage.uri,
         )
 
-    def _fit_in_process(self, recorder: RunRecorder) -> int:
+    def _fit_in_process(self, recorder: RunRecorder, display: ProgressDisplay | None = None) -> int:
         import torch
 
         from raylight.context import TrainContext, call_train_loop
         from raylight.strategies import build_strategy
 
         recorder.begin()
-        sink = _InProcessSink(recorder)
+        sink = _InProcessSink(recorder, display=display)
         device = torch.device("cuda") if self.config.scaling.use_gpu else torch.device("cpu")
         strategy = build_strategy(self.config.scaling.strategy)
         ctx = TrainContext(
@@ -409,18 +414,36 @@ class Trainer:
 
 class _InProcessSink:
     """ReportSink for num_workers=0 and a launcher's ranks: reports go straight to the
-    recorder (rank 0's; the other ranks have none, rank 0 records the run)."""
+    recorder (rank 0's; the other ranks have none, rank 0 records the run), and to the
+    progress display as a worker's poll would (``SHOW_EVERY_S`` at most between batches)."""
 
-    def __init__(self, recorder: RunRecorder | None, num_workers: int = 1) -> None:
+    SHOW_EVERY_S = 0.1
+
+    def __init__(self, recorder: RunRecorder | None, num_workers: int = 1, display: ProgressDisplay | None = None) -> None:
         self.recorder = recorder
         self.num_workers = num_workers
+        self._display = display if display is not None and display.enabled else None
+        self._progress = Progress()
+        self._shown = -1e9
 
     def report(self, report: Report) -> None:
         if self.recorder is not None:
             self.recorder.record(report, num_workers=self.num_workers)
+        self._show([report])
 
     def progress(self, epoch: int, step: int, steps_per_epoch: int, samples: int) -> None:
-        pass  # no display in this mode; nothing reads it
+        # every rank loads an equal share: this rank's samples times the ranks are the run's
+        done = self._progress.samples + samples * self.num_workers
+        self._progress = Progress(epoch, step + 1, steps_per_epoch, done)
+        if monotonic() - self._shown >= self.SHOW_EVERY_S:
+            self._show([])
+
+    def _show(self, reports: list[Report]) -> None:
+        if self._display is None:
+            return
+        self._shown = monotonic()
+        poll = GroupPoll([WorkerPoll(0, "running", reports=reports, progress=self._progress)])
+        self._display.update(poll, num_workers=self.num_workers, num_restarts=0)
 
     def heartbeat(self) -> None:
         pass

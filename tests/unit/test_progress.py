@@ -52,3 +52,29 @@ def test_restarts_and_resizes_get_a_line_each():
 def test_reports_without_epochs_get_their_own_lines():
     out = lines((GroupPoll(polls=[WorkerPoll(rank=0, state="running", reports=[Report({"loss": 2.0})])]), {}))
     assert len(out) == 1 and out[0].startswith("report  loss=2")
+
+
+def test_a_loop_in_the_driver_s_process_shows_its_epochs_as_a_worker_s_would(capsys, tmp_path):
+    """``num_workers=0`` (the declarative local backend): the display gets the loop's
+    progress and reports from the in-process sink, one line per epoch; never the live
+    view, where a debugger may stop the loop."""
+    import torch
+
+    import raylight
+
+    def loop(ctx):
+        loader = ctx.prepare_loader(torch.utils.data.TensorDataset(torch.arange(12.0)), batch_size=4)
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            total = sum(float(x.sum()) for (x,) in loader)
+            ctx.report({"epoch": epoch, "total": total})
+
+    for progress in (True, False):
+        raylight.fit(loop, num_workers=0, progress=progress, storage_path=str(tmp_path), name=f"run-{progress}")
+        out = capsys.readouterr().err.splitlines()
+        if progress:
+            assert [line.split("  ")[:2] for line in out] == [[f"epoch {e}", "total=66"] for e in range(3)]
+            assert all(line.endswith("workers=1") and "samples/s" in line for line in out)
+        else:
+            assert out == []
+
