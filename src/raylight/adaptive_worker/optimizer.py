@@ -35,6 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from raylight.adaptive_worker.sync import StepSync
+from raylight.wrapped_optimizer import WrappedOptimizer
 
 
 def _is_adam(optimizer: torch.optim.Optimizer) -> bool:
@@ -54,17 +55,15 @@ class EngineGradients(Protocol):
         """The squared norm of the gradient the last step applied, or None."""
 
 
-class AdaptiveOptimizer(torch.optim.Optimizer):
-    """What ``ctx.prepare_optimizer`` returns in an adaptive run. An ``Optimizer`` so that
-    torch's LR schedulers take it, as they take the optimizer it wraps, but it holds no
-    state of its own (``Optimizer.__init__`` is not run): ``param_groups``, ``state`` and
-    ``defaults`` are the wrapped optimizer's, and so are the hooks registered on it (they
-    run when the wrapped optimizer steps, at a step's last micro-step)."""
+class AdaptiveOptimizer(WrappedOptimizer):
+    """What ``ctx.prepare_optimizer`` returns in an adaptive run (a ``WrappedOptimizer``:
+    torch's LR schedulers take it; hooks registered on it run when the wrapped optimizer
+    steps, at a step's last micro-step)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, sync: StepSync) -> None:
         if isinstance(optimizer, AdaptiveOptimizer):
             raise TypeError("this optimizer was already prepared with ctx.prepare_optimizer")
-        self.optimizer = optimizer
+        super().__init__(optimizer)
         self.sync = sync
         sync.carrier = True  # its control-step all-reduce carries StepSync's control vector
         self._adam = _is_adam(optimizer)
@@ -77,18 +76,6 @@ class AdaptiveOptimizer(torch.optim.Optimizer):
             self._engine.on_local_gradient(self._local_gradient)
 
     # -- the optimizer interface the loop uses ------------------------------------------
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
-        return self.optimizer.param_groups
-
-    @property
-    def state(self) -> Any:  # type: ignore[override]
-        return self.optimizer.state
-
-    @property
-    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
-        return self.optimizer.defaults
-
     @property
     def progress(self) -> float:
         """Scale-invariant progress, in optimizer steps at the initial batch size."""
@@ -175,47 +162,14 @@ class AdaptiveOptimizer(torch.optim.Optimizer):
                 )
         return out
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state)
-
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        self.optimizer.add_param_group(param_group)
+        super().add_param_group(param_group)
         self._groups = None
-
-    def register_step_pre_hook(self, hook: Any) -> Any:
-        return self.optimizer.register_step_pre_hook(hook)
-
-    def register_step_post_hook(self, hook: Any) -> Any:
-        return self.optimizer.register_step_post_hook(hook)
-
-    def register_state_dict_pre_hook(self, hook: Any, prepend: bool = False) -> Any:
-        return self.optimizer.register_state_dict_pre_hook(hook, prepend)
-
-    def register_state_dict_post_hook(self, hook: Any, prepend: bool = False) -> Any:
-        return self.optimizer.register_state_dict_post_hook(hook, prepend)
-
-    def register_load_state_dict_pre_hook(self, hook: Any, prepend: bool = False) -> Any:
-        return self.optimizer.register_load_state_dict_pre_hook(hook, prepend)
-
-    def register_load_state_dict_post_hook(self, hook: Any, prepend: bool = False) -> Any:
-        return self.optimizer.register_load_state_dict_post_hook(hook, prepend)
 
     def __getattr__(self, name: str) -> Any:  # anything else: the wrapped optimizer's
         if name == "optimizer":  # not set yet (a copy being made): not the wrapped one's
             raise AttributeError(name)
         return getattr(self.optimizer, name)
-
-    def __getstate__(self) -> dict[str, Any]:  # Optimizer's keeps only its own three fields
-        return self.__dict__
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
-    def __repr__(self) -> str:
-        return f"AdaptiveOptimizer({self.optimizer!r})"
 
     # -- gradient statistics ---------------------------------------------------------------
     def _params(self) -> Iterator[torch.Tensor]:

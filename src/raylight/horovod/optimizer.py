@@ -28,6 +28,7 @@ from raylight.horovod.ops import (
     broadcast_object,
     synchronize,
 )
+from raylight.wrapped_optimizer import WrappedOptimizer
 
 
 class NoneCompressor:
@@ -63,15 +64,11 @@ class Compression:
     fp16 = FP16Compressor
 
 
-class _DistributedOptimizer(torch.optim.Optimizer):
+class _DistributedOptimizer(WrappedOptimizer):
     def __init__(self, optimizer: torch.optim.Optimizer, named_parameters: Any, compression: Any,
                  backward_passes_per_step: int, op: int, gradient_predivide_factor: float,
                  sparse_as_dense: bool) -> None:
-        # Not Optimizer.__init__: the wrapped optimizer's groups and state are shared, not copied.
-        self._inner = optimizer
-        self.defaults = optimizer.defaults
-        self.param_groups = optimizer.param_groups
-        self.state = optimizer.state
+        super().__init__(optimizer)  # the wrapped optimizer's groups and state, shared
         self._compression = compression
         self._op = op
         self._bpps = backward_passes_per_step
@@ -159,7 +156,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             else:
                 self.synchronize()
         self._synchronized = False
-        return self._inner.step(closure)
+        return self.optimizer.step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._handles:
@@ -167,39 +164,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() "
                 "or optimizer.synchronize(): the gradients are still being reduced"
             )
-        self._inner.zero_grad(set_to_none=set_to_none)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self._inner.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._inner.load_state_dict(state_dict)
-
-    # Hooks live on the wrapped optimizer, whose step() and state_dict() run them (they are
-    # called with it, not with this wrapper).
-    def register_step_pre_hook(self, hook: Any) -> Any:
-        return self._inner.register_step_pre_hook(hook)
-
-    def register_step_post_hook(self, hook: Any) -> Any:
-        return self._inner.register_step_post_hook(hook)
-
-    def register_state_dict_pre_hook(self, hook: Any, prepend: bool = False) -> Any:
-        return self._inner.register_state_dict_pre_hook(hook, prepend)
-
-    def register_state_dict_post_hook(self, hook: Any, prepend: bool = False) -> Any:
-        return self._inner.register_state_dict_post_hook(hook, prepend)
-
-    def register_load_state_dict_pre_hook(self, hook: Any, prepend: bool = False) -> Any:
-        return self._inner.register_load_state_dict_pre_hook(hook, prepend)
-
-    def register_load_state_dict_post_hook(self, hook: Any, prepend: bool = False) -> Any:
-        return self._inner.register_load_state_dict_post_hook(hook, prepend)
+        self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         raise ValueError("hvd.DistributedOptimizer: add parameter groups to the optimizer before wrapping it")
 
     def __repr__(self) -> str:
-        return f"DistributedOptimizer({self._inner!r})"
+        return f"DistributedOptimizer({self.optimizer!r})"
 
 
 def _names(params: list[torch.Tensor], named_parameters: Any) -> dict[torch.Tensor, str]:
@@ -274,7 +245,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) 
     ``state_dict``, sent as one object)."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("hvd.broadcast_optimizer_state: torch.optim.LBFGS is not supported (as in Horovod)")
-    inner = optimizer._inner if isinstance(optimizer, _DistributedOptimizer) else optimizer
+    inner = optimizer.optimizer if isinstance(optimizer, _DistributedOptimizer) else optimizer
     root_state = broadcast_object(inner.state_dict() if state().rank == root_rank else None, root_rank)
     if state().rank != root_rank:
         inner.load_state_dict(root_state)

@@ -77,6 +77,7 @@ from raylight.strategies.base import (
 from raylight.strategies.base import load_objects as torch_load_objects
 from raylight.strategies.base import objects_state as torch_objects_state
 from raylight.strategies.fsdp import full_tensors
+from raylight.wrapped_optimizer import WrappedOptimizer
 
 INSTALL = "pip install 'raylight[deepspeed]'"
 _ZERO3_OBJECTS = (
@@ -339,30 +340,23 @@ class DeepSpeedModel(nn.Module):
         self._strategy.engine().step()
 
 
-class DeepSpeedOptimizer(torch.optim.Optimizer):
-    """What ``ctx.prepare_optimizer`` returns under DeepSpeed. An ``Optimizer`` so that
-    torch's LR schedulers and raylight's checkpoints take it, but it holds no state of its
-    own (``Optimizer.__init__`` is not run): ``param_groups`` and ``state`` are the user's
-    optimizer's, which DeepSpeed steps on its flat fp32 partitions; ``step`` is the
-    engine's."""
+class DeepSpeedOptimizer(WrappedOptimizer):
+    """What ``ctx.prepare_optimizer`` returns under DeepSpeed (a ``WrappedOptimizer``:
+    torch's LR schedulers and raylight's checkpoints take it): ``param_groups`` and
+    ``state`` are the user's optimizer's, which DeepSpeed steps on its flat fp32
+    partitions; ``step`` is the engine's."""
 
     _raylight_deepspeed = True  # read by bench/strategies.py: its state is not per parameter
 
     def __init__(self, optimizer: torch.optim.Optimizer, strategy: DeepSpeedStrategy) -> None:
-        self.optimizer = optimizer
+        super().__init__(optimizer)
         self._strategy = strategy
 
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
-        return self.optimizer.param_groups
-
-    @property
-    def state(self) -> Any:  # type: ignore[override]
-        return self.optimizer.state
-
-    @property
-    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
-        return self.optimizer.defaults
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        raise ValueError(
+            "strategy 'deepspeed': add parameter groups to the optimizer before ctx.prepare_optimizer "
+            "(DeepSpeed's engine is built from them)"
+        )
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         loss = None
@@ -405,8 +399,6 @@ class DeepSpeedOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._strategy.load_optimizer_state(state_dict, numbered=True)
 
-    def __repr__(self) -> str:
-        return f"DeepSpeedOptimizer({self.optimizer!r})"
 
 
 class DeepSpeedStrategy:

@@ -188,7 +188,7 @@ def _inner(objects: dict[str, Any]) -> dict[str, Any]:
     from raylight.horovod.optimizer import _DistributedOptimizer
 
     return {
-        k: v._inner if isinstance(v, _DistributedOptimizer) else _plain(v) for k, v in objects.items()
+        k: v.optimizer if isinstance(v, _DistributedOptimizer) else _plain(v) for k, v in objects.items()
     }
 
 
