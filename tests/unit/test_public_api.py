@@ -154,12 +154,16 @@ def test_boundaries():
     # Horovod's API is a library on torch.distributed and the launcher's environment: no Ray,
     # and of raylight only the launcher's environment, the error types, (hvd.elastic's
     # persistence) raylight run's context and (real Horovod's rendezvous server) where
-    # listeners bind, which is the standard library alone.
+    # listeners bind, which is the standard library alone, and the optimizer wrapper its
+    # DistributedOptimizer shares with raylight's own (torch alone).
     hvd = {d for path in (SRC / "horovod").rglob("*.py") for d in _all_imports(path)}
     assert not {d for d in hvd if d.split(".")[0] == "ray"}, hvd
     assert {d for d in hvd if d.startswith("raylight.") and not d.startswith("raylight.horovod")} <= {
         "raylight.launcher_env", "raylight.exceptions", "raylight.launch.client", "raylight.worker_group.net",
+        "raylight.wrapped_optimizer",
     }, hvd
+    wrapper = {d.split(".")[0] for d in _all_imports(SRC / "wrapped_optimizer.py")}
+    assert wrapper <= {"__future__", "typing", "torch"}, wrapper
     # Preemption notice watchers are the standard library alone: no raylight, Ray or torch.
     notices = {d.split(".")[0] for d in _all_imports(SRC / "notices.py")}
     assert not notices & {"raylight", "ray", "torch", "requests", "urllib3"}, notices
@@ -204,7 +208,7 @@ LAYERS = [
     ("worker pieces and records", [
         "raylight.worker_group.protocol", "raylight.worker_group.net", "raylight.strategies", "raylight.data",
         "raylight.adaptive_worker", "raylight.recorder", "raylight.loggers", "raylight.progress", "raylight.runtime",
-        "raylight.report", "raylight.launcher_env",
+        "raylight.report", "raylight.launcher_env", "raylight.wrapped_optimizer",
         # raylight.horovod's API on torch.distributed and real Horovod's start in a group:
         # libraries the horovod strategy uses (its script runner and elastic stay products)
         "raylight.horovod.basics", "raylight.horovod.ops", "raylight.horovod.optimizer",
