@@ -314,8 +314,9 @@ def test_a_dataloader_s_worker_settings_reach_its_worker_processes():
         (lambda d: torch.utils.data.distributed.DistributedSampler(d, num_replicas=2, rank=0), "has a DistributedSampler: prepare_loader shards"),
         (lambda d: torch.utils.data.WeightedRandomSampler(torch.ones(len(d)), len(d)), r"cannot keep the DataLoader's sampler \(WeightedRandomSampler\)"),
         (lambda d: torch.utils.data.RandomSampler(d, replacement=True), "with replacement or num_samples"),
+        (lambda d: torch.utils.data.SubsetRandomSampler([0, 2, 4]), r"SubsetRandomSampler \(it would read the whole dataset\): pass torch.utils.data.Subset"),
     ],
-    ids=["distributed", "weighted", "replacement"],
+    ids=["distributed", "weighted", "replacement", "subset"],
 )
 def test_a_sampler_the_loader_cannot_keep_is_named(make, match):
     from torch.utils.data import DataLoader

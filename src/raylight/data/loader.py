@@ -32,6 +32,7 @@ from torch.utils.data import (
     IterableDataset,
     RandomSampler,
     SequentialSampler,
+    SubsetRandomSampler,
     TensorDataset,
 )
 from torch.utils.data._utils.collate import default_collate
@@ -307,6 +308,11 @@ def dataloader_order(data: DataLoader, shuffle: bool | None, drop_last: bool | N
             "the DataLoader has a DistributedSampler: prepare_loader shards the dataset across "
             "the workers itself. Build the DataLoader without it (shuffle=True for a shuffled "
             "order), or pass the dataset"
+        )
+    if isinstance(sampler, SubsetRandomSampler):
+        raise TypeError(
+            "prepare_loader cannot keep the DataLoader's SubsetRandomSampler (it would read the "
+            "whole dataset): pass torch.utils.data.Subset(dataset, indices) with shuffle=True"
         )
     if isinstance(sampler, RandomSampler):
         if sampler.replacement or sampler.num_samples != len(sampler.data_source):
