@@ -258,6 +258,24 @@ def timed_loop(ctx, config):
     ctx.report({"start": start, "end": time.time()})
 
 
+def clipped_loop(ctx, config):
+    """One epoch of SGD (lr 0.1) whose every step's gradient is clipped to ``config["clip"]``
+    through ``prepare_optimizer``; reports how far the parameters moved and the smallest
+    norm a step found before clipping."""
+    model = ctx.prepare_model(initial_model())
+    opt = ctx.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), max_grad_norm=config["clip"])
+    loader = ctx.prepare_loader(regression_data(), batch_size=32, shuffle=True, seed=7, adaptive=True)
+    norms = []
+    for x, y in loader:
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        norms.append(ctx.grad_norm)
+    start = dict(initial_model().named_parameters())
+    moved = max(float((p - start[n]).abs().max()) for n, p in ctx.unwrap_model(model).named_parameters())
+    ctx.report({"moved": moved, "min_norm": min(n for n in norms if n is not None), "optimizer": type(opt).__name__})
+
+
 def prepared_sgd_loop(ctx, config):
     """sgd_loop with momentum and the optimizer prepared by the strategy (the horovod
     strategy wraps it in hvd.DistributedOptimizer); with ``config["hvd"]`` the loop also

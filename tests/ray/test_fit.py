@@ -86,6 +86,20 @@ def test_a_rank_in_a_collective_its_finished_peer_never_called_is_told_why(ray_c
     assert "call it on every rank" in text
 
 
+def test_an_adaptive_run_clips_each_step_s_gradient_through_prepare_optimizer(ray_cluster, tmp_path):
+    """Two DDP workers, adaptive: the optimizer is raylight's wrapper and the clip at its
+    steps holds SGD to lr x 1e-6 a step, where the gradients' norms are far larger."""
+    result = raylight.fit(
+        loops.clipped_loop, config={"clip": 1e-6}, num_workers=2, storage_path=str(tmp_path), progress=False,
+        adaptive=raylight.AdaptiveConfig(),
+    )
+    assert result.metrics["optimizer"] == "AdaptiveOptimizer"
+    assert result.metrics["min_norm"] > 1e-2, "unclipped, a step would move the weights by 1e-3 or more"
+    # at most 8 steps of lr 0.1 x 1e-6, times the LR rule's factor (at most 8: the batch is
+    # capped at the 256 samples)
+    assert result.metrics["moved"] < 1e-5
+
+
 def test_too_many_workers_fails_fast_with_numbers(ray_cluster, tmp_path):
     with pytest.raises(raylight.InsufficientResourcesError) as info:
         raylight.fit(loops.sgd_loop, num_workers=3, storage_path=str(tmp_path), progress=False)
