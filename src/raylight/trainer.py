@@ -432,6 +432,8 @@ class _InProcessSink:
         self._show([report])
 
     def progress(self, epoch: int, step: int, steps_per_epoch: int, samples: int) -> None:
+        if self._display is None:
+            return  # called at every batch: nothing to do without a display
         # every rank loads an equal share: this rank's samples times the ranks are the run's
         done = self._progress.samples + samples * self.num_workers
         self._progress = Progress(epoch, step + 1, steps_per_epoch, done)

@@ -110,8 +110,7 @@ def test_a_clip_at_the_step_clips_the_averaged_gradient_of_the_accumulated_micro
     model = nn.Linear(3, 1)
     ref = copy.deepcopy(model)
     base = torch.optim.SGD(model.parameters(), lr=0.1)
-    clip = ClipAtStep(0.01)
-    clip.attach(base)
+    clip = ClipAtStep(base, 0.01)
     sync = make_sync(plan=BatchPlan(4, 1, 1), rule="linear", m0=4)  # S = 2: linear LR x2
     opt = AdaptiveOptimizer(base, sync=sync)
     x = torch.randn(8, 3)

@@ -29,6 +29,7 @@ from torch.utils.data import (
     BatchSampler,
     DataLoader,
     Dataset,
+    DistributedSampler,
     IterableDataset,
     RandomSampler,
     SequentialSampler,
@@ -303,7 +304,7 @@ def dataloader_order(data: DataLoader, shuffle: bool | None, drop_last: bool | N
             "draws each worker's batches itself. Pass the dataset, or a DataLoader with batch_size"
         )
     name = type(sampler).__name__
-    if name == "DistributedSampler":
+    if isinstance(sampler, DistributedSampler):
         raise TypeError(
             "the DataLoader has a DistributedSampler: prepare_loader shards the dataset across "
             "the workers itself. Build the DataLoader without it (shuffle=True for a shuffled "

@@ -116,16 +116,14 @@ class Strategy(Protocol):
 
 
 class ClipAtStep:
-    """Clips the gradients an optimizer steps on to a total norm, right before each of its
+    """Clips the gradients ``optimizer`` steps on to a total norm, right before each of its
     steps (a step pre-hook: after DDP's all-reduce, after an adaptive step's micro-steps
     are summed and averaged, on the whole of FSDP's sharded gradient), and keeps the norm
     it found (``value``)."""
 
-    def __init__(self, max_norm: float) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, max_norm: float) -> None:
         self.max_norm = max_norm
         self._norm: torch.Tensor | None = None
-
-    def attach(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.register_step_pre_hook(self._before_step)
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

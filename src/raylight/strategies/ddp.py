@@ -70,8 +70,7 @@ class DDPStrategy:
         self, optimizer: torch.optim.Optimizer, *, adaptive: bool = False, max_grad_norm: float | None = None
     ) -> torch.optim.Optimizer:
         if max_grad_norm is not None:
-            self._clip = ClipAtStep(max_grad_norm)
-            self._clip.attach(optimizer)
+            self._clip = ClipAtStep(optimizer, max_grad_norm)
         return optimizer
 
     def grad_norm(self) -> float | None:

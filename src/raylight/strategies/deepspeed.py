@@ -400,7 +400,6 @@ class DeepSpeedOptimizer(WrappedOptimizer):
         self._strategy.load_optimizer_state(state_dict, numbered=True)
 
 
-
 class DeepSpeedStrategy:
     name = "deepspeed"
     replicated = False  # gradients are reduced (ZeRO-2/3: partitioned) by the engine

@@ -185,8 +185,7 @@ class FSDPStrategy:
     ) -> torch.optim.Optimizer:
         optimizer.register_load_state_dict_post_hook(_load_full_optimizer_state)
         if max_grad_norm is not None:
-            self._clip = ClipAtStep(max_grad_norm)
-            self._clip.attach(optimizer)
+            self._clip = ClipAtStep(optimizer, max_grad_norm)
         return optimizer
 
     def grad_norm(self) -> float | None:

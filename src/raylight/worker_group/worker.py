@@ -277,8 +277,7 @@ class RaylightWorker:
             return f"the loop left child processes running: {children[:3]}"
         self._watch_stop.set()
         self._state = "starting"
-        self._held = user_modules()  # the user's modules, as imported here
-        self._imported = _user_module_files(self._held)  # before the driver returns: the user may edit them next
+        self._note_imports()  # before the driver returns: the user may edit them next
         self._tidying = threading.Thread(target=self._tidy, name="raylight-tidy", daemon=True)
         self._tidying.start()
         return None
@@ -288,6 +287,12 @@ class RaylightWorker:
         _FROZEN.clear()
         gc.unfreeze()
         gc.collect()
+
+    def _note_imports(self) -> None:
+        """The user's modules this process holds (name -> file) and their files'
+        modification times, which ``begin_run`` checks before it serves another run."""
+        self._held = user_modules()
+        self._imported = {path: mtime for path in self._held.values() if (mtime := _mtime(path)) is not None}
 
     def begin_run(self, rank_info: RankInfo, run_name: str, setup: WorkerSetup) -> dict[str, Any] | str:
         """A pooled worker joins a new run with the state a new worker has. Returns its
@@ -361,8 +366,7 @@ class RaylightWorker:
                         importlib.import_module(name)
                     except Exception:  # best effort, see above
                         continue
-        self._held = user_modules()
-        self._imported = _user_module_files(self._held)
+        self._note_imports()
         return monotonic() - began
 
     def held_commit(self) -> tuple[int, bytes, int] | None:
@@ -653,11 +657,6 @@ def _child_processes() -> list[int]:
     except ImportError:  # Ray depends on psutil; without it, assume none
         return []
     return [c.pid for c in psutil.Process().children() if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
-
-
-def _user_module_files(modules: dict[str, str]) -> dict[str, float]:
-    """The modification times of ``modules``' files (``user_code.user_modules``)."""
-    return {path: mtime for path in modules.values() if (mtime := _mtime(path)) is not None}
 
 
 def _mtime(path: str) -> float | None:
