@@ -1,5 +1,6 @@
 """Declarative training on the ray backend (the session's 2-CPU local Ray)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -23,12 +24,22 @@ RAY_CONFIG = CONFIG.replace(
 @pytest.mark.parametrize("processor", ["ray_data", "pandas"])
 def test_two_workers_on_two_cpus_finish_adaptively(ray_cluster, tmp_path, processor):
     """Ludwig's Ray backend hangs here (workers take every CPU; Ray Data's tasks never
-    run); raylight preprocesses on Ray Data before the workers claim CPUs."""
-    cfg, data = write(tmp_path, fmt="parquet", config=RAY_CONFIG.replace("type: ray_data", f"type: {processor}"))
+    run); raylight preprocesses on Ray Data before the workers claim CPUs. A linear LR
+    decay keeps its clock in steps of the first batch (64: 5 steps an epoch, 30 in all)
+    whatever batches the engine picks: epoch e's last step starts between steps 5e and
+    5e + 4, so its rate lies between those steps' rates."""
+    config = RAY_CONFIG.replace("type: ray_data", f"type: {processor}").replace(
+        "early_stop: 5}", "early_stop: 5, learning_rate_scheduler: {decay: linear}}"
+    )
+    cfg, data = write(tmp_path, fmt="parquet", config=config)
     out = api.train(load_config(cfg), data, output_directory=str(tmp_path / "run"), progress=False)
     assert out["backend"] == "ray" and out["evaluation"]["test"]["accuracy"] > 0.6
     run = tmp_path / "run"
     assert (run / "adaptive.jsonl").exists() and (run / "model" / "weights.safetensors").exists()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        e = row["epoch"]
+        assert 1e-3 * (30 - 5 * e - 4) / 30 - 1e-12 <= row["learning_rate"] <= 1e-3 * (30 - 5 * e) / 30 + 1e-12, row
 
 
 def test_more_gpus_than_exist_is_a_config_error(ray_cluster, tmp_path):

@@ -125,6 +125,24 @@ def test_gradient_clipping_takes_ludwig_s_global_norm_and_names_the_keys_it_does
     assert "trainer.gradient_clipping.clipglobalnorm" in text
 
 
+def test_ludwig_s_learning_rate_scheduler_sets_each_step_s_rate(tmp_path):
+    """``trainer.learning_rate_scheduler`` (Ludwig's section, refused before): warm-up over
+    the first epoch, then linear decay to 0 at the run's last step. Each epoch reports the
+    rate of its last step: 280 training rows at batch 32 are 9 steps an epoch, so epoch e
+    ends at step 9e + 8."""
+    from raylight.declarative.lr_schedule import Schedule
+
+    section = "learning_rate_scheduler: {decay: linear, warmup_evaluations: 1}"
+    config = CONFIG.replace("epochs: 6", "epochs: 3").replace("early_stop: 5}", f"early_stop: 5, {section}}}")
+    cfg, data = write(tmp_path, config=config)
+    api.train(load_config(cfg), data, output_directory=str(tmp_path / "run"), progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    schedule = Schedule(load_config(cfg).trainer.learning_rate_scheduler, base_lr=1e-3, total_steps=27, steps_per_epoch=9)
+    assert [row["learning_rate"] for row in rows] == pytest.approx([schedule.lr(9 * e + 8) for e in range(3)])
+    assert rows[0]["learning_rate"] == pytest.approx(1e-3 * 8 / 9)  # warming up
+    assert rows[2]["learning_rate"] == pytest.approx(1e-3 * 1 / 18)  # the last of 18 decay steps
+
+
 def test_cli_exit_codes_and_nothing_half_written(tmp_path):
     cfg, data = write(tmp_path, config=CONFIG.replace("epochs: 6", "epochs: 0"))
     out = tmp_path / "out"

@@ -116,6 +116,95 @@ class GradientClippingConfig(ConfigModel):
         return None
 
 
+# Ludwig's metric names that are raylight's under another name.
+METRIC_ALIASES = {"mean_squared_error": "mse", "mean_absolute_error": "mae", "accuracy_micro": "accuracy"}
+Decay = Literal["linear", "exponential", "cosine", "one_cycle", "inverse_sqrt", "polynomial", "wsd"]
+
+
+def metrics_measured(kind: str, split: str) -> list[str]:
+    """The metrics each epoch measures of a ``kind`` output on ``split``."""
+    if split == "training":
+        return ["loss"]
+    return {"binary": ["loss", "accuracy"], "category": ["loss", "accuracy"], "number": ["loss", "mse", "mae", "r2"]}[kind]
+
+
+class LRSchedulerConfig(ConfigModel):
+    """Ludwig's ``trainer.learning_rate_scheduler``: its keys, defaults and meanings
+    (raylight.declarative.lr_schedule computes the rates)."""
+
+    decay: Decay | None = Field(
+        None,
+        description="The decay after the warm-up: linear (to 0 at the last step), exponential "
+        "(lr * decay_rate ** (1 + step / decay_steps)), cosine (annealing to eta_min, restarting "
+        "every t_0 steps), one_cycle (torch's OneCycleLR: its own warm-up to max_lr over "
+        "pct_start of the run, then down), inverse_sqrt (lr / sqrt(max(step, "
+        "inverse_sqrt_warmup_steps))), polynomial (to polynomial_end_lr), wsd (warm-up, stable, "
+        "cosine decay); null: none.",
+    )
+    decay_rate: float = Field(0.96, ge=0, le=1, description="exponential: the factor per decay_steps steps.")
+    decay_steps: int = Field(10000, ge=1, description="exponential: steps per decay_rate factor.")
+    staircase: bool = Field(False, description="exponential: decay in whole decay_steps, not smoothly.")
+    warmup_evaluations: float = Field(
+        0, ge=0, description="Warm the rate up linearly from 0 over this many evaluations (epochs in raylight)."
+    )
+    warmup_fraction: float = Field(
+        0.0, ge=0, le=1, description="Warm up over this fraction of the run's steps (the larger of the two warm-ups wins)."
+    )
+    reduce_on_plateau: int = Field(
+        0, ge=0, description="At most this many times, multiply the rate by reduce_on_plateau_rate when reduce_eval_metric stops improving."
+    )
+    reduce_on_plateau_patience: int = Field(
+        10, ge=0, description="Evaluations (epochs) without improvement before a reduction."
+    )
+    reduce_on_plateau_rate: float = Field(0.1, ge=0, le=1, description="The factor of each reduction.")
+    reduce_eval_metric: str = Field("loss", description="The metric a plateau is judged on (loss, accuracy, mse, mae, r2).")
+    reduce_eval_split: Literal["training", "validation"] = Field(
+        "training", description="The split reduce_eval_metric is measured on."
+    )
+    t_0: int | None = Field(None, ge=1, description="cosine: steps before the first restart; null: one epoch.")
+    t_mult: int = Field(1, ge=1, description="cosine: each restart's period is t_mult times the last.")
+    eta_min: float = Field(0.0, ge=0, le=1, description="cosine: the lowest rate.")
+    max_lr: float | None = Field(None, gt=0, le=100, description="one_cycle: the peak rate; null: trainer.learning_rate.")
+    pct_start: float = Field(0.3, ge=0, le=1, description="one_cycle: the fraction of the run spent rising.")
+    div_factor: float = Field(25.0, gt=0, description="one_cycle: the first rate is max_lr / div_factor.")
+    final_div_factor: float = Field(1e4, gt=0, description="one_cycle: the last rate is the first / final_div_factor.")
+    inverse_sqrt_warmup_steps: int = Field(4000, ge=1, description="inverse_sqrt: the step the decay starts from.")
+    polynomial_power: float = Field(1.0, gt=0, description="polynomial: the decay's power (1: linear).")
+    polynomial_end_lr: float = Field(0.0, ge=0, le=1, description="polynomial: the last rate, as a fraction of the base rate.")
+    wsd_warmup_fraction: float = Field(0.1, ge=0, le=1, description="wsd: the fraction of the run warming up.")
+    wsd_stable_fraction: float = Field(0.8, ge=0, le=1, description="wsd: the fraction at the base rate.")
+    wsd_decay_fraction: float = Field(0.1, ge=0, le=1, description="wsd: the fraction decaying (what the two others leave).")
+
+    @field_validator("reduce_eval_split", mode="before")
+    @classmethod
+    def _no_test_split(cls, value: Any) -> Any:
+        if value == "test":
+            raise ValueError(
+                "raylight evaluates the test split once, after training: use training or validation"
+            )
+        return value
+
+    @field_validator("reduce_eval_metric")
+    @classmethod
+    def _metric_name(cls, value: str) -> str:
+        return METRIC_ALIASES.get(value, value)
+
+    @model_validator(mode="after")
+    def _one_warm_up(self) -> LRSchedulerConfig:
+        if self.decay in ("one_cycle", "wsd") and (self.warmup_fraction > 0 or self.warmup_evaluations > 0):
+            own = "pct_start" if self.decay == "one_cycle" else "wsd_warmup_fraction"
+            raise ValueError(
+                f"decay: {self.decay} warms up itself ({own}); remove warmup_fraction and "
+                "warmup_evaluations (Ludwig ignores them there)"
+            )
+        if self.wsd_warmup_fraction + self.wsd_stable_fraction > 1 + 1e-9:
+            raise ValueError(
+                f"wsd_warmup_fraction + wsd_stable_fraction is {self.wsd_warmup_fraction + self.wsd_stable_fraction:g}: "
+                "they are fractions of one run and sum to at most 1"
+            )
+        return self
+
+
 class TrainerSection(ConfigModel):
     epochs: int = Field(10, ge=1, le=MAX_EPOCHS, description="Passes over the training split.")
     batch_size: int | Literal["auto"] = Field(
@@ -132,6 +221,9 @@ class TrainerSection(ConfigModel):
     seed: int = Field(42, ge=0, le=MAX_SEED, description="Seed for model initialisation and data order (0 to 2**32 - 1).")
     gradient_clipping: GradientClippingConfig = Field(
         default_factory=lambda: GradientClippingConfig(), description="Gradient clipping (Ludwig's section)."
+    )
+    learning_rate_scheduler: LRSchedulerConfig | None = Field(
+        None, description="Warm-up, decay and reductions on plateau of the learning rate (Ludwig's section); null: a constant rate."
     )
 
     @field_validator("batch_size")
@@ -319,9 +411,7 @@ class ModelConfig(ConfigModel):
             return value  # nothing to check, or earlier sections already failed
         base = to_jsonable_python(info.data)
         kind = info.data["output_features"][0].type
-        allowed = {"binary": ["loss", "accuracy"], "category": ["loss", "accuracy"], "number": ["loss", "mse", "mae", "r2"]}[kind]
-        if value.split == "training":
-            allowed = ["loss"]
+        allowed = metrics_measured(kind, value.split)
         if value.metric not in allowed:
             raise ValueError(f"metric {value.metric!r} is not measured on the {value.split} split of a {kind} output; allowed: {allowed}")
         if value.split == "validation" and info.data["preprocessing"].split.probabilities[1] == 0:
@@ -332,6 +422,25 @@ class ModelConfig(ConfigModel):
         for key, space in value.parameters.items():
             _check_parameter(base, key, space)
         return value
+
+    @model_validator(mode="after")
+    def _check_plateau(self) -> ModelConfig:
+        sched = self.trainer.learning_rate_scheduler
+        if sched is None or sched.reduce_on_plateau == 0:
+            return self
+        kind, split = self.output_features[0].type, sched.reduce_eval_split
+        allowed = metrics_measured(kind, split)
+        if sched.reduce_eval_metric not in allowed:
+            raise ValueError(
+                f"trainer.learning_rate_scheduler.reduce_eval_metric: {sched.reduce_eval_metric!r} is not "
+                f"measured on the {split} split of a {kind} output; allowed: {allowed}"
+            )
+        if split == "validation" and self.preprocessing.split.probabilities[1] == 0:
+            raise ValueError(
+                "trainer.learning_rate_scheduler.reduce_eval_split is validation but "
+                "preprocessing.split.probabilities gives it 0; give it a fraction or use training"
+            )
+        return self
 
     @model_validator(mode="after")
     def _unique_names(self) -> ModelConfig:

@@ -48,7 +48,6 @@ LUDWIG_KEYS: dict[str, str] = {
     "combiner.output_size": "use combiner.fc_layers: [{output_size: N}, ...], one entry per layer",
     "combiner.num_fc_layers": "use combiner.fc_layers: [{output_size: N}, ...], one entry per layer",
     "trainer.learning_rate_scaling": "use trainer.adaptive.lr_rule with batch_size: auto (the adaptive engine scales the LR with the batch)",
-    "trainer.learning_rate_scheduler": "not available; remove it (trainer.adaptive.lr_warmup_steps warms the LR up)",
     "trainer.regularization_lambda": "use trainer.optimizer.weight_decay",
     "trainer.regularization_type": "use trainer.optimizer.weight_decay (L2); remove the key",
     "trainer.validation_metric": "early stopping and the best model follow the validation loss; remove the key",

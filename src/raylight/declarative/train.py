@@ -14,6 +14,7 @@ import torch
 
 from raylight.data.blocks import BlockDataset
 from raylight.declarative.config import ModelConfig
+from raylight.declarative.lr_schedule import Plateau, Schedule, schedule_clock
 
 if TYPE_CHECKING:
     from raylight.context import TrainContext
@@ -103,7 +104,7 @@ def evaluate_data(
     return {"loss": sums["loss"] / rows, "mse": mse, "mae": sums["sae"] / rows, "r2": 1.0 - mse / var}
 
 
-def training_dataset(data: Any) -> torch.utils.data.Dataset:
+def training_dataset(data: Any) -> ArrayDataset | BlockDataset:
     """Object-store blocks stay there (read a block at a time); arrays are held in memory."""
     from raylight.declarative.ray_data import BlockRefs
 
@@ -123,6 +124,61 @@ def from_store(data: Any) -> Any:
     import ray
 
     return ray.get(data)
+
+
+class RateSchedule:
+    """``trainer.learning_rate_scheduler`` applied to the loop's optimizer: each step's rate
+    (and one_cycle's momentum) from the loader's position, reductions on plateau after each
+    evaluation (raylight.declarative.lr_schedule has the math). Without the section, the
+    rate stays ``base_lr``."""
+
+    def __init__(self, cfg: ModelConfig, *, base_lr: float, batch_size: int, train_rows: int) -> None:
+        section = cfg.trainer.learning_rate_scheduler
+        self.batch_size = batch_size
+        self.steps_per_epoch = math.ceil(train_rows / batch_size)
+        self.last = base_lr  # the rate of the last step taken
+        self.schedule = self.plateau = None
+        self.section = section
+        if section is not None:
+            self.schedule = Schedule(
+                section, base_lr=base_lr, total_steps=cfg.trainer.epochs * self.steps_per_epoch,
+                steps_per_epoch=self.steps_per_epoch,
+            )
+            if section.reduce_on_plateau > 0:
+                self.plateau = Plateau(
+                    limit=section.reduce_on_plateau, rate=section.reduce_on_plateau_rate,
+                    patience=section.reduce_on_plateau_patience, metric=section.reduce_eval_metric,
+                )
+
+    def apply(self, opt: torch.optim.Optimizer, loader: Any) -> None:
+        """Set the rate of the next step (every group, as Ludwig's scheduler does)."""
+        self.last = opt.param_groups[0]["lr"]
+        if self.schedule is None:
+            return
+        clock = schedule_clock(loader.epoch, loader.cursor, self.batch_size, self.steps_per_epoch)
+        rate = self.schedule.lr(clock) * (self.plateau.factor() if self.plateau is not None else 1.0)
+        momentum = self.schedule.momentum(clock)
+        for group in opt.param_groups:
+            group["lr"] = rate
+            if momentum is not None:  # one_cycle: SGD's momentum or Adam's first beta
+                if "betas" in group:
+                    group["betas"] = (momentum, *group["betas"][1:])
+                else:
+                    group["momentum"] = momentum
+
+    def evaluated(self, train_loss: float, validation: dict[str, float]) -> None:
+        """Hear an epoch's evaluation (reduction on plateau)."""
+        if self.plateau is None or self.section is None:
+            return
+        split, metric = self.section.reduce_eval_split, self.section.reduce_eval_metric
+        self.plateau.step(train_loss if split == "training" else validation[metric])
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return self.plateau.state_dict() if self.plateau is not None else None
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if self.plateau is not None and state is not None:
+            self.plateau.load_state_dict(state)
 
 
 def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
@@ -147,11 +203,13 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
         base = torch.optim.Adam(params, lr=lr, weight_decay=opt_cfg.weight_decay)
     opt = ctx.prepare_optimizer(base, max_grad_norm=cfg.trainer.gradient_clipping.clipglobalnorm)
     best: dict[str, Any] = {"metric": math.inf, "epoch": -1, "state": None}
+    rates = RateSchedule(cfg, base_lr=lr, batch_size=config["batch_size"], train_rows=len(train_data))
     if (ckpt := ctx.get_checkpoint()) is not None:
         state = ckpt.load()
         ctx.unwrap_model(model).load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         best = state["best"]
+        rates.load_state_dict(state.get("rates"))
     loader = ctx.prepare_loader(
         train_data,
         batch_size=config["batch_size"],
@@ -162,30 +220,39 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
     loss_fn = loss_for(out.type)
     stats = ctx.accumulator()
     for epoch in ctx.epochs(cfg.trainer.epochs):
+        rates.apply(opt, loader)
         for batch in loader:
             target = batch.pop(out.name)
             opt.zero_grad()
             loss = loss_fn(model(batch), target)
             loss.backward()
             opt.step()
+            rates.apply(opt, loader)  # after a step (the loader has moved on): the next one's rate
             stats[f"loss{epoch}"] += loss.item() * len(target)
             stats[f"n{epoch}"] += len(target)
         with stats.synchronized():
             train_loss = stats[f"loss{epoch}"] / max(stats[f"n{epoch}"], 1)
-        report: dict[str, Any] = {"epoch": epoch, "train_loss": train_loss, "batch_size": ctx.batch_size}
+        report: dict[str, Any] = {
+            "epoch": epoch, "train_loss": train_loss, "batch_size": ctx.batch_size, "learning_rate": rates.last,
+        }
+        val: dict[str, float] = {}
         if val_data is not None:  # every rank: the same numbers, the same decision
             val = evaluate_data(model, val_data, out, meta, ctx.device)
             report.update({f"validation_{k}": v for k, v in val.items()})
             metric = val["loss"]
         else:
             metric = train_loss
+        rates.evaluated(train_loss, val)
         if metric < best["metric"]:
             best = {"metric": metric, "epoch": epoch, "state": {k: v.detach().cpu().clone() for k, v in ctx.unwrap_model(model).state_dict().items()}}
         diverged = not math.isfinite(metric)  # NaN or inf: training cannot recover from it
         stop = diverged or (cfg.trainer.early_stop >= 0 and epoch - best["epoch"] >= cfg.trainer.early_stop)
         report["early_stop"] = stop
         report["diverged"] = diverged
-        ctx.report(report, checkpoint={"model": ctx.unwrap_model(model).state_dict(), "opt": opt.state_dict(), "best": best})
+        ctx.report(report, checkpoint={
+            "model": ctx.unwrap_model(model).state_dict(), "opt": opt.state_dict(), "best": best,
+            "rates": rates.state_dict(),
+        })
         if stop:
             break
 
