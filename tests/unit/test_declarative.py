@@ -143,6 +143,39 @@ def test_ludwig_s_learning_rate_scheduler_sets_each_step_s_rate(tmp_path):
     assert rows[2]["learning_rate"] == pytest.approx(1e-3 * 1 / 18)  # the last of 18 decay steps
 
 
+def test_validation_metric_chooses_the_best_model_and_when_to_stop(tmp_path):
+    """``trainer.validation_metric`` (Ludwig's key, refused before): early stopping and the
+    saved model follow it, rising metrics included. On this data the validation accuracy
+    stops rising at epoch 2 while the loss keeps falling, so the two runs part ways."""
+    runs = {}
+    for metric in ("loss", "accuracy_micro"):
+        (tmp_path / metric).mkdir()
+        config = CONFIG.replace("epochs: 6", "epochs: 8").replace(
+            "early_stop: 5}", f"early_stop: 2, validation_metric: {metric}, validation_field: income}}"
+        )
+        cfg, data = write(tmp_path / metric, config=config)
+        out = api.train(load_config(cfg), data, output_directory=str(tmp_path / metric / "run"), progress=False)
+        rows = [json.loads(line) for line in (tmp_path / metric / "run" / "metrics.jsonl").read_text().splitlines()]
+        runs[metric] = (out["evaluation"]["best_epoch"], rows)
+    best, rows = runs["loss"]
+    losses = [r["validation_loss"] for r in rows]
+    assert best == losses.index(min(losses))
+    best, rows = runs["accuracy_micro"]  # Ludwig's name of raylight's accuracy
+    accuracies = [r["validation_accuracy"] for r in rows]
+    assert best == accuracies.index(max(accuracies))  # the first of the best
+    assert len(rows) == 8 or rows[-1]["epoch"] - best == 2  # stopped 2 epochs without a gain
+    losses = [r["validation_loss"] for r in rows]
+    assert best != losses.index(min(losses)), "the data no longer tells accuracy from loss apart"
+    for bad, words in (
+        ("validation_metric: r2", "'r2' is not measured of a binary output; allowed: ['loss', 'accuracy']"),
+        ("validation_field: target", "'target' is not an output feature; use 'income' or combined"),
+    ):
+        text = bad_config(tmp_path, CONFIG.replace("early_stop: 5}", f"early_stop: 5, {bad}}}"))
+        assert words in text, text
+    no_validation = CONFIG.replace("[0.7, 0.1, 0.2]", "[0.8, 0.0, 0.2]").replace("early_stop: 5}", "early_stop: 5, validation_metric: accuracy}")
+    assert "without a validation split" in bad_config(tmp_path, no_validation)
+
+
 def test_cli_exit_codes_and_nothing_half_written(tmp_path):
     cfg, data = write(tmp_path, config=CONFIG.replace("epochs: 6", "epochs: 0"))
     out = tmp_path / "out"

@@ -225,6 +225,20 @@ class TrainerSection(ConfigModel):
     learning_rate_scheduler: LRSchedulerConfig | None = Field(
         None, description="Warm-up, decay and reductions on plateau of the learning rate (Ludwig's section); null: a constant rate."
     )
+    validation_metric: str = Field(
+        "loss",
+        description="The validation metric early stopping and the best model follow (loss, accuracy, "
+        "mse, mae, r2; Ludwig's mean_squared_error, mean_absolute_error and accuracy_micro too). "
+        "Without a validation split: the training loss.",
+    )
+    validation_field: str = Field(
+        "combined", description="Ludwig's: the output validation_metric is measured on; combined or the output's name (raylight has one output)."
+    )
+
+    @field_validator("validation_metric")
+    @classmethod
+    def _validation_metric_name(cls, value: str) -> str:
+        return METRIC_ALIASES.get(value, value)
 
     @field_validator("batch_size")
     @classmethod
@@ -422,6 +436,24 @@ class ModelConfig(ConfigModel):
         for key, space in value.parameters.items():
             _check_parameter(base, key, space)
         return value
+
+    @model_validator(mode="after")
+    def _check_validation_metric(self) -> ModelConfig:
+        t, output = self.trainer, self.output_features[0]
+        if t.validation_field not in ("combined", output.name):
+            raise ValueError(
+                f"trainer.validation_field: {t.validation_field!r} is not an output feature; use "
+                f"{output.name!r} or combined"
+            )
+        has_validation = self.preprocessing.split.probabilities[1] > 0
+        allowed = metrics_measured(output.type, "validation" if has_validation else "training")
+        if t.validation_metric not in allowed:
+            where = f"of a {output.type} output" if has_validation else (
+                "without a validation split (preprocessing.split.probabilities gives it 0: early "
+                "stopping follows the training loss)"
+            )
+            raise ValueError(f"trainer.validation_metric: {t.validation_metric!r} is not measured {where}; allowed: {allowed}")
+        return self
 
     @model_validator(mode="after")
     def _check_plateau(self) -> ModelConfig:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["Plateau", "Schedule", "schedule_clock"]
+__all__ = ["MINIMIZED", "Plateau", "Schedule", "schedule_clock"]
 
 # torch.optim.lr_scheduler.OneCycleLR's momentum cycle (Ludwig keeps torch's defaults).
 ONE_CYCLE_BASE_MOMENTUM, ONE_CYCLE_MAX_MOMENTUM = 0.85, 0.95

@@ -50,8 +50,6 @@ LUDWIG_KEYS: dict[str, str] = {
     "trainer.learning_rate_scaling": "use trainer.adaptive.lr_rule with batch_size: auto (the adaptive engine scales the LR with the batch)",
     "trainer.regularization_lambda": "use trainer.optimizer.weight_decay",
     "trainer.regularization_type": "use trainer.optimizer.weight_decay (L2); remove the key",
-    "trainer.validation_metric": "early stopping and the best model follow the validation loss; remove the key",
-    "trainer.validation_field": "early stopping and the best model follow the validation loss; remove the key",
     "trainer.eval_batch_size": "evaluation runs in chunks of 65,536 rows; remove the key",
     "trainer.max_batch_size": "use batch_size: auto with trainer.adaptive.max_batch_size",
     "trainer.train_steps": "use trainer.epochs",

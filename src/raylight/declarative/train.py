@@ -14,7 +14,7 @@ import torch
 
 from raylight.data.blocks import BlockDataset
 from raylight.declarative.config import ModelConfig
-from raylight.declarative.lr_schedule import Plateau, Schedule, schedule_clock
+from raylight.declarative.lr_schedule import MINIMIZED, Plateau, Schedule, schedule_clock
 
 if TYPE_CHECKING:
     from raylight.context import TrainContext
@@ -202,7 +202,10 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
     else:
         base = torch.optim.Adam(params, lr=lr, weight_decay=opt_cfg.weight_decay)
     opt = ctx.prepare_optimizer(base, max_grad_norm=cfg.trainer.gradient_clipping.clipglobalnorm)
+    # best["metric"]: the best score so far, lower is better (a metric that improves as it
+    # rises, accuracy or r2, is negated)
     best: dict[str, Any] = {"metric": math.inf, "epoch": -1, "state": None}
+    sign = 1.0 if cfg.trainer.validation_metric in MINIMIZED else -1.0
     rates = RateSchedule(cfg, base_lr=lr, batch_size=config["batch_size"], train_rows=len(train_data))
     if (ckpt := ctx.get_checkpoint()) is not None:
         state = ckpt.load()
@@ -239,13 +242,13 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
         if val_data is not None:  # every rank: the same numbers, the same decision
             val = evaluate_data(model, val_data, out, meta, ctx.device)
             report.update({f"validation_{k}": v for k, v in val.items()})
-            metric = val["loss"]
+            loss, score = val["loss"], sign * val[cfg.trainer.validation_metric]
         else:
-            metric = train_loss
+            loss = score = train_loss
         rates.evaluated(train_loss, val)
-        if metric < best["metric"]:
-            best = {"metric": metric, "epoch": epoch, "state": {k: v.detach().cpu().clone() for k, v in ctx.unwrap_model(model).state_dict().items()}}
-        diverged = not math.isfinite(metric)  # NaN or inf: training cannot recover from it
+        diverged = not math.isfinite(loss)  # NaN or inf: training cannot recover from it
+        if not diverged and score < best["metric"]:
+            best = {"metric": score, "epoch": epoch, "state": {k: v.detach().cpu().clone() for k, v in ctx.unwrap_model(model).state_dict().items()}}
         stop = diverged or (cfg.trainer.early_stop >= 0 and epoch - best["epoch"] >= cfg.trainer.early_stop)
         report["early_stop"] = stop
         report["diverged"] = diverged
