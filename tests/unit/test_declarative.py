@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from pydantic import ValidationError
 
 from raylight.declarative import api
 from raylight.declarative.loading import apply_overrides, load_config, render_config
@@ -278,3 +279,51 @@ def test_streamed_evaluation_equals_the_metrics_of_all_rows_at_once(kind, monkey
     refs = BlockRefs(blocks, [len(b["y"]) for b in blocks])
     monkeypatch.setattr("raylight.data.blocks._ray_get", lambda b: b)
     assert dtrain.evaluate_data(_Passthrough(), refs, output, meta, torch.device("cpu")) == pytest.approx(expected, rel=1e-5)
+
+
+def test_ludwig_s_optimizers_and_their_settings_build_torch_s():
+    """Every ``trainer.optimizer.type`` (Ludwig's torch optimizers) builds its torch class
+    with the settings given and torch's defaults for the rest (SGD's momentum: raylight's
+    0.9); a setting of another type is an error naming it; ``learning_rate: auto`` is the
+    class's default in torch (SGD's 0.05)."""
+    import inspect
+
+    from raylight.declarative.api import DEFAULT_LR
+    from raylight.declarative.config import OPTIMIZER_SETTINGS, OptimizerConfig
+    from raylight.declarative.train import OPTIMIZERS
+
+    param = [torch.nn.Parameter(torch.zeros(2))]
+    assert set(OPTIMIZERS) == set(OPTIMIZER_SETTINGS) == set(DEFAULT_LR)
+    for name, cls in OPTIMIZERS.items():
+        default = inspect.signature(cls).parameters["lr"].default
+        assert DEFAULT_LR[name] == (0.05 if name == "sgd" else default), name
+        opt = cls(param, lr=0.1, **OptimizerConfig(type=name).kwargs())
+        group = opt.param_groups[0]
+        torch_defaults = cls(param, lr=0.1).defaults
+        for key in OPTIMIZER_SETTINGS[name]:
+            assert group[key] == (0.9 if (name, key) == ("sgd", "momentum") else torch_defaults[key]), (name, key)
+    given = {"type": "adamw", "betas": [0.8, 0.95], "eps": 1e-6, "amsgrad": True, "weight_decay": 0.01}
+    group = torch.optim.AdamW(param, lr=0.1, **OptimizerConfig.model_validate(given).kwargs()).param_groups[0]
+    assert (group["betas"], group["eps"], group["amsgrad"], group["weight_decay"]) == ((0.8, 0.95), 1e-6, True, 0.01)
+    group = torch.optim.RMSprop(param, lr=0.1, **OptimizerConfig(type="rmsprop", momentum=0.5, centered=True).kwargs()).param_groups[0]
+    assert (group["momentum"], group["centered"]) == (0.5, True)
+    for bad, words in (
+        ({"type": "sgd", "betas": [0.9, 0.99]}, "betas is a setting of adam, adamw, adamax, nadam, not of sgd"),
+        ({"type": "adam", "momentum": 0.5}, "momentum is a setting of sgd, rmsprop, not of adam"),
+        ({"type": "sgd", "nesterov": True, "momentum": 0}, "nesterov needs momentum > 0"),
+        ({"type": "lbfgs"}, "'rmsprop'"),
+    ):
+        with pytest.raises(ValidationError) as err:
+            OptimizerConfig.model_validate(bad)
+        assert words in str(err.value), str(err.value)
+
+
+def test_an_rmsprop_config_trains(tmp_path):
+    config = CONFIG.replace("epochs: 6", "epochs: 2").replace(
+        "optimizer: {type: adam}", "optimizer: {type: rmsprop, momentum: 0.5, alpha: 0.9}"
+    )
+    cfg, data = write(tmp_path, config=config)
+    out = api.train(load_config(cfg), data, output_directory=str(tmp_path / "run"), progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["learning_rate"] == 0.01  # torch's default for RMSprop
+    assert out["evaluation"]["test"]["accuracy"] > 0.5

@@ -87,10 +87,62 @@ class CombinerConfig(ConfigModel):
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout after each layer.")
 
 
+OptimizerType = Literal["adam", "adamw", "sgd", "adadelta", "adagrad", "adamax", "nadam", "rmsprop"]
+
+# Each optimizer's own settings (Ludwig's names, which are torch's): a setting given for
+# another type is an error. Unset (null), a setting takes torch's default, but for SGD's
+# momentum, raylight's 0.9.
+OPTIMIZER_SETTINGS: dict[str, tuple[str, ...]] = {
+    "sgd": ("momentum", "dampening", "nesterov"),
+    "adam": ("betas", "eps", "amsgrad"),
+    "adamw": ("betas", "eps", "amsgrad"),
+    "adadelta": ("rho", "eps"),
+    "adagrad": ("initial_accumulator_value", "lr_decay", "eps"),
+    "adamax": ("betas", "eps"),
+    "nadam": ("betas", "eps", "momentum_decay"),
+    "rmsprop": ("momentum", "alpha", "eps", "centered"),
+}
+SGD_MOMENTUM = 0.9
+
+
 class OptimizerConfig(ConfigModel):
-    type: Literal["adam", "adamw", "sgd"] = Field("adam", description="Optimizer.")
-    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum.")
-    weight_decay: float = Field(0.0, ge=0, le=1, description="Weight decay.")
+    type: OptimizerType = Field("adam", description="Optimizer: torch.optim's class of that name (Ludwig's types).")
+    weight_decay: float = Field(0.0, ge=0, le=1, description="Weight decay (every type).")
+    momentum: float | None = Field(None, ge=0, lt=1, description="sgd (null: 0.9), rmsprop (null: 0).")
+    dampening: float | None = Field(None, ge=0, le=1, description="sgd: momentum dampening (null: 0).")
+    nesterov: bool | None = Field(None, description="sgd: Nesterov momentum (null: false); needs momentum > 0 and dampening 0.")
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] | None = Field(
+        None, description="adam, adamw, adamax, nadam: the moving averages' coefficients (null: [0.9, 0.999])."
+    )
+    eps: float | None = Field(None, gt=0, le=1, description="Added to denominators (null: torch's default for the type).")
+    amsgrad: bool | None = Field(None, description="adam, adamw: the AMSGrad variant (null: false).")
+    rho: float | None = Field(None, ge=0, le=1, description="adadelta: the squared gradients' average coefficient (null: 0.9).")
+    initial_accumulator_value: float | None = Field(None, ge=0, description="adagrad (null: 0).")
+    lr_decay: float | None = Field(None, ge=0, le=1, description="adagrad: learning rate decay (null: 0).")
+    momentum_decay: float | None = Field(None, ge=0, description="nadam (null: 0.004).")
+    alpha: float | None = Field(None, ge=0, le=1, description="rmsprop: smoothing constant (null: 0.99).")
+    centered: bool | None = Field(None, description="rmsprop: normalise by the gradient's variance estimate (null: false).")
+
+    @model_validator(mode="after")
+    def _settings_of_its_type(self) -> OptimizerConfig:
+        own = OPTIMIZER_SETTINGS[self.type]
+        for name in sorted({n for names in OPTIMIZER_SETTINGS.values() for n in names} - set(own)):
+            if getattr(self, name) is not None:
+                takers = [t for t, names in OPTIMIZER_SETTINGS.items() if name in names]
+                raise ValueError(f"{name} is a setting of {', '.join(takers)}, not of {self.type}; remove it")
+        if self.nesterov and (self.kwargs()["momentum"] <= 0 or (self.dampening or 0) != 0):
+            raise ValueError("nesterov needs momentum > 0 and dampening 0")
+        return self
+
+    def kwargs(self) -> dict[str, Any]:
+        """The optimizer's keyword arguments beside the learning rate."""
+        out: dict[str, Any] = {"weight_decay": self.weight_decay}
+        for name in OPTIMIZER_SETTINGS[self.type]:
+            if (value := getattr(self, name)) is not None:
+                out[name] = value
+        if self.type == "sgd":
+            out.setdefault("momentum", SGD_MOMENTUM)
+        return out
 
 
 class GradientClippingConfig(ConfigModel):
@@ -211,7 +263,7 @@ class TrainerSection(ConfigModel):
         128, description="Global batch size, or 'auto': start at 64 and let the adaptive engine choose."
     )
     learning_rate: float | Literal["auto"] = Field(
-        "auto", description="Base LR, or 'auto': the optimizer's default (adam 1e-3, sgd 0.05)."
+        "auto", description="Base LR, or 'auto': the optimizer's default in torch (adam 1e-3), but sgd's 0.05."
     )
     optimizer: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(), description="Optimizer.")
     early_stop: int = Field(5, ge=-1, le=MAX_EPOCHS, description="Stop after this many epochs without validation improvement; -1 never.")

@@ -21,6 +21,12 @@ if TYPE_CHECKING:
 
 TARGET_KEY = "__target__"
 
+# trainer.optimizer.type -> its torch class (OptimizerConfig has their settings)
+OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "adadelta": torch.optim.Adadelta,
+    "adagrad": torch.optim.Adagrad, "adamax": torch.optim.Adamax, "nadam": torch.optim.NAdam, "rmsprop": torch.optim.RMSprop,
+}
+
 
 class ArrayDataset(torch.utils.data.Dataset):
     """Rows of a dict of equally long arrays, as dicts of tensors."""
@@ -192,15 +198,7 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
     torch.manual_seed(cfg.trainer.seed)
     model = ctx.prepare_model(build_model(cfg, meta))
     lr = config["learning_rate"]
-    opt_cfg = cfg.trainer.optimizer
-    params = model.parameters()
-    base: torch.optim.Optimizer
-    if opt_cfg.type == "sgd":
-        base = torch.optim.SGD(params, lr=lr, momentum=opt_cfg.momentum, weight_decay=opt_cfg.weight_decay)
-    elif opt_cfg.type == "adamw":
-        base = torch.optim.AdamW(params, lr=lr, weight_decay=opt_cfg.weight_decay)
-    else:
-        base = torch.optim.Adam(params, lr=lr, weight_decay=opt_cfg.weight_decay)
+    base = OPTIMIZERS[cfg.trainer.optimizer.type](model.parameters(), lr=lr, **cfg.trainer.optimizer.kwargs())
     opt = ctx.prepare_optimizer(base, max_grad_norm=cfg.trainer.gradient_clipping.clipglobalnorm)
     # best["metric"]: the best score so far, lower is better (a metric that improves as it
     # rises, accuracy or r2, is negated)
