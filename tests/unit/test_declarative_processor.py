@@ -8,7 +8,7 @@ import pytest
 from raylight.config.validation import validate
 from raylight.declarative import processor
 from raylight.declarative.config import ModelConfig, ProcessorConfig
-from raylight.declarative.ludwig import LUDWIG_KEYS
+from raylight.declarative.ludwig import ANY, LUDWIG_KEYS, LUDWIG_NEUTRAL
 from raylight.declarative.preprocess import split_rows
 from raylight.exceptions import ConfigError
 
@@ -79,18 +79,41 @@ def test_a_ludwig_distributed_backend_section_loads():
     assert cfg.backend.processor.type == "dask" and t.num_workers == 2 and t.resources_per_worker == {"CPU": 0.5}
 
 
-@pytest.mark.parametrize("path", sorted(LUDWIG_KEYS))
+@pytest.mark.parametrize("path", sorted(set(LUDWIG_KEYS) - {k for k, v in LUDWIG_NEUTRAL.items() if ANY in v}))
 def test_each_ludwig_key_raylight_lacks_is_an_error_naming_its_path_and_the_fix(path):
     data = {**BASE, "backend": {}, "trainer": {}, "combiner": {}}
     node = data
     parts = path.split(".")
     for part in parts[:-1]:
         node = node.setdefault(part, {})
-    node[parts[-1]] = 1
+    node[parts[-1]] = 7  # no key's neutral value
     with pytest.raises(ConfigError) as err:
         validate(ModelConfig, data)
     line = next(ln for ln in str(err.value).splitlines() if ln.strip().startswith(f"{path}:"))
     assert "Ludwig's setting, not raylight's" in line and (" use " in line or "remove" in line)
+
+
+def test_ludwig_s_defaults_spelled_out_load_as_what_raylight_does():
+    """A Ludwig config that writes out Ludwig's defaults for keys raylight lacks (``ludwig
+    render_config`` does) loads: those values are what raylight does anyway. Other values
+    of the same keys are still errors, and 0 is not False."""
+    trainer = {
+        "use_mixed_precision": False, "evaluate_training_set": False, "steps_per_checkpoint": 0,
+        "checkpoints_per_epoch": 0, "train_steps": None, "eval_batch_size": None,
+        "gradient_accumulation_steps": "auto", "effective_batch_size": "auto", "regularization_lambda": 0.0,
+        "regularization_type": "l2", "max_batch_size": 1099511627776, "epochs": 3,
+    }
+    data = {**BASE, "model_type": "ecd", "ludwig_version": "0.17.8", "trainer": trainer}
+    cfg = validate(ModelConfig, data)
+    assert cfg.trainer.epochs == 3 and "model_type" in data  # the caller's dict is left as it was
+    for key, value in (("use_mixed_precision", 0), ("regularization_lambda", 0.1), ("gradient_accumulation_steps", 4)):
+        with pytest.raises(ConfigError) as err:
+            validate(ModelConfig, {**data, "trainer": {**trainer, key: value}})
+        assert f"trainer.{key}: Ludwig's setting" in str(err.value)
+        if key == "regularization_lambda":  # a type of a regularization there is
+            assert "trainer.regularization_type: Ludwig's setting" in str(err.value)
+    with pytest.raises(ConfigError, match="model_type: Ludwig's setting, not raylight's: raylight trains Ludwig's ecd"):
+        validate(ModelConfig, {**data, "model_type": "llm"})
 
 
 def test_ludwig_processors_raylight_does_not_run_name_the_ones_it_does():

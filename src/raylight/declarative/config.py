@@ -467,8 +467,7 @@ class ModelConfig(ConfigModel):
     @model_validator(mode="before")
     @classmethod
     def _ludwig_keys(cls, data: Any) -> Any:
-        check_ludwig_keys(data)  # Ludwig's keys with no raylight counterpart, each with its fix
-        return data
+        return check_ludwig_keys(data)  # Ludwig's keys with no raylight counterpart, each with its fix
 
     @field_validator("hyperopt")
     @classmethod

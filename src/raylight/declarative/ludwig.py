@@ -4,8 +4,9 @@ A Ludwig user's config loads as it is where raylight has the same setting
 (``backend.type: ray``, ``backend.trainer.{num_workers, use_gpu, resources_per_worker,
 strategy}``, ``backend.processor.type: dask``, which runs on Ray Data). The keys below
 have no raylight counterpart, or another spelling; each is an error naming its key path
-and the fix, rather than pydantic's generic "unknown key". Read by ``ModelConfig``
-before it validates anything else.
+and the fix, rather than pydantic's generic "unknown key", unless its value is what
+raylight does anyway (``LUDWIG_NEUTRAL``, Ludwig's defaults mostly): then the key is
+dropped. Read by ``ModelConfig`` before it validates anything else.
 """
 
 from __future__ import annotations
@@ -64,6 +65,24 @@ LUDWIG_KEYS: dict[str, str] = {
     "trainer.use_mixed_precision": "not available on the declarative path; remove the key",
 }
 
+# Values of those keys that do what raylight does anyway (Ludwig's defaults, mostly): a
+# config that spells them out loads, without the key. ANY: whatever the value.
+ANY = object()
+LUDWIG_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "model_type": ("ecd",),
+    "ludwig_version": (ANY,),  # which Ludwig wrote the config: nothing to do
+    "trainer.use_mixed_precision": (False,),
+    "trainer.evaluate_training_set": (False,),
+    "trainer.steps_per_checkpoint": (0,),  # 0: once per epoch
+    "trainer.checkpoints_per_epoch": (0, 1),
+    "trainer.train_steps": (None,),
+    "trainer.eval_batch_size": (None,),
+    "trainer.gradient_accumulation_steps": ("auto", 1),
+    "trainer.effective_batch_size": ("auto",),
+    "trainer.regularization_lambda": (0,),
+    "trainer.max_batch_size": (2**40,),  # Ludwig's "no limit"
+}
+
 # Ludwig's processor types raylight does not run, by key path.
 LUDWIG_VALUES: dict[tuple[str, str], str] = {
     ("backend.processor.type", "modin"): "use auto, pandas (in the driver) or ray_data",
@@ -80,13 +99,43 @@ def _lookup(data: Any, path: str) -> tuple[bool, Any]:
     return True, node
 
 
-def check_ludwig_keys(data: Any) -> None:
-    """Raise pydantic's ValidationError naming every Ludwig key (and value) of ``data``
-    that raylight does not take, each at its key path with the fix."""
+def _neutral(data: Any, path: str, value: Any) -> bool:
+    if path == "trainer.regularization_type":  # Ludwig's types do nothing without a lambda
+        found, weight = _lookup(data, "trainer.regularization_lambda")
+        unweighted = not found or _neutral(data, "trainer.regularization_lambda", weight)
+        return value in (None, "l1", "l2", "l1_l2") and unweighted
+    allowed = LUDWIG_NEUTRAL.get(path, ())
+    return ANY in allowed or any(_same(value, v) for v in allowed)
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    if isinstance(value, bool) or isinstance(neutral, bool):  # False is not 0 here
+        return value is neutral
+    return bool(value == neutral)
+
+
+def _without(data: dict[str, Any], path: str) -> dict[str, Any]:
+    """A copy of ``data`` without ``path`` (copying only the sections on the way)."""
+    head, _, rest = path.partition(".")
+    out = dict(data)
+    if rest:
+        out[head] = _without(out[head], rest)
+    else:
+        del out[head]
+    return out
+
+
+def check_ludwig_keys(data: Any) -> Any:
+    """``data`` without the Ludwig keys whose values do what raylight does anyway
+    (``LUDWIG_NEUTRAL``); raise pydantic's ValidationError naming every other Ludwig key
+    (and value) of ``data`` that raylight does not take, each at its key path with the fix."""
     errors: list[InitErrorDetails] = []
+    neutral: list[str] = []
     for path, fix in LUDWIG_KEYS.items():
         found, value = _lookup(data, path)
-        if found:
+        if found and _neutral(data, path, value):
+            neutral.append(path)
+        elif found:
             errors.append(_error(path, f"Ludwig's setting, not raylight's: {fix}", value))
     for (path, given), fix in LUDWIG_VALUES.items():
         found, value = _lookup(data, path)
@@ -94,6 +143,9 @@ def check_ludwig_keys(data: Any) -> None:
             errors.append(_error(path, f"Ludwig's {given} processor is not available: {fix}", value))
     if errors:
         raise ValidationError.from_exception_data("ModelConfig", errors)
+    for path in neutral:
+        data = _without(data, path)
+    return data
 
 
 def _error(path: str, message: str, value: Any) -> InitErrorDetails:
