@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import glob
+import json
 import os
 import sys
 
@@ -199,6 +200,73 @@ def test_adaptive_batch_size_and_lr(ray_cluster, tmp_path):
     assert max(factors) > 1.0, "AdaScale raises the LR once the noise is measured"
     assert trainer.global_step < 5 * 88, "bigger batches take fewer steps"
     assert float(trainer.callback_metrics["val_acc"]) > 0.85
+
+
+class _Regression(pl.LightningModule):
+    """A linear regression trained with plain SGD (lr 0.1): a step moves the weights by
+    exactly lr x the norm of the gradient it applies."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(512, 4, generator=g)
+        y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.5 * torch.randn(512, 1, generator=g)
+        return DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
+
+
+class _StepSizes(pl.Callback):
+    """Rank 0 writes, to ``path``, how far each optimizer step moved the weights."""
+
+    def __init__(self, path):
+        self.path, self.sizes, self.before = path, [], None
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.before = torch.cat([p.detach().flatten().clone() for p in pl_module.parameters()])
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        after = torch.cat([p.detach().flatten() for p in pl_module.parameters()])
+        self.sizes.append(float((after - self.before).norm()))
+
+    def on_train_end(self, trainer, pl_module):
+        if trainer.global_rank == 0:
+            with open(self.path, "w") as f:
+                json.dump(self.sizes, f)
+
+
+def test_adaptive_clipping_clips_the_averaged_gradient_on_every_step(ray_cluster, tmp_path):
+    """``Trainer(gradient_clip_val=c)`` under ``RayStrategy(adaptive=...)``: every step
+    applies the workers' averaged gradient clipped to norm c, so each SGD step moves the
+    weights by lr x c. Lightning clipping it itself clipped each worker's own gradient on
+    the steps that measure the gradient noise (one in two here), whose average is shorter
+    than c. (lr_rule none: the LR is not scaled.)"""
+    path = str(tmp_path / "steps.json")
+    adaptive = raylight.AdaptiveConfig(lr_rule="none", control_interval_steps=2, decision_interval_s=1.0)
+    trainer = pl.Trainer(
+        max_epochs=2, strategy=RayStrategy(num_workers=2, adaptive=adaptive), gradient_clip_val=1e-3,
+        callbacks=[_StepSizes(path)], logger=False, enable_checkpointing=False, **QUIET,
+    )
+    trainer.fit(_Regression())
+    with open(path) as f:
+        sizes = json.load(f)
+    assert len(sizes) >= 8
+    assert sizes == pytest.approx([0.1 * 1e-3] * len(sizes), rel=1e-3)
+    assert trainer.gradient_clip_val == 1e-3  # the driver's Trainer as it was
+    value = pl.Trainer(
+        max_epochs=1, strategy=RayStrategy(num_workers=2, adaptive=adaptive), gradient_clip_val=1.0,
+        gradient_clip_algorithm="value", logger=False, enable_checkpointing=False, **QUIET,
+    )
+    with pytest.raises(Exception, match="gradient_clip_algorithm='norm'"):
+        value.fit(_Regression())
 
 
 class _FailsOnRank1(ddp_digits.DigitsClassifier):

@@ -127,6 +127,31 @@ def _attach(strategy: Any, ctx: Any, trainer: Any) -> None:
         trainer.callbacks.append(AdaptiveSteps(ctx.sync, strategy))
 
 
+def _take_clipping(trainer: Any) -> float | None:
+    """Adaptive runs: ``Trainer(gradient_clip_val=...)`` as the prepared optimizer's
+    ``max_grad_norm``, and Lightning's own clipping turned off on this worker's trainer.
+
+    Lightning clips inside the optimizer's closure, before raylight's optimizer steps: on
+    the steps that measure the gradient noise (DDP does not all-reduce them; the optimizer
+    does, after the closure) it would clip each worker's own gradient, and the noise would
+    be measured on clipped gradients. raylight clips the averaged gradient right before the
+    step instead. A ``configure_gradient_clipping`` of the module's own is left to run as
+    written; clipping by value is refused."""
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    clip = trainer.gradient_clip_val
+    if not clip or is_overridden("configure_gradient_clipping", trainer.lightning_module):
+        return None
+    if trainer.gradient_clip_algorithm == "value":
+        raise ConfigError(
+            "Trainer(gradient_clip_algorithm='value') under RayStrategy(adaptive=...) would clip "
+            "each worker's own gradient on the steps that measure the gradient noise; use "
+            "gradient_clip_algorithm='norm' (raylight then clips the averaged gradient), or drop adaptive="
+        )
+    trainer.gradient_clip_val = None  # raylight clips instead (until the strategy's teardown)
+    return float(clip)
+
+
 def _adaptive_sync(strategy: Any) -> Any:
     ctx = strategy._raylight_ctx
     return ctx.sync if ctx is not None and ctx.sync is not None and ctx.sync.adaptive else None
@@ -262,4 +287,13 @@ class RayStrategy(_RayWorkers, DDPStrategy):
                 f"RayStrategy(adaptive=...) adapts one optimizer; configure_optimizers returned "
                 f"{len(self.optimizers)}. Drop adaptive= or use a single optimizer"
             )
-        self.optimizers = [self._raylight_ctx.prepare_optimizer(self.optimizers[0])]
+        clip = _take_clipping(trainer)
+        if clip is not None:  # given back at teardown: a launched rank's Trainer is the user's
+            self._lightning_clip = (trainer, clip)
+        self.optimizers = [self._raylight_ctx.prepare_optimizer(self.optimizers[0], max_grad_norm=clip)]
+
+    def teardown(self) -> None:
+        held = self.__dict__.pop("_lightning_clip", None)
+        if held is not None:
+            held[0].gradient_clip_val = held[1]
+        super().teardown()
