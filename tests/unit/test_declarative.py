@@ -58,6 +58,11 @@ def test_overrides_and_render(tmp_path):
         apply_overrides({}, ["trainer.epochs"])
     with pytest.raises(ConfigError, match="not an index"):
         apply_overrides({"input_features": []}, ["input_features.3.name=x"])
+    # a section written as null (left out) takes the override as a new section
+    nulled = apply_overrides({"trainer": {"learning_rate_scheduler": None}}, ["trainer.learning_rate_scheduler.decay=cosine"])
+    assert nulled == {"trainer": {"learning_rate_scheduler": {"decay": "cosine"}}}
+    with pytest.raises(ConfigError, match=r"trainer\.epochs is a value, not a section"):
+        apply_overrides({"trainer": {"epochs": 3}}, ["trainer.epochs.x=1"])
 
 
 @pytest.mark.parametrize(

@@ -60,6 +60,8 @@ def test_valid_section_and_metric_name():
         ({"parameters": {"trainer.learning_rate": LR}, "executor": {"scheduler": {"type": "asha", "max_t": 2, "grace_period": 3}}}, "grace_period (3) must not exceed max_t (2)"),
         ({"parameters": {"trainer.learning_rate": LR}, "executor": {"gpus": 1}}, "hyperopt.executor.gpus: unknown key"),
         ({"parameters": {}}, "hyperopt.parameters: Dictionary should have at least 1 item"),
+        ({"parameters": {"trainer.learning_rate_scheduler.decay": {"space": "choice", "categories": ["linear"]}}},
+         "trainer.learning_rate_scheduler is not set (null): write the section into the config to search its keys (learning_rate_scheduler: {} takes its defaults)"),
         ({"parameters": {"hyperopt.goal": {"space": "choice", "categories": ["maximize"]}}}, "the hyperopt section itself cannot be searched"),
     ],
 )

@@ -566,6 +566,11 @@ def set_path(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
             raise KeyError(f"{err.where} is not an index of a list of {err.size}") from None
         if err.problem == "key":
             raise KeyError(f"{err.where} is not a key of the config; keys there: {err.keys}") from None
+        if err.found is None:  # an optional section left out, as the config holds it
+            raise KeyError(
+                f"{err.parent} is not set (null): write the section into the config to search its "
+                f"keys ({err.parts[err.at - 1]}: {{}} takes its defaults)"
+            ) from None
         raise KeyError(f"{err.parent} is a value, not a section") from None
     return out
 

@@ -14,7 +14,8 @@ class KeyPathError(Exception):
     missing keys are not created) or ``value`` (the path so far ends at a value)."""
 
     def __init__(
-        self, problem: Literal["index", "key", "value"], parts: list[str], at: int, *, size: int = 0, keys: list[str] | None = None
+        self, problem: Literal["index", "key", "value"], parts: list[str], at: int, *, size: int = 0,
+        keys: list[str] | None = None, found: Any = None,
     ) -> None:
         super().__init__(problem, ".".join(parts[: at + 1]))
         self.problem = problem
@@ -22,6 +23,7 @@ class KeyPathError(Exception):
         self.at = at
         self.size = size
         self.keys = keys or []
+        self.found = found  # ``value``: the value the path so far ends at (None: null)
 
     @property
     def where(self) -> str:
@@ -37,7 +39,8 @@ class KeyPathError(Exception):
 def assign(data: dict[str, Any], parts: list[str], value: Any, *, create: bool) -> None:
     """Set ``data[parts[0]][parts[1]]...`` to ``value`` in place; list items by index
     (existing ones only). ``create``: missing keys of mappings are made on the way (a
-    list where the next part is an index, else a mapping); otherwise they are errors."""
+    list where the next part is an index, else a mapping), and so are sections set to null
+    (a section left out); otherwise they are errors."""
     node: Any = data
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
@@ -54,6 +57,8 @@ def assign(data: dict[str, Any], parts: list[str], value: Any, *, create: bool) 
             if last:
                 node[part] = value
             else:
-                node = node.setdefault(part, [] if parts[i + 1].isdigit() else {})
+                if create and node.get(part) is None:
+                    node[part] = [] if parts[i + 1].isdigit() else {}
+                node = node[part]
         else:
-            raise KeyPathError("value", parts, i)
+            raise KeyPathError("value", parts, i, found=node)
