@@ -122,6 +122,7 @@ def test_gradient_clipping_takes_ludwig_s_global_norm_and_names_the_keys_it_does
         api.train(load_config(cfg), data, output_directory=str(run), progress=False)
         rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         losses[clip] = [row["validation_loss"] for row in rows]
+        assert "learning_rate" not in rows[0]  # reported with a learning_rate_scheduler only
     assert losses["1.0e-9"][0] == pytest.approx(losses["1.0e-9"][1], rel=1e-6)
     assert abs(losses["null"][1] - losses["null"][0]) > 1e-3
     for key in ("clipnorm", "clipvalue"):
@@ -325,10 +326,10 @@ def test_ludwig_s_optimizers_and_their_settings_build_torch_s():
 
 def test_an_rmsprop_config_trains(tmp_path):
     config = CONFIG.replace("epochs: 6", "epochs: 2").replace(
-        "optimizer: {type: adam}", "optimizer: {type: rmsprop, momentum: 0.5, alpha: 0.9}"
+        "optimizer: {type: adam}", "optimizer: {type: rmsprop, momentum: 0.5, alpha: 0.9}, learning_rate_scheduler: {}"
     )
     cfg, data = write(tmp_path, config=config)
     out = api.train(load_config(cfg), data, output_directory=str(tmp_path / "run"), progress=False)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert rows[0]["learning_rate"] == 0.01  # torch's default for RMSprop
+    assert rows[0]["learning_rate"] == 0.01  # torch's default for RMSprop, constant (decay: null)
     assert out["evaluation"]["test"]["accuracy"] > 0.5

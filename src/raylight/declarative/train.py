@@ -233,9 +233,7 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
             stats[f"n{epoch}"] += len(target)
         with stats.synchronized():
             train_loss = stats[f"loss{epoch}"] / max(stats[f"n{epoch}"], 1)
-        report: dict[str, Any] = {
-            "epoch": epoch, "train_loss": train_loss, "batch_size": ctx.batch_size, "learning_rate": rates.last,
-        }
+        report: dict[str, Any] = {"epoch": epoch, "train_loss": train_loss, "batch_size": ctx.batch_size}
         val: dict[str, float] = {}
         if val_data is not None:  # every rank: the same numbers, the same decision
             val = evaluate_data(model, val_data, out, meta, ctx.device)
@@ -244,6 +242,8 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
         else:
             loss = score = train_loss
         rates.evaluated(train_loss, val)
+        if rates.schedule is not None:  # the rate of the epoch's last step
+            report["learning_rate"] = rates.last
         diverged = not math.isfinite(loss)  # NaN or inf: training cannot recover from it
         if not diverged and score < best["metric"]:
             best = {"metric": score, "epoch": epoch, "state": {k: v.detach().cpu().clone() for k, v in ctx.unwrap_model(model).state_dict().items()}}
