@@ -183,6 +183,45 @@ def test_validation_metric_chooses_the_best_model_and_when_to_stop(tmp_path):
     assert "without a validation split" in bad_config(tmp_path, no_validation)
 
 
+def test_ludwig_s_regularization_adds_its_penalty_to_the_loss(tmp_path):
+    """``trainer.regularization_lambda`` / ``regularization_type`` (Ludwig's, refused before):
+    the penalty of each type as Ludwig's reg_loss computes it; in training, L2 at lambda
+    with SGD is SGD's weight_decay at 2 x lambda, step for step (torch adds weight_decay x w
+    to the gradient before momentum: the penalty's gradient, 2 x lambda x w)."""
+    from raylight.declarative.train import regularization
+
+    model = torch.nn.Linear(2, 1)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1.0, -2.0]]))
+        model.bias.fill_(3.0)
+    assert regularization("l1", 0.1)(model).item() == pytest.approx(0.1 * 6)
+    assert regularization("l2", 0.1)(model).item() == pytest.approx(0.1 * 14)
+    assert regularization("l1_l2", 0.1)(model).item() == pytest.approx(0.1 * 20)
+    assert regularization("l2", 0.0) is None and regularization(None, 0.1) is None
+    losses = {}
+    for name, section in (("penalty", "regularization_lambda: 0.05, regularization_type: l2"),
+                          ("decay", "regularization_lambda: 0")):
+        decay = 0.1 if name == "decay" else 0.0
+        config = CONFIG.replace("epochs: 6", "epochs: 3").replace(
+            "optimizer: {type: adam}", f"optimizer: {{type: sgd, weight_decay: {decay}}}"
+        ).replace("early_stop: 5}", f"early_stop: 5, {section}}}")
+        (tmp_path / name).mkdir()
+        cfg, data = write(tmp_path / name, config=config)
+        api.train(load_config(cfg), data, output_directory=str(tmp_path / name / "run"), progress=False)
+        rows = [json.loads(line) for line in (tmp_path / name / "run" / "metrics.jsonl").read_text().splitlines()]
+        losses[name] = [row["validation_loss"] for row in rows]
+    assert losses["penalty"] == pytest.approx(losses["decay"], rel=1e-5)
+    plain = CONFIG.replace("optimizer: {type: adam}", "optimizer: {type: sgd}")
+    cfg, data = write(tmp_path, config=plain.replace("epochs: 6", "epochs: 3"))
+    api.train(load_config(cfg), data, output_directory=str(tmp_path / "plain"), progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "plain" / "metrics.jsonl").read_text().splitlines()]
+    assert abs(rows[-1]["validation_loss"] - losses["penalty"][-1]) > 1e-4  # the penalty changes training
+    fsdp = CONFIG.replace("early_stop: 5}", "early_stop: 5, regularization_lambda: 0.1}").replace(
+        "backend: {type: local}", "backend: {type: local, trainer: {strategy: {type: fsdp}}}"
+    )
+    assert "not with backend.trainer.strategy fsdp" in bad_config(tmp_path, fsdp)
+
+
 def test_cli_exit_codes_and_nothing_half_written(tmp_path):
     cfg, data = write(tmp_path, config=CONFIG.replace("epochs: 6", "epochs: 0"))
     out = tmp_path / "out"

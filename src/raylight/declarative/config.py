@@ -277,6 +277,14 @@ class TrainerSection(ConfigModel):
     learning_rate_scheduler: LRSchedulerConfig | None = Field(
         None, description="Warm-up, decay and reductions on plateau of the learning rate (Ludwig's section); null: a constant rate."
     )
+    regularization_lambda: float = Field(
+        0.0, ge=0, le=1,
+        description="Ludwig's: add this times the weights' penalty (regularization_type) to each step's "
+        "loss; 0: none. (trainer.optimizer.weight_decay decays the weights in the optimizer instead.)",
+    )
+    regularization_type: Literal["l1", "l2", "l1_l2"] | None = Field(
+        "l2", description="Ludwig's: the penalty, over every parameter: l1 (sum of |w|), l2 (sum of w^2), l1_l2 (both)."
+    )
     validation_metric: str = Field(
         "loss",
         description="The validation metric early stopping and the best model follow (loss, accuracy, "
@@ -487,6 +495,18 @@ class ModelConfig(ConfigModel):
         for key, space in value.parameters.items():
             _check_parameter(base, key, space)
         return value
+
+    @model_validator(mode="after")
+    def _check_regularization(self) -> ModelConfig:
+        t = self.trainer
+        strategy = self.backend.trainer.strategy
+        name = strategy if isinstance(strategy, str) else strategy.name
+        if t.regularization_lambda > 0 and t.regularization_type is not None and name == "fsdp":
+            raise ValueError(
+                "trainer.regularization_lambda: not with backend.trainer.strategy fsdp (its parameters "
+                "are shards); use trainer.optimizer.weight_decay, or strategy ddp or deepspeed"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_validation_metric(self) -> ModelConfig:

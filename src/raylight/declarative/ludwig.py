@@ -49,8 +49,6 @@ LUDWIG_KEYS: dict[str, str] = {
     "combiner.output_size": "use combiner.fc_layers: [{output_size: N}, ...], one entry per layer",
     "combiner.num_fc_layers": "use combiner.fc_layers: [{output_size: N}, ...], one entry per layer",
     "trainer.learning_rate_scaling": "use trainer.adaptive.lr_rule with batch_size: auto (the adaptive engine scales the LR with the batch)",
-    "trainer.regularization_lambda": "use trainer.optimizer.weight_decay",
-    "trainer.regularization_type": "use trainer.optimizer.weight_decay (L2); remove the key",
     "trainer.eval_batch_size": "evaluation runs in chunks of 65,536 rows; remove the key",
     "trainer.max_batch_size": "use batch_size: auto with trainer.adaptive.max_batch_size",
     "trainer.train_steps": "use trainer.epochs",
@@ -79,7 +77,6 @@ LUDWIG_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "trainer.eval_batch_size": (None,),
     "trainer.gradient_accumulation_steps": ("auto", 1),
     "trainer.effective_batch_size": ("auto",),
-    "trainer.regularization_lambda": (0,),
     "trainer.max_batch_size": (2**40,),  # Ludwig's "no limit"
 }
 
@@ -100,10 +97,6 @@ def _lookup(data: Any, path: str) -> tuple[bool, Any]:
 
 
 def _neutral(data: Any, path: str, value: Any) -> bool:
-    if path == "trainer.regularization_type":  # Ludwig's types do nothing without a lambda
-        found, weight = _lookup(data, "trainer.regularization_lambda")
-        unweighted = not found or _neutral(data, "trainer.regularization_lambda", weight)
-        return value in (None, "l1", "l2", "l1_l2") and unweighted
     allowed = LUDWIG_NEUTRAL.get(path, ())
     return ANY in allowed or any(_same(value, v) for v in allowed)
 

@@ -132,6 +132,25 @@ def from_store(data: Any) -> Any:
     return ray.get(data)
 
 
+def regularization(kind: str | None, weight: float) -> Callable[[torch.nn.Module], torch.Tensor] | None:
+    """Ludwig's ``trainer.regularization_type`` and ``regularization_lambda``: the penalty a
+    step adds to its loss, over every parameter (None: no penalty). Each rank adds it to its
+    own loss; its gradient, averaged over the ranks, is the one process's."""
+    if kind is None or weight == 0:
+        return None
+
+    def penalty(model: torch.nn.Module) -> torch.Tensor:
+        params = list(model.parameters())
+        total = torch.zeros((), device=params[0].device)
+        if kind in ("l1", "l1_l2"):
+            total = total + sum(p.abs().sum() for p in params)
+        if kind in ("l2", "l1_l2"):
+            total = total + sum(p.square().sum() for p in params)
+        return weight * total
+
+    return penalty
+
+
 class RateSchedule:
     """``trainer.learning_rate_scheduler`` applied to the loop's optimizer: each step's rate
     (and one_cycle's momentum) from the loader's position, reductions on plateau after each
@@ -219,6 +238,7 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
         adaptive=config["adaptive"],
     )
     loss_fn = loss_for(out.type)
+    penalty = regularization(cfg.trainer.regularization_type, cfg.trainer.regularization_lambda)
     stats = ctx.accumulator()
     for epoch in ctx.epochs(cfg.trainer.epochs):
         rates.apply(opt, loader)
@@ -226,7 +246,7 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
             target = batch.pop(out.name)
             opt.zero_grad()
             loss = loss_fn(model(batch), target)
-            loss.backward()
+            (loss + penalty(model) if penalty is not None else loss).backward()
             opt.step()
             rates.apply(opt, loader)  # after a step (the loader has moved on): the next one's rate
             stats[f"loss{epoch}"] += loss.item() * len(target)
