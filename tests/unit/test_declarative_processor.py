@@ -102,11 +102,14 @@ def test_ludwig_s_defaults_spelled_out_load_as_what_raylight_does():
         "checkpoints_per_epoch": 0, "train_steps": None, "eval_batch_size": None,
         "gradient_accumulation_steps": "auto", "effective_batch_size": "auto", "regularization_lambda": 0.0,
         "regularization_type": "l2", "max_batch_size": 1099511627776, "epochs": 3,
+        "should_shuffle": True, "compile": False, "profiler": {}, "increase_batch_size_on_plateau": 0,
+        "loss_balancing": "none", "model_soup": None, "modality_dropout": 0.0,
     }
+    assert set(LUDWIG_NEUTRAL) <= set(LUDWIG_KEYS)  # a neutral value of a key raylight has is never read
     data = {**BASE, "model_type": "ecd", "ludwig_version": "0.17.8", "trainer": trainer}
     cfg = validate(ModelConfig, data)
     assert cfg.trainer.epochs == 3 and "model_type" in data  # the caller's dict is left as it was
-    for key, value in (("use_mixed_precision", 0), ("gradient_accumulation_steps", 4)):
+    for key, value in (("use_mixed_precision", 0), ("gradient_accumulation_steps", 4), ("should_shuffle", False)):
         with pytest.raises(ConfigError) as err:
             validate(ModelConfig, {**data, "trainer": {**trainer, key: value}})
         assert f"trainer.{key}: Ludwig's setting" in str(err.value)
