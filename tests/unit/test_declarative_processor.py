@@ -8,7 +8,7 @@ import pytest
 from raylight.config.validation import validate
 from raylight.declarative import processor
 from raylight.declarative.config import ModelConfig, ProcessorConfig
-from raylight.declarative.ludwig import ANY, LUDWIG_KEYS, LUDWIG_NEUTRAL
+from raylight.declarative.ludwig import ANY, FEATURE_KEYS, LUDWIG_KEYS, LUDWIG_NEUTRAL
 from raylight.declarative.preprocess import split_rows
 from raylight.exceptions import ConfigError
 
@@ -115,6 +115,48 @@ def test_ludwig_s_defaults_spelled_out_load_as_what_raylight_does():
         assert f"trainer.{key}: Ludwig's setting" in str(err.value)
     with pytest.raises(ConfigError, match="model_type: Ludwig's setting, not raylight's: raylight trains Ludwig's ecd"):
         validate(ModelConfig, {**data, "model_type": "llm"})
+
+
+def test_ludwig_s_feature_sections_load_where_they_are_raylight_s_and_name_the_rest():
+    """Ludwig's encoders, losses and decoders of the kinds raylight has (passthrough numbers
+    and binaries, dense categories, a mean bag of text embeddings; its default loss and
+    decoder per output type) load; any other value names the key inside the feature."""
+    ludwig = {
+        "input_features": [
+            {"name": "a", "type": "number", "encoder": {"type": "passthrough"}},
+            {"name": "b", "type": "binary", "encoder": {"type": "passthrough"}},
+            {"name": "c", "type": "category", "encoder": {"type": "dense", "embedding_size": 8, "embeddings_trainable": True}},
+            {"name": "d", "type": "text", "encoder": {"type": "embed", "reduce_output": "mean"}, "tied": None},
+        ],
+        "output_features": [{
+            "name": "y", "type": "category", "top_k": 3, "reduce_input": "sum", "dependencies": [],
+            "loss": {"type": "softmax_cross_entropy", "class_weights": None, "weight": 1.0, "robust_lambda": 0},
+            "decoder": {"type": "classifier", "num_fc_layers": 0},
+        }],
+    }
+    cfg = validate(ModelConfig, ludwig)
+    assert cfg.input_features[2].encoder.embedding_size == 8 and cfg.output_features[0].type == "category"
+    # Ludwig's embed encoder sums: only with reduce_output: mean is it raylight's
+    summed = {**ludwig, "input_features": [{"name": "d", "type": "text", "encoder": {"type": "embed"}}]}
+    with pytest.raises(ConfigError, match=r"input_features\.0\.encoder\.type: Ludwig's setting.*mean bag"):
+        validate(ModelConfig, summed)
+
+
+@pytest.mark.parametrize(("side", "kind", "path"), [(side, kind, path) for (side, kind), rules in FEATURE_KEYS.items() for path in rules])
+def test_each_ludwig_feature_key_raylight_lacks_names_its_path_and_the_fix(side, kind, path):
+    kinds = {"number", "binary", "category", "text"} if side == "input" else {"number", "binary", "category"}
+    feature = {"name": "f", "type": "number" if kind == "*" else kind}
+    node = feature
+    parts = path.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = "not-a-neutral-value"
+    assert feature["type"] in kinds
+    data = {**BASE, f"{side}_features": [feature]}
+    with pytest.raises(ConfigError) as err:
+        validate(ModelConfig, data)
+    line = next(ln for ln in str(err.value).splitlines() if ln.strip().startswith(f"{side}_features.0.{path}:"))
+    assert "Ludwig's setting, not raylight's" in line and (" use " in line or "remove" in line or "write" in line)
 
 
 def test_ludwig_processors_raylight_does_not_run_name_the_ones_it_does():

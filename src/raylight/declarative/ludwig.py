@@ -135,6 +135,71 @@ LUDWIG_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "trainer.model_soup_top_k": (5,),
 }
 
+# Ludwig's keys inside a feature that raylight does not take, by (input or output, the
+# feature's type, or "*" for any) and key path inside the feature: what to do instead, and
+# the values that do what raylight does anyway (dropped, as LUDWIG_NEUTRAL's; a section
+# left empty goes too). raylight has one encoder per input type and one loss and decoder
+# per output type: Ludwig's name of each is its neutral value.
+_ENCODERS = {
+    "number": "raylight passes numbers through (Ludwig's passthrough encoder): use type: passthrough or remove the section",
+    "binary": "raylight passes binaries through (Ludwig's passthrough encoder): use type: passthrough or remove the section",
+    "category": "raylight embeds categories (Ludwig's dense encoder; embedding_size sets the width): use type: dense or remove the key",
+    "text": (
+        "raylight's text encoder is a mean bag of token embeddings (Ludwig's {type: embed, "
+        "reduce_output: mean}; embedding_size sets the width): write that or remove the keys"
+    ),
+}
+_LOSSES = {"binary": "binary_weighted_cross_entropy", "category": "softmax_cross_entropy", "number": "mean_squared_error"}
+_DECODERS = {"binary": "regressor", "category": "classifier", "number": "regressor"}
+_DECODER_FIX = "raylight's decoder is one linear layer after the combiner: add layers to combiner.fc_layers; remove the key"
+_EMBEDDING_KEYS = {
+    "encoder.embeddings_trainable": ("raylight trains its embeddings; remove the key", (True,)),
+    "encoder.pretrained_embeddings": ("pre-trained embeddings are not available; remove the key", (None,)),
+    "encoder.embeddings_on_cpu": ("remove the key (embeddings live with the rest of the model)", (False,)),
+    "encoder.dropout": ("not available on encoders; use combiner.dropout", (0,)),
+}
+FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
+    ("input", "number"): {"encoder.type": (_ENCODERS["number"], ("passthrough",))},
+    ("input", "binary"): {"encoder.type": (_ENCODERS["binary"], ("passthrough",))},
+    ("input", "category"): {"encoder.type": (_ENCODERS["category"], ("dense",)), **_EMBEDDING_KEYS},
+    ("input", "text"): {
+        "encoder.type": (_ENCODERS["text"], ("embed",)),
+        "encoder.reduce_output": (_ENCODERS["text"], ("mean",)),
+        **_EMBEDDING_KEYS,
+    },
+    ("input", "*"): {"tied": ("raylight does not share encoders between features; remove the key", (None,))},
+    ("output", "binary"): {
+        "loss.type": (f"raylight's binary loss is Ludwig's {_LOSSES['binary']}; use it or remove the key", (_LOSSES["binary"],)),
+        "loss.positive_class_weight": ("class weights are not available; remove the key", (None,)),
+        "threshold": ("raylight predicts the positive class at probability 0.5 and above; remove the key", (0.5,)),
+        "calibration": ("calibration is not available; remove the key", (False,)),
+    },
+    ("output", "category"): {
+        "loss.type": (f"raylight's category loss is Ludwig's {_LOSSES['category']}; use it or remove the key", (_LOSSES["category"],)),
+        "loss.class_weights": ("class weights are not available; remove the key", (None,)),
+        "loss.class_similarities": ("class similarities are not available; remove the key", (None,)),
+        "loss.class_similarities_temperature": ("class similarities are not available; remove the key", (0,)),
+        "top_k": ("raylight does not measure hits at k; remove the key", (3,)),
+        "calibration": ("calibration is not available; remove the key", (False,)),
+    },
+    ("output", "number"): {
+        "loss.type": (f"raylight's number loss is Ludwig's {_LOSSES['number']}; use it or remove the key", (_LOSSES["number"],)),
+        "clip": ("raylight does not clip predictions; remove the key", (None,)),
+    },
+    ("output", "*"): {
+        "loss.weight": ("use the feature's loss_weight", (1,)),
+        "loss.robust_lambda": ("not available; remove the key", (0,)),
+        "loss.confidence_penalty": ("not available; remove the key", (0,)),
+        "decoder.type": ("raylight's decoder is Ludwig's default one for the output's type; use it or remove the key", ()),
+        "decoder.num_fc_layers": (_DECODER_FIX, (0,)),
+        "decoder.fc_layers": (_DECODER_FIX, (None,)),
+        "decoder.fc_output_size": (_DECODER_FIX, (256,)),
+        "reduce_input": ("raylight's combiner gives one vector: nothing to reduce; remove the key", ("sum", None)),
+        "dependencies": ("raylight trains one output feature; remove the key", ([],)),
+        "reduce_dependencies": ("raylight trains one output feature; remove the key", ("sum",)),
+    },
+}
+
 # Ludwig's processor types raylight does not run, by key path.
 LUDWIG_VALUES: dict[tuple[str, str], str] = {
     ("backend.processor.type", "modin"): "use auto, pandas (in the driver) or ray_data",
@@ -173,6 +238,57 @@ def _without(data: dict[str, Any], path: str) -> dict[str, Any]:
     return out
 
 
+def _feature_rules(side: str, kind: Any) -> dict[str, tuple[str, tuple[Any, ...]]]:
+    rules = dict(FEATURE_KEYS.get((side, "*"), {}))
+    rules.update(FEATURE_KEYS.get((side, kind), {}))
+    if side == "output" and kind in _DECODERS:  # the decoder of the output's type
+        rules["decoder.type"] = (f"raylight's {kind} decoder is Ludwig's {_DECODERS[kind]}; use it or remove the key", (_DECODERS[kind],))
+    return rules
+
+
+def _check_features(data: dict[str, Any], errors: list[InitErrorDetails]) -> dict[str, Any]:
+    """``data`` without each feature's neutral Ludwig keys; the others added to ``errors``."""
+    for side in ("input", "output"):
+        key = f"{side}_features"
+        features = data.get(key)
+        if not isinstance(features, list):
+            continue
+        kept = []
+        for i, feature in enumerate(features):
+            if isinstance(feature, dict):
+                feature = _check_feature(feature, _feature_rules(side, feature.get("type")), (key, i), errors)
+            kept.append(feature)
+        data = {**data, key: kept}
+    return data
+
+
+def _check_feature(
+    feature: dict[str, Any], rules: dict[str, tuple[str, tuple[Any, ...]]], loc: tuple[Any, ...], errors: list[InitErrorDetails],
+) -> dict[str, Any]:
+    for path, (fix, neutral) in rules.items():
+        found, value = _lookup(feature, path)
+        if not found:
+            continue
+        if any(_same(value, v) for v in neutral) and _text_mean(feature, path):
+            feature = _without(feature, path)
+            head = path.split(".")[0]
+            if head != path and feature.get(head) == {}:  # a section left empty
+                feature = _without(feature, head)
+        else:
+            errors.append(InitErrorDetails(
+                type=PydanticCustomError("ludwig_key", f"Ludwig's setting, not raylight's: {fix}"),
+                loc=(*loc, *path.split(".")), input=value,
+            ))
+    return feature
+
+
+def _text_mean(feature: dict[str, Any], path: str) -> bool:
+    """Ludwig's embed encoder sums unless told to average: it is raylight's with ``mean``."""
+    if feature.get("type") != "text" or path != "encoder.type":
+        return True
+    return _lookup(feature, "encoder.reduce_output") == (True, "mean")
+
+
 def check_ludwig_keys(data: Any) -> Any:
     """``data`` without the Ludwig keys whose values do what raylight does anyway
     (``LUDWIG_NEUTRAL``); raise pydantic's ValidationError naming every other Ludwig key
@@ -189,6 +305,8 @@ def check_ludwig_keys(data: Any) -> Any:
         found, value = _lookup(data, path)
         if found and value == given:
             errors.append(_error(path, f"Ludwig's {given} processor is not available: {fix}", value))
+    if isinstance(data, dict):
+        data = _check_features(data, errors)
     if errors:
         raise ValidationError.from_exception_data("ModelConfig", errors)
     for path in neutral:
