@@ -258,13 +258,13 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
         if val_data is not None:  # every rank: the same numbers, the same decision
             val = evaluate_data(model, val_data, out, meta, ctx.device)
             report.update({f"validation_{k}": v for k, v in val.items()})
-            loss, score = val["loss"], sign * val[cfg.trainer.validation_metric]
+            judged, score = val["loss"], sign * val[cfg.trainer.validation_metric]
         else:
-            loss = score = train_loss
+            judged = score = train_loss
         rates.evaluated(train_loss, val)
         if rates.schedule is not None:  # the rate of the epoch's last step
             report["learning_rate"] = rates.last
-        diverged = not math.isfinite(loss)  # NaN or inf: training cannot recover from it
+        diverged = not math.isfinite(judged)  # a NaN or infinite loss: training cannot recover from it
         if not diverged and score < best["metric"]:
             best = {"metric": score, "epoch": epoch, "state": {k: v.detach().cpu().clone() for k, v in ctx.unwrap_model(model).state_dict().items()}}
         stop = diverged or (cfg.trainer.early_stop >= 0 and epoch - best["epoch"] >= cfg.trainer.early_stop)
