@@ -372,3 +372,24 @@ def test_an_rmsprop_config_trains(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["learning_rate"] == 0.01  # torch's default for RMSprop, constant (decay: null)
     assert out["evaluation"]["test"]["accuracy"] > 0.5
+
+
+def test_text_keeps_max_sequence_length_tokens_of_each_row(tmp_path):
+    """Ludwig's ``preprocessing.max_sequence_length`` on text (raylight's width was fixed
+    at 64): each row keeps its first N tokens, in training and in a loaded model."""
+    from raylight.declarative.features import text
+
+    feat = text.TextInput(name="t", type="text", preprocessing={"max_sequence_length": 3})
+    meta = text.fit(pd.Series(["a b c d e", "b"]), feat)
+    ids, _ = text.transform(pd.Series(["a b c d e", "b", None]), feat, meta)
+    vocab = meta["vocab"]
+    assert ids.shape == (3, 3)
+    assert [vocab[i] for i in ids[0]] == ["a", "b", "c"] and [vocab[i] for i in ids[1]][:1] == ["b"] and not ids[2].any()
+    config = CONFIG.replace("epochs: 6", "epochs: 1").replace(
+        "{name: review, type: text}", "{name: review, type: text, preprocessing: {max_sequence_length: 2}}"
+    )
+    cfg, data = write(tmp_path, config=config)
+    api.train(load_config(cfg), data, output_directory=str(tmp_path / "run"), progress=False)
+    model = load_model(str(tmp_path / "run" / "model"))
+    assert model.config.input_features[3].preprocessing.max_sequence_length == 2
+    assert len(model.predict(frame(5, seed=2))) == 5

@@ -1,5 +1,5 @@
 """Text features: word tokens (``\\w+``) from a vocabulary of the training split's most
-common ones, the first TEXT_LENGTH of each row, encoded by a mean bag of embeddings."""
+common ones, the first ``max_sequence_length`` of each row, encoded by a mean bag of embeddings."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from raylight.declarative.features.base import MAX_VOCAB, PAD, UNK, EmbeddingEnc
 if TYPE_CHECKING:
     from torch import nn
 
-TEXT_LENGTH = 64
+TEXT_LENGTH = 64  # max_sequence_length's default (Ludwig's is 256)
 _TOKEN = re.compile(r"\w+", re.UNICODE)
 
 
@@ -29,6 +29,9 @@ class TextPreprocessing(ConfigModel):
     most_common: int = Field(20_000, ge=1, le=MAX_VOCAB, description="Largest vocabulary of tokens.")
     min_frequency: int = Field(1, ge=1, le=2**31, description="Rarer tokens map to <UNK>.")
     lowercase: bool = Field(True, description="Lower-case text before tokenising.")
+    max_sequence_length: int = Field(
+        TEXT_LENGTH, ge=1, le=65_536, description="Tokens kept of each row, from its start (Ludwig's key; its default is 256)."
+    )
 
 
 class TextInput(FeatureModel):
@@ -84,9 +87,10 @@ def fit_ray(train: Any, feats: list[TextInput]) -> dict[str, dict[str, Any]]:
 
 def transform(col: pd.Series, feat: TextInput, meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None]:
     index = {v: i for i, v in enumerate(meta["vocab"])}
-    ids = np.zeros((len(col), TEXT_LENGTH), dtype=np.int64)
+    length = feat.preprocessing.max_sequence_length
+    ids = np.zeros((len(col), length), dtype=np.int64)
     for r, text in enumerate(col.fillna("").astype(str)):
-        tokens = [index.get(t, 1) for t in tokenize(text, feat.preprocessing.lowercase)][:TEXT_LENGTH]
+        tokens = [index.get(t, 1) for t in tokenize(text, feat.preprocessing.lowercase)][:length]
         ids[r, : len(tokens)] = tokens
     return ids, None
 
