@@ -393,3 +393,18 @@ def test_text_keeps_max_sequence_length_tokens_of_each_row(tmp_path):
     model = load_model(str(tmp_path / "run" / "model"))
     assert model.config.input_features[3].preprocessing.max_sequence_length == 2
     assert len(model.predict(frame(5, seed=2))) == 5
+
+
+def test_train_steps_is_the_run_s_budget_and_its_schedule_s_length(tmp_path):
+    """Ludwig's ``trainer.train_steps`` overrides the epochs: 13 steps of 9 an epoch are two
+    epochs, the second stopped after 4 steps; a linear decay spans the 13 steps, so the last
+    step (step 12) runs at 1/13 of the rate."""
+    section = "train_steps: 13, learning_rate_scheduler: {decay: linear}"
+    config = CONFIG.replace("early_stop: 5}", f"early_stop: 5, {section}}}")
+    cfg, data = write(tmp_path, config=config)
+    out = api.train(load_config(cfg), data, output_directory=str(tmp_path / "run"), progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["epoch"] for row in rows] == [0, 1] and out["evaluation"]["epochs_run"] == 2
+    assert rows[0]["learning_rate"] == pytest.approx(1e-3 * 5 / 13)  # step 8
+    assert rows[1]["learning_rate"] == pytest.approx(1e-3 * 1 / 13)  # step 12, the last
+    assert rows[1]["early_stop"] is True

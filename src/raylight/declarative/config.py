@@ -259,6 +259,11 @@ class LRSchedulerConfig(ConfigModel):
 
 class TrainerSection(ConfigModel):
     epochs: int = Field(10, ge=1, le=MAX_EPOCHS, description="Passes over the training split.")
+    train_steps: int | None = Field(
+        None, ge=1, le=2**40,
+        description="Ludwig's: train this many optimizer steps (of the first batch size) instead of "
+        "epochs; the last epoch stops part way. null: epochs decides.",
+    )
     batch_size: int | Literal["auto"] = Field(
         128, description="Global batch size, or 'auto': start at 64 and let the adaptive engine choose."
     )

@@ -51,7 +51,6 @@ LUDWIG_KEYS: dict[str, str] = {
     "trainer.learning_rate_scaling": "use trainer.adaptive.lr_rule with batch_size: auto (the adaptive engine scales the LR with the batch)",
     "trainer.eval_batch_size": "evaluation runs in chunks of 65,536 rows; remove the key",
     "trainer.max_batch_size": "use batch_size: auto with trainer.adaptive.max_batch_size",
-    "trainer.train_steps": "use trainer.epochs",
     "trainer.effective_batch_size": "use trainer.batch_size: raylight's batch size is already global (over all workers)",
     "trainer.gradient_accumulation_steps": (
         "the adaptive engine accumulates gradients when the batch outgrows a worker "
@@ -102,7 +101,6 @@ LUDWIG_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "trainer.evaluate_training_set": (False,),
     "trainer.steps_per_checkpoint": (0,),  # 0: once per epoch
     "trainer.checkpoints_per_epoch": (0, 1),
-    "trainer.train_steps": (None,),
     "trainer.eval_batch_size": (None,),
     "trainer.gradient_accumulation_steps": ("auto", 1),
     "trainer.effective_batch_size": ("auto",),

@@ -161,26 +161,35 @@ class RateSchedule:
         section = cfg.trainer.learning_rate_scheduler
         self.batch_size = batch_size
         self.steps_per_epoch = math.ceil(train_rows / batch_size)
+        # trainer.train_steps, Ludwig's budget in steps, else the epochs' steps
+        self.budget = cfg.trainer.train_steps
+        total = self.budget or cfg.trainer.epochs * self.steps_per_epoch
+        self.epochs = math.ceil(total / self.steps_per_epoch)
         self.last = base_lr  # the rate of the last step taken
         self.schedule = self.plateau = None
         self.section = section
         if section is not None:
-            self.schedule = Schedule(
-                section, base_lr=base_lr, total_steps=cfg.trainer.epochs * self.steps_per_epoch,
-                steps_per_epoch=self.steps_per_epoch,
-            )
+            self.schedule = Schedule(section, base_lr=base_lr, total_steps=total, steps_per_epoch=self.steps_per_epoch)
             if section.reduce_on_plateau > 0:
                 self.plateau = Plateau(
                     limit=section.reduce_on_plateau, rate=section.reduce_on_plateau_rate,
                     patience=section.reduce_on_plateau_patience, metric=section.reduce_eval_metric,
                 )
 
+    def clock(self, loader: Any) -> int:
+        """Steps (of the first batch) trained so far, from the loader's position."""
+        return schedule_clock(loader.epoch, loader.cursor, self.batch_size, self.steps_per_epoch)
+
+    def spent(self, loader: Any) -> bool:
+        """Whether ``trainer.train_steps`` steps are done (never without the key)."""
+        return self.budget is not None and self.clock(loader) >= self.budget
+
     def apply(self, opt: torch.optim.Optimizer, loader: Any) -> None:
         """Set the rate of the next step (every group, as Ludwig's scheduler does)."""
         self.last = opt.param_groups[0]["lr"]
         if self.schedule is None:
             return
-        clock = schedule_clock(loader.epoch, loader.cursor, self.batch_size, self.steps_per_epoch)
+        clock = self.clock(loader)
         rate = self.schedule.lr(clock) * (self.plateau.factor() if self.plateau is not None else 1.0)
         momentum = self.schedule.momentum(clock)
         for group in opt.param_groups:
@@ -240,9 +249,9 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
     loss_fn = loss_for(out.type)
     penalty = regularization(cfg.trainer.regularization_type, cfg.trainer.regularization_lambda)
     stats = ctx.accumulator()
-    for epoch in ctx.epochs(cfg.trainer.epochs):
+    for epoch in ctx.epochs(rates.epochs):
         rates.apply(opt, loader)
-        for batch in loader:
+        for batch in loader if not rates.spent(loader) else ():
             target = batch.pop(out.name)
             opt.zero_grad()
             loss = loss_fn(model(batch), target)
@@ -251,6 +260,8 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
             rates.apply(opt, loader)  # after a step (the loader has moved on): the next one's rate
             stats[f"loss{epoch}"] += loss.item() * len(target)
             stats[f"n{epoch}"] += len(target)
+            if rates.spent(loader):  # trainer.train_steps reached: the run ends with this epoch
+                break
         with stats.synchronized():
             train_loss = stats[f"loss{epoch}"] / max(stats[f"n{epoch}"], 1)
         report: dict[str, Any] = {"epoch": epoch, "train_loss": train_loss, "batch_size": ctx.batch_size}
@@ -268,6 +279,7 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
         if not diverged and score < best["metric"]:
             best = {"metric": score, "epoch": epoch, "state": {k: v.detach().cpu().clone() for k, v in ctx.unwrap_model(model).state_dict().items()}}
         stop = diverged or (cfg.trainer.early_stop >= 0 and epoch - best["epoch"] >= cfg.trainer.early_stop)
+        stop = stop or rates.spent(loader)
         report["early_stop"] = stop
         report["diverged"] = diverged
         ctx.report(report, checkpoint={
