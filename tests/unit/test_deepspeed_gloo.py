@@ -178,6 +178,21 @@ def trainer(rank: int, port: int, directory: str, queue) -> None:
             params = strategy.full_state(strategy.objects_state({"model": model}))["model"]
             out[name] = {"params": {k: v.reshape(-1).tolist() for k, v in params.items()}, "norms": norms}
 
+        # a rate set on the prepared optimizer's groups is the one the engine's step uses
+        # (as the declarative loop's learning_rate_scheduler sets it): at 0, nothing moves
+        strategy = deepspeed(2)
+        model, opt = prepared(context(rank, 2, strategy))
+        train(model, opt, rank, 2, range(1))
+        for group in opt.param_groups:
+            group["lr"] = 0.0
+        before = snapshot(strategy, model, opt)["params"]
+        train(model, opt, rank, 2, range(1, 3))
+        out["lr_zero_still"] = snapshot(strategy, model, opt)["params"] == before
+        for group in opt.param_groups:
+            group["lr"] = 1e-3
+        train(model, opt, rank, 2, range(3, 4))
+        out["lr_back_moved"] = snapshot(strategy, model, opt)["params"] != before
+
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
         for name, optimizer in (("offload_cpu_adam", DeepSpeedCPUAdam), ("offload_torch_adam", torch.optim.Adam)):
@@ -327,6 +342,11 @@ def test_max_grad_norm_clips_under_zero2_as_under_ddp(trained):
     close(ds["params"], ddp["params"], 1e-6)
     moved = max(abs(a - b) for k in ddp["params"] for a, b in zip(ddp["params"][k], zero["sgd_ddp"][k], strict=True))
     assert moved > 1e-3, "clipped training differs from unclipped"
+
+
+def test_a_rate_set_on_the_prepared_optimizer_is_the_step_s(trained):
+    for out in trained["ranks"].values():
+        assert out["lr_zero_still"] and out["lr_back_moved"]
 
 
 def test_offloaded_optimizer_trains_like_ddp(trained):
