@@ -408,3 +408,19 @@ def test_train_steps_is_the_run_s_budget_and_its_schedule_s_length(tmp_path):
     assert rows[0]["learning_rate"] == pytest.approx(1e-3 * 5 / 13)  # step 8
     assert rows[1]["learning_rate"] == pytest.approx(1e-3 * 1 / 13)  # step 12, the last
     assert rows[1]["early_stop"] is True
+
+
+def test_loss_weight_scales_the_loss_trained_on(tmp_path):
+    """``loss_weight`` (Ludwig's loss.weight) multiplies the loss in training: with SGD, a
+    weight of 2 trains as twice the learning rate; the reported losses stay unweighted."""
+    losses = {}
+    for name, weight, lr in (("weighted", 2, 0.01), ("faster", 1, 0.02)):
+        config = CONFIG.replace("epochs: 6", "epochs: 2").replace("learning_rate: auto", f"learning_rate: {lr}").replace(
+            "optimizer: {type: adam}", "optimizer: {type: sgd}"
+        ).replace("{name: income, type: binary}", f"{{name: income, type: binary, loss_weight: {weight}}}")
+        (tmp_path / name).mkdir()
+        cfg, data = write(tmp_path / name, config=config)
+        api.train(load_config(cfg), data, output_directory=str(tmp_path / name / "run"), progress=False)
+        rows = [json.loads(line) for line in (tmp_path / name / "run" / "metrics.jsonl").read_text().splitlines()]
+        losses[name] = [row[key] for row in rows for key in ("train_loss", "validation_loss")]
+    assert losses["weighted"] == pytest.approx(losses["faster"], rel=1e-5)

@@ -37,6 +37,8 @@ def test_valid_section_and_metric_name():
     assert h is not None and h.metric_name == "validation_accuracy"
     assert h.executor.max_concurrent_trials == "auto" and h.executor.scheduler.type == "fifo"
     assert config({"parameters": {"trainer.learning_rate": LR}, "split": "training"}).hyperopt.metric_name == "train_loss"
+    # Ludwig's name of the metric
+    assert config({"parameters": {"trainer.learning_rate": LR}, "metric": "accuracy_micro"}).hyperopt.metric_name == "validation_accuracy"
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,7 @@ from raylight.declarative.features.base import MAX_WIDTH, FeatureModel
 from raylight.declarative.hyperopt_config import HyperoptConfig
 from raylight.declarative.keypath import KeyPathError, assign
 from raylight.declarative.ludwig import check_ludwig_keys
+from raylight.declarative.metrics import metric_name, metrics_measured
 
 # Upper bounds: far beyond any real use, low enough that a typo fails here and not as an
 # allocation of terabytes or a loop of years.
@@ -71,7 +72,10 @@ OUTPUT_TYPES: tuple[str, ...] = get_args(OutputType)
 
 class OutputFeature(FeatureModel):
     type: OutputType = Field(description="Target type; sets loss and metrics.")
-    loss_weight: float = Field(1.0, gt=0, le=1e6, description="Weight of this output's loss.")
+    loss_weight: float = Field(
+        1.0, gt=0, le=1e6,
+        description="Multiplies this output's loss in training (Ludwig's loss.weight); the reported losses are unweighted.",
+    )
 
 
 # -- model and training ----------------------------------------------------------------
@@ -168,16 +172,7 @@ class GradientClippingConfig(ConfigModel):
         return None
 
 
-# Ludwig's metric names that are raylight's under another name.
-METRIC_ALIASES = {"mean_squared_error": "mse", "mean_absolute_error": "mae", "accuracy_micro": "accuracy"}
 Decay = Literal["linear", "exponential", "cosine", "one_cycle", "inverse_sqrt", "polynomial", "wsd"]
-
-
-def metrics_measured(kind: str, split: str) -> list[str]:
-    """The metrics each epoch measures of a ``kind`` output on ``split``."""
-    if split == "training":
-        return ["loss"]
-    return {"binary": ["loss", "accuracy"], "category": ["loss", "accuracy"], "number": ["loss", "mse", "mae", "r2"]}[kind]
 
 
 class LRSchedulerConfig(ConfigModel):
@@ -236,10 +231,7 @@ class LRSchedulerConfig(ConfigModel):
             )
         return value
 
-    @field_validator("reduce_eval_metric")
-    @classmethod
-    def _metric_name(cls, value: str) -> str:
-        return METRIC_ALIASES.get(value, value)
+    _metric_name = field_validator("reduce_eval_metric")(metric_name)
 
     @model_validator(mode="after")
     def _one_warm_up(self) -> LRSchedulerConfig:
@@ -300,10 +292,7 @@ class TrainerSection(ConfigModel):
         "combined", description="Ludwig's: the output validation_metric is measured on; combined or the output's name (raylight has one output)."
     )
 
-    @field_validator("validation_metric")
-    @classmethod
-    def _validation_metric_name(cls, value: str) -> str:
-        return METRIC_ALIASES.get(value, value)
+    _validation_metric_name = field_validator("validation_metric")(metric_name)
 
     @field_validator("batch_size")
     @classmethod

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from raylight.config.base import ConfigModel
+from raylight.declarative.metrics import metric_name
 
 
 # -- search spaces -------------------------------------------------------------------
@@ -144,10 +145,16 @@ class HyperoptConfig(ConfigModel):
         "and the space each is searched in.",
     )
     goal: Literal["minimize", "maximize"] = Field("minimize", description="Whether the metric should go down or up.")
-    metric: str = Field("loss", description="Metric of the output feature to optimise: loss, accuracy (classifiers), mse, mae, r2 (numbers).")
+    metric: str = Field(
+        "loss",
+        description="Metric of the output feature to optimise: loss, accuracy (classifiers), mse, mae, r2 "
+        "(numbers); Ludwig's mean_squared_error, mean_absolute_error and accuracy_micro too.",
+    )
     split: Literal["validation", "training"] = Field("validation", description="Split the metric is measured on.")
     search_alg: SearchAlgConfig = Field(default_factory=lambda: SearchAlgConfig(), description="Search algorithm.")
     executor: ExecutorConfig = Field(default_factory=lambda: ExecutorConfig(), description="Trials and their resources.")
+
+    _metric_name = field_validator("metric")(metric_name)
 
     @model_validator(mode="after")
     def _grid_only(self) -> HyperoptConfig:

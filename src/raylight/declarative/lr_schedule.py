@@ -26,15 +26,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["MINIMIZED", "Plateau", "Schedule", "schedule_clock"]
+from raylight.declarative.metrics import MINIMIZED
+
+__all__ = ["Plateau", "Schedule", "schedule_clock"]
 
 # torch.optim.lr_scheduler.OneCycleLR's momentum cycle (Ludwig keeps torch's defaults).
 ONE_CYCLE_BASE_MOMENTUM, ONE_CYCLE_MAX_MOMENTUM = 0.85, 0.95
 # torch.optim.lr_scheduler.ReduceLROnPlateau's defaults, which Ludwig keeps.
 PLATEAU_THRESHOLD = 1e-4
 
-# Metrics that improve as they fall; every other one improves as it rises.
-MINIMIZED = frozenset({"loss", "mse", "mae"})
 
 
 def schedule_clock(epoch: int, cursor: int, batch_size: int, steps_per_epoch: int) -> int:

@@ -185,7 +185,7 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "clip": ("raylight does not clip predictions; remove the key", (None,)),
     },
     ("output", "*"): {
-        "loss.weight": ("use the feature's loss_weight", (1,)),
+        "loss.weight": ("write it as the feature's loss_weight", (1,)),
         "loss.robust_lambda": ("not available; remove the key", (0,)),
         "loss.confidence_penalty": ("not available; remove the key", (0,)),
         "decoder.type": ("raylight's decoder is Ludwig's default one for the output's type; use it or remove the key", ()),

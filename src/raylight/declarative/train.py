@@ -14,7 +14,8 @@ import torch
 
 from raylight.data.blocks import BlockDataset
 from raylight.declarative.config import ModelConfig
-from raylight.declarative.lr_schedule import MINIMIZED, Plateau, Schedule, schedule_clock
+from raylight.declarative.lr_schedule import Plateau, Schedule, schedule_clock
+from raylight.declarative.metrics import MINIMIZED
 
 if TYPE_CHECKING:
     from raylight.context import TrainContext
@@ -255,7 +256,8 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
             target = batch.pop(out.name)
             opt.zero_grad()
             loss = loss_fn(model(batch), target)
-            (loss + penalty(model) if penalty is not None else loss).backward()
+            weighted = loss * out.loss_weight if out.loss_weight != 1 else loss  # Ludwig's loss.weight
+            (weighted + penalty(model) if penalty is not None else weighted).backward()
             opt.step()
             rates.apply(opt, loader)  # after a step (the loader has moved on): the next one's rate
             stats[f"loss{epoch}"] += loss.item() * len(target)
