@@ -424,3 +424,36 @@ def test_loss_weight_scales_the_loss_trained_on(tmp_path):
         rows = [json.loads(line) for line in (tmp_path / name / "run" / "metrics.jsonl").read_text().splitlines()]
         losses[name] = [row[key] for row in rows for key in ("train_loss", "validation_loss")]
     assert losses["weighted"] == pytest.approx(losses["faster"], rel=1e-5)
+
+
+def test_ludwig_s_fixed_split_takes_each_row_s_split_from_its_column(tmp_path):
+    """``preprocessing.split: {type: fixed, column: split}`` (Ludwig's): rows marked 0, 1, 2
+    (numbers or their strings) go to train, validation and test, in file order; other
+    values, a missing column, settings of the other type, and a run that needs validation
+    rows the column does not give are errors that say so."""
+    from raylight.declarative.preprocess import fixed_split_rows
+
+    df = frame()
+    df["split"] = [0] * 300 + ["1"] * 40 + [2.0] * 60
+    fixed = CONFIG.replace("{type: random, probabilities: [0.7, 0.1, 0.2]}", "{type: fixed}")
+    cfg, data = write(tmp_path, config=fixed, df=df)
+    prepared = api.prepare(load_config(cfg), data)
+    assert [len(prepared.train["income"]), len(prepared.validation["income"]), len(prepared.test["income"])] == [300, 40, 60]
+    assert prepared.test_frame["age"].tolist() == pytest.approx(df["age"].iloc[340:].tolist(), nan_ok=True)
+    out = api.train(load_config(cfg), data, output_directory=str(tmp_path / "run"), progress=False)
+    assert out["evaluation"]["test"]["accuracy"] > 0.6
+    with pytest.raises(ConfigError, match="type fixed runs on the pandas processor only"):
+        api.prepare(load_config(cfg), data, processor="ray_data", use_cache=False)
+    with pytest.raises(ConfigError, match=r"holds values other than 0 \(train\).*such as \['x'\] \(first at row 3\)"):
+        fixed_split_rows(df.assign(split=[0, 0, 1, "x"] + [0] * 396), "split", "d.csv")
+    with pytest.raises(ConfigError, match="has no such column"):
+        fixed_split_rows(df, "fold", "d.csv")
+    assert "probabilities is a setting of type random" in bad_config(
+        tmp_path, CONFIG.replace("{type: random, probabilities: [0.7, 0.1, 0.2]", "{type: fixed, probabilities: [0.8, 0.1, 0.1]")
+    )
+    assert "column is a setting of type fixed" in bad_config(tmp_path, CONFIG.replace("{type: random,", "{type: random, column: s,"))
+    (tmp_path / "noval").mkdir()
+    cfg, data = write(tmp_path / "noval", config=fixed.replace("early_stop: 5}", "early_stop: 5, validation_metric: accuracy}"),
+                      df=df.assign(split=[0] * 340 + [2] * 60))
+    with pytest.raises(ConfigError, match=r"gives the validation split no rows, but trainer\.validation_metric \(accuracy\) needs one"):
+        api.prepare(load_config(cfg), data)

@@ -309,11 +309,28 @@ class TrainerSection(ConfigModel):
         return value
 
 
+DEFAULT_SPLIT, DEFAULT_SPLIT_COLUMN = (0.7, 0.1, 0.2), "split"
+
+
 class SplitConfig(ConfigModel):
-    type: Literal["random"] = Field("random", description="How rows are split into train/validation/test.")
-    probabilities: tuple[float, float, float] = Field(
-        (0.7, 0.1, 0.2), description="Fractions for train, validation and test; they sum to 1."
+    type: Literal["random", "fixed"] = Field(
+        "random",
+        description="How rows are split into train/validation/test: random (probabilities), or "
+        "fixed (Ludwig's: column says, 0 train, 1 validation, 2 test; the pandas processor only).",
     )
+    probabilities: tuple[float, float, float] = Field(
+        DEFAULT_SPLIT, description="random: fractions for train, validation and test; they sum to 1."
+    )
+    column: str = Field(DEFAULT_SPLIT_COLUMN, min_length=1, description="fixed: the column holding each row's split (0, 1 or 2).")
+
+    @model_validator(mode="after")
+    def _settings_of_its_type(self) -> SplitConfig:
+        # by value, not by what was written: a rendered config (every default) loads again
+        if self.type == "fixed" and self.probabilities != DEFAULT_SPLIT:
+            raise ValueError("probabilities is a setting of type random; a fixed split takes column")
+        if self.type == "random" and self.column != DEFAULT_SPLIT_COLUMN:
+            raise ValueError("column is a setting of type fixed (Ludwig's split column); a random split takes probabilities")
+        return self
 
     @field_validator("probabilities")
     @classmethod

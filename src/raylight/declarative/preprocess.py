@@ -121,6 +121,26 @@ def transform(
     return {k: v[keep] for k, v in arrays.items()}, keep
 
 
+def fixed_split_rows(df: pd.DataFrame, column: str, source: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Ludwig's fixed split: the rows whose ``column`` is 0, 1 and 2 (numbers or their
+    strings), in file order. Anything else in the column is a ConfigError naming it."""
+    where = f"preprocessing.split.column {column!r}"
+    if column not in df.columns:
+        raise ConfigError(f"{where}: dataset {source!r} has no such column; its columns are {list(df.columns)}")
+    codes = pd.to_numeric(df[column].astype(str).str.strip(), errors="coerce")
+    bad = ~codes.isin([0, 1, 2])
+    if bad.any():
+        first = int(np.flatnonzero(bad.to_numpy())[0])
+        examples = [str(v) for v in df[column][bad].drop_duplicates().head(3)]
+        raise ConfigError(
+            f"{where}: column of dataset {source!r} holds values other than 0 (train), 1 (validation) "
+            f"and 2 (test), such as {examples} (first at row {first}); fix the column, or use "
+            "split type random"
+        )
+    values = codes.to_numpy()
+    return tuple(np.flatnonzero(values == k) for k in range(3))  # type: ignore[return-value]
+
+
 def split_rows(n: int, probabilities: tuple[float, float, float], seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     order = np.random.default_rng(seed).permutation(n)
     n_train = max(1, round(probabilities[0] * n))
