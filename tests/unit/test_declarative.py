@@ -442,8 +442,6 @@ def test_ludwig_s_fixed_split_takes_each_row_s_split_from_its_column(tmp_path):
     assert prepared.test_frame["age"].tolist() == pytest.approx(df["age"].iloc[340:].tolist(), nan_ok=True)
     out = api.train(load_config(cfg), data, output_directory=str(tmp_path / "run"), progress=False)
     assert out["evaluation"]["test"]["accuracy"] > 0.6
-    with pytest.raises(ConfigError, match="type fixed runs on the pandas processor only"):
-        api.prepare(load_config(cfg), data, processor="ray_data", use_cache=False)
     with pytest.raises(ConfigError, match=r"holds values other than 0 \(train\).*such as \['x'\] \(first at row 3\)"):
         fixed_split_rows(df.assign(split=[0, 0, 1, "x"] + [0] * 396), "split", "d.csv")
     with pytest.raises(ConfigError, match="has no such column"):

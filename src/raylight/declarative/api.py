@@ -28,6 +28,7 @@ from raylight.declarative.preprocess import (
     check_columns,
     check_split_rows,
     check_target,
+    check_validation_unneeded,
     fit_metadata,
     fixed_split_rows,
     split_rows,
@@ -212,12 +213,6 @@ def prepare(
     if processor == "ray_data":
         from raylight.declarative.ray_data import prepare_ray_data
 
-        if config.preprocessing.split.type == "fixed":
-            raise ConfigError(
-                "preprocessing.split: type fixed runs on the pandas processor only; set "
-                "backend.processor.type: pandas (the dataset must fit in the driver's memory) or "
-                "use split type random"
-            )
 
         parts = prepare_ray_data(config, dataset, progress=progress)
         prepared = Prepared(config, parts["meta"], parts["train"], parts["validation"], parts["test"], None)
@@ -251,19 +246,6 @@ def _prepare(config: ModelConfig, dataset: str) -> Prepared:
         check_validation_unneeded(config, f"the fixed split's column {split.column!r} gives the validation split no rows")
     train, val, test = (splits[k] if kept[k] else None for k in ("train", "validation", "test"))
     return Prepared(config, meta, train, val, test, df.iloc[test_idx] if kept["test"] else None)
-
-
-def check_validation_unneeded(config: ModelConfig, why: str) -> None:
-    """A run without validation rows: early stopping and the best model follow the training
-    loss, and nothing else may ask for a validation metric."""
-    t, needs = config.trainer, []
-    if t.validation_metric != "loss":
-        needs.append(f"trainer.validation_metric ({t.validation_metric})")
-    sched = t.learning_rate_scheduler
-    if sched is not None and sched.reduce_on_plateau > 0 and sched.reduce_eval_split == "validation":
-        needs.append("trainer.learning_rate_scheduler.reduce_eval_split (validation)")
-    if needs:
-        raise ConfigError(f"{why}, but {' and '.join(needs)} needs one; give rows the value 1, or measure on training")
 
 
 def new_output_dir(path: str) -> str:

@@ -316,7 +316,7 @@ class SplitConfig(ConfigModel):
     type: Literal["random", "fixed"] = Field(
         "random",
         description="How rows are split into train/validation/test: random (probabilities), or "
-        "fixed (Ludwig's: column says, 0 train, 1 validation, 2 test; the pandas processor only).",
+        "fixed (Ludwig's: column says, 0 train, 1 validation, 2 test).",
     )
     probabilities: tuple[float, float, float] = Field(
         DEFAULT_SPLIT, description="random: fractions for train, validation and test; they sum to 1."

@@ -47,6 +47,19 @@ def check_split_rows(source: str, rows: int, kept: dict[str, int], probabilities
         )
 
 
+def check_validation_unneeded(config: Any, why: str) -> None:
+    """A run without validation rows: early stopping and the best model follow the training
+    loss, and nothing else may ask for a validation metric."""
+    t, needs = config.trainer, []
+    if t.validation_metric != "loss":
+        needs.append(f"trainer.validation_metric ({t.validation_metric})")
+    sched = t.learning_rate_scheduler
+    if sched is not None and sched.reduce_on_plateau > 0 and sched.reduce_eval_split == "validation":
+        needs.append("trainer.learning_rate_scheduler.reduce_eval_split (validation)")
+    if needs:
+        raise ConfigError(f"{why}, but {' and '.join(needs)} needs one; give rows the value 1, or measure on training")
+
+
 def check_classes(out: Any, classes: list[Any], source: str) -> None:
     """A classifier's target needs two classes; a binary one at most two."""
     if out.type not in ("binary", "category"):
@@ -124,21 +137,33 @@ def transform(
 def fixed_split_rows(df: pd.DataFrame, column: str, source: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Ludwig's fixed split: the rows whose ``column`` is 0, 1 and 2 (numbers or their
     strings), in file order. Anything else in the column is a ConfigError naming it."""
-    where = f"preprocessing.split.column {column!r}"
     if column not in df.columns:
-        raise ConfigError(f"{where}: dataset {source!r} has no such column; its columns are {list(df.columns)}")
-    codes = pd.to_numeric(df[column].astype(str).str.strip(), errors="coerce")
-    bad = ~codes.isin([0, 1, 2])
-    if bad.any():
-        first = int(np.flatnonzero(bad.to_numpy())[0])
-        examples = [str(v) for v in df[column][bad].drop_duplicates().head(3)]
-        raise ConfigError(
-            f"{where}: column of dataset {source!r} holds values other than 0 (train), 1 (validation) "
-            f"and 2 (test), such as {examples} (first at row {first}); fix the column, or use "
-            "split type random"
-        )
-    values = codes.to_numpy()
-    return tuple(np.flatnonzero(values == k) for k in range(3))  # type: ignore[return-value]
+        raise missing_split_column(column, source, list(df.columns))
+    codes = split_codes(df[column])
+    if (codes < 0).any():
+        first = int(np.flatnonzero(codes < 0)[0])
+        raise bad_split_values(column, source, [str(v) for v in df[column][codes < 0].drop_duplicates().head(3)], f"row {first}")
+    return tuple(np.flatnonzero(codes == k) for k in range(3))  # type: ignore[return-value]
+
+
+def split_codes(values: pd.Series) -> np.ndarray:
+    """A fixed split column's codes: 0, 1, 2 (numbers or their strings); -1 for anything else."""
+    codes = pd.to_numeric(values.astype(str).str.strip(), errors="coerce")
+    return np.where(codes.isin([0, 1, 2]), codes.fillna(-1), -1).astype(np.int8)
+
+
+def missing_split_column(column: str, source: str, columns: list[str]) -> ConfigError:
+    return ConfigError(
+        f"preprocessing.split.column {column!r}: dataset {source!r} has no such column; its columns are {columns}"
+    )
+
+
+def bad_split_values(column: str, source: str, examples: list[str], first: str) -> ConfigError:
+    return ConfigError(
+        f"preprocessing.split.column {column!r}: column of dataset {source!r} holds values other than 0 "
+        f"(train), 1 (validation) and 2 (test), such as {examples} (first at {first}); fix the column, or "
+        "use split type random"
+    )
 
 
 def split_rows(n: int, probabilities: tuple[float, float, float], seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -28,9 +28,13 @@ from raylight.declarative.dataset import dataset_format, expand
 from raylight.declarative.features import FEATURES
 from raylight.declarative.preprocess import (
     all_null,
+    bad_split_values,
     check_classes,
     check_split_rows,
+    check_validation_unneeded,
     missing_column,
+    missing_split_column,
+    split_codes,
     transform,
 )
 from raylight.exceptions import ConfigError
@@ -110,6 +114,10 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
     # "Tried to complete task that was not pending"). Materialised, nothing is cancelled.
     ds = _read(dataset).materialize()
     columns = ds.schema().names
+    split = config.preprocessing.split
+    fixed = split.column if split.type == "fixed" else None
+    if fixed is not None and fixed not in columns:
+        raise missing_split_column(fixed, dataset, columns)
     for kind, feats in (("input_features", config.input_features), ("output_features", config.output_features)):
         for feat in feats:
             if feat.col not in columns:
@@ -127,14 +135,21 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
     out = config.output_features[0]
     if out.type in ("binary", "category"):
         check_classes(out, sorted({c for cs in summary["classes"] for c in cs}), dataset)
-    p = config.preprocessing.split.probabilities
+    p = split.probabilities
     seed = config.trainer.seed
-    quotas = split_quotas(summary["rows"].to_numpy(), p, seed)
+    if fixed is not None:  # each block's rows of each split, as its column says
+        bad = summary[summary["split_bad"].str.len() > 0]
+        if len(bad):
+            raise bad_split_values(fixed, dataset, bad["split_bad"].iloc[0], f"a row of block {bad.index[0]}")
+        quotas = summary[["split0", "split1", "split2"]].to_numpy()
+        p = (1.0, 0.0, 0.0)  # the column decides; training needs rows (checked below)
+    else:
+        quotas = split_quotas(summary["rows"].to_numpy(), p, seed)
     pieces = output_blocks(len(blocks), rows, int(ray.cluster_resources().get("CPU", 1)))
     scattered = [
-        _task(_scatter_fn).options(num_returns=pieces).remote(b, q, pieces, (seed, 1, i))
+        _task(_scatter_fn).options(num_returns=pieces).remote(b, q, pieces, (seed, 1, i), fixed)
         if pieces > 1
-        else [_task(_scatter_fn).remote(b, q, 1, (seed, 1, i))]
+        else [_task(_scatter_fn).remote(b, q, 1, (seed, 1, i), fixed)]
         for i, (b, q) in enumerate(zip(blocks, quotas, strict=True))
     ]
     gathered = [_task(_gather_fn).options(num_returns=3).remote((seed, 2, j), *[s[j] for s in scattered]) for j in range(pieces)]
@@ -150,6 +165,8 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
 
     splits = {name: refs(k) for k, name in enumerate(("train", "validation", "test"))}
     check_split_rows(dataset, rows, {k: len(v) if v is not None else 0 for k, v in splits.items()}, p)
+    if fixed is not None and splits["validation"] is None:
+        check_validation_unneeded(config, f"the fixed split's column {fixed!r} gives the validation split no rows")
     return {"meta": meta, **splits}
 
 
@@ -183,6 +200,11 @@ def _summary(df: pd.DataFrame, config: ModelConfig) -> pd.DataFrame:
     number column, input or target: non-numeric values, with one example, and infinite
     ones)."""
     row: dict[str, Any] = {"rows": len(df)}
+    split = config.preprocessing.split
+    if split.type == "fixed":  # each split's rows, and a few values that are none
+        codes = split_codes(df[split.column])
+        row.update({f"split{k}": int((codes == k).sum()) for k in range(3)})
+        row["split_bad"] = [str(v) for v in df[split.column][codes < 0].drop_duplicates().head(3)]
     out = config.output_features[0]
     if out.type in ("binary", "category"):
         row["classes"] = [str(v) for v in df[out.col].dropna().unique()[:3]]
@@ -202,11 +224,15 @@ def _task(fn: Any) -> Any:
     return ray.remote(fn)
 
 
-def _scatter_fn(df: pd.DataFrame, quota: np.ndarray, pieces: int, seed: tuple[int, ...]) -> Any:
+def _scatter_fn(df: pd.DataFrame, quota: np.ndarray, pieces: int, seed: tuple[int, ...], fixed: str | None = None) -> Any:
     """One block's rows, labelled with their split (``quota`` rows each, chosen at
-    random) and dealt at random to ``pieces`` output blocks."""
+    random; or, for a fixed split, as its ``fixed`` column says) and dealt at random to
+    ``pieces`` output blocks."""
     rng = np.random.default_rng(seed)
-    labels = rng.permutation(np.repeat(np.arange(3, dtype=np.int8), quota))
+    if fixed is not None:
+        labels = split_codes(df[fixed])
+    else:
+        labels = rng.permutation(np.repeat(np.arange(3, dtype=np.int8), quota))
     dest = rng.integers(pieces, size=len(df))
     df = df.assign(**{SPLIT_COLUMN: labels})
     parts = [df[dest == j] for j in range(pieces)]
