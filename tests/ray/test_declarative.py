@@ -42,10 +42,11 @@ def test_two_workers_on_two_cpus_finish_adaptively(ray_cluster, tmp_path, proces
         assert 1e-3 * (30 - 5 * e - 4) / 30 - 1e-12 <= row["learning_rate"] <= 1e-3 * (30 - 5 * e) / 30 + 1e-12, row
 
 
-def test_a_fixed_split_on_ray_data_takes_each_row_s_split_from_its_column(ray_cluster, tmp_path):
+def test_fixed_and_stratified_splits_on_ray_data_give_the_pandas_splits(ray_cluster, tmp_path):
     """Ludwig's fixed split on the ray_data processor: each block's rows go where their
     column says (the same rows as the pandas processor's, in another order); a value that
-    is not 0, 1 or 2 names the column."""
+    is not 0, 1 or 2 names the column. Its stratified split: each stratum's split sizes are
+    the pandas processor's."""
     import numpy as np
 
     from tests.declarative_data import frame
@@ -57,23 +58,38 @@ def test_a_fixed_split_on_ray_data_takes_each_row_s_split_from_its_column(ray_cl
     sizes = {}
     for processor in ("ray_data", "pandas"):
         prepared = api.prepare(load_config(cfg), data, processor=processor, use_cache=False)
-        sizes[processor] = {k: sorted(np.asarray(ages(v)).round(6).tolist())
+        sizes[processor] = {k: sorted(np.asarray(column(v, "age")).round(6).tolist())
                             for k, v in (("train", prepared.train), ("validation", prepared.validation), ("test", prepared.test))}
     assert [len(sizes["ray_data"][k]) for k in ("train", "validation", "test")] == [280, 40, 80]
     assert sizes["ray_data"] == sizes["pandas"]
     cfg, data = write(tmp_path, fmt="parquet", config=config, df=df.assign(split=["0"] * 399 + ["train"]))
     with pytest.raises(ConfigError, match=r"preprocessing\.split\.column 'split'.*such as \['train'\]"):
         api.prepare(load_config(cfg), data, processor="ray_data", use_cache=False)
+    # stratified: each split holds each workclass in the pandas split's numbers (rows drawn
+    # per block on Ray Data, so other rows)
+    config = RAY_CONFIG.replace("{type: random, probabilities: [0.7, 0.1, 0.2]}", "{type: stratify, column: workclass}")
+    cfg, _ = write(tmp_path, fmt="parquet", config=config, df=df)
+    (tmp_path / "parts").mkdir()
+    for i, part in enumerate((df.iloc[:150], df.iloc[150:])):  # two files: two blocks, strata spread over both
+        part.to_parquet(tmp_path / "parts" / f"{i}.parquet")
+    data = str(tmp_path / "parts" / "*.parquet")
+    counts = {}
+    for processor in ("ray_data", "pandas"):
+        prepared = api.prepare(load_config(cfg), data, processor=processor, use_cache=False)
+        counts[processor] = [np.bincount(np.asarray(column(v, "workclass")), minlength=5).tolist()
+                             for v in (prepared.train, prepared.validation, prepared.test)]
+    assert counts["ray_data"] == counts["pandas"]
+    assert sum(sum(c) for c in counts["pandas"]) == 400
 
 
-def ages(split):
-    """A split's age column (arrays, or blocks left in the object store)."""
+def column(split, name):
+    """A split's preprocessed column (arrays, or blocks left in the object store)."""
     import numpy as np
     import ray
 
     if isinstance(split, dict):
-        return split["age"]
-    return np.concatenate([ray.get(b)["age"] for b in split.blocks])
+        return split[name]
+    return np.concatenate([ray.get(b)[name] for b in split.blocks])
 
 
 def test_more_gpus_than_exist_is_a_config_error(ray_cluster, tmp_path):

@@ -446,12 +446,34 @@ def test_ludwig_s_fixed_split_takes_each_row_s_split_from_its_column(tmp_path):
         fixed_split_rows(df.assign(split=[0, 0, 1, "x"] + [0] * 396), "split", "d.csv")
     with pytest.raises(ConfigError, match="has no such column"):
         fixed_split_rows(df, "fold", "d.csv")
-    assert "probabilities is a setting of type random" in bad_config(
+    assert "probabilities is a setting of types random and stratify" in bad_config(
         tmp_path, CONFIG.replace("{type: random, probabilities: [0.7, 0.1, 0.2]", "{type: fixed, probabilities: [0.8, 0.1, 0.1]")
     )
-    assert "column is a setting of type fixed" in bad_config(tmp_path, CONFIG.replace("{type: random,", "{type: random, column: s,"))
+    assert "column is a setting of types fixed and stratify" in bad_config(tmp_path, CONFIG.replace("{type: random,", "{type: random, column: s,"))
     (tmp_path / "noval").mkdir()
     cfg, data = write(tmp_path / "noval", config=fixed.replace("early_stop: 5}", "early_stop: 5, validation_metric: accuracy}"),
                       df=df.assign(split=[0] * 340 + [2] * 60))
     with pytest.raises(ConfigError, match=r"gives the validation split no rows, but trainer\.validation_metric \(accuracy\) needs one"):
+        api.prepare(load_config(cfg), data)
+
+
+def test_ludwig_s_stratified_split_keeps_each_value_s_proportions(tmp_path):
+    """``preprocessing.split: {type: stratify, column: c}`` (Ludwig's): the random split's
+    fractions within each value of the column, so every split keeps the proportions."""
+    from raylight.declarative.preprocess import stratified_split_rows
+
+    values = pd.Series(["a"] * 70 + ["b"] * 30 + [None] * 10)
+    parts = stratified_split_rows(values, (0.7, 0.1, 0.2), seed=3)
+    counts = [values.iloc[idx].fillna("<null>").value_counts().to_dict() for idx in parts]
+    assert counts == [{"a": 49, "b": 21, "<null>": 7}, {"a": 7, "b": 3, "<null>": 1}, {"a": 14, "b": 6, "<null>": 2}]
+    assert sorted(np.concatenate(parts).tolist()) == list(range(110))  # every row once
+    assert all((a == b).all() for a, b in zip(parts, stratified_split_rows(values, (0.7, 0.1, 0.2), seed=3), strict=True))
+    stratify = CONFIG.replace("{type: random, probabilities: [0.7, 0.1, 0.2]}", "{type: stratify, column: workclass}")
+    cfg, data = write(tmp_path, config=stratify)
+    prepared = api.prepare(load_config(cfg), data)
+    assert len(prepared.train["income"]) + len(prepared.validation["income"]) + len(prepared.test["income"]) == 400
+    assert "stratify needs column" in bad_config(tmp_path, CONFIG.replace("{type: random,", "{type: stratify,"))
+    (tmp_path / "colour").mkdir()
+    cfg, data = write(tmp_path / "colour", config=stratify.replace("column: workclass", "column: colour"))
+    with pytest.raises(ConfigError, match="no such column to stratify on"):
         api.prepare(load_config(cfg), data)

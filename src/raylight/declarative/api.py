@@ -31,7 +31,9 @@ from raylight.declarative.preprocess import (
     check_validation_unneeded,
     fit_metadata,
     fixed_split_rows,
+    missing_stratify_column,
     split_rows,
+    stratified_split_rows,
     transform,
 )
 from raylight.exceptions import ConfigError, TrainingDivergedError
@@ -229,9 +231,14 @@ def _prepare(config: ModelConfig, dataset: str) -> Prepared:
     check_target(df, config, dataset)
     split = config.preprocessing.split
     probs = split.probabilities
-    if split.type == "fixed":
-        train_idx, val_idx, test_idx = fixed_split_rows(df, split.column, dataset)
+    if split.fixed_column is not None:
+        train_idx, val_idx, test_idx = fixed_split_rows(df, split.fixed_column, dataset)
         probs = (1.0, 0.0, 0.0)  # the column decides; training needs rows (checked below)
+    elif split.type == "stratify":
+        assert split.column is not None  # the config requires it
+        if split.column not in df.columns:
+            raise missing_stratify_column(split.column, dataset, list(df.columns))
+        train_idx, val_idx, test_idx = stratified_split_rows(df[split.column], probs, config.trainer.seed)
     else:
         train_idx, val_idx, test_idx = split_rows(len(df), probs, config.trainer.seed)
     train_df = df.iloc[train_idx]
@@ -242,8 +249,8 @@ def _prepare(config: ModelConfig, dataset: str) -> Prepared:
     }
     kept = {name: len(next(iter(arrays.values()))) for name, arrays in splits.items()}
     check_split_rows(dataset, len(df), kept, probs)
-    if split.type == "fixed" and kept["validation"] == 0:
-        check_validation_unneeded(config, f"the fixed split's column {split.column!r} gives the validation split no rows")
+    if split.fixed_column is not None and kept["validation"] == 0:
+        check_validation_unneeded(config, f"the fixed split's column {split.fixed_column!r} gives the validation split no rows")
     train, val, test = (splits[k] if kept[k] else None for k in ("train", "validation", "test"))
     return Prepared(config, meta, train, val, test, df.iloc[test_idx] if kept["test"] else None)
 

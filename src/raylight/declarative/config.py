@@ -313,24 +313,18 @@ DEFAULT_SPLIT, DEFAULT_SPLIT_COLUMN = (0.7, 0.1, 0.2), "split"
 
 
 class SplitConfig(ConfigModel):
-    type: Literal["random", "fixed"] = Field(
+    type: Literal["random", "fixed", "stratify"] = Field(
         "random",
-        description="How rows are split into train/validation/test: random (probabilities), or "
-        "fixed (Ludwig's: column says, 0 train, 1 validation, 2 test).",
+        description="How rows are split into train/validation/test: random (probabilities); fixed "
+        "(Ludwig's: column says, 0 train, 1 validation, 2 test); stratify (Ludwig's: probabilities "
+        "within each value of column, so every split keeps its proportions).",
     )
     probabilities: tuple[float, float, float] = Field(
-        DEFAULT_SPLIT, description="random: fractions for train, validation and test; they sum to 1."
+        DEFAULT_SPLIT, description="random, stratify: fractions for train, validation and test; they sum to 1."
     )
-    column: str = Field(DEFAULT_SPLIT_COLUMN, min_length=1, description="fixed: the column holding each row's split (0, 1 or 2).")
-
-    @model_validator(mode="after")
-    def _settings_of_its_type(self) -> SplitConfig:
-        # by value, not by what was written: a rendered config (every default) loads again
-        if self.type == "fixed" and self.probabilities != DEFAULT_SPLIT:
-            raise ValueError("probabilities is a setting of type random; a fixed split takes column")
-        if self.type == "random" and self.column != DEFAULT_SPLIT_COLUMN:
-            raise ValueError("column is a setting of type fixed (Ludwig's split column); a random split takes probabilities")
-        return self
+    column: str | None = Field(
+        None, min_length=1, description="fixed: the column of each row's split (null: split); stratify: the column to stratify on."
+    )
 
     @field_validator("probabilities")
     @classmethod
@@ -338,6 +332,22 @@ class SplitConfig(ConfigModel):
         if any(p < 0 for p in value) or abs(sum(value) - 1.0) > 1e-6 or value[0] == 0:
             raise ValueError(f"need three non-negative fractions summing to 1 with train > 0, got {list(value)}")
         return value
+
+    @model_validator(mode="after")
+    def _settings_of_its_type(self) -> SplitConfig:
+        # by value, not by what was written: a rendered config (every default) loads again
+        if self.type == "fixed" and self.probabilities != DEFAULT_SPLIT:
+            raise ValueError("probabilities is a setting of types random and stratify; a fixed split takes column")
+        if self.type == "random" and self.column is not None:
+            raise ValueError("column is a setting of types fixed and stratify; a random split takes probabilities")
+        if self.type == "stratify" and self.column is None:
+            raise ValueError("stratify needs column: the column whose values every split keeps in proportion")
+        return self
+
+    @property
+    def fixed_column(self) -> str | None:
+        """The column a fixed split reads (None for the other types)."""
+        return (self.column or DEFAULT_SPLIT_COLUMN) if self.type == "fixed" else None
 
 
 class PreprocessingSection(ConfigModel):

@@ -166,8 +166,44 @@ def bad_split_values(column: str, source: str, examples: list[str], first: str) 
     )
 
 
+def split_sizes(n: int, probabilities: tuple[float, float, float]) -> tuple[int, int, int]:
+    """Rows of train, validation and test for ``n`` rows split by ``probabilities`` (train
+    keeps at least one)."""
+    n_train = min(n, max(1, round(probabilities[0] * n)))
+    n_val = min(n - n_train, round(probabilities[1] * n))
+    return n_train, n_val, n - n_train - n_val
+
+
 def split_rows(n: int, probabilities: tuple[float, float, float], seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     order = np.random.default_rng(seed).permutation(n)
-    n_train = max(1, round(probabilities[0] * n))
-    n_val = round(probabilities[1] * n)
+    n_train, n_val, _ = split_sizes(n, probabilities)
     return order[:n_train], order[n_train : n_train + n_val], order[n_train + n_val :]
+
+
+def strata(values: pd.Series) -> pd.Series:
+    """A stratify column's values as the strings its strata are named by (nulls: one
+    stratum of their own, ``<null>``)."""
+    return values.astype("string").fillna("<null>").astype(object)
+
+
+def stratified_split_rows(
+    values: pd.Series, probabilities: tuple[float, float, float], seed: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Ludwig's stratified split: ``split_rows`` within each value of ``values`` (in sorted
+    order of the values' strings), so that every split keeps their proportions."""
+    keys = strata(values).to_numpy()
+    rng = np.random.default_rng(seed)
+    parts: list[list[np.ndarray]] = [[], [], []]
+    for key in sorted(set(keys)):
+        rows = rng.permutation(np.flatnonzero(keys == key))
+        n_train, n_val, _ = split_sizes(len(rows), probabilities)
+        for k, chunk in enumerate((rows[:n_train], rows[n_train : n_train + n_val], rows[n_train + n_val :])):
+            parts[k].append(chunk)
+    return tuple(np.concatenate(p) if p else np.zeros(0, dtype=np.int64) for p in parts)  # type: ignore[return-value]
+
+
+def missing_stratify_column(column: str, source: str, columns: list[str]) -> ConfigError:
+    return ConfigError(
+        f"preprocessing.split.column {column!r}: dataset {source!r} has no such column to stratify on; "
+        f"its columns are {columns}"
+    )

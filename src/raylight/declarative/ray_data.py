@@ -34,7 +34,10 @@ from raylight.declarative.preprocess import (
     check_validation_unneeded,
     missing_column,
     missing_split_column,
+    missing_stratify_column,
     split_codes,
+    split_sizes,
+    strata,
     transform,
 )
 from raylight.exceptions import ConfigError
@@ -115,9 +118,11 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
     ds = _read(dataset).materialize()
     columns = ds.schema().names
     split = config.preprocessing.split
-    fixed = split.column if split.type == "fixed" else None
+    fixed = split.fixed_column
     if fixed is not None and fixed not in columns:
         raise missing_split_column(fixed, dataset, columns)
+    if split.type == "stratify" and split.column not in columns:
+        raise missing_stratify_column(str(split.column), dataset, columns)
     for kind, feats in (("input_features", config.input_features), ("output_features", config.output_features)):
         for feat in feats:
             if feat.col not in columns:
@@ -141,15 +146,20 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
         bad = summary[summary["split_bad"].str.len() > 0]
         if len(bad):
             raise bad_split_values(fixed, dataset, bad["split_bad"].iloc[0], f"a row of block {bad.index[0]}")
-        quotas = summary[["split0", "split1", "split2"]].to_numpy()
+        quotas: Any = summary[["split0", "split1", "split2"]].to_numpy()
         p = (1.0, 0.0, 0.0)  # the column decides; training needs rows (checked below)
+    elif split.type == "stratify":  # the random split's quotas within each stratum
+        counts = pd.DataFrame(list(summary["strata"])).fillna(0).astype(np.int64)
+        by_stratum = {key: split_quotas(counts[key].to_numpy(), p, seed + j) for j, key in enumerate(sorted(counts.columns))}
+        quotas = [{key: q[i] for key, q in by_stratum.items()} for i in range(len(blocks))]
     else:
         quotas = split_quotas(summary["rows"].to_numpy(), p, seed)
+    stratify = split.column if split.type == "stratify" else None
     pieces = output_blocks(len(blocks), rows, int(ray.cluster_resources().get("CPU", 1)))
     scattered = [
-        _task(_scatter_fn).options(num_returns=pieces).remote(b, q, pieces, (seed, 1, i), fixed)
+        _task(_scatter_fn).options(num_returns=pieces).remote(b, q, pieces, (seed, 1, i), fixed, stratify)
         if pieces > 1
-        else [_task(_scatter_fn).remote(b, q, 1, (seed, 1, i), fixed)]
+        else [_task(_scatter_fn).remote(b, q, 1, (seed, 1, i), fixed, stratify)]
         for i, (b, q) in enumerate(zip(blocks, quotas, strict=True))
     ]
     gathered = [_task(_gather_fn).options(num_returns=3).remote((seed, 2, j), *[s[j] for s in scattered]) for j in range(pieces)]
@@ -176,9 +186,7 @@ def split_quotas(block_rows: np.ndarray, probabilities: tuple[float, float, floa
     permutation of all rows would spread them (multivariate hypergeometric draws), so the
     driver never holds a per-row array. Shape (blocks, 3)."""
     n = int(block_rows.sum())
-    n_train = max(1, round(probabilities[0] * n))
-    n_val = round(probabilities[1] * n)
-    left = np.array([n_train, n_val, n - n_train - n_val], dtype=np.int64)
+    left = np.array(split_sizes(n, probabilities), dtype=np.int64)
     rng = np.random.default_rng(seed)
     quotas = np.zeros((len(block_rows), 3), dtype=np.int64)
     for i, size in enumerate(block_rows):
@@ -201,10 +209,12 @@ def _summary(df: pd.DataFrame, config: ModelConfig) -> pd.DataFrame:
     ones)."""
     row: dict[str, Any] = {"rows": len(df)}
     split = config.preprocessing.split
-    if split.type == "fixed":  # each split's rows, and a few values that are none
-        codes = split_codes(df[split.column])
+    if split.fixed_column is not None:  # each split's rows, and a few values that are none
+        codes = split_codes(df[split.fixed_column])
         row.update({f"split{k}": int((codes == k).sum()) for k in range(3)})
-        row["split_bad"] = [str(v) for v in df[split.column][codes < 0].drop_duplicates().head(3)]
+        row["split_bad"] = [str(v) for v in df[split.fixed_column][codes < 0].drop_duplicates().head(3)]
+    elif split.type == "stratify":  # rows of each value of the column
+        row["strata"] = {str(k): int(n) for k, n in strata(df[split.column]).value_counts().items()}
     out = config.output_features[0]
     if out.type in ("binary", "category"):
         row["classes"] = [str(v) for v in df[out.col].dropna().unique()[:3]]
@@ -224,13 +234,20 @@ def _task(fn: Any) -> Any:
     return ray.remote(fn)
 
 
-def _scatter_fn(df: pd.DataFrame, quota: np.ndarray, pieces: int, seed: tuple[int, ...], fixed: str | None = None) -> Any:
+def _scatter_fn(
+    df: pd.DataFrame, quota: Any, pieces: int, seed: tuple[int, ...], fixed: str | None = None, stratify: str | None = None,
+) -> Any:
     """One block's rows, labelled with their split (``quota`` rows each, chosen at
-    random; or, for a fixed split, as its ``fixed`` column says) and dealt at random to
-    ``pieces`` output blocks."""
+    random; for a fixed split, as its ``fixed`` column says; stratified, ``quota`` is each
+    stratum's of the ``stratify`` column) and dealt at random to ``pieces`` output blocks."""
     rng = np.random.default_rng(seed)
     if fixed is not None:
         labels = split_codes(df[fixed])
+    elif stratify is not None:
+        keys = strata(df[stratify]).to_numpy()
+        labels = np.zeros(len(df), dtype=np.int8)
+        for key, q in sorted(quota.items()):
+            labels[keys == key] = rng.permutation(np.repeat(np.arange(3, dtype=np.int8), q))
     else:
         labels = rng.permutation(np.repeat(np.arange(3, dtype=np.int8), quota))
     dest = rng.integers(pieces, size=len(df))
