@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 
 import pytest
@@ -313,6 +314,13 @@ def _launch(script: str, args: list[str], job: str) -> list[subprocess.Completed
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        # The ranks met through torch's FileStore in this file, which torch deletes when every
+        # rank's store is destroyed; a rank that exits without destroying it skips that
+        # (seen once in a full run, both ranks exiting 0): not raylight's promise, as in
+        # tests/unit/test_launcher_env.py, so the test only tidies up.
+        rendezvous = os.path.join(tempfile.gettempdir(), f"raylight-mpi-{job}")
+        if os.path.exists(rendezvous):
+            os.remove(rendezvous)
     return done
 
 
@@ -369,11 +377,10 @@ def mnist_ddp() -> dict:
 
 def test_mnist_example_under_mpirun_env_matches_ddp(tmp_path, mnist_ddp):
     save = str(tmp_path / "hvd.pt")
-    runs = _launch(os.path.join(EXAMPLES, "pytorch_mnist.py"), ["--epochs", "2", "--save", save], f"hvd{os.getpid()}")
+    runs = _launch(os.path.join(EXAMPLES, "pytorch_mnist.py"), ["--epochs", "2", "--save", save], f"hvd{os.getpid()}-{time.time_ns()}")
     assert all(r.returncode == 0 for r in runs), [r.stdout[-3000:] for r in runs]
     assert "epoch 2: train loss" in runs[0].stdout and "(2 ranks)" in runs[0].stdout
     _no_strays(str(tmp_path))
-    assert not os.path.exists(os.path.join(tempfile.gettempdir(), f"raylight-mpi-hvd{os.getpid()}"))
     _assert_same(torch.load(save, weights_only=True), dict(mnist_ddp))
 
 
