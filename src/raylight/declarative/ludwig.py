@@ -149,6 +149,11 @@ _ENCODERS = {
 }
 _LOSSES = {"binary": "binary_weighted_cross_entropy", "category": "softmax_cross_entropy", "number": "mean_squared_error"}
 _DECODERS = {"binary": "regressor", "category": "classifier", "number": "regressor"}
+
+
+def _decoder(kind: str) -> tuple[str, tuple[Any, ...]]:
+    return f"raylight's {kind} decoder is Ludwig's {_DECODERS[kind]}; use it or remove the key", (_DECODERS[kind],)
+
 _DECODER_FIX = "raylight's decoder is one linear layer after the combiner: add layers to combiner.fc_layers; remove the key"
 _EMBEDDING_KEYS = {
     "encoder.embeddings_trainable": ("raylight trains its embeddings; remove the key", (True,)),
@@ -168,12 +173,14 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
     ("input", "*"): {"tied": ("raylight does not share encoders between features; remove the key", (None,))},
     ("output", "binary"): {
         "loss.type": (f"raylight's binary loss is Ludwig's {_LOSSES['binary']}; use it or remove the key", (_LOSSES["binary"],)),
+        "decoder.type": _decoder("binary"),
         "loss.positive_class_weight": ("class weights are not available; remove the key", (None,)),
         "threshold": ("raylight predicts the positive class at probability 0.5 and above; remove the key", (0.5,)),
         "calibration": ("calibration is not available; remove the key", (False,)),
     },
     ("output", "category"): {
         "loss.type": (f"raylight's category loss is Ludwig's {_LOSSES['category']}; use it or remove the key", (_LOSSES["category"],)),
+        "decoder.type": _decoder("category"),
         "loss.class_weights": ("class weights are not available; remove the key", (None,)),
         "loss.class_similarities": ("class similarities are not available; remove the key", (None,)),
         "loss.class_similarities_temperature": ("class similarities are not available; remove the key", (0,)),
@@ -182,13 +189,13 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
     },
     ("output", "number"): {
         "loss.type": (f"raylight's number loss is Ludwig's {_LOSSES['number']}; use it or remove the key", (_LOSSES["number"],)),
+        "decoder.type": _decoder("number"),
         "clip": ("raylight does not clip predictions; remove the key", (None,)),
     },
     ("output", "*"): {
         "loss.weight": ("write it as the feature's loss_weight", (1,)),
         "loss.robust_lambda": ("not available; remove the key", (0,)),
         "loss.confidence_penalty": ("not available; remove the key", (0,)),
-        "decoder.type": ("raylight's decoder is Ludwig's default one for the output's type; use it or remove the key", ()),
         "decoder.num_fc_layers": (_DECODER_FIX, (0,)),
         "decoder.fc_layers": (_DECODER_FIX, (None,)),
         "decoder.fc_output_size": (_DECODER_FIX, (256,)),
@@ -239,8 +246,6 @@ def _without(data: dict[str, Any], path: str) -> dict[str, Any]:
 def _feature_rules(side: str, kind: Any) -> dict[str, tuple[str, tuple[Any, ...]]]:
     rules = dict(FEATURE_KEYS.get((side, "*"), {}))
     rules.update(FEATURE_KEYS.get((side, kind), {}))
-    if side == "output" and kind in _DECODERS:  # the decoder of the output's type
-        rules["decoder.type"] = (f"raylight's {kind} decoder is Ludwig's {_DECODERS[kind]}; use it or remove the key", (_DECODERS[kind],))
     return rules
 
 
@@ -273,10 +278,7 @@ def _check_feature(
             if head != path and feature.get(head) == {}:  # a section left empty
                 feature = _without(feature, head)
         else:
-            errors.append(InitErrorDetails(
-                type=PydanticCustomError("ludwig_key", f"Ludwig's setting, not raylight's: {fix}"),
-                loc=(*loc, *path.split(".")), input=value,
-            ))
+            errors.append(_error((*loc, *path.split(".")), f"Ludwig's setting, not raylight's: {fix}", value))
     return feature
 
 
@@ -298,11 +300,11 @@ def check_ludwig_keys(data: Any) -> Any:
         if found and _neutral(data, path, value):
             neutral.append(path)
         elif found:
-            errors.append(_error(path, f"Ludwig's setting, not raylight's: {fix}", value))
+            errors.append(_error(tuple(path.split(".")), f"Ludwig's setting, not raylight's: {fix}", value))
     for (path, given), fix in LUDWIG_VALUES.items():
         found, value = _lookup(data, path)
         if found and value == given:
-            errors.append(_error(path, f"Ludwig's {given} processor is not available: {fix}", value))
+            errors.append(_error(tuple(path.split(".")), f"Ludwig's {given} processor is not available: {fix}", value))
     if isinstance(data, dict):
         data = _check_features(data, errors)
     if errors:
@@ -312,6 +314,6 @@ def check_ludwig_keys(data: Any) -> Any:
     return data
 
 
-def _error(path: str, message: str, value: Any) -> InitErrorDetails:
+def _error(loc: tuple[Any, ...], message: str, value: Any) -> InitErrorDetails:
     # No context given: the message is shown as it is, braces included.
-    return InitErrorDetails(type=PydanticCustomError("ludwig_key", message), loc=tuple(path.split(".")), input=value)
+    return InitErrorDetails(type=PydanticCustomError("ludwig_key", message), loc=loc, input=value)

@@ -142,7 +142,7 @@ def fixed_split_rows(df: pd.DataFrame, column: str, source: str) -> tuple[np.nda
     codes = split_codes(df[column])
     if (codes < 0).any():
         first = int(np.flatnonzero(codes < 0)[0])
-        raise bad_split_values(column, source, [str(v) for v in df[column][codes < 0].drop_duplicates().head(3)], f"row {first}")
+        raise bad_split_values(column, source, not_splits(df[column], codes), f"row {first}")
     return tuple(np.flatnonzero(codes == k) for k in range(3))  # type: ignore[return-value]
 
 
@@ -150,6 +150,11 @@ def split_codes(values: pd.Series) -> np.ndarray:
     """A fixed split column's codes: 0, 1, 2 (numbers or their strings); -1 for anything else."""
     codes = pd.to_numeric(values.astype(str).str.strip(), errors="coerce")
     return np.where(codes.isin([0, 1, 2]), codes.fillna(-1), -1).astype(np.int8)
+
+
+def not_splits(values: pd.Series, codes: np.ndarray) -> list[str]:
+    """Up to three of a fixed split column's values that are not 0, 1 or 2 (``codes`` < 0)."""
+    return [str(v) for v in values[codes < 0].drop_duplicates().head(3)]
 
 
 def missing_split_column(column: str, source: str, columns: list[str]) -> ConfigError:

@@ -35,6 +35,7 @@ from raylight.declarative.preprocess import (
     missing_column,
     missing_split_column,
     missing_stratify_column,
+    not_splits,
     split_codes,
     split_sizes,
     strata,
@@ -212,7 +213,7 @@ def _summary(df: pd.DataFrame, config: ModelConfig) -> pd.DataFrame:
     if split.fixed_column is not None:  # each split's rows, and a few values that are none
         codes = split_codes(df[split.fixed_column])
         row.update({f"split{k}": int((codes == k).sum()) for k in range(3)})
-        row["split_bad"] = [str(v) for v in df[split.fixed_column][codes < 0].drop_duplicates().head(3)]
+        row["split_bad"] = not_splits(df[split.fixed_column], codes)
     elif split.type == "stratify":  # rows of each value of the column
         row["strata"] = {str(k): int(n) for k, n in strata(df[split.column]).value_counts().items()}
     out = config.output_features[0]
