@@ -395,6 +395,33 @@ def test_text_keeps_max_sequence_length_tokens_of_each_row(tmp_path):
     assert len(model.predict(frame(5, seed=2))) == 5
 
 
+@pytest.mark.parametrize(
+    ("tokenizer", "tokens"),
+    [
+        ("words", ["don", "t", "stop", "me_now", "ok"]),
+        ("space_punct", ["don", "'", "t", "stop", ",", "me_now", "!", "ok", "."]),
+        ("space", ["don't", "stop,", "me_now!", "ok."]),
+        ("underscore", ["don't stop, me", "now! ok."]),
+        ("comma", ["don't stop", "me_now! ok."]),
+        ("characters", list("don't")),
+    ],
+)
+def test_each_tokenizer_splits_as_ludwig_s_of_that_name(tokenizer, tokens):
+    """Ludwig's tokenizers (``ludwig.utils.tokenizers``): space_punct keeps each punctuation
+    mark as a token, space splits on white space, underscore and comma on their character
+    (spaces around it dropped), characters gives each character; raylight's default, words,
+    keeps runs of word characters. Each is used to fit the vocabulary and to transform."""
+    from raylight.declarative.features import text
+
+    text_in = "don't" if tokenizer == "characters" else "  don't stop, me_now! ok. "
+    feat = text.TextInput(name="t", type="text", preprocessing={"tokenizer": tokenizer, "lowercase": False})
+    assert text.tokenize(text_in, feat.preprocessing) == tokens
+    meta = text.fit(pd.Series([text_in]), feat)
+    assert sorted(meta["vocab"][2:]) == sorted(set(tokens))
+    ids, _ = text.transform(pd.Series([text_in]), feat, meta)
+    assert [meta["vocab"][i] for i in ids[0] if i] == tokens[: feat.preprocessing.max_sequence_length]
+
+
 def test_train_steps_is_the_run_s_budget_and_its_schedule_s_length(tmp_path):
     """Ludwig's ``trainer.train_steps`` overrides the epochs: 13 steps of 9 an epoch are two
     epochs, the second stopped after 4 steps; a linear decay spans the 13 steps, so the last

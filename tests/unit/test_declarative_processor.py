@@ -1,14 +1,18 @@
 """Where preprocessing runs (the in-memory rule), Ludwig's config keys, and the pure pieces
 of the Ray Data path (split quotas, block counts, combined moments). No Ray."""
 
+import typing
+
 import numpy as np
 import pandas as pd
 import pytest
+from pydantic import BaseModel
 
 from raylight.config.validation import validate
 from raylight.declarative import processor
-from raylight.declarative.config import ModelConfig, ProcessorConfig
-from raylight.declarative.ludwig import ANY, FEATURE_KEYS, LUDWIG_KEYS, LUDWIG_NEUTRAL
+from raylight.declarative.config import OUTPUT_TYPES, ModelConfig, OutputFeature, ProcessorConfig
+from raylight.declarative.features import FEATURES
+from raylight.declarative.ludwig import ANY, FEATURE_KEYS, LUDWIG_KEYS, LUDWIG_VALUES
 from raylight.declarative.preprocess import split_rows
 from raylight.exceptions import ConfigError
 
@@ -79,7 +83,7 @@ def test_a_ludwig_distributed_backend_section_loads():
     assert cfg.backend.processor.type == "dask" and t.num_workers == 2 and t.resources_per_worker == {"CPU": 0.5}
 
 
-@pytest.mark.parametrize("path", sorted(set(LUDWIG_KEYS) - {k for k, v in LUDWIG_NEUTRAL.items() if ANY in v}))
+@pytest.mark.parametrize("path", sorted(k for k, (_, neutral) in LUDWIG_KEYS.items() if ANY not in neutral))
 def test_each_ludwig_key_raylight_lacks_is_an_error_naming_its_path_and_the_fix(path):
     data = {**BASE, "backend": {}, "trainer": {}, "combiner": {}}
     node = data
@@ -105,7 +109,6 @@ def test_ludwig_s_defaults_spelled_out_load_as_what_raylight_does():
         "should_shuffle": True, "compile": False, "profiler": {}, "increase_batch_size_on_plateau": 0,
         "loss_balancing": "none", "model_soup": None, "modality_dropout": 0.0,
     }
-    assert set(LUDWIG_NEUTRAL) <= set(LUDWIG_KEYS)  # a neutral value of a key raylight has is never read
     data = {**BASE, "model_type": "ecd", "ludwig_version": "0.17.8", "trainer": trainer}
     cfg = validate(ModelConfig, data)
     assert cfg.trainer.epochs == 3 and "model_type" in data  # the caller's dict is left as it was
@@ -136,13 +139,46 @@ def test_ludwig_s_feature_sections_load_where_they_are_raylight_s_and_name_the_r
     }
     cfg = validate(ModelConfig, ludwig)
     assert cfg.input_features[2].encoder.embedding_size == 8 and cfg.output_features[0].type == "category"
+    # each feature's preprocessing section as Ludwig 0.17's render_config writes it out
+    rendered = {
+        "number": {
+            "missing_value_strategy": "fill_with_const", "fill_value": 0.0, "computed_fill_value": 0.0,
+            "normalization": None, "outlier_strategy": None, "outlier_threshold": 3.0, "computed_outlier_fill_value": 0.0,
+        },
+        "binary": {"missing_value_strategy": "fill_with_false", "fallback_true_label": None, "fill_value": None, "computed_fill_value": None},
+        "category": {
+            "missing_value_strategy": "fill_with_const", "fill_value": "<UNK>", "computed_fill_value": "<UNK>",
+            "lowercase": False, "most_common": 10000, "cache_encoder_embeddings": False,
+        },
+        "text": {
+            "pretrained_model_name_or_path": None, "tokenizer": "space_punct", "vocab_file": None, "sequence_length": None,
+            "max_sequence_length": 256, "most_common": 20000, "padding_symbol": "<PAD>", "unknown_symbol": "<UNK>",
+            "padding": "right", "lowercase": False, "missing_value_strategy": "fill_with_const", "fill_value": "<UNK>",
+            "computed_fill_value": "<UNK>", "ngram_size": 2, "cache_encoder_embeddings": False, "compute_idf": False,
+        },
+    }
+    target = {"missing_value_strategy": "drop_row", "fill_value": "<UNK>", "computed_fill_value": "<UNK>", "lowercase": False, "most_common": 10000}
+    data = {
+        "input_features": [{**f, "preprocessing": rendered[f["type"]]} for f in ludwig["input_features"]],
+        "output_features": [{**ludwig["output_features"][0], "preprocessing": target}],
+    }
+    cfg = validate(ModelConfig, data)
+    number, _, category, text = cfg.input_features
+    assert number.preprocessing.normalization == "none" and number.preprocessing.missing_value_strategy == "fill_with_const"
+    assert text.preprocessing.tokenizer == "space_punct" and text.preprocessing.max_sequence_length == 256
+    assert category.preprocessing.fill_value == "<UNK>" and not text.preprocessing.lowercase
+    with pytest.raises(ConfigError, match=r"output_features\.0\.preprocessing\.missing_value_strategy: Ludwig's setting.*drop"):
+        validate(ModelConfig, {**data, "output_features": [{**data["output_features"][0], "preprocessing": {"missing_value_strategy": "fill_with_const"}}]})
     # Ludwig's embed encoder sums: only with reduce_output: mean is it raylight's
     summed = {**ludwig, "input_features": [{"name": "d", "type": "text", "encoder": {"type": "embed"}}]}
     with pytest.raises(ConfigError, match=r"input_features\.0\.encoder\.type: Ludwig's setting.*mean bag"):
         validate(ModelConfig, summed)
 
 
-@pytest.mark.parametrize(("side", "kind", "path"), [(side, kind, path) for (side, kind), rules in FEATURE_KEYS.items() for path in rules])
+@pytest.mark.parametrize(
+    ("side", "kind", "path"),
+    [(side, kind, path) for (side, kind), rules in FEATURE_KEYS.items() for path, (_, neutral) in rules.items() if ANY not in neutral],
+)
 def test_each_ludwig_feature_key_raylight_lacks_names_its_path_and_the_fix(side, kind, path):
     kinds = {"number", "binary", "category", "text"} if side == "input" else {"number", "binary", "category"}
     feature = {"name": "f", "type": "number" if kind == "*" else kind}
@@ -163,6 +199,40 @@ def test_ludwig_processors_raylight_does_not_run_name_the_ones_it_does():
     with pytest.raises(ConfigError) as err:
         config(processor={"type": "modin"})
     assert "backend.processor.type: Ludwig's modin processor is not available: use auto, pandas" in str(err.value)
+
+
+@pytest.mark.parametrize(("path", "value"), sorted(LUDWIG_VALUES))
+def test_each_ludwig_value_raylight_lacks_names_its_path_and_the_fix(path, value):
+    data = {**BASE, "preprocessing": {"split": {"type": value, "column": "a"}}, "backend": {"processor": {"type": value}}}
+    with pytest.raises(ConfigError) as err:
+        validate(ModelConfig, data)
+    line = next(ln for ln in str(err.value).splitlines() if ln.strip().startswith(f"{path}:"))
+    assert f"Ludwig's {value} " in line and " use " in line
+
+
+def _raylight_key(model, path):
+    """Whether ``path`` (dots between sections) is a key of pydantic ``model``'s sections."""
+    head, _, rest = path.partition(".")
+    if head not in model.model_fields:
+        return False
+    if not rest:
+        return True
+    annotation = model.model_fields[head].annotation
+    sections = [a for a in (annotation, *typing.get_args(annotation)) if isinstance(a, type) and issubclass(a, BaseModel)]
+    return any(_raylight_key(section, rest) for section in sections)
+
+
+def test_no_ludwig_key_is_one_raylight_has():
+    """A Ludwig key is checked (dropped or refused) before raylight's models read the
+    config: one that raylight's models have too would never be read."""
+    assert not [p for p in LUDWIG_KEYS if _raylight_key(ModelConfig, p)]
+    for (side, kind), rules in FEATURE_KEYS.items():
+        kinds = (["number", "binary", "category", "text"] if side == "input" else list(OUTPUT_TYPES)) if kind == "*" else [kind]
+        for k in kinds:
+            model = FEATURES[k].Input if side == "input" else OutputFeature
+            assert not [p for p in rules if _raylight_key(model, p)], (side, k)
+    assert _raylight_key(ModelConfig, "trainer.learning_rate_scheduler.decay")  # the check can fail
+    assert _raylight_key(FEATURES["text"].Input, "preprocessing.tokenizer")
 
 
 def test_ludwig_concat_combiner_spelling_says_how_to_write_the_layers():

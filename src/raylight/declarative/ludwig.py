@@ -5,7 +5,7 @@ A Ludwig user's config loads as it is where raylight has the same setting
 strategy}``, ``backend.processor.type: dask``, which runs on Ray Data). The keys below
 have no raylight counterpart, or another spelling; each is an error naming its key path
 and the fix, rather than pydantic's generic "unknown key", unless its value is what
-raylight does anyway (``LUDWIG_NEUTRAL``, Ludwig's defaults mostly): then the key is
+raylight does anyway (its neutral values, Ludwig's defaults mostly): then the key is
 dropped. Read by ``ModelConfig`` before it validates anything else.
 """
 
@@ -16,127 +16,164 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-# Key path (dots between sections) -> what to do instead.
-LUDWIG_KEYS: dict[str, str] = {
-    "model_type": "raylight trains Ludwig's ecd model (encoders, combiner, decoder) only; remove the key",
-    "ludwig_version": "raylight does not read it; remove the key",
-    "defaults": "raylight has no per-type defaults; remove the section and set preprocessing and encoder on each feature",
+# Key path (dots between sections) -> what to do instead, and the values that do what
+# raylight does anyway (Ludwig's defaults, mostly): a config that spells them out loads,
+# without the key. ANY: whatever the value.
+ANY = object()
+LUDWIG_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
+    "model_type": ("raylight trains Ludwig's ecd model (encoders, combiner, decoder) only; remove the key", ("ecd",)),
+    "ludwig_version": ("raylight does not read it; remove the key", (ANY,)),  # which Ludwig wrote the config: nothing to do
+    "defaults": (
+        (
+            "raylight has no per-type defaults; remove the section and set preprocessing and encoder on"
+            " each feature"
+        ),
+        (),
+    ),
     "backend.processor.parallelism": (
-        "Ludwig's Dask partitions; raylight sizes its Ray Data blocks itself (one task per "
-        "block, as many blocks as CPUs, each of at least 20,000 rows); remove the key"
+        (
+            "Ludwig's Dask partitions; raylight sizes its Ray Data blocks itself (one task per block, "
+            "as many blocks as CPUs, each of at least 20,000 rows); remove the key"
+        ),
+        (),
     ),
     "backend.processor.persist": (
-        "preprocessed blocks always stay in Ray's object store for the run; remove the key "
-        "(backend.cache_dir keeps them across runs)"
+        (
+            "preprocessed blocks always stay in Ray's object store for the run; remove the key "
+            "(backend.cache_dir keeps them across runs)"
+        ),
+        (),
     ),
     "backend.loader": (
-        "Ludwig's Ray Data loader settings; raylight's workers read the preprocessed blocks "
-        "from the object store themselves; remove the section"
+        (
+            "Ludwig's Ray Data loader settings; raylight's workers read the preprocessed blocks from "
+            "the object store themselves; remove the section"
+        ),
+        (),
     ),
     "backend.preprocessor_kwargs": (
-        "preprocessing runs before training reserves any CPU and may use every CPU of the "
-        "cluster; remove the section"
+        (
+            "preprocessing runs before training reserves any CPU and may use every CPU of the cluster; "
+            "remove the section"
+        ),
+        (),
     ),
     "backend.credentials": (
-        "backend.cache_dir is read through fsspec: give credentials the fsspec way "
-        "(environment variables, ~/.aws/credentials, ...); remove the section"
+        (
+            "backend.cache_dir is read through fsspec: give credentials the fsspec way (environment "
+            "variables, ~/.aws/credentials, ...); remove the section"
+        ),
+        (),
     ),
     "backend.cache_credentials": (
-        "backend.cache_dir is read through fsspec: give credentials the fsspec way "
-        "(environment variables, ~/.aws/credentials, ...); remove the section"
+        (
+            "backend.cache_dir is read through fsspec: give credentials the fsspec way (environment "
+            "variables, ~/.aws/credentials, ...); remove the section"
+        ),
+        (),
     ),
-    "backend.trainer.nics": "a Horovod network setting; raylight binds loopback or the node's address itself; remove the key",
-    "combiner.output_size": "use combiner.fc_layers: [{output_size: N}, ...], one entry per layer",
-    "combiner.num_fc_layers": "use combiner.fc_layers: [{output_size: N}, ...], one entry per layer",
-    "trainer.learning_rate_scaling": "use trainer.adaptive.lr_rule with batch_size: auto (the adaptive engine scales the LR with the batch)",
-    "trainer.eval_batch_size": "evaluation runs in chunks of 65,536 rows; remove the key",
-    "trainer.max_batch_size": "use batch_size: auto with trainer.adaptive.max_batch_size",
-    "trainer.effective_batch_size": "use trainer.batch_size: raylight's batch size is already global (over all workers)",
+    "backend.trainer.nics": (
+        (
+            "a Horovod network setting; raylight binds loopback or the node's address itself; remove "
+            "the key"
+        ),
+        (),
+    ),
+    "preprocessing.sample_ratio": ("raylight trains on every row; sample the dataset before training; remove the key", (1.0,)),
+    "preprocessing.sample_size": ("raylight trains on every row; sample the dataset before training; remove the key", (None,)),
+    "preprocessing.oversample_minority": (
+        "raylight trains on the rows as they are; resample the dataset before training; remove the key",
+        (None,),
+    ),
+    "preprocessing.undersample_majority": (
+        "raylight trains on the rows as they are; resample the dataset before training; remove the key",
+        (None,),
+    ),
+    "preprocessing.global_max_sequence_length": (
+        "an LLM setting; each text feature's preprocessing.max_sequence_length caps its tokens; remove the key",
+        (None,),
+    ),
+    "combiner.output_size": ("use combiner.fc_layers: [{output_size: N}, ...], one entry per layer", ()),
+    "combiner.num_fc_layers": ("use combiner.fc_layers: [{output_size: N}, ...], one entry per layer", ()),
+    "trainer.learning_rate_scaling": (
+        (
+            "use trainer.adaptive.lr_rule with batch_size: auto (the adaptive engine scales the LR with"
+            " the batch)"
+        ),
+        (),
+    ),
+    "trainer.eval_batch_size": ("evaluation runs in chunks of 65,536 rows; remove the key", (None,)),
+    "trainer.max_batch_size": ("use batch_size: auto with trainer.adaptive.max_batch_size", (2**40,)),  # Ludwig's "no limit"
+    "trainer.effective_batch_size": (
+        (
+            "use trainer.batch_size: raylight's batch size is already global (over all workers)"
+        ),
+        ("auto",),
+    ),
     "trainer.gradient_accumulation_steps": (
-        "the adaptive engine accumulates gradients when the batch outgrows a worker "
-        "(trainer.adaptive.accumulation, with batch_size: auto); remove the key"
+        (
+            "the adaptive engine accumulates gradients when the batch outgrows a worker "
+            "(trainer.adaptive.accumulation, with batch_size: auto); remove the key"
+        ),
+        ("auto", 1),
     ),
-    "trainer.steps_per_checkpoint": "raylight checkpoints once per epoch; remove the key",
-    "trainer.checkpoints_per_epoch": "raylight checkpoints once per epoch; remove the key",
-    "trainer.evaluate_training_set": "the training loss is reported every epoch; remove the key",
-    "trainer.use_mixed_precision": "not available on the declarative path; remove the key",
+    "trainer.steps_per_checkpoint": ("raylight checkpoints once per epoch; remove the key", (0,)),  # 0: once per epoch
+    "trainer.checkpoints_per_epoch": ("raylight checkpoints once per epoch; remove the key", (0, 1)),
+    "trainer.evaluate_training_set": ("the training loss is reported every epoch; remove the key", (False,)),
+    "trainer.use_mixed_precision": ("not available on the declarative path; remove the key", (False,)),
     "trainer.skip_all_evaluation": (
-        "raylight evaluates the validation split once per epoch (give it no rows in "
-        "preprocessing.split.probabilities to skip it); remove the key"
+        (
+            "raylight evaluates the validation split once per epoch (give it no rows in "
+            "preprocessing.split.probabilities to skip it); remove the key"
+        ),
+        (False,),
     ),
-    "trainer.enable_profiling": "not available; remove the key",
-    "trainer.profiler": "not available; remove the section",
-    "trainer.eval_steps": "an evaluation covers the whole validation split; remove the key",
-    "trainer.should_shuffle": "raylight shuffles the training split every epoch (seeded by trainer.seed); remove the key",
-    "trainer.increase_batch_size_on_plateau": "use trainer.batch_size: auto (the adaptive engine grows the batch by goodput)",
-    "trainer.increase_batch_size_on_plateau_patience": "use trainer.batch_size: auto; remove the key",
-    "trainer.increase_batch_size_on_plateau_rate": "use trainer.batch_size: auto; remove the key",
-    "trainer.increase_batch_size_eval_metric": "use trainer.batch_size: auto; remove the key",
-    "trainer.increase_batch_size_eval_split": "use trainer.batch_size: auto; remove the key",
-    "trainer.bucketing_field": "raylight batches rows in a random order; remove the key",
-    "trainer.compile": "torch.compile is not available on the declarative path; remove the key",
-    "trainer.enable_gradient_checkpointing": "not available on the declarative path; remove the key",
-    "trainer.layers_to_freeze_regex": "raylight trains every layer; remove the key",
-    "trainer.loss_balancing": "raylight trains one output feature: there is no loss to balance; remove the key",
-    "trainer.loss_balancing_alpha": "raylight trains one output feature; remove the key",
-    "trainer.loss_balancing_lr": "raylight trains one output feature; remove the key",
-    "trainer.loss_balancing_preference_vector": "raylight trains one output feature; remove the key",
-    "trainer.loss_balancing_tchebycheff_weight": "raylight trains one output feature; remove the key",
-    "trainer.contrastive_pretrain_epochs": "contrastive pre-training is not available; remove the key",
-    "trainer.contrastive_pretrain_temperature": "contrastive pre-training is not available; remove the key",
-    "trainer.contrastive_pretrain_projection_dim": "contrastive pre-training is not available; remove the key",
-    "trainer.contrastive_pretrain_learnable_temperature": "contrastive pre-training is not available; remove the key",
-    "trainer.modality_dropout": "not available; remove the key (combiner.dropout drops units after each layer)",
-    "trainer.model_soup": "not available: raylight keeps the weights of the best epoch; remove the key",
-    "trainer.model_soup_top_k": "not available: raylight keeps the weights of the best epoch; remove the key",
-}
-
-# Values of those keys that do what raylight does anyway (Ludwig's defaults, mostly): a
-# config that spells them out loads, without the key. ANY: whatever the value.
-ANY = object()
-LUDWIG_NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "model_type": ("ecd",),
-    "ludwig_version": (ANY,),  # which Ludwig wrote the config: nothing to do
-    "trainer.use_mixed_precision": (False,),
-    "trainer.evaluate_training_set": (False,),
-    "trainer.steps_per_checkpoint": (0,),  # 0: once per epoch
-    "trainer.checkpoints_per_epoch": (0, 1),
-    "trainer.eval_batch_size": (None,),
-    "trainer.gradient_accumulation_steps": ("auto", 1),
-    "trainer.effective_batch_size": ("auto",),
-    "trainer.max_batch_size": (2**40,),  # Ludwig's "no limit"
-    "trainer.skip_all_evaluation": (False,),
-    "trainer.enable_profiling": (False,),
-    "trainer.profiler": ({}, None),
-    "trainer.eval_steps": (None,),
-    "trainer.should_shuffle": (True,),
-    "trainer.increase_batch_size_on_plateau": (0,),
-    "trainer.increase_batch_size_on_plateau_patience": (5,),
-    "trainer.increase_batch_size_on_plateau_rate": (2.0,),
-    "trainer.increase_batch_size_eval_metric": ("loss",),
-    "trainer.increase_batch_size_eval_split": ("training",),
-    "trainer.bucketing_field": (None,),
-    "trainer.compile": (False,),
-    "trainer.enable_gradient_checkpointing": (False,),
-    "trainer.layers_to_freeze_regex": (None,),
-    "trainer.loss_balancing": ("none",),
-    "trainer.loss_balancing_alpha": (1.5,),
-    "trainer.loss_balancing_lr": (0.01,),
-    "trainer.loss_balancing_preference_vector": (None,),
-    "trainer.loss_balancing_tchebycheff_weight": (0.5,),
-    "trainer.contrastive_pretrain_epochs": (0,),
-    "trainer.contrastive_pretrain_temperature": (0.07,),
-    "trainer.contrastive_pretrain_projection_dim": (128,),
-    "trainer.contrastive_pretrain_learnable_temperature": (True,),
-    "trainer.modality_dropout": (0,),
-    "trainer.model_soup": (None,),
-    "trainer.model_soup_top_k": (5,),
+    "trainer.enable_profiling": ("not available; remove the key", (False,)),
+    "trainer.profiler": ("not available; remove the section", ({}, None)),
+    "trainer.eval_steps": ("an evaluation covers the whole validation split; remove the key", (None,)),
+    "trainer.should_shuffle": (
+        (
+            "raylight shuffles the training split every epoch (seeded by trainer.seed); remove the key"
+        ),
+        (True,),
+    ),
+    "trainer.increase_batch_size_on_plateau": (
+        (
+            "use trainer.batch_size: auto (the adaptive engine grows the batch by goodput)"
+        ),
+        (0,),
+    ),
+    "trainer.increase_batch_size_on_plateau_patience": ("use trainer.batch_size: auto; remove the key", (5,)),
+    "trainer.increase_batch_size_on_plateau_rate": ("use trainer.batch_size: auto; remove the key", (2.0,)),
+    "trainer.increase_batch_size_eval_metric": ("use trainer.batch_size: auto; remove the key", ("loss",)),
+    "trainer.increase_batch_size_eval_split": ("use trainer.batch_size: auto; remove the key", ("training",)),
+    "trainer.bucketing_field": ("raylight batches rows in a random order; remove the key", (None,)),
+    "trainer.compile": ("torch.compile is not available on the declarative path; remove the key", (False,)),
+    "trainer.enable_gradient_checkpointing": ("not available on the declarative path; remove the key", (False,)),
+    "trainer.layers_to_freeze_regex": ("raylight trains every layer; remove the key", (None,)),
+    "trainer.loss_balancing": ("raylight trains one output feature: there is no loss to balance; remove the key", ("none",)),
+    "trainer.loss_balancing_alpha": ("raylight trains one output feature; remove the key", (1.5,)),
+    "trainer.loss_balancing_lr": ("raylight trains one output feature; remove the key", (0.01,)),
+    "trainer.loss_balancing_preference_vector": ("raylight trains one output feature; remove the key", (None,)),
+    "trainer.loss_balancing_tchebycheff_weight": ("raylight trains one output feature; remove the key", (0.5,)),
+    "trainer.contrastive_pretrain_epochs": ("contrastive pre-training is not available; remove the key", (0,)),
+    "trainer.contrastive_pretrain_temperature": ("contrastive pre-training is not available; remove the key", (0.07,)),
+    "trainer.contrastive_pretrain_projection_dim": ("contrastive pre-training is not available; remove the key", (128,)),
+    "trainer.contrastive_pretrain_learnable_temperature": (
+        (
+            "contrastive pre-training is not available; remove the key"
+        ),
+        (True,),
+    ),
+    "trainer.modality_dropout": ("not available; remove the key (combiner.dropout drops units after each layer)", (0,)),
+    "trainer.model_soup": ("not available: raylight keeps the weights of the best epoch; remove the key", (None,)),
+    "trainer.model_soup_top_k": ("not available: raylight keeps the weights of the best epoch; remove the key", (5,)),
 }
 
 # Ludwig's keys inside a feature that raylight does not take, by (input or output, the
 # feature's type, or "*" for any) and key path inside the feature: what to do instead, and
-# the values that do what raylight does anyway (dropped, as LUDWIG_NEUTRAL's; a section
-# left empty goes too). raylight has one encoder per input type and one loss and decoder
+# the values that do what raylight does anyway (dropped, as LUDWIG_KEYS'; a section left
+# empty goes too). raylight has one encoder per input type and one loss and decoder
 # per output type: Ludwig's name of each is its neutral value.
 _ENCODERS = {
     "number": "raylight passes numbers through (Ludwig's passthrough encoder): use type: passthrough or remove the section",
@@ -161,22 +198,71 @@ _EMBEDDING_KEYS = {
     "encoder.embeddings_on_cpu": ("remove the key (embeddings live with the rest of the model)", (False,)),
     "encoder.dropout": ("not available on encoders; use combiner.dropout", (0,)),
 }
+_COMPUTED = ("Ludwig computes it from the data; remove the key", (ANY,))  # written by Ludwig's rendered configs
+_OUTLIERS = {
+    "preprocessing.outlier_strategy": (
+        "raylight scales outliers as any value; clip or drop them in the dataset before training; remove the key",
+        (None,),
+    ),
+    "preprocessing.outlier_threshold": ("raylight has no outlier_strategy; remove the key", (3.0,)),
+    "preprocessing.computed_outlier_fill_value": _COMPUTED,
+}
+_NO_CACHE = ("raylight trains its encoders, so there are no embeddings to cache; remove the key", (False,))
+_MISSING_TEXT = "raylight encodes a missing text as a bag of no tokens; remove the key"
+_MISSING_TARGET = "raylight drops the rows whose target is missing (Ludwig's drop_row); remove the key"
 FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
-    ("input", "number"): {"encoder.type": (_ENCODERS["number"], ("passthrough",))},
-    ("input", "binary"): {"encoder.type": (_ENCODERS["binary"], ("passthrough",))},
-    ("input", "category"): {"encoder.type": (_ENCODERS["category"], ("dense",)), **_EMBEDDING_KEYS},
+    ("input", "number"): {"encoder.type": (_ENCODERS["number"], ("passthrough",)), **_OUTLIERS},
+    ("input", "binary"): {
+        "encoder.type": (_ENCODERS["binary"], ("passthrough",)),
+        "preprocessing.fallback_true_label": (
+            "raylight reads 1, true, yes, y, t and on (any case) as true and anything else as false; "
+            "map the column's values to those; remove the key",
+            (None,),
+        ),
+        "preprocessing.fill_value": (
+            "raylight fills a missing binary with false (missing_value_strategy: fill_with_false); remove the key",
+            (None, False),
+        ),
+    },
+    ("input", "category"): {
+        "encoder.type": (_ENCODERS["category"], ("dense",)),
+        **_EMBEDDING_KEYS,
+        "preprocessing.lowercase": ("raylight keeps a category's case; lower-case the column before training; remove the key", (False,)),
+        "preprocessing.cache_encoder_embeddings": _NO_CACHE,
+    },
     ("input", "text"): {
         "encoder.type": (_ENCODERS["text"], ("embed",)),
         "encoder.reduce_output": (_ENCODERS["text"], ("mean",)),
         **_EMBEDDING_KEYS,
+        "preprocessing.pretrained_model_name_or_path": ("pre-trained tokenizers are not available; use preprocessing.tokenizer", (None,)),
+        "preprocessing.vocab_file": ("raylight builds the vocabulary from the training split (most_common, min_frequency); remove the key", (None,)),
+        "preprocessing.sequence_length": (
+            "a bag of embeddings has no fixed length: use preprocessing.max_sequence_length (the tokens kept)",
+            (None,),
+        ),
+        "preprocessing.padding_symbol": ("raylight's padding is its own; remove the key", ("<PAD>",)),
+        "preprocessing.unknown_symbol": ("raylight's unknown token is its own; remove the key", ("<UNK>",)),
+        "preprocessing.padding": ("a bag of embeddings has no order, so no side to pad; remove the key", ("right", "left")),
+        "preprocessing.missing_value_strategy": (_MISSING_TEXT, ("fill_with_const",)),
+        "preprocessing.fill_value": (_MISSING_TEXT, ("<UNK>",)),
+        "preprocessing.ngram_size": ("raylight does not form n-grams; remove the key", (2,)),
+        "preprocessing.compute_idf": ("raylight does not weight tokens by IDF; remove the key", (False,)),
+        "preprocessing.cache_encoder_embeddings": _NO_CACHE,
     },
-    ("input", "*"): {"tied": ("raylight does not share encoders between features; remove the key", (None,))},
+    ("input", "*"): {
+        "tied": ("raylight does not share encoders between features; remove the key", (None,)),
+        "preprocessing.computed_fill_value": _COMPUTED,
+    },
     ("output", "binary"): {
         "loss.type": (f"raylight's binary loss is Ludwig's {_LOSSES['binary']}; use it or remove the key", (_LOSSES["binary"],)),
         "decoder.type": _decoder("binary"),
         "loss.positive_class_weight": ("class weights are not available; remove the key", (None,)),
         "threshold": ("raylight predicts the positive class at probability 0.5 and above; remove the key", (0.5,)),
         "calibration": ("calibration is not available; remove the key", (False,)),
+        "preprocessing.fallback_true_label": (
+            "raylight reads 1, true, yes, y, t and on (any case) as true and anything else as false; remove the key",
+            (None,),
+        ),
     },
     ("output", "category"): {
         "loss.type": (f"raylight's category loss is Ludwig's {_LOSSES['category']}; use it or remove the key", (_LOSSES["category"],)),
@@ -185,12 +271,20 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "loss.class_similarities": ("class similarities are not available; remove the key", (None,)),
         "loss.class_similarities_temperature": ("class similarities are not available; remove the key", (0,)),
         "top_k": ("raylight does not measure hits at k; remove the key", (3,)),
+        "preprocessing.lowercase": ("raylight keeps the classes' case; lower-case the column before training; remove the key", (False,)),
+        "preprocessing.most_common": ("raylight keeps every class of the target; remove the key", (10000,)),
         "calibration": ("calibration is not available; remove the key", (False,)),
     },
     ("output", "number"): {
         "loss.type": (f"raylight's number loss is Ludwig's {_LOSSES['number']}; use it or remove the key", (_LOSSES["number"],)),
         "decoder.type": _decoder("number"),
         "clip": ("raylight does not clip predictions; remove the key", (None,)),
+        "preprocessing.normalization": (
+            "raylight trains on the target scaled by the training split's mean and deviation and "
+            "reports in the column's units; remove the key",
+            (None, "zscore"),
+        ),
+        **_OUTLIERS,
     },
     ("output", "*"): {
         "loss.weight": ("write it as the feature's loss_weight", (1,)),
@@ -202,13 +296,24 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "reduce_input": ("raylight's combiner gives one vector: nothing to reduce; remove the key", ("sum", None)),
         "dependencies": ("raylight trains one output feature; remove the key", ([],)),
         "reduce_dependencies": ("raylight trains one output feature; remove the key", ("sum",)),
+        "preprocessing.missing_value_strategy": (_MISSING_TARGET, ("drop_row",)),
+        "preprocessing.fill_value": (_MISSING_TARGET, (ANY,)),  # drop_row never fills
+        "preprocessing.computed_fill_value": _COMPUTED,
     },
 }
 
-# Ludwig's processor types raylight does not run, by key path.
+# Values of raylight's keys that are Ludwig's only, by key path: what to do instead.
 LUDWIG_VALUES: dict[tuple[str, str], str] = {
-    ("backend.processor.type", "modin"): "use auto, pandas (in the driver) or ray_data",
-    ("backend.processor.type", "spark"): "use auto, pandas (in the driver) or ray_data",
+    ("backend.processor.type", "modin"): "Ludwig's modin processor is not available: use auto, pandas (in the driver) or ray_data",
+    ("backend.processor.type", "spark"): "Ludwig's spark processor is not available: use auto, pandas (in the driver) or ray_data",
+    ("preprocessing.split.type", "datetime"): (
+        "Ludwig's datetime split is not available: sort the dataset by the date and use type: fixed, "
+        "with a column of 0 (the earliest rows), 1, then 2"
+    ),
+    ("preprocessing.split.type", "hash"): (
+        "Ludwig's hash split is not available: use type: stratify on the column, or a fixed split "
+        "column computed from it"
+    ),
 }
 
 
@@ -221,12 +326,9 @@ def _lookup(data: Any, path: str) -> tuple[bool, Any]:
     return True, node
 
 
-def _neutral(data: Any, path: str, value: Any) -> bool:
-    allowed = LUDWIG_NEUTRAL.get(path, ())
-    return ANY in allowed or any(_same(value, v) for v in allowed)
-
-
 def _same(value: Any, neutral: Any) -> bool:
+    if neutral is ANY:
+        return True
     if isinstance(value, bool) or isinstance(neutral, bool):  # False is not 0 here
         return value is neutral
     return bool(value == neutral)
@@ -259,27 +361,32 @@ def _check_features(data: dict[str, Any], errors: list[InitErrorDetails]) -> dic
         kept = []
         for i, feature in enumerate(features):
             if isinstance(feature, dict):
-                feature = _check_feature(feature, _feature_rules(side, feature.get("type")), (key, i), errors)
+                feature = _apply(feature, _feature_rules(side, feature.get("type")), (key, i), errors)
             kept.append(feature)
         data = {**data, key: kept}
     return data
 
 
-def _check_feature(
-    feature: dict[str, Any], rules: dict[str, tuple[str, tuple[Any, ...]]], loc: tuple[Any, ...], errors: list[InitErrorDetails],
+def _apply(
+    data: dict[str, Any], rules: dict[str, tuple[str, tuple[Any, ...]]], loc: tuple[Any, ...], errors: list[InitErrorDetails],
 ) -> dict[str, Any]:
+    """``data`` (a config, or one feature at ``loc``) without the keys of ``rules`` at their
+    neutral values (and the sections that leaves empty); the others added to ``errors``."""
     for path, (fix, neutral) in rules.items():
-        found, value = _lookup(feature, path)
+        found, value = _lookup(data, path)
         if not found:
             continue
-        if any(_same(value, v) for v in neutral) and _text_mean(feature, path):
-            feature = _without(feature, path)
-            head = path.split(".")[0]
-            if head != path and feature.get(head) == {}:  # a section left empty
-                feature = _without(feature, head)
+        if any(_same(value, v) for v in neutral) and _text_mean(data, path):
+            data = _without(data, path)
+            parts = path.split(".")
+            for depth in range(len(parts) - 1, 0, -1):  # the sections left empty, innermost first
+                head = ".".join(parts[:depth])
+                if _lookup(data, head)[1] != {}:
+                    break
+                data = _without(data, head)
         else:
             errors.append(_error((*loc, *path.split(".")), f"Ludwig's setting, not raylight's: {fix}", value))
-    return feature
+    return data
 
 
 def _text_mean(feature: dict[str, Any], path: str) -> bool:
@@ -290,27 +397,19 @@ def _text_mean(feature: dict[str, Any], path: str) -> bool:
 
 
 def check_ludwig_keys(data: Any) -> Any:
-    """``data`` without the Ludwig keys whose values do what raylight does anyway
-    (``LUDWIG_NEUTRAL``); raise pydantic's ValidationError naming every other Ludwig key
-    (and value) of ``data`` that raylight does not take, each at its key path with the fix."""
+    """``data`` without the Ludwig keys whose values do what raylight does anyway (their
+    neutral values); raise pydantic's ValidationError naming every other Ludwig key (and
+    value) of ``data`` that raylight does not take, each at its key path with the fix."""
+    if not isinstance(data, dict):
+        return data
     errors: list[InitErrorDetails] = []
-    neutral: list[str] = []
-    for path, fix in LUDWIG_KEYS.items():
-        found, value = _lookup(data, path)
-        if found and _neutral(data, path, value):
-            neutral.append(path)
-        elif found:
-            errors.append(_error(tuple(path.split(".")), f"Ludwig's setting, not raylight's: {fix}", value))
     for (path, given), fix in LUDWIG_VALUES.items():
         found, value = _lookup(data, path)
         if found and value == given:
-            errors.append(_error(tuple(path.split(".")), f"Ludwig's {given} processor is not available: {fix}", value))
-    if isinstance(data, dict):
-        data = _check_features(data, errors)
+            errors.append(_error(tuple(path.split(".")), fix, value))
+    data = _check_features(_apply(data, LUDWIG_KEYS, (), errors), errors)
     if errors:
         raise ValidationError.from_exception_data("ModelConfig", errors)
-    for path in neutral:
-        data = _without(data, path)
     return data
 
 

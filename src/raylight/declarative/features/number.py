@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from raylight.config.base import ConfigModel
 from raylight.declarative.features.base import FeatureModel
@@ -21,11 +21,18 @@ if TYPE_CHECKING:
 
 
 class NumberPreprocessing(ConfigModel):
-    normalization: Literal["zscore", "minmax", "none"] = Field("zscore", description="How values are scaled.")
+    normalization: Literal["zscore", "minmax", "none"] = Field(
+        "zscore", description="How values are scaled (null, Ludwig's spelling of none, is none)."
+    )
     missing_value_strategy: Literal["fill_with_mean", "fill_with_const", "drop_row"] = Field(
         "fill_with_mean", description="What replaces a missing value."
     )
     fill_value: float = Field(0.0, description="The value used by fill_with_const.")
+
+    @field_validator("normalization", mode="before")
+    @classmethod
+    def _null_is_none(cls, value: Any) -> Any:
+        return "none" if value is None else value
 
 
 class NumberInput(FeatureModel):

@@ -1,10 +1,12 @@
-"""Text features: word tokens (``\\w+``) from a vocabulary of the training split's most
-common ones, the first ``max_sequence_length`` of each row, encoded by a mean bag of embeddings."""
+"""Text features: tokens (words by default, or Ludwig's tokenizers) from a vocabulary of
+the training split's most common ones, the first ``max_sequence_length`` of each row,
+encoded by a mean bag of embeddings."""
 
 from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -18,17 +20,36 @@ if TYPE_CHECKING:
     from torch import nn
 
 TEXT_LENGTH = 64  # max_sequence_length's default (Ludwig's is 256)
-_TOKEN = re.compile(r"\w+", re.UNICODE)
+
+Tokenizer = Literal["words", "space_punct", "space", "underscore", "comma", "characters"]
+# Each tokenizer: text -> tokens. Ludwig's have Ludwig's meaning (ludwig.utils.tokenizers);
+# "words", raylight's default, keeps the runs of word characters and drops punctuation.
+_WORDS = re.compile(r"\w+")
+_SPACE_PUNCT = re.compile(r"\w+|[^\w\s]")
+_TOKENIZERS: dict[str, Callable[[str], list[str]]] = {
+    "words": _WORDS.findall,
+    "space_punct": _SPACE_PUNCT.findall,
+    "space": str.split,
+    "underscore": lambda text: re.split(r"\s*_\s*", text.strip()),
+    "comma": lambda text: re.split(r"\s*,\s*", text.strip()),
+    "characters": list,
+}
 
 
-def tokenize(text: str, lowercase: bool) -> list[str]:
-    return _TOKEN.findall(text.lower() if lowercase else text)
+def tokenize(text: str, tp: TextPreprocessing) -> list[str]:
+    return _TOKENIZERS[tp.tokenizer](text.lower() if tp.lowercase else text)
 
 
 class TextPreprocessing(ConfigModel):
     most_common: int = Field(20_000, ge=1, le=MAX_VOCAB, description="Largest vocabulary of tokens.")
     min_frequency: int = Field(1, ge=1, le=2**31, description="Rarer tokens map to <UNK>.")
-    lowercase: bool = Field(True, description="Lower-case text before tokenising.")
+    lowercase: bool = Field(True, description="Lower-case text before tokenising (Ludwig's default is false).")
+    tokenizer: Tokenizer = Field(
+        "words",
+        description="words: runs of letters, digits and underscores (punctuation dropped); Ludwig's "
+        "space_punct (words and each punctuation mark; its default), space (split on white space), "
+        "underscore, comma, characters.",
+    )
     max_sequence_length: int = Field(
         TEXT_LENGTH, ge=1, le=65_536, description="Tokens kept of each row, from its start (Ludwig's key; its default is 256)."
     )
@@ -64,7 +85,7 @@ def check_blocks(summary: pd.DataFrame, feat: Any, kind: str) -> None:
 
 def fit(col: pd.Series, feat: TextInput) -> dict[str, Any]:
     tp = feat.preprocessing
-    counts = Counter(t for text in col.dropna().astype(str) for t in tokenize(text, tp.lowercase))
+    counts = Counter(t for text in col.dropna().astype(str) for t in tokenize(text, tp))
     kept = [v for v, c in counts.most_common(tp.most_common) if c >= tp.min_frequency]
     return {"vocab": [PAD, UNK, *kept]}
 
@@ -74,8 +95,8 @@ def fit_ray(train: Any, feats: list[TextInput]) -> dict[str, dict[str, Any]]:
     for feat in feats:
         tp = feat.preprocessing
 
-        def count_tokens(df: pd.DataFrame, col: str = feat.col, lower: bool = tp.lowercase) -> pd.DataFrame:
-            c = Counter(t for text in df[col].dropna().astype(str) for t in tokenize(text, lower))
+        def count_tokens(df: pd.DataFrame, col: str = feat.col, tp: TextPreprocessing = tp) -> pd.DataFrame:
+            c = Counter(t for text in df[col].dropna().astype(str) for t in tokenize(text, tp))
             return pd.DataFrame({"token": list(c), "n": list(c.values())})
 
         tokens = train.map_batches(count_tokens, batch_format="pandas").to_pandas()
@@ -90,7 +111,7 @@ def transform(col: pd.Series, feat: TextInput, meta: dict[str, Any]) -> tuple[np
     length = feat.preprocessing.max_sequence_length
     ids = np.zeros((len(col), length), dtype=np.int64)
     for r, text in enumerate(col.fillna("").astype(str)):
-        tokens = [index.get(t, 1) for t in tokenize(text, feat.preprocessing.lowercase)][:length]
+        tokens = [index.get(t, 1) for t in tokenize(text, feat.preprocessing)][:length]
         ids[r, : len(tokens)] = tokens
     return ids, None
 
