@@ -42,17 +42,18 @@ def test_two_workers_on_two_cpus_finish_adaptively(ray_cluster, tmp_path, proces
         assert 1e-3 * (30 - 5 * e - 4) / 30 - 1e-12 <= row["learning_rate"] <= 1e-3 * (30 - 5 * e) / 30 + 1e-12, row
 
 
-def test_fixed_and_stratified_splits_on_ray_data_give_the_pandas_splits(ray_cluster, tmp_path):
+def test_fixed_stratified_and_hash_splits_on_ray_data_give_the_pandas_splits(ray_cluster, tmp_path):
     """Ludwig's fixed split on the ray_data processor: each block's rows go where their
     column says (the same rows as the pandas processor's, in another order); a value that
     is not 0, 1 or 2 names the column. Its stratified split: each stratum's split sizes are
-    the pandas processor's."""
+    the pandas processor's. Its hash split, over two blocks: the pandas processor's rows."""
     import numpy as np
 
     from tests.declarative_data import frame
 
     df = frame()
     df["split"] = np.tile([0, 0, 0, 0, 0, 0, 0, 1, 2, 2], 40)
+    df["user"] = np.arange(400) // 3
     config = RAY_CONFIG.replace("{type: random, probabilities: [0.7, 0.1, 0.2]}", "{type: fixed}")
     cfg, data = write(tmp_path, fmt="parquet", config=config, df=df)
     sizes = {}
@@ -80,6 +81,13 @@ def test_fixed_and_stratified_splits_on_ray_data_give_the_pandas_splits(ray_clus
                              for v in (prepared.train, prepared.validation, prepared.test)]
     assert counts["ray_data"] == counts["pandas"]
     assert sum(sum(c) for c in counts["pandas"]) == 400
+    config = RAY_CONFIG.replace("{type: random, probabilities: [0.7, 0.1, 0.2]}", "{type: hash, column: user}")
+    cfg, _ = write(tmp_path, fmt="parquet", config=config, df=df)
+    for processor in ("ray_data", "pandas"):
+        prepared = api.prepare(load_config(cfg), data, processor=processor, use_cache=False)
+        sizes[processor] = {k: sorted(np.asarray(column(v, "age")).round(6).tolist())
+                            for k, v in (("train", prepared.train), ("validation", prepared.validation), ("test", prepared.test))}
+    assert sizes["ray_data"] == sizes["pandas"] and sum(len(v) for v in sizes["pandas"].values()) == 400
 
 
 def column(split, name):

@@ -458,7 +458,8 @@ def test_ludwig_s_fixed_split_takes_each_row_s_split_from_its_column(tmp_path):
     (numbers or their strings) go to train, validation and test, in file order; other
     values, a missing column, settings of the other type, and a run that needs validation
     rows the column does not give are errors that say so."""
-    from raylight.declarative.preprocess import fixed_split_rows
+    from raylight.declarative.config import SplitConfig
+    from raylight.declarative.preprocess import row_split_rows
 
     df = frame()
     df["split"] = [0] * 300 + ["1"] * 40 + [2.0] * 60
@@ -470,18 +471,45 @@ def test_ludwig_s_fixed_split_takes_each_row_s_split_from_its_column(tmp_path):
     out = api.train(load_config(cfg), data, output_directory=str(tmp_path / "run"), progress=False)
     assert out["evaluation"]["test"]["accuracy"] > 0.6
     with pytest.raises(ConfigError, match=r"holds values other than 0 \(train\).*such as \['x'\] \(first at row 3\)"):
-        fixed_split_rows(df.assign(split=[0, 0, 1, "x"] + [0] * 396), "split", "d.csv")
+        row_split_rows(df.assign(split=[0, 0, 1, "x"] + [0] * 396), SplitConfig(type="fixed"), "d.csv")
     with pytest.raises(ConfigError, match="has no such column"):
-        fixed_split_rows(df, "fold", "d.csv")
-    assert "probabilities is a setting of types random and stratify" in bad_config(
+        row_split_rows(df, SplitConfig(type="fixed", column="fold"), "d.csv")
+    assert "probabilities is a setting of types random, stratify and hash" in bad_config(
         tmp_path, CONFIG.replace("{type: random, probabilities: [0.7, 0.1, 0.2]", "{type: fixed, probabilities: [0.8, 0.1, 0.1]")
     )
-    assert "column is a setting of types fixed and stratify" in bad_config(tmp_path, CONFIG.replace("{type: random,", "{type: random, column: s,"))
+    assert "column is a setting of types fixed, stratify and hash" in bad_config(tmp_path, CONFIG.replace("{type: random,", "{type: random, column: s,"))
     (tmp_path / "noval").mkdir()
     cfg, data = write(tmp_path / "noval", config=fixed.replace("early_stop: 5}", "early_stop: 5, validation_metric: accuracy}"),
                       df=df.assign(split=[0] * 340 + [2] * 60))
     with pytest.raises(ConfigError, match=r"gives the validation split no rows, but trainer\.validation_metric \(accuracy\) needs one"):
         api.prepare(load_config(cfg), data)
+
+
+def test_ludwig_s_hash_split_keeps_the_rows_of_one_value_together_in_every_run(tmp_path):
+    """``preprocessing.split: {type: hash, column: id}`` (Ludwig's): each row's split is a
+    function of its id alone: every id's rows sit in one split, the same in every run and
+    whatever other rows the file has; the fractions are the probabilities' (by chance, as
+    the ids fall); 5 and 5.0 (an integer column read with nulls) are one id."""
+    from raylight.declarative.preprocess import hash_codes
+
+    ids = pd.Series(np.arange(20_000) // 4)  # 5,000 ids of 4 rows each
+    codes = hash_codes(ids, (0.7, 0.1, 0.2))
+    assert all(len(set(c)) == 1 for c in codes.reshape(-1, 4))  # an id's rows stay together
+    assert np.bincount(codes, minlength=3) / len(codes) == pytest.approx([0.7, 0.1, 0.2], abs=0.02)
+    assert (hash_codes(ids[::-1], (0.7, 0.1, 0.2)) == codes[::-1]).all()  # by value, not position
+    assert (hash_codes(ids.astype(float).where(ids > 0), (0.7, 0.1, 0.2))[4:] == codes[4:]).all()
+    assert (hash_codes(ids.astype(str), (0.7, 0.1, 0.2)) == codes).all()
+    assert not (hash_codes(ids, (0.1, 0.1, 0.8)) == codes).all()  # the probabilities pick the split
+    df = frame()
+    df["user"] = [f"u{i // 5}" for i in range(len(df))]
+    config = CONFIG.replace("{type: random, probabilities: [0.7, 0.1, 0.2]}", "{type: hash, column: user, probabilities: [0.6, 0.2, 0.2]}")
+    cfg, data = write(tmp_path, config=config, df=df)
+    prepared = api.prepare(load_config(cfg), data)
+    test_users = set(df["user"][hash_codes(df["user"], (0.6, 0.2, 0.2)) == 2])
+    assert set(prepared.test_frame["user"]) == test_users and prepared.test_frame["user"].value_counts().eq(5).all()
+    sizes = [len(prepared.train["income"]), len(prepared.validation["income"]), len(prepared.test["income"])]
+    assert sum(sizes) == len(df) and sizes[1] > 0 and sizes[0] > sizes[1]
+    assert "hash needs column" in bad_config(tmp_path, CONFIG.replace("{type: random,", "{type: hash,"))
 
 
 def test_ludwig_s_stratified_split_keeps_each_value_s_proportions(tmp_path):

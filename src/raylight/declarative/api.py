@@ -30,8 +30,8 @@ from raylight.declarative.preprocess import (
     check_target,
     check_validation_unneeded,
     fit_metadata,
-    fixed_split_rows,
     missing_stratify_column,
+    row_split_rows,
     split_rows,
     stratified_split_rows,
     transform,
@@ -231,9 +231,10 @@ def _prepare(config: ModelConfig, dataset: str) -> Prepared:
     check_target(df, config, dataset)
     split = config.preprocessing.split
     probs = split.probabilities
-    if split.fixed_column is not None:
-        train_idx, val_idx, test_idx = fixed_split_rows(df, split.fixed_column, dataset)
-        probs = (1.0, 0.0, 0.0)  # the column decides; training needs rows (checked below)
+    if split.row_column is not None:
+        train_idx, val_idx, test_idx = row_split_rows(df, split, dataset)
+        if split.type == "fixed":
+            probs = (1.0, 0.0, 0.0)  # the column decides; training needs rows (checked below)
     elif split.type == "stratify":
         assert split.column is not None  # the config requires it
         if split.column not in df.columns:

@@ -310,10 +310,6 @@ LUDWIG_VALUES: dict[tuple[str, str], str] = {
         "Ludwig's datetime split is not available: sort the dataset by the date and use type: fixed, "
         "with a column of 0 (the earliest rows), 1, then 2"
     ),
-    ("preprocessing.split.type", "hash"): (
-        "Ludwig's hash split is not available: use type: stratify on the column, or a fixed split "
-        "column computed from it"
-    ),
 }
 
 

@@ -9,6 +9,7 @@ column is checked as an input of its type would be.
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 import numpy as np
@@ -134,16 +135,42 @@ def transform(
     return {k: v[keep] for k, v in arrays.items()}, keep
 
 
-def fixed_split_rows(df: pd.DataFrame, column: str, source: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Ludwig's fixed split: the rows whose ``column`` is 0, 1 and 2 (numbers or their
-    strings), in file order. Anything else in the column is a ConfigError naming it."""
+def row_split_rows(df: pd.DataFrame, split: Any, source: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A fixed or hash split (``split.row_column``): the rows of train, validation and test,
+    in file order. A fixed split's column holding anything but 0, 1 and 2 (numbers or their
+    strings) is a ConfigError naming it."""
+    column = split.row_column
     if column not in df.columns:
         raise missing_split_column(column, source, list(df.columns))
-    codes = split_codes(df[column])
+    codes = row_codes(split, df[column])
     if (codes < 0).any():
         first = int(np.flatnonzero(codes < 0)[0])
         raise bad_split_values(column, source, not_splits(df[column], codes), f"row {first}")
     return tuple(np.flatnonzero(codes == k) for k in range(3))  # type: ignore[return-value]
+
+
+def row_codes(split: Any, values: pd.Series) -> np.ndarray:
+    """Each row's split (0, 1, 2) in a fixed or hash split, from its own value alone (so any
+    block of rows gets the same as the whole file); -1 for a fixed split's bad value."""
+    return hash_codes(values, split.probabilities) if split.type == "hash" else split_codes(values)
+
+
+def hash_codes(values: pd.Series, probabilities: tuple[float, float, float]) -> np.ndarray:
+    """Ludwig's hash split: the CRC-32 of each value's text, over 2**32, falls in train,
+    validation or test by the cumulative ``probabilities``. A number is its text as an
+    integer when it is one (5 and 5.0 alike: a column with nulls reads as floats), nulls are
+    one value. Not Ludwig's exact hash (it hashes a JSON of the value): the same kind of
+    split, not the same rows."""
+    if pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values):
+        num = values.astype("float64")
+        whole = num.notna() & (num == np.floor(num)) & (num.abs() < 2**53)
+        text = num.astype(str).astype(object)
+        text[whole] = num[whole].astype(np.int64).astype(str)
+        keys = text.where(num.notna(), "<null>").to_numpy()
+    else:
+        keys = strata(values).to_numpy()
+    unit = np.fromiter((zlib.crc32(str(k).encode()) for k in keys), dtype=np.float64, count=len(keys)) / 2**32
+    return np.searchsorted(np.cumsum(probabilities[:2]), unit, side="right").astype(np.int8)
 
 
 def split_codes(values: pd.Series) -> np.ndarray:

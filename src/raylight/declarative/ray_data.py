@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from raylight.declarative.config import ModelConfig
+from raylight.declarative.config import ModelConfig, SplitConfig
 from raylight.declarative.dataset import dataset_format, expand
 from raylight.declarative.features import FEATURES
 from raylight.declarative.preprocess import (
@@ -36,7 +36,7 @@ from raylight.declarative.preprocess import (
     missing_split_column,
     missing_stratify_column,
     not_splits,
-    split_codes,
+    row_codes,
     split_sizes,
     strata,
     transform,
@@ -119,9 +119,9 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
     ds = _read(dataset).materialize()
     columns = ds.schema().names
     split = config.preprocessing.split
-    fixed = split.fixed_column
-    if fixed is not None and fixed not in columns:
-        raise missing_split_column(fixed, dataset, columns)
+    by_row = split.row_column
+    if by_row is not None and by_row not in columns:
+        raise missing_split_column(by_row, dataset, columns)
     if split.type == "stratify" and split.column not in columns:
         raise missing_stratify_column(str(split.column), dataset, columns)
     for kind, feats in (("input_features", config.input_features), ("output_features", config.output_features)):
@@ -143,24 +143,24 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
         check_classes(out, sorted({c for cs in summary["classes"] for c in cs}), dataset)
     p = split.probabilities
     seed = config.trainer.seed
-    if fixed is not None:  # each block's rows of each split, as its column says
+    if by_row is not None:  # each block's rows of each split, as its column says
         bad = summary[summary["split_bad"].str.len() > 0]
         if len(bad):
-            raise bad_split_values(fixed, dataset, bad["split_bad"].iloc[0], f"a row of block {bad.index[0]}")
+            raise bad_split_values(by_row, dataset, bad["split_bad"].iloc[0], f"a row of block {bad.index[0]}")
         quotas: Any = summary[["split0", "split1", "split2"]].to_numpy()
-        p = (1.0, 0.0, 0.0)  # the column decides; training needs rows (checked below)
+        if split.type == "fixed":
+            p = (1.0, 0.0, 0.0)  # the column decides; training needs rows (checked below)
     elif split.type == "stratify":  # the random split's quotas within each stratum
         counts = pd.DataFrame(list(summary["strata"])).fillna(0).astype(np.int64)
         by_stratum = {key: split_quotas(counts[key].to_numpy(), p, seed + j) for j, key in enumerate(sorted(counts.columns))}
         quotas = [{key: q[i] for key, q in by_stratum.items()} for i in range(len(blocks))]
     else:
         quotas = split_quotas(summary["rows"].to_numpy(), p, seed)
-    stratify = split.column if split.type == "stratify" else None
     pieces = output_blocks(len(blocks), rows, int(ray.cluster_resources().get("CPU", 1)))
     scattered = [
-        _task(_scatter_fn).options(num_returns=pieces).remote(b, q, pieces, (seed, 1, i), fixed, stratify)
+        _task(_scatter_fn).options(num_returns=pieces).remote(b, q, pieces, (seed, 1, i), split)
         if pieces > 1
-        else [_task(_scatter_fn).remote(b, q, 1, (seed, 1, i), fixed, stratify)]
+        else [_task(_scatter_fn).remote(b, q, 1, (seed, 1, i), split)]
         for i, (b, q) in enumerate(zip(blocks, quotas, strict=True))
     ]
     gathered = [_task(_gather_fn).options(num_returns=3).remote((seed, 2, j), *[s[j] for s in scattered]) for j in range(pieces)]
@@ -176,8 +176,8 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
 
     splits = {name: refs(k) for k, name in enumerate(("train", "validation", "test"))}
     check_split_rows(dataset, rows, {k: len(v) if v is not None else 0 for k, v in splits.items()}, p)
-    if fixed is not None and splits["validation"] is None:
-        check_validation_unneeded(config, f"the fixed split's column {fixed!r} gives the validation split no rows")
+    if split.type == "fixed" and splits["validation"] is None:
+        check_validation_unneeded(config, f"the fixed split's column {by_row!r} gives the validation split no rows")
     return {"meta": meta, **splits}
 
 
@@ -210,10 +210,10 @@ def _summary(df: pd.DataFrame, config: ModelConfig) -> pd.DataFrame:
     ones)."""
     row: dict[str, Any] = {"rows": len(df)}
     split = config.preprocessing.split
-    if split.fixed_column is not None:  # each split's rows, and a few values that are none
-        codes = split_codes(df[split.fixed_column])
+    if split.row_column is not None:  # each split's rows, and a few values that are none
+        codes = row_codes(split, df[split.row_column])
         row.update({f"split{k}": int((codes == k).sum()) for k in range(3)})
-        row["split_bad"] = not_splits(df[split.fixed_column], codes)
+        row["split_bad"] = not_splits(df[split.row_column], codes)
     elif split.type == "stratify":  # rows of each value of the column
         row["strata"] = {str(k): int(n) for k, n in strata(df[split.column]).value_counts().items()}
     out = config.output_features[0]
@@ -235,17 +235,15 @@ def _task(fn: Any) -> Any:
     return ray.remote(fn)
 
 
-def _scatter_fn(
-    df: pd.DataFrame, quota: Any, pieces: int, seed: tuple[int, ...], fixed: str | None = None, stratify: str | None = None,
-) -> Any:
+def _scatter_fn(df: pd.DataFrame, quota: Any, pieces: int, seed: tuple[int, ...], split: SplitConfig) -> Any:
     """One block's rows, labelled with their split (``quota`` rows each, chosen at
-    random; for a fixed split, as its ``fixed`` column says; stratified, ``quota`` is each
-    stratum's of the ``stratify`` column) and dealt at random to ``pieces`` output blocks."""
+    random; for a fixed or hash split, as its column says; stratified, ``quota`` is each
+    stratum's of the column) and dealt at random to ``pieces`` output blocks."""
     rng = np.random.default_rng(seed)
-    if fixed is not None:
-        labels = split_codes(df[fixed])
-    elif stratify is not None:
-        keys = strata(df[stratify]).to_numpy()
+    if split.row_column is not None:
+        labels = row_codes(split, df[split.row_column])
+    elif split.type == "stratify":
+        keys = strata(df[split.column]).to_numpy()
         labels = np.zeros(len(df), dtype=np.int8)
         for key, q in sorted(quota.items()):
             labels[keys == key] = rng.permutation(np.repeat(np.arange(3, dtype=np.int8), q))
