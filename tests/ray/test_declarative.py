@@ -46,7 +46,8 @@ def test_fixed_stratified_and_hash_splits_on_ray_data_give_the_pandas_splits(ray
     """Ludwig's fixed split on the ray_data processor: each block's rows go where their
     column says (the same rows as the pandas processor's, in another order); a value that
     is not 0, 1 or 2 names the column. Its stratified split: each stratum's split sizes are
-    the pandas processor's. Its hash split, over two blocks: the pandas processor's rows."""
+    the pandas processor's. Its hash split, over two blocks: the pandas processor's rows.
+    A sample (Ludwig's sample_size) over two blocks: the pandas sample's size and split."""
     import numpy as np
 
     from tests.declarative_data import frame
@@ -88,6 +89,12 @@ def test_fixed_stratified_and_hash_splits_on_ray_data_give_the_pandas_splits(ray
         sizes[processor] = {k: sorted(np.asarray(column(v, "age")).round(6).tolist())
                             for k, v in (("train", prepared.train), ("validation", prepared.validation), ("test", prepared.test))}
     assert sizes["ray_data"] == sizes["pandas"] and sum(len(v) for v in sizes["pandas"].values()) == 400
+    config = RAY_CONFIG.replace("preprocessing: {split:", "preprocessing: {sample_size: 150, split:")
+    cfg, _ = write(tmp_path, fmt="parquet", config=config, df=df)
+    for processor in ("ray_data", "pandas"):
+        prepared = api.prepare(load_config(cfg), data, processor=processor, use_cache=False)
+        sizes[processor] = [len(column(v, "age")) for v in (prepared.train, prepared.validation, prepared.test)]
+    assert sizes["ray_data"] == sizes["pandas"] == [105, 15, 30]
 
 
 def column(split, name):

@@ -512,6 +512,39 @@ def test_ludwig_s_hash_split_keeps_the_rows_of_one_value_together_in_every_run(t
     assert "hash needs column" in bad_config(tmp_path, CONFIG.replace("{type: random,", "{type: hash,"))
 
 
+def test_ludwig_s_sample_ratio_and_size_train_on_a_seeded_sample_of_the_rows(tmp_path):
+    """``preprocessing.sample_ratio`` / ``sample_size`` (Ludwig's): that share (or that many)
+    of the rows, drawn at random by the seed before the split, are split and trained on."""
+    df = frame()
+    df["row"] = np.arange(len(df))
+
+    def prepared_rows(section, seed=42):
+        config = CONFIG.replace("preprocessing: {split:", f"preprocessing: {{{section}split:").replace(
+            "early_stop: 5}", f"early_stop: 5, seed: {seed}}}"
+        )
+        (tmp_path / section.strip(", :")).mkdir(exist_ok=True)
+        cfg, data = write(tmp_path / section.strip(", :"), config=config, df=df)
+        prepared = api.prepare(load_config(cfg), data, use_cache=False)
+        sizes = [len(s["income"]) for s in (prepared.train, prepared.validation, prepared.test)]
+        return sizes, set(prepared.test_frame["row"])
+
+    assert "early_stop: 5}" in CONFIG and "preprocessing: {split:" in CONFIG
+    full, full_test = prepared_rows("")
+    assert sum(full) == 400
+    half, half_test = prepared_rows("sample_ratio: 0.5, ")
+    assert sum(half) == 200 and half == [140, 20, 40]
+    assert half_test != full_test and half_test < set(range(400))
+    assert prepared_rows("sample_ratio: 0.5, ")[1] == half_test  # seeded
+    assert prepared_rows("sample_ratio: 0.5, ", seed=7)[1] != half_test
+    assert sum(prepared_rows("sample_size: 100, ")[0]) == 100
+    assert sum(prepared_rows("sample_size: 1000, ")[0]) == 400  # more than there are: all
+    assert "sample_size cannot be used with sample_ratio < 1" in bad_config(
+        tmp_path, CONFIG.replace("preprocessing: {split:", "preprocessing: {sample_ratio: 0.5, sample_size: 10, split:")
+    )
+    with pytest.raises(ConfigError, match=r"preprocessing\.sample_ratio: 0\.001 of the 400 rows .* keeps none"):
+        prepared_rows("sample_ratio: 0.001, ")
+
+
 def test_ludwig_s_stratified_split_keeps_each_value_s_proportions(tmp_path):
     """``preprocessing.split: {type: stratify, column: c}`` (Ludwig's): the random split's
     fractions within each value of the column, so every split keeps the proportions."""

@@ -26,12 +26,14 @@ from raylight.declarative.features import infer_type
 from raylight.declarative.loading import render_config
 from raylight.declarative.preprocess import (
     check_columns,
+    check_sample,
     check_split_rows,
     check_target,
     check_validation_unneeded,
     fit_metadata,
     missing_stratify_column,
     row_split_rows,
+    sample_rows,
     split_rows,
     stratified_split_rows,
     transform,
@@ -227,6 +229,10 @@ def prepare(
 
 def _prepare(config: ModelConfig, dataset: str) -> Prepared:
     df = read_pandas(dataset)
+    sample = config.preprocessing.sampled(len(df))
+    if sample < len(df):  # Ludwig's sample_ratio / sample_size: before anything else
+        check_sample(dataset, len(df), sample, config.preprocessing.sample_ratio)
+        df = df.iloc[sample_rows(len(df), sample, (config.trainer.seed, 3))].reset_index(drop=True)
     check_columns(df, config, with_outputs=True, source=dataset)
     check_target(df, config, dataset)
     split = config.preprocessing.split

@@ -32,6 +32,7 @@ def cache_key(config: ModelConfig, dataset: str, *, layout: str = "arrays") -> s
         "split": config.preprocessing.split.model_dump(mode="json"),
         "seed": config.trainer.seed,
         "format": 1,
+        **({"sample": [config.preprocessing.sample_ratio, config.preprocessing.sample_size]} if config.preprocessing.sampling else {}),
         **({"layout": layout} if layout != "arrays" else {}),
     }
     files = []

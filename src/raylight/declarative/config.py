@@ -365,6 +365,36 @@ class SplitConfig(ConfigModel):
 
 class PreprocessingSection(ConfigModel):
     split: SplitConfig = Field(default_factory=lambda: SplitConfig(), description="Dataset split.")
+    sample_ratio: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Train on this fraction of the dataset's rows, drawn at random (seeded by "
+        "trainer.seed) before the split (Ludwig's key).",
+    )
+    sample_size: int | None = Field(
+        None,
+        ge=1,
+        description="Train on at most this many of the dataset's rows, drawn at random before the "
+        "split; not with sample_ratio < 1 (Ludwig's key).",
+    )
+
+    @model_validator(mode="after")
+    def _one_sample(self) -> PreprocessingSection:
+        if self.sample_size is not None and self.sample_ratio < 1:
+            raise ValueError("sample_size cannot be used with sample_ratio < 1; set one of them")
+        return self
+
+    @property
+    def sampling(self) -> bool:
+        return self.sample_ratio < 1 or self.sample_size is not None
+
+    def sampled(self, rows: int) -> int:
+        """How many of a dataset's ``rows`` are trained on (split into train, validation and
+        test): all of them unless sample_ratio or sample_size says fewer."""
+        if self.sample_size is not None:
+            return min(rows, self.sample_size)
+        return rows if self.sample_ratio == 1 else round(rows * self.sample_ratio)
 
 
 class ProcessorConfig(ConfigModel):

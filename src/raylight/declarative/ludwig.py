@@ -79,8 +79,6 @@ LUDWIG_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
         ),
         (),
     ),
-    "preprocessing.sample_ratio": ("raylight trains on every row; sample the dataset before training; remove the key", (1.0,)),
-    "preprocessing.sample_size": ("raylight trains on every row; sample the dataset before training; remove the key", (None,)),
     "preprocessing.oversample_minority": (
         "raylight trains on the rows as they are; resample the dataset before training; remove the key",
         (None,),

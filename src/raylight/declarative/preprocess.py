@@ -61,6 +61,20 @@ def check_validation_unneeded(config: Any, why: str) -> None:
         raise ConfigError(f"{why}, but {' and '.join(needs)} needs one; give rows the value 1, or measure on training")
 
 
+def check_sample(source: str, rows: int, kept: int, ratio: float) -> None:
+    """A sample keeps at least one row."""
+    if kept == 0:
+        raise ConfigError(
+            f"preprocessing.sample_ratio: {ratio:g} of the {rows} rows of dataset {source!r} keeps "
+            "none; raise it or use more data"
+        )
+
+
+def sample_rows(rows: int, kept: int, seed: tuple[int, ...]) -> np.ndarray:
+    """The ``kept`` rows of ``rows`` a sample trains on, drawn without replacement, in file order."""
+    return np.sort(np.random.default_rng(seed).choice(rows, kept, replace=False))
+
+
 def check_classes(out: Any, classes: list[Any], source: str) -> None:
     """A classifier's target needs two classes; a binary one at most two."""
     if out.type not in ("binary", "category"):

@@ -30,6 +30,7 @@ from raylight.declarative.preprocess import (
     all_null,
     bad_split_values,
     check_classes,
+    check_sample,
     check_split_rows,
     check_validation_unneeded,
     missing_column,
@@ -37,6 +38,7 @@ from raylight.declarative.preprocess import (
     missing_stratify_column,
     not_splits,
     row_codes,
+    sample_rows,
     split_sizes,
     strata,
     transform,
@@ -129,6 +131,9 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
             if feat.col not in columns:
                 raise missing_column(kind, feat, dataset, columns)
     blocks = ds.to_pandas_refs()  # read once; the rest starts from these blocks
+    seed = config.trainer.seed
+    if config.preprocessing.sampling:  # Ludwig's sample_ratio / sample_size: first
+        blocks = _sample(blocks, config, dataset)
     summary = pd.concat(ray.get([_task(_summary).remote(b, config) for b in blocks]), ignore_index=True)
     rows = int(summary["rows"].sum())
     if rows == 0:
@@ -142,7 +147,6 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
     if out.type in ("binary", "category"):
         check_classes(out, sorted({c for cs in summary["classes"] for c in cs}), dataset)
     p = split.probabilities
-    seed = config.trainer.seed
     if by_row is not None:  # each block's rows of each split, as its column says
         bad = summary[summary["split_bad"].str.len() > 0]
         if len(bad):
@@ -181,15 +185,43 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
     return {"meta": meta, **splits}
 
 
+def _sample(blocks: list[Any], config: ModelConfig, dataset: str) -> list[Any]:
+    """The blocks of a sample (rows drawn without replacement, as many as the pandas
+    processor's sample, other rows), each in file order."""
+    import ray
+
+    sizes = np.array(ray.get([_task(_rows_fn).remote(b) for b in blocks]), dtype=np.int64)
+    rows, prep = int(sizes.sum()), config.preprocessing
+    if rows == 0:
+        return blocks  # said below: the dataset is empty
+    kept = prep.sampled(rows)
+    check_sample(dataset, rows, kept, prep.sample_ratio)
+    quotas = deal(sizes, np.array([kept, rows - kept]), (config.trainer.seed, 3))[:, 0]
+    return [_task(_sample_fn).remote(b, int(q), (config.trainer.seed, 3, i)) for i, (b, q) in enumerate(zip(blocks, quotas, strict=True))]
+
+
+def _rows_fn(df: pd.DataFrame) -> int:
+    return len(df)
+
+
+def _sample_fn(df: pd.DataFrame, kept: int, seed: tuple[int, ...]) -> pd.DataFrame:
+    return df.iloc[sample_rows(len(df), kept, seed)].reset_index(drop=True) if kept < len(df) else df
+
+
 def split_quotas(block_rows: np.ndarray, probabilities: tuple[float, float, float], seed: int) -> np.ndarray:
     """How many rows of each block go to train, validation and test: the totals are
     those of the pandas split (``split_rows``), spread over the blocks as a random
     permutation of all rows would spread them (multivariate hypergeometric draws), so the
     driver never holds a per-row array. Shape (blocks, 3)."""
-    n = int(block_rows.sum())
-    left = np.array(split_sizes(n, probabilities), dtype=np.int64)
+    return deal(block_rows, np.array(split_sizes(int(block_rows.sum()), probabilities)), seed)
+
+
+def deal(block_rows: np.ndarray, totals: np.ndarray, seed: int | tuple[int, ...]) -> np.ndarray:
+    """How many of each block's rows fall in each of ``totals`` (which sum to the rows), as
+    a random permutation of all rows would deal them. Shape (blocks, len(totals))."""
+    left = totals.astype(np.int64)
     rng = np.random.default_rng(seed)
-    quotas = np.zeros((len(block_rows), 3), dtype=np.int64)
+    quotas = np.zeros((len(block_rows), len(totals)), dtype=np.int64)
     for i, size in enumerate(block_rows):
         quotas[i] = rng.multivariate_hypergeometric(left, int(size))
         left -= quotas[i]
