@@ -47,7 +47,9 @@ def test_fixed_stratified_and_hash_splits_on_ray_data_give_the_pandas_splits(ray
     column says (the same rows as the pandas processor's, in another order); a value that
     is not 0, 1 or 2 names the column. Its stratified split: each stratum's split sizes are
     the pandas processor's. Its hash split, over two blocks: the pandas processor's rows.
-    A sample (Ludwig's sample_size) over two blocks: the pandas sample's size and split."""
+    A sample (Ludwig's sample_size) over two blocks: the pandas sample's size and split.
+    Class balancing (oversample_minority) of a fixed split's training rows over two blocks:
+    the pandas processor's class sizes, each row one of the split's own."""
     import numpy as np
 
     from tests.declarative_data import frame
@@ -64,6 +66,7 @@ def test_fixed_stratified_and_hash_splits_on_ray_data_give_the_pandas_splits(ray
                             for k, v in (("train", prepared.train), ("validation", prepared.validation), ("test", prepared.test))}
     assert [len(sizes["ray_data"][k]) for k in ("train", "validation", "test")] == [280, 40, 80]
     assert sizes["ray_data"] == sizes["pandas"]
+    sizes_fixed = sizes["pandas"]
     cfg, data = write(tmp_path, fmt="parquet", config=config, df=df.assign(split=["0"] * 399 + ["train"]))
     with pytest.raises(ConfigError, match=r"preprocessing\.split\.column 'split'.*such as \['train'\]"):
         api.prepare(load_config(cfg), data, processor="ray_data", use_cache=False)
@@ -95,6 +98,17 @@ def test_fixed_stratified_and_hash_splits_on_ray_data_give_the_pandas_splits(ray
         prepared = api.prepare(load_config(cfg), data, processor=processor, use_cache=False)
         sizes[processor] = [len(column(v, "age")) for v in (prepared.train, prepared.validation, prepared.test)]
     assert sizes["ray_data"] == sizes["pandas"] == [105, 15, 30]
+    config = RAY_CONFIG.replace("{type: random, probabilities: [0.7, 0.1, 0.2]}", "{type: fixed}").replace(
+        "preprocessing: {split:", "preprocessing: {oversample_minority: 1, split:"
+    )
+    cfg, _ = write(tmp_path, fmt="parquet", config=config, df=df)
+    balanced = {}
+    for processor in ("ray_data", "pandas"):
+        prepared = api.prepare(load_config(cfg), data, processor=processor, use_cache=False)
+        y = np.asarray(column(prepared.train, "income"))
+        balanced[processor] = [int((y == 0).sum()), int((y == 1).sum())]
+        assert set(np.asarray(column(prepared.train, "age")).round(6).ravel()) <= set(np.ravel(sizes_fixed["train"]))
+    assert balanced["ray_data"] == balanced["pandas"] and balanced["pandas"][0] == balanced["pandas"][1]
 
 
 def column(split, name):

@@ -545,6 +545,66 @@ def test_ludwig_s_sample_ratio_and_size_train_on_a_seeded_sample_of_the_rows(tmp
         prepared_rows("sample_ratio: 0.001, ")
 
 
+@pytest.mark.parametrize("blocks", [1, 3])
+def test_class_balancing_quotas_give_ludwig_s_class_sizes_over_any_blocks(blocks):
+    """Ludwig's oversample_minority (the minority drawn with replacement to ratio x the
+    majority) and undersample_majority (the majority kept down to minority / ratio)."""
+    from raylight.declarative.preprocess import balance_block, balance_quotas, class_counts
+
+    y = np.array([1] * 30 + [0] * 70, dtype=np.float32)
+    parts = np.array_split(np.random.default_rng(0).permutation(100), blocks)
+    arrays = [{"y": y[p], "row": p} for p in parts]
+    counts = np.stack([class_counts(a, "y") for a in arrays])
+    for over, under, expected in ((1.0, None, (70, 70)), (0.5, None, (35, 70)), (None, 1.0, (30, 30)), (None, 0.5, (30, 60)),
+                                  (None, 0.1, (30, 70))):  # never more of the majority than it has
+        minority, quotas = balance_quotas(counts, over, under, (1, 4))
+        assert minority == 1 and tuple(quotas.sum(axis=0)) == expected
+        out = [balance_block(a, "y", minority, q, over is not None, (1, 4, i)) for i, (a, q) in enumerate(zip(arrays, quotas, strict=True))]
+        ys = np.concatenate([o["y"] for o in out])
+        rows = np.concatenate([o["row"] for o in out])
+        assert (np.count_nonzero(ys == 1), np.count_nonzero(ys == 0)) == expected
+        assert (y[rows] == ys).all()  # every row one of the block's own, label and all
+        if under is not None:
+            assert len(set(rows.tolist())) == len(rows)  # without replacement
+            assert (quotas[:, 1] <= counts[:, 0]).all()
+    with pytest.raises(ConfigError, match="training split holds one class only"):
+        balance_quotas(np.array([[10, 0]]), 1.0, None, (1, 4))
+
+
+def test_ludwig_s_class_balancing_changes_the_training_split_only(tmp_path):
+    """``preprocessing.oversample_minority`` / ``undersample_majority`` on a binary output:
+    the training split's classes balanced from its own rows; validation and test as they
+    were; not with two of them, nor for another output type."""
+    df = frame()
+    df["income"] = np.arange(len(df)) % 4 == 0  # a quarter positive
+
+    def prep(section):
+        config = CONFIG.replace("preprocessing: {split:", f"preprocessing: {{{section}split:")
+        (tmp_path / section.strip(", :")).mkdir(exist_ok=True)
+        cfg, data = write(tmp_path / section.strip(", :"), config=config, df=df)
+        return api.prepare(load_config(cfg), data, use_cache=False)
+
+    plain = prep("")
+    ones = int(plain.train["income"].sum())
+    zeros = len(plain.train["income"]) - ones
+    assert zeros > 2 * ones
+    for section, expected in (("oversample_minority: 1, ", (zeros, zeros)), ("undersample_majority: 1, ", (ones, ones))):
+        balanced = prep(section)
+        y = balanced.train["income"]
+        assert (int((y == 0).sum()), int(y.sum())) == expected
+        assert set(balanced.train["age"].ravel().round(6)) <= set(plain.train["age"].ravel().round(6))
+        for split in ("validation", "test"):
+            assert (getattr(balanced, split)["age"] == getattr(plain, split)["age"]).all()
+    both = CONFIG.replace("preprocessing: {split:", "preprocessing: {oversample_minority: 1, undersample_majority: 1, split:")
+    assert "cannot both be set" in bad_config(tmp_path, both)
+    number = CONFIG.replace("preprocessing: {split:", "preprocessing: {oversample_minority: 1, split:").replace(
+        "{name: income, type: binary}", "{name: income, type: number}"
+    )
+    assert "preprocessing.oversample_minority: balances a binary output's two classes, but output 'income' is number" in bad_config(
+        tmp_path, number
+    )
+
+
 def test_ludwig_s_stratified_split_keeps_each_value_s_proportions(tmp_path):
     """``preprocessing.split: {type: stratify, column: c}`` (Ludwig's): the random split's
     fractions within each value of the column, so every split keeps the proportions."""

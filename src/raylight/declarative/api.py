@@ -25,11 +25,14 @@ from raylight.declarative.dataset import expand, read_pandas
 from raylight.declarative.features import infer_type
 from raylight.declarative.loading import render_config
 from raylight.declarative.preprocess import (
+    balance_block,
+    balance_quotas,
     check_columns,
     check_sample,
     check_split_rows,
     check_target,
     check_validation_unneeded,
+    class_counts,
     fit_metadata,
     missing_stratify_column,
     row_split_rows,
@@ -258,6 +261,12 @@ def _prepare(config: ModelConfig, dataset: str) -> Prepared:
     check_split_rows(dataset, len(df), kept, probs)
     if split.fixed_column is not None and kept["validation"] == 0:
         check_validation_unneeded(config, f"the fixed split's column {split.fixed_column!r} gives the validation split no rows")
+    prep, seed = config.preprocessing, config.trainer.seed
+    if prep.balancing:  # Ludwig's oversample_minority / undersample_majority: the training rows only
+        target, over = config.output_features[0].name, prep.oversample_minority is not None
+        counts = class_counts(splits["train"], target)[None]
+        minority, quotas = balance_quotas(counts, prep.oversample_minority, prep.undersample_majority, (seed, 4))
+        splits["train"] = balance_block(splits["train"], target, minority, quotas[0], over, (seed, 4, 0))
     train, val, test = (splits[k] if kept[k] else None for k in ("train", "validation", "test"))
     return Prepared(config, meta, train, val, test, df.iloc[test_idx] if kept["test"] else None)
 

@@ -33,6 +33,11 @@ def cache_key(config: ModelConfig, dataset: str, *, layout: str = "arrays") -> s
         "seed": config.trainer.seed,
         "format": 1,
         **({"sample": [config.preprocessing.sample_ratio, config.preprocessing.sample_size]} if config.preprocessing.sampling else {}),
+        **(
+            {"balance": [config.preprocessing.oversample_minority, config.preprocessing.undersample_majority]}
+            if config.preprocessing.balancing
+            else {}
+        ),
         **({"layout": layout} if layout != "arrays" else {}),
     }
     files = []

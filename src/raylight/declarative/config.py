@@ -379,11 +379,32 @@ class PreprocessingSection(ConfigModel):
         "split; not with sample_ratio < 1 (Ludwig's key).",
     )
 
+    oversample_minority: float | None = Field(
+        None,
+        gt=0,
+        le=1000,
+        description="Binary output: draw the training split's minority class (with replacement) "
+        "to this ratio of the majority's rows (Ludwig's key; 1: as many).",
+    )
+    undersample_majority: float | None = Field(
+        None,
+        gt=0,
+        le=1000,
+        description="Binary output: keep the training split's majority class down to the minority's "
+        "rows / this ratio (Ludwig's key; 1: as many; never more than it has).",
+    )
+
     @model_validator(mode="after")
     def _one_sample(self) -> PreprocessingSection:
         if self.sample_size is not None and self.sample_ratio < 1:
             raise ValueError("sample_size cannot be used with sample_ratio < 1; set one of them")
+        if self.oversample_minority is not None and self.undersample_majority is not None:
+            raise ValueError("oversample_minority and undersample_majority cannot both be set; set one of them")
         return self
+
+    @property
+    def balancing(self) -> bool:
+        return self.oversample_minority is not None or self.undersample_majority is not None
 
     @property
     def sampling(self) -> bool:
@@ -559,6 +580,17 @@ class ModelConfig(ConfigModel):
         for key, space in value.parameters.items():
             _check_parameter(base, key, space)
         return value
+
+    @model_validator(mode="after")
+    def _check_balancing(self) -> ModelConfig:
+        prep, output = self.preprocessing, self.output_features[0]
+        if prep.balancing and output.type != "binary":
+            key = "oversample_minority" if prep.oversample_minority is not None else "undersample_majority"
+            raise ValueError(
+                f"preprocessing.{key}: balances a binary output's two classes, but output "
+                f"{output.name!r} is {output.type}; remove the key"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_regularization(self) -> ModelConfig:

@@ -79,14 +79,6 @@ LUDWIG_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
         ),
         (),
     ),
-    "preprocessing.oversample_minority": (
-        "raylight trains on the rows as they are; resample the dataset before training; remove the key",
-        (None,),
-    ),
-    "preprocessing.undersample_majority": (
-        "raylight trains on the rows as they are; resample the dataset before training; remove the key",
-        (None,),
-    ),
     "preprocessing.global_max_sequence_length": (
         "an LLM setting; each text feature's preprocessing.max_sequence_length caps its tokens; remove the key",
         (None,),

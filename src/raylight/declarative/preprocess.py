@@ -75,6 +75,68 @@ def sample_rows(rows: int, kept: int, seed: tuple[int, ...]) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(rows, kept, replace=False))
 
 
+def deal(block_rows: np.ndarray, totals: np.ndarray, seed: int | tuple[int, ...]) -> np.ndarray:
+    """How many of each block's rows fall in each of ``totals`` (which sum to the rows), as
+    a random permutation of all rows would deal them. Shape (blocks, len(totals))."""
+    left = totals.astype(np.int64)
+    rng = np.random.default_rng(seed)
+    quotas = np.zeros((len(block_rows), len(totals)), dtype=np.int64)
+    for i, size in enumerate(block_rows):
+        quotas[i] = rng.multivariate_hypergeometric(left, int(size))
+        left -= quotas[i]
+    return quotas
+
+
+def balance_quotas(
+    block_counts: np.ndarray, over: float | None, under: float | None, seed: tuple[int, ...],
+) -> tuple[int, np.ndarray]:
+    """Ludwig's class balancing of a binary training split, whose blocks hold
+    ``block_counts[i] = (rows of class 0, rows of class 1)``: the minority class, and each
+    block's (minority, majority) rows after it. ``over``: the minority drawn with
+    replacement to ``over`` x the majority's rows (each draw a row of any block alike);
+    ``under``: the majority kept down to the minority's rows / ``under``, without
+    replacement (dealt over the blocks as a permutation would)."""
+    totals = block_counts.sum(axis=0)
+    majority = int(np.argmax(totals))
+    minority = 1 - majority
+    if totals[minority] == 0:
+        raise ConfigError(
+            f"preprocessing.{'oversample_minority' if over is not None else 'undersample_majority'}: the "
+            "training split holds one class only; there is nothing to balance (use more data or remove the key)"
+        )
+    rng = np.random.default_rng(seed)
+    mins, majs = block_counts[:, minority], block_counts[:, majority]
+    if over is not None:
+        mins = rng.multinomial(round(totals[majority] * over), mins / totals[minority])
+    else:
+        kept = min(int(totals[majority]), int(totals[minority] / under)) if under else int(totals[majority])
+        majs = deal(majs, np.array([kept, totals[majority] - kept]), seed)[:, 0]
+    return minority, np.stack([mins, majs], axis=1)
+
+
+def balance_block(
+    arrays: dict[str, np.ndarray], target: str, minority: int, quota: Any, over: bool, seed: tuple[int, ...],
+) -> dict[str, np.ndarray]:
+    """One block's rows after balancing: ``quota`` = (minority rows, majority rows); the
+    class ``over``-sampled is drawn with replacement, the other kept (or, undersampled,
+    drawn without). Minority rows first, as Ludwig concatenates them; training shuffles."""
+    y = arrays[target]
+    rng = np.random.default_rng(seed)
+    mins, majs = np.flatnonzero(y == minority), np.flatnonzero(y != minority)
+    if over:
+        mins = rng.choice(mins, int(quota[0]), replace=True) if len(mins) else mins
+    else:
+        majs = np.sort(rng.choice(majs, int(quota[1]), replace=False))
+    rows = np.concatenate([mins, majs])
+    return {k: v[rows] for k, v in arrays.items()}
+
+
+def class_counts(arrays: dict[str, np.ndarray], target: str) -> np.ndarray:
+    """A binary target's rows of class 0 and of class 1."""
+    ones = int(np.count_nonzero(arrays[target] == 1))
+    return np.array([len(arrays[target]) - ones, ones], dtype=np.int64)
+
+
 def check_classes(out: Any, classes: list[Any], source: str) -> None:
     """A classifier's target needs two classes; a binary one at most two."""
     if out.type not in ("binary", "category"):

@@ -29,10 +29,14 @@ from raylight.declarative.features import FEATURES
 from raylight.declarative.preprocess import (
     all_null,
     bad_split_values,
+    balance_block,
+    balance_quotas,
     check_classes,
     check_sample,
     check_split_rows,
     check_validation_unneeded,
+    class_counts,
+    deal,
     missing_column,
     missing_split_column,
     missing_stratify_column,
@@ -179,6 +183,8 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
         return BlockRefs([b for b, _ in kept], [n for _, n in kept]) if kept else None
 
     splits = {name: refs(k) for k, name in enumerate(("train", "validation", "test"))}
+    if config.preprocessing.balancing and splits["train"] is not None:
+        splits["train"] = _balance(splits["train"], config)
     check_split_rows(dataset, rows, {k: len(v) if v is not None else 0 for k, v in splits.items()}, p)
     if split.type == "fixed" and splits["validation"] is None:
         check_validation_unneeded(config, f"the fixed split's column {by_row!r} gives the validation split no rows")
@@ -208,24 +214,28 @@ def _sample_fn(df: pd.DataFrame, kept: int, seed: tuple[int, ...]) -> pd.DataFra
     return df.iloc[sample_rows(len(df), kept, seed)].reset_index(drop=True) if kept < len(df) else df
 
 
+def _balance(train: BlockRefs, config: ModelConfig) -> BlockRefs:
+    """Ludwig's oversample_minority / undersample_majority on the training blocks: each
+    block's quota of either class (one task per block counts, one per block draws)."""
+    import ray
+
+    prep, target, seed = config.preprocessing, config.output_features[0].name, config.trainer.seed
+    counts = np.array(ray.get([_task(class_counts).remote(b, target) for b in train.blocks]))
+    minority, quotas = balance_quotas(counts, prep.oversample_minority, prep.undersample_majority, (seed, 4))
+    over = prep.oversample_minority is not None
+    blocks = [
+        _task(balance_block).remote(b, target, minority, q, over, (seed, 4, i))
+        for i, (b, q) in enumerate(zip(train.blocks, quotas, strict=True))
+    ]
+    return BlockRefs(blocks, [int(q.sum()) for q in quotas])
+
+
 def split_quotas(block_rows: np.ndarray, probabilities: tuple[float, float, float], seed: int) -> np.ndarray:
     """How many rows of each block go to train, validation and test: the totals are
     those of the pandas split (``split_rows``), spread over the blocks as a random
     permutation of all rows would spread them (multivariate hypergeometric draws), so the
     driver never holds a per-row array. Shape (blocks, 3)."""
     return deal(block_rows, np.array(split_sizes(int(block_rows.sum()), probabilities)), seed)
-
-
-def deal(block_rows: np.ndarray, totals: np.ndarray, seed: int | tuple[int, ...]) -> np.ndarray:
-    """How many of each block's rows fall in each of ``totals`` (which sum to the rows), as
-    a random permutation of all rows would deal them. Shape (blocks, len(totals))."""
-    left = totals.astype(np.int64)
-    rng = np.random.default_rng(seed)
-    quotas = np.zeros((len(block_rows), len(totals)), dtype=np.int64)
-    for i, size in enumerate(block_rows):
-        quotas[i] = rng.multivariate_hypergeometric(left, int(size))
-        left -= quotas[i]
-    return quotas
 
 
 def output_blocks(input_blocks: int, rows: int, cpus: int) -> int:
