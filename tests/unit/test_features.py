@@ -109,3 +109,28 @@ def test_a_new_type_is_one_module_and_one_entry(tmp_path, monkeypatch):
         load_config(cfg, ["input_features.0.type=image"])
     with pytest.raises(ConfigError, match="'squared' found using 'type' does not match"):
         load_config(cfg)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "expected", "kept"),
+    [
+        (None, [0, 1, -30, 50, 60], None),
+        ("fill_with_mean", [0, 1, -30, 50, 10], None),
+        ("fill_with_const", [0, 1, -30, 50, 7], None),
+        ("drop_row", [0, 1, -30, 50, 60], [True, True, True, True, False]),
+    ],
+)
+def test_number_outliers_are_replaced_as_ludwig_s_outlier_strategy_says(strategy, expected, kept):
+    """Ludwig's ``outlier_strategy``: a value more than ``outlier_threshold`` standard
+    deviations from the training split's mean is an outlier, replaced by the mean or
+    fill_value, or its row dropped; values within it (or at it) stay."""
+    from raylight.declarative.features import number
+
+    feat = number.NumberInput(
+        name="x", type="number",
+        preprocessing={"normalization": "none", "outlier_strategy": strategy, "outlier_threshold": 2.0, "fill_value": 7},
+    )
+    meta = {"mean": 10.0, "std": 20.0, "min": 0.0, "span": 1.0}  # 60 is 2.5 deviations away; 50 and -30, 2
+    array, keep = number.transform(pd.Series([0, 1, -30, 50, 60]), feat, meta)
+    assert array[:, 0].tolist() == expected
+    assert (keep.tolist() if keep is not None else None) == kept

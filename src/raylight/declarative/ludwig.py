@@ -191,17 +191,19 @@ _EMBEDDING_KEYS = {
 _COMPUTED = ("Ludwig computes it from the data; remove the key", (ANY,))  # written by Ludwig's rendered configs
 _OUTLIERS = {
     "preprocessing.outlier_strategy": (
-        "raylight scales outliers as any value; clip or drop them in the dataset before training; remove the key",
+        "raylight keeps a number target's outliers; clip or drop them in the dataset before training; remove the key",
         (None,),
     ),
-    "preprocessing.outlier_threshold": ("raylight has no outlier_strategy; remove the key", (3.0,)),
-    "preprocessing.computed_outlier_fill_value": _COMPUTED,
+    "preprocessing.outlier_threshold": ("raylight keeps a number target's outliers; remove the key", (3.0,)),
 }
 _NO_CACHE = ("raylight trains its encoders, so there are no embeddings to cache; remove the key", (False,))
 _MISSING_TEXT = "raylight encodes a missing text as a bag of no tokens; remove the key"
 _MISSING_TARGET = "raylight drops the rows whose target is missing (Ludwig's drop_row); remove the key"
 FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
-    ("input", "number"): {"encoder.type": (_ENCODERS["number"], ("passthrough",)), **_OUTLIERS},
+    ("input", "number"): {
+        "encoder.type": (_ENCODERS["number"], ("passthrough",)),
+        "preprocessing.computed_outlier_fill_value": _COMPUTED,
+    },
     ("input", "binary"): {
         "encoder.type": (_ENCODERS["binary"], ("passthrough",)),
         "preprocessing.fallback_true_label": (
@@ -275,6 +277,7 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
             (None, "zscore"),
         ),
         **_OUTLIERS,
+        "preprocessing.computed_outlier_fill_value": _COMPUTED,
     },
     ("output", "*"): {
         "loss.weight": ("write it as the feature's loss_weight", (1,)),

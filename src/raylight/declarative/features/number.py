@@ -28,6 +28,12 @@ class NumberPreprocessing(ConfigModel):
         "fill_with_mean", description="What replaces a missing value."
     )
     fill_value: float = Field(0.0, description="The value used by fill_with_const.")
+    outlier_strategy: Literal["fill_with_mean", "fill_with_const", "drop_row"] | None = Field(
+        None,
+        description="What replaces an outlier (a value more than outlier_threshold standard deviations "
+        "from the training split's mean; Ludwig's): its mean, fill_value, or the row dropped; null: kept.",
+    )
+    outlier_threshold: float = Field(3.0, gt=0, le=1e6, description="outlier_strategy: the distance, in standard deviations.")
 
     @field_validator("normalization", mode="before")
     @classmethod
@@ -159,6 +165,12 @@ def transform(col: pd.Series, feat: NumberInput, meta: dict[str, Any]) -> tuple[
     values = pd.to_numeric(col, errors="coerce").astype(float)
     keep = values.notna().to_numpy() if p.missing_value_strategy == "drop_row" else None
     fill = meta["mean"] if p.missing_value_strategy == "fill_with_mean" else p.fill_value
+    if p.outlier_strategy is not None:  # the training split's statistics, as for scaling
+        outlier = ((values - meta["mean"]).abs() / meta["std"] > p.outlier_threshold).to_numpy()
+        if p.outlier_strategy == "drop_row":
+            keep = ~outlier if keep is None else keep & ~outlier
+        else:
+            values = values.mask(outlier, meta["mean"] if p.outlier_strategy == "fill_with_mean" else p.fill_value)
     array = values.fillna(fill).to_numpy()
     if p.normalization == "zscore":
         array = (array - meta["mean"]) / meta["std"]
