@@ -292,7 +292,12 @@ def test_dataset_globs_and_fsspec_uris(tmp_path):
 
 
 class _Passthrough(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.sizes = []
+
     def forward(self, batch):
+        self.sizes.append(len(batch["x"]))
         return batch["x"]
 
 
@@ -318,12 +323,15 @@ def test_streamed_evaluation_equals_the_metrics_of_all_rows_at_once(kind, monkey
         var = float(((y - y.mean()) * 2.0).double().pow(2).mean())
         expected = {"loss": float(((x - y) ** 2).mean()), "mse": float(err.pow(2).mean()), "mae": float(err.abs().mean()), "r2": 1 - float(err.pow(2).mean()) / var}
     monkeypatch.setattr(dtrain, "EVAL_ROWS", 10)  # 11 chunks
-    chunked = dtrain.evaluate_data(_Passthrough(), arrays, output, meta, torch.device("cpu"))
-    assert chunked == pytest.approx(expected, rel=1e-5)
+    model = _Passthrough()
+    chunked = dtrain.evaluate_data(model, arrays, output, meta, torch.device("cpu"))
+    assert chunked == pytest.approx(expected, rel=1e-5) and model.sizes == [10] * 10 + [3]
     blocks = [{k: v[lo : lo + 40] for k, v in arrays.items()} for lo in range(0, n, 40)]
     refs = BlockRefs(blocks, [len(b["y"]) for b in blocks])
     monkeypatch.setattr("raylight.data.blocks._ray_get", lambda b: b)
-    assert dtrain.evaluate_data(_Passthrough(), refs, output, meta, torch.device("cpu")) == pytest.approx(expected, rel=1e-5)
+    model = _Passthrough()
+    assert dtrain.evaluate_data(model, refs, output, meta, torch.device("cpu"), chunk_rows=15) == pytest.approx(expected, rel=1e-5)
+    assert model.sizes == [15, 15, 10, 15, 15, 10, 15, 8]  # trainer.eval_batch_size rows at a time, within each block
 
 
 def test_ludwig_s_optimizers_and_their_settings_build_torch_s():

@@ -112,6 +112,10 @@ def test_ludwig_s_defaults_spelled_out_load_as_what_raylight_does():
     data = {**BASE, "model_type": "ecd", "ludwig_version": "0.17.8", "trainer": trainer}
     cfg = validate(ModelConfig, data)
     assert cfg.trainer.epochs == 3 and "model_type" in data  # the caller's dict is left as it was
+    for given, taken in ((None, None), (0, None), ("auto", None), (256, 256)):  # Ludwig's eval_batch_size
+        assert validate(ModelConfig, {**data, "trainer": {**trainer, "eval_batch_size": given}}).trainer.eval_batch_size == taken
+    with pytest.raises(ConfigError, match="trainer.eval_batch_size"):
+        validate(ModelConfig, {**data, "trainer": {**trainer, "eval_batch_size": -1}})
     for key, value in (("use_mixed_precision", 0), ("gradient_accumulation_steps", 4), ("should_shuffle", False)):
         with pytest.raises(ConfigError) as err:
             validate(ModelConfig, {**data, "trainer": {**trainer, key: value}})

@@ -282,6 +282,19 @@ class TrainerSection(ConfigModel):
     regularization_type: Literal["l1", "l2", "l1_l2"] | None = Field(
         "l2", description="Ludwig's: the penalty, over every parameter: l1 (sum of |w|), l2 (sum of w^2), l1_l2 (both)."
     )
+    eval_batch_size: int | None = Field(
+        None,
+        ge=1,
+        le=2**31,
+        description="Rows the model takes at once in an evaluation (Ludwig's key; null or 0: 65,536, "
+        "or each Ray Data block; auto: the same). Memory only: the results are the same.",
+    )
+
+    @field_validator("eval_batch_size", mode="before")
+    @classmethod
+    def _default_eval_batch(cls, value: Any) -> Any:
+        return None if value in (0, "auto") and not isinstance(value, bool) else value
+
     validation_metric: str = Field(
         "loss",
         description="The validation metric early stopping and the best model follow (loss, accuracy, "

@@ -92,7 +92,6 @@ LUDWIG_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
         ),
         (),
     ),
-    "trainer.eval_batch_size": ("evaluation runs in chunks of 65,536 rows; remove the key", (None,)),
     "trainer.max_batch_size": ("use batch_size: auto with trainer.adaptive.max_batch_size", (2**40,)),  # Ludwig's "no limit"
     "trainer.effective_batch_size": (
         (

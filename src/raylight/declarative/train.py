@@ -50,28 +50,28 @@ class ArrayDataset(torch.utils.data.Dataset):
         return {k: v[index] for k, v in self.arrays.items()}
 
 
-EVAL_ROWS = 65_536  # rows per evaluation chunk of in-memory arrays
+EVAL_ROWS = 65_536  # rows per evaluation chunk: trainer.eval_batch_size's default
 
 
-def _chunks(data: Any) -> Iterator[dict[str, np.ndarray]]:
-    """In-memory arrays in slices of EVAL_ROWS rows, or object-store blocks one at a time."""
+def _chunks(data: Any, rows: int) -> Iterator[dict[str, np.ndarray]]:
+    """In-memory arrays, or object-store blocks one at a time, in slices of ``rows`` rows."""
     from raylight.declarative.ray_data import BlockRefs
 
-    if isinstance(data, BlockRefs):
-        yield from BlockDataset(data.blocks, data.lengths, cache_blocks=1).iter_blocks()
-        return
-    n = len(next(iter(data.values())))
-    for lo in range(0, n, EVAL_ROWS):
-        yield {k: v[lo : lo + EVAL_ROWS] for k, v in data.items()}
+    parts = BlockDataset(data.blocks, data.lengths, cache_blocks=1).iter_blocks() if isinstance(data, BlockRefs) else [data]
+    for part in parts:
+        n = len(next(iter(part.values())))
+        for lo in range(0, n, rows):
+            yield {k: v[lo : lo + rows] for k, v in part.items()}
 
 
 def evaluate_data(
     model: torch.nn.Module, data: Any, output: Any, meta: dict[str, Any], device: torch.device,
-    reduce: Callable[[dict[str, float]], dict[str, float]] | None = None,
+    reduce: Callable[[dict[str, float]], dict[str, float]] | None = None, chunk_rows: int | None = None,
 ) -> dict[str, float]:
     """Loss and metrics of ``model`` on ``data`` (arrays or object-store blocks), streamed
-    chunk by chunk: sums over chunks, so nothing larger than a chunk is held at once.
-    ``reduce`` adds up the sums of every process that evaluated a part of the data."""
+    ``chunk_rows`` rows at a time (trainer.eval_batch_size; None: EVAL_ROWS): sums over chunks,
+    so nothing larger than a chunk is held at once. ``reduce`` adds up the sums of every
+    process that evaluated a part of the data."""
     from raylight.models import loss_for, predictions
 
     std = meta[output.name].get("std", 1.0)
@@ -80,7 +80,7 @@ def evaluate_data(
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        for chunk in _chunks(data):
+        for chunk in _chunks(data, chunk_rows or EVAL_ROWS):
             batch = {k: torch.from_numpy(np.array(v)).to(device) for k, v in chunk.items()}
             target = batch.pop(output.name)
             out = model(batch).cpu()
@@ -269,7 +269,7 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
         report: dict[str, Any] = {"epoch": epoch, "train_loss": train_loss, "batch_size": ctx.batch_size}
         val: dict[str, float] = {}
         if val_data is not None:  # every rank: the same numbers, the same decision
-            val = evaluate_data(model, val_data, out, meta, ctx.device)
+            val = evaluate_data(model, val_data, out, meta, ctx.device, chunk_rows=cfg.trainer.eval_batch_size)
             report.update({f"validation_{k}": v for k, v in val.items()})
             judged, score = val["loss"], sign * val[cfg.trainer.validation_metric]
         else:
@@ -441,7 +441,9 @@ class LoadedModel:
             rank, world = part
             rows = np.array_split(np.arange(len(arrays[self.output.name])), world)[rank]
             arrays = {k: v[rows] for k, v in arrays.items()}
-        return evaluate_data(self.model, arrays, self.output, self.meta, torch.device("cpu"), reduce)
+        return evaluate_data(
+            self.model, arrays, self.output, self.meta, torch.device("cpu"), reduce, chunk_rows=self.config.trainer.eval_batch_size
+        )
 
 
 def load_model(path: str) -> LoadedModel:
