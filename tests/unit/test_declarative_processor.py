@@ -114,7 +114,7 @@ def test_ludwig_s_defaults_spelled_out_load_as_what_raylight_does():
     assert cfg.trainer.epochs == 3 and "model_type" in data  # the caller's dict is left as it was
     for given, taken in ((None, None), (0, None), ("auto", None), (256, 256)):  # Ludwig's eval_batch_size
         assert validate(ModelConfig, {**data, "trainer": {**trainer, "eval_batch_size": given}}).trainer.eval_batch_size == taken
-    with pytest.raises(ConfigError, match="trainer.eval_batch_size"):
+    with pytest.raises(ConfigError, match=r"trainer\.eval_batch_size"):
         validate(ModelConfig, {**data, "trainer": {**trainer, "eval_batch_size": -1}})
     for key, value in (("use_mixed_precision", 0), ("gradient_accumulation_steps", 4), ("should_shuffle", False)):
         with pytest.raises(ConfigError) as err:
