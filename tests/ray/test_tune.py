@@ -226,6 +226,28 @@ def test_hyperopt_cli_bad_input_exits_2(ray_cluster, tmp_path, breast_cancer, ed
 
 
 @pytest.mark.beside
+def test_hyperopt_on_validation_with_a_fixed_split_that_gives_it_no_rows_exits_2(ray_cluster, tmp_path, breast_cancer):
+    """The rows of a fixed split are known only once the data is read: a search measured
+    on the validation split whose column gives it none stops before any trial."""
+    import pandas as pd
+
+    df = pd.read_parquet(breast_cancer) if breast_cancer.endswith(".parquet") else pd.read_csv(breast_cancer)
+    df["split"] = [0, 0, 0, 2] * (len(df) // 4) + [0] * (len(df) % 4)
+    data = tmp_path / "fixed.csv"
+    df.to_csv(data, index=False)
+    out = tmp_path / "search"
+    res = _cli(
+        "hyperopt", "--config", HYPEROPT_YAML, "--dataset", str(data), "--output-directory", str(out), "--quiet",
+        "--set", "preprocessing.split={type: fixed}",
+    )
+    assert res.exit_code == 2, res.output
+    assert "hyperopt.split is validation, but preprocessing.split (fixed) gives the validation split no rows" in " ".join(
+        res.output.split()
+    ), res.output
+    assert not out.exists()
+
+
+@pytest.mark.beside
 def test_digits_tune_example(ray_cluster, tmp_path):
     """examples/tune/digits_tune.py as users run it (as __main__), kept small."""
     path = os.path.join(REPO, "examples", "tune", "digits_tune.py")

@@ -178,6 +178,12 @@ def hyperopt(config: ModelConfig, dataset: str, *, output_directory: str, progre
         prepared = api.Prepared(config, parts["meta"], parts["train"], parts["validation"], parts["test"], None)
     else:
         prepared = api.prepare(config, dataset)
+    if h.split == "validation" and prepared.validation is None:  # a fixed split's column can give it none
+        raise ConfigError(
+            f"hyperopt.split is validation, but preprocessing.split ({config.preprocessing.split.type}) "
+            "gives the validation split no rows; give rows the value 1 in its column, or set "
+            "hyperopt.split: training"
+        )
     prepared = api.in_store(prepared)  # every trial's workers read the same arrays
     base = config.model_dump(mode="json")
     os.makedirs(out, exist_ok=True)
