@@ -239,10 +239,30 @@ def test_no_ludwig_key_is_one_raylight_has():
     assert _raylight_key(FEATURES["text"].Input, "preprocessing.tokenizer")
 
 
-def test_ludwig_concat_combiner_spelling_says_how_to_write_the_layers():
-    with pytest.raises(ConfigError) as err:
-        validate(ModelConfig, {**BASE, "combiner": {"type": "concat", "output_size": 64, "num_fc_layers": 2}})
-    assert "combiner.output_size: Ludwig's setting" in str(err.value) and "combiner.fc_layers: [{output_size: N}" in str(err.value)
+def test_ludwig_s_concat_combiner_spelling_is_written_as_raylight_s_layers():
+    """Ludwig's ``num_fc_layers`` x ``output_size`` (its defaults 0 and 256), or
+    ``fc_layers`` entries without a size, load as raylight's ``fc_layers``; Ludwig's
+    rendered combiner (initialisers, norm_params, ... at their defaults) loads."""
+    def layers(combiner):
+        return [fc.output_size for fc in validate(ModelConfig, {**BASE, "combiner": combiner}).combiner.fc_layers]
+
+    assert layers({"type": "concat", "output_size": 64, "num_fc_layers": 2}) == [64, 64]
+    assert layers({"num_fc_layers": 3}) == [256, 256, 256]
+    assert layers({"num_fc_layers": 0, "output_size": 256, "fc_layers": None}) == []
+    assert layers({"output_size": 8, "fc_layers": [{}, {"output_size": 4}]}) == [8, 4]
+    assert layers({"num_fc_layers": 5, "fc_layers": [{"output_size": 4}]}) == [4]  # Ludwig: fc_layers wins
+    assert layers({}) == [64]  # raylight's default is one layer; Ludwig's none
+    rendered = {
+        "type": "concat", "dropout": 0.0, "activation": "relu", "flatten_inputs": False, "residual": False,
+        "use_bias": True, "bias_initializer": "zeros", "weights_initializer": "xavier_uniform", "num_fc_layers": 1,
+        "output_size": 32, "norm": None, "norm_params": None, "fc_layers": None, "batch_ensemble": False,
+        "num_ensemble_members": 4,
+    }
+    assert layers(rendered) == [32]
+    with pytest.raises(ConfigError, match=r"num_fc_layers \(Ludwig's\) must be a whole number from 0 to 64, got -1"):
+        layers({"num_fc_layers": -1})
+    with pytest.raises(ConfigError, match=r"combiner\.weights_initializer: Ludwig's setting"):
+        layers({**rendered, "weights_initializer": "normal"})
 
 
 @pytest.mark.parametrize("seed", [0, 1, 7])

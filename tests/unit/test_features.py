@@ -134,3 +134,44 @@ def test_number_outliers_are_replaced_as_ludwig_s_outlier_strategy_says(strategy
     array, keep = number.transform(pd.Series([0, 1, -30, 50, 60]), feat, meta)
     assert array[:, 0].tolist() == expected
     assert (keep.tolist() if keep is not None else None) == kept
+
+
+def test_the_combiner_s_layers_are_ludwig_s_fc_stack():
+    """Each layer: linear (bias per use_bias), normalisation, activation, dropout, each
+    overridable per layer; norm also normalises the inputs; residual adds a layer's input
+    where the widths match. The default combiner's weights keep their names."""
+    from raylight.declarative.config import CombinerConfig
+    from raylight.models.ecd import FCStack
+
+    default = FCStack(CombinerConfig(fc_layers=[{"output_size": 8}, {"output_size": 4}], dropout=0.1), 6)
+    assert list(default.state_dict()) == ["0.weight", "0.bias", "3.weight", "3.bias"]  # Linear, ReLU, Dropout, Linear
+    c = CombinerConfig(
+        fc_layers=[{"output_size": 6}, {"output_size": 3, "activation": "tanh", "norm": "layer", "use_bias": True, "dropout": 0.0}],
+        activation="gelu", norm="batch", use_bias=False, residual=True, dropout=0.2,
+    )
+    stack = FCStack(c, 6)
+    kinds = [type(m).__name__ for m in stack]
+    assert kinds == ["_BatchNorm", "Linear", "_BatchNorm", "GELU", "Dropout", "Linear", "LayerNorm", "Tanh"]
+    assert stack[1].bias is None and stack[5].bias is not None and stack.width == 3
+    stack.eval()
+    x = torch.randn(5, 6)
+    with torch.no_grad():
+        normed = stack[0](x)
+        first = normed + stack[3](stack[2](stack[1](normed)))  # residual: 6 -> 6
+        second = stack[7](stack[6](stack[5](first)))  # 6 -> 3: no residual
+        assert torch.allclose(stack(x), second, atol=1e-6)
+    stack.train()
+    assert stack(torch.randn(1, 6)).shape == (1, 3)  # a one-row batch in training (batch norm)
+
+
+def test_a_ludwig_combiner_with_norm_and_residual_trains_and_predicts(tmp_path):
+    config = CONFIG.replace("epochs: 6", "epochs: 1").replace(
+        "combiner: {type: concat, fc_layers: [{output_size: 32}], dropout: 0.1}",
+        "combiner: {type: concat, num_fc_layers: 2, output_size: 16, norm: batch, residual: true, activation: tanh}",
+    )
+    cfg, data = write(tmp_path, config=config)
+    out = api.train(load_config(cfg), data, output_directory=str(tmp_path / "run"), progress=False)
+    assert out["evaluation"]["test"]["accuracy"] > 0.5
+    model = load_model(str(tmp_path / "run" / "model"))
+    assert [fc.output_size for fc in model.config.combiner.fc_layers] == [16, 16] and model.config.combiner.residual
+    assert len(model.predict(frame(7, seed=3))) == 7

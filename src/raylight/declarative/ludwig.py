@@ -83,8 +83,12 @@ LUDWIG_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
         "an LLM setting; each text feature's preprocessing.max_sequence_length caps its tokens; remove the key",
         (None,),
     ),
-    "combiner.output_size": ("use combiner.fc_layers: [{output_size: N}, ...], one entry per layer", ()),
-    "combiner.num_fc_layers": ("use combiner.fc_layers: [{output_size: N}, ...], one entry per layer", ()),
+    "combiner.flatten_inputs": ("raylight's encoders give flat vectors already; remove the key", (False,)),
+    "combiner.weights_initializer": ("raylight initialises weights xavier-uniform, Ludwig's default; remove the key", ("xavier_uniform",)),
+    "combiner.bias_initializer": ("raylight initialises biases to zero, Ludwig's default; remove the key", ("zeros",)),
+    "combiner.norm_params": ("raylight's normalisation takes torch's defaults; remove the key", (None, {})),
+    "combiner.batch_ensemble": ("batch ensembles are not available; remove the key", (False,)),
+    "combiner.num_ensemble_members": ("batch ensembles are not available; remove the key", (4,)),
     "trainer.learning_rate_scaling": (
         (
             "use trainer.adaptive.lr_rule with batch_size: auto (the adaptive engine scales the LR with"

@@ -9,6 +9,7 @@ units).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,6 +30,64 @@ def module_key(name: str) -> str:
     return "~" + name.replace("%", "%25").replace(".", "%2E")
 
 
+# Ludwig's activations by name (ludwig.utils.torch_utils.activations).
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "relu": nn.ReLU, "elu": nn.ELU, "leakyRelu": nn.LeakyReLU, "logSigmoid": nn.LogSigmoid, "sigmoid": nn.Sigmoid,
+    "tanh": nn.Tanh, "softmax": lambda: nn.Softmax(dim=-1), "gelu": nn.GELU, "silu": nn.SiLU, "swish": nn.SiLU,
+    "mish": nn.Mish, "selu": nn.SELU, "prelu": nn.PReLU, "relu6": nn.ReLU6,
+}
+class _BatchNorm(nn.BatchNorm1d):
+    """Batch normalisation that takes a one-row batch in training (an epoch's last
+    micro-batch on a worker can be one row, where torch's raises) with its running
+    statistics, as in evaluation, leaving them as they are."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and x.shape[0] < 2:
+            return nn.functional.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps)
+        return super().forward(x)
+
+
+NORMS: dict[str, Callable[[int], nn.Module]] = {"batch": _BatchNorm, "layer": nn.LayerNorm}
+
+
+class FCStack(nn.Sequential):
+    """The combiner's layers as Ludwig's FCStack builds them: the inputs normalised (with
+    ``norm``), then per layer linear, normalisation, activation, dropout; with ``residual``,
+    a layer's input is added to its output where their widths match. One flat Sequential,
+    so the weights keep the names they had before these settings existed
+    (``combiner.0.weight``, ...)."""
+
+    def __init__(self, c: Any, width: int) -> None:
+        modules: list[nn.Module] = [NORMS[c.norm](width)] if c.norm else []
+        blocks: list[tuple[int, int, bool]] = []  # (first module, end, residual)
+        for fc in c.fc_layers:
+            start = len(modules)
+            norm = fc.norm if fc.norm is not None else c.norm
+            dropout = fc.dropout if fc.dropout is not None else c.dropout
+            modules.append(nn.Linear(width, fc.output_size, bias=fc.use_bias if fc.use_bias is not None else c.use_bias))
+            if norm:
+                modules.append(NORMS[norm](fc.output_size))
+            modules.append(ACTIVATIONS[fc.activation or c.activation]())
+            if dropout > 0:
+                modules.append(nn.Dropout(dropout))
+            blocks.append((start, len(modules), c.residual and fc.output_size == width))
+            width = fc.output_size
+        super().__init__(*modules)
+        self.blocks, self.width = blocks, width
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        modules = list(self)
+        first = self.blocks[0][0] if self.blocks else len(modules)
+        for module in modules[:first]:  # the inputs' normalisation
+            x = module(x)
+        for start, end, residual in self.blocks:
+            out = x
+            for module in modules[start:end]:
+                out = module(out)
+            x = x + out if residual else out
+        return x
+
+
 class DeclarativeModel(nn.Module):
     def __init__(self, config: ModelConfig, meta: dict[str, Any]) -> None:
         super().__init__()
@@ -41,13 +100,8 @@ class DeclarativeModel(nn.Module):
             encoder, size = FEATURES[feat.type].encoder(feat, meta[feat.name])
             self.embeddings[module_key(feat.name)] = encoder
             width += size
-        layers: list[nn.Module] = []
-        for fc in config.combiner.fc_layers:
-            layers += [nn.Linear(width, fc.output_size), nn.ReLU()]
-            if config.combiner.dropout > 0:
-                layers.append(nn.Dropout(config.combiner.dropout))
-            width = fc.output_size
-        self.combiner = nn.Sequential(*layers)
+        self.combiner = FCStack(config.combiner, width)
+        width = self.combiner.width
         out = config.output_features[0]
         size = len(meta[out.name]["classes"]) if out.type == "category" else 1
         self.decoder = nn.Linear(width, size)
@@ -66,7 +120,8 @@ class DeclarativeModel(nn.Module):
             for module in self.modules():
                 if isinstance(module, nn.Linear):
                     nn.init.xavier_uniform_(module.weight)
-                    nn.init.zeros_(module.bias)
+                    if module.bias is not None:
+                        nn.init.zeros_(module.bias)
                 elif isinstance(module, nn.Embedding | nn.EmbeddingBag):
                     nn.init.xavier_uniform_(module.weight)
                     if module.padding_idx is not None:
