@@ -107,16 +107,19 @@ def test_ludwig_s_defaults_spelled_out_load_as_what_raylight_does():
         "gradient_accumulation_steps": "auto", "effective_batch_size": "auto", "regularization_lambda": 0.0,
         "regularization_type": "l2", "max_batch_size": 1099511627776, "epochs": 3,
         "should_shuffle": True, "compile": False, "profiler": {}, "increase_batch_size_on_plateau": 0,
-        "loss_balancing": "none", "model_soup": None, "modality_dropout": 0.0,
+        "loss_balancing": "none", "model_soup": None, "modality_dropout": 0.0, "learning_rate_scaling": "linear",
+        "validation_field": None, "validation_metric": None,
     }
     data = {**BASE, "model_type": "ecd", "ludwig_version": "0.17.8", "trainer": trainer}
     cfg = validate(ModelConfig, data)
     assert cfg.trainer.epochs == 3 and "model_type" in data  # the caller's dict is left as it was
+    assert (cfg.trainer.validation_metric, cfg.trainer.validation_field) == ("loss", "combined")  # null: the default
     for given, taken in ((None, None), (0, None), ("auto", None), (256, 256)):  # Ludwig's eval_batch_size
         assert validate(ModelConfig, {**data, "trainer": {**trainer, "eval_batch_size": given}}).trainer.eval_batch_size == taken
     with pytest.raises(ConfigError, match=r"trainer\.eval_batch_size"):
         validate(ModelConfig, {**data, "trainer": {**trainer, "eval_batch_size": -1}})
-    for key, value in (("use_mixed_precision", 0), ("gradient_accumulation_steps", 4), ("should_shuffle", False)):
+    for key, value in (("use_mixed_precision", 0), ("gradient_accumulation_steps", 4), ("should_shuffle", False),
+                       ("learning_rate_scaling", "sqrt")):
         with pytest.raises(ConfigError) as err:
             validate(ModelConfig, {**data, "trainer": {**trainer, key: value}})
         assert f"trainer.{key}: Ludwig's setting" in str(err.value)

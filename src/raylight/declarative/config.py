@@ -349,6 +349,12 @@ class TrainerSection(ConfigModel):
 
     _validation_metric_name = field_validator("validation_metric")(metric_name)
 
+    @field_validator("validation_metric", "validation_field", mode="before")
+    @classmethod
+    def _null_is_default(cls, value: Any, info: ValidationInfo) -> Any:
+        """null (as Ludwig's schema defaults write them) is the default."""
+        return cls.model_fields[str(info.field_name)].default if value is None else value
+
     @field_validator("batch_size")
     @classmethod
     def _check_batch(cls, value: int | str) -> int | str:

@@ -90,11 +90,14 @@ LUDWIG_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "combiner.batch_ensemble": ("batch ensembles are not available; remove the key", (False,)),
     "combiner.num_ensemble_members": ("batch ensembles are not available; remove the key", (4,)),
     "trainer.learning_rate_scaling": (
+        # Ludwig's batch_size is per worker and its linear scaling multiplies the rate by the
+        # workers: the rate per sample of the global batch is the one written, as raylight's
+        # global batch_size at the rate written gives.
         (
-            "use trainer.adaptive.lr_rule with batch_size: auto (the adaptive engine scales the LR with"
-            " the batch)"
+            "raylight's batch_size is global (Ludwig's is per worker), which keeps Ludwig's linear "
+            "scaling of the rate to the batch; for other rules use trainer.adaptive.lr_rule with batch_size: auto"
         ),
-        (),
+        ("linear",),
     ),
     "trainer.max_batch_size": ("use batch_size: auto with trainer.adaptive.max_batch_size", (2**40,)),  # Ludwig's "no limit"
     "trainer.effective_batch_size": (
