@@ -46,7 +46,8 @@ def test_fixed_stratified_and_hash_splits_on_ray_data_give_the_pandas_splits(ray
     """Ludwig's fixed split on the ray_data processor: each block's rows go where their
     column says (the same rows as the pandas processor's, in another order); a value that
     is not 0, 1 or 2 names the column. Its stratified split: each stratum's split sizes are
-    the pandas processor's. Its hash split, over two blocks: the pandas processor's rows.
+    the pandas processor's. Its hash and datetime splits, over two blocks: the pandas
+    processor's rows.
     A sample (Ludwig's sample_size) over two blocks: the pandas sample's size and split.
     Class balancing (oversample_minority) of a fixed split's training rows over two blocks:
     the pandas processor's class sizes, each row one of the split's own."""
@@ -57,6 +58,7 @@ def test_fixed_stratified_and_hash_splits_on_ray_data_give_the_pandas_splits(ray
     df = frame()
     df["split"] = np.tile([0, 0, 0, 0, 0, 0, 0, 1, 2, 2], 40)
     df["user"] = np.arange(400) // 3
+    df["when"] = [f"2021-{1 + d // 28:02d}-{1 + d % 28:02d}" for d in np.random.default_rng(1).integers(0, 336, 400)]  # ties too
     config = RAY_CONFIG.replace("{type: random, probabilities: [0.7, 0.1, 0.2]}", "{type: fixed}")
     cfg, data = write(tmp_path, fmt="parquet", config=config, df=df)
     sizes = {}
@@ -85,13 +87,14 @@ def test_fixed_stratified_and_hash_splits_on_ray_data_give_the_pandas_splits(ray
                              for v in (prepared.train, prepared.validation, prepared.test)]
     assert counts["ray_data"] == counts["pandas"]
     assert sum(sum(c) for c in counts["pandas"]) == 400
-    config = RAY_CONFIG.replace("{type: random, probabilities: [0.7, 0.1, 0.2]}", "{type: hash, column: user}")
-    cfg, _ = write(tmp_path, fmt="parquet", config=config, df=df)
-    for processor in ("ray_data", "pandas"):
-        prepared = api.prepare(load_config(cfg), data, processor=processor, use_cache=False)
-        sizes[processor] = {k: sorted(np.asarray(column(v, "age")).round(6).tolist())
-                            for k, v in (("train", prepared.train), ("validation", prepared.validation), ("test", prepared.test))}
-    assert sizes["ray_data"] == sizes["pandas"] and sum(len(v) for v in sizes["pandas"].values()) == 400
+    for split in ("{type: hash, column: user}", "{type: datetime, column: when}"):
+        config = RAY_CONFIG.replace("{type: random, probabilities: [0.7, 0.1, 0.2]}", split)
+        cfg, _ = write(tmp_path, fmt="parquet", config=config, df=df)
+        for processor in ("ray_data", "pandas"):
+            prepared = api.prepare(load_config(cfg), data, processor=processor, use_cache=False)
+            sizes[processor] = {k: sorted(np.asarray(column(v, "age")).round(6).tolist())
+                                for k, v in (("train", prepared.train), ("validation", prepared.validation), ("test", prepared.test))}
+        assert sizes["ray_data"] == sizes["pandas"] and sum(len(v) for v in sizes["pandas"].values()) == 400, split
     config = RAY_CONFIG.replace("preprocessing: {split:", "preprocessing: {sample_size: 150, split:")
     cfg, _ = write(tmp_path, fmt="parquet", config=config, df=df)
     for processor in ("ray_data", "pandas"):

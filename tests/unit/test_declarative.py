@@ -482,10 +482,10 @@ def test_ludwig_s_fixed_split_takes_each_row_s_split_from_its_column(tmp_path):
         row_split_rows(df.assign(split=[0, 0, 1, "x"] + [0] * 396), SplitConfig(type="fixed"), "d.csv")
     with pytest.raises(ConfigError, match="has no such column"):
         row_split_rows(df, SplitConfig(type="fixed", column="fold"), "d.csv")
-    assert "probabilities is a setting of types random, stratify and hash" in bad_config(
+    assert "probabilities is a setting of types random, stratify, hash and datetime" in bad_config(
         tmp_path, CONFIG.replace("{type: random, probabilities: [0.7, 0.1, 0.2]", "{type: fixed, probabilities: [0.8, 0.1, 0.1]")
     )
-    assert "column is a setting of types fixed, stratify and hash" in bad_config(tmp_path, CONFIG.replace("{type: random,", "{type: random, column: s,"))
+    assert "column is a setting of types fixed, stratify, hash and datetime" in bad_config(tmp_path, CONFIG.replace("{type: random,", "{type: random, column: s,"))
     (tmp_path / "noval").mkdir()
     cfg, data = write(tmp_path / "noval", config=fixed.replace("early_stop: 5}", "early_stop: 5, validation_metric: accuracy}"),
                       df=df.assign(split=[0] * 340 + [2] * 60))
@@ -518,6 +518,36 @@ def test_ludwig_s_hash_split_keeps_the_rows_of_one_value_together_in_every_run(t
     sizes = [len(prepared.train["income"]), len(prepared.validation["income"]), len(prepared.test["income"])]
     assert sum(sizes) == len(df) and sizes[1] > 0 and sizes[0] > sizes[1]
     assert "hash needs column" in bad_config(tmp_path, CONFIG.replace("{type: random,", "{type: hash,"))
+
+
+def test_ludwig_s_datetime_split_trains_on_the_earliest_rows_and_tests_on_the_latest(tmp_path):
+    """``preprocessing.split: {type: datetime, column: when}`` (Ludwig's): the rows in
+    order of their dates (ties in file order), the first 70% train, the next 10%
+    validation, the last 20% test, by probabilities; dates in any format pandas reads
+    (zones as UTC); a value that is not a date, or no date, is an error naming the column."""
+    from raylight.declarative.preprocess import date_codes
+
+    assert date_codes(np.array([5, 1, 3, 3, 0, 9, 7, 2, 8, 6]), (0.5, 0.2, 0.3)).tolist() == [1, 0, 0, 0, 0, 2, 2, 0, 2, 1]
+    assert date_codes(np.array([1, 1, 1, 1]), (0.5, 0.25, 0.25)).tolist() == [0, 0, 1, 2]  # ties: file order
+    df = frame()
+    days = np.random.default_rng(5).permutation(len(df))
+    df["when"] = [str(pd.Timestamp("2020-01-01") + pd.Timedelta(days=int(d))) for d in days]
+    df.loc[3, "when"] = "2020-01-01T03:00:00+05:00"  # 2019-12-31 22:00 UTC: the earliest
+    config = CONFIG.replace("{type: random, probabilities: [0.7, 0.1, 0.2]}", "{type: datetime, column: when}")
+    cfg, data = write(tmp_path, config=config, df=df)
+    prepared = api.prepare(load_config(cfg), data)
+    sizes = [len(prepared.train["income"]), len(prepared.validation["income"]), len(prepared.test["income"])]
+    assert sizes == [280, 40, 80]
+    test_days = sorted(days[prepared.test_frame.index])
+    assert test_days == list(range(320, 400)) and 3 not in prepared.test_frame.index
+    (tmp_path / "bad").mkdir()
+    cfg, data = write(tmp_path / "bad", config=config, df=df.assign(when=["2020-01-01"] * 399 + ["soon"]))
+    with pytest.raises(ConfigError, match=r"preprocessing\.split\.column 'when'.*not dates, such as \['soon'\]"):
+        api.prepare(load_config(cfg), data)
+    cfg, data = write(tmp_path / "bad", config=config, df=df.assign(when=[None] + ["2020-01-01"] * 399))
+    with pytest.raises(ConfigError, match=r"1 row\(s\) of dataset .* have no date"):
+        api.prepare(load_config(cfg), data)
+    assert "datetime needs column" in bad_config(tmp_path, CONFIG.replace("{type: random,", "{type: datetime,"))
 
 
 def test_ludwig_s_sample_ratio_and_size_train_on_a_seeded_sample_of_the_rows(tmp_path):

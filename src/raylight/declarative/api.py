@@ -33,6 +33,7 @@ from raylight.declarative.preprocess import (
     check_target,
     check_validation_unneeded,
     class_counts,
+    date_split_rows,
     fit_metadata,
     missing_stratify_column,
     row_split_rows,
@@ -244,6 +245,8 @@ def _prepare(config: ModelConfig, dataset: str) -> Prepared:
         train_idx, val_idx, test_idx = row_split_rows(df, split, dataset)
         if split.type == "fixed":
             probs = (1.0, 0.0, 0.0)  # the column decides; training needs rows (checked below)
+    elif split.type == "datetime":
+        train_idx, val_idx, test_idx = date_split_rows(df, split, dataset)
     elif split.type == "stratify":
         assert split.column is not None  # the config requires it
         if split.column not in df.columns:

@@ -374,22 +374,24 @@ DEFAULT_SPLIT, DEFAULT_SPLIT_COLUMN = (0.7, 0.1, 0.2), "split"
 
 
 class SplitConfig(ConfigModel):
-    type: Literal["random", "fixed", "stratify", "hash"] = Field(
+    type: Literal["random", "fixed", "stratify", "hash", "datetime"] = Field(
         "random",
         description="How rows are split into train/validation/test: random (probabilities); fixed "
         "(Ludwig's: column says, 0 train, 1 validation, 2 test); stratify (Ludwig's: probabilities "
         "within each value of column, so every split keeps its proportions); hash (Ludwig's: a "
         "hash of column's value picks the split with probabilities, so rows of one value, e.g. "
-        "one user's, stay together, in every run and as the dataset grows).",
+        "one user's, stay together, in every run and as the dataset grows); datetime (Ludwig's: "
+        "the rows in order of column's dates, the earliest train, then validation, then test, by "
+        "probabilities).",
     )
     probabilities: tuple[float, float, float] = Field(
-        DEFAULT_SPLIT, description="random, stratify, hash: fractions for train, validation and test; they sum to 1."
+        DEFAULT_SPLIT, description="random, stratify, hash, datetime: fractions for train, validation and test; they sum to 1."
     )
     column: str | None = Field(
         None,
         min_length=1,
         description="fixed: the column of each row's split (null: split); stratify: the column to "
-        "stratify on; hash: the column whose values are hashed.",
+        "stratify on; hash: the column whose values are hashed; datetime: the column of dates.",
     )
 
     @field_validator("probabilities")
@@ -403,13 +405,15 @@ class SplitConfig(ConfigModel):
     def _settings_of_its_type(self) -> SplitConfig:
         # by value, not by what was written: a rendered config (every default) loads again
         if self.type == "fixed" and self.probabilities != DEFAULT_SPLIT:
-            raise ValueError("probabilities is a setting of types random, stratify and hash; a fixed split takes column")
+            raise ValueError("probabilities is a setting of types random, stratify, hash and datetime; a fixed split takes column")
         if self.type == "random" and self.column is not None:
-            raise ValueError("column is a setting of types fixed, stratify and hash; a random split takes probabilities")
+            raise ValueError("column is a setting of types fixed, stratify, hash and datetime; a random split takes probabilities")
         if self.type == "stratify" and self.column is None:
             raise ValueError("stratify needs column: the column whose values every split keeps in proportion")
         if self.type == "hash" and self.column is None:
             raise ValueError("hash needs column: the column whose values decide each row's split (an id)")
+        if self.type == "datetime" and self.column is None:
+            raise ValueError("datetime needs column: the column of dates the rows are split in order of")
         return self
 
     @property

@@ -305,10 +305,6 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
 LUDWIG_VALUES: dict[tuple[str, str], str] = {
     ("backend.processor.type", "modin"): "Ludwig's modin processor is not available: use auto, pandas (in the driver) or ray_data",
     ("backend.processor.type", "spark"): "Ludwig's spark processor is not available: use auto, pandas (in the driver) or ray_data",
-    ("preprocessing.split.type", "datetime"): (
-        "Ludwig's datetime split is not available: sort the dataset by the date and use type: fixed, "
-        "with a column of 0 (the earliest rows), 1, then 2"
-    ),
 }
 
 

@@ -274,6 +274,47 @@ def bad_split_values(column: str, source: str, examples: list[str], first: str) 
     )
 
 
+def date_keys(values: pd.Series) -> tuple[np.ndarray, list[str], int]:
+    """A datetime split column as nanoseconds since the epoch (UTC where a value has a
+    zone), the examples of values that are not dates, and how many are null."""
+    present = values.notna() & (values.astype(str).str.strip() != "")
+    parsed = pd.to_datetime(values.where(present), errors="coerce", format="mixed", utc=True)
+    bad = values[present & parsed.isna()]
+    keys = parsed.to_numpy(dtype="datetime64[ns]").astype(np.int64)
+    return keys, [str(v) for v in bad.drop_duplicates().head(3)], int((~present).sum())
+
+
+def check_dates(column: str, source: str, bad: list[str], nulls: int) -> None:
+    if bad:
+        raise ConfigError(
+            f"preprocessing.split.column {column!r}: column of dataset {source!r} holds values that are "
+            f"not dates, such as {bad}; fix the column, or use another split type"
+        )
+    if nulls:
+        raise ConfigError(
+            f"preprocessing.split.column {column!r}: {nulls} row(s) of dataset {source!r} have no date, so "
+            "no place in the order; fill or drop them"
+        )
+
+
+def date_codes(keys: np.ndarray, probabilities: tuple[float, float, float]) -> np.ndarray:
+    """Ludwig's datetime split: the rows in order of their dates (ties in file order), the
+    first ``split_sizes`` rows train, the next validation, the last test."""
+    codes = np.empty(len(keys), dtype=np.int8)
+    codes[np.argsort(keys, kind="stable")] = np.repeat(np.arange(3, dtype=np.int8), split_sizes(len(keys), probabilities))
+    return codes
+
+
+def date_split_rows(df: pd.DataFrame, split: Any, source: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A datetime split's rows of train, validation and test, in file order."""
+    if split.column not in df.columns:
+        raise missing_split_column(split.column, source, list(df.columns))
+    keys, bad, nulls = date_keys(df[split.column])
+    check_dates(split.column, source, bad, nulls)
+    codes = date_codes(keys, split.probabilities)
+    return tuple(np.flatnonzero(codes == k) for k in range(3))  # type: ignore[return-value]
+
+
 def split_sizes(n: int, probabilities: tuple[float, float, float]) -> tuple[int, int, int]:
     """Rows of train, validation and test for ``n`` rows split by ``probabilities`` (train
     keeps at least one)."""

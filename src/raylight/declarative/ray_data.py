@@ -32,10 +32,13 @@ from raylight.declarative.preprocess import (
     balance_block,
     balance_quotas,
     check_classes,
+    check_dates,
     check_sample,
     check_split_rows,
     check_validation_unneeded,
     class_counts,
+    date_codes,
+    date_keys,
     deal,
     missing_column,
     missing_split_column,
@@ -130,6 +133,8 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
         raise missing_split_column(by_row, dataset, columns)
     if split.type == "stratify" and split.column not in columns:
         raise missing_stratify_column(str(split.column), dataset, columns)
+    if split.type == "datetime" and split.column not in columns:
+        raise missing_split_column(str(split.column), dataset, columns)
     for kind, feats in (("input_features", config.input_features), ("output_features", config.output_features)):
         for feat in feats:
             if feat.col not in columns:
@@ -158,6 +163,11 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
         quotas: Any = summary[["split0", "split1", "split2"]].to_numpy()
         if split.type == "fixed":
             p = (1.0, 0.0, 0.0)  # the column decides; training needs rows (checked below)
+    elif split.type == "datetime":  # every row's place in the order of all the dates: its split
+        check_dates(str(split.column), dataset, [e for b in summary["dates_bad"] for e in b][:3], int(summary["dates_null"].sum()))
+        codes = date_codes(np.concatenate(list(summary["dates"])), p)
+        quotas = np.split(codes, np.cumsum(summary["rows"].to_numpy())[:-1])
+        summary = summary.drop(columns="dates")
     elif split.type == "stratify":  # the random split's quotas within each stratum
         counts = pd.DataFrame(list(summary["strata"])).fillna(0).astype(np.int64)
         by_stratum = {key: split_quotas(counts[key].to_numpy(), p, seed + j) for j, key in enumerate(sorted(counts.columns))}
@@ -256,6 +266,8 @@ def _summary(df: pd.DataFrame, config: ModelConfig) -> pd.DataFrame:
         codes = row_codes(split, df[split.row_column])
         row.update({f"split{k}": int((codes == k).sum()) for k in range(3)})
         row["split_bad"] = not_splits(df[split.row_column], codes)
+    elif split.type == "datetime":  # the dates, in the block's order (put in order by the driver)
+        row["dates"], row["dates_bad"], row["dates_null"] = date_keys(df[split.column])
     elif split.type == "stratify":  # rows of each value of the column
         row["strata"] = {str(k): int(n) for k, n in strata(df[split.column]).value_counts().items()}
     out = config.output_features[0]
@@ -284,6 +296,8 @@ def _scatter_fn(df: pd.DataFrame, quota: Any, pieces: int, seed: tuple[int, ...]
     rng = np.random.default_rng(seed)
     if split.row_column is not None:
         labels = row_codes(split, df[split.row_column])
+    elif split.type == "datetime":  # each row's split, from the order of all the dates
+        labels = quota
     elif split.type == "stratify":
         keys = strata(df[split.column]).to_numpy()
         labels = np.zeros(len(df), dtype=np.int8)
