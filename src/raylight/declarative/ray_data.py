@@ -233,11 +233,9 @@ def _balance(train: BlockRefs, config: ModelConfig) -> BlockRefs:
     counts = np.array(ray.get([_task(class_counts).remote(b, target) for b in train.blocks]))
     minority, quotas = balance_quotas(counts, prep.oversample_minority, prep.undersample_majority, (seed, 4))
     over = prep.oversample_minority is not None
-    blocks = [
-        _task(balance_block).remote(b, target, minority, q, over, (seed, 4, i))
-        for i, (b, q) in enumerate(zip(train.blocks, quotas, strict=True))
-    ]
-    return BlockRefs(blocks, [int(q.sum()) for q in quotas])
+    kept = [(i, b, q) for i, (b, q) in enumerate(zip(train.blocks, quotas, strict=True)) if q.sum() > 0]  # no empty blocks
+    blocks = [_task(balance_block).remote(b, target, minority, q, over, (seed, 4, i)) for i, b, q in kept]
+    return BlockRefs(blocks, [int(q.sum()) for _, _, q in kept])
 
 
 def split_quotas(block_rows: np.ndarray, probabilities: tuple[float, float, float], seed: int) -> np.ndarray:
