@@ -2,10 +2,12 @@
 of the Ray Data path (split quotas, block counts, combined moments). No Ray."""
 
 import typing
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from pydantic import BaseModel
 
 from raylight.config.validation import validate
@@ -202,6 +204,53 @@ def test_each_ludwig_feature_key_raylight_lacks_names_its_path_and_the_fix(side,
     assert "Ludwig's setting, not raylight's" in line and (" use " in line or "remove" in line or "write" in line)
 
 
+LUDWIG_RENDERED = sorted((Path(__file__).parent.parent / "data" / "ludwig").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", LUDWIG_RENDERED, ids=lambda p: p.stem)
+def test_configs_as_ludwig_s_render_config_writes_them_load(path):
+    """Ludwig 0.17.10's render_config output (every key, Ludwig's defaults included: the
+    defaults section for every type, each feature's active, proc_column, encoder skip and
+    adapter, decoder fc settings, the profiler, ...) loads, with the settings it names."""
+    from raylight.declarative.loading import load_config
+
+    cfg = load_config(str(path))
+    source = yaml.safe_load(path.read_text())
+    assert [f.name for f in cfg.input_features] == [f["name"] for f in source["input_features"]]
+    assert cfg.trainer.epochs == source["trainer"]["epochs"] and cfg.preprocessing.split.type == source["preprocessing"]["split"]["type"]
+    assert [fc.output_size for fc in cfg.combiner.fc_layers] == (
+        [layer["output_size"] for layer in source["combiner"]["fc_layers"]] if source["combiner"]["fc_layers"]
+        else [source["combiner"]["output_size"]] * source["combiner"]["num_fc_layers"]
+    )
+
+
+def test_ludwig_s_defaults_section_applies_to_each_feature_of_its_type():
+    """Ludwig's ``defaults``: a type's preprocessing and encoder reach its input features
+    (decoder and loss its outputs) where the feature does not set them; a section naming
+    another type is the feature's own."""
+    data = {
+        "input_features": [
+            {"name": "a", "type": "category"},
+            {"name": "b", "type": "category", "encoder": {"embedding_size": 4}},
+            {"name": "t", "type": "text", "encoder": {"type": "embed", "reduce_output": "mean"}},
+            {"name": "n", "type": "number"},
+        ],
+        "output_features": [{"name": "y", "type": "binary"}],
+        "defaults": {
+            "category": {"encoder": {"type": "dense", "embedding_size": 16}, "preprocessing": {"most_common": 7}},
+            "text": {"encoder": {"type": "parallel_cnn", "num_filters": 8}},  # not the feature's type: not merged
+            "number": {"preprocessing": {"normalization": "minmax"}},
+            "binary": {"loss": {"type": "binary_weighted_cross_entropy"}, "preprocessing": {"fallback_true_label": "x"}},
+        },
+    }
+    a, b, t, n = validate(ModelConfig, data).input_features
+    assert (a.encoder.embedding_size, a.preprocessing.most_common) == (16, 7)
+    assert (b.encoder.embedding_size, b.preprocessing.most_common) == (4, 7)
+    assert n.preprocessing.normalization == "minmax" and t.encoder.embedding_size == 32
+    with pytest.raises(ConfigError, match=r"defaults: Ludwig's defaults: a mapping of feature type"):
+        validate(ModelConfig, {**data, "defaults": {"category": 3}})
+
+
 def test_ludwig_processors_raylight_does_not_run_name_the_ones_it_does():
     with pytest.raises(ConfigError) as err:
         config(processor={"type": "modin"})
@@ -210,7 +259,7 @@ def test_ludwig_processors_raylight_does_not_run_name_the_ones_it_does():
 
 @pytest.mark.parametrize(("path", "value"), sorted(LUDWIG_VALUES))
 def test_each_ludwig_value_raylight_lacks_names_its_path_and_the_fix(path, value):
-    data = {**BASE, "preprocessing": {"split": {"type": value, "column": "a"}}, "backend": {"processor": {"type": value}}}
+    data = {**BASE, "combiner": {"type": value}, "backend": {"processor": {"type": value}}}
     with pytest.raises(ConfigError) as err:
         validate(ModelConfig, data)
     line = next(ln for ln in str(err.value).splitlines() if ln.strip().startswith(f"{path}:"))

@@ -622,6 +622,11 @@ class ModelConfig(ConfigModel):
 
     _parse_loggers = field_validator("loggers", mode="before")(parse_loggers)
 
+    @field_validator("combiner", "trainer", "preprocessing", "backend", mode="before")
+    @classmethod
+    def _null_section(cls, value: Any) -> Any:
+        return {} if value is None else value  # a section written as null (Ludwig renders backend: null) is its defaults
+
     @model_validator(mode="before")
     @classmethod
     def _ludwig_keys(cls, data: Any) -> Any:

@@ -23,13 +23,7 @@ ANY = object()
 LUDWIG_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "model_type": ("raylight trains Ludwig's ecd model (encoders, combiner, decoder) only; remove the key", ("ecd",)),
     "ludwig_version": ("raylight does not read it; remove the key", (ANY,)),  # which Ludwig wrote the config: nothing to do
-    "defaults": (
-        (
-            "raylight has no per-type defaults; remove the section and set preprocessing and encoder on"
-            " each feature"
-        ),
-        (),
-    ),
+    "preset": ("an LLM setting; remove the key", (None,)),
     "backend.processor.parallelism": (
         (
             "Ludwig's Dask partitions; raylight sizes its Ray Data blocks itself (one task per block, "
@@ -125,7 +119,10 @@ LUDWIG_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
         (False,),
     ),
     "trainer.enable_profiling": ("not available; remove the key", (False,)),
-    "trainer.profiler": ("not available; remove the section", ({}, None)),
+    "trainer.profiler": (
+        "not available; remove the section",
+        ({}, None, {"wait": 1, "warmup": 1, "active": 3, "repeat": 5, "skip_first": 0}),  # the last: Ludwig 0.17 renders it
+    ),
     "trainer.eval_steps": ("an evaluation covers the whole validation split; remove the key", (None,)),
     "trainer.should_shuffle": (
         (
@@ -188,6 +185,16 @@ def _decoder(kind: str) -> tuple[str, tuple[Any, ...]]:
     return f"raylight's {kind} decoder is Ludwig's {_DECODERS[kind]}; use it or remove the key", (_DECODERS[kind],)
 
 _DECODER_FIX = "raylight's decoder is one linear layer after the combiner: add layers to combiner.fc_layers; remove the key"
+# The settings of a decoder's layers, at Ludwig's defaults (it has none by default).
+_DECODER_FC: dict[str, tuple[Any, ...]] = {
+    "use_bias": (True,), "weights_initializer": ("xavier_uniform",), "bias_initializer": ("zeros",), "norm": (None,),
+    "norm_params": (None,), "activation": ("relu",), "dropout": (0,),
+}
+# Keys Ludwig's render_config writes in every feature.
+_RENDERED = {
+    "active": ("raylight uses every feature in the config; remove the feature instead", (True,)),
+    "proc_column": ("Ludwig's internal column name; remove the key", (ANY,)),
+}
 _EMBEDDING_KEYS = {
     "encoder.embeddings_trainable": ("raylight trains its embeddings; remove the key", (True,)),
     "encoder.pretrained_embeddings": ("pre-trained embeddings are not available; remove the key", (None,)),
@@ -203,6 +210,7 @@ _OUTLIERS = {
     "preprocessing.outlier_threshold": ("raylight keeps a number target's outliers; remove the key", (3.0,)),
 }
 _NO_CACHE = ("raylight trains its encoders, so there are no embeddings to cache; remove the key", (False,))
+_NO_PROMPT = {"template": None, "task": None, "retrieval": {"type": None, "index_name": None, "model_name": None, "k": 0}}
 _MISSING_TEXT = "raylight encodes a missing text as a bag of no tokens; remove the key"
 _MISSING_TARGET = "raylight drops the rows whose target is missing (Ludwig's drop_row); remove the key"
 FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
@@ -225,6 +233,8 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
     ("input", "category"): {
         "encoder.type": (_ENCODERS["category"], ("dense",)),
         **_EMBEDDING_KEYS,
+        "encoder.vocab": ("raylight builds the vocabulary from the training split; remove the key", (None,)),
+        "encoder.embedding_initializer": ("raylight initialises embeddings xavier-uniform; remove the key", (None,)),
         "preprocessing.lowercase": ("raylight keeps a category's case; lower-case the column before training; remove the key", (False,)),
         "preprocessing.cache_encoder_embeddings": _NO_CACHE,
     },
@@ -232,6 +242,13 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "encoder.type": (_ENCODERS["text"], ("embed",)),
         "encoder.reduce_output": (_ENCODERS["text"], ("mean",)),
         **_EMBEDDING_KEYS,
+        "encoder.vocab": ("raylight builds the vocabulary from the training split; remove the key", (None,)),
+        "encoder.representation": ("raylight's embeddings are dense; remove the key", ("dense",)),
+        "encoder.max_sequence_length": ("use preprocessing.max_sequence_length", (None,)),
+        # Ludwig's embed encoder starts its embeddings uniform; raylight's start xavier-uniform
+        # (README): the initialiser is not a setting.
+        "encoder.weights_initializer": ("raylight initialises embeddings xavier-uniform; remove the key", ("uniform", "xavier_uniform")),
+        "preprocessing.prompt": ("prompts are an LLM setting; remove the section", (None, _NO_PROMPT)),
         "preprocessing.pretrained_model_name_or_path": ("pre-trained tokenizers are not available; use preprocessing.tokenizer", (None,)),
         "preprocessing.vocab_file": ("raylight builds the vocabulary from the training split (most_common, min_frequency); remove the key", (None,)),
         "preprocessing.sequence_length": (
@@ -250,6 +267,9 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
     ("input", "*"): {
         "tied": ("raylight does not share encoders between features; remove the key", (None,)),
         "preprocessing.computed_fill_value": _COMPUTED,
+        **_RENDERED,
+        "encoder.skip": ("raylight encodes every input; remove the key", (False,)),
+        "encoder.adapter": ("adapters are an LLM setting; remove the key", (None,)),
     },
     ("output", "binary"): {
         "loss.type": (f"raylight's binary loss is Ludwig's {_LOSSES['binary']}; use it or remove the key", (_LOSSES["binary"],)),
@@ -295,6 +315,19 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "reduce_input": ("raylight's combiner gives one vector: nothing to reduce; remove the key", ("sum", None)),
         "dependencies": ("raylight trains one output feature; remove the key", ([],)),
         "reduce_dependencies": ("raylight trains one output feature; remove the key", ("sum",)),
+        **_RENDERED,
+        "default_validation_metric": ("trainer.validation_metric chooses the metric; remove the key", (ANY,)),
+        "input_size": _COMPUTED,
+        "num_classes": _COMPUTED,
+        "preprocessing.cache_encoder_embeddings": _NO_CACHE,
+        "decoder.input_size": _COMPUTED,
+        "decoder.num_classes": _COMPUTED,
+        "decoder.use_bias": ("raylight's decoder has a bias; remove the key", (True,)),
+        "decoder.weights_initializer": ("raylight initialises weights xavier-uniform, Ludwig's default; remove the key", ("xavier_uniform",)),
+        "decoder.bias_initializer": ("raylight initialises biases to zero, Ludwig's default; remove the key", ("zeros",)),
+        "decoder.calibration": ("calibration is not available; remove the key", (None,)),
+        "decoder.mc_dropout_samples": ("Monte Carlo dropout is not available; remove the key", (0,)),
+        **{f"decoder.fc_{key}": (_DECODER_FIX, neutral) for key, neutral in _DECODER_FC.items()},
         "preprocessing.missing_value_strategy": (_MISSING_TARGET, ("drop_row",)),
         "preprocessing.fill_value": (_MISSING_TARGET, (ANY,)),  # drop_row never fills
         "preprocessing.computed_fill_value": _COMPUTED,
@@ -305,6 +338,17 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
 LUDWIG_VALUES: dict[tuple[str, str], str] = {
     ("backend.processor.type", "modin"): "Ludwig's modin processor is not available: use auto, pandas (in the driver) or ray_data",
     ("backend.processor.type", "spark"): "Ludwig's spark processor is not available: use auto, pandas (in the driver) or ray_data",
+    **{
+        ("combiner.type", name): (
+            f"Ludwig's {name} combiner is not available: use type: concat (fully connected layers over the "
+            "concatenated inputs; fc_layers, norm, residual) and remove the combiner's other keys; Ludwig 0.17 may "
+            "choose this combiner for a config that names none (ludwig render_config shows which)"
+        )
+        for name in (
+            "sequence_concat", "sequence", "tabnet", "comparator", "transformer", "tab_transformer", "ft_transformer",
+            "project_aggregate", "gated_fusion", "cross_attention", "perceiver", "hypernetwork", "tabpfn_v2",
+        )
+    },
 }
 
 
@@ -380,6 +424,42 @@ def _apply(
     return data
 
 
+def _with_defaults(data: dict[str, Any], errors: list[InitErrorDetails]) -> dict[str, Any]:
+    """Ludwig's ``defaults`` section merged into the features, as Ludwig merges it
+    (``merge_with_defaults``): each feature takes its type's preprocessing and encoder
+    (inputs) or decoder and loss (outputs) where it does not set them, a section merged key
+    by key unless the feature names another ``type`` for it; then the section goes."""
+    if "defaults" not in data:
+        return data
+    defaults = data["defaults"]
+    if defaults is None:
+        return {k: v for k, v in data.items() if k != "defaults"}
+    if not isinstance(defaults, dict) or not all(isinstance(v, dict) for v in defaults.values()):
+        errors.append(_error(("defaults",), "Ludwig's defaults: a mapping of feature type to its sections, e.g. {category: {encoder: {embedding_size: 16}}}", defaults))
+        return data
+    out = {k: v for k, v in data.items() if k != "defaults"}
+    for key, excluded in (("input_features", {"decoder", "loss"}), ("output_features", {"encoder", "preprocessing"})):
+        features = out.get(key)
+        if isinstance(features, list):
+            out[key] = [
+                _merged({k: v for k, v in defaults.get(f.get("type"), {}).items() if k not in excluded}, f)
+                if isinstance(f, dict) else f
+                for f in features
+            ]
+    return out
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        b = out.get(k)
+        if isinstance(b, dict) and isinstance(v, dict) and v.get("type", b.get("type")) == b.get("type"):
+            out[k] = _merged(b, v)
+        else:
+            out[k] = v
+    return out
+
+
 def _text_mean(feature: dict[str, Any], path: str) -> bool:
     """Ludwig's embed encoder sums unless told to average: it is raylight's with ``mean``."""
     if feature.get("type") != "text" or path != "encoder.type":
@@ -398,7 +478,7 @@ def check_ludwig_keys(data: Any) -> Any:
         found, value = _lookup(data, path)
         if found and value == given:
             errors.append(_error(tuple(path.split(".")), fix, value))
-    data = _check_features(_apply(data, LUDWIG_KEYS, (), errors), errors)
+    data = _check_features(_apply(_with_defaults(data, errors), LUDWIG_KEYS, (), errors), errors)
     if errors:
         raise ValidationError.from_exception_data("ModelConfig", errors)
     return data
