@@ -560,7 +560,14 @@ def evaluate(model_path: str, dataset: str) -> dict[str, float] | None:
             dist.all_reduce(values)
             return dict(zip(sums, values.tolist(), strict=True))
 
-        metrics = model.evaluate(df, source=dataset, part=(launch.rank, launch.world_size), reduce=reduce)
+        def gather(rows: Any) -> Any:
+            import numpy as np
+
+            parts: list[Any] = [None] * launch.world_size
+            dist.all_gather_object(parts, rows)
+            return np.concatenate(parts)
+
+        metrics = model.evaluate(df, source=dataset, part=(launch.rank, launch.world_size), reduce=reduce, gather=gather)
         return metrics if launch.rank == 0 else None
 
 

@@ -67,16 +67,20 @@ def _chunks(data: Any, rows: int) -> Iterator[dict[str, np.ndarray]]:
 def evaluate_data(
     model: torch.nn.Module, data: Any, output: Any, meta: dict[str, Any], device: torch.device,
     reduce: Callable[[dict[str, float]], dict[str, float]] | None = None, chunk_rows: int | None = None,
+    gather: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> dict[str, float]:
     """Loss and metrics of ``model`` on ``data`` (arrays or object-store blocks), streamed
     ``chunk_rows`` rows at a time (trainer.eval_batch_size; None: EVAL_ROWS): sums over chunks,
-    so nothing larger than a chunk is held at once. ``reduce`` adds up the sums of every
-    process that evaluated a part of the data."""
+    so nothing larger than a chunk is held at once, but for a binary output's scores and
+    labels (ROC AUC ranks them all: 5 bytes a row). ``reduce`` adds up the sums, and
+    ``gather`` concatenates the (score, label) rows, of every process that evaluated a part
+    of the data."""
     from raylight.models import loss_for, predictions
 
     std = meta[output.name].get("std", 1.0)
     classifier = output.type in ("binary", "category")
     sums = dict.fromkeys(("n", "loss", "correct", "sse", "sae", "t", "t2"), 0.0)
+    ranked: list[np.ndarray] = []  # binary: each chunk's (logit, label) rows
     was_training = model.training
     model.eval()
     with torch.no_grad():
@@ -93,6 +97,8 @@ def evaluate_data(
             if classifier:
                 pred, _ = predictions(output.type, out)
                 sums["correct"] += float((pred == target.long()).sum())
+                if output.type == "binary":
+                    ranked.append(torch.stack([out.double(), target.double()], dim=1).numpy())
             else:
                 err = ((out - target) * std).double()
                 scaled = (target * std).double()
@@ -104,11 +110,29 @@ def evaluate_data(
     if reduce is not None:
         sums = reduce(sums)
     rows = sums["n"] or 1.0
+    if output.type == "binary":
+        scored = np.concatenate(ranked) if ranked else np.zeros((0, 2))
+        scored = gather(scored) if gather is not None else scored
+        return {"loss": sums["loss"] / rows, "accuracy": sums["correct"] / rows, "roc_auc": roc_auc(scored[:, 0], scored[:, 1])}
     if classifier:
         return {"loss": sums["loss"] / rows, "accuracy": sums["correct"] / rows}
     mse = sums["sse"] / rows
     var = (sums["t2"] / rows - (sums["t"] / rows) ** 2) or 1.0
     return {"loss": sums["loss"] / rows, "mse": mse, "mae": sums["sae"] / rows, "r2": 1.0 - mse / var}
+
+
+def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """The area under the ROC curve of ``scores`` for the ``labels`` (1 positive): the
+    chance a positive scores above a negative, ties counting half (Mann-Whitney's U over
+    the counts of both); 0.5 where either class is absent (undefined)."""
+    from scipy.stats import rankdata
+
+    positive = labels == 1
+    pos, neg = int(positive.sum()), int((~positive).sum())
+    if pos == 0 or neg == 0:
+        return 0.5
+    ranks = rankdata(scores)  # ties: their average rank
+    return float((ranks[positive].sum() - pos * (pos + 1) / 2) / (pos * neg))
 
 
 def training_dataset(data: Any) -> ArrayDataset | BlockDataset:
@@ -424,9 +448,11 @@ class LoadedModel:
     def evaluate(
         self, df: pd.DataFrame, *, source: str = "input", part: tuple[int, int] | None = None,
         reduce: Callable[[dict[str, float]], dict[str, float]] | None = None,
+        gather: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> dict[str, float]:
-        """Metrics on ``df``; ``part=(rank, world_size)`` evaluates that share of its rows and
-        ``reduce`` adds up every share's sums (processes a launcher started)."""
+        """Metrics on ``df``; ``part=(rank, world_size)`` evaluates that share of its rows,
+        ``reduce`` adds up every share's sums and ``gather`` joins a binary output's scores
+        (processes a launcher started)."""
         from raylight.declarative.preprocess import check_target
         from raylight.exceptions import ConfigError
 
@@ -442,7 +468,8 @@ class LoadedModel:
             rows = np.array_split(np.arange(len(arrays[self.output.name])), world)[rank]
             arrays = {k: v[rows] for k, v in arrays.items()}
         return evaluate_data(
-            self.model, arrays, self.output, self.meta, torch.device("cpu"), reduce, chunk_rows=self.config.trainer.eval_batch_size
+            self.model, arrays, self.output, self.meta, torch.device("cpu"), reduce,
+            chunk_rows=self.config.trainer.eval_batch_size, gather=gather,
         )
 
 
