@@ -322,3 +322,23 @@ def test_a_forwarded_checkpoint_is_staged_in_a_directory_removed_once_tune_has_i
     assert [(m, epoch) for m, epoch, _ in seen] == [({"loss": 1.0}, None), ({"loss": 0.5}, 3)]
     assert seen[1][2].startswith(str(tmp_path)), seen
     assert os.listdir(tmp_path) == [], "the staging directory is removed once Tune has copied the checkpoint"
+
+
+def test_ludwig_s_combiner_layer_keys_are_searchable():
+    """Ludwig's hyperopt examples search ``combiner.num_fc_layers`` and
+    ``combiner.output_size``: they set how many ``fc_layers`` (copies of the first) and
+    every layer's size; a count that is not a whole number from 0 names the key."""
+    from raylight.declarative.hyperopt import trial_config
+
+    h = config({"parameters": {
+        "combiner.num_fc_layers": {"space": "randint", "lower": 1, "upper": 4},
+        "combiner.output_size": {"space": "choice", "categories": [16, 64]},
+    }})
+    base = h.model_dump(mode="json")
+    base["combiner"]["fc_layers"] = [{"output_size": 32, "activation": "tanh"}]
+    for sampled in ({"combiner.num_fc_layers": 3, "combiner.output_size": 16}, {"combiner.output_size": 16, "combiner.num_fc_layers": 3}):
+        trial = trial_config(base, sampled)
+        assert [(fc.output_size, fc.activation) for fc in trial.combiner.fc_layers] == [(16, "tanh")] * 3
+    assert trial_config(base, {"combiner.num_fc_layers": 0}).combiner.fc_layers == []
+    with pytest.raises(ConfigError, match=r"parameters\.combiner\.num_fc_layers: combiner\.num_fc_layers takes a whole number of layers from 0, got -1"):
+        config({"parameters": {"combiner.num_fc_layers": {"space": "choice", "categories": [-1, 2]}}})

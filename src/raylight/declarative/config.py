@@ -741,10 +741,26 @@ def _representatives(space: Any) -> list[Any]:
     return [space.lower, space.upper]
 
 
+# Ludwig's searchable spellings of the combiner's layers (its hyperopt examples tune them).
+LUDWIG_LAYER_KEYS = ("combiner.num_fc_layers", "combiner.output_size")
+
+
 def set_path(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
     """A copy of ``data`` with the dotted ``key`` (list items by index) set to ``value``;
-    KeyError naming the first part that does not exist."""
+    KeyError naming the first part that does not exist. Ludwig's
+    ``combiner.num_fc_layers`` / ``combiner.output_size`` set the number of
+    ``combiner.fc_layers`` (copies of the first, or of 256 units) or every layer's size."""
     out = copy.deepcopy(data)
+    if key in LUDWIG_LAYER_KEYS and isinstance(out.get("combiner"), dict):
+        layers = list(out["combiner"].get("fc_layers") or [])
+        first = dict(layers[0]) if layers else {"output_size": 256}
+        if key.endswith("num_fc_layers"):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise KeyError(f"combiner.num_fc_layers takes a whole number of layers from 0, got {value!r}")
+            out["combiner"]["fc_layers"] = [dict(first) for _ in range(value)]
+        else:
+            out["combiner"]["fc_layers"] = [{**layer, "output_size": value} for layer in layers]
+        return out
     try:
         assign(out, key.split("."), value, create=False)
     except KeyPathError as err:
