@@ -116,11 +116,15 @@ def test_ludwig_s_defaults_spelled_out_load_as_what_raylight_does():
     cfg = validate(ModelConfig, data)
     assert cfg.trainer.epochs == 3 and "model_type" in data  # the caller's dict is left as it was
     assert (cfg.trainer.validation_metric, cfg.trainer.validation_field) == ("loss", "combined")  # null: the default
+    mixed = {**data, "trainer": {**trainer, "use_mixed_precision": True}}
+    assert validate(ModelConfig, mixed).trainer.use_mixed_precision  # CPU workers: full precision, as Ludwig's
+    with pytest.raises(ConfigError, match=r"trainer\.use_mixed_precision: mixed precision on GPUs is not available"):
+        validate(ModelConfig, {**mixed, "backend": {"trainer": {"use_gpu": True}}})
     for given, taken in ((None, None), (0, None), ("auto", None), (256, 256)):  # Ludwig's eval_batch_size
         assert validate(ModelConfig, {**data, "trainer": {**trainer, "eval_batch_size": given}}).trainer.eval_batch_size == taken
     with pytest.raises(ConfigError, match=r"trainer\.eval_batch_size"):
         validate(ModelConfig, {**data, "trainer": {**trainer, "eval_batch_size": -1}})
-    for key, value in (("use_mixed_precision", 0), ("gradient_accumulation_steps", 4), ("should_shuffle", False),
+    for key, value in (("compile", 0), ("gradient_accumulation_steps", 4), ("should_shuffle", False),
                        ("learning_rate_scaling", "sqrt")):
         with pytest.raises(ConfigError) as err:
             validate(ModelConfig, {**data, "trainer": {**trainer, key: value}})

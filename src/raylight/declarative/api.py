@@ -313,6 +313,8 @@ def train(
     leader = launch is None or launch.rank == 0  # under a launcher, rank 0 alone writes the output directory
     out = new_output_dir(output_directory) if leader else os.path.abspath(output_directory)
     expand(dataset)  # a missing or unreadable path is named before Ray starts
+    if config.trainer.use_mixed_precision:  # GPUs are refused by the config
+        log.info("trainer.use_mixed_precision: the workers train on CPUs, in full precision (as Ludwig's do there)")
     started = time.monotonic()
     choice = processor.resolve(config.backend.processor, backend_kind(config, backend), dataset)
 

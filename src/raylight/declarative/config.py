@@ -324,6 +324,12 @@ class TrainerSection(ConfigModel):
     regularization_type: Literal["l1", "l2", "l1_l2"] | None = Field(
         "l2", description="Ludwig's: the penalty, over every parameter: l1 (sum of |w|), l2 (sum of w^2), l1_l2 (both)."
     )
+    use_mixed_precision: bool = Field(
+        False,
+        description="Ludwig's: mixed precision on GPUs. Workers on CPUs train in full precision, "
+        "as Ludwig's do there (said in the log); with backend.trainer.use_gpu it is an error (not "
+        "available on the declarative path yet).",
+    )
     eval_batch_size: int | None = Field(
         None,
         ge=1,
@@ -659,6 +665,15 @@ class ModelConfig(ConfigModel):
             raise ValueError(
                 f"preprocessing.{key}: balances a binary output's two classes, but output "
                 f"{output.name!r} is {output.type}; remove the key"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_mixed_precision(self) -> ModelConfig:
+        if self.trainer.use_mixed_precision and self.backend.trainer.use_gpu:
+            raise ValueError(
+                "trainer.use_mixed_precision: mixed precision on GPUs is not available on the declarative "
+                "path yet; set it false (the workers train in full precision)"
             )
         return self
 
