@@ -72,7 +72,7 @@ def evaluate_data(
     """Loss and metrics of ``model`` on ``data`` (arrays or object-store blocks), streamed
     ``chunk_rows`` rows at a time (trainer.eval_batch_size; None: EVAL_ROWS): sums over chunks,
     so nothing larger than a chunk is held at once, but for a binary output's scores and
-    labels (ROC AUC ranks them all: 5 bytes a row). ``reduce`` adds up the sums, and
+    labels (ROC AUC ranks them all: 16 bytes a row). ``reduce`` adds up the sums, and
     ``gather`` concatenates the (score, label) rows, of every process that evaluated a part
     of the data."""
     from raylight.models import loss_for, predictions
