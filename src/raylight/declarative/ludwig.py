@@ -95,9 +95,7 @@ LUDWIG_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
     ),
     "trainer.max_batch_size": ("use batch_size: auto with trainer.adaptive.max_batch_size", (2**40,)),  # Ludwig's "no limit"
     "trainer.effective_batch_size": (
-        (
-            "use trainer.batch_size: raylight's batch size is already global (over all workers)"
-        ),
+        "use trainer.batch_size: raylight's batch size is already global (over all workers)",
         ("auto",),
     ),
     "trainer.gradient_accumulation_steps": (
@@ -124,15 +122,11 @@ LUDWIG_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
     ),
     "trainer.eval_steps": ("an evaluation covers the whole validation split; remove the key", (None,)),
     "trainer.should_shuffle": (
-        (
-            "raylight shuffles the training split every epoch (seeded by trainer.seed); remove the key"
-        ),
+        "raylight shuffles the training split every epoch (seeded by trainer.seed); remove the key",
         (True,),
     ),
     "trainer.increase_batch_size_on_plateau": (
-        (
-            "use trainer.batch_size: auto (the adaptive engine grows the batch by goodput)"
-        ),
+        "use trainer.batch_size: auto (the adaptive engine grows the batch by goodput)",
         (0,),
     ),
     "trainer.increase_batch_size_on_plateau_patience": ("use trainer.batch_size: auto; remove the key", (5,)),
@@ -152,9 +146,7 @@ LUDWIG_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "trainer.contrastive_pretrain_temperature": ("contrastive pre-training is not available; remove the key", (0.07,)),
     "trainer.contrastive_pretrain_projection_dim": ("contrastive pre-training is not available; remove the key", (128,)),
     "trainer.contrastive_pretrain_learnable_temperature": (
-        (
-            "contrastive pre-training is not available; remove the key"
-        ),
+        "contrastive pre-training is not available; remove the key",
         (True,),
     ),
     "trainer.modality_dropout": ("not available; remove the key (combiner.dropout drops units after each layer)", (0,)),
