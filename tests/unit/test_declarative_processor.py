@@ -226,6 +226,11 @@ def test_configs_as_ludwig_s_render_config_writes_them_load(path):
         [layer["output_size"] for layer in source["combiner"]["fc_layers"]] if source["combiner"]["fc_layers"]
         else [source["combiner"]["output_size"]] * source["combiner"]["num_fc_layers"]
     )
+    if source.get("hyperopt"):  # Ludwig's variant_generator is raylight's random search; the rest as written
+        h, written = cfg.hyperopt, source["hyperopt"]
+        assert h is not None and h.search_alg.type == "random" and set(h.parameters) == set(written["parameters"])
+        assert (h.metric, h.goal, h.executor.num_samples) == (written["metric"], written["goal"], written["executor"]["num_samples"])
+        assert h.executor.scheduler.reduction_factor == written["executor"]["scheduler"]["reduction_factor"]
 
 
 def test_ludwig_s_defaults_section_applies_to_each_feature_of_its_type():

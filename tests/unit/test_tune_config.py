@@ -342,3 +342,13 @@ def test_ludwig_s_combiner_layer_keys_are_searchable():
     assert trial_config(base, {"combiner.num_fc_layers": 0}).combiner.fc_layers == []
     with pytest.raises(ConfigError, match=r"parameters\.combiner\.num_fc_layers: combiner\.num_fc_layers takes a whole number of layers from 0, got -1"):
         config({"parameters": {"combiner.num_fc_layers": {"space": "choice", "categories": [-1, 2]}}})
+
+
+def test_ludwig_s_hyperopt_spellings_load():
+    """Ludwig's output_feature (combined or the output's name), eval_split (the split),
+    search_alg variant_generator (Tune's random/grid generator) with random_state."""
+    h = config({"parameters": {"trainer.learning_rate": LR}, "output_feature": "y", "eval_split": "validation",
+                "search_alg": {"type": "variant_generator", "random_state": 7}}).hyperopt
+    assert h is not None and (h.search_alg.type, h.search_alg.seed) == ("random", 7)
+    assert "output_feature 'z' is not an output feature; use 'y' or combined" in error({"parameters": {"trainer.learning_rate": LR}, "output_feature": "z"})
+    assert "eval_split (training) differs from split (validation)" in error({"parameters": {"trainer.learning_rate": LR}, "eval_split": "training"})

@@ -644,7 +644,9 @@ class ModelConfig(ConfigModel):
         if value is None or not {"output_features", "preprocessing", "backend"} <= set(info.data):
             return value  # nothing to check, or earlier sections already failed
         base = to_jsonable_python(info.data)
-        kind = info.data["output_features"][0].type
+        kind, output = info.data["output_features"][0].type, info.data["output_features"][0].name
+        if value.output_feature not in ("combined", output):
+            raise ValueError(f"output_feature {value.output_feature!r} is not an output feature; use {output!r} or combined")
         allowed = metrics_measured(kind, value.split)
         if value.metric not in allowed:
             raise ValueError(f"metric {value.metric!r} is not measured on the {value.split} split of a {kind} output; allowed: {allowed}")

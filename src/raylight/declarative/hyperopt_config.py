@@ -110,6 +110,20 @@ class SearchAlgConfig(ConfigModel):
     )
     seed: int | None = Field(None, description="Seed of the search algorithm.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _ludwig_spelling(cls, data: Any) -> Any:
+        """Ludwig's variant_generator is Tune's random/grid generator, raylight's random;
+        its random_state is the seed."""
+        if isinstance(data, dict) and (data.get("type") == "variant_generator" or "random_state" in data):
+            data = dict(data)
+            if data.get("type") == "variant_generator":
+                data["type"] = "random"
+            if "random_state" in data:
+                state = data.pop("random_state")
+                data.setdefault("seed", state)
+        return data
+
 
 class ExecutorConfig(ConfigModel):
     num_samples: int = Field(10, ge=1, description="Trials to run (for grid spaces: repeats of the grid).")
@@ -151,6 +165,10 @@ class HyperoptConfig(ConfigModel):
         "(numbers); Ludwig's mean_squared_error, mean_absolute_error and accuracy_micro too.",
     )
     split: Literal["validation", "training"] = Field("validation", description="Split the metric is measured on.")
+    output_feature: str = Field(
+        "combined", description="Ludwig's: the output the metric is of; combined or the output's name (raylight has one)."
+    )
+    eval_split: Literal["validation", "training"] | None = Field(None, description="Ludwig's: null or the same as split.")
     search_alg: SearchAlgConfig = Field(default_factory=lambda: SearchAlgConfig(), description="Search algorithm.")
     executor: ExecutorConfig = Field(default_factory=lambda: ExecutorConfig(), description="Trials and their resources.")
 
@@ -158,6 +176,8 @@ class HyperoptConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _grid_only(self) -> HyperoptConfig:
+        if self.eval_split is not None and self.eval_split != self.split:
+            raise ValueError(f"eval_split ({self.eval_split}) differs from split ({self.split}); raylight measures one: set split")
         if self.search_alg.type == "grid":
             bad = sorted(k for k, v in self.parameters.items() if v.space not in ("grid", "choice"))
             if bad:

@@ -24,6 +24,14 @@ LUDWIG_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "model_type": ("raylight trains Ludwig's ecd model (encoders, combiner, decoder) only; remove the key", ("ecd",)),
     "ludwig_version": ("raylight does not read it; remove the key", (ANY,)),  # which Ludwig wrote the config: nothing to do
     "preset": ("an LLM setting; remove the key", (None,)),
+    "hyperopt.executor.type": ("raylight's trials run on Ray Tune; remove the key", ("ray",)),
+    "hyperopt.executor.trial_driver_resources": ("a trial's driver takes no resources of its own; remove the key", (None,)),
+    "hyperopt.executor.kubernetes_namespace": ("raylight runs on the Ray cluster it connects to; remove the key", (None,)),
+    "hyperopt.executor.scheduler.time_attr": ("raylight's trials report once per epoch, Tune's training_iteration; remove the key", ("training_iteration",)),
+    "hyperopt.executor.scheduler.metric": ("the scheduler follows hyperopt.metric; remove the key", (None,)),
+    "hyperopt.executor.scheduler.mode": ("the scheduler follows hyperopt.goal; remove the key", (None,)),
+    "hyperopt.executor.scheduler.brackets": ("raylight's async_hyperband has one bracket; remove the key", (1,)),
+    "hyperopt.executor.scheduler.stop_last_trials": ("raylight's async_hyperband stops the last trials too; remove the key", (True,)),
     "backend.processor.parallelism": (
         (
             "Ludwig's Dask partitions; raylight sizes its Ray Data blocks itself (one task per block, "
