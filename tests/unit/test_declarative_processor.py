@@ -12,9 +12,9 @@ from pydantic import BaseModel
 
 from raylight.config.validation import validate
 from raylight.declarative import processor
-from raylight.declarative.config import OUTPUT_TYPES, ModelConfig, OutputFeature, ProcessorConfig
+from raylight.declarative.config import OUTPUT_TYPES, FCLayer, ModelConfig, OutputFeature, ProcessorConfig
 from raylight.declarative.features import FEATURES
-from raylight.declarative.ludwig import ANY, FEATURE_KEYS, LUDWIG_KEYS, LUDWIG_VALUES
+from raylight.declarative.ludwig import ANY, FC_LAYER_KEYS, FEATURE_KEYS, LUDWIG_KEYS, LUDWIG_VALUES
 from raylight.declarative.preprocess import split_rows
 from raylight.exceptions import ConfigError
 
@@ -296,6 +296,7 @@ def test_no_ludwig_key_is_one_raylight_has():
         for k in kinds:
             model = FEATURES[k].Input if side == "input" else OutputFeature
             assert not [p for p in rules if _raylight_key(model, p)], (side, k)
+    assert not [p for p in FC_LAYER_KEYS if _raylight_key(FCLayer, p)]
     assert _raylight_key(ModelConfig, "trainer.learning_rate_scheduler.decay")  # the check can fail
     assert _raylight_key(FEATURES["text"].Input, "preprocessing.tokenizer")
 
@@ -320,6 +321,10 @@ def test_ludwig_s_concat_combiner_spelling_is_written_as_raylight_s_layers():
         "num_ensemble_members": 4,
     }
     assert layers(rendered) == [32]
+    ludwig_layer = {"output_size": 8, "weights_initializer": "xavier_uniform", "bias_initializer": "zeros", "norm_params": None}
+    assert layers({"fc_layers": [ludwig_layer, {"output_size": 4}]}) == [8, 4]
+    with pytest.raises(ConfigError, match=r"combiner\.fc_layers\.1\.bias_initializer: Ludwig's setting"):
+        layers({"fc_layers": [ludwig_layer, {**ludwig_layer, "bias_initializer": "ones"}]})
     with pytest.raises(ConfigError, match=r"num_fc_layers \(Ludwig's\) must be a whole number from 0 to 64, got -1"):
         layers({"num_fc_layers": -1})
     with pytest.raises(ConfigError, match=r"combiner\.weights_initializer: Ludwig's setting"):

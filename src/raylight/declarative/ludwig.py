@@ -333,6 +333,13 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
     },
 }
 
+# Ludwig's keys in an entry of combiner.fc_layers that raylight's FCLayer lacks.
+FC_LAYER_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
+    "weights_initializer": ("raylight initialises weights xavier-uniform, Ludwig's default; remove the key", ("xavier_uniform",)),
+    "bias_initializer": ("raylight initialises biases to zero, Ludwig's default; remove the key", ("zeros",)),
+    "norm_params": ("raylight's normalisation takes torch's defaults; remove the key", (None, {})),
+}
+
 # Values of raylight's keys that are Ludwig's only, by key path: what to do instead.
 LUDWIG_VALUES: dict[tuple[str, str], str] = {
     ("backend.processor.type", "modin"): "Ludwig's modin processor is not available: use auto, pandas (in the driver) or ray_data",
@@ -478,6 +485,13 @@ def check_ludwig_keys(data: Any) -> Any:
         if found and value == given:
             errors.append(_error(tuple(path.split(".")), fix, value))
     data = _check_features(_apply(_with_defaults(data, errors), LUDWIG_KEYS, (), errors), errors)
+    combiner = data.get("combiner")
+    if isinstance(combiner, dict) and isinstance(combiner.get("fc_layers"), list):
+        layers = [
+            _apply(layer, FC_LAYER_KEYS, ("combiner", "fc_layers", i), errors) if isinstance(layer, dict) else layer
+            for i, layer in enumerate(combiner["fc_layers"])
+        ]
+        data = {**data, "combiner": {**combiner, "fc_layers": layers}}
     if errors:
         raise ValidationError.from_exception_data("ModelConfig", errors)
     return data
