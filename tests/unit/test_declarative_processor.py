@@ -12,7 +12,13 @@ from pydantic import BaseModel
 
 from raylight.config.validation import validate
 from raylight.declarative import processor
-from raylight.declarative.config import OUTPUT_TYPES, FCLayer, ModelConfig, OutputFeature, ProcessorConfig
+from raylight.declarative.config import (
+    OUTPUT_TYPES,
+    FCLayer,
+    ModelConfig,
+    OutputFeature,
+    ProcessorConfig,
+)
 from raylight.declarative.features import FEATURES
 from raylight.declarative.ludwig import ANY, FC_LAYER_KEYS, FEATURE_KEYS, LUDWIG_KEYS, LUDWIG_VALUES
 from raylight.declarative.preprocess import split_rows
