@@ -264,6 +264,14 @@ def test_ludwig_s_defaults_section_applies_to_each_feature_of_its_type():
     assert n.preprocessing.normalization == "minmax" and t.encoder.embedding_size == 32
     with pytest.raises(ConfigError, match=r"defaults: Ludwig's defaults: a mapping of feature type"):
         validate(ModelConfig, {**data, "defaults": {"category": 3}})
+    # a refused key taken from defaults is named where it was written, once for both features
+    summed = {**data, "defaults": {"category": {"encoder": {"type": "sparse"}}}}
+    with pytest.raises(ConfigError) as err:
+        validate(ModelConfig, summed)
+    lines = [ln.strip() for ln in str(err.value).splitlines() if "Ludwig's setting" in ln]
+    assert len(lines) == 1 and lines[0].startswith("defaults.category.encoder.type: Ludwig's setting"), lines
+    with pytest.raises(ConfigError, match=r"input_features\.1\.encoder\.type: Ludwig's setting"):  # the feature's own
+        validate(ModelConfig, {**summed, "input_features": [data["input_features"][0], {"name": "b", "type": "category", "encoder": {"type": "sparse"}}]})
 
 
 def test_ludwig_processors_raylight_does_not_run_name_the_ones_it_does():

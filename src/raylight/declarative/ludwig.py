@@ -392,8 +392,9 @@ def _feature_rules(side: str, kind: Any) -> dict[str, tuple[str, tuple[Any, ...]
     return rules
 
 
-def _check_features(data: dict[str, Any], errors: list[InitErrorDetails]) -> dict[str, Any]:
-    """``data`` without each feature's neutral Ludwig keys; the others added to ``errors``."""
+def _check_features(data: dict[str, Any], errors: list[InitErrorDetails], inherited: dict[tuple[str, int], set[str]]) -> dict[str, Any]:
+    """``data`` without each feature's neutral Ludwig keys; the others added to ``errors``,
+    at ``defaults.<type>.<key>`` where the feature took the key from there (``inherited``)."""
     for side in ("input", "output"):
         key = f"{side}_features"
         features = data.get(key)
@@ -402,7 +403,14 @@ def _check_features(data: dict[str, Any], errors: list[InitErrorDetails]) -> dic
         kept = []
         for i, feature in enumerate(features):
             if isinstance(feature, dict):
-                feature = _apply(feature, _feature_rules(side, feature.get("type")), (key, i), errors)
+                own: list[InitErrorDetails] = []
+                feature = _apply(feature, _feature_rules(side, feature.get("type")), (key, i), own)
+                for error in own:
+                    path = ".".join(str(p) for p in error["loc"][2:])
+                    if path in inherited.get((key, i), set()):
+                        error = {**error, "loc": ("defaults", str(feature.get("type")), *error["loc"][2:])}
+                    if not any(e.get("loc") == error["loc"] for e in errors):  # two features may take one default
+                        errors.append(error)
             kept.append(feature)
         data = {**data, key: kept}
     return data
@@ -430,11 +438,14 @@ def _apply(
     return data
 
 
-def _with_defaults(data: dict[str, Any], errors: list[InitErrorDetails]) -> dict[str, Any]:
+def _with_defaults(
+    data: dict[str, Any], errors: list[InitErrorDetails], inherited: dict[tuple[str, int], set[str]],
+) -> dict[str, Any]:
     """Ludwig's ``defaults`` section merged into the features, as Ludwig merges it
     (``merge_with_defaults``): each feature takes its type's preprocessing and encoder
     (inputs) or decoder and loss (outputs) where it does not set them, a section merged key
-    by key unless the feature names another ``type`` for it; then the section goes."""
+    by key unless the feature names another ``type`` for it; then the section goes.
+    ``inherited`` gets, per feature, the key paths it took from the section."""
     if "defaults" not in data:
         return data
     defaults = data["defaults"]
@@ -447,11 +458,23 @@ def _with_defaults(data: dict[str, Any], errors: list[InitErrorDetails]) -> dict
     for key, excluded in (("input_features", {"decoder", "loss"}), ("output_features", {"encoder", "preprocessing"})):
         features = out.get(key)
         if isinstance(features, list):
-            out[key] = [
-                _merged({k: v for k, v in defaults.get(f.get("type"), {}).items() if k not in excluded}, f)
-                if isinstance(f, dict) else f
-                for f in features
-            ]
+            merged = []
+            for i, f in enumerate(features):
+                if isinstance(f, dict):
+                    m = _merged({k: v for k, v in defaults.get(f.get("type"), {}).items() if k not in excluded}, f)
+                    inherited[(key, i)] = _leaves(m) - _leaves(f)
+                    f = m
+                merged.append(f)
+            out[key] = merged
+    return out
+
+
+def _leaves(data: dict[str, Any], prefix: str = "") -> set[str]:
+    """The dotted paths of ``data``'s values that are not sections."""
+    out: set[str] = set()
+    for k, v in data.items():
+        path = f"{prefix}{k}"
+        out |= _leaves(v, f"{path}.") if isinstance(v, dict) and v else {path}
     return out
 
 
@@ -484,7 +507,8 @@ def check_ludwig_keys(data: Any) -> Any:
         found, value = _lookup(data, path)
         if found and value == given:
             errors.append(_error(tuple(path.split(".")), fix, value))
-    data = _check_features(_apply(_with_defaults(data, errors), LUDWIG_KEYS, (), errors), errors)
+    inherited: dict[tuple[str, int], set[str]] = {}
+    data = _check_features(_apply(_with_defaults(data, errors, inherited), LUDWIG_KEYS, (), errors), errors, inherited)
     combiner = data.get("combiner")
     if isinstance(combiner, dict) and isinstance(combiner.get("fc_layers"), list):
         layers = [
