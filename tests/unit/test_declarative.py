@@ -494,7 +494,7 @@ def test_ludwig_s_fixed_split_takes_each_row_s_split_from_its_column(tmp_path):
     values, a missing column, settings of the other type, and a run that needs validation
     rows the column does not give are errors that say so."""
     from raylight.declarative.config import SplitConfig
-    from raylight.declarative.preprocess import row_split_rows
+    from raylight.declarative.preprocess import coded_split_rows
 
     df = frame()
     df["split"] = [0] * 300 + ["1"] * 40 + [2.0] * 60
@@ -506,9 +506,9 @@ def test_ludwig_s_fixed_split_takes_each_row_s_split_from_its_column(tmp_path):
     out = api.train(load_config(cfg), data, output_directory=str(tmp_path / "run"), progress=False)
     assert out["evaluation"]["test"]["accuracy"] > 0.6
     with pytest.raises(ConfigError, match=r"holds values other than 0 \(train\).*such as \['x'\] \(first at row 3\)"):
-        row_split_rows(df.assign(split=[0, 0, 1, "x"] + [0] * 396), SplitConfig(type="fixed"), "d.csv")
+        coded_split_rows(df.assign(split=[0, 0, 1, "x"] + [0] * 396), SplitConfig(type="fixed"), "d.csv")
     with pytest.raises(ConfigError, match="has no such column"):
-        row_split_rows(df, SplitConfig(type="fixed", column="fold"), "d.csv")
+        coded_split_rows(df, SplitConfig(type="fixed", column="fold"), "d.csv")
     assert "probabilities is a setting of types random, stratify, hash and datetime" in bad_config(
         tmp_path, CONFIG.replace("{type: random, probabilities: [0.7, 0.1, 0.2]", "{type: fixed, probabilities: [0.8, 0.1, 0.1]")
     )

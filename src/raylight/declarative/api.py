@@ -28,16 +28,15 @@ from raylight.declarative.preprocess import (
     balance_block,
     balance_quotas,
     check_columns,
-    check_sample,
     check_split_rows,
     check_target,
     check_validation_unneeded,
     class_counts,
-    date_split_rows,
+    coded_split_rows,
     fit_metadata,
     missing_stratify_column,
-    row_split_rows,
     sample_rows,
+    sample_size,
     split_rows,
     stratified_split_rows,
     transform,
@@ -233,20 +232,17 @@ def prepare(
 
 def _prepare(config: ModelConfig, dataset: str) -> Prepared:
     df = read_pandas(dataset)
-    sample = config.preprocessing.sampled(len(df))
+    sample = sample_size(config.preprocessing, len(df), dataset)
     if sample < len(df):  # Ludwig's sample_ratio / sample_size: before anything else
-        check_sample(dataset, len(df), sample, config.preprocessing.sample_ratio)
         df = df.iloc[sample_rows(len(df), sample, (config.trainer.seed, 3))].reset_index(drop=True)
     check_columns(df, config, with_outputs=True, source=dataset)
     check_target(df, config, dataset)
     split = config.preprocessing.split
     probs = split.probabilities
-    if split.row_column is not None:
-        train_idx, val_idx, test_idx = row_split_rows(df, split, dataset)
+    if split.coded_column is not None:
+        train_idx, val_idx, test_idx = coded_split_rows(df, split, dataset)
         if split.type == "fixed":
             probs = (1.0, 0.0, 0.0)  # the column decides; training needs rows (checked below)
-    elif split.type == "datetime":
-        train_idx, val_idx, test_idx = date_split_rows(df, split, dataset)
     elif split.type == "stratify":
         assert split.column is not None  # the config requires it
         if split.column not in df.columns:

@@ -433,6 +433,12 @@ class SplitConfig(ConfigModel):
         (None for the random and stratified splits, which draw)."""
         return self.fixed_column if self.type == "fixed" else self.column if self.type == "hash" else None
 
+    @property
+    def coded_column(self) -> str | None:
+        """The column that decides every row's split: a fixed or hash split's (row by row) or
+        a datetime split's (by the order of all its dates); None for the splits that draw."""
+        return self.column if self.type == "datetime" else self.row_column
+
 
 class PreprocessingSection(ConfigModel):
     split: SplitConfig = Field(default_factory=lambda: SplitConfig(), description="Dataset split.")

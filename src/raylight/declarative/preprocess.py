@@ -61,13 +61,16 @@ def check_validation_unneeded(config: Any, why: str) -> None:
         raise ConfigError(f"{why}, but {' and '.join(needs)} needs one; give rows the value 1, or measure on training")
 
 
-def check_sample(source: str, rows: int, kept: int, ratio: float) -> None:
-    """A sample keeps at least one row."""
-    if kept == 0:
+def sample_size(prep: Any, rows: int, source: str) -> int:
+    """How many of a dataset's ``rows`` its sample keeps (``prep.sampled``); a sample of
+    rows that keeps none is a ConfigError."""
+    kept = int(prep.sampled(rows))
+    if kept == 0 and rows > 0:
         raise ConfigError(
-            f"preprocessing.sample_ratio: {ratio:g} of the {rows} rows of dataset {source!r} keeps "
+            f"preprocessing.sample_ratio: {prep.sample_ratio:g} of the {rows} rows of dataset {source!r} keeps "
             "none; raise it or use more data"
         )
+    return kept
 
 
 def sample_rows(rows: int, kept: int, seed: tuple[int, ...]) -> np.ndarray:
@@ -211,17 +214,23 @@ def transform(
     return {k: v[keep] for k, v in arrays.items()}, keep
 
 
-def row_split_rows(df: pd.DataFrame, split: Any, source: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A fixed or hash split (``split.row_column``): the rows of train, validation and test,
-    in file order. A fixed split's column holding anything but 0, 1 and 2 (numbers or their
-    strings) is a ConfigError naming it."""
-    column = split.row_column
+def coded_split_rows(df: pd.DataFrame, split: Any, source: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A fixed, hash or datetime split (``split.coded_column``): the rows of train,
+    validation and test, in file order. A fixed split's column holding anything but 0, 1
+    and 2 (numbers or their strings), or a datetime split's holding no date, is a
+    ConfigError naming it."""
+    column = split.coded_column
     if column not in df.columns:
         raise missing_split_column(column, source, list(df.columns))
-    codes = row_codes(split, df[column])
-    if (codes < 0).any():
-        first = int(np.flatnonzero(codes < 0)[0])
-        raise bad_split_values(column, source, not_splits(df[column], codes), f"row {first}")
+    if split.type == "datetime":
+        keys, bad, nulls = date_keys(df[column])
+        check_dates(column, source, bad, nulls)
+        codes = date_codes(keys, split.probabilities)
+    else:
+        codes = row_codes(split, df[column])
+        if (codes < 0).any():
+            first = int(np.flatnonzero(codes < 0)[0])
+            raise bad_split_values(column, source, not_splits(df[column], codes), f"row {first}")
     return tuple(np.flatnonzero(codes == k) for k in range(3))  # type: ignore[return-value]
 
 
@@ -304,15 +313,6 @@ def date_codes(keys: np.ndarray, probabilities: tuple[float, float, float]) -> n
     codes[np.argsort(keys, kind="stable")] = np.repeat(np.arange(3, dtype=np.int8), split_sizes(len(keys), probabilities))
     return codes
 
-
-def date_split_rows(df: pd.DataFrame, split: Any, source: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A datetime split's rows of train, validation and test, in file order."""
-    if split.column not in df.columns:
-        raise missing_split_column(split.column, source, list(df.columns))
-    keys, bad, nulls = date_keys(df[split.column])
-    check_dates(split.column, source, bad, nulls)
-    codes = date_codes(keys, split.probabilities)
-    return tuple(np.flatnonzero(codes == k) for k in range(3))  # type: ignore[return-value]
 
 
 def split_sizes(n: int, probabilities: tuple[float, float, float]) -> tuple[int, int, int]:

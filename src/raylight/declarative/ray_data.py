@@ -33,7 +33,6 @@ from raylight.declarative.preprocess import (
     balance_quotas,
     check_classes,
     check_dates,
-    check_sample,
     check_split_rows,
     check_validation_unneeded,
     class_counts,
@@ -46,6 +45,7 @@ from raylight.declarative.preprocess import (
     not_splits,
     row_codes,
     sample_rows,
+    sample_size,
     split_sizes,
     strata,
     transform,
@@ -129,12 +129,10 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
     columns = ds.schema().names
     split = config.preprocessing.split
     by_row = split.row_column
-    if by_row is not None and by_row not in columns:
-        raise missing_split_column(by_row, dataset, columns)
+    if split.coded_column is not None and split.coded_column not in columns:
+        raise missing_split_column(split.coded_column, dataset, columns)
     if split.type == "stratify" and split.column not in columns:
         raise missing_stratify_column(str(split.column), dataset, columns)
-    if split.type == "datetime" and split.column not in columns:
-        raise missing_split_column(str(split.column), dataset, columns)
     for kind, feats in (("input_features", config.input_features), ("output_features", config.output_features)):
         for feat in feats:
             if feat.col not in columns:
@@ -207,11 +205,8 @@ def _sample(blocks: list[Any], config: ModelConfig, dataset: str) -> list[Any]:
     import ray
 
     sizes = np.array(ray.get([_task(_rows_fn).remote(b) for b in blocks]), dtype=np.int64)
-    rows, prep = int(sizes.sum()), config.preprocessing
-    if rows == 0:
-        return blocks  # said below: the dataset is empty
-    kept = prep.sampled(rows)
-    check_sample(dataset, rows, kept, prep.sample_ratio)
+    rows = int(sizes.sum())
+    kept = sample_size(config.preprocessing, rows, dataset)
     quotas = deal(sizes, np.array([kept, rows - kept]), (config.trainer.seed, 3))[:, 0]
     return [_task(_sample_fn).remote(b, int(q), (config.trainer.seed, 3, i)) for i, (b, q) in enumerate(zip(blocks, quotas, strict=True))]
 
