@@ -114,6 +114,41 @@ def test_fixed_stratified_and_hash_splits_on_ray_data_give_the_pandas_splits(ray
     assert balanced["ray_data"] == balanced["pandas"] and balanced["pandas"][0] == balanced["pandas"][1]
 
 
+def test_date_features_on_ray_data_give_the_pandas_processor_s_statistics_and_rows(ray_cluster, tmp_path):
+    """A date input over two blocks, fixed split: Ray Data's statistics (mean date, year
+    moments) are the pandas processor's, and so are its rows' nine numbers; a value that
+    is not a date names the column."""
+    import numpy as np
+
+    from tests.declarative_data import frame
+
+    df = frame()
+    df["split"] = np.tile([0, 0, 0, 0, 0, 0, 0, 1, 2, 2], 40)
+    seconds = np.random.default_rng(2).integers(0, 20 * 365 * 86400, 400)
+    df["when"] = [str(np.datetime64("2000-01-01T00:00:00") + np.timedelta64(int(s), "s")) for s in seconds]
+    df.loc[::50, "when"] = None  # filled with the training split's mean date
+    config = RAY_CONFIG.replace("{type: random, probabilities: [0.7, 0.1, 0.2]}", "{type: fixed}").replace(
+        "  - {name: review, type: text}\n", "  - {name: review, type: text}\n  - {name: when, type: date}\n"
+    )
+    cfg, _ = write(tmp_path, fmt="parquet", config=config, df=df)
+    (tmp_path / "parts").mkdir()
+    for i, part in enumerate((df.iloc[:170], df.iloc[170:])):
+        part.to_parquet(tmp_path / "parts" / f"{i}.parquet")
+    data = str(tmp_path / "parts" / "*.parquet")
+    prepared = {p: api.prepare(load_config(cfg), data, processor=p, use_cache=False) for p in ("ray_data", "pandas")}
+    ray_meta, local_meta = prepared["ray_data"].meta["when"], prepared["pandas"].meta["when"]
+    assert ray_meta["mean_date"] == local_meta["mean_date"]
+    assert np.isclose(ray_meta["year_mean"], local_meta["year_mean"]) and np.isclose(ray_meta["year_std"], local_meta["year_std"])
+    for split in ("train", "validation", "test"):
+        got, want = (sorted(map(tuple, column(getattr(prepared[p], split), "when").tolist())) for p in ("ray_data", "pandas"))
+        assert got == want and len(got) > 0, split
+    bad = df.assign(when=df["when"].where(df.index != 300, "next tuesday"))
+    for i, part in enumerate((bad.iloc[:170], bad.iloc[170:])):
+        part.to_parquet(tmp_path / "parts" / f"{i}.parquet")
+    with pytest.raises(ConfigError, match=r"column 'when' \(input_features 'when', type date\) holds values that are not dates, such as \['next tuesday'\]"):
+        api.prepare(load_config(cfg), data, processor="ray_data", use_cache=False)
+
+
 def column(split, name):
     """A split's preprocessed column (arrays, or blocks left in the object store)."""
     import numpy as np

@@ -34,9 +34,10 @@ from raylight.config.schema import (
     check_strategy_name,
 )
 from raylight.declarative.features import FEATURES
-from raylight.declarative.features.base import MAX_WIDTH, FeatureModel
+from raylight.declarative.features.base import FeatureModel
 from raylight.declarative.hyperopt_config import HyperoptConfig
 from raylight.declarative.keypath import KeyPathError, assign
+from raylight.declarative.layers import FCLayer, FCStackConfig
 from raylight.declarative.ludwig import check_ludwig_keys
 from raylight.declarative.metrics import metric_name, metrics_measured
 
@@ -79,23 +80,7 @@ class OutputFeature(FeatureModel):
 
 
 # -- model and training ----------------------------------------------------------------
-# Ludwig's activation names (ludwig.utils.torch_utils.activations); models/ecd.py builds them.
-Activation = Literal[
-    "relu", "elu", "leakyRelu", "logSigmoid", "sigmoid", "tanh", "softmax", "gelu", "silu", "swish", "mish", "selu",
-    "prelu", "relu6",
-]
-Norm = Literal["batch", "layer"]
-
-
-class FCLayer(ConfigModel):
-    output_size: int = Field(ge=1, le=MAX_WIDTH, description="Units of this fully connected layer.")
-    activation: Activation | None = Field(None, description="This layer's activation; null: the combiner's.")
-    norm: Norm | None = Field(None, description="This layer's normalisation (batch, layer); null: the combiner's.")
-    dropout: float | None = Field(None, ge=0, lt=1, description="Dropout after this layer; null: the combiner's.")
-    use_bias: bool | None = Field(None, description="Whether this layer has a bias; null: the combiner's.")
-
-
-class CombinerConfig(ConfigModel):
+class CombinerConfig(FCStackConfig):
     """Ludwig's concat combiner: the encoded inputs concatenated, then fully connected
     layers (each: linear, normalisation, activation, dropout), in Ludwig's order."""
 
@@ -103,34 +88,6 @@ class CombinerConfig(ConfigModel):
     fc_layers: list[FCLayer] = Field(
         default_factory=lambda: [FCLayer(output_size=64)], max_length=64, description="Layers after concatenation."
     )
-    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout after each layer.")
-    activation: Activation = Field("relu", description="Each layer's activation (Ludwig's names).")
-    norm: Norm | None = Field(
-        None,
-        description="batch or layer: normalise the concatenated inputs and each layer's output before "
-        "its activation (Ludwig's); null: none.",
-    )
-    use_bias: bool = Field(True, description="Whether the layers have biases.")
-    residual: bool = Field(False, description="Add each layer's input to its output where their widths match (Ludwig's).")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _ludwig_layers(cls, data: Any) -> Any:
-        """Ludwig's spelling of the layers, ``num_fc_layers`` layers of ``output_size``
-        units (its defaults: 0 and 256), or ``fc_layers`` entries without a size (taking
-        ``output_size``), written as raylight's ``fc_layers``."""
-        if not isinstance(data, dict) or not {"num_fc_layers", "output_size"} & set(data):
-            return data
-        data = dict(data)
-        count, size = data.pop("num_fc_layers", 0), data.pop("output_size", 256)
-        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 64:
-            raise ValueError(f"num_fc_layers (Ludwig's) must be a whole number from 0 to 64, got {count!r}")
-        layers = data.get("fc_layers")
-        if layers is None:
-            data["fc_layers"] = [{"output_size": size}] * count
-        elif isinstance(layers, list):
-            data["fc_layers"] = [{"output_size": size, **layer} if isinstance(layer, dict) else layer for layer in layers]
-        return data
 
 
 OptimizerType = Literal["adam", "adamw", "sgd", "adadelta", "adagrad", "adamax", "nadam", "rmsprop"]

@@ -162,6 +162,14 @@ LUDWIG_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "trainer.model_soup_top_k": ("not available: raylight keeps the weights of the best epoch; remove the key", (5,)),
 }
 
+# Ludwig's keys in an entry of fc_layers (the combiner's, a date encoder's) that raylight's
+# FCLayer lacks; a date encoder's own, too.
+FC_LAYER_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
+    "weights_initializer": ("raylight initialises weights xavier-uniform, Ludwig's default; remove the key", ("xavier_uniform",)),
+    "bias_initializer": ("raylight initialises biases to zero, Ludwig's default; remove the key", ("zeros",)),
+    "norm_params": ("raylight's normalisation takes torch's defaults; remove the key", (None, {})),
+}
+
 # Ludwig's keys inside a feature that raylight does not take, by (input or output, the
 # feature's type, or "*" for any) and key path inside the feature: what to do instead, and
 # the values that do what raylight does anyway (dropped, as LUDWIG_KEYS'; a section left
@@ -263,6 +271,10 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "preprocessing.compute_idf": ("raylight does not weight tokens by IDF; remove the key", (False,)),
         "preprocessing.cache_encoder_embeddings": _NO_CACHE,
     },
+    ("input", "date"): {
+        "encoder.embeddings_on_cpu": _EMBEDDING_KEYS["encoder.embeddings_on_cpu"],
+        **{f"encoder.{key}": fix for key, fix in FC_LAYER_KEYS.items()},
+    },
     ("input", "*"): {
         "tied": ("raylight does not share encoders between features; remove the key", (None,)),
         "preprocessing.computed_fill_value": _COMPUTED,
@@ -331,13 +343,6 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "preprocessing.fill_value": (_MISSING_TARGET, (ANY,)),  # drop_row never fills
         "preprocessing.computed_fill_value": _COMPUTED,
     },
-}
-
-# Ludwig's keys in an entry of combiner.fc_layers that raylight's FCLayer lacks.
-FC_LAYER_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
-    "weights_initializer": ("raylight initialises weights xavier-uniform, Ludwig's default; remove the key", ("xavier_uniform",)),
-    "bias_initializer": ("raylight initialises biases to zero, Ludwig's default; remove the key", ("zeros",)),
-    "norm_params": ("raylight's normalisation takes torch's defaults; remove the key", (None, {})),
 }
 
 # Values of raylight's keys that are Ludwig's only, by key path: what to do instead.
@@ -509,16 +514,27 @@ def check_ludwig_keys(data: Any) -> Any:
             errors.append(_error(tuple(path.split(".")), fix, value))
     inherited: dict[tuple[str, int], set[str]] = {}
     data = _check_features(_apply(_with_defaults(data, errors, inherited), LUDWIG_KEYS, (), errors), errors, inherited)
-    combiner = data.get("combiner")
-    if isinstance(combiner, dict) and isinstance(combiner.get("fc_layers"), list):
-        layers = [
-            _apply(layer, FC_LAYER_KEYS, ("combiner", "fc_layers", i), errors) if isinstance(layer, dict) else layer
-            for i, layer in enumerate(combiner["fc_layers"])
-        ]
-        data = {**data, "combiner": {**combiner, "fc_layers": layers}}
+    data = {**data, "combiner": _fc_layers(data.get("combiner"), ("combiner",), errors)} if "combiner" in data else data
+    if isinstance(data.get("input_features"), list):  # an encoder's layers (a date's)
+        data = {**data, "input_features": [
+            {**f, "encoder": _fc_layers(f["encoder"], ("input_features", i, "encoder"), errors)}
+            if isinstance(f, dict) and "encoder" in f else f
+            for i, f in enumerate(data["input_features"])
+        ]}
     if errors:
         raise ValidationError.from_exception_data("ModelConfig", errors)
     return data
+
+
+def _fc_layers(section: Any, loc: tuple[Any, ...], errors: list[InitErrorDetails]) -> Any:
+    """``section`` with FC_LAYER_KEYS applied to each entry of its ``fc_layers``."""
+    if not isinstance(section, dict) or not isinstance(section.get("fc_layers"), list):
+        return section
+    layers = [
+        _apply(layer, FC_LAYER_KEYS, (*loc, "fc_layers", i), errors) if isinstance(layer, dict) else layer
+        for i, layer in enumerate(section["fc_layers"])
+    ]
+    return {**section, "fc_layers": layers}
 
 
 def _error(loc: tuple[Any, ...], message: str, value: Any) -> InitErrorDetails:

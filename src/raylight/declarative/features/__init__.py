@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from raylight.declarative.features import binary, category, number, text
+from raylight.declarative.features import binary, category, date, number, text
 from raylight.declarative.features.base import FeatureModel, FeatureType
 
 # The order is that of the allowed types in the error for an unknown one.
-FEATURES: dict[str, FeatureType] = {"number": number, "category": category, "binary": binary, "text": text}
+FEATURES: dict[str, FeatureType] = {"number": number, "category": category, "binary": binary, "text": text, "date": date}
 
 
 def infer_type(values: pd.Series) -> str:

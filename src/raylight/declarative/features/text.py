@@ -62,7 +62,7 @@ class TextInput(FeatureModel):
 
 
 Input = TextInput
-INFER_RANK = 2  # strings of more than three words on average
+INFER_RANK = 3  # strings of more than three words on average (after date)
 
 
 def infers(values: pd.Series) -> bool:

@@ -1,0 +1,63 @@
+"""The settings of a stack of fully connected layers, Ludwig's FCStack: the concat
+combiner's, and a date encoder's. Pure config (``models/ecd.py`` builds the layers)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from raylight.config.base import ConfigModel
+from raylight.declarative.features.base import MAX_WIDTH
+
+# Ludwig's activation names (ludwig.utils.torch_utils.activations); models/ecd.py builds them.
+Activation = Literal[
+    "relu", "elu", "leakyRelu", "logSigmoid", "sigmoid", "tanh", "softmax", "gelu", "silu", "swish", "mish", "selu",
+    "prelu", "relu6",
+]
+Norm = Literal["batch", "layer"]
+
+
+class FCLayer(ConfigModel):
+    output_size: int = Field(ge=1, le=MAX_WIDTH, description="Units of this fully connected layer.")
+    activation: Activation | None = Field(None, description="This layer's activation; null: the stack's.")
+    norm: Norm | None = Field(None, description="This layer's normalisation (batch, layer); null: the stack's.")
+    dropout: float | None = Field(None, ge=0, lt=1, description="Dropout after this layer; null: the stack's.")
+    use_bias: bool | None = Field(None, description="Whether this layer has a bias; null: the stack's.")
+
+
+class FCStackConfig(ConfigModel):
+    """Fully connected layers (each: linear, normalisation, activation, dropout), in
+    Ludwig's order; a subclass sets the default layers."""
+
+    LUDWIG_OUTPUT_SIZE: ClassVar[int] = 256  # Ludwig's default output_size for this stack
+
+    fc_layers: list[FCLayer] = Field(default_factory=list, max_length=64, description="The layers.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout after each layer.")
+    activation: Activation = Field("relu", description="Each layer's activation (Ludwig's names).")
+    norm: Norm | None = Field(
+        None,
+        description="batch or layer: normalise the stack's inputs and each layer's output before "
+        "its activation (Ludwig's); null: none.",
+    )
+    use_bias: bool = Field(True, description="Whether the layers have biases.")
+    residual: bool = Field(False, description="Add each layer's input to its output where their widths match (Ludwig's).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ludwig_layers(cls, data: Any) -> Any:
+        """Ludwig's spelling of the layers, ``num_fc_layers`` layers of ``output_size``
+        units (its defaults: 0 and LUDWIG_OUTPUT_SIZE), or ``fc_layers`` entries without a
+        size (taking ``output_size``), written as raylight's ``fc_layers``."""
+        if not isinstance(data, dict) or not {"num_fc_layers", "output_size"} & set(data):
+            return data
+        data = dict(data)
+        count, size = data.pop("num_fc_layers", 0), data.pop("output_size", cls.LUDWIG_OUTPUT_SIZE)
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 64:
+            raise ValueError(f"num_fc_layers (Ludwig's) must be a whole number from 0 to 64, got {count!r}")
+        layers = data.get("fc_layers")
+        if layers is None:
+            data["fc_layers"] = [{"output_size": size}] * count
+        elif isinstance(layers, list):
+            data["fc_layers"] = [{"output_size": size, **layer} if isinstance(layer, dict) else layer for layer in layers]
+        return data

@@ -1,0 +1,44 @@
+"""A date feature's encoder (``raylight.declarative.features.date``): Ludwig's DateEmbed
+and DateWave."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from raylight.declarative.features.date import CYCLES, DAY_S, SECOND_OF_DAY, YEAR
+from raylight.models.ecd import FCStack
+
+
+class DateModule(nn.Module):
+    """The year (standardised by the training split's) through a linear unit, each cyclic
+    part embedded (embed) or as the cosine of its value over its period (wave, Ludwig's
+    ``periodic``), the second of the day as a cosine; concatenated, dropped out with the
+    encoder's dropout, then the encoder's layers (none by default)."""
+
+    def __init__(self, enc: Any, year_mean: float, year_std: float) -> None:
+        super().__init__()
+        self.year_mean, self.year_std, self.wave = float(year_mean), float(year_std), enc.type == "wave"
+        self.year = nn.Linear(1, 1)
+        self.embed = nn.ModuleDict(
+            {} if self.wave else {name: nn.Embedding(size, enc.embedding_size) for name, size, _, _ in CYCLES}
+        )
+        width = 1 + len(CYCLES) * (1 if self.wave else enc.embedding_size) + 1
+        self.dropout = nn.Dropout(enc.dropout) if enc.dropout > 0 else nn.Identity()
+        self.fc = FCStack(enc, width)
+        self.width = self.fc.width
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        year = (x[:, YEAR : YEAR + 1].float() - self.year_mean) / self.year_std
+        parts = [self.year(year)]
+        for name, size, column, first in CYCLES:
+            value = x[:, column]
+            if self.wave:
+                parts.append(torch.cos(value[:, None].float() * (2 * math.pi / size)))
+            else:
+                parts.append(self.embed[name](value - first))
+        parts.append(torch.cos(x[:, SECOND_OF_DAY : SECOND_OF_DAY + 1].float() * (2 * math.pi / DAY_S)))
+        return self.fc(self.dropout(torch.cat(parts, dim=1)))
