@@ -114,38 +114,56 @@ def test_fixed_stratified_and_hash_splits_on_ray_data_give_the_pandas_splits(ray
     assert balanced["ray_data"] == balanced["pandas"] and balanced["pandas"][0] == balanced["pandas"][1]
 
 
-def test_date_features_on_ray_data_give_the_pandas_processor_s_statistics_and_rows(ray_cluster, tmp_path):
-    """A date input over two blocks, fixed split: Ray Data's statistics (mean date, year
-    moments) are the pandas processor's, and so are its rows' nine numbers; a value that
-    is not a date names the column."""
+def test_date_set_bag_and_vector_features_on_ray_data_give_the_pandas_processor_s(ray_cluster, tmp_path):
+    """Date, set, bag and vector inputs over two blocks, fixed split: Ray Data's statistics
+    (mean date, year moments, vocabularies, widths, vector size) are the pandas
+    processor's, and so are its rows' arrays; a value that is not a date, or a vector of
+    another length, names the column."""
     import numpy as np
 
     from tests.declarative_data import frame
 
     df = frame()
+    rng = np.random.default_rng(2)
     df["split"] = np.tile([0, 0, 0, 0, 0, 0, 0, 1, 2, 2], 40)
-    seconds = np.random.default_rng(2).integers(0, 20 * 365 * 86400, 400)
+    seconds = rng.integers(0, 20 * 365 * 86400, 400)
     df["when"] = [str(np.datetime64("2000-01-01T00:00:00") + np.timedelta64(int(s), "s")) for s in seconds]
-    df.loc[::50, "when"] = None  # filled with the training split's mean date
+    df["tags"] = [" ".join(rng.choice(list("pqrstuv"), rng.integers(1, 4), replace=False)) for _ in range(400)]
+    df["words"] = [" ".join(rng.choice(list("abcde"), rng.integers(1, 9))) for _ in range(400)]
+    df["emb"] = [" ".join(f"{v:.3f}" for v in rng.normal(size=3)) for _ in range(400)]
+    df.loc[::50, ["when", "tags", "words", "emb"]] = None  # filled: the mean date, no tokens, zeros
+    inputs = "  - {name: when, type: date}\n  - {name: tags, type: set}\n  - {name: words, type: bag}\n  - {name: emb, type: vector}\n"
     config = RAY_CONFIG.replace("{type: random, probabilities: [0.7, 0.1, 0.2]}", "{type: fixed}").replace(
-        "  - {name: review, type: text}\n", "  - {name: review, type: text}\n  - {name: when, type: date}\n"
+        "  - {name: review, type: text}\n", "  - {name: review, type: text}\n" + inputs
     )
     cfg, _ = write(tmp_path, fmt="parquet", config=config, df=df)
     (tmp_path / "parts").mkdir()
-    for i, part in enumerate((df.iloc[:170], df.iloc[170:])):
-        part.to_parquet(tmp_path / "parts" / f"{i}.parquet")
+
+    def write_parts(frame_):
+        for i, part in enumerate((frame_.iloc[:170], frame_.iloc[170:])):
+            part.to_parquet(tmp_path / "parts" / f"{i}.parquet")
+
+    write_parts(df)
     data = str(tmp_path / "parts" / "*.parquet")
     prepared = {p: api.prepare(load_config(cfg), data, processor=p, use_cache=False) for p in ("ray_data", "pandas")}
-    ray_meta, local_meta = prepared["ray_data"].meta["when"], prepared["pandas"].meta["when"]
-    assert ray_meta["mean_date"] == local_meta["mean_date"]
-    assert np.isclose(ray_meta["year_mean"], local_meta["year_mean"]) and np.isclose(ray_meta["year_std"], local_meta["year_std"])
+    meta = {p: prepared[p].meta for p in prepared}
+    assert meta["ray_data"]["when"]["mean_date"] == meta["pandas"]["when"]["mean_date"]
+    for key in ("year_mean", "year_std"):
+        assert np.isclose(meta["ray_data"]["when"][key], meta["pandas"]["when"][key]), key
+    for name in ("tags", "words", "emb"):
+        assert meta["ray_data"][name] == meta["pandas"][name], name
+    assert meta["pandas"]["tags"]["width"] == 3 and meta["pandas"]["emb"] == {"size": 3}
     for split in ("train", "validation", "test"):
-        got, want = (sorted(map(tuple, column(getattr(prepared[p], split), "when").tolist())) for p in ("ray_data", "pandas"))
-        assert got == want and len(got) > 0, split
-    bad = df.assign(when=df["when"].where(df.index != 300, "next tuesday"))
-    for i, part in enumerate((bad.iloc[:170], bad.iloc[170:])):
-        part.to_parquet(tmp_path / "parts" / f"{i}.parquet")
+        rows = {  # each row's four arrays side by side, in order of the rows
+            p: sorted(np.concatenate([column(getattr(prepared[p], split), n).astype(np.float64) for n in ("when", "tags", "words", "emb")], axis=1).tolist())
+            for p in prepared
+        }
+        assert rows["ray_data"] == rows["pandas"] and len(rows["pandas"]) > 0, split
+    write_parts(df.assign(when=df["when"].where(df.index != 300, "next tuesday")))
     with pytest.raises(ConfigError, match=r"column 'when' \(input_features 'when', type date\) holds values that are not dates, such as \['next tuesday'\]"):
+        api.prepare(load_config(cfg), data, processor="ray_data", use_cache=False)
+    write_parts(df.assign(emb=df["emb"].where(df.index != 300, "1 2")))
+    with pytest.raises(ConfigError, match=r"column 'emb' \(input_features 'emb', type vector\) has vectors of \[2, 3\] numbers"):
         api.prepare(load_config(cfg), data, processor="ray_data", use_cache=False)
 
 

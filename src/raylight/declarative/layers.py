@@ -30,7 +30,11 @@ class FCStackConfig(ConfigModel):
     """Fully connected layers (each: linear, normalisation, activation, dropout), in
     Ludwig's order; a subclass sets the default layers."""
 
-    LUDWIG_OUTPUT_SIZE: ClassVar[int] = 256  # Ludwig's default output_size for this stack
+    # Ludwig's spelling of this stack's layers: the key counting them, its default, and the
+    # default output_size (the combiner's; encoders differ).
+    LUDWIG_COUNT_KEY: ClassVar[str] = "num_fc_layers"
+    LUDWIG_COUNT: ClassVar[int] = 0
+    LUDWIG_OUTPUT_SIZE: ClassVar[int] = 256
 
     fc_layers: list[FCLayer] = Field(default_factory=list, max_length=64, description="The layers.")
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout after each layer.")
@@ -46,15 +50,17 @@ class FCStackConfig(ConfigModel):
     @model_validator(mode="before")
     @classmethod
     def _ludwig_layers(cls, data: Any) -> Any:
-        """Ludwig's spelling of the layers, ``num_fc_layers`` layers of ``output_size``
-        units (its defaults: 0 and LUDWIG_OUTPUT_SIZE), or ``fc_layers`` entries without a
-        size (taking ``output_size``), written as raylight's ``fc_layers``."""
-        if not isinstance(data, dict) or not {"num_fc_layers", "output_size"} & set(data):
+        """Ludwig's spelling of the layers, ``num_fc_layers`` (LUDWIG_COUNT_KEY) layers of
+        ``output_size`` units (its defaults: LUDWIG_COUNT and LUDWIG_OUTPUT_SIZE), or
+        ``fc_layers`` entries without a size (taking ``output_size``), written as
+        raylight's ``fc_layers``."""
+        key = cls.LUDWIG_COUNT_KEY
+        if not isinstance(data, dict) or not {key, "output_size"} & set(data):
             return data
         data = dict(data)
-        count, size = data.pop("num_fc_layers", 0), data.pop("output_size", cls.LUDWIG_OUTPUT_SIZE)
+        count, size = data.pop(key, cls.LUDWIG_COUNT), data.pop("output_size", cls.LUDWIG_OUTPUT_SIZE)
         if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 64:
-            raise ValueError(f"num_fc_layers (Ludwig's) must be a whole number from 0 to 64, got {count!r}")
+            raise ValueError(f"{key} (Ludwig's) must be a whole number from 0 to 64, got {count!r}")
         layers = data.get("fc_layers")
         if layers is None:
             data["fc_layers"] = [{"output_size": size}] * count

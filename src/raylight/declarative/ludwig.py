@@ -220,6 +220,14 @@ _NO_CACHE = ("raylight trains its encoders, so there are no embeddings to cache;
 _NO_PROMPT = {"template": None, "task": None, "retrieval": {"type": None, "index_name": None, "model_name": None, "k": 0}}
 _MISSING_TEXT = "raylight encodes a missing text as a bag of no tokens; remove the key"
 _MISSING_TARGET = "raylight drops the rows whose target is missing (Ludwig's drop_row); remove the key"
+# An encoder with its own layers (date, set, bag, vector): Ludwig's keys of its FCStack.
+_STACK_KEYS = {f"encoder.{key}": fix for key, fix in FC_LAYER_KEYS.items()}
+_TOKEN_BAG_KEYS = {  # a set's and a bag's embed encoder, which take dropout
+    **{key: fix for key, fix in _EMBEDDING_KEYS.items() if key != "encoder.dropout"},
+    "encoder.representation": ("raylight's embeddings are dense (Ludwig's sparse one-hot is not available); remove the key", ("dense",)),
+    "encoder.vocab": ("raylight builds the vocabulary from the training split (most_common); remove the key", (None,)),
+    **_STACK_KEYS,
+}
 FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
     ("input", "number"): {
         "encoder.type": (_ENCODERS["number"], ("passthrough",)),
@@ -271,10 +279,10 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "preprocessing.compute_idf": ("raylight does not weight tokens by IDF; remove the key", (False,)),
         "preprocessing.cache_encoder_embeddings": _NO_CACHE,
     },
-    ("input", "date"): {
-        "encoder.embeddings_on_cpu": _EMBEDDING_KEYS["encoder.embeddings_on_cpu"],
-        **{f"encoder.{key}": fix for key, fix in FC_LAYER_KEYS.items()},
-    },
+    ("input", "date"): {"encoder.embeddings_on_cpu": _EMBEDDING_KEYS["encoder.embeddings_on_cpu"], **_STACK_KEYS},
+    ("input", "set"): _TOKEN_BAG_KEYS,
+    ("input", "bag"): _TOKEN_BAG_KEYS,
+    ("input", "vector"): {"encoder.input_size": _COMPUTED, **_STACK_KEYS},
     ("input", "*"): {
         "tied": ("raylight does not share encoders between features; remove the key", (None,)),
         "preprocessing.computed_fill_value": _COMPUTED,

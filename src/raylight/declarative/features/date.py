@@ -232,7 +232,7 @@ def transform(col: pd.Series, feat: DateInput, meta: dict[str, Any]) -> tuple[np
 
 
 def encoder(feat: DateInput, meta: dict[str, Any]) -> tuple[nn.Module, int]:
-    from raylight.models.date import DateModule
+    from raylight.models.encoders import DateModule
 
     module = DateModule(feat.encoder, meta["year_mean"], meta["year_std"])
     return module, module.width

@@ -36,7 +36,9 @@ _TOKENIZERS: dict[str, Callable[[str], list[str]]] = {
 }
 
 
-def tokenize(text: str, tp: TextPreprocessing) -> list[str]:
+def tokenize(text: str, tp: Any) -> list[str]:
+    """``text``'s tokens by the ``tokenizer`` and ``lowercase`` of ``tp`` (a text's, set's or
+    bag's preprocessing)."""
     return _TOKENIZERS[tp.tokenizer](text.lower() if tp.lowercase else text)
 
 
@@ -62,7 +64,7 @@ class TextInput(FeatureModel):
 
 
 Input = TextInput
-INFER_RANK = 3  # strings of more than three words on average (after date)
+INFER_RANK = 4  # strings of more than three words on average (after date and vector)
 
 
 def infers(values: pd.Series) -> bool:

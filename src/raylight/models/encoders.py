@@ -1,5 +1,6 @@
-"""A date feature's encoder (``raylight.declarative.features.date``): Ludwig's DateEmbed
-and DateWave."""
+"""The input encoders that are more than one torch layer: a date's (Ludwig's DateEmbed and
+DateWave), a set's and a bag's (Ludwig's embed encoders). Their feature types
+(``raylight.declarative.features``) import this module only when a model is built."""
 
 from __future__ import annotations
 
@@ -42,3 +43,26 @@ class DateModule(nn.Module):
                 parts.append(self.embed[name](value - first))
         parts.append(torch.cos(x[:, SECOND_OF_DAY : SECOND_OF_DAY + 1].float() * (2 * math.pi / DAY_S)))
         return self.fc(self.dropout(torch.cat(parts, dim=1)))
+
+
+class TokenBagModule(nn.Module):
+    """The sum of the embeddings of a row's known tokens (a set's), or each weighted by its
+    count (``weighted``: a bag's; the row is its indices, then their counts); index 0,
+    padding and unknown tokens, adds nothing. Dropped out with the encoder's dropout, then
+    the encoder's layers (none by default)."""
+
+    def __init__(self, enc: Any, vocab_size: int, size: int, *, weighted: bool) -> None:
+        super().__init__()
+        self.weighted = weighted
+        self.embed = nn.EmbeddingBag(vocab_size, size, mode="sum", padding_idx=0)
+        self.dropout = nn.Dropout(enc.dropout) if enc.dropout > 0 else nn.Identity()
+        self.fc = FCStack(enc, size)
+        self.width = self.fc.width
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weighted:
+            width = x.shape[1] // 2
+            out = self.embed(x[:, :width].long(), per_sample_weights=x[:, width:])
+        else:
+            out = self.embed(x)
+        return self.fc(self.dropout(out))

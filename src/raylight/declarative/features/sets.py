@@ -1,0 +1,182 @@
+"""Set features, as Ludwig's: each row a set of tokens (split by ``tokenizer``, Ludwig's
+``space`` by default), encoded by the sum of the embeddings of its tokens that the
+training split's vocabulary holds (Ludwig's ``embed`` set encoder), then optional fully
+connected layers (the ``set`` type). ``bag.py`` is the same with each token weighted by its count.
+
+A row becomes the vocabulary indices of its known tokens, padded with 0 (``<UNK>``, whose
+embedding is not added, as in Ludwig, where unknown tokens add nothing) to the most
+distinct tokens any training row has; a row of another split with more known tokens
+keeps its most common ones.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import Field
+
+from raylight.config.base import ConfigModel
+from raylight.declarative.features.base import MAX_VOCAB, MAX_WIDTH, UNK, FeatureModel
+from raylight.declarative.features.text import Tokenizer, tokenize
+from raylight.declarative.layers import FCStackConfig
+
+if TYPE_CHECKING:
+    from torch import nn
+
+
+class SetPreprocessing(ConfigModel):
+    tokenizer: Tokenizer = Field("space", description="How a value splits into tokens (Ludwig's; default: on white space).")
+    lowercase: bool = Field(False, description="Lower-case values before splitting them.")
+    most_common: int = Field(10_000, ge=1, le=MAX_VOCAB, description="Largest vocabulary of tokens; the rest are unknown.")
+    missing_value_strategy: Literal["fill_with_const", "drop_row"] = Field(
+        "fill_with_const", description="What replaces a missing value: fill_value's tokens, or the row dropped."
+    )
+    fill_value: str = Field(UNK, description="The value fill_with_const puts in a missing one (<UNK>: no tokens).")
+
+
+class SetEncoder(FCStackConfig):
+    """Ludwig's embed encoder: the sum of the tokens' embeddings, dropped out with
+    ``dropout``, then ``fc_layers`` (or Ludwig's ``num_fc_layers`` x ``output_size``), none
+    by default as in Ludwig."""
+
+    LUDWIG_OUTPUT_SIZE: ClassVar[int] = 10
+
+    type: Literal["embed"] = Field("embed", description="The sum of the tokens' embeddings (Ludwig's embed).")
+    embedding_size: int = Field(
+        50, ge=1, le=MAX_WIDTH, description="Size of the embeddings; as in Ludwig, at most the vocabulary's size."
+    )
+
+
+class SetInput(FeatureModel):
+    type: Literal["set"]
+    preprocessing: SetPreprocessing = Field(default_factory=lambda: SetPreprocessing(), description="Set preprocessing.")
+    encoder: SetEncoder = Field(default_factory=lambda: SetEncoder(), description="Set encoder.")
+
+
+Input = SetInput
+INFER_RANK = 50  # claims no column: a set of tokens reads as text or a category
+
+
+def infers(values: pd.Series) -> bool:
+    return False
+
+
+def check(col: pd.Series, feat: Any, kind: str) -> None:
+    return None  # any value is a set of tokens
+
+
+def block_summary(col: pd.Series) -> dict[str, Any]:
+    return {}
+
+
+def check_blocks(summary: pd.DataFrame, feat: Any, kind: str) -> None:
+    return None
+
+
+# -- shared with bag.py: ``counted`` is whether a token's count in a row matters ---------
+def missing(col: pd.Series) -> np.ndarray:
+    """The rows with no value: null, or empty (as Ray Data reads an empty CSV cell)."""
+    return np.array([not isinstance(v, list | tuple | np.ndarray) and (pd.isna(v) or not str(v).strip()) for v in col.astype(object)], dtype=bool)
+
+
+def rows(col: pd.Series, p: Any) -> list[list[str]]:
+    """Each row's tokens (a list value's items as they are); a missing value's are
+    fill_value's."""
+    fill = tokenize(p.fill_value, p) if p.fill_value != UNK else []
+    out = []
+    for value, absent in zip(col.astype(object), missing(col), strict=True):
+        if absent:
+            out.append(fill)
+        elif isinstance(value, list | tuple | np.ndarray):
+            out.append([str(v) for v in value])
+        else:
+            out.append(tokenize(str(value), p))
+    return out
+
+
+def count_tokens(tokens: list[list[str]], counted: bool) -> tuple[Counter[str], int]:
+    """How often each token occurs (in how many rows, for a set), and the most distinct
+    tokens of one row."""
+    counts: Counter[str] = Counter()
+    width = 0
+    for row in tokens:
+        distinct = set(row)
+        counts.update(row if counted else distinct)
+        width = max(width, len(distinct))
+    return counts, width
+
+
+def vocabulary(counts: Counter[str], p: Any, width: int) -> dict[str, Any]:
+    kept = [t for t, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[: p.most_common] if t != UNK]
+    return {"vocab": [UNK, *kept], "width": max(width, 1)}
+
+
+def fit_tokens(col: pd.Series, feat: Any, counted: bool) -> dict[str, Any]:
+    present = col if feat.preprocessing.missing_value_strategy != "drop_row" else col[~missing(col)]
+    counts, width = count_tokens(rows(present, feat.preprocessing), counted)
+    return vocabulary(counts, feat.preprocessing, width)
+
+
+def fit_tokens_ray(train: Any, feats: list[Any], counted: bool) -> dict[str, dict[str, Any]]:
+    """One pass over the split for all the features: each block's token counts and widest
+    row (one task per block), summed here; the vocabulary as ``fit`` makes it."""
+    specs = [(f.name, f.col, f.preprocessing) for f in feats]
+
+    def partial(df: pd.DataFrame) -> pd.DataFrame:
+        parts = []
+        for name, c, p in specs:
+            present = df[c] if p.missing_value_strategy != "drop_row" else df[c][~missing(df[c])]
+            counts, width = count_tokens(rows(present, p), counted)
+            parts.append(pd.DataFrame({"name": name, "token": [*counts, ""], "n": [*counts.values(), 0], "width": width}))
+        return pd.concat(parts, ignore_index=True)
+
+    table = train.map_batches(partial, batch_format="pandas", batch_size=None).to_pandas()
+    meta = {}
+    for feat in feats:
+        own = table[table["name"] == feat.name]
+        counts = Counter({t: int(n) for t, n in own.groupby("token")["n"].sum().items() if n > 0})
+        meta[feat.name] = vocabulary(counts, feat.preprocessing, int(own["width"].max()))
+    return meta
+
+
+def transform_tokens(col: pd.Series, feat: Any, meta: dict[str, Any], counted: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """Each row's known tokens as vocabulary indices, most common first, padded with 0 to
+    ``width`` (int64); counted: the indices, then their counts (float32, 2 x width)."""
+    p = feat.preprocessing
+    keep = ~missing(col) if p.missing_value_strategy == "drop_row" else None
+    index = {v: i for i, v in enumerate(meta["vocab"]) if i}
+    width = meta["width"]
+    ids = np.zeros((len(col), width), dtype=np.int64)
+    counts = np.zeros((len(col), width), dtype=np.float32)
+    for r, row in enumerate(rows(col, p)):
+        known = sorted(Counter(index[t] for t in row if t in index).items())[:width]
+        if known:
+            ids[r, : len(known)], counts[r, : len(known)] = zip(*known, strict=True)
+    return (np.concatenate([ids.astype(np.float32), counts], axis=1), keep) if counted else (ids, keep)
+
+
+def embedding_size(enc: Any, meta: dict[str, Any]) -> int:
+    return enc.embedding_size if getattr(enc, "force_embedding_size", False) else min(enc.embedding_size, len(meta["vocab"]))
+
+
+# -- the set type ------------------------------------------------------------------------
+def fit(col: pd.Series, feat: SetInput) -> dict[str, Any]:
+    return fit_tokens(col, feat, counted=False)
+
+
+def fit_ray(train: Any, feats: list[SetInput]) -> dict[str, dict[str, Any]]:
+    return fit_tokens_ray(train, feats, counted=False)
+
+
+def transform(col: pd.Series, feat: SetInput, meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None]:
+    return transform_tokens(col, feat, meta, counted=False)
+
+
+def encoder(feat: SetInput, meta: dict[str, Any]) -> tuple[nn.Module, int]:
+    from raylight.models.encoders import TokenBagModule
+
+    module = TokenBagModule(feat.encoder, len(meta["vocab"]), embedding_size(feat.encoder, meta), weighted=False)
+    return module, module.width
