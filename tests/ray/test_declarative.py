@@ -117,8 +117,8 @@ def test_fixed_stratified_and_hash_splits_on_ray_data_give_the_pandas_splits(ray
 def test_date_set_bag_and_vector_features_on_ray_data_give_the_pandas_processor_s(ray_cluster, tmp_path):
     """Date, set, bag and vector inputs over two blocks, fixed split: Ray Data's statistics
     (mean date, year moments, vocabularies, widths, vector size) are the pandas
-    processor's, and so are its rows' arrays; a value that is not a date, or a vector of
-    another length, names the column."""
+    processor's, and so are its rows' arrays; so are a set target's labels and rows; a
+    value that is not a date, or a vector of another length, names the column."""
     import numpy as np
 
     from tests.declarative_data import frame
@@ -159,6 +159,14 @@ def test_date_set_bag_and_vector_features_on_ray_data_give_the_pandas_processor_
             for p in prepared
         }
         assert rows["ray_data"] == rows["pandas"] and len(rows["pandas"]) > 0, split
+    # a set target (multi-label): the same labels, and rows (those with none dropped)
+    target = config.replace("  - {name: tags, type: set}\n", "").replace("{name: income, type: binary}", "{name: tags, type: set}")
+    cfg_target, _ = write(tmp_path, fmt="parquet", config=target, df=df)
+    on = {p: api.prepare(load_config(cfg_target), data, processor=p, use_cache=False) for p in ("ray_data", "pandas")}
+    assert on["ray_data"].meta["tags"] == on["pandas"].meta["tags"] and len(on["pandas"].meta["tags"]["classes"]) == 7
+    for split in ("train", "validation", "test"):
+        got, want = (sorted(column(getattr(on[p], split), "tags").tolist()) for p in ("ray_data", "pandas"))
+        assert got == want and len(got) > 0, split
     write_parts(df.assign(when=df["when"].where(df.index != 300, "next tuesday")))
     with pytest.raises(ConfigError, match=r"column 'when' \(input_features 'when', type date\) holds values that are not dates, such as \['next tuesday'\]"):
         api.prepare(load_config(cfg), data, processor="ray_data", use_cache=False)

@@ -199,7 +199,7 @@ def test_ludwig_s_feature_sections_load_where_they_are_raylight_s_and_name_the_r
     [(side, kind, path) for (side, kind), rules in FEATURE_KEYS.items() for path, (_, neutral) in rules.items() if ANY not in neutral],
 )
 def test_each_ludwig_feature_key_raylight_lacks_names_its_path_and_the_fix(side, kind, path):
-    kinds = set(FEATURES) if side == "input" else {"number", "binary", "category"}
+    kinds = set(FEATURES) if side == "input" else set(OUTPUT_TYPES)
     feature = {"name": "f", "type": "number" if kind == "*" else kind}
     node = feature
     parts = path.split(".")

@@ -187,3 +187,47 @@ def test_ludwig_s_rendered_set_bag_and_vector_config_trains_as_written(tmp_path)
     out = api.train(config, data, output_directory=str(tmp_path / "run"), progress=False)
     model = load_model(out["model_path"]).model
     assert [model.embeddings[n].width for n in ("tags", "words", "emb")] == [4, 3, 256]  # vocabularies of 4 and 3 (<UNK> too)
+
+
+def test_a_set_target_is_multi_label_classification_measured_by_jaccard(tmp_path):
+    """An output of type set (Ludwig's): labels separated by spaces, one sigmoid each,
+    predicted at 0.5; its metric, jaccard, is the mean over rows of |predicted & true| /
+    |predicted | true|, as computed here from the model's predictions."""
+    from raylight.declarative.train import load_model
+
+    col = pd.Series(["warm wet", "wet", "wet windy", None, "", "cold"])
+    meta = sets.fit_target(col.iloc[:5], None)
+    assert meta == {"classes": ["wet", "warm", "windy"]}  # most rows first, ties by name; no rows: none
+    target = sets.target_array(col, meta["classes"])
+    assert target.tolist() == [[1, 1, 0], [1, 0, 0], [1, 0, 1], [0, 0, 0], [0, 0, 0], [0, 0, 0]]  # "cold": unknown
+    with pytest.raises(ConfigError, match=r"target column 'labels' \(set\) has no labels in the training split"):
+        sets.fit_target(pd.Series(["", None]), type("Out", (), {"col": "labels"})())
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(700, 3))
+    labels = [" ".join(n for n, on in (("warm", r[0] > 0), ("wet", r[1] > 0.3), ("windy", r[2] > -0.5)) if on) or "calm" for r in x]
+    df = pd.DataFrame({"a": x[:, 0], "b": x[:, 1], "c": x[:, 2], "labels": labels})
+    config = CONFIG.replace("  - {name: f, type: %s}\n", "  - {name: a, type: number}\n  - {name: b, type: number}\n  - {name: c, type: number}\n")
+    config = config.replace("{name: y, type: binary}", "{name: labels, type: set}").replace("learning_rate: 0.01}", "learning_rate: 0.01, validation_metric: jaccard}")
+    cfg, data = write(tmp_path, df=df, config=config)
+    out = api.train(load_config(cfg), data, output_directory=str(tmp_path / "run"), progress=False)
+    assert out["evaluation"]["test"]["jaccard"] >= 0.9, out["evaluation"]
+    model = load_model(out["model_path"])
+    predicted = model.predict(df)["labels_predictions"]
+    assert set(model.predict(df.head(1)).columns) == {"labels_predictions", *(f"labels_probability_{c}" for c in model.meta["labels"]["classes"])}
+    truth = [set(v.split()) for v in df["labels"]]
+    by_hand = np.mean([len(set(p) & t) / len(set(p) | t) if set(p) | t else 1.0 for p, t in zip(predicted, truth, strict=True)])
+    assert np.isclose(model.evaluate(df)["jaccard"], by_hand)
+
+
+def test_ludwig_s_rendered_set_output_config_trains_as_written(tmp_path):
+    from pathlib import Path
+
+    rendered = Path(__file__).parent.parent / "data" / "ludwig" / "set_output.yaml"
+    config = load_config(str(rendered), ["trainer.epochs=1"])
+    assert config.output_features[0].type == "set" and config.trainer.validation_metric == "jaccard"
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"x": rng.normal(size=100), "t": ["good day"] * 50 + ["bad day"] * 50, "labels": ["p q", "q", "r"] * 33 + ["p"]})
+    _, data = write(tmp_path, df=df)
+    out = api.train(config, data, output_directory=str(tmp_path / "run"), progress=False)
+    assert 0 <= out["evaluation"]["test"]["jaccard"] <= 1

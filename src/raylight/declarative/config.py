@@ -67,7 +67,7 @@ def _input_feature(value: Any) -> FeatureModel:
 InputFeature = Annotated[SerializeAsAny[FeatureModel], PlainValidator(_input_feature)]
 
 
-OutputType = Literal["binary", "category", "number"]
+OutputType = Literal["binary", "category", "number", "set"]
 OUTPUT_TYPES: tuple[str, ...] = get_args(OutputType)
 
 

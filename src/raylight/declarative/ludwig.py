@@ -184,8 +184,11 @@ _ENCODERS = {
         "reduce_output: mean}; embedding_size sets the width): write that or remove the keys"
     ),
 }
-_LOSSES = {"binary": "binary_weighted_cross_entropy", "category": "softmax_cross_entropy", "number": "mean_squared_error"}
-_DECODERS = {"binary": "regressor", "category": "classifier", "number": "regressor"}
+_LOSSES = {
+    "binary": "binary_weighted_cross_entropy", "category": "softmax_cross_entropy", "number": "mean_squared_error",
+    "set": "sigmoid_cross_entropy",
+}
+_DECODERS = {"binary": "regressor", "category": "classifier", "number": "regressor", "set": "classifier"}
 
 
 def _decoder(kind: str) -> tuple[str, tuple[Any, ...]]:
@@ -323,6 +326,18 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         ),
         **_OUTLIERS,
         "preprocessing.computed_outlier_fill_value": _COMPUTED,
+    },
+    ("output", "set"): {
+        "loss.type": (f"raylight's set loss is Ludwig's {_LOSSES['set']}; use it or remove the key", (_LOSSES["set"],)),
+        "decoder.type": _decoder("set"),
+        "loss.class_weights": ("class weights are not available; remove the key", (None,)),
+        "threshold": ("raylight predicts each label at probability 0.5 and above; remove the key", (0.5,)),
+        "preprocessing.tokenizer": (
+            "a set target's labels are separated by white space (Ludwig's space tokenizer); write them so; remove the key",
+            ("space",),
+        ),
+        "preprocessing.lowercase": ("raylight keeps the labels' case; lower-case the column before training; remove the key", (False,)),
+        "preprocessing.most_common": ("raylight keeps the 10,000 most common labels, Ludwig's default; remove the key", (10000,)),
     },
     ("output", "*"): {
         "loss.weight": ("write it as the feature's loss_weight", (1,)),

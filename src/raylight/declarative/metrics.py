@@ -19,4 +19,7 @@ def metrics_measured(kind: str, split: str) -> list[str]:
     """The metrics each epoch measures of a ``kind`` output on ``split``."""
     if split == "training":
         return ["loss"]
-    return {"binary": ["loss", "accuracy", "roc_auc"], "category": ["loss", "accuracy"], "number": ["loss", "mse", "mae", "r2"]}[kind]
+    return {
+        "binary": ["loss", "accuracy", "roc_auc"], "category": ["loss", "accuracy"], "number": ["loss", "mse", "mae", "r2"],
+        "set": ["loss", "jaccard"],
+    }[kind]

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from raylight.declarative.config import ModelConfig
-from raylight.declarative.features import FEATURES, binary, number
+from raylight.declarative.features import FEATURES, binary, number, sets
 from raylight.exceptions import ConfigError
 
 
@@ -181,6 +181,8 @@ def fit_metadata(df: pd.DataFrame, config: ModelConfig) -> dict[str, Any]:
         meta[out.name] = {"classes": sorted(col.astype(str).unique().tolist())}
     elif out.type == "binary":
         meta[out.name] = {}
+    elif out.type == "set":
+        meta[out.name] = sets.fit_target(df[out.col], out)
     else:
         stats = number.fit(col, out)
         meta[out.name] = {"mean": stats["mean"], "std": stats["std"]}
@@ -201,13 +203,15 @@ def transform(
     if with_outputs:
         out = config.output_features[0]
         col = df[out.col]
-        keep &= col.notna().to_numpy()
+        keep &= ~sets.missing(col) if out.type == "set" else col.notna().to_numpy()  # a set: "" has no labels either
         m = meta[out.name]
         if out.type == "category":
             index = {v: i for i, v in enumerate(m["classes"])}
             arrays[out.name] = np.array([index.get(str(v), 0) for v in col.fillna("")], dtype=np.int64)
         elif out.type == "binary":
             arrays[out.name] = binary.to_float(col).fillna(0.0).to_numpy(dtype=np.float32)
+        elif out.type == "set":
+            arrays[out.name] = sets.target_array(col, m["classes"])
         else:
             values = pd.to_numeric(col, errors="coerce").fillna(m["mean"]).to_numpy(dtype=np.float64)
             arrays[out.name] = ((values - m["mean"]) / m["std"]).astype(np.float32)

@@ -25,7 +25,7 @@ import pandas as pd
 
 from raylight.declarative.config import ModelConfig, SplitConfig
 from raylight.declarative.dataset import dataset_format, expand
-from raylight.declarative.features import FEATURES
+from raylight.declarative.features import FEATURES, sets
 from raylight.declarative.preprocess import (
     all_null,
     bad_split_values,
@@ -335,6 +335,8 @@ def _fit_metadata(train: Any, config: ModelConfig) -> dict[str, Any]:
         meta[out.name] = {"classes": _classes(train, out.col)}
     elif out.type == "binary":
         meta[out.name] = {}
+    elif out.type == "set":
+        meta[out.name] = sets.fit_target_ray(train, out)
     else:
         meta[out.name] = {"mean": fitted[out.name]["mean"], "std": fitted[out.name]["std"]}
     return meta

@@ -79,7 +79,7 @@ def evaluate_data(
 
     std = meta[output.name].get("std", 1.0)
     classifier = output.type in ("binary", "category")
-    sums = dict.fromkeys(("n", "loss", "correct", "sse", "sae", "t", "t2"), 0.0)
+    sums = dict.fromkeys(("n", "loss", "correct", "jaccard", "sse", "sae", "t", "t2"), 0.0)
     ranked: list[np.ndarray] = []  # binary: each chunk's (logit, label) rows
     was_training = model.training
     model.eval()
@@ -94,7 +94,11 @@ def evaluate_data(
                 continue
             sums["n"] += n
             sums["loss"] += float(loss_for(output.type)(out, target)) * n
-            if classifier:
+            if output.type == "set":  # Ludwig's jaccard: |predicted & true| / |predicted | true| per row
+                pred, _ = predictions(output.type, out)
+                both, either = (pred.bool() & target.bool()).sum(1), (pred.bool() | target.bool()).sum(1)
+                sums["jaccard"] += float(torch.where(either > 0, both / either.clamp(min=1), 1.0).sum())
+            elif classifier:
                 pred, _ = predictions(output.type, out)
                 sums["correct"] += float((pred == target.long()).sum())
                 if output.type == "binary":
@@ -116,6 +120,8 @@ def evaluate_data(
         return {"loss": sums["loss"] / rows, "accuracy": sums["correct"] / rows, "roc_auc": roc_auc(scored[:, 0], scored[:, 1])}
     if classifier:
         return {"loss": sums["loss"] / rows, "accuracy": sums["correct"] / rows}
+    if output.type == "set":
+        return {"loss": sums["loss"] / rows, "jaccard": sums["jaccard"] / rows}
     mse = sums["sse"] / rows
     var = (sums["t2"] / rows - (sums["t"] / rows) ** 2) or 1.0
     return {"loss": sums["loss"] / rows, "mse": mse, "mae": sums["sae"] / rows, "r2": 1.0 - mse / var}
@@ -431,6 +437,9 @@ class LoadedModel:
             col[keep] = [m["classes"][i] for i in pred.tolist()]
         elif kind == "binary":
             col[keep] = [bool(v) for v in pred.tolist()]
+        elif kind == "set":
+            for i, row in zip(np.flatnonzero(keep), pred.numpy(), strict=True):  # one list per row (not a 2-D array)
+                col[i] = [m["classes"][j] for j in np.flatnonzero(row)]
         else:
             col[keep] = (pred.numpy() * m["std"] + m["mean"]).tolist()
         result[f"{out_name}_predictions"] = col
@@ -438,7 +447,7 @@ class LoadedModel:
             probs = np.full(len(df), np.nan)
             probs[keep] = prob.numpy()
             result[f"{out_name}_probabilities"] = probs
-        elif kind == "category" and prob is not None:
+        elif kind in ("category", "set") and prob is not None:
             for j, cls in enumerate(m["classes"]):
                 probs = np.full(len(df), np.nan)
                 probs[keep] = prob[:, j].numpy()

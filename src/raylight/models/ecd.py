@@ -103,7 +103,7 @@ class DeclarativeModel(nn.Module):
         self.combiner = FCStack(config.combiner, width)
         width = self.combiner.width
         out = config.output_features[0]
-        size = len(meta[out.name]["classes"]) if out.type == "category" else 1
+        size = len(meta[out.name]["classes"]) if out.type in ("category", "set") else 1
         self.decoder = nn.Linear(width, size)
         self.output_type = out.type
         self._initialise()
@@ -132,7 +132,7 @@ class DeclarativeModel(nn.Module):
         for name in self.inputs:
             parts.append(self.embeddings[module_key(name)](batch[name]))
         out = self.decoder(self.combiner(torch.cat(parts, dim=1)))
-        return out if self.output_type == "category" else out.squeeze(1)
+        return out if self.output_type in ("category", "set") else out.squeeze(1)
 
 
 def build_model(config: ModelConfig, meta: dict[str, Any]) -> DeclarativeModel:
@@ -141,7 +141,8 @@ def build_model(config: ModelConfig, meta: dict[str, Any]) -> DeclarativeModel:
 
 
 def loss_for(output_type: str) -> nn.Module:
-    return {"binary": nn.BCEWithLogitsLoss(), "category": nn.CrossEntropyLoss(), "number": nn.MSELoss()}[output_type]
+    losses = {"binary": nn.BCEWithLogitsLoss, "category": nn.CrossEntropyLoss, "number": nn.MSELoss, "set": nn.BCEWithLogitsLoss}
+    return losses[output_type]()
 
 
 def predictions(output_type: str, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -152,4 +153,7 @@ def predictions(output_type: str, out: torch.Tensor) -> tuple[torch.Tensor, torc
     if output_type == "category":
         prob = torch.softmax(out, dim=1)
         return prob.argmax(1), prob
+    if output_type == "set":  # each label whose probability is at least 0.5 (Ludwig's threshold)
+        prob = torch.sigmoid(out)
+        return (prob >= 0.5).long(), prob
     return out, None

@@ -12,6 +12,7 @@ keeps its most common ones.
 from __future__ import annotations
 
 from collections import Counter
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
@@ -22,6 +23,7 @@ from raylight.config.base import ConfigModel
 from raylight.declarative.features.base import MAX_VOCAB, MAX_WIDTH, UNK, FeatureModel
 from raylight.declarative.features.text import Tokenizer, tokenize
 from raylight.declarative.layers import FCStackConfig
+from raylight.exceptions import ConfigError
 
 if TYPE_CHECKING:
     from torch import nn
@@ -180,3 +182,40 @@ def encoder(feat: SetInput, meta: dict[str, Any]) -> tuple[nn.Module, int]:
 
     module = TokenBagModule(feat.encoder, len(meta["vocab"]), embedding_size(feat.encoder, meta), weighted=False)
     return module, module.width
+
+
+# -- a set target (an output feature of type set: multi-label classification) --------------
+# Ludwig's output preprocessing, which a set target takes as it is (its other values are
+# refused by ``ludwig.FEATURE_KEYS``): split on white space, case kept, the 10,000 most
+# common labels, rows with no labels dropped.
+TARGET = SetPreprocessing(missing_value_strategy="drop_row")
+
+
+def _target_classes(vocab: dict[str, Any], out: Any) -> dict[str, Any]:
+    classes = vocab["vocab"][1:]
+    if not classes:
+        raise ConfigError(
+            f"target column {out.col!r} (set) has no labels in the training split; fill it with labels "
+            "separated by spaces, or choose another target"
+        )
+    return {"classes": classes}
+
+
+def fit_target(col: pd.Series, out: Any) -> dict[str, Any]:
+    """A set target's labels (``classes``), most common first, from the training split."""
+    counts, _ = count_tokens(rows(col[~missing(col)], TARGET), counted=False)
+    return _target_classes(vocabulary(counts, TARGET, 1), out)
+
+
+def fit_target_ray(train: Any, out: Any) -> dict[str, Any]:
+    shim = SimpleNamespace(name=out.name, col=out.col, preprocessing=TARGET)
+    return _target_classes(fit_tokens_ray(train, [shim], counted=False)[out.name], out)
+
+
+def target_array(col: pd.Series, classes: list[str]) -> np.ndarray:
+    """Each row's labels as a multi-hot row over ``classes`` (float32; unknown labels: none)."""
+    index = {c: i for i, c in enumerate(classes)}
+    array = np.zeros((len(col), len(classes)), dtype=np.float32)
+    for r, row in enumerate(rows(col, TARGET)):
+        array[r, [index[t] for t in row if t in index]] = 1.0
+    return array
