@@ -190,7 +190,7 @@ def test_ludwig_s_feature_sections_load_where_they_are_raylight_s_and_name_the_r
         validate(ModelConfig, {**data, "output_features": [{**data["output_features"][0], "preprocessing": {"missing_value_strategy": "fill_with_const"}}]})
     # Ludwig's embed encoder sums: only with reduce_output: mean is it raylight's
     summed = {**ludwig, "input_features": [{"name": "d", "type": "text", "encoder": {"type": "embed"}}]}
-    with pytest.raises(ConfigError, match=r"input_features\.0\.encoder\.type: Ludwig's setting.*mean bag"):
+    with pytest.raises(ConfigError, match=r"input_features\.0\.text\.encoder: .*Ludwig's embed text encoder sums.*write reduce_output: mean"):
         validate(ModelConfig, summed)
 
 

@@ -175,3 +175,77 @@ def test_a_ludwig_combiner_with_norm_and_residual_trains_and_predicts(tmp_path):
     model = load_model(str(tmp_path / "run" / "model"))
     assert [fc.output_size for fc in model.config.combiner.fc_layers] == [16, 16] and model.config.combiner.residual
     assert len(model.predict(frame(7, seed=3))) == 7
+
+
+ORDER = """\
+input_features:
+  - name: review
+    type: text
+    preprocessing: {max_sequence_length: 8}
+    encoder: %s
+output_features:
+  - {name: y, type: binary}
+trainer: {epochs: 25, batch_size: 32, learning_rate: 0.01}
+preprocessing: {split: {type: random, probabilities: [0.7, 0.1, 0.2]}}
+backend: {type: local}
+"""
+
+
+def test_parallel_cnn_reads_word_order_a_bag_of_embeddings_cannot(tmp_path):
+    """Each review holds "not" and "good" once, the target is whether "not" comes right
+    before "good": the same tokens either way, so the mean bag can do no better than
+    chance, and Ludwig's ParallelCNN (2-wide filters see the pair) learns it."""
+    rng = np.random.default_rng(0)
+    rows, y = [], []
+    for _ in range(600):
+        words = list(rng.choice(["the", "film", "was", "very", "plot"], 4))
+        negated = bool(rng.integers(2))
+        pair = ["not", "good"] if negated else ["good", "not"]
+        at = int(rng.integers(0, 5))
+        rows.append(" ".join(words[:at] + pair + words[at:]))
+        y.append(negated)
+    df = pd.DataFrame({"review": rows, "y": y})
+    accuracy = {}
+    for name, encoder in (("embed", "{}"), ("parallel_cnn", "{type: parallel_cnn, embedding_size: 16, num_filters: 16, fc_layers: [{output_size: 16}]}")):
+        (tmp_path / name).mkdir()
+        cfg, data = write(tmp_path / name, df=df, config=ORDER % encoder)
+        out = api.train(load_config(cfg), data, output_directory=str(tmp_path / name / "run"), progress=False)
+        accuracy[name] = out["evaluation"]["test"]["accuracy"]
+    assert accuracy["parallel_cnn"] >= 0.95 and accuracy["embed"] <= 0.7, accuracy
+    model = load_model(str(tmp_path / "parallel_cnn" / "run" / "model"))
+    convs = [k for k in model.model.state_dict() if k.startswith("embeddings.review.convs.") and k.endswith(".weight")]
+    assert len(convs) == 4  # Ludwig's widths 2, 3, 4 and 5
+    assert model.predict(pd.DataFrame({"review": ["the film was not good", "good not the plot"]}))["y_predictions"].tolist() == [True, False]
+
+
+def test_ludwig_s_rendered_text_config_trains_its_parallel_cnn(tmp_path):
+    """tests/data/ludwig/text_parallel_cnn.yaml, as Ludwig 0.17.10 wrote it for a text
+    input with no encoder: its parallel_cnn at Ludwig's sizes trains and predicts."""
+    import os
+
+    rendered = os.path.join(os.path.dirname(__file__), "..", "data", "ludwig", "text_parallel_cnn.yaml")
+    config = load_config(rendered, ["trainer.epochs=1", "input_features.0.preprocessing.max_sequence_length=8"])
+    enc = config.input_features[0].encoder
+    assert (enc.type, enc.embedding_size, enc.reduce_output, [f.output_size for f in enc.fc_layers]) == ("parallel_cnn", 256, "sum", [512, 256])
+    df = frame(60).assign(x=np.arange(60.0), y=["a", "b", "c"] * 20)[["review", "x", "y"]]
+    _, data = write(tmp_path, df=df)
+    out = api.train(config, data, output_directory=str(tmp_path / "run"), progress=False)
+    assert load_model(out["model_path"]).model.embeddings["review"].width == 256
+
+
+def test_text_encoder_settings_belong_to_their_type():
+    from raylight.declarative.features import text
+
+    feat = text.TextInput(name="t", type="text", encoder={"fc_layers": [{"output_size": 4}], "dropout": 0.1})
+    module, width = text.encoder(feat, {"vocab": ["<PAD>", "<UNK>", "a"]})
+    assert width == 4 and module(torch.tensor([[2, 0], [1, 2]])).shape == (2, 4)
+    plain, width = text.encoder(text.TextInput(name="t", type="text"), {"vocab": ["<PAD>", "<UNK>", "a"]})
+    assert isinstance(plain, torch.nn.EmbeddingBag) and width == 32  # weights files keep embeddings.<name>.weight
+    with pytest.raises(ValueError, match="filter_size: settings of the parallel_cnn encoder"):
+        text.TextInput(name="t", type="text", encoder={"filter_size": 5})
+    with pytest.raises(ValueError, match="the embed text encoder averages"):
+        text.TextInput(name="t", type="text", encoder={"reduce_output": "sum"})
+    cnn = text.TextInput(name="t", type="text", encoder={"type": "parallel_cnn", "num_conv_layers": 2, "filter_size": 4, "pool_size": 2})
+    assert [c.filter_size for c in cnn.encoder.conv_layers] == [None, None] and cnn.encoder.embedding_size == 256
+    module, width = text.encoder(cnn, {"vocab": ["<PAD>", "<UNK>", "a"]})
+    assert width == 256 and [c.kernel_size for c in module.convs] == [(4,), (4,)] and module(torch.tensor([[2, 0, 1]])).shape == (1, 256)

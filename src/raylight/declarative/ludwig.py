@@ -179,10 +179,6 @@ _ENCODERS = {
     "number": "raylight passes numbers through (Ludwig's passthrough encoder): use type: passthrough or remove the section",
     "binary": "raylight passes binaries through (Ludwig's passthrough encoder): use type: passthrough or remove the section",
     "category": "raylight embeds categories (Ludwig's dense encoder; embedding_size sets the width): use type: dense or remove the key",
-    "text": (
-        "raylight's text encoder is a mean bag of token embeddings (Ludwig's {type: embed, "
-        "reduce_output: mean}; embedding_size sets the width): write that or remove the keys"
-    ),
 }
 _LOSSES = {
     "binary": "binary_weighted_cross_entropy", "category": "softmax_cross_entropy", "number": "mean_squared_error",
@@ -257,11 +253,12 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "preprocessing.cache_encoder_embeddings": _NO_CACHE,
     },
     ("input", "text"): {
-        "encoder.type": (_ENCODERS["text"], ("embed",)),
-        "encoder.reduce_output": (_ENCODERS["text"], ("mean",)),
-        **_EMBEDDING_KEYS,
+        **{key: fix for key, fix in _EMBEDDING_KEYS.items() if key != "encoder.dropout"},
         "encoder.vocab": ("raylight builds the vocabulary from the training split; remove the key", (None,)),
         "encoder.representation": ("raylight's embeddings are dense; remove the key", ("dense",)),
+        "encoder.should_embed": ("raylight's text encoders embed their tokens; remove the key", (True,)),
+        "encoder.bias_initializer": FC_LAYER_KEYS["bias_initializer"],
+        "encoder.norm_params": FC_LAYER_KEYS["norm_params"],
         "encoder.max_sequence_length": ("use preprocessing.max_sequence_length", (None,)),
         # Ludwig's embed encoder starts its embeddings uniform; raylight's start xavier-uniform
         # (README): the initialiser is not a setting.
@@ -453,7 +450,7 @@ def _apply(
         found, value = _lookup(data, path)
         if not found:
             continue
-        if any(_same(value, v) for v in neutral) and _text_mean(data, path):
+        if any(_same(value, v) for v in neutral):
             data = _without(data, path)
             parts = path.split(".")
             for depth in range(len(parts) - 1, 0, -1):  # the sections left empty, innermost first
@@ -515,13 +512,6 @@ def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
         else:
             out[k] = v
     return out
-
-
-def _text_mean(feature: dict[str, Any], path: str) -> bool:
-    """Ludwig's embed encoder sums unless told to average: it is raylight's with ``mean``."""
-    if feature.get("type") != "text" or path != "encoder.type":
-        return True
-    return _lookup(feature, "encoder.reduce_output") == (True, "mean")
 
 
 def check_ludwig_keys(data: Any) -> Any:

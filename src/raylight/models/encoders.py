@@ -1,5 +1,6 @@
 """The input encoders that are more than one torch layer: a date's (Ludwig's DateEmbed and
-DateWave), a set's and a bag's (Ludwig's embed encoders). Their feature types
+DateWave), a set's and a bag's (Ludwig's embed encoders), text's parallel_cnn (Ludwig's
+ParallelCNN) and layers after another encoder. Their feature types
 (``raylight.declarative.features``) import this module only when a model is built."""
 
 from __future__ import annotations
@@ -66,3 +67,54 @@ class TokenBagModule(nn.Module):
         else:
             out = self.embed(x)
         return self.fc(self.dropout(out))
+
+
+class Then(nn.Module):
+    """An encoder (``first``) whose output is dropped out with the encoder config's
+    dropout, then goes through its layers."""
+
+    def __init__(self, first: nn.Module, enc: Any, width: int) -> None:
+        super().__init__()
+        self.first = first
+        self.dropout = nn.Dropout(enc.dropout) if enc.dropout > 0 else nn.Identity()
+        self.fc = FCStack(enc, width)
+        self.width = self.fc.width
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.dropout(self.first(x)))
+
+
+class ParallelCNN(nn.Module):
+    """Ludwig's ParallelCNN text encoder: the tokens embedded (padding embeds to zeros),
+    each convolution of ``conv_layers`` over them side by side ("same" padding, the
+    activation, dropout, optional pooling), their channels concatenated and reduced over
+    the sequence (``reduce_output``), then the encoder's layers."""
+
+    def __init__(self, enc: Any, vocab_size: int) -> None:
+        from raylight.models.ecd import ACTIVATIONS
+
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, enc.embedding_size, padding_idx=0)
+        self.convs = nn.ModuleList(
+            nn.Conv1d(enc.embedding_size, layer.num_filters or enc.num_filters, layer.filter_size or enc.filter_size,
+                      padding="same", bias=enc.use_bias)
+            for layer in enc.conv_layers
+        )
+        self.activation = ACTIVATIONS[enc.activation]()
+        self.dropout = nn.Dropout(enc.dropout) if enc.dropout > 0 else nn.Identity()
+        self.pool = None if enc.pool_size is None else (
+            nn.MaxPool1d(enc.pool_size, ceil_mode=True) if enc.pool_function == "max" else nn.AvgPool1d(enc.pool_size, ceil_mode=True)
+        )
+        self.reduce = enc.reduce_output
+        self.fc = FCStack(enc, sum(layer.num_filters or enc.num_filters for layer in enc.conv_layers))
+        self.width = self.fc.width
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.dropout(self.embed(ids)).transpose(1, 2)  # (rows, embedding, tokens)
+        parts = []
+        for conv in self.convs:
+            h = self.dropout(self.activation(conv(x)))
+            parts.append(self.pool(h) if self.pool is not None else h)
+        h = torch.cat(parts, dim=1)
+        reduced = h.sum(2) if self.reduce == "sum" else h.mean(2) if self.reduce == "mean" else h.amax(2)
+        return self.fc(reduced)

@@ -1,20 +1,23 @@
 """Text features: tokens (words by default, or Ludwig's tokenizers) from a vocabulary of
-the training split's most common ones, the first ``max_sequence_length`` of each row,
-encoded by a mean bag of embeddings."""
+the training split's most common ones, the first ``max_sequence_length`` of each row in
+order, encoded by a mean bag of embeddings (``embed``, raylight's default) or Ludwig's
+default text encoder, ``parallel_cnn`` (convolutions of several widths over the
+embedded tokens, reduced over the sequence, then fully connected layers)."""
 
 from __future__ import annotations
 
 import re
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from raylight.config.base import ConfigModel
-from raylight.declarative.features.base import MAX_VOCAB, PAD, UNK, EmbeddingEncoder, FeatureModel
+from raylight.declarative.features.base import MAX_VOCAB, MAX_WIDTH, PAD, UNK, FeatureModel
+from raylight.declarative.layers import FCStackConfig
 
 if TYPE_CHECKING:
     from torch import nn
@@ -57,10 +60,87 @@ class TextPreprocessing(ConfigModel):
     )
 
 
+class ConvLayer(ConfigModel):
+    filter_size: int | None = Field(None, ge=1, le=1024, description="Width of this layer's filters; null: the encoder's.")
+    num_filters: int | None = Field(None, ge=1, le=MAX_WIDTH, description="Filters (output channels); null: the encoder's.")
+
+
+# The settings only parallel_cnn has, at their defaults; an embed encoder given another
+# value is an error (the defaults: as a rendered config writes them).
+_CNN_DEFAULTS: dict[str, Any] = {
+    "conv_layers": [], "num_conv_layers": None, "filter_size": 3, "num_filters": 256, "pool_function": "max", "pool_size": None,
+}
+_CNN_KEYS = tuple(_CNN_DEFAULTS)
+_LUDWIG_CONV = [{"filter_size": 2}, {"filter_size": 3}, {"filter_size": 4}, {"filter_size": 5}]  # ParallelCNN's
+_LUDWIG_CNN_FC = [{"output_size": 512}, {"output_size": 256}]
+
+
+class TextEncoder(FCStackConfig):
+    """``embed`` (default): the mean of the tokens' embeddings (Ludwig's ``{type: embed,
+    reduce_output: mean}``). ``parallel_cnn`` (Ludwig's default text encoder, ParallelCNN):
+    the tokens embedded, convolutions of each width in ``conv_layers`` side by side ("same"
+    padding, the activation, optional pooling), their channels reduced over the sequence by
+    ``reduce_output``, then ``fc_layers``; Ludwig's defaults: widths 2, 3, 4 and 5 of 256
+    filters, a sum, layers of 512 and 256, embeddings of 256. ``dropout`` drops out the
+    embeddings, the convolutions' and the layers' outputs; ``norm`` applies to the layers."""
+
+    LUDWIG_OUTPUT_SIZE: ClassVar[int] = 256
+
+    type: Literal["embed", "parallel_cnn"] = Field("embed", description="embed: a mean bag of embeddings; parallel_cnn: Ludwig's.")
+    embedding_size: int = Field(32, ge=1, le=MAX_WIDTH, description="Size of the token embeddings (parallel_cnn's default: 256).")
+    reduce_output: Literal["mean", "sum", "max"] = Field(
+        "mean", description="How the sequence reduces to one vector: mean (embed's only), or sum (parallel_cnn's default) or max."
+    )
+    conv_layers: list[ConvLayer] = Field(
+        default_factory=list, max_length=64, description="parallel_cnn: the convolutions side by side (default: widths 2, 3, 4, 5)."
+    )
+    filter_size: int = Field(3, ge=1, le=1024, description="parallel_cnn: a convolution's width where its entry has none.")
+    num_filters: int = Field(256, ge=1, le=MAX_WIDTH, description="parallel_cnn: a convolution's filters where its entry has none.")
+    pool_function: Literal["max", "average", "avg", "mean"] = Field("max", description="parallel_cnn: pooling after each convolution.")
+    pool_size: int | None = Field(None, ge=1, le=1024, description="parallel_cnn: the pooling's width and stride; null: no pooling.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ludwig_defaults(cls, data: Any) -> Any:
+        """parallel_cnn's defaults where the config leaves them out (Ludwig writes null for
+        some); Ludwig's embed encoder sums unless told to average, so an embed encoder
+        named without ``reduce_output: mean`` is refused rather than read as raylight's."""
+        if not isinstance(data, dict):
+            return data
+        data = {k: v for k, v in data.items() if not (k in ("num_fc_layers", "num_conv_layers", "conv_layers", "fc_layers") and v is None)}
+        if data.get("type") == "embed" and data.get("reduce_output") != "mean":
+            raise ValueError(
+                "Ludwig's embed text encoder sums the tokens' embeddings (its reduce_output: sum), raylight's averages "
+                "them: write reduce_output: mean for raylight's mean bag, or use type: parallel_cnn"
+            )
+        if data.get("type") != "parallel_cnn":
+            given = sorted(k for k in _CNN_KEYS if k in data and data[k] != _CNN_DEFAULTS[k])
+            if given:
+                raise ValueError(f"{', '.join(given)}: settings of the parallel_cnn encoder; add type: parallel_cnn or remove them")
+            return data
+        data.setdefault("embedding_size", 256)
+        data.setdefault("reduce_output", "sum")
+        if "conv_layers" not in data:
+            count = data.pop("num_conv_layers", None)
+            data["conv_layers"] = _LUDWIG_CONV if count is None else [{}] * count
+        else:
+            data.pop("num_conv_layers", None)
+        if "fc_layers" not in data and "num_fc_layers" not in data:
+            data.pop("output_size", None)  # Ludwig: with neither, 512 and 256 whatever output_size says
+            data["fc_layers"] = _LUDWIG_CNN_FC
+        return data
+
+    @model_validator(mode="after")
+    def _embed_averages(self) -> TextEncoder:
+        if self.type == "embed" and self.reduce_output != "mean":
+            raise ValueError("the embed text encoder averages: reduce_output: mean (sum and max are parallel_cnn's)")
+        return self
+
+
 class TextInput(FeatureModel):
     type: Literal["text"]
     preprocessing: TextPreprocessing = Field(default_factory=lambda: TextPreprocessing(), description="Text preprocessing.")
-    encoder: EmbeddingEncoder = Field(default_factory=lambda: EmbeddingEncoder(), description="Bag-of-embeddings encoder.")
+    encoder: TextEncoder = Field(default_factory=lambda: TextEncoder(), description="Text encoder.")
 
 
 Input = TextInput
@@ -121,5 +201,14 @@ def transform(col: pd.Series, feat: TextInput, meta: dict[str, Any]) -> tuple[np
 def encoder(feat: TextInput, meta: dict[str, Any]) -> tuple[nn.Module, int]:
     from torch import nn
 
-    size = feat.encoder.embedding_size
-    return nn.EmbeddingBag(len(meta["vocab"]), size, mode="mean", padding_idx=0), size
+    enc = feat.encoder
+    from raylight.models.encoders import ParallelCNN, Then
+
+    if enc.type == "parallel_cnn":
+        cnn = ParallelCNN(enc, len(meta["vocab"]))
+        return cnn, cnn.width
+    bag = nn.EmbeddingBag(len(meta["vocab"]), enc.embedding_size, mode="mean", padding_idx=0)
+    if not enc.fc_layers and enc.dropout == 0:  # the bag alone: weights files keep their names
+        return bag, enc.embedding_size
+    layered = Then(bag, enc, enc.embedding_size)
+    return layered, layered.width
