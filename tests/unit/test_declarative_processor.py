@@ -188,10 +188,11 @@ def test_ludwig_s_feature_sections_load_where_they_are_raylight_s_and_name_the_r
     assert category.preprocessing.fill_value == "<UNK>" and not text.preprocessing.lowercase
     with pytest.raises(ConfigError, match=r"output_features\.0\.preprocessing\.missing_value_strategy: Ludwig's setting.*drop"):
         validate(ModelConfig, {**data, "output_features": [{**data["output_features"][0], "preprocessing": {"missing_value_strategy": "fill_with_const"}}]})
-    # Ludwig's embed encoder sums: only with reduce_output: mean is it raylight's
+    # Ludwig's embed encoder sums unless told otherwise; raylight's default (no type) averages
     summed = {**ludwig, "input_features": [{"name": "d", "type": "text", "encoder": {"type": "embed"}}]}
-    with pytest.raises(ConfigError, match=r"input_features\.0\.text\.encoder: .*Ludwig's embed text encoder sums.*write reduce_output: mean"):
-        validate(ModelConfig, summed)
+    assert validate(ModelConfig, summed).input_features[0].encoder.reduce_output == "sum"
+    plain = {**ludwig, "input_features": [{"name": "d", "type": "text", "encoder": {"embedding_size": 8}}]}
+    assert validate(ModelConfig, plain).input_features[0].encoder.reduce_output == "mean"
 
 
 @pytest.mark.parametrize(

@@ -69,7 +69,7 @@ def test_pass_through_encoders_add_no_weights(tmp_path):
 
 def test_a_new_type_is_one_module_and_one_entry(tmp_path, monkeypatch):
     cfg, data = write(tmp_path, config=SQUARED)
-    with pytest.raises(ConfigError, match="does not match any of the expected tags: 'number', 'category', 'binary', 'text', 'date', 'set', 'bag', 'vector' "):
+    with pytest.raises(ConfigError, match="does not match any of the expected tags: 'number', 'category', 'binary', 'text', 'date', 'set', 'bag', 'vector', 'sequence' "):
         load_config(cfg)
     with monkeypatch.context() as m:
         m.setitem(FEATURES, "squared", squared_feature)
@@ -80,7 +80,7 @@ def test_a_new_type_is_one_module_and_one_entry(tmp_path, monkeypatch):
         assert "type: squared" in render_config(config) and "offset: 40.0" in render_config(config)
         with pytest.raises(ConfigError, match=r"input_features\.0\.squared\.encoder\.width: Input should be less than or equal to 64"):
             load_config(cfg, ["input_features.0.encoder.width=100"])
-        with pytest.raises(ConfigError, match="'number', 'category', 'binary', 'text', 'date', 'set', 'bag', 'vector', 'squared'"):
+        with pytest.raises(ConfigError, match="'number', 'category', 'binary', 'text', 'date', 'set', 'bag', 'vector', 'sequence', 'squared'"):
             load_config(cfg, ["input_features.0.type=cube"])
         # Its checks, statistics and transform run in preprocessing.
         (tmp_path / "bad").mkdir()
@@ -243,9 +243,38 @@ def test_text_encoder_settings_belong_to_their_type():
     assert isinstance(plain, torch.nn.EmbeddingBag) and width == 32  # weights files keep embeddings.<name>.weight
     with pytest.raises(ValueError, match="filter_size: settings of the parallel_cnn encoder"):
         text.TextInput(name="t", type="text", encoder={"filter_size": 5})
-    with pytest.raises(ValueError, match="the embed text encoder averages"):
-        text.TextInput(name="t", type="text", encoder={"reduce_output": "sum"})
+    summed, _ = text.encoder(text.TextInput(name="t", type="text", encoder={"type": "embed"}), {"vocab": ["<PAD>", "<UNK>", "a", "b"]})
+    ids = torch.tensor([[2, 3, 2, 0]])
+    assert torch.allclose(summed(ids)[0], summed.weight[[2, 3, 2]].sum(0))  # Ludwig's embed: the sum, padding left out
     cnn = text.TextInput(name="t", type="text", encoder={"type": "parallel_cnn", "num_conv_layers": 2, "filter_size": 4, "pool_size": 2})
     assert [c.filter_size for c in cnn.encoder.conv_layers] == [None, None] and cnn.encoder.embedding_size == 256
     module, width = text.encoder(cnn, {"vocab": ["<PAD>", "<UNK>", "a"]})
     assert width == 256 and [c.kernel_size for c in module.convs] == [(4,), (4,)] and module(torch.tensor([[2, 0, 1]])).shape == (1, 256)
+
+
+def test_sequence_features_are_text_with_ludwig_s_sequence_defaults(tmp_path):
+    """A sequence (Ludwig's type) splits on white space, keeps case and 256 tokens, and
+    sums 256-wide embeddings (Ludwig's sequence embed encoder); Ludwig's rendered config
+    for one (tests/data/ludwig/sequence_embed.yaml) trains as it is."""
+    import os
+
+    from raylight.declarative.features import sequence
+
+    feat = sequence.SequenceInput(name="s", type="sequence")
+    p, e = feat.preprocessing, feat.encoder
+    assert (p.tokenizer, p.lowercase, p.max_sequence_length, e.type, e.reduce_output, e.embedding_size) == ("space", False, 256, "embed", "sum", 256)
+    col = pd.Series(["GET /a GET", "POST /b", None])
+    meta = sequence.fit(col, feat)
+    assert meta["vocab"] == ["<PAD>", "<UNK>", "GET", "/a", "POST", "/b"]  # ties in order of appearance
+    ids, _ = sequence.transform(col, feat, meta)
+    assert ids[:, :3].tolist() == [[2, 3, 2], [4, 5, 0], [0, 0, 0]]  # in order, padded
+    cnn = sequence.SequenceInput(name="s", type="sequence", encoder={"type": "parallel_cnn", "num_filters": 4, "embedding_size": 4})
+    assert sequence.encoder(cnn, meta)[1] == 256
+    rendered = os.path.join(os.path.dirname(__file__), "..", "data", "ludwig", "sequence_embed.yaml")
+    config = load_config(rendered, ["trainer.epochs=1"])
+    assert config.input_features[0].encoder.reduce_output == "sum"
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"s": [" ".join(rng.choice(["GET", "POST", "/a", "/b"], 4)) for _ in range(80)], "x": rng.normal(size=80), "y": rng.integers(0, 2, 80).astype(bool)})
+    _, data = write(tmp_path, df=df)
+    out = api.train(config, data, output_directory=str(tmp_path / "run"), progress=False)
+    assert load_model(out["model_path"]).model.embeddings["s"].mode == "sum"

@@ -227,6 +227,34 @@ _TOKEN_BAG_KEYS = {  # a set's and a bag's embed encoder, which take dropout
     "encoder.vocab": ("raylight builds the vocabulary from the training split (most_common); remove the key", (None,)),
     **_STACK_KEYS,
 }
+# A text's and a sequence's (the same encoders and tokens).
+_TEXT_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
+    **{key: fix for key, fix in _EMBEDDING_KEYS.items() if key != "encoder.dropout"},
+    "encoder.vocab": ("raylight builds the vocabulary from the training split; remove the key", (None,)),
+    "encoder.representation": ("raylight's embeddings are dense; remove the key", ("dense",)),
+    "encoder.should_embed": ("raylight's text encoders embed their tokens; remove the key", (True,)),
+    "encoder.bias_initializer": FC_LAYER_KEYS["bias_initializer"],
+    "encoder.norm_params": FC_LAYER_KEYS["norm_params"],
+    "encoder.max_sequence_length": ("use preprocessing.max_sequence_length", (None,)),
+    # Ludwig's embed encoder starts its embeddings uniform; raylight's start xavier-uniform
+    # (README): the initialiser is not a setting.
+    "encoder.weights_initializer": ("raylight initialises embeddings xavier-uniform; remove the key", ("uniform", "xavier_uniform")),
+    "preprocessing.prompt": ("prompts are an LLM setting; remove the section", (None, _NO_PROMPT)),
+    "preprocessing.pretrained_model_name_or_path": ("pre-trained tokenizers are not available; use preprocessing.tokenizer", (None,)),
+    "preprocessing.vocab_file": ("raylight builds the vocabulary from the training split (most_common, min_frequency); remove the key", (None,)),
+    "preprocessing.sequence_length": (
+        "raylight keeps each row's first max_sequence_length tokens, padded to that: use preprocessing.max_sequence_length",
+        (None,),
+    ),
+    "preprocessing.padding_symbol": ("raylight's padding is its own; remove the key", ("<PAD>",)),
+    "preprocessing.unknown_symbol": ("raylight's unknown token is its own; remove the key", ("<UNK>",)),
+    "preprocessing.padding": ("raylight pads on the right, Ludwig's default; remove the key", ("right",)),
+    "preprocessing.missing_value_strategy": (_MISSING_TEXT, ("fill_with_const",)),
+    "preprocessing.fill_value": (_MISSING_TEXT, ("<UNK>",)),
+    "preprocessing.ngram_size": ("raylight does not form n-grams; remove the key", (2,)),
+    "preprocessing.compute_idf": ("raylight does not weight tokens by IDF; remove the key", (False,)),
+    "preprocessing.cache_encoder_embeddings": _NO_CACHE,
+}
 FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
     ("input", "number"): {
         "encoder.type": (_ENCODERS["number"], ("passthrough",)),
@@ -252,33 +280,8 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "preprocessing.lowercase": ("raylight keeps a category's case; lower-case the column before training; remove the key", (False,)),
         "preprocessing.cache_encoder_embeddings": _NO_CACHE,
     },
-    ("input", "text"): {
-        **{key: fix for key, fix in _EMBEDDING_KEYS.items() if key != "encoder.dropout"},
-        "encoder.vocab": ("raylight builds the vocabulary from the training split; remove the key", (None,)),
-        "encoder.representation": ("raylight's embeddings are dense; remove the key", ("dense",)),
-        "encoder.should_embed": ("raylight's text encoders embed their tokens; remove the key", (True,)),
-        "encoder.bias_initializer": FC_LAYER_KEYS["bias_initializer"],
-        "encoder.norm_params": FC_LAYER_KEYS["norm_params"],
-        "encoder.max_sequence_length": ("use preprocessing.max_sequence_length", (None,)),
-        # Ludwig's embed encoder starts its embeddings uniform; raylight's start xavier-uniform
-        # (README): the initialiser is not a setting.
-        "encoder.weights_initializer": ("raylight initialises embeddings xavier-uniform; remove the key", ("uniform", "xavier_uniform")),
-        "preprocessing.prompt": ("prompts are an LLM setting; remove the section", (None, _NO_PROMPT)),
-        "preprocessing.pretrained_model_name_or_path": ("pre-trained tokenizers are not available; use preprocessing.tokenizer", (None,)),
-        "preprocessing.vocab_file": ("raylight builds the vocabulary from the training split (most_common, min_frequency); remove the key", (None,)),
-        "preprocessing.sequence_length": (
-            "a bag of embeddings has no fixed length: use preprocessing.max_sequence_length (the tokens kept)",
-            (None,),
-        ),
-        "preprocessing.padding_symbol": ("raylight's padding is its own; remove the key", ("<PAD>",)),
-        "preprocessing.unknown_symbol": ("raylight's unknown token is its own; remove the key", ("<UNK>",)),
-        "preprocessing.padding": ("a bag of embeddings has no order, so no side to pad; remove the key", ("right", "left")),
-        "preprocessing.missing_value_strategy": (_MISSING_TEXT, ("fill_with_const",)),
-        "preprocessing.fill_value": (_MISSING_TEXT, ("<UNK>",)),
-        "preprocessing.ngram_size": ("raylight does not form n-grams; remove the key", (2,)),
-        "preprocessing.compute_idf": ("raylight does not weight tokens by IDF; remove the key", (False,)),
-        "preprocessing.cache_encoder_embeddings": _NO_CACHE,
-    },
+    ("input", "sequence"): _TEXT_KEYS,
+    ("input", "text"): _TEXT_KEYS,
     ("input", "date"): {"encoder.embeddings_on_cpu": _EMBEDDING_KEYS["encoder.embeddings_on_cpu"], **_STACK_KEYS},
     ("input", "set"): _TOKEN_BAG_KEYS,
     ("input", "bag"): _TOKEN_BAG_KEYS,

@@ -11,13 +11,23 @@ from __future__ import annotations
 
 import pandas as pd
 
-from raylight.declarative.features import bag, binary, category, date, number, sets, text, vector
+from raylight.declarative.features import (
+    bag,
+    binary,
+    category,
+    date,
+    number,
+    sequence,
+    sets,
+    text,
+    vector,
+)
 from raylight.declarative.features.base import FeatureModel, FeatureType
 
 # The order is that of the allowed types in the error for an unknown one.
 FEATURES: dict[str, FeatureType] = {
     "number": number, "category": category, "binary": binary, "text": text, "date": date, "set": sets, "bag": bag,
-    "vector": vector,
+    "vector": vector, "sequence": sequence,
 }
 
 

@@ -1,7 +1,7 @@
 """Text features: tokens (words by default, or Ludwig's tokenizers) from a vocabulary of
 the training split's most common ones, the first ``max_sequence_length`` of each row in
-order, encoded by a mean bag of embeddings (``embed``, raylight's default) or Ludwig's
-default text encoder, ``parallel_cnn`` (convolutions of several widths over the
+order, encoded by a bag of embeddings (``embed``: their mean, raylight's default, or
+Ludwig's sum or max) or Ludwig's default text encoder, ``parallel_cnn`` (convolutions of several widths over the
 embedded tokens, reduced over the sequence, then fully connected layers)."""
 
 from __future__ import annotations
@@ -76,8 +76,9 @@ _LUDWIG_CNN_FC = [{"output_size": 512}, {"output_size": 256}]
 
 
 class TextEncoder(FCStackConfig):
-    """``embed`` (default): the mean of the tokens' embeddings (Ludwig's ``{type: embed,
-    reduce_output: mean}``). ``parallel_cnn`` (Ludwig's default text encoder, ParallelCNN):
+    """``embed`` (default): the tokens' embeddings reduced by ``reduce_output``; with no
+    ``type`` given, their mean (raylight's default), and a ``type: embed`` without
+    ``reduce_output`` is Ludwig's embed, their sum. ``parallel_cnn`` (Ludwig's default text encoder, ParallelCNN):
     the tokens embedded, convolutions of each width in ``conv_layers`` side by side ("same"
     padding, the activation, optional pooling), their channels reduced over the sequence by
     ``reduce_output``, then ``fc_layers``; Ludwig's defaults: widths 2, 3, 4 and 5 of 256
@@ -89,7 +90,9 @@ class TextEncoder(FCStackConfig):
     type: Literal["embed", "parallel_cnn"] = Field("embed", description="embed: a mean bag of embeddings; parallel_cnn: Ludwig's.")
     embedding_size: int = Field(32, ge=1, le=MAX_WIDTH, description="Size of the token embeddings (parallel_cnn's default: 256).")
     reduce_output: Literal["mean", "sum", "max"] = Field(
-        "mean", description="How the sequence reduces to one vector: mean (embed's only), or sum (parallel_cnn's default) or max."
+        "mean",
+        description="How the tokens reduce to one vector: mean, sum or max (default: mean; Ludwig's sum where "
+        "type: embed or parallel_cnn is given without it).",
     )
     conv_layers: list[ConvLayer] = Field(
         default_factory=list, max_length=64, description="parallel_cnn: the convolutions side by side (default: widths 2, 3, 4, 5)."
@@ -102,24 +105,20 @@ class TextEncoder(FCStackConfig):
     @model_validator(mode="before")
     @classmethod
     def _ludwig_defaults(cls, data: Any) -> Any:
-        """parallel_cnn's defaults where the config leaves them out (Ludwig writes null for
-        some); Ludwig's embed encoder sums unless told to average, so an embed encoder
-        named without ``reduce_output: mean`` is refused rather than read as raylight's."""
+        """Ludwig's defaults where the config names Ludwig's encoder and leaves them out
+        (Ludwig writes null for some): an embed encoder sums, a parallel_cnn one too and
+        has its own sizes."""
         if not isinstance(data, dict):
             return data
         data = {k: v for k, v in data.items() if not (k in ("num_fc_layers", "num_conv_layers", "conv_layers", "fc_layers") and v is None)}
-        if data.get("type") == "embed" and data.get("reduce_output") != "mean":
-            raise ValueError(
-                "Ludwig's embed text encoder sums the tokens' embeddings (its reduce_output: sum), raylight's averages "
-                "them: write reduce_output: mean for raylight's mean bag, or use type: parallel_cnn"
-            )
+        if "type" in data:
+            data.setdefault("reduce_output", "sum")
         if data.get("type") != "parallel_cnn":
             given = sorted(k for k in _CNN_KEYS if k in data and data[k] != _CNN_DEFAULTS[k])
             if given:
                 raise ValueError(f"{', '.join(given)}: settings of the parallel_cnn encoder; add type: parallel_cnn or remove them")
             return data
         data.setdefault("embedding_size", 256)
-        data.setdefault("reduce_output", "sum")
         if "conv_layers" not in data:
             count = data.pop("num_conv_layers", None)
             data["conv_layers"] = _LUDWIG_CONV if count is None else [{}] * count
@@ -129,12 +128,6 @@ class TextEncoder(FCStackConfig):
             data.pop("output_size", None)  # Ludwig: with neither, 512 and 256 whatever output_size says
             data["fc_layers"] = _LUDWIG_CNN_FC
         return data
-
-    @model_validator(mode="after")
-    def _embed_averages(self) -> TextEncoder:
-        if self.type == "embed" and self.reduce_output != "mean":
-            raise ValueError("the embed text encoder averages: reduce_output: mean (sum and max are parallel_cnn's)")
-        return self
 
 
 class TextInput(FeatureModel):
@@ -165,14 +158,14 @@ def check_blocks(summary: pd.DataFrame, feat: Any, kind: str) -> None:
     return None
 
 
-def fit(col: pd.Series, feat: TextInput) -> dict[str, Any]:
+def fit(col: pd.Series, feat: Any) -> dict[str, Any]:
     tp = feat.preprocessing
     counts = Counter(t for text in col.dropna().astype(str) for t in tokenize(text, tp))
     kept = [v for v, c in counts.most_common(tp.most_common) if c >= tp.min_frequency]
     return {"vocab": [PAD, UNK, *kept]}
 
 
-def fit_ray(train: Any, feats: list[TextInput]) -> dict[str, dict[str, Any]]:
+def fit_ray(train: Any, feats: list[Any]) -> dict[str, dict[str, Any]]:
     meta: dict[str, dict[str, Any]] = {}
     for feat in feats:
         tp = feat.preprocessing
@@ -188,7 +181,7 @@ def fit_ray(train: Any, feats: list[TextInput]) -> dict[str, dict[str, Any]]:
     return meta
 
 
-def transform(col: pd.Series, feat: TextInput, meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None]:
+def transform(col: pd.Series, feat: Any, meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None]:
     index = {v: i for i, v in enumerate(meta["vocab"])}
     length = feat.preprocessing.max_sequence_length
     ids = np.zeros((len(col), length), dtype=np.int64)
@@ -198,7 +191,7 @@ def transform(col: pd.Series, feat: TextInput, meta: dict[str, Any]) -> tuple[np
     return ids, None
 
 
-def encoder(feat: TextInput, meta: dict[str, Any]) -> tuple[nn.Module, int]:
+def encoder(feat: Any, meta: dict[str, Any]) -> tuple[nn.Module, int]:
     from torch import nn
 
     enc = feat.encoder
@@ -207,7 +200,7 @@ def encoder(feat: TextInput, meta: dict[str, Any]) -> tuple[nn.Module, int]:
     if enc.type == "parallel_cnn":
         cnn = ParallelCNN(enc, len(meta["vocab"]))
         return cnn, cnn.width
-    bag = nn.EmbeddingBag(len(meta["vocab"]), enc.embedding_size, mode="mean", padding_idx=0)
+    bag = nn.EmbeddingBag(len(meta["vocab"]), enc.embedding_size, mode=enc.reduce_output, padding_idx=0)
     if not enc.fc_layers and enc.dropout == 0:  # the bag alone: weights files keep their names
         return bag, enc.embedding_size
     layered = Then(bag, enc, enc.embedding_size)
