@@ -238,6 +238,9 @@ case("config-early-stop", "config", CHECK, ["trainer.early_stop", "greater than 
 case("config-adaptive-batch", "config", CHECK, ["trainer.adaptive.max_batch_size", "greater than or equal to 1"], setup=edited("batch_size: 16", "batch_size: 16, adaptive: {max_batch_size: 0}"))
 case("config-adaptive-rule", "config", CHECK, ["trainer.adaptive.lr_rule", "'cubic'"], setup=edited("batch_size: 16", "batch_size: 16, adaptive: {lr_rule: cubic}"))
 case("config-adaptive-smoothing-nan", "config", CHECK, ["trainer.adaptive.noise_smoothing", "finite"], setup=edited("batch_size: 16", "batch_size: 16, adaptive: {noise_smoothing: .nan}"))
+case("config-date-fill", "config", CHECK, ["input_features.0.date.preprocessing.fill_value", "'someday' is not a date"], setup=edited("{name: age, type: number}", "{name: age, type: date, preprocessing: {fill_value: someday}}"))
+case("config-embed-cnn-key", "config", CHECK, ["input_features.3.text.encoder", "num_filters: settings of the parallel_cnn encoder"], setup=edited("{name: note, type: text}", "{name: note, type: text, encoder: {num_filters: 8}}"))
+case("config-vector-passthrough-layers", "config", CHECK, ["input_features.0.vector.encoder", "a passthrough encoder has no layers"], setup=edited("{name: age, type: number}", "{name: age, type: vector, encoder: {type: passthrough, fc_layers: [{output_size: 4}]}}"))
 case("render-unknown-key", "config", RENDER, ["combiner.layers: unknown key"], setup=edited("fc_layers:", "layers:"))
 
 # -- --set overrides -----------------------------------------------------------------------
@@ -280,6 +283,11 @@ case("data-inf-in-target", "dataset", CHECK, ["column 'price'", "output_features
 case("data-text-in-target", "dataset", CHECK, ["column 'price'", "non-numeric", "'expensive'"], setup=both(edited("{name: label, type: binary}", "{name: price, type: number}"), data_frame(set_col("price", "expensive", [2]))))
 case("data-one-class", "dataset", CHECK, ["target column 'label'", "only one class"], setup=data_frame(set_col("label", True)))
 case("data-binary-three-classes", "dataset", CHECK, ["declared binary but has 3 classes"], setup=data_frame(lambda df: df.assign(label=np.resize(["a", "b", "c"], len(df)))))
+_DATES = [f"2021-03-{d:02d} 10:00" for d in range(1, 31)] * 2
+_VECTORS = ["0.5 1 2"] * 60
+case("data-not-a-date", "dataset", CHECK, ["column 'when'", "type date", "not dates", "'soon'", "row 4", "datetime_format"], setup=both(edited("{name: age, type: number}", "{name: when, type: date}"), data_frame(lambda df: df.assign(when=[*_DATES[:4], "soon", *_DATES[5:]]))))
+case("data-vector-lengths", "dataset", CHECK, ["column 'emb'", "type vector", "[2, 3] numbers", "row 9 has 2", "vector_size"], setup=both(edited("{name: age, type: number}", "{name: emb, type: vector}"), data_frame(lambda df: df.assign(emb=[*_VECTORS[:9], "1 2", *_VECTORS[10:]]))))
+case("data-vector-text", "dataset", CHECK, ["column 'emb'", "not vectors of finite numbers", "'1 two 3'"], setup=both(edited("{name: age, type: number}", "{name: emb, type: vector}"), data_frame(lambda df: df.assign(emb=[*_VECTORS[:2], "1 two 3", *_VECTORS[3:]]))))
 case("data-drop-row-all", "dataset", CHECK, ["split", "empty", "drop_row"], setup=both(edited("{name: age, type: number}", "{name: age, type: number, preprocessing: {missing_value_strategy: drop_row}}"), data_frame(set_col("age", np.nan, slice(0, 59)))))
 case("data-drop-row-validation", "dataset", CHECK, ["validation split is empty", "preprocessing.split.probabilities"], setup=both(edited("{name: age, type: number}", "{name: age, type: number, preprocessing: {missing_value_strategy: drop_row}}"), data_frame(lambda df: set_col("age", np.nan, _split(1))(df))))
 case("data-no-finite-train-values", "dataset", CHECK, ["column 'age'", "no finite values in the training split"], setup=data_frame(lambda df: set_col("age", np.nan, _split(0))(df)))
