@@ -114,9 +114,9 @@ def test_fixed_stratified_and_hash_splits_on_ray_data_give_the_pandas_splits(ray
     assert balanced["ray_data"] == balanced["pandas"] and balanced["pandas"][0] == balanced["pandas"][1]
 
 
-def test_date_set_bag_and_vector_features_on_ray_data_give_the_pandas_processor_s(ray_cluster, tmp_path):
-    """Date, set, bag and vector inputs over two blocks, fixed split: Ray Data's statistics
-    (mean date, year moments, vocabularies, widths, vector size) are the pandas
+def test_date_set_bag_vector_and_timeseries_features_on_ray_data_give_the_pandas_processor_s(ray_cluster, tmp_path):
+    """Date, set, bag, vector and timeseries inputs over two blocks, fixed split: Ray Data's statistics
+    (mean date, year moments, vocabularies, widths, vector size, series length) are the pandas
     processor's, and so are its rows' arrays; so are a set target's labels and rows; a
     value that is not a date, or a vector of another length, names the column."""
     import numpy as np
@@ -131,8 +131,9 @@ def test_date_set_bag_and_vector_features_on_ray_data_give_the_pandas_processor_
     df["tags"] = [" ".join(rng.choice(list("pqrstuv"), rng.integers(1, 4), replace=False)) for _ in range(400)]
     df["words"] = [" ".join(rng.choice(list("abcde"), rng.integers(1, 9))) for _ in range(400)]
     df["emb"] = [" ".join(f"{v:.3f}" for v in rng.normal(size=3)) for _ in range(400)]
-    df.loc[::50, ["when", "tags", "words", "emb"]] = None  # filled: the mean date, no tokens, zeros
-    inputs = "  - {name: when, type: date}\n  - {name: tags, type: set}\n  - {name: words, type: bag}\n  - {name: emb, type: vector}\n"
+    df["ts"] = [" ".join(f"{v:.2f}" for v in rng.normal(size=rng.integers(1, 6))) for _ in range(400)]
+    df.loc[::50, ["when", "tags", "words", "emb", "ts"]] = None  # filled: the mean date, no tokens, zeros
+    inputs = "  - {name: when, type: date}\n  - {name: tags, type: set}\n  - {name: words, type: bag}\n  - {name: emb, type: vector}\n  - {name: ts, type: timeseries}\n"
     config = RAY_CONFIG.replace("{type: random, probabilities: [0.7, 0.1, 0.2]}", "{type: fixed}").replace(
         "  - {name: review, type: text}\n", "  - {name: review, type: text}\n" + inputs
     )
@@ -150,12 +151,12 @@ def test_date_set_bag_and_vector_features_on_ray_data_give_the_pandas_processor_
     assert meta["ray_data"]["when"]["mean_date"] == meta["pandas"]["when"]["mean_date"]
     for key in ("year_mean", "year_std"):
         assert np.isclose(meta["ray_data"]["when"][key], meta["pandas"]["when"][key]), key
-    for name in ("tags", "words", "emb"):
+    for name in ("tags", "words", "emb", "ts"):
         assert meta["ray_data"][name] == meta["pandas"][name], name
     assert meta["pandas"]["tags"]["width"] == 3 and meta["pandas"]["emb"] == {"size": 3}
     for split in ("train", "validation", "test"):
         rows = {  # each row's four arrays side by side, in order of the rows
-            p: sorted(np.concatenate([column(getattr(prepared[p], split), n).astype(np.float64) for n in ("when", "tags", "words", "emb")], axis=1).tolist())
+            p: sorted(np.concatenate([column(getattr(prepared[p], split), n).astype(np.float64) for n in ("when", "tags", "words", "emb", "ts")], axis=1).tolist())
             for p in prepared
         }
         assert rows["ray_data"] == rows["pandas"] and len(rows["pandas"]) > 0, split

@@ -231,3 +231,59 @@ def test_ludwig_s_rendered_set_output_config_trains_as_written(tmp_path):
     _, data = write(tmp_path, df=df)
     out = api.train(config, data, output_directory=str(tmp_path / "run"), progress=False)
     assert 0 <= out["evaluation"]["test"]["jaccard"] <= 1
+
+
+def test_a_timeseries_row_is_its_numbers_cut_and_padded_as_ludwig_s():
+    from raylight.declarative.features import timeseries
+
+    def ts(**preprocessing):
+        return timeseries.TimeseriesInput(name="ts", type="timeseries", preprocessing=preprocessing)
+
+    col = pd.Series(["1 2 3", [4.0, 5.0], None, "6"])
+    meta = timeseries.fit(col, ts())
+    assert meta == {"length": 3}  # the longest training row
+    array, keep = timeseries.transform(col, ts(), meta)
+    assert keep is None and array.tolist() == [[1, 2, 3], [4, 5, 0], [0, 0, 0], [6, 0, 0]]
+    left, _ = timeseries.transform(col, ts(padding="left", padding_value=-1, fill_value="9 9"), meta)
+    assert left.tolist() == [[1, 2, 3], [-1, 4, 5], [-1, 9, 9], [-1, -1, 6]]
+    cut, keep = timeseries.transform(pd.Series(["1 2 3 4 5", None]), ts(missing_value_strategy="drop_row"), meta)
+    assert cut[0].tolist() == [1, 2, 3] and keep.tolist() == [True, False]  # longer rows keep their start
+    assert timeseries.fit(pd.Series(["1,2,3,4"]), ts(tokenizer="comma", timeseries_length_limit=2)) == {"length": 2}
+    with pytest.raises(ConfigError, match=r"column 'ts' \(input_features 'ts', type timeseries\) holds values that are not series of "
+                       r"finite numbers, such as \['1 b 3'\] \(first at row 1\)"):
+        timeseries.check(pd.Series(["1 2", "1 b 3"]), ts(), "input_features")
+    module, width = timeseries.encoder(ts(), meta)
+    assert module.embed is None and [c.in_channels for c in module.convs] == [1] * 4
+    assert width == 256 and module(torch.as_tensor(array)).shape == (4, 256)
+
+
+def test_a_timeseries_model_learns_whether_the_series_rises(tmp_path):
+    """The target is whether a row's last value is above its first, among 8 noisy
+    values: Ludwig's parallel_cnn over the series learns it."""
+    rng = np.random.default_rng(3)
+    slope = rng.choice([-1.0, 1.0], 600)
+    series = slope[:, None] * np.linspace(0, 1, 8) + rng.normal(0, 0.2, (600, 8))
+    df = pd.DataFrame({"f": [" ".join(f"{v:.3f}" for v in row) for row in series], "y": slope > 0})
+    config = CONFIG % "timeseries, encoder: {num_filters: 8, fc_layers: [{output_size: 8}]}"
+    cfg, data = write(tmp_path, df=df, config=config)
+    out = api.train(load_config(cfg), data, output_directory=str(tmp_path / "run"), progress=False)
+    assert out["evaluation"]["test"]["accuracy"] >= 0.95, out["evaluation"]
+
+
+def test_ludwig_s_rendered_text_sequence_and_timeseries_config_trains_as_written(tmp_path):
+    from pathlib import Path
+
+    rendered = Path(__file__).parent.parent / "data" / "ludwig" / "text_sequence_timeseries.yaml"
+    config = load_config(str(rendered), ["trainer.epochs=1", "input_features.0.preprocessing.max_sequence_length=6",
+                                         "input_features.1.preprocessing.max_sequence_length=6"])
+    assert [f.encoder.type for f in config.input_features] == ["parallel_cnn", "embed", "parallel_cnn"]
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({
+        "t": [" ".join(rng.choice(["good", "bad", "film"], 4)) for _ in range(60)],
+        "s": [" ".join(rng.choice(["GET", "POST"], 3)) for _ in range(60)],
+        "ts": [" ".join(map(str, rng.normal(size=5).round(2))) for _ in range(60)],
+        "y": rng.integers(0, 2, 60).astype(bool),
+    })
+    _, data = write(tmp_path, df=df)
+    out = api.train(config, data, output_directory=str(tmp_path / "run"), progress=False)
+    assert 0 <= out["evaluation"]["test"]["accuracy"] <= 1

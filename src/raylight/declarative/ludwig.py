@@ -281,6 +281,13 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "preprocessing.cache_encoder_embeddings": _NO_CACHE,
     },
     ("input", "sequence"): _TEXT_KEYS,
+    ("input", "timeseries"): {
+        **{key: fix for key, fix in _TEXT_KEYS.items() if key.startswith("encoder.")},
+        # Ludwig writes should_embed: true, and its timeseries feature sets it false
+        "encoder.should_embed": ("raylight's timeseries encoder takes the numbers as they are; remove the key", (True, False)),
+        "preprocessing.window_size": ("raylight takes each row's series as it is (no sliding window); remove the key", (0,)),
+        "preprocessing.cache_encoder_embeddings": _NO_CACHE,
+    },
     ("input", "text"): _TEXT_KEYS,
     ("input", "date"): {"encoder.embeddings_on_cpu": _EMBEDDING_KEYS["encoder.embeddings_on_cpu"], **_STACK_KEYS},
     ("input", "set"): _TOKEN_BAG_KEYS,

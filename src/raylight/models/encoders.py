@@ -90,13 +90,16 @@ class ParallelCNN(nn.Module):
     activation, dropout, optional pooling), their channels concatenated and reduced over
     the sequence (``reduce_output``), then the encoder's layers."""
 
-    def __init__(self, enc: Any, vocab_size: int) -> None:
+    def __init__(self, enc: Any, vocab_size: int | None) -> None:
+        """``vocab_size`` None: the input is a series of numbers, one channel (Ludwig's
+        timeseries, which does not embed)."""
         from raylight.models.ecd import ACTIVATIONS
 
         super().__init__()
-        self.embed = nn.Embedding(vocab_size, enc.embedding_size, padding_idx=0)
+        self.embed = None if vocab_size is None else nn.Embedding(vocab_size, enc.embedding_size, padding_idx=0)
+        channels = 1 if vocab_size is None else enc.embedding_size
         self.convs = nn.ModuleList(
-            nn.Conv1d(enc.embedding_size, layer.num_filters or enc.num_filters, layer.filter_size or enc.filter_size,
+            nn.Conv1d(channels, layer.num_filters or enc.num_filters, layer.filter_size or enc.filter_size,
                       padding="same", bias=enc.use_bias)
             for layer in enc.conv_layers
         )
@@ -110,7 +113,7 @@ class ParallelCNN(nn.Module):
         self.width = self.fc.width
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.dropout(self.embed(ids)).transpose(1, 2)  # (rows, embedding, tokens)
+        x = self.dropout(self.embed(ids)).transpose(1, 2) if self.embed is not None else ids[:, None, :].float()  # (rows, channels, steps)
         parts = []
         for conv in self.convs:
             h = self.dropout(self.activation(conv(x)))

@@ -20,6 +20,7 @@ from raylight.declarative.features import (
     sequence,
     sets,
     text,
+    timeseries,
     vector,
 )
 from raylight.declarative.features.base import FeatureModel, FeatureType
@@ -27,7 +28,7 @@ from raylight.declarative.features.base import FeatureModel, FeatureType
 # The order is that of the allowed types in the error for an unknown one.
 FEATURES: dict[str, FeatureType] = {
     "number": number, "category": category, "binary": binary, "text": text, "date": date, "set": sets, "bag": bag,
-    "vector": vector, "sequence": sequence,
+    "vector": vector, "sequence": sequence, "timeseries": timeseries,
 }
 
 

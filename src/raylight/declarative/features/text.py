@@ -40,9 +40,9 @@ _TOKENIZERS: dict[str, Callable[[str], list[str]]] = {
 
 
 def tokenize(text: str, tp: Any) -> list[str]:
-    """``text``'s tokens by the ``tokenizer`` and ``lowercase`` of ``tp`` (a text's, set's or
-    bag's preprocessing)."""
-    return _TOKENIZERS[tp.tokenizer](text.lower() if tp.lowercase else text)
+    """``text``'s tokens by the ``tokenizer`` and ``lowercase`` (if it has one) of ``tp`` (a
+    text's, sequence's, set's, bag's or timeseries' preprocessing)."""
+    return _TOKENIZERS[tp.tokenizer](text.lower() if getattr(tp, "lowercase", False) else text)
 
 
 class TextPreprocessing(ConfigModel):

@@ -1,0 +1,179 @@
+"""Timeseries features, as Ludwig's: each row a series of numbers (a cell of numbers split
+by ``tokenizer``, or a list in Parquet or JSON), cut to the longest training row (at most
+``timeseries_length_limit``) and padded with ``padding_value``; encoded by Ludwig's
+default for them, ``parallel_cnn`` over the series as one channel (text's encoder without
+its embeddings, as Ludwig's timeseries feature sets it). Values are not scaled, as in
+Ludwig."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import Field, field_validator, model_validator
+
+from raylight.config.base import ConfigModel
+from raylight.declarative.features.base import FeatureModel
+from raylight.declarative.features.text import TextEncoder, Tokenizer, tokenize
+from raylight.exceptions import ConfigError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+
+class TimeseriesPreprocessing(ConfigModel):
+    tokenizer: Tokenizer = Field("space", description="How a cell splits into numbers (Ludwig's; default: on white space).")
+    timeseries_length_limit: int = Field(256, ge=1, le=65_536, description="The most steps kept of a row, from its start.")
+    padding_value: float = Field(0.0, description="What pads a shorter row.")
+    padding: Literal["right", "left"] = Field("right", description="Which side a shorter row is padded on.")
+    missing_value_strategy: Literal["fill_with_const", "drop_row"] = Field(
+        "fill_with_const", description="What replaces a missing series: fill_value, or the row dropped."
+    )
+    fill_value: str = Field("", description="fill_with_const's series, numbers as the tokenizer splits them; empty: all padding.")
+
+    @field_validator("padding_value")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+
+class TimeseriesEncoder(TextEncoder):
+    """Ludwig's parallel_cnn over the series (its settings as text's; the embedding_size
+    is unused: the series is one channel)."""
+
+    type: Literal["parallel_cnn"] = Field("parallel_cnn", description="parallel_cnn: Ludwig's default for timeseries.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _is_parallel_cnn(cls, data: Any) -> Any:
+        return {"type": "parallel_cnn", **data} if isinstance(data, dict) and "type" not in data else data
+
+
+class TimeseriesInput(FeatureModel):
+    type: Literal["timeseries"]
+    preprocessing: TimeseriesPreprocessing = Field(
+        default_factory=lambda: TimeseriesPreprocessing(), description="Timeseries preprocessing."
+    )
+    encoder: TimeseriesEncoder = Field(default_factory=lambda: TimeseriesEncoder(), description="Timeseries encoder.")
+
+
+Input = TimeseriesInput
+INFER_RANK = 53  # claims no column: a series reads as a vector or text
+
+
+def infers(values: pd.Series) -> bool:
+    return False
+
+
+def _absent(value: Any) -> bool:
+    return not isinstance(value, list | tuple | np.ndarray) and (pd.isna(value) or not str(value).strip())
+
+
+def _steps(value: Any, p: Any) -> np.ndarray | None:
+    """A cell as its numbers (None if one is not a finite number)."""
+    try:
+        array = np.asarray(tokenize(value, p) if isinstance(value, str) else value, dtype=np.float64)
+    except (ValueError, TypeError):
+        return None
+    return array if array.ndim == 1 and np.isfinite(array).all() else None
+
+
+def parse(col: pd.Series, p: Any) -> tuple[list[np.ndarray | None], np.ndarray]:
+    """Each row's numbers (None where missing), and the mask of rows that are not series
+    of finite numbers."""
+    values: list[np.ndarray | None] = []
+    bad = np.zeros(len(col), dtype=bool)
+    for r, value in enumerate(col.astype(object)):
+        steps = None if _absent(value) else _steps(value, p)
+        values.append(steps)
+        bad[r] = steps is None and not _absent(value)
+    return values, bad
+
+
+def _not_series(kind: str, feat: Any, examples: list[str], where: str = "") -> ConfigError:
+    return ConfigError(
+        f"column {feat.col!r} ({kind} {feat.name!r}, type timeseries) holds values that are not series of finite "
+        f"numbers, such as {examples}{where}; write each as numbers split by preprocessing.tokenizer (or a list in "
+        "Parquet or JSON), or leave the cell empty to treat it as missing"
+    )
+
+
+def check(col: pd.Series, feat: Any, kind: str) -> None:
+    _, bad = parse(col, feat.preprocessing)
+    if bad.any():
+        rows = col[bad]
+        raise _not_series(kind, feat, rows.astype(str).unique()[:3].tolist(), f" (first at row {rows.index[0]})")
+
+
+def block_summary(col: pd.Series) -> dict[str, Any]:
+    return {}  # the tokenizer is the feature's: fit_ray's pass checks the values
+
+
+def check_blocks(summary: pd.DataFrame, feat: Any, kind: str) -> None:
+    return None
+
+
+def _length(feat: Any, longest: int) -> dict[str, Any]:
+    return {"length": max(1, min(feat.preprocessing.timeseries_length_limit, longest))}
+
+
+def fit(col: pd.Series, feat: TimeseriesInput) -> dict[str, Any]:
+    values, _ = parse(col, feat.preprocessing)
+    return _length(feat, max((len(v) for v in values if v is not None), default=0))
+
+
+def fit_ray(train: Any, feats: list[TimeseriesInput]) -> dict[str, dict[str, Any]]:
+    """One pass over the split: each block's longest row, and its values checked."""
+    specs = [(f.name, f.col, f.preprocessing) for f in feats]
+
+    def longest(df: pd.DataFrame) -> pd.DataFrame:
+        rows = []
+        for name, c, p in specs:
+            values, bad = parse(df[c], p)
+            example = str(df[c][bad].iloc[0]) if bad.any() else ""
+            rows.append({"name": name, "n": max((len(v) for v in values if v is not None), default=0), "bad": example})
+        return pd.DataFrame(rows)
+
+    table = train.map_batches(longest, batch_format="pandas", batch_size=None).to_pandas()
+    meta = {}
+    for feat in feats:
+        own = table[table["name"] == feat.name]
+        bad = [b for b in own["bad"] if b]
+        if bad:
+            raise _not_series("input_features", feat, bad[:3])
+        meta[feat.name] = _length(feat, int(own["n"].max()))
+    return meta
+
+
+def transform(col: pd.Series, feat: TimeseriesInput, meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None]:
+    p, length = feat.preprocessing, meta["length"]
+    values, bad = parse(col, p)
+    if bad.any():  # a dataset to predict on
+        rows = col[bad]
+        raise _not_series("input_features", feat, rows.astype(str).unique()[:3].tolist(), f" (first at row {rows.index[0]})")
+    fill = _steps(p.fill_value, p) if p.fill_value.strip() else np.zeros(0)
+    if fill is None:
+        raise ConfigError(
+            f"input_features {feat.name!r}: preprocessing.fill_value {p.fill_value!r} is not a series of finite numbers; "
+            "write one, or leave it empty for a series of padding"
+        )
+    keep = np.array([v is not None for v in values]) if p.missing_value_strategy == "drop_row" else None
+    array = np.full((len(values), length), p.padding_value, dtype=np.float32)
+    for r, v in enumerate(values):
+        steps = (fill if v is None else v)[:length]
+        if p.padding == "right":
+            array[r, : len(steps)] = steps
+        elif len(steps):
+            array[r, -len(steps) :] = steps
+    return array, keep
+
+
+def encoder(feat: TimeseriesInput, meta: dict[str, Any]) -> tuple[nn.Module, int]:
+    from raylight.models.encoders import ParallelCNN
+
+    module = ParallelCNN(feat.encoder, None)
+    return module, module.width
