@@ -3,15 +3,16 @@ config fields every feature has and the settings of an embedding encoder."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
+import pandas as pd
 from pydantic import Field
 
 from raylight.config.base import ConfigModel
 
 if TYPE_CHECKING:
-    import numpy as np
-    import pandas as pd
     from torch import nn
 
 # Upper bounds: far beyond any real use, low enough that a typo fails here and not as an
@@ -32,6 +33,38 @@ class FeatureModel(ConfigModel):
     @property
     def col(self) -> str:
         return self.column or self.name
+
+
+# -- the cells of a column, for the types whose value is more than one scalar -------------
+def absent(value: Any) -> bool:
+    """A missing cell: null, or blank text (as Ray Data reads an empty CSV cell); a list or
+    array is a value, even an empty one."""
+    return not isinstance(value, list | tuple | np.ndarray) and bool(pd.isna(value) or not str(value).strip())
+
+
+def numbers(col: pd.Series, split: Callable[[str], list[str]]) -> tuple[list[np.ndarray | None], np.ndarray]:
+    """Each cell as finite floats (text cut by ``split``, or a list as it is; None where
+    absent or not such numbers), and the mask of present cells that are not."""
+    values: list[np.ndarray | None] = []
+    bad = np.zeros(len(col), dtype=bool)
+    for r, value in enumerate(col.astype(object)):
+        array = None
+        if not absent(value):
+            try:
+                array = np.asarray(split(value) if isinstance(value, str) else value, dtype=np.float64)
+            except (ValueError, TypeError):
+                array = None
+            if array is not None and not (array.ndim == 1 and np.isfinite(array).all()):
+                array = None
+            bad[r] = array is None
+        values.append(array)
+    return values, bad
+
+
+def bad_cells(col: pd.Series, bad: np.ndarray) -> tuple[list[str], str]:
+    """Up to three of the bad cells, and where the first is, for an error message."""
+    rows = col[bad]
+    return rows.astype(str).unique()[:3].tolist(), f" (first at row {rows.index[0]})"
 
 
 class EmbeddingEncoder(ConfigModel):

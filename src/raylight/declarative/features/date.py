@@ -20,7 +20,7 @@ import pandas as pd
 from pydantic import Field, field_validator
 
 from raylight.config.base import ConfigModel
-from raylight.declarative.features.base import MAX_WIDTH, FeatureModel
+from raylight.declarative.features.base import MAX_WIDTH, FeatureModel, bad_cells
 from raylight.declarative.features.number import combine_moments
 from raylight.declarative.layers import FCStackConfig
 from raylight.exceptions import ConfigError
@@ -156,8 +156,7 @@ def not_dates(kind: str, feat: Any, examples: list[str], where: str = "") -> Con
 def check(col: pd.Series, feat: Any, kind: str) -> None:
     _, bad = parse(col, feat.preprocessing.datetime_format)
     if bad.any():
-        values = col[bad]
-        raise not_dates(kind, feat, values.astype(str).unique()[:3].tolist(), f" (first at row {values.index[0]})")
+        raise not_dates(kind, feat, *bad_cells(col, bad))
 
 
 def block_summary(col: pd.Series) -> dict[str, Any]:
@@ -219,8 +218,7 @@ def transform(col: pd.Series, feat: DateInput, meta: dict[str, Any]) -> tuple[np
     p = feat.preprocessing
     stamps, bad = parse(col, p.datetime_format)
     if bad.any():  # a value checked in another format (Ray Data), or a dataset to predict on
-        values = col[bad]
-        raise not_dates("input_features", feat, values.astype(str).unique()[:3].tolist(), f" (first at row {values.index[0]})")
+        raise not_dates("input_features", feat, *bad_cells(col, bad))
     keep = stamps.notna().to_numpy() if p.missing_value_strategy == "drop_row" else None
     fill = pd.Timestamp(p.fill_value) if p.fill_value.strip() else pd.Timestamp(meta["mean_date"])
     if fill.tzinfo is not None:

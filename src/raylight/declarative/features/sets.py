@@ -20,7 +20,7 @@ import pandas as pd
 from pydantic import Field
 
 from raylight.config.base import ConfigModel
-from raylight.declarative.features.base import MAX_VOCAB, MAX_WIDTH, UNK, FeatureModel
+from raylight.declarative.features.base import MAX_VOCAB, MAX_WIDTH, UNK, FeatureModel, absent
 from raylight.declarative.features.text import Tokenizer, tokenize
 from raylight.declarative.layers import FCStackConfig
 from raylight.exceptions import ConfigError
@@ -81,7 +81,7 @@ def check_blocks(summary: pd.DataFrame, feat: Any, kind: str) -> None:
 # -- shared with bag.py: ``counted`` is whether a token's count in a row matters ---------
 def missing(col: pd.Series) -> np.ndarray:
     """The rows with no value: null, or empty (as Ray Data reads an empty CSV cell)."""
-    return np.array([not isinstance(v, list | tuple | np.ndarray) and (pd.isna(v) or not str(v).strip()) for v in col.astype(object)], dtype=bool)
+    return np.array([absent(v) for v in col.astype(object)], dtype=bool)
 
 
 def rows(col: pd.Series, p: Any) -> list[list[str]]:
@@ -89,8 +89,8 @@ def rows(col: pd.Series, p: Any) -> list[list[str]]:
     fill_value's."""
     fill = tokenize(p.fill_value, p) if p.fill_value != UNK else []
     out = []
-    for value, absent in zip(col.astype(object), missing(col), strict=True):
-        if absent:
+    for value, gone in zip(col.astype(object), missing(col), strict=True):
+        if gone:
             out.append(fill)
         elif isinstance(value, list | tuple | np.ndarray):
             out.append([str(v) for v in value])

@@ -15,7 +15,7 @@ import pandas as pd
 from pydantic import Field, field_validator, model_validator
 
 from raylight.config.base import ConfigModel
-from raylight.declarative.features.base import FeatureModel
+from raylight.declarative.features.base import FeatureModel, bad_cells, numbers
 from raylight.declarative.features.text import TextEncoder, Tokenizer, tokenize
 from raylight.exceptions import ConfigError
 
@@ -69,29 +69,10 @@ def infers(values: pd.Series) -> bool:
     return False
 
 
-def _absent(value: Any) -> bool:
-    return not isinstance(value, list | tuple | np.ndarray) and (pd.isna(value) or not str(value).strip())
-
-
-def _steps(value: Any, p: Any) -> np.ndarray | None:
-    """A cell as its numbers (None if one is not a finite number)."""
-    try:
-        array = np.asarray(tokenize(value, p) if isinstance(value, str) else value, dtype=np.float64)
-    except (ValueError, TypeError):
-        return None
-    return array if array.ndim == 1 and np.isfinite(array).all() else None
-
-
 def parse(col: pd.Series, p: Any) -> tuple[list[np.ndarray | None], np.ndarray]:
     """Each row's numbers (None where missing), and the mask of rows that are not series
     of finite numbers."""
-    values: list[np.ndarray | None] = []
-    bad = np.zeros(len(col), dtype=bool)
-    for r, value in enumerate(col.astype(object)):
-        steps = None if _absent(value) else _steps(value, p)
-        values.append(steps)
-        bad[r] = steps is None and not _absent(value)
-    return values, bad
+    return numbers(col, lambda text: tokenize(text, p))
 
 
 def _not_series(kind: str, feat: Any, examples: list[str], where: str = "") -> ConfigError:
@@ -105,8 +86,7 @@ def _not_series(kind: str, feat: Any, examples: list[str], where: str = "") -> C
 def check(col: pd.Series, feat: Any, kind: str) -> None:
     _, bad = parse(col, feat.preprocessing)
     if bad.any():
-        rows = col[bad]
-        raise _not_series(kind, feat, rows.astype(str).unique()[:3].tolist(), f" (first at row {rows.index[0]})")
+        raise _not_series(kind, feat, *bad_cells(col, bad))
 
 
 def block_summary(col: pd.Series) -> dict[str, Any]:
@@ -153,9 +133,8 @@ def transform(col: pd.Series, feat: TimeseriesInput, meta: dict[str, Any]) -> tu
     p, length = feat.preprocessing, meta["length"]
     values, bad = parse(col, p)
     if bad.any():  # a dataset to predict on
-        rows = col[bad]
-        raise _not_series("input_features", feat, rows.astype(str).unique()[:3].tolist(), f" (first at row {rows.index[0]})")
-    fill = _steps(p.fill_value, p) if p.fill_value.strip() else np.zeros(0)
+        raise _not_series("input_features", feat, *bad_cells(col, bad))
+    fill = parse(pd.Series([p.fill_value]), p)[0][0] if p.fill_value.strip() else np.zeros(0)
     if fill is None:
         raise ConfigError(
             f"input_features {feat.name!r}: preprocessing.fill_value {p.fill_value!r} is not a series of finite numbers; "

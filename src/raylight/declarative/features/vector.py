@@ -12,7 +12,7 @@ import pandas as pd
 from pydantic import Field, model_validator
 
 from raylight.config.base import ConfigModel
-from raylight.declarative.features.base import MAX_WIDTH, FeatureModel
+from raylight.declarative.features.base import MAX_WIDTH, FeatureModel, bad_cells, numbers
 from raylight.declarative.layers import FCLayer, FCStackConfig
 from raylight.exceptions import ConfigError
 
@@ -60,29 +60,10 @@ INFER_RANK = 3  # after date, before text: "0.1 0.5 0.2 0.9" is four words
 _INFER_SAMPLE = 1000
 
 
-def _absent(value: Any) -> bool:
-    return not isinstance(value, list | tuple | np.ndarray) and (pd.isna(value) or not str(value).strip())
-
-
-def _floats(value: Any) -> np.ndarray | None:
-    """A cell as floats; None if it is not a vector of numbers (or not finite)."""
-    try:
-        array = np.asarray(value.split() if isinstance(value, str) else value, dtype=np.float64)
-    except (ValueError, TypeError):
-        return None
-    return array if array.ndim == 1 and np.isfinite(array).all() else None
-
-
 def parse(col: pd.Series) -> tuple[list[np.ndarray | None], np.ndarray]:
     """Each row's floats (None where missing or bad), and the mask of present rows that are
     not vectors of finite numbers."""
-    values: list[np.ndarray | None] = []
-    bad = np.zeros(len(col), dtype=bool)
-    for r, value in enumerate(col.astype(object)):
-        array = None if _absent(value) else _floats(value)
-        values.append(array)
-        bad[r] = array is None and not _absent(value)
-    return values, bad
+    return numbers(col, str.split)
 
 
 def lengths(values: list[np.ndarray | None]) -> dict[int, int]:
@@ -120,8 +101,7 @@ def _lengths_differ(kind: str, feat: Any, lengths: list[int], where: str = "") -
 def check(col: pd.Series, feat: Any, kind: str) -> None:
     values, bad = parse(col)
     if bad.any():
-        rows = col[bad]
-        raise _not_vectors(kind, feat, rows.astype(str).unique()[:3].tolist(), f" (first at row {rows.index[0]})")
+        raise _not_vectors(kind, feat, *bad_cells(col, bad))
     sizes = lengths(values)
     wanted = feat.preprocessing.vector_size or next(iter(sizes.values()), None)
     odd = next((r for r, n in sizes.items() if n != wanted), None)
@@ -175,12 +155,11 @@ def transform(col: pd.Series, feat: VectorInput, meta: dict[str, Any]) -> tuple[
     p, size = feat.preprocessing, meta["size"]
     values, bad = parse(col)
     if bad.any():  # a dataset to predict on
-        rows = col[bad]
-        raise _not_vectors("input_features", feat, rows.astype(str).unique()[:3].tolist(), f" (first at row {rows.index[0]})")
+        raise _not_vectors("input_features", feat, *bad_cells(col, bad))
     odd = next(((r, n) for r, n in lengths(values).items() if n != size), None)
     if odd is not None:
         raise _lengths_differ("input_features", feat, [odd[1]], f" (row {col.index[odd[0]]}); the model takes {size}")
-    fill = _floats(p.fill_value) if p.fill_value.strip() else np.zeros(size)
+    fill = numbers(pd.Series([p.fill_value]), str.split)[0][0] if p.fill_value.strip() else np.zeros(size)
     if fill is None or len(fill) != size:
         raise ConfigError(
             f"input_features {feat.name!r}: preprocessing.fill_value {p.fill_value!r} is not a vector of {size} finite "
