@@ -218,6 +218,13 @@ def test_a_set_target_is_multi_label_classification_measured_by_jaccard(tmp_path
     truth = [set(v.split()) for v in df["labels"]]
     by_hand = np.mean([len(set(p) & t) / len(set(p) | t) if set(p) | t else 1.0 for p, t in zip(predicted, truth, strict=True)])
     assert np.isclose(model.evaluate(df)["jaccard"], by_hand)
+    # written out: a CSV cell holds the labels as a set is read (separated by spaces), JSON lines a list
+    few = model.predict(df.head(5))
+    api.write_frame(few, str(tmp_path / "p.csv"))
+    api.write_frame(few, str(tmp_path / "p.jsonl"))
+    as_csv = pd.read_csv(tmp_path / "p.csv", keep_default_na=False)["labels_predictions"].tolist()
+    assert as_csv == [" ".join(v) for v in few["labels_predictions"]]
+    assert pd.read_json(tmp_path / "p.jsonl", lines=True)["labels_predictions"].tolist() == few["labels_predictions"].tolist()
 
 
 def test_ludwig_s_rendered_set_output_config_trains_as_written(tmp_path):

@@ -196,7 +196,7 @@ def predict(
     except RaylightError as exc:
         _fail(exc)
     if output is None and frame is not None:
-        frame.to_csv(sys.stdout, index=False)
+        api.csv_ready(frame).to_csv(sys.stdout, index=False)
 
 
 @app.command("init-config")

@@ -569,6 +569,13 @@ def evaluate(model_path: str, dataset: str) -> dict[str, float] | None:
         return metrics if launch.rank == 0 else None
 
 
+def csv_ready(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with each list cell (a set output's labels) written as a set is read: its
+    items separated by spaces; JSON lines and Parquet keep the lists."""
+    listed = [c for c in frame.columns if frame[c].map(lambda v: isinstance(v, list)).any()]
+    return frame.assign(**{c: frame[c].map(lambda v: " ".join(map(str, v)) if isinstance(v, list) else v) for c in listed})
+
+
 def write_frame(frame: pd.DataFrame, path: str) -> None:
     """Write ``frame`` whole or not at all (a temporary file renamed into place)."""
     check_output_file(path, "--output", FRAME_FORMATS)
@@ -577,7 +584,7 @@ def write_frame(frame: pd.DataFrame, path: str) -> None:
     lower = path.lower()
     with atomic_path(path) as tmp:
         if lower.endswith(".csv"):
-            frame.to_csv(tmp, index=False)
+            csv_ready(frame).to_csv(tmp, index=False)
         elif lower.endswith(".parquet"):
             frame.to_parquet(tmp, index=False)
         else:
