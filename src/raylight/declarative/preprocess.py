@@ -17,6 +17,7 @@ import pandas as pd
 
 from raylight.declarative.config import ModelConfig
 from raylight.declarative.features import FEATURES, binary, number, sets
+from raylight.declarative.features.base import present
 from raylight.exceptions import ConfigError
 
 
@@ -203,7 +204,7 @@ def transform(
     if with_outputs:
         out = config.output_features[0]
         col = df[out.col]
-        keep &= ~sets.missing(col) if out.type == "set" else col.notna().to_numpy()  # a set: "" has no labels either
+        keep &= present(col) if out.type == "set" else col.notna().to_numpy()  # a set: "" has no labels either
         m = meta[out.name]
         if out.type == "category":
             index = {v: i for i, v in enumerate(m["classes"])}
@@ -290,11 +291,11 @@ def bad_split_values(column: str, source: str, examples: list[str], first: str) 
 def date_keys(values: pd.Series) -> tuple[np.ndarray, list[str], int]:
     """A datetime split column as nanoseconds since the epoch (UTC where a value has a
     zone), the examples of values that are not dates, and how many are null."""
-    present = values.notna() & (values.astype(str).str.strip() != "")
-    parsed = pd.to_datetime(values.where(present), errors="coerce", format="mixed", utc=True)
-    bad = values[present & parsed.isna()]
+    here = present(values)
+    parsed = pd.to_datetime(values.where(here), errors="coerce", format="mixed", utc=True)
+    bad = values[here & parsed.isna().to_numpy()]
     keys = parsed.to_numpy(dtype="datetime64[ns]").astype(np.int64)
-    return keys, [str(v) for v in bad.drop_duplicates().head(3)], int((~present).sum())
+    return keys, [str(v) for v in bad.drop_duplicates().head(3)], int((~here).sum())
 
 
 def check_dates(column: str, source: str, bad: list[str], nulls: int) -> None:

@@ -36,7 +36,7 @@ infers, check, block_summary, check_blocks = set_type.infers, set_type.check, se
 
 
 def fit(col: pd.Series, feat: BagInput) -> dict[str, Any]:
-    return set_type.fit_tokens(col, feat, counted=True)
+    return set_type.fit_tokens(col, feat.preprocessing, counted=True)
 
 
 def fit_ray(train: Any, feats: list[BagInput]) -> dict[str, dict[str, Any]]:

@@ -36,10 +36,10 @@ class FeatureModel(ConfigModel):
 
 
 # -- the cells of a column, for the types whose value is more than one scalar -------------
-def absent(value: Any) -> bool:
-    """A missing cell: null, or blank text (as Ray Data reads an empty CSV cell); a list or
-    array is a value, even an empty one."""
-    return not isinstance(value, list | tuple | np.ndarray) and bool(pd.isna(value) or not str(value).strip())
+def present(col: pd.Series) -> np.ndarray:
+    """The cells that hold a value: not null and not blank text (Ray Data reads an empty
+    CSV cell as ""); a list or array is a value, even an empty one."""
+    return (col.notna() & (col.astype(str).str.strip() != "")).to_numpy()
 
 
 def numbers(col: pd.Series, split: Callable[[str], list[str]]) -> tuple[list[np.ndarray | None], np.ndarray]:
@@ -47,9 +47,9 @@ def numbers(col: pd.Series, split: Callable[[str], list[str]]) -> tuple[list[np.
     absent or not such numbers), and the mask of present cells that are not."""
     values: list[np.ndarray | None] = []
     bad = np.zeros(len(col), dtype=bool)
-    for r, value in enumerate(col.astype(object)):
+    for r, (value, here) in enumerate(zip(col.astype(object), present(col), strict=True)):
         array = None
-        if not absent(value):
+        if here:
             try:
                 array = np.asarray(split(value) if isinstance(value, str) else value, dtype=np.float64)
             except (ValueError, TypeError):

@@ -20,8 +20,8 @@ import pandas as pd
 from pydantic import Field, field_validator
 
 from raylight.config.base import ConfigModel
-from raylight.declarative.features.base import MAX_WIDTH, FeatureModel, bad_cells
-from raylight.declarative.features.number import combine_moments
+from raylight.declarative.features.base import MAX_WIDTH, FeatureModel, bad_cells, present
+from raylight.declarative.features.number import moments, pooled
 from raylight.declarative.layers import FCStackConfig
 from raylight.exceptions import ConfigError
 
@@ -123,14 +123,14 @@ def _from_numbers(values: pd.Series) -> pd.Series:
 def parse(col: pd.Series, fmt: str | None) -> tuple[pd.Series, pd.Series]:
     """The column as naive timestamps (wall-clock time where a value has a zone; NaT where
     missing or not a date), and the mask of values present that are not dates."""
-    present = col.notna() & (col.astype(str).str.strip() != "")
+    here = pd.Series(present(col), index=col.index)
     if pd.api.types.is_datetime64_any_dtype(col):
         stamps = col.dt.tz_localize(None) if getattr(col.dt, "tz", None) is not None else col
-        return stamps.astype("datetime64[ns]"), present & stamps.isna()
+        return stamps.astype("datetime64[ns]"), here & stamps.isna()
     if pd.api.types.is_numeric_dtype(col) and not pd.api.types.is_bool_dtype(col):
         stamps = _from_numbers(col)
-        return stamps.astype("datetime64[ns]"), present & stamps.isna()
-    text = col.where(present).astype(object)
+        return stamps.astype("datetime64[ns]"), here & stamps.isna()
+    text = col.where(here).astype(object)
     try:
         stamps = pd.to_datetime(text, errors="coerce", format=fmt or "mixed")
         if getattr(stamps.dt, "tz", None) is not None:
@@ -138,11 +138,11 @@ def parse(col: pd.Series, fmt: str | None) -> tuple[pd.Series, pd.Series]:
     except (ValueError, TypeError):  # zones that differ between values: one value at a time
         stamps = pd.Series([_one(v, fmt) if isinstance(v, str) else pd.NaT for v in text], index=col.index)
     stamps = pd.Series(pd.to_datetime(stamps), index=col.index)
-    numeric = present & stamps.isna()
+    numeric = here & stamps.isna()
     if numeric.any():  # strings of digits: timestamps, as Ludwig reads them
         as_numbers = pd.to_numeric(col[numeric], errors="coerce")
         stamps.loc[numeric] = _from_numbers(as_numbers.dropna()).reindex(as_numbers.index)
-    return stamps.astype("datetime64[ns]"), present & stamps.isna()
+    return stamps.astype("datetime64[ns]"), here & stamps.isna()
 
 
 def not_dates(kind: str, feat: Any, examples: list[str], where: str = "") -> ConfigError:
@@ -172,20 +172,16 @@ def check_blocks(summary: pd.DataFrame, feat: Any, kind: str) -> None:
 
 
 def _moments(stamps: pd.Series) -> dict[str, float]:
-    """(n, mean, M2) of the years and of the timestamps (seconds), for combine_moments."""
+    """The moments (``number.moments``) of the years and of the timestamps (seconds)."""
     valid = stamps.dropna()
-    out: dict[str, float] = {"n": float(len(valid))}
-    for name, values in (("year", valid.dt.year.to_numpy(float)), ("t", valid.to_numpy("datetime64[ns]").astype(np.int64) / _NS)):
-        mean = float(values.mean()) if len(values) else 0.0
-        out[f"{name}_mean"], out[f"{name}_m2"] = mean, float(((values - mean) ** 2).sum()) if len(values) else 0.0
-    return out
+    years, seconds = valid.dt.year.to_numpy(float), valid.to_numpy("datetime64[ns]").astype(np.int64) / _NS
+    return {f"{name}_{k}": v for name, values in (("year", years), ("t", seconds)) for k, v in moments(values).items()}
 
 
 def _meta(feat: Any, parts: pd.DataFrame) -> dict[str, Any]:
     stats = {}
     for name in ("year", "t"):
-        table = pd.DataFrame({"n": parts["n"], "mean": parts[f"{name}_mean"], "m2": parts[f"{name}_m2"], "min": 0.0, "max": 0.0})
-        n, mean, m2, _, _ = combine_moments(table)
+        n, mean, m2 = pooled(parts[f"{name}_n"], parts[f"{name}_mean"], parts[f"{name}_m2"])
         stats[name] = (n, mean, math.sqrt(m2 / n) if n else 0.0)
     n, year_mean, year_std = stats["year"]
     if n == 0:

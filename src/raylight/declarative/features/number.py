@@ -13,7 +13,7 @@ import pandas as pd
 from pydantic import Field, field_validator
 
 from raylight.config.base import ConfigModel
-from raylight.declarative.features.base import FeatureModel
+from raylight.declarative.features.base import FeatureModel, present
 from raylight.exceptions import ConfigError
 
 if TYPE_CHECKING:
@@ -99,9 +99,8 @@ def check(col: pd.Series, feat: Any, kind: str) -> None:
 def block_summary(col: pd.Series) -> dict[str, Any]:
     """Non-numeric values (how many, one example) and infinite ones."""
     # Ray Data reads a CSV column holding text as strings, with "" for missing values.
-    present = col.notna() & (col.astype(str).str.strip() != "")
     values = pd.to_numeric(col.astype(object), errors="coerce")
-    bad = col[values.isna() & present]
+    bad = col[values.isna().to_numpy() & present(col)]
     return {"bad": len(bad), "example": str(bad.iloc[0]) if len(bad) else "", "inf": int(np.isinf(values.astype(float)).sum())}
 
 
@@ -128,11 +127,8 @@ def fit_ray(train: Any, feats: list[Any]) -> dict[str, dict[str, Any]]:
         rows = []
         for c in cols:
             v = pd.to_numeric(df[c], errors="coerce").dropna().to_numpy(dtype=float)
-            n = len(v)
-            mean = float(v.mean()) if n else 0.0
-            m2 = float(((v - mean) ** 2).sum()) if n else 0.0
-            low, high = (float(v.min()), float(v.max())) if n else (np.inf, -np.inf)
-            rows.append({"col": c, "n": n, "mean": mean, "m2": m2, "min": low, "max": high})
+            low, high = (float(v.min()), float(v.max())) if len(v) else (np.inf, -np.inf)
+            rows.append({"col": c, **moments(v), "min": low, "max": high})
         return pd.DataFrame(rows)
 
     parts = train.map_batches(partial, batch_format="pandas", batch_size=None).to_pandas()
@@ -145,11 +141,18 @@ def fit_ray(train: Any, feats: list[Any]) -> dict[str, dict[str, Any]]:
     return meta
 
 
-def combine_moments(parts: pd.DataFrame) -> tuple[int, float, float, float, float]:
-    """(n, mean, M2, min, max) of the union of blocks given each block's (n, mean, m2,
-    min, max): Chan et al.'s pairwise update, stable where sums of squares are not."""
+def moments(values: np.ndarray) -> dict[str, float]:
+    """One block's count, mean and sum of squared deviations (M2), for ``pooled``."""
+    n = len(values)
+    mean = float(values.mean()) if n else 0.0
+    return {"n": n, "mean": mean, "m2": float(((values - mean) ** 2).sum()) if n else 0.0}
+
+
+def pooled(ns: Any, means: Any, m2s: Any) -> tuple[int, float, float]:
+    """(n, mean, M2) of the union of blocks given each block's: Chan et al.'s pairwise
+    update, stable where sums of squares are not."""
     n, mean, m2 = 0, 0.0, 0.0
-    for nb, mb, m2b in zip(parts["n"], parts["mean"], parts["m2"], strict=True):
+    for nb, mb, m2b in zip(ns, means, m2s, strict=True):
         if nb == 0:
             continue
         total = n + nb
@@ -157,7 +160,13 @@ def combine_moments(parts: pd.DataFrame) -> tuple[int, float, float, float, floa
         mean += delta * nb / total
         m2 += m2b + delta * delta * n * nb / total
         n = total
-    return int(n), float(mean), float(m2), float(parts["min"].min()), float(parts["max"].max())
+    return int(n), float(mean), float(m2)
+
+
+def combine_moments(parts: pd.DataFrame) -> tuple[int, float, float, float, float]:
+    """(n, mean, M2, min, max) of the union of blocks given each block's (n, mean, m2,
+    min, max)."""
+    return (*pooled(parts["n"], parts["mean"], parts["m2"]), float(parts["min"].min()), float(parts["max"].max()))
 
 
 def transform(col: pd.Series, feat: NumberInput, meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None]:

@@ -20,7 +20,7 @@ import pandas as pd
 from pydantic import Field
 
 from raylight.config.base import ConfigModel
-from raylight.declarative.features.base import MAX_VOCAB, MAX_WIDTH, UNK, FeatureModel, absent
+from raylight.declarative.features.base import MAX_VOCAB, MAX_WIDTH, UNK, FeatureModel, present
 from raylight.declarative.features.text import Tokenizer, tokenize
 from raylight.declarative.layers import FCStackConfig
 from raylight.exceptions import ConfigError
@@ -79,18 +79,13 @@ def check_blocks(summary: pd.DataFrame, feat: Any, kind: str) -> None:
 
 
 # -- shared with bag.py: ``counted`` is whether a token's count in a row matters ---------
-def missing(col: pd.Series) -> np.ndarray:
-    """The rows with no value: null, or empty (as Ray Data reads an empty CSV cell)."""
-    return np.array([absent(v) for v in col.astype(object)], dtype=bool)
-
-
 def rows(col: pd.Series, p: Any) -> list[list[str]]:
     """Each row's tokens (a list value's items as they are); a missing value's are
     fill_value's."""
     fill = tokenize(p.fill_value, p) if p.fill_value != UNK else []
     out = []
-    for value, gone in zip(col.astype(object), missing(col), strict=True):
-        if gone:
+    for value, here in zip(col.astype(object), present(col), strict=True):
+        if not here:
             out.append(fill)
         elif isinstance(value, list | tuple | np.ndarray):
             out.append([str(v) for v in value])
@@ -116,10 +111,11 @@ def vocabulary(counts: Counter[str], p: Any, width: int) -> dict[str, Any]:
     return {"vocab": [UNK, *kept], "width": max(width, 1)}
 
 
-def fit_tokens(col: pd.Series, feat: Any, counted: bool) -> dict[str, Any]:
-    present = col if feat.preprocessing.missing_value_strategy != "drop_row" else col[~missing(col)]
-    counts, width = count_tokens(rows(present, feat.preprocessing), counted)
-    return vocabulary(counts, feat.preprocessing, width)
+def fit_tokens(col: pd.Series, p: Any, counted: bool) -> dict[str, Any]:
+    """The vocabulary and width from the training split's column, by preprocessing ``p``."""
+    kept = col if p.missing_value_strategy != "drop_row" else col[present(col)]
+    counts, width = count_tokens(rows(kept, p), counted)
+    return vocabulary(counts, p, width)
 
 
 def fit_tokens_ray(train: Any, feats: list[Any], counted: bool) -> dict[str, dict[str, Any]]:
@@ -130,8 +126,8 @@ def fit_tokens_ray(train: Any, feats: list[Any], counted: bool) -> dict[str, dic
     def partial(df: pd.DataFrame) -> pd.DataFrame:
         parts = []
         for name, c, p in specs:
-            present = df[c] if p.missing_value_strategy != "drop_row" else df[c][~missing(df[c])]
-            counts, width = count_tokens(rows(present, p), counted)
+            kept = df[c] if p.missing_value_strategy != "drop_row" else df[c][present(df[c])]
+            counts, width = count_tokens(rows(kept, p), counted)
             parts.append(pd.DataFrame({"name": name, "token": [*counts, ""], "n": [*counts.values(), 0], "width": width}))
         return pd.concat(parts, ignore_index=True)
 
@@ -148,7 +144,7 @@ def transform_tokens(col: pd.Series, feat: Any, meta: dict[str, Any], counted: b
     """Each row's known tokens as vocabulary indices, most common first, padded with 0 to
     ``width`` (int64); counted: the indices, then their counts (float32, 2 x width)."""
     p = feat.preprocessing
-    keep = ~missing(col) if p.missing_value_strategy == "drop_row" else None
+    keep = present(col) if p.missing_value_strategy == "drop_row" else None
     index = {v: i for i, v in enumerate(meta["vocab"]) if i}
     width = meta["width"]
     ids = np.zeros((len(col), width), dtype=np.int64)
@@ -166,7 +162,7 @@ def embedding_size(enc: Any, meta: dict[str, Any]) -> int:
 
 # -- the set type ------------------------------------------------------------------------
 def fit(col: pd.Series, feat: SetInput) -> dict[str, Any]:
-    return fit_tokens(col, feat, counted=False)
+    return fit_tokens(col, feat.preprocessing, counted=False)
 
 
 def fit_ray(train: Any, feats: list[SetInput]) -> dict[str, dict[str, Any]]:
@@ -203,13 +199,12 @@ def _target_classes(vocab: dict[str, Any], out: Any) -> dict[str, Any]:
 
 def fit_target(col: pd.Series, out: Any) -> dict[str, Any]:
     """A set target's labels (``classes``), most common first, from the training split."""
-    counts, _ = count_tokens(rows(col[~missing(col)], TARGET), counted=False)
-    return _target_classes(vocabulary(counts, TARGET, 1), out)
+    return _target_classes(fit_tokens(col, TARGET, counted=False), out)
 
 
 def fit_target_ray(train: Any, out: Any) -> dict[str, Any]:
-    shim = SimpleNamespace(name=out.name, col=out.col, preprocessing=TARGET)
-    return _target_classes(fit_tokens_ray(train, [shim], counted=False)[out.name], out)
+    as_input = SimpleNamespace(name=out.name, col=out.col, preprocessing=TARGET)  # what fit_tokens_ray reads
+    return _target_classes(fit_tokens_ray(train, [as_input], counted=False)[out.name], out)
 
 
 def target_array(col: pd.Series, classes: list[str]) -> np.ndarray:
