@@ -171,6 +171,11 @@ def test_date_set_bag_vector_and_timeseries_features_on_ray_data_give_the_pandas
     write_parts(df.assign(when=df["when"].where(df.index != 300, "next tuesday")))
     with pytest.raises(ConfigError, match=r"column 'when' \(input_features 'when', type date\) holds values that are not dates, such as \['next tuesday'\]"):
         api.prepare(load_config(cfg), data, processor="ray_data", use_cache=False)
+    # a series checked in every split, not only the training one (row 308 is a test row)
+    write_parts(df.assign(ts=df["ts"].where(df.index != 308, "1 oops 2")))
+    with pytest.raises(ConfigError, match=r"column 'ts' \(input_features 'ts', type timeseries\) holds values that are not series of finite numbers, such as \['1 oops 2'\]") as err:
+        api.prepare(load_config(cfg), data, processor="ray_data", use_cache=False)
+    assert type(err.value) is ConfigError  # found by the blocks' check, not raised inside a Ray task
     write_parts(df.assign(emb=df["emb"].where(df.index != 300, "1 2")))
     with pytest.raises(ConfigError, match=r"column 'emb' \(input_features 'emb', type vector\) has vectors of \[2, 3\] numbers"):
         api.prepare(load_config(cfg), data, processor="ray_data", use_cache=False)

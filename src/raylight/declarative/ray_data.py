@@ -269,7 +269,7 @@ def _summary(df: pd.DataFrame, config: ModelConfig) -> pd.DataFrame:
     for i, (_, feat) in enumerate(_features(config)):
         col = df[feat.col]
         row[f"{i}:notnull"] = int(col.notna().sum())
-        for key, value in FEATURES[feat.type].block_summary(col).items():
+        for key, value in FEATURES[feat.type].block_summary(col, feat).items():
             row[f"{i}:{key}"] = value
     return pd.DataFrame([row])
 

@@ -61,6 +61,16 @@ def numbers(col: pd.Series, split: Callable[[str], list[str]]) -> tuple[list[np.
     return values, bad
 
 
+def bad_summary(col: pd.Series, bad: np.ndarray) -> dict[str, Any]:
+    """A block's bad cells for ``block_summary``: how many, and the first (for ``examples``)."""
+    return {"bad": int(bad.sum()), "example": str(col[bad].iloc[0]) if bad.any() else ""}
+
+
+def examples(summary: pd.DataFrame) -> list[str]:
+    """Up to three bad cells from the blocks' ``bad_summary``, for an error message."""
+    return [e for e in summary["example"] if e][:3]
+
+
 def bad_cells(col: pd.Series, bad: np.ndarray) -> tuple[list[str], str]:
     """Up to three of the bad cells, and where the first is, for an error message."""
     rows = col[bad]
@@ -92,8 +102,8 @@ class FeatureType(Protocol):
         """Raise a ConfigError naming the column if it cannot hold this type (pandas)."""
         ...
 
-    def block_summary(self, col: pd.Series) -> dict[str, Any]:
-        """Ray Data: what ``check_blocks`` needs, from one block of the column."""
+    def block_summary(self, col: pd.Series, feat: Any) -> dict[str, Any]:
+        """Ray Data: what ``check_blocks`` needs, from one block of ``feat``'s column."""
         ...
 
     def check_blocks(self, summary: pd.DataFrame, feat: Any, kind: str) -> None:

@@ -48,7 +48,7 @@ def check(col: pd.Series, feat: Any, kind: str) -> None:
     return None  # any value is true-like or not
 
 
-def block_summary(col: pd.Series) -> dict[str, Any]:
+def block_summary(col: pd.Series, feat: Any) -> dict[str, Any]:
     return {}
 
 

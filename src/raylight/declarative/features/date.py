@@ -20,7 +20,14 @@ import pandas as pd
 from pydantic import Field, field_validator
 
 from raylight.config.base import ConfigModel
-from raylight.declarative.features.base import MAX_WIDTH, FeatureModel, bad_cells, present
+from raylight.declarative.features.base import (
+    MAX_WIDTH,
+    FeatureModel,
+    bad_cells,
+    bad_summary,
+    examples,
+    present,
+)
 from raylight.declarative.features.number import moments, pooled
 from raylight.declarative.layers import FCStackConfig
 from raylight.exceptions import ConfigError
@@ -159,16 +166,14 @@ def check(col: pd.Series, feat: Any, kind: str) -> None:
         raise not_dates(kind, feat, *bad_cells(col, bad))
 
 
-def block_summary(col: pd.Series) -> dict[str, Any]:
-    """Values that are not dates (any format): how many, one example. A column with a
-    datetime_format is checked against it by ``transform``, which raises the same error."""
-    _, bad = parse(col, None)
-    return {"bad": int(bad.sum()), "example": str(col[bad].iloc[0]) if bad.any() else ""}
+def block_summary(col: pd.Series, feat: Any) -> dict[str, Any]:
+    """Values that are not dates in the feature's format: how many, one example."""
+    return bad_summary(col, parse(col, feat.preprocessing.datetime_format)[1].to_numpy())
 
 
 def check_blocks(summary: pd.DataFrame, feat: Any, kind: str) -> None:
-    if int(summary["bad"].sum()) and feat.preprocessing.datetime_format is None:
-        raise not_dates(kind, feat, [e for e in summary["example"] if e][:3])
+    if int(summary["bad"].sum()):
+        raise not_dates(kind, feat, examples(summary))
 
 
 def _moments(stamps: pd.Series) -> dict[str, float]:
@@ -213,7 +218,7 @@ def fit_ray(train: Any, feats: list[DateInput]) -> dict[str, dict[str, Any]]:
 def transform(col: pd.Series, feat: DateInput, meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None]:
     p = feat.preprocessing
     stamps, bad = parse(col, p.datetime_format)
-    if bad.any():  # a value checked in another format (Ray Data), or a dataset to predict on
+    if bad.any():  # a dataset to predict on
         raise not_dates("input_features", feat, *bad_cells(col, bad))
     keep = stamps.notna().to_numpy() if p.missing_value_strategy == "drop_row" else None
     fill = pd.Timestamp(p.fill_value) if p.fill_value.strip() else pd.Timestamp(meta["mean_date"])

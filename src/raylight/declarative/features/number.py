@@ -13,7 +13,7 @@ import pandas as pd
 from pydantic import Field, field_validator
 
 from raylight.config.base import ConfigModel
-from raylight.declarative.features.base import FeatureModel, present
+from raylight.declarative.features.base import FeatureModel, bad_summary, examples, present
 from raylight.exceptions import ConfigError
 
 if TYPE_CHECKING:
@@ -96,18 +96,16 @@ def check(col: pd.Series, feat: Any, kind: str) -> None:
         raise non_finite(kind, feat, f" (first at row {infinite.index[0]})")
 
 
-def block_summary(col: pd.Series) -> dict[str, Any]:
+def block_summary(col: pd.Series, feat: Any) -> dict[str, Any]:
     """Non-numeric values (how many, one example) and infinite ones."""
     # Ray Data reads a CSV column holding text as strings, with "" for missing values.
     values = pd.to_numeric(col.astype(object), errors="coerce")
-    bad = col[values.isna().to_numpy() & present(col)]
-    return {"bad": len(bad), "example": str(bad.iloc[0]) if len(bad) else "", "inf": int(np.isinf(values.astype(float)).sum())}
+    return {**bad_summary(col, values.isna().to_numpy() & present(col)), "inf": int(np.isinf(values.astype(float)).sum())}
 
 
 def check_blocks(summary: pd.DataFrame, feat: Any, kind: str) -> None:
     if int(summary["bad"].sum()):
-        examples = [e for e in summary["example"] if e][:3]
-        raise non_numeric(kind, feat, examples)
+        raise non_numeric(kind, feat, examples(summary))
     if int(summary["inf"].sum()):
         raise non_finite(kind, feat)
 

@@ -15,7 +15,13 @@ import pandas as pd
 from pydantic import Field, field_validator, model_validator
 
 from raylight.config.base import ConfigModel
-from raylight.declarative.features.base import FeatureModel, bad_cells, numbers
+from raylight.declarative.features.base import (
+    FeatureModel,
+    bad_cells,
+    bad_summary,
+    examples,
+    numbers,
+)
 from raylight.declarative.features.text import TextEncoder, Tokenizer, tokenize
 from raylight.exceptions import ConfigError
 
@@ -89,12 +95,14 @@ def check(col: pd.Series, feat: Any, kind: str) -> None:
         raise _not_series(kind, feat, *bad_cells(col, bad))
 
 
-def block_summary(col: pd.Series) -> dict[str, Any]:
-    return {}  # the tokenizer is the feature's: fit_ray's pass checks the values
+def block_summary(col: pd.Series, feat: Any) -> dict[str, Any]:
+    """Values that are not series of finite numbers: how many, one example."""
+    return bad_summary(col, parse(col, feat.preprocessing)[1])
 
 
 def check_blocks(summary: pd.DataFrame, feat: Any, kind: str) -> None:
-    return None
+    if int(summary["bad"].sum()):
+        raise _not_series(kind, feat, examples(summary))
 
 
 def _length(feat: Any, longest: int) -> dict[str, Any]:
@@ -102,31 +110,23 @@ def _length(feat: Any, longest: int) -> dict[str, Any]:
 
 
 def fit(col: pd.Series, feat: TimeseriesInput) -> dict[str, Any]:
-    values, _ = parse(col, feat.preprocessing)
-    return _length(feat, max((len(v) for v in values if v is not None), default=0))
+    return _length(feat, _longest(col, feat.preprocessing))
+
+
+def _longest(col: pd.Series, p: Any) -> int:
+    return max((len(v) for v in parse(col, p)[0] if v is not None), default=0)
 
 
 def fit_ray(train: Any, feats: list[TimeseriesInput]) -> dict[str, dict[str, Any]]:
-    """One pass over the split: each block's longest row, and its values checked."""
+    """One pass over the split: each block's longest row (its values were checked by
+    ``block_summary``)."""
     specs = [(f.name, f.col, f.preprocessing) for f in feats]
 
     def longest(df: pd.DataFrame) -> pd.DataFrame:
-        rows = []
-        for name, c, p in specs:
-            values, bad = parse(df[c], p)
-            example = str(df[c][bad].iloc[0]) if bad.any() else ""
-            rows.append({"name": name, "n": max((len(v) for v in values if v is not None), default=0), "bad": example})
-        return pd.DataFrame(rows)
+        return pd.DataFrame([{"name": name, "n": _longest(df[c], p)} for name, c, p in specs])
 
     table = train.map_batches(longest, batch_format="pandas", batch_size=None).to_pandas()
-    meta = {}
-    for feat in feats:
-        own = table[table["name"] == feat.name]
-        bad = [b for b in own["bad"] if b]
-        if bad:
-            raise _not_series("input_features", feat, bad[:3])
-        meta[feat.name] = _length(feat, int(own["n"].max()))
-    return meta
+    return {f.name: _length(f, int(table.loc[table["name"] == f.name, "n"].max())) for f in feats}
 
 
 def transform(col: pd.Series, feat: TimeseriesInput, meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None]:

@@ -12,7 +12,14 @@ import pandas as pd
 from pydantic import Field, model_validator
 
 from raylight.config.base import ConfigModel
-from raylight.declarative.features.base import MAX_WIDTH, FeatureModel, bad_cells, numbers
+from raylight.declarative.features.base import (
+    MAX_WIDTH,
+    FeatureModel,
+    bad_cells,
+    bad_summary,
+    examples,
+    numbers,
+)
 from raylight.declarative.layers import FCLayer, FCStackConfig
 from raylight.exceptions import ConfigError
 
@@ -109,18 +116,15 @@ def check(col: pd.Series, feat: Any, kind: str) -> None:
         raise _lengths_differ(kind, feat, list(set(sizes.values())), f" (row {col.index[odd]} has {sizes[odd]})")
 
 
-def block_summary(col: pd.Series) -> dict[str, Any]:
+def block_summary(col: pd.Series, feat: Any) -> dict[str, Any]:
     """Bad values (how many, one example) and the lengths of the block's vectors."""
     values, bad = parse(col)
-    return {
-        "bad": int(bad.sum()), "example": str(col[bad].iloc[0]) if bad.any() else "",
-        "lengths": " ".join(map(str, sorted(set(lengths(values).values())))),
-    }
+    return {**bad_summary(col, bad), "lengths": " ".join(map(str, sorted(set(lengths(values).values()))))}
 
 
 def check_blocks(summary: pd.DataFrame, feat: Any, kind: str) -> None:
     if int(summary["bad"].sum()):
-        raise _not_vectors(kind, feat, [e for e in summary["example"] if e][:3])
+        raise _not_vectors(kind, feat, examples(summary))
     lengths = sorted({int(n) for text in summary["lengths"] for n in str(text).split()})
     wanted = feat.preprocessing.vector_size
     if len(lengths) > 1 or (wanted and lengths and lengths != [wanted]):
