@@ -1,6 +1,6 @@
 """The input encoders that are more than one torch layer: a date's (Ludwig's DateEmbed and
-DateWave), a set's and a bag's (Ludwig's embed encoders), text's parallel_cnn (Ludwig's
-ParallelCNN) and layers after another encoder. Their feature types
+DateWave), text's parallel_cnn (Ludwig's ParallelCNN), and embeddings followed by layers
+(a set's and a bag's, Ludwig's embed encoders; text's bag with layers). Their feature types
 (``raylight.declarative.features``) import this module only when a model is built."""
 
 from __future__ import annotations
@@ -46,42 +46,28 @@ class DateModule(nn.Module):
         return self.fc(self.dropout(torch.cat(parts, dim=1)))
 
 
-class TokenBagModule(nn.Module):
-    """The sum of the embeddings of a row's known tokens (a set's), or each weighted by its
-    count (``weighted``: a bag's; the row is its indices, then their counts); index 0,
-    padding and unknown tokens, adds nothing. Dropped out with the encoder's dropout, then
-    the encoder's layers (none by default)."""
+class WeightedBag(nn.EmbeddingBag):
+    """A bag's embeddings (Ludwig's EmbedWeighted): a row is its tokens' indices, then their
+    counts, and the embeddings are summed weighted by the counts (index 0 adds nothing)."""
 
-    def __init__(self, enc: Any, vocab_size: int, size: int, *, weighted: bool) -> None:
-        super().__init__()
-        self.weighted = weighted
-        self.embed = nn.EmbeddingBag(vocab_size, size, mode="sum", padding_idx=0)
-        self.dropout = nn.Dropout(enc.dropout) if enc.dropout > 0 else nn.Identity()
-        self.fc = FCStack(enc, size)
-        self.width = self.fc.width
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weighted:
-            width = x.shape[1] // 2
-            out = self.embed(x[:, :width].long(), per_sample_weights=x[:, width:])
-        else:
-            out = self.embed(x)
-        return self.fc(self.dropout(out))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        width = x.shape[1] // 2
+        return super().forward(x[:, :width].long(), per_sample_weights=x[:, width:])
 
 
 class Then(nn.Module):
-    """An encoder (``first``) whose output is dropped out with the encoder config's
-    dropout, then goes through its layers."""
+    """An encoder's embeddings (``embed``: text's bag, a set's or a bag's sum) dropped out
+    with the encoder config's dropout, then its layers (none by default for sets and bags)."""
 
-    def __init__(self, first: nn.Module, enc: Any, width: int) -> None:
+    def __init__(self, embed: nn.Module, enc: Any, width: int) -> None:
         super().__init__()
-        self.first = first
+        self.embed = embed
         self.dropout = nn.Dropout(enc.dropout) if enc.dropout > 0 else nn.Identity()
         self.fc = FCStack(enc, width)
         self.width = self.fc.width
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.dropout(self.first(x)))
+        return self.fc(self.dropout(self.embed(x)))
 
 
 class ParallelCNN(nn.Module):

@@ -48,7 +48,4 @@ def transform(col: pd.Series, feat: BagInput, meta: dict[str, Any]) -> tuple[np.
 
 
 def encoder(feat: BagInput, meta: dict[str, Any]) -> tuple[nn.Module, int]:
-    from raylight.models.encoders import TokenBagModule
-
-    module = TokenBagModule(feat.encoder, len(meta["vocab"]), set_type.embedding_size(feat.encoder, meta), weighted=True)
-    return module, module.width
+    return set_type.token_encoder(feat.encoder, meta, counted=True)

@@ -156,8 +156,19 @@ def transform_tokens(col: pd.Series, feat: Any, meta: dict[str, Any], counted: b
     return (np.concatenate([ids.astype(np.float32), counts], axis=1), keep) if counted else (ids, keep)
 
 
-def embedding_size(enc: Any, meta: dict[str, Any]) -> int:
-    return enc.embedding_size if getattr(enc, "force_embedding_size", False) else min(enc.embedding_size, len(meta["vocab"]))
+def token_encoder(enc: Any, meta: dict[str, Any], counted: bool) -> tuple[nn.Module, int]:
+    """Ludwig's embed encoder of a set (the sum of the known tokens' embeddings) or a bag
+    (``counted``: weighted by their counts), of at most the vocabulary's size unless a
+    bag's ``force_embedding_size``, then the encoder's layers."""
+    from torch import nn
+
+    from raylight.models.encoders import Then, WeightedBag
+
+    forced = getattr(enc, "force_embedding_size", False)
+    size = enc.embedding_size if forced else min(enc.embedding_size, len(meta["vocab"]))
+    bag = (WeightedBag if counted else nn.EmbeddingBag)(len(meta["vocab"]), size, mode="sum", padding_idx=0)
+    module = Then(bag, enc, size)
+    return module, module.width
 
 
 # -- the set type ------------------------------------------------------------------------
@@ -174,10 +185,7 @@ def transform(col: pd.Series, feat: SetInput, meta: dict[str, Any]) -> tuple[np.
 
 
 def encoder(feat: SetInput, meta: dict[str, Any]) -> tuple[nn.Module, int]:
-    from raylight.models.encoders import TokenBagModule
-
-    module = TokenBagModule(feat.encoder, len(meta["vocab"]), embedding_size(feat.encoder, meta), weighted=False)
-    return module, module.width
+    return token_encoder(feat.encoder, meta, counted=False)
 
 
 # -- a set target (an output feature of type set: multi-label classification) --------------
