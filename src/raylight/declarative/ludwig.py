@@ -221,20 +221,18 @@ _MISSING_TEXT = "raylight encodes a missing text as a bag of no tokens; remove t
 _MISSING_TARGET = "raylight drops the rows whose target is missing (Ludwig's drop_row); remove the key"
 # An encoder with its own layers (date, set, bag, vector): Ludwig's keys of its FCStack.
 _STACK_KEYS = {f"encoder.{key}": fix for key, fix in FC_LAYER_KEYS.items()}
-_TOKEN_BAG_KEYS = {  # a set's and a bag's embed encoder, which take dropout
+# The encoders that embed tokens and take dropout (text, sequence, set, bag).
+_TOKEN_EMBEDDINGS = {
     **{key: fix for key, fix in _EMBEDDING_KEYS.items() if key != "encoder.dropout"},
     "encoder.representation": ("raylight's embeddings are dense (Ludwig's sparse one-hot is not available); remove the key", ("dense",)),
     "encoder.vocab": ("raylight builds the vocabulary from the training split (most_common); remove the key", (None,)),
-    **_STACK_KEYS,
 }
+_TOKEN_BAG_KEYS = {**_TOKEN_EMBEDDINGS, **_STACK_KEYS}  # a set's and a bag's embed encoder
 # A text's and a sequence's (the same encoders and tokens).
 _TEXT_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
-    **{key: fix for key, fix in _EMBEDDING_KEYS.items() if key != "encoder.dropout"},
-    "encoder.vocab": ("raylight builds the vocabulary from the training split; remove the key", (None,)),
-    "encoder.representation": ("raylight's embeddings are dense; remove the key", ("dense",)),
+    **_TOKEN_EMBEDDINGS,
+    **_STACK_KEYS,
     "encoder.should_embed": ("raylight's text encoders embed their tokens; remove the key", (True,)),
-    "encoder.bias_initializer": FC_LAYER_KEYS["bias_initializer"],
-    "encoder.norm_params": FC_LAYER_KEYS["norm_params"],
     "encoder.max_sequence_length": ("use preprocessing.max_sequence_length", (None,)),
     # Ludwig's embed encoder starts its embeddings uniform; raylight's start xavier-uniform
     # (README): the initialiser is not a setting.
