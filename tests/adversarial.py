@@ -239,7 +239,9 @@ case("config-adaptive-batch", "config", CHECK, ["trainer.adaptive.max_batch_size
 case("config-adaptive-rule", "config", CHECK, ["trainer.adaptive.lr_rule", "'cubic'"], setup=edited("batch_size: 16", "batch_size: 16, adaptive: {lr_rule: cubic}"))
 case("config-adaptive-smoothing-nan", "config", CHECK, ["trainer.adaptive.noise_smoothing", "finite"], setup=edited("batch_size: 16", "batch_size: 16, adaptive: {noise_smoothing: .nan}"))
 case("config-date-fill", "config", CHECK, ["input_features.0.date.preprocessing.fill_value", "'someday' is not a date"], setup=edited("{name: age, type: number}", "{name: age, type: date, preprocessing: {fill_value: someday}}"))
-case("config-embed-cnn-key", "config", CHECK, ["input_features.3.text.encoder", "num_filters: settings of the parallel_cnn encoder"], setup=edited("{name: note, type: text}", "{name: note, type: text, encoder: {num_filters: 8}}"))
+case("config-embed-cnn-key", "config", CHECK, ["input_features.3.text.encoder", "num_filters: settings of the parallel_cnn or stacked_cnn encoder"], setup=edited("{name: note, type: text}", "{name: note, type: text, encoder: {num_filters: 8}}"))
+case("config-transformer-heads", "config", CHECK, ["input_features.3.text.encoder", "hidden_size 256 is not a multiple of num_heads 6"], setup=edited("{name: note, type: text}", "{name: note, type: text, encoder: {type: transformer, num_heads: 6}}"))
+case("config-rnn-activation", "config", CHECK, ["input_features.3.text.encoder", "activation: the rnn encoder's layers take fc_activation"], setup=edited("{name: note, type: text}", "{name: note, type: text, encoder: {type: rnn, activation: sigmoid}}"))
 case("config-vector-passthrough-layers", "config", CHECK, ["input_features.0.vector.encoder", "a passthrough encoder has no layers"], setup=edited("{name: age, type: number}", "{name: age, type: vector, encoder: {type: passthrough, fc_layers: [{output_size: 4}]}}"))
 case("render-unknown-key", "config", RENDER, ["combiner.layers: unknown key"], setup=edited("fc_layers:", "layers:"))
 

@@ -237,6 +237,15 @@ _TEXT_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
     # Ludwig's embed encoder starts its embeddings uniform; raylight's start xavier-uniform
     # (README): the initialiser is not a setting.
     "encoder.weights_initializer": ("raylight initialises embeddings xavier-uniform; remove the key", ("uniform", "xavier_uniform")),
+    # Ludwig's rnn passes these to no layer (its cells are torch's, at torch's defaults)
+    **{f"encoder.{key}": (f"raylight's rnn cells are torch's, as Ludwig's are ({key} reaches no layer in Ludwig either); remove the key", (value,))
+       for key, value in (("recurrent_activation", "sigmoid"), ("unit_forget_bias", True), ("recurrent_initializer", "orthogonal"))},
+    "encoder.use_rope": ("rotary position embeddings are not available: the transformer adds learned ones; remove the key", (False,)),
+    "encoder.strides": ("raylight's convolutions move one step at a time; remove the key", (1,)),
+    "encoder.dilation_rate": ("raylight's convolutions are not dilated; remove the key", (1,)),
+    "encoder.padding": ("raylight's convolutions pad to keep the length (same); remove the key", ("same",)),
+    "encoder.pool_strides": ("raylight's pooling strides by its width (pool_size); remove the key", (None,)),
+    "encoder.pool_padding": ("raylight's pooling keeps the last partial window (Ludwig's same); remove the key", ("same",)),
     "preprocessing.prompt": ("prompts are an LLM setting; remove the section", (None, _NO_PROMPT)),
     "preprocessing.pretrained_model_name_or_path": ("pre-trained tokenizers are not available; use preprocessing.tokenizer", (None,)),
     "preprocessing.vocab_file": ("raylight builds the vocabulary from the training split (most_common, min_frequency); remove the key", (None,)),

@@ -1,18 +1,29 @@
 """The input encoders that are more than one torch layer: a date's (Ludwig's DateEmbed and
-DateWave), text's parallel_cnn (Ludwig's ParallelCNN), and embeddings followed by layers
+DateWave), Ludwig's sequence encoders for text, sequences and timeseries (ParallelCNN,
+StackedCNN, StackedRNN, StackedTransformer), and embeddings followed by layers
 (a set's and a bag's, Ludwig's embed encoders; text's bag with layers). Their feature types
 (``raylight.declarative.features``) import this module only when a model is built."""
 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from raylight.declarative.features.date import CYCLES, DAY_S, SECOND_OF_DAY, YEAR
 from raylight.models.ecd import FCStack
+
+# torch's note that "same" padding of an even-width convolution (Ludwig's parallel_cnn has
+# widths 2 and 4) copies its input: a fact of that padding, not something a user can act on.
+warnings.filterwarnings("ignore", message="Using padding='same' with even kernel lengths", category=UserWarning)
+# DDP's note that a gradient's strides differ from its bucket's, which a convolution over a
+# timeseries' one channel gives once per worker: the weight's (filters, 1, width) has a
+# dimension of size 1, whose stride means nothing, so nothing is copied or slowed.
+warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides", category=UserWarning)
 
 
 class DateModule(nn.Module):
@@ -70,40 +81,167 @@ class Then(nn.Module):
         return self.fc(self.dropout(self.embed(x)))
 
 
-class ParallelCNN(nn.Module):
-    """Ludwig's ParallelCNN text encoder: the tokens embedded (padding embeds to zeros),
-    each convolution of ``conv_layers`` over them side by side ("same" padding, the
-    activation, dropout, optional pooling), their channels concatenated and reduced over
-    the sequence (``reduce_output``), then the encoder's layers."""
+def _pool(enc: Any, size: int | None) -> nn.Module:
+    if size is None:
+        return nn.Identity()
+    return (nn.MaxPool1d if enc.pool_function == "max" else nn.AvgPool1d)(size, ceil_mode=True)
+
+
+class _Sequence(nn.Module):
+    """What Ludwig's sequence encoders share: the tokens embedded (padding embeds to zeros)
+    and dropped out, or a series of numbers as one channel (Ludwig's timeseries, which does
+    not embed); then, from the encoder's outputs per step, their reduction over the steps
+    (``reduce_output``; ``last``: the output at each row's last token) and the layers."""
 
     def __init__(self, enc: Any, vocab_size: int | None) -> None:
-        """``vocab_size`` None: the input is a series of numbers, one channel (Ludwig's
-        timeseries, which does not embed)."""
-        from raylight.models.ecd import ACTIVATIONS
-
         super().__init__()
         self.embed = None if vocab_size is None else nn.Embedding(vocab_size, enc.embedding_size, padding_idx=0)
-        channels = 1 if vocab_size is None else enc.embedding_size
+        self.channels = 1 if vocab_size is None else enc.embedding_size
+        self.dropout = nn.Dropout(enc.dropout) if enc.dropout > 0 else nn.Identity()
+        self.reduce = enc.reduce_output
+
+    def _layers(self, enc: Any, width: int) -> None:
+        self.fc = FCStack(enc.layers(), width)
+        self.width = self.fc.width
+
+    def tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """(rows, steps, channels)."""
+        return ids[:, :, None].float() if self.embed is None else self.dropout(self.embed(ids))
+
+    def lengths(self, ids: torch.Tensor) -> torch.Tensor:
+        """Each row's steps up to its last token (text pads on the right; at least 1); a
+        series is all steps."""
+        if self.embed is None:
+            return torch.full((ids.shape[0],), ids.shape[1], dtype=torch.long, device=ids.device)
+        return (ids != 0).sum(1).clamp(min=1)
+
+    def finish(self, h: torch.Tensor, ids: torch.Tensor, masked: bool = False) -> torch.Tensor:
+        """``h``: (rows, steps, channels) -> the layers' output. ``masked``: reduce over
+        each row's steps up to its last token only (an rnn's and a transformer's outputs are
+        per token; a convolution's mix neighbouring steps, and all of them count)."""
+        if self.reduce == "last":
+            return self.fc(h[torch.arange(h.shape[0], device=h.device), self.lengths(ids) - 1])
+        lengths = self.lengths(ids) if masked and self.embed is not None else None
+        if lengths is not None:
+            real = (torch.arange(h.shape[1], device=h.device)[None, :] < lengths[:, None])[:, :, None]
+            h = h.masked_fill(~real, float("-inf") if self.reduce == "max" else 0.0)
+        if self.reduce == "max":
+            return self.fc(h.amax(1))
+        reduced = h.sum(1)
+        if self.reduce == "mean":
+            reduced = reduced / (lengths[:, None] if lengths is not None else h.shape[1])
+        return self.fc(reduced)
+
+
+class ParallelCNN(_Sequence):
+    """Ludwig's ParallelCNN: each convolution of ``conv_layers`` over the embedded tokens
+    side by side ("same" padding, the activation, dropout, optional pooling), their
+    channels concatenated and reduced over the sequence, then the encoder's layers."""
+
+    def __init__(self, enc: Any, vocab_size: int | None) -> None:
+        """``vocab_size`` None: the input is a series of numbers, one channel."""
+        from raylight.models.ecd import ACTIVATIONS
+
+        super().__init__(enc, vocab_size)
         self.convs = nn.ModuleList(
-            nn.Conv1d(channels, layer.num_filters or enc.num_filters, layer.filter_size or enc.filter_size,
+            nn.Conv1d(self.channels, layer.num_filters or enc.num_filters, layer.filter_size or enc.filter_size,
                       padding="same", bias=enc.use_bias)
             for layer in enc.conv_layers
         )
+        self.pools = nn.ModuleList(_pool(enc, layer.pool_size) for layer in enc.conv_layers)
         self.activation = ACTIVATIONS[enc.activation]()
-        self.dropout = nn.Dropout(enc.dropout) if enc.dropout > 0 else nn.Identity()
-        self.pool = None if enc.pool_size is None else (
-            nn.MaxPool1d(enc.pool_size, ceil_mode=True) if enc.pool_function == "max" else nn.AvgPool1d(enc.pool_size, ceil_mode=True)
-        )
-        self.reduce = enc.reduce_output
-        self.fc = FCStack(enc, sum(layer.num_filters or enc.num_filters for layer in enc.conv_layers))
-        self.width = self.fc.width
+        self._layers(enc, sum(layer.num_filters or enc.num_filters for layer in enc.conv_layers))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.dropout(self.embed(ids)).transpose(1, 2) if self.embed is not None else ids[:, None, :].float()  # (rows, channels, steps)
-        parts = []
-        for conv in self.convs:
-            h = self.dropout(self.activation(conv(x)))
-            parts.append(self.pool(h) if self.pool is not None else h)
-        h = torch.cat(parts, dim=1)
-        reduced = h.sum(2) if self.reduce == "sum" else h.mean(2) if self.reduce == "mean" else h.amax(2)
-        return self.fc(reduced)
+        x = self.tokens(ids).transpose(1, 2)  # (rows, channels, steps)
+        h = torch.cat([pool(self.dropout(self.activation(conv(x)))) for conv, pool in zip(self.convs, self.pools, strict=True)], dim=1)
+        return self.finish(h.transpose(1, 2), ids)
+
+
+class StackedCNN(_Sequence):
+    """Ludwig's StackedCNN: the convolutions of ``conv_layers`` one after another (each:
+    "same" padding, the activation, dropout, its pooling), reduced over what is left of
+    the sequence, then the encoder's layers."""
+
+    def __init__(self, enc: Any, vocab_size: int | None) -> None:
+        from raylight.models.ecd import ACTIVATIONS
+
+        super().__init__(enc, vocab_size)
+        convs, width = [], self.channels
+        for layer in enc.conv_layers:
+            convs.append(nn.Conv1d(width, layer.num_filters or enc.num_filters, layer.filter_size or enc.filter_size,
+                                   padding="same", bias=enc.use_bias))
+            width = convs[-1].out_channels
+        self.convs = nn.ModuleList(convs)
+        self.pools = nn.ModuleList(_pool(enc, layer.pool_size) for layer in enc.conv_layers)
+        self.activation = ACTIVATIONS[enc.activation]()
+        self._layers(enc, width)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.tokens(ids).transpose(1, 2)
+        for conv, pool in zip(self.convs, self.pools, strict=True):
+            h = pool(self.dropout(self.activation(conv(h))))
+        return self.finish(h.transpose(1, 2), ids)
+
+
+class Recurrent(_Sequence):
+    """Ludwig's StackedRNN: torch's RNN, LSTM or GRU (``cell_type``), ``num_layers`` deep,
+    one or both ways, over each row's tokens (packed, so a row's padding is not read), then
+    the reduction over them (by default the output at the last token) and the layers."""
+
+    CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
+
+    def __init__(self, enc: Any, vocab_size: int | None) -> None:
+        super().__init__(enc, vocab_size)
+        self.rnn = self.CELLS[enc.cell_type](
+            self.channels, enc.state_size, num_layers=enc.num_layers, bias=enc.use_bias, batch_first=True,
+            dropout=enc.recurrent_dropout if enc.num_layers > 1 else 0.0, bidirectional=enc.bidirectional,
+        )
+        self._layers(enc, enc.state_size * (2 if enc.bidirectional else 1))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.tokens(ids)
+        if self.embed is None:
+            h = self.rnn(x)[0]
+        else:
+            packed = pack_padded_sequence(x, self.lengths(ids).cpu(), batch_first=True, enforce_sorted=False)
+            h = pad_packed_sequence(self.rnn(packed)[0], batch_first=True, total_length=x.shape[1])[0]
+        return self.finish(h, ids, masked=True)
+
+
+class Transformer(_Sequence):
+    """Ludwig's StackedTransformer: token embeddings plus learned position embeddings
+    (dropped out), projected to ``hidden_size`` where the widths differ, then
+    ``num_layers`` of torch's post-norm transformer blocks (Ludwig's: ReLU feed-forward,
+    layer-norm epsilon 1e-6), with the padding masked out of the attention; then the
+    reduction over the tokens (by default the output at the last one) and the layers. A series of
+    numbers is projected first and then given its positions (Ludwig's gives none)."""
+
+    def __init__(self, enc: Any, vocab_size: int | None, length: int) -> None:
+        super().__init__(enc, vocab_size)
+        width = enc.hidden_size
+        self.position = nn.Embedding(length, self.channels if self.embed is not None else width)
+        self.project = nn.Linear(self.channels, width) if self.channels != width else nn.Identity()
+        block = nn.TransformerEncoderLayer(
+            width, enc.num_heads, enc.transformer_output_size, enc.dropout, batch_first=True, layer_norm_eps=1e-6
+        )
+        self.blocks = nn.TransformerEncoder(block, enc.num_layers, enable_nested_tensor=False)
+        self._layers(enc, width)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        positions = self.position(torch.arange(ids.shape[1], device=ids.device))
+        if self.embed is None:
+            x, padding = self.project(self.tokens(ids)) + positions, None
+        else:
+            x = self.project(self.tokens(ids) + positions)
+            padding = ids == 0
+            padding[:, 0] = False  # a row of no tokens attends to its first step, not to nothing
+        return self.finish(self.blocks(x, src_key_padding_mask=padding), ids, masked=True)
+
+
+def sequence_encoder(enc: Any, vocab_size: int | None, length: int) -> _Sequence:
+    """The module for a text, sequence or timeseries encoder other than embed: tokens from
+    a vocabulary of ``vocab_size`` (None: a series of numbers), ``length`` steps per row."""
+    if enc.type == "transformer":
+        return Transformer(enc, vocab_size, length)
+    return {"parallel_cnn": ParallelCNN, "stacked_cnn": StackedCNN, "rnn": Recurrent}[enc.type](enc, vocab_size)

@@ -1,7 +1,8 @@
 """Sequence features, as Ludwig's: text with Ludwig's sequence defaults (tokens split on
 white space, case kept, 256 kept per row) encoded by Ludwig's sequence default, ``embed``
-(the sum of 256-wide token embeddings), or any text encoder (``parallel_cnn``). The
-tokens, their vocabulary and the encoders are text's (``text.py``)."""
+(the sum of 256-wide token embeddings), or any of text's other encoders (parallel_cnn,
+stacked_cnn, rnn, transformer). The tokens, their vocabulary and the encoders are text's
+(``text.py``)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ class SequencePreprocessing(text.TextPreprocessing):
 
 class SequenceEncoder(text.TextEncoder):
     embedding_size: int = Field(256, ge=1, le=65_536, description="Size of the token embeddings.")
-    reduce_output: Literal["mean", "sum", "max"] = Field("sum", description="How the tokens reduce to one vector.")
+    reduce_output: text.Reduce = Field("sum", description="How the tokens reduce to one vector (rnn, transformer: last).")
 
 
 class SequenceInput(FeatureModel):

@@ -1,8 +1,8 @@
 """Text features: tokens (words by default, or Ludwig's tokenizers) from a vocabulary of
 the training split's most common ones, the first ``max_sequence_length`` of each row in
 order, encoded by a bag of embeddings (``embed``: their mean, raylight's default, or
-Ludwig's sum or max) or Ludwig's default text encoder, ``parallel_cnn`` (convolutions of several widths over the
-embedded tokens, reduced over the sequence, then fully connected layers)."""
+Ludwig's sum or max) or one of Ludwig's sequence encoders: ``parallel_cnn`` (its default
+for text), ``stacked_cnn``, ``rnn`` or ``transformer`` (``models/encoders.py``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 
 from raylight.config.base import ConfigModel
 from raylight.declarative.features.base import MAX_VOCAB, MAX_WIDTH, PAD, UNK, FeatureModel
-from raylight.declarative.layers import FCStackConfig
+from raylight.declarative.layers import Activation, FCStackConfig
 
 if TYPE_CHECKING:
     from torch import nn
@@ -63,71 +63,170 @@ class TextPreprocessing(ConfigModel):
 class ConvLayer(ConfigModel):
     filter_size: int | None = Field(None, ge=1, le=1024, description="Width of this layer's filters; null: the encoder's.")
     num_filters: int | None = Field(None, ge=1, le=MAX_WIDTH, description="Filters (output channels); null: the encoder's.")
+    pool_size: int | None = Field(
+        None, ge=1, le=1024, description="Pooling after this layer (width and stride); absent: the encoder's; null: none."
+    )
 
 
-# The settings only parallel_cnn has, at their defaults; an embed encoder given another
-# value is an error (the defaults: as a rendered config writes them).
-_CNN_DEFAULTS: dict[str, Any] = {
+EncoderType = Literal["embed", "parallel_cnn", "stacked_cnn", "rnn", "transformer"]
+Reduce = Literal["mean", "sum", "max", "last"]
+_CONV = frozenset({"parallel_cnn", "stacked_cnn"})
+_PER_TOKEN = frozenset({"rnn", "transformer"})  # an output per token: reduce_output last, fc_dropout
+# The settings only some encoder types have: the types, and the default (as a rendered
+# config writes it). Another type given one of them at another value is an error.
+_CONV_DEFAULTS: dict[str, Any] = {
     "conv_layers": [], "num_conv_layers": None, "filter_size": 3, "num_filters": 256, "pool_function": "max", "pool_size": None,
 }
-_CNN_KEYS = tuple(_CNN_DEFAULTS)
-_LUDWIG_CONV = [{"filter_size": 2}, {"filter_size": 3}, {"filter_size": 4}, {"filter_size": 5}]  # ParallelCNN's
+_OWN: dict[str, tuple[frozenset[str], Any]] = {
+    **{key: (_CONV, default) for key, default in _CONV_DEFAULTS.items()},
+    "cell_type": (frozenset({"rnn"}), "rnn"),
+    "state_size": (frozenset({"rnn"}), 256),
+    "bidirectional": (frozenset({"rnn"}), False),
+    "recurrent_dropout": (frozenset({"rnn"}), 0.0),
+    "num_layers": (_PER_TOKEN, 1),
+    "hidden_size": (frozenset({"transformer"}), 256),
+    "num_heads": (frozenset({"transformer"}), 8),
+    "transformer_output_size": (frozenset({"transformer"}), 256),
+    "fc_dropout": (_PER_TOKEN, 0.0),
+    "fc_activation": (_PER_TOKEN, "relu"),
+}
 _LUDWIG_CNN_FC = [{"output_size": 512}, {"output_size": 256}]
+# Ludwig's layers where a config gives neither conv_layers nor num_conv_layers.
+_LUDWIG_CONV = {
+    "parallel_cnn": [{"filter_size": 2}, {"filter_size": 3}, {"filter_size": 4}, {"filter_size": 5}],
+    "stacked_cnn": [
+        {"filter_size": 7, "pool_size": 3}, {"filter_size": 7, "pool_size": 3}, {"filter_size": 3, "pool_size": None},
+        {"filter_size": 3, "pool_size": None}, {"filter_size": 3, "pool_size": None}, {"filter_size": 3, "pool_size": 3},
+    ],
+}
 
 
 class TextEncoder(FCStackConfig):
     """``embed`` (default): the tokens' embeddings reduced by ``reduce_output``; with no
     ``type`` given, their mean (raylight's default), and a ``type: embed`` without
-    ``reduce_output`` is Ludwig's embed, their sum. ``parallel_cnn`` (Ludwig's default text encoder, ParallelCNN):
-    the tokens embedded, convolutions of each width in ``conv_layers`` side by side ("same"
-    padding, the activation, optional pooling), their channels reduced over the sequence by
-    ``reduce_output``, then ``fc_layers``; Ludwig's defaults: widths 2, 3, 4 and 5 of 256
-    filters, a sum, layers of 512 and 256, embeddings of 256. ``dropout`` drops out the
-    embeddings, the convolutions' and the layers' outputs; ``norm`` applies to the layers."""
+    ``reduce_output`` is Ludwig's embed, their sum. The others are Ludwig's, at Ludwig's
+    defaults where the config names them (embeddings of 256, then):
+
+    - ``parallel_cnn`` (Ludwig's default text encoder, ParallelCNN): convolutions of each
+      width in ``conv_layers`` side by side ("same" padding, the activation, optional
+      pooling), their channels reduced over the sequence, then ``fc_layers``; widths 2, 3,
+      4 and 5 of 256 filters, a sum, layers of 512 and 256.
+    - ``stacked_cnn`` (StackedCNN): the same convolutions one after another; six layers
+      (widths 7, 7, 3, 3, 3, 3, pooling by 3 after the 1st, 2nd and 6th), a sum, layers of
+      512 and 256.
+    - ``rnn`` (StackedRNN): ``num_layers`` recurrent layers of ``cell_type`` (rnn, lstm,
+      gru) with ``state_size`` units, ``bidirectional`` optionally, then the output at
+      each row's last token (``reduce_output: last``) and no layers.
+    - ``transformer`` (StackedTransformer): token and position embeddings, projected to
+      ``hidden_size`` if they differ, ``num_layers`` transformer blocks (``num_heads``
+      heads, a feed-forward width of ``transformer_output_size``, dropout 0.1), the output
+      at the last token, no layers. Padding is masked out of the attention.
+
+    ``dropout`` drops out the embeddings, the convolutions' and the layers' outputs; for
+    rnn and transformer it drops out the embeddings (and the transformer blocks' parts),
+    and the layers take ``fc_dropout`` and ``fc_activation`` (Ludwig's keys). ``norm``
+    applies to the layers."""
 
     LUDWIG_OUTPUT_SIZE: ClassVar[int] = 256
 
-    type: Literal["embed", "parallel_cnn"] = Field("embed", description="embed: a mean bag of embeddings; parallel_cnn: Ludwig's.")
-    embedding_size: int = Field(32, ge=1, le=MAX_WIDTH, description="Size of the token embeddings (parallel_cnn's default: 256).")
-    reduce_output: Literal["mean", "sum", "max"] = Field(
+    type: EncoderType = Field(
+        "embed", description="embed: a mean bag of embeddings; Ludwig's parallel_cnn, stacked_cnn, rnn, transformer."
+    )
+    embedding_size: int = Field(32, ge=1, le=MAX_WIDTH, description="Size of the token embeddings (Ludwig's encoders: 256).")
+    reduce_output: Reduce = Field(
         "mean",
-        description="How the tokens reduce to one vector: mean, sum or max (default: mean; Ludwig's sum where "
-        "type: embed or parallel_cnn is given without it).",
+        description="How the tokens reduce to one vector: mean, sum, max, or (rnn, transformer) the output at each "
+        "row's last token (default: mean; Ludwig's default for the type where a type is given).",
     )
     conv_layers: list[ConvLayer] = Field(
-        default_factory=list, max_length=64, description="parallel_cnn: the convolutions side by side (default: widths 2, 3, 4, 5)."
+        default_factory=list, max_length=64, description="parallel_cnn, stacked_cnn: the convolutions (default: Ludwig's)."
     )
-    filter_size: int = Field(3, ge=1, le=1024, description="parallel_cnn: a convolution's width where its entry has none.")
-    num_filters: int = Field(256, ge=1, le=MAX_WIDTH, description="parallel_cnn: a convolution's filters where its entry has none.")
-    pool_function: Literal["max", "average", "avg", "mean"] = Field("max", description="parallel_cnn: pooling after each convolution.")
-    pool_size: int | None = Field(None, ge=1, le=1024, description="parallel_cnn: the pooling's width and stride; null: no pooling.")
+    filter_size: int = Field(3, ge=1, le=1024, description="parallel_cnn, stacked_cnn: a convolution's width where its entry has none.")
+    num_filters: int = Field(256, ge=1, le=MAX_WIDTH, description="parallel_cnn, stacked_cnn: a convolution's filters where its entry has none.")
+    pool_function: Literal["max", "average", "avg", "mean"] = Field("max", description="parallel_cnn, stacked_cnn: the pooling.")
+    pool_size: int | None = Field(
+        None, ge=1, le=1024, description="parallel_cnn, stacked_cnn: the pooling's width and stride where an entry has none; null: none."
+    )
+    cell_type: Literal["rnn", "lstm", "gru"] = Field("rnn", description="rnn: the recurrent cell (torch's RNN, LSTM or GRU).")
+    state_size: int = Field(256, ge=1, le=MAX_WIDTH, description="rnn: units of each recurrent layer (per direction).")
+    bidirectional: bool = Field(False, description="rnn: read each row both ways; the outputs are concatenated.")
+    recurrent_dropout: float = Field(0.0, ge=0, lt=1, description="rnn: dropout between the recurrent layers.")
+    num_layers: int = Field(1, ge=1, le=64, description="rnn, transformer: recurrent layers or transformer blocks.")
+    hidden_size: int = Field(256, ge=1, le=MAX_WIDTH, description="transformer: width of the blocks (a multiple of num_heads).")
+    num_heads: int = Field(8, ge=1, le=1024, description="transformer: attention heads.")
+    transformer_output_size: int = Field(256, ge=1, le=MAX_WIDTH, description="transformer: width of each block's feed-forward layer.")
+    fc_dropout: float = Field(0.0, ge=0, lt=1, description="rnn, transformer: dropout after each of the layers.")
+    fc_activation: Activation = Field("relu", description="rnn, transformer: the layers' activation.")
 
     @model_validator(mode="before")
     @classmethod
     def _ludwig_defaults(cls, data: Any) -> Any:
         """Ludwig's defaults where the config names Ludwig's encoder and leaves them out
-        (Ludwig writes null for some): an embed encoder sums, a parallel_cnn one too and
-        has its own sizes."""
+        (Ludwig writes null for some), and each type's own settings kept to it."""
         if not isinstance(data, dict):
             return data
         data = {k: v for k, v in data.items() if not (k in ("num_fc_layers", "num_conv_layers", "conv_layers", "fc_layers") and v is None)}
+        kind = data.get("type", "embed")
         if "type" in data:
-            data.setdefault("reduce_output", "sum")
-        if data.get("type") != "parallel_cnn":
-            given = sorted(k for k in _CNN_KEYS if k in data and data[k] != _CNN_DEFAULTS[k])
-            if given:
-                raise ValueError(f"{', '.join(given)}: settings of the parallel_cnn encoder; add type: parallel_cnn or remove them")
+            data.setdefault("reduce_output", "last" if kind in _PER_TOKEN else "sum")
+        if kind in _PER_TOKEN and data.get("activation") in ("relu", "tanh"):
+            # raylight's default, which a saved config writes, and Ludwig's rnn's, which
+            # reaches no layer there (torch's cells use tanh)
+            del data["activation"]
+        if kind in _PER_TOKEN and "activation" in data:
+            raise ValueError(
+                f"activation: the {kind} encoder's layers take fc_activation (Ludwig's key)"
+                + ("; its cells use tanh, as Ludwig's do whatever activation says" if kind == "rnn" else "")
+            )
+        given = sorted(k for k, (kinds, default) in _OWN.items() if kind not in kinds and k in data and data[k] != default)
+        if given:
+            owners = sorted({t for k in given for t in _OWN[k][0]})
+            raise ValueError(
+                f"{', '.join(given)}: settings of the {' or '.join(owners)} encoder; give the encoder that type or remove them"
+            )
+        if kind == "embed":
             return data
         data.setdefault("embedding_size", 256)
-        if "conv_layers" not in data:
-            count = data.pop("num_conv_layers", None)
-            data["conv_layers"] = _LUDWIG_CONV if count is None else [{}] * count
-        else:
-            data.pop("num_conv_layers", None)
-        if "fc_layers" not in data and "num_fc_layers" not in data:
-            data.pop("output_size", None)  # Ludwig: with neither, 512 and 256 whatever output_size says
-            data["fc_layers"] = _LUDWIG_CNN_FC
+        if kind == "transformer":
+            data.setdefault("dropout", 0.1)
+        if kind in _CONV:
+            if "conv_layers" not in data:
+                count = data.pop("num_conv_layers", None)
+                data["conv_layers"] = _LUDWIG_CONV[kind] if count is None else [{}] * count
+            else:
+                data.pop("num_conv_layers", None)
+            # a layer without pool_size takes the encoder's (written out, so a saved config says it)
+            data["conv_layers"] = [
+                {"pool_size": data.get("pool_size"), **layer} if isinstance(layer, dict) else layer for layer in data["conv_layers"]
+            ]
+            if "fc_layers" not in data and "num_fc_layers" not in data:
+                data.pop("output_size", None)  # Ludwig: with neither, 512 and 256 whatever output_size says
+                data["fc_layers"] = _LUDWIG_CNN_FC
         return data
+
+    @model_validator(mode="after")
+    def _fits(self) -> TextEncoder:
+        if self.reduce_output == "last" and self.type not in _PER_TOKEN:
+            raise ValueError(f"reduce_output: last is for the rnn and transformer encoders; with {self.type} use sum, mean or max")
+        pools = {layer.pool_size for layer in self.conv_layers}
+        if self.type == "parallel_cnn" and len(pools) > 1:
+            raise ValueError(
+                "conv_layers: parallel_cnn concatenates its convolutions' outputs step by step, so they take one "
+                f"pool_size; these take {sorted(pools, key=str)}: give them one, or use type: stacked_cnn"
+            )
+        if self.type == "transformer" and self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}: each head takes "
+                "hidden_size / num_heads of the width; change one of them"
+            )
+        return self
+
+    def layers(self) -> TextEncoder:
+        """The settings of the layers after the sequence is reduced: rnn's and transformer's
+        take fc_dropout and fc_activation (Ludwig's), the others dropout and activation."""
+        if self.type not in _PER_TOKEN:
+            return self
+        return self.model_copy(update={"dropout": self.fc_dropout, "activation": self.fc_activation})
 
 
 class TextInput(FeatureModel):
@@ -194,12 +293,12 @@ def transform(col: pd.Series, feat: Any, meta: dict[str, Any]) -> tuple[np.ndarr
 def encoder(feat: Any, meta: dict[str, Any]) -> tuple[nn.Module, int]:
     from torch import nn
 
-    enc = feat.encoder
-    from raylight.models.encoders import ParallelCNN, Then
+    from raylight.models.encoders import Then, sequence_encoder
 
-    if enc.type == "parallel_cnn":
-        cnn = ParallelCNN(enc, len(meta["vocab"]))
-        return cnn, cnn.width
+    enc = feat.encoder
+    if enc.type != "embed":
+        module = sequence_encoder(enc, len(meta["vocab"]), feat.preprocessing.max_sequence_length)
+        return module, module.width
     bag = nn.EmbeddingBag(len(meta["vocab"]), enc.embedding_size, mode=enc.reduce_output, padding_idx=0)
     if not enc.fc_layers and enc.dropout == 0:  # the bag alone: weights files keep their names
         return bag, enc.embedding_size

@@ -1,9 +1,9 @@
 """Timeseries features, as Ludwig's: each row a series of numbers (a cell of numbers split
 by ``tokenizer``, or a list in Parquet or JSON), cut to the longest training row (at most
 ``timeseries_length_limit``) and padded with ``padding_value``; encoded by Ludwig's
-default for them, ``parallel_cnn`` over the series as one channel (text's encoder without
-its embeddings, as Ludwig's timeseries feature sets it). Values are not scaled, as in
-Ludwig."""
+default for them, ``parallel_cnn``, or ``stacked_cnn``, ``rnn`` or ``transformer``, over the
+series as one channel (text's encoders without their embeddings, as Ludwig's timeseries
+feature sets them). Values are not scaled, as in Ludwig."""
 
 from __future__ import annotations
 
@@ -48,10 +48,12 @@ class TimeseriesPreprocessing(ConfigModel):
 
 
 class TimeseriesEncoder(TextEncoder):
-    """Ludwig's parallel_cnn over the series (its settings as text's; the embedding_size
-    is unused: the series is one channel)."""
+    """Ludwig's sequence encoders over the series, its values one channel (their settings
+    as text's; embedding_size is unused)."""
 
-    type: Literal["parallel_cnn"] = Field("parallel_cnn", description="parallel_cnn: Ludwig's default for timeseries.")
+    type: Literal["parallel_cnn", "stacked_cnn", "rnn", "transformer"] = Field(
+        "parallel_cnn", description="parallel_cnn (Ludwig's default for timeseries), stacked_cnn, rnn or transformer."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -152,7 +154,7 @@ def transform(col: pd.Series, feat: TimeseriesInput, meta: dict[str, Any]) -> tu
 
 
 def encoder(feat: TimeseriesInput, meta: dict[str, Any]) -> tuple[nn.Module, int]:
-    from raylight.models.encoders import ParallelCNN
+    from raylight.models.encoders import sequence_encoder
 
-    module = ParallelCNN(feat.encoder, None)
+    module = sequence_encoder(feat.encoder, None, meta["length"])
     return module, module.width

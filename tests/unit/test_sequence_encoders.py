@@ -1,0 +1,200 @@
+"""Ludwig's sequence encoders for text, sequence and timeseries inputs beyond parallel_cnn:
+stacked_cnn, rnn and transformer. Their settings as Ludwig's rendered configs write them,
+what each module reads of a row (its tokens, not its padding), and that each learns what a
+bag of embeddings cannot."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from raylight.declarative import api
+from raylight.declarative.features import sequence, text, timeseries
+from raylight.declarative.loading import load_config
+from raylight.declarative.train import load_model
+from tests.declarative_data import write
+
+VOCAB = {"vocab": ["<PAD>", "<UNK>", "a", "b", "c", "d"]}
+
+
+def build(encoder: dict, length: int = 8) -> torch.nn.Module:
+    feat = text.TextInput(name="t", type="text", encoder=encoder, preprocessing={"max_sequence_length": length})
+    module, width = text.encoder(feat, VOCAB)
+    assert module.width == width
+    return module.eval()
+
+
+@pytest.mark.parametrize(
+    "encoder",
+    [
+        {"type": "rnn", "state_size": 8},
+        {"type": "rnn", "cell_type": "lstm", "bidirectional": True, "num_layers": 2, "state_size": 8, "reduce_output": "mean"},
+        {"type": "rnn", "cell_type": "gru", "bidirectional": True, "state_size": 8, "reduce_output": "max"},
+        {"type": "transformer", "embedding_size": 12, "hidden_size": 8, "num_heads": 2, "num_layers": 2},
+        {"type": "transformer", "embedding_size": 8, "hidden_size": 8, "num_heads": 2, "reduce_output": "sum"},
+    ],
+    ids=["rnn-last", "lstm-both-ways-mean", "gru-both-ways-max", "transformer-projected", "transformer-sum"],
+)
+def test_rnn_and_transformer_read_a_row_s_tokens_not_its_padding(encoder):
+    """A row's output is the same whatever padding follows it: the recurrent layers read
+    packed rows (both ways too), the transformer masks the padding out of its attention,
+    ``last`` is the output at the row's last token, and sum, mean and max reduce over the
+    tokens only. A row of no tokens gives finite numbers."""
+    torch.manual_seed(0)
+    module = build(encoder)
+    short, padded = torch.tensor([[2, 3, 4]]), torch.tensor([[2, 3, 4, 0, 0, 0, 0, 0]])
+    with torch.no_grad():
+        assert torch.allclose(module(short), module(padded), atol=1e-5)
+        other = module(torch.tensor([[2, 3, 5, 0, 0, 0, 0, 0]]))
+        assert not torch.allclose(other, module(padded), atol=1e-4)  # the tokens do matter
+        assert torch.isfinite(module(torch.zeros(2, 8, dtype=torch.long))).all()
+        batch = module(torch.tensor([[2, 3, 4, 0, 0, 0, 0, 0], [5, 4, 3, 2, 5, 4, 3, 2]]))
+    assert torch.allclose(batch[:1], module(padded), atol=1e-5)  # rows of other lengths beside it change nothing
+    module.train()
+    assert module(padded).shape == (1, module.width)
+
+
+def test_stacked_cnn_is_ludwig_s_six_layers_and_pools_where_they_say():
+    enc = text.TextInput(name="t", type="text", encoder={"type": "stacked_cnn"}).encoder
+    assert [(c.filter_size, c.pool_size) for c in enc.conv_layers] == [(7, 3), (7, 3), (3, None), (3, None), (3, None), (3, 3)]
+    assert (enc.embedding_size, enc.reduce_output, [f.output_size for f in enc.fc_layers]) == (256, "sum", [512, 256])
+    # a layer that leaves pool_size out takes the encoder's; one that writes null has none
+    enc = text.TextInput(name="t", type="text", encoder={
+        "type": "stacked_cnn", "pool_size": 2, "num_filters": 4, "conv_layers": [{}, {"pool_size": None}, {"filter_size": 5}],
+        "fc_layers": [{"output_size": 3}],
+    }).encoder
+    assert [c.pool_size for c in enc.conv_layers] == [2, None, 2]
+    for encoder in (enc, text.TextInput(name="t", type="text", encoder={"type": "rnn", "fc_activation": "tanh"}).encoder):
+        assert text.TextEncoder.model_validate(encoder.model_dump(mode="json")) == encoder  # as a saved model's config
+    module = build(enc.model_dump(exclude_unset=True), length=9)
+    with torch.no_grad():
+        steps = module.tokens(torch.ones(1, 9, dtype=torch.long)).transpose(1, 2)
+        for conv, pool in zip(module.convs, module.pools, strict=True):
+            steps = pool(conv(steps))
+    assert steps.shape == (1, 4, 3)  # 9 -> 5 -> 5 -> 3
+    assert [c.in_channels for c in module.convs] == [256, 4, 4] and module.width == 3
+
+
+@pytest.mark.parametrize("encoder", [{}, {"type": "stacked_cnn"}, {"type": "rnn"}, {"type": "transformer"}])
+def test_every_sequence_encoder_takes_a_timeseries_of_any_length(encoder):
+    feat = timeseries.TimeseriesInput(name="s", type="timeseries", encoder=encoder)
+    for length in (1, 2, 5, 30):
+        module, width = timeseries.encoder(feat, {"length": length})
+        assert module(torch.randn(3, length)).shape == (3, width)
+
+
+@pytest.mark.parametrize(
+    ("encoder", "message"),
+    [
+        ({"cell_type": "lstm"}, "cell_type: settings of the rnn encoder; give the encoder that type"),
+        ({"type": "rnn", "num_filters": 8}, "num_filters: settings of the parallel_cnn or stacked_cnn encoder"),
+        ({"type": "parallel_cnn", "num_heads": 4}, "num_heads: settings of the transformer encoder"),
+        ({"type": "stacked_cnn", "reduce_output": "last"}, "reduce_output: last is for the rnn and transformer encoders"),
+        ({"type": "transformer", "num_heads": 3}, "hidden_size 256 is not a multiple of num_heads 3"),
+        ({"type": "rnn", "activation": "sigmoid"}, "activation: the rnn encoder's layers take fc_activation"),
+        ({"type": "transformer", "activation": "gelu"}, "activation: the transformer encoder's layers take fc_activation"),
+        ({"type": "parallel_cnn", "conv_layers": [{"pool_size": 2}, {}]}, "parallel_cnn concatenates"),
+    ],
+)
+def test_an_encoder_setting_of_another_type_or_that_cannot_work_is_an_error(encoder, message):
+    with pytest.raises(ValueError, match=message):
+        text.TextInput(name="t", type="text", encoder=encoder)
+
+
+def test_rnn_and_transformer_layers_take_ludwig_s_fc_keys():
+    """Ludwig's rnn and transformer give their layers fc_activation and fc_dropout, and
+    dropout to the embeddings (and a transformer's blocks, 0.1 by default); Ludwig's
+    rendered rnn writes activation: tanh, which reaches no layer there either."""
+    enc = text.TextInput(name="t", type="text", encoder={
+        "type": "rnn", "activation": "tanh", "dropout": 0.3, "fc_dropout": 0.2, "fc_activation": "elu", "num_fc_layers": 1, "output_size": 4,
+    }).encoder
+    module = build(enc.model_dump(exclude_unset=True))
+    assert [type(m).__name__ for m in module.fc] == ["Linear", "ELU", "Dropout"] and module.fc[2].p == 0.2
+    assert module.dropout.p == 0.3
+    assert text.TextInput(name="t", type="text", encoder={"type": "transformer"}).encoder.dropout == 0.1
+    assert sequence.SequenceInput(name="s", type="sequence", encoder={"type": "rnn"}).encoder.reduce_output == "last"
+
+
+def negations(n: int, seed: int = 0) -> pd.DataFrame:
+    """Each review holds "not" and "good" once; the target is whether "not" comes first:
+    the same tokens either way, so only an encoder that reads their order can tell."""
+    rng = np.random.default_rng(seed)
+    rows, y = [], []
+    for _ in range(n):
+        words = list(rng.choice(["the", "film", "was", "very", "plot"], int(rng.integers(1, 5))))
+        negated = bool(rng.integers(2))
+        at = int(rng.integers(0, len(words) + 1))
+        rows.append(" ".join(words[:at] + (["not", "good"] if negated else ["good", "not"]) + words[at:]))
+        y.append(negated)
+    return pd.DataFrame({"review": rows, "y": y})
+
+
+ORDER = """\
+input_features:
+  - name: review
+    type: text
+    preprocessing: {max_sequence_length: 8}
+    encoder: %s
+output_features:
+  - {name: y, type: binary}
+trainer: {epochs: 20, batch_size: 32, learning_rate: 0.01}
+preprocessing: {split: {type: random, probabilities: [0.7, 0.1, 0.2]}}
+backend: {type: local}
+"""
+
+
+@pytest.mark.parametrize(
+    "encoder",
+    [
+        "{type: stacked_cnn, embedding_size: 16, num_filters: 16, num_conv_layers: 2, fc_layers: [{output_size: 16}]}",
+        "{type: rnn, cell_type: gru, embedding_size: 16, state_size: 16}",
+        "{type: transformer, embedding_size: 16, hidden_size: 16, num_heads: 2, transformer_output_size: 32, dropout: 0.0}",
+    ],
+    ids=["stacked_cnn", "rnn", "transformer"],
+)
+def test_each_encoder_learns_word_order_and_predicts_after_loading(tmp_path, encoder):
+    """Reviews of 3 to 6 words (so "last" is a different step in each row) where the target
+    is the order of two words: the mean bag of embeddings cannot tell the classes apart
+    (tests/unit/test_features.py shows it), each of these encoders does."""
+    cfg, data = write(tmp_path, df=negations(600), config=ORDER % encoder)
+    out = api.train(load_config(cfg), data, output_directory=str(tmp_path / "run"), progress=False)
+    assert out["evaluation"]["test"]["accuracy"] >= 0.95, out["evaluation"]["test"]
+    model = load_model(str(tmp_path / "run" / "model"))
+    held_out = negations(40, seed=1)
+    predicted = model.predict(held_out[["review"]])["y_predictions"]
+    assert (predicted.to_numpy() == held_out["y"].to_numpy()).mean() >= 0.95
+
+
+def test_ludwig_s_rendered_rnn_transformer_and_stacked_cnn_config_trains(tmp_path):
+    """tests/data/ludwig/rnn_transformer_stacked_cnn.yaml, as Ludwig 0.17.10 wrote it: a
+    text input through a two-way GRU, a sequence through a transformer, a timeseries
+    through stacked_cnn, each at the settings it names and Ludwig's defaults for the rest."""
+    rendered = os.path.join(os.path.dirname(__file__), "..", "data", "ludwig", "rnn_transformer_stacked_cnn.yaml")
+    config = load_config(rendered, [
+        "trainer.epochs=1", "input_features.0.preprocessing.max_sequence_length=6",
+        "input_features.1.preprocessing.max_sequence_length=6",
+    ])
+    review, path, load = (f.encoder for f in config.input_features)
+    assert (review.type, review.cell_type, review.bidirectional, review.state_size, review.reduce_output) == ("rnn", "gru", True, 256, "last")
+    assert (path.type, path.hidden_size, path.num_heads, path.embedding_size, path.dropout, path.reduce_output) == (
+        "transformer", 64, 4, 256, 0.1, "last",
+    )
+    assert (load.type, len(load.conv_layers), [f.output_size for f in load.fc_layers]) == ("stacked_cnn", 6, [512, 256])
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({
+        "review": [" ".join(rng.choice(["good", "bad", "film"], 3)) for _ in range(60)],
+        "path": [" ".join(rng.choice(["/a", "/b", "GET"], 4)) for _ in range(60)],
+        "load": [" ".join(str(v) for v in rng.normal(size=int(rng.integers(2, 9))).round(2)) for _ in range(60)],
+        "y": rng.integers(0, 2, 60).astype(bool),
+    })
+    _, data = write(tmp_path, df=df)
+    out = api.train(config, data, output_directory=str(tmp_path / "run"), progress=False)
+    model = load_model(out["model_path"])
+    weights = model.model.state_dict()
+    assert "embeddings.review.rnn.weight_hh_l0_reverse" in weights and model.model.embeddings["review"].width == 512
+    assert model.model.embeddings["path"].blocks.layers[0].self_attn.num_heads == 4
+    assert len(model.predict(df.drop(columns="y").head(5))) == 5
