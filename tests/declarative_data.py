@@ -20,6 +20,37 @@ backend: {type: local}
 """
 
 
+# Reviews whose target is the order of two of their words (negations): a text encoder's
+# config goes in for %s.
+ORDER = """\
+input_features:
+  - name: review
+    type: text
+    preprocessing: {max_sequence_length: 8}
+    encoder: %s
+output_features:
+  - {name: y, type: binary}
+trainer: {epochs: 20, batch_size: 32, learning_rate: 0.01}
+preprocessing: {split: {type: random, probabilities: [0.7, 0.1, 0.2]}}
+backend: {type: local}
+"""
+
+
+def negations(n: int, seed: int = 0) -> pd.DataFrame:
+    """Each review holds "not" and "good" once among 1 to 4 other words; the target is
+    whether "not" comes first: the same tokens either way, so a bag of embeddings can do
+    no better than chance, and an encoder that reads word order can."""
+    rng = np.random.default_rng(seed)
+    rows, y = [], []
+    for _ in range(n):
+        words = list(rng.choice(["the", "film", "was", "very", "plot"], int(rng.integers(1, 5))))
+        negated = bool(rng.integers(2))
+        at = int(rng.integers(0, len(words) + 1))
+        rows.append(" ".join(words[:at] + (["not", "good"] if negated else ["good", "not"]) + words[at:]))
+        y.append(negated)
+    return pd.DataFrame({"review": rows, "y": y})
+
+
 def frame(n: int = 400, seed: int = 0) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     age = rng.normal(40, 10, n)

@@ -18,7 +18,7 @@ from raylight.declarative.preprocess import transform
 from raylight.declarative.train import load_model
 from raylight.exceptions import ConfigError
 from tests import squared_feature
-from tests.declarative_data import CONFIG, frame, write
+from tests.declarative_data import CONFIG, ORDER, frame, negations, write
 
 MEMBERS = sorted({*FeatureType.__annotations__, *(n for n in vars(FeatureType) if not n.startswith("_"))})
 SQUARED = CONFIG.replace("{name: age, type: number}", "{name: age, type: squared, preprocessing: {offset: 40}}").replace(
@@ -177,34 +177,11 @@ def test_a_ludwig_combiner_with_norm_and_residual_trains_and_predicts(tmp_path):
     assert len(model.predict(frame(7, seed=3))) == 7
 
 
-ORDER = """\
-input_features:
-  - name: review
-    type: text
-    preprocessing: {max_sequence_length: 8}
-    encoder: %s
-output_features:
-  - {name: y, type: binary}
-trainer: {epochs: 25, batch_size: 32, learning_rate: 0.01}
-preprocessing: {split: {type: random, probabilities: [0.7, 0.1, 0.2]}}
-backend: {type: local}
-"""
-
-
 def test_parallel_cnn_reads_word_order_a_bag_of_embeddings_cannot(tmp_path):
-    """Each review holds "not" and "good" once, the target is whether "not" comes right
-    before "good": the same tokens either way, so the mean bag can do no better than
-    chance, and Ludwig's ParallelCNN (2-wide filters see the pair) learns it."""
-    rng = np.random.default_rng(0)
-    rows, y = [], []
-    for _ in range(600):
-        words = list(rng.choice(["the", "film", "was", "very", "plot"], 4))
-        negated = bool(rng.integers(2))
-        pair = ["not", "good"] if negated else ["good", "not"]
-        at = int(rng.integers(0, 5))
-        rows.append(" ".join(words[:at] + pair + words[at:]))
-        y.append(negated)
-    df = pd.DataFrame({"review": rows, "y": y})
+    """Reviews whose target is the order of "not" and "good" (``negations``): the mean bag
+    can do no better than chance, and Ludwig's ParallelCNN (2-wide filters see the pair)
+    learns it."""
+    df = negations(600)
     accuracy = {}
     for name, encoder in (("embed", "{}"), ("parallel_cnn", "{type: parallel_cnn, embedding_size: 16, num_filters: 16, fc_layers: [{output_size: 16}]}")):
         (tmp_path / name).mkdir()

@@ -16,7 +16,7 @@ from raylight.declarative import api
 from raylight.declarative.features import sequence, text, timeseries
 from raylight.declarative.loading import load_config
 from raylight.declarative.train import load_model
-from tests.declarative_data import write
+from tests.declarative_data import ORDER, negations, write
 
 VOCAB = {"vocab": ["<PAD>", "<UNK>", "a", "b", "c", "d"]}
 
@@ -117,34 +117,6 @@ def test_rnn_and_transformer_layers_take_ludwig_s_fc_keys():
     assert module.dropout.p == 0.3
     assert text.TextInput(name="t", type="text", encoder={"type": "transformer"}).encoder.dropout == 0.1
     assert sequence.SequenceInput(name="s", type="sequence", encoder={"type": "rnn"}).encoder.reduce_output == "last"
-
-
-def negations(n: int, seed: int = 0) -> pd.DataFrame:
-    """Each review holds "not" and "good" once; the target is whether "not" comes first:
-    the same tokens either way, so only an encoder that reads their order can tell."""
-    rng = np.random.default_rng(seed)
-    rows, y = [], []
-    for _ in range(n):
-        words = list(rng.choice(["the", "film", "was", "very", "plot"], int(rng.integers(1, 5))))
-        negated = bool(rng.integers(2))
-        at = int(rng.integers(0, len(words) + 1))
-        rows.append(" ".join(words[:at] + (["not", "good"] if negated else ["good", "not"]) + words[at:]))
-        y.append(negated)
-    return pd.DataFrame({"review": rows, "y": y})
-
-
-ORDER = """\
-input_features:
-  - name: review
-    type: text
-    preprocessing: {max_sequence_length: 8}
-    encoder: %s
-output_features:
-  - {name: y, type: binary}
-trainer: {epochs: 20, batch_size: 32, learning_rate: 0.01}
-preprocessing: {split: {type: random, probabilities: [0.7, 0.1, 0.2]}}
-backend: {type: local}
-"""
 
 
 @pytest.mark.parametrize(
