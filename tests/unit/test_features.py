@@ -218,7 +218,7 @@ def test_text_encoder_settings_belong_to_their_type():
     assert width == 4 and module(torch.tensor([[2, 0], [1, 2]])).shape == (2, 4)
     plain, width = text.encoder(text.TextInput(name="t", type="text"), {"vocab": ["<PAD>", "<UNK>", "a"]})
     assert isinstance(plain, torch.nn.EmbeddingBag) and width == 32  # weights files keep embeddings.<name>.weight
-    with pytest.raises(ValueError, match="filter_size: settings of the parallel_cnn or stacked_cnn encoder"):
+    with pytest.raises(ValueError, match="filter_size: settings of the cnnrnn, parallel_cnn, stacked_cnn and stacked_parallel_cnn encoders"):
         text.TextInput(name="t", type="text", encoder={"filter_size": 5})
     summed, _ = text.encoder(text.TextInput(name="t", type="text", encoder={"type": "embed"}), {"vocab": ["<PAD>", "<UNK>", "a", "b"]})
     ids = torch.tensor([[2, 3, 2, 0]])

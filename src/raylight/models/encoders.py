@@ -87,6 +87,21 @@ def _pool(enc: Any, size: int | None) -> nn.Module:
     return (nn.MaxPool1d if enc.pool_function == "max" else nn.AvgPool1d)(size, ceil_mode=True)
 
 
+def _conv(enc: Any, layer: Any, channels: int) -> nn.Conv1d:
+    """One of ``conv_layers`` (or a stage's) over ``channels``: its own width and filters
+    or the encoder's, "same" padding."""
+    return nn.Conv1d(channels, layer.num_filters or enc.num_filters, layer.filter_size or enc.filter_size,
+                     padding="same", bias=enc.use_bias)
+
+
+def _pooled(lengths: torch.Tensor | None, size: int | None) -> torch.Tensor | None:
+    """Each row's steps up to its last token after a pooling of ``size`` (ceil mode: a
+    partial window counts)."""
+    if lengths is None or size is None:
+        return lengths
+    return torch.div(lengths + size - 1, size, rounding_mode="floor")
+
+
 class _Sequence(nn.Module):
     """What Ludwig's sequence encoders share: the tokens embedded (padding embeds to zeros)
     and dropped out, or a series of numbers as one channel (Ludwig's timeseries, which does
@@ -108,20 +123,18 @@ class _Sequence(nn.Module):
         """(rows, steps, channels)."""
         return ids[:, :, None].float() if self.embed is None else self.dropout(self.embed(ids))
 
-    def lengths(self, ids: torch.Tensor) -> torch.Tensor:
-        """Each row's steps up to its last token (text pads on the right; at least 1); a
-        series is all steps."""
-        if self.embed is None:
-            return torch.full((ids.shape[0],), ids.shape[1], dtype=torch.long, device=ids.device)
-        return (ids != 0).sum(1).clamp(min=1)
+    def lengths(self, ids: torch.Tensor) -> torch.Tensor | None:
+        """Each row's steps up to its last token (text pads on the right; at least 1);
+        None for a series, whose steps all count."""
+        return None if self.embed is None else (ids != 0).sum(1).clamp(min=1)
 
-    def finish(self, h: torch.Tensor, ids: torch.Tensor, masked: bool = False) -> torch.Tensor:
-        """``h``: (rows, steps, channels) -> the layers' output. ``masked``: reduce over
-        each row's steps up to its last token only (an rnn's and a transformer's outputs are
-        per token; a convolution's mix neighbouring steps, and all of them count)."""
+    def finish(self, h: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """``h``: (rows, steps, channels) -> the layers' output, reduced over each row's
+        first ``lengths`` steps (None: all). An rnn's and a transformer's outputs are per
+        token and give lengths; a convolution's mix neighbouring steps, and all count."""
         if self.reduce == "last":
-            return self.fc(h[torch.arange(h.shape[0], device=h.device), self.lengths(ids) - 1])
-        lengths = self.lengths(ids) if masked and self.embed is not None else None
+            last = lengths - 1 if lengths is not None else torch.full((h.shape[0],), h.shape[1] - 1, device=h.device)
+            return self.fc(h[torch.arange(h.shape[0], device=h.device), last])
         if lengths is not None:
             real = (torch.arange(h.shape[1], device=h.device)[None, :] < lengths[:, None])[:, :, None]
             h = h.masked_fill(~real, float("-inf") if self.reduce == "max" else 0.0)
@@ -143,11 +156,7 @@ class ParallelCNN(_Sequence):
         from raylight.models.ecd import ACTIVATIONS
 
         super().__init__(enc, vocab_size)
-        self.convs = nn.ModuleList(
-            nn.Conv1d(self.channels, layer.num_filters or enc.num_filters, layer.filter_size or enc.filter_size,
-                      padding="same", bias=enc.use_bias)
-            for layer in enc.conv_layers
-        )
+        self.convs = nn.ModuleList(_conv(enc, layer, self.channels) for layer in enc.conv_layers)
         self.pools = nn.ModuleList(_pool(enc, layer.pool_size) for layer in enc.conv_layers)
         self.activation = ACTIVATIONS[enc.activation]()
         self._layers(enc, sum(layer.num_filters or enc.num_filters for layer in enc.conv_layers))
@@ -155,33 +164,84 @@ class ParallelCNN(_Sequence):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.tokens(ids).transpose(1, 2)  # (rows, channels, steps)
         h = torch.cat([pool(self.dropout(self.activation(conv(x)))) for conv, pool in zip(self.convs, self.pools, strict=True)], dim=1)
-        return self.finish(h.transpose(1, 2), ids)
+        return self.finish(h.transpose(1, 2))
 
 
 class StackedCNN(_Sequence):
     """Ludwig's StackedCNN: the convolutions of ``conv_layers`` one after another (each:
     "same" padding, the activation, dropout, its pooling), reduced over what is left of
-    the sequence, then the encoder's layers."""
+    the sequence, then the encoder's layers. With ``recurrent`` (Ludwig's StackedCNNRNN,
+    cnnrnn) the convolutions take ``conv_activation`` and ``conv_dropout``, and recurrent
+    layers as ``Recurrent``'s read their output, each row up to its last token's step."""
 
-    def __init__(self, enc: Any, vocab_size: int | None) -> None:
+    def __init__(self, enc: Any, vocab_size: int | None, recurrent: bool = False) -> None:
         from raylight.models.ecd import ACTIVATIONS
 
         super().__init__(enc, vocab_size)
         convs, width = [], self.channels
         for layer in enc.conv_layers:
-            convs.append(nn.Conv1d(width, layer.num_filters or enc.num_filters, layer.filter_size or enc.filter_size,
-                                   padding="same", bias=enc.use_bias))
+            convs.append(_conv(enc, layer, width))
             width = convs[-1].out_channels
         self.convs = nn.ModuleList(convs)
         self.pools = nn.ModuleList(_pool(enc, layer.pool_size) for layer in enc.conv_layers)
+        self.pool_sizes = [layer.pool_size for layer in enc.conv_layers]
+        self.activation = ACTIVATIONS[enc.conv_activation if recurrent else enc.activation]()
+        self.conv_dropout = self.dropout if not recurrent else nn.Dropout(enc.conv_dropout) if enc.conv_dropout > 0 else nn.Identity()
+        self.rnn = _recurrent_layers(enc, width) if recurrent else None
+        self._layers(enc, width if self.rnn is None else enc.state_size * (2 if enc.bidirectional else 1))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h, lengths = self.tokens(ids).transpose(1, 2), self.lengths(ids)
+        for conv, pool, size in zip(self.convs, self.pools, self.pool_sizes, strict=True):
+            h, lengths = pool(self.conv_dropout(self.activation(conv(h)))), _pooled(lengths, size)
+        if self.rnn is None:
+            return self.finish(h.transpose(1, 2))
+        return self.finish(_recur(self.rnn, h.transpose(1, 2), lengths), lengths)
+
+
+class StackedParallelCNN(_Sequence):
+    """Ludwig's StackedParallelCNN: stages one after another, each convolutions side by
+    side as ParallelCNN's (their channels concatenated, then the stage's pooling), reduced
+    over the sequence, then the encoder's layers."""
+
+    def __init__(self, enc: Any, vocab_size: int | None) -> None:
+        from raylight.models.ecd import ACTIVATIONS
+
+        super().__init__(enc, vocab_size)
+        stages, width = [], self.channels
+        for stage in enc.stacked_layers:
+            stages.append(nn.ModuleList(_conv(enc, layer, width) for layer in stage))
+            width = sum(conv.out_channels for conv in stages[-1])
+        self.stages = nn.ModuleList(stages)
+        self.pools = nn.ModuleList(_pool(enc, stage[0].pool_size if stage else None) for stage in enc.stacked_layers)
         self.activation = ACTIVATIONS[enc.activation]()
         self._layers(enc, width)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         h = self.tokens(ids).transpose(1, 2)
-        for conv, pool in zip(self.convs, self.pools, strict=True):
-            h = pool(self.dropout(self.activation(conv(h))))
-        return self.finish(h.transpose(1, 2), ids)
+        for convs, pool in zip(self.stages, self.pools, strict=True):
+            stage: nn.ModuleList = convs  # type: ignore[assignment]  # ModuleList's iteration is not typed
+            h = pool(torch.cat([self.dropout(self.activation(conv(h))) for conv in stage], dim=1))
+        return self.finish(h.transpose(1, 2))
+
+
+_CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
+
+
+def _recurrent_layers(enc: Any, channels: int) -> nn.RNNBase:
+    return _CELLS[enc.cell_type](
+        channels, enc.state_size, num_layers=enc.num_layers, bias=enc.use_bias, batch_first=True,
+        dropout=enc.recurrent_dropout if enc.num_layers > 1 else 0.0, bidirectional=enc.bidirectional,
+    )
+
+
+def _recur(rnn: nn.RNNBase, x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+    """``rnn``'s outputs over ``x`` (rows, steps, channels), each row read up to its
+    ``lengths`` (packed: its padding is not read; zeros there), or whole where None."""
+    if lengths is None:
+        return rnn(x)[0]
+    packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+    return pad_packed_sequence(rnn(packed)[0], batch_first=True, total_length=x.shape[1])[0]
 
 
 class Recurrent(_Sequence):
@@ -189,24 +249,14 @@ class Recurrent(_Sequence):
     one or both ways, over each row's tokens (packed, so a row's padding is not read), then
     the reduction over them (by default the output at the last token) and the layers."""
 
-    CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
-
     def __init__(self, enc: Any, vocab_size: int | None) -> None:
         super().__init__(enc, vocab_size)
-        self.rnn = self.CELLS[enc.cell_type](
-            self.channels, enc.state_size, num_layers=enc.num_layers, bias=enc.use_bias, batch_first=True,
-            dropout=enc.recurrent_dropout if enc.num_layers > 1 else 0.0, bidirectional=enc.bidirectional,
-        )
+        self.rnn = _recurrent_layers(enc, self.channels)
         self._layers(enc, enc.state_size * (2 if enc.bidirectional else 1))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.tokens(ids)
-        if self.embed is None:
-            h = self.rnn(x)[0]
-        else:
-            packed = pack_padded_sequence(x, self.lengths(ids).cpu(), batch_first=True, enforce_sorted=False)
-            h = pad_packed_sequence(self.rnn(packed)[0], batch_first=True, total_length=x.shape[1])[0]
-        return self.finish(h, ids, masked=True)
+        lengths = self.lengths(ids)
+        return self.finish(_recur(self.rnn, self.tokens(ids), lengths), lengths)
 
 
 class Transformer(_Sequence):
@@ -214,8 +264,8 @@ class Transformer(_Sequence):
     (dropped out), projected to ``hidden_size`` where the widths differ, then
     ``num_layers`` of torch's post-norm transformer blocks (Ludwig's: ReLU feed-forward,
     layer-norm epsilon 1e-6), with the padding masked out of the attention; then the
-    reduction over the tokens (by default the output at the last one) and the layers. A series of
-    numbers is projected first and then given its positions (Ludwig's gives none)."""
+    reduction over the tokens (by default the output at the last one) and the layers. A
+    series of numbers is projected first and then given its positions (Ludwig's gives none)."""
 
     def __init__(self, enc: Any, vocab_size: int | None, length: int) -> None:
         super().__init__(enc, vocab_size)
@@ -236,7 +286,7 @@ class Transformer(_Sequence):
             x = self.project(self.tokens(ids) + positions)
             padding = ids == 0
             padding[:, 0] = False  # a row of no tokens attends to its first step, not to nothing
-        return self.finish(self.blocks(x, src_key_padding_mask=padding), ids, masked=True)
+        return self.finish(self.blocks(x, src_key_padding_mask=padding), self.lengths(ids))
 
 
 def sequence_encoder(enc: Any, vocab_size: int | None, length: int) -> _Sequence:
@@ -244,4 +294,7 @@ def sequence_encoder(enc: Any, vocab_size: int | None, length: int) -> _Sequence
     a vocabulary of ``vocab_size`` (None: a series of numbers), ``length`` steps per row."""
     if enc.type == "transformer":
         return Transformer(enc, vocab_size, length)
-    return {"parallel_cnn": ParallelCNN, "stacked_cnn": StackedCNN, "rnn": Recurrent}[enc.type](enc, vocab_size)
+    if enc.type == "cnnrnn":
+        return StackedCNN(enc, vocab_size, recurrent=True)
+    kinds: dict[str, Any] = {"parallel_cnn": ParallelCNN, "stacked_cnn": StackedCNN, "stacked_parallel_cnn": StackedParallelCNN, "rnn": Recurrent}
+    return kinds[enc.type](enc, vocab_size)

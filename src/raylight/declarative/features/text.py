@@ -2,7 +2,8 @@
 the training split's most common ones, the first ``max_sequence_length`` of each row in
 order, encoded by a bag of embeddings (``embed``: their mean, raylight's default, or
 Ludwig's sum or max) or one of Ludwig's sequence encoders: ``parallel_cnn`` (its default
-for text), ``stacked_cnn``, ``rnn`` or ``transformer`` (``models/encoders.py``)."""
+for text), ``stacked_cnn``, ``stacked_parallel_cnn``, ``rnn``, ``cnnrnn`` or ``transformer``
+(``models/encoders.py``)."""
 
 from __future__ import annotations
 
@@ -68,21 +69,29 @@ class ConvLayer(ConfigModel):
     )
 
 
-EncoderType = Literal["embed", "parallel_cnn", "stacked_cnn", "rnn", "transformer"]
+EncoderType = Literal["embed", "parallel_cnn", "stacked_cnn", "stacked_parallel_cnn", "rnn", "cnnrnn", "transformer"]
 Reduce = Literal["mean", "sum", "max", "last"]
-_CONV = frozenset({"parallel_cnn", "stacked_cnn"})
-_PER_TOKEN = frozenset({"rnn", "transformer"})  # an output per token: reduce_output last, fc_dropout
+_CONV = frozenset({"parallel_cnn", "stacked_cnn", "stacked_parallel_cnn", "cnnrnn"})  # have convolutions
+_LAYERED = frozenset({"parallel_cnn", "stacked_cnn", "cnnrnn"})  # ... listed in conv_layers
+_RECURRENT = frozenset({"rnn", "cnnrnn"})
+_PER_TOKEN = frozenset({"rnn", "cnnrnn", "transformer"})  # an output per step: reduce_output last, fc_* keys
 # The settings only some encoder types have: the types, and the default (as a rendered
 # config writes it). Another type given one of them at another value is an error.
-_CONV_DEFAULTS: dict[str, Any] = {
-    "conv_layers": [], "num_conv_layers": None, "filter_size": 3, "num_filters": 256, "pool_function": "max", "pool_size": None,
-}
 _OWN: dict[str, tuple[frozenset[str], Any]] = {
-    **{key: (_CONV, default) for key, default in _CONV_DEFAULTS.items()},
-    "cell_type": (frozenset({"rnn"}), "rnn"),
-    "state_size": (frozenset({"rnn"}), 256),
-    "bidirectional": (frozenset({"rnn"}), False),
-    "recurrent_dropout": (frozenset({"rnn"}), 0.0),
+    "conv_layers": (_LAYERED, []),
+    "num_conv_layers": (_LAYERED, None),
+    "filter_size": (_CONV, 3),
+    "num_filters": (_CONV, 256),
+    "pool_function": (_CONV, "max"),
+    "pool_size": (_CONV, None),
+    "stacked_layers": (frozenset({"stacked_parallel_cnn"}), []),
+    "num_stacked_layers": (frozenset({"stacked_parallel_cnn"}), None),
+    "conv_activation": (frozenset({"cnnrnn"}), "relu"),
+    "conv_dropout": (frozenset({"cnnrnn"}), 0.0),
+    "cell_type": (_RECURRENT, "rnn"),
+    "state_size": (_RECURRENT, 256),
+    "bidirectional": (_RECURRENT, False),
+    "recurrent_dropout": (_RECURRENT, 0.0),
     "num_layers": (_PER_TOKEN, 1),
     "hidden_size": (frozenset({"transformer"}), 256),
     "num_heads": (frozenset({"transformer"}), 8),
@@ -91,14 +100,21 @@ _OWN: dict[str, tuple[frozenset[str], Any]] = {
     "fc_activation": (_PER_TOKEN, "relu"),
 }
 _LUDWIG_CNN_FC = [{"output_size": 512}, {"output_size": 256}]
+_WIDTHS_2_TO_5 = [{"filter_size": 2}, {"filter_size": 3}, {"filter_size": 4}, {"filter_size": 5}]
 # Ludwig's layers where a config gives neither conv_layers nor num_conv_layers.
 _LUDWIG_CONV = {
-    "parallel_cnn": [{"filter_size": 2}, {"filter_size": 3}, {"filter_size": 4}, {"filter_size": 5}],
+    "parallel_cnn": _WIDTHS_2_TO_5,
     "stacked_cnn": [
         {"filter_size": 7, "pool_size": 3}, {"filter_size": 7, "pool_size": 3}, {"filter_size": 3, "pool_size": None},
         {"filter_size": 3, "pool_size": None}, {"filter_size": 3, "pool_size": None}, {"filter_size": 3, "pool_size": 3},
     ],
+    "cnnrnn": [{"pool_size": 3}, {"pool_size": None}],
 }
+
+
+def _with_pool(layers: list[Any], pool_size: Any) -> list[Any]:
+    """``layers`` with ``pool_size`` written into each that has none (so a saved config says it)."""
+    return [{"pool_size": pool_size, **layer} if isinstance(layer, dict) else layer for layer in layers]
 
 
 class TextEncoder(FCStackConfig):
@@ -114,49 +130,65 @@ class TextEncoder(FCStackConfig):
     - ``stacked_cnn`` (StackedCNN): the same convolutions one after another; six layers
       (widths 7, 7, 3, 3, 3, 3, pooling by 3 after the 1st, 2nd and 6th), a sum, layers of
       512 and 256.
+    - ``stacked_parallel_cnn`` (StackedParallelCNN): ``stacked_layers``, each a list of
+      convolutions side by side as parallel_cnn's, one after another; three of widths 2-5
+      (``num_stacked_layers``: that many), the encoder's pooling after the last, a sum,
+      layers of 512 and 256.
     - ``rnn`` (StackedRNN): ``num_layers`` recurrent layers of ``cell_type`` (rnn, lstm,
       gru) with ``state_size`` units, ``bidirectional`` optionally, then the output at
       each row's last token (``reduce_output: last``) and no layers.
+    - ``cnnrnn`` (StackedCNNRNN): convolutions as stacked_cnn's (two of width 5, pooling
+      by 3 after the first; ``conv_activation``, ``conv_dropout``), then recurrent layers
+      as rnn's (Ludwig's ``num_rec_layers`` is ``num_layers``), the output at the last
+      token, no layers.
     - ``transformer`` (StackedTransformer): token and position embeddings, projected to
       ``hidden_size`` if they differ, ``num_layers`` transformer blocks (``num_heads``
       heads, a feed-forward width of ``transformer_output_size``, dropout 0.1), the output
       at the last token, no layers. Padding is masked out of the attention.
 
     ``dropout`` drops out the embeddings, the convolutions' and the layers' outputs; for
-    rnn and transformer it drops out the embeddings (and the transformer blocks' parts),
-    and the layers take ``fc_dropout`` and ``fc_activation`` (Ludwig's keys). ``norm``
-    applies to the layers."""
+    rnn, cnnrnn and transformer it drops out the embeddings (and the transformer blocks'
+    parts), and the layers take ``fc_dropout`` and ``fc_activation`` (Ludwig's keys).
+    ``norm`` applies to the layers."""
 
     LUDWIG_OUTPUT_SIZE: ClassVar[int] = 256
 
     type: EncoderType = Field(
-        "embed", description="embed: a mean bag of embeddings; Ludwig's parallel_cnn, stacked_cnn, rnn, transformer."
+        "embed",
+        description="embed: a mean bag of embeddings; Ludwig's parallel_cnn, stacked_cnn, stacked_parallel_cnn, rnn, "
+        "cnnrnn, transformer.",
     )
     embedding_size: int = Field(32, ge=1, le=MAX_WIDTH, description="Size of the token embeddings (Ludwig's encoders: 256).")
     reduce_output: Reduce = Field(
         "mean",
-        description="How the tokens reduce to one vector: mean, sum, max, or (rnn, transformer) the output at each "
+        description="How the tokens reduce to one vector: mean, sum, max, or (rnn, cnnrnn, transformer) the output at each "
         "row's last token (default: mean; Ludwig's default for the type where a type is given).",
     )
     conv_layers: list[ConvLayer] = Field(
-        default_factory=list, max_length=64, description="parallel_cnn, stacked_cnn: the convolutions (default: Ludwig's)."
+        default_factory=list, max_length=64, description="parallel_cnn, stacked_cnn, cnnrnn: the convolutions (default: Ludwig's)."
     )
-    filter_size: int = Field(3, ge=1, le=1024, description="parallel_cnn, stacked_cnn: a convolution's width where its entry has none.")
-    num_filters: int = Field(256, ge=1, le=MAX_WIDTH, description="parallel_cnn, stacked_cnn: a convolution's filters where its entry has none.")
-    pool_function: Literal["max", "average", "avg", "mean"] = Field("max", description="parallel_cnn, stacked_cnn: the pooling.")
+    stacked_layers: list[list[ConvLayer]] = Field(
+        default_factory=list, max_length=64,
+        description="stacked_parallel_cnn: the stages, each convolutions side by side (default: Ludwig's three of widths 2-5).",
+    )
+    filter_size: int = Field(3, ge=1, le=1024, description="The CNN encoders: a convolution's width where its entry has none.")
+    num_filters: int = Field(256, ge=1, le=MAX_WIDTH, description="The CNN encoders: a convolution's filters where its entry has none.")
+    pool_function: Literal["max", "average", "avg", "mean"] = Field("max", description="The CNN encoders: the pooling.")
     pool_size: int | None = Field(
-        None, ge=1, le=1024, description="parallel_cnn, stacked_cnn: the pooling's width and stride where an entry has none; null: none."
+        None, ge=1, le=1024, description="The CNN encoders: the pooling's width and stride where an entry has none; null: none."
     )
-    cell_type: Literal["rnn", "lstm", "gru"] = Field("rnn", description="rnn: the recurrent cell (torch's RNN, LSTM or GRU).")
-    state_size: int = Field(256, ge=1, le=MAX_WIDTH, description="rnn: units of each recurrent layer (per direction).")
-    bidirectional: bool = Field(False, description="rnn: read each row both ways; the outputs are concatenated.")
-    recurrent_dropout: float = Field(0.0, ge=0, lt=1, description="rnn: dropout between the recurrent layers.")
-    num_layers: int = Field(1, ge=1, le=64, description="rnn, transformer: recurrent layers or transformer blocks.")
+    conv_activation: Activation = Field("relu", description="cnnrnn: the convolutions' activation.")
+    conv_dropout: float = Field(0.0, ge=0, lt=1, description="cnnrnn: dropout after each convolution.")
+    cell_type: Literal["rnn", "lstm", "gru"] = Field("rnn", description="rnn, cnnrnn: the recurrent cell (torch's RNN, LSTM or GRU).")
+    state_size: int = Field(256, ge=1, le=MAX_WIDTH, description="rnn, cnnrnn: units of each recurrent layer (per direction).")
+    bidirectional: bool = Field(False, description="rnn, cnnrnn: read each row both ways; the outputs are concatenated.")
+    recurrent_dropout: float = Field(0.0, ge=0, lt=1, description="rnn, cnnrnn: dropout between the recurrent layers.")
+    num_layers: int = Field(1, ge=1, le=64, description="rnn, cnnrnn, transformer: recurrent layers or transformer blocks.")
     hidden_size: int = Field(256, ge=1, le=MAX_WIDTH, description="transformer: width of the blocks (a multiple of num_heads).")
     num_heads: int = Field(8, ge=1, le=1024, description="transformer: attention heads.")
     transformer_output_size: int = Field(256, ge=1, le=MAX_WIDTH, description="transformer: width of each block's feed-forward layer.")
-    fc_dropout: float = Field(0.0, ge=0, lt=1, description="rnn, transformer: dropout after each of the layers.")
-    fc_activation: Activation = Field("relu", description="rnn, transformer: the layers' activation.")
+    fc_dropout: float = Field(0.0, ge=0, lt=1, description="rnn, cnnrnn, transformer: dropout after each of the layers.")
+    fc_activation: Activation = Field("relu", description="rnn, cnnrnn, transformer: the layers' activation.")
 
     @model_validator(mode="before")
     @classmethod
@@ -165,7 +197,8 @@ class TextEncoder(FCStackConfig):
         (Ludwig writes null for some), and each type's own settings kept to it."""
         if not isinstance(data, dict):
             return data
-        data = {k: v for k, v in data.items() if not (k in ("num_fc_layers", "num_conv_layers", "conv_layers", "fc_layers") and v is None)}
+        nulls = ("num_fc_layers", "num_conv_layers", "conv_layers", "fc_layers", "num_stacked_layers", "stacked_layers")
+        data = {k: v for k, v in data.items() if not (k in nulls and v is None)}
         kind = data.get("type", "embed")
         if "type" in data:
             data.setdefault("reduce_output", "last" if kind in _PER_TOKEN else "sum")
@@ -176,44 +209,60 @@ class TextEncoder(FCStackConfig):
         if kind in _PER_TOKEN and "activation" in data:
             raise ValueError(
                 f"activation: the {kind} encoder's layers take fc_activation (Ludwig's key)"
-                + ("; its cells use tanh, as Ludwig's do whatever activation says" if kind == "rnn" else "")
+                + ("; its convolutions take conv_activation" if kind == "cnnrnn" else "")
+                + ("; its cells use tanh, as Ludwig's do whatever activation says" if kind in _RECURRENT else "")
             )
+        if kind == "cnnrnn" and "num_rec_layers" in data:
+            data["num_layers"] = data.pop("num_rec_layers")  # Ludwig's name of cnnrnn's recurrent layers
         given = sorted(k for k, (kinds, default) in _OWN.items() if kind not in kinds and k in data and data[k] != default)
         if given:
             owners = sorted({t for k in given for t in _OWN[k][0]})
+            which = owners[0] + " encoder" if len(owners) == 1 else f"{', '.join(owners[:-1])} and {owners[-1]} encoders"
             raise ValueError(
-                f"{', '.join(given)}: settings of the {' or '.join(owners)} encoder; give the encoder that type or remove them"
+                f"{', '.join(given)}: settings of the {which}; give the encoder "
+                f"{'that type' if len(owners) == 1 else 'one of those types'} or remove them"
             )
         if kind == "embed":
             return data
         data.setdefault("embedding_size", 256)
         if kind == "transformer":
             data.setdefault("dropout", 0.1)
-        if kind in _CONV:
+        if kind == "cnnrnn":
+            data.setdefault("filter_size", 5)
+        if kind in _LAYERED:
+            count = data.pop("num_conv_layers", None)
             if "conv_layers" not in data:
-                count = data.pop("num_conv_layers", None)
                 data["conv_layers"] = _LUDWIG_CONV[kind] if count is None else [{}] * count
-            else:
-                data.pop("num_conv_layers", None)
-            # a layer without pool_size takes the encoder's (written out, so a saved config says it)
-            data["conv_layers"] = [
-                {"pool_size": data.get("pool_size"), **layer} if isinstance(layer, dict) else layer for layer in data["conv_layers"]
+            data["conv_layers"] = _with_pool(data["conv_layers"], data.get("pool_size"))
+        if kind == "stacked_parallel_cnn":
+            count = data.pop("num_stacked_layers", None)
+            stages = data.get("stacked_layers") or [_WIDTHS_2_TO_5] * (3 if count is None else count)
+            # Ludwig's: the encoder's pooling after the last stage, none after the others
+            data["stacked_layers"] = [
+                _with_pool(stage, data.get("pool_size") if i == len(stages) - 1 else None) if isinstance(stage, list) else stage
+                for i, stage in enumerate(stages)
             ]
-            if "fc_layers" not in data and "num_fc_layers" not in data:
-                data.pop("output_size", None)  # Ludwig: with neither, 512 and 256 whatever output_size says
-                data["fc_layers"] = _LUDWIG_CNN_FC
+        if kind in _CONV - _RECURRENT and "fc_layers" not in data and "num_fc_layers" not in data:
+            data.pop("output_size", None)  # Ludwig: with neither, 512 and 256 whatever output_size says
+            data["fc_layers"] = _LUDWIG_CNN_FC
         return data
 
     @model_validator(mode="after")
     def _fits(self) -> TextEncoder:
         if self.reduce_output == "last" and self.type not in _PER_TOKEN:
-            raise ValueError(f"reduce_output: last is for the rnn and transformer encoders; with {self.type} use sum, mean or max")
-        pools = {layer.pool_size for layer in self.conv_layers}
-        if self.type == "parallel_cnn" and len(pools) > 1:
             raise ValueError(
-                "conv_layers: parallel_cnn concatenates its convolutions' outputs step by step, so they take one "
-                f"pool_size; these take {sorted(pools, key=str)}: give them one, or use type: stacked_cnn"
+                f"reduce_output: last is for the rnn, cnnrnn and transformer encoders; with {self.type} use sum, mean or max"
             )
+        side_by_side = [("conv_layers", self.conv_layers)] if self.type == "parallel_cnn" else []
+        if self.type == "stacked_parallel_cnn":
+            side_by_side = [(f"stacked_layers.{i}", stage) for i, stage in enumerate(self.stacked_layers)]
+        for where, layers in side_by_side:
+            pools = {layer.pool_size for layer in layers}
+            if len(pools) > 1:
+                raise ValueError(
+                    f"{where}: convolutions side by side are concatenated step by step, so they take one pool_size; "
+                    f"these take {sorted(pools, key=str)}: give them one"
+                )
         if self.type == "transformer" and self.hidden_size % self.num_heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}: each head takes "
@@ -222,8 +271,9 @@ class TextEncoder(FCStackConfig):
         return self
 
     def layers(self) -> TextEncoder:
-        """The settings of the layers after the sequence is reduced: rnn's and transformer's
-        take fc_dropout and fc_activation (Ludwig's), the others dropout and activation."""
+        """The settings of the layers after the sequence is reduced: rnn's, cnnrnn's and
+        transformer's take fc_dropout and fc_activation (Ludwig's), the others dropout and
+        activation."""
         if self.type not in _PER_TOKEN:
             return self
         return self.model_copy(update={"dropout": self.fc_dropout, "activation": self.fc_activation})

@@ -1,7 +1,7 @@
 """Timeseries features, as Ludwig's: each row a series of numbers (a cell of numbers split
 by ``tokenizer``, or a list in Parquet or JSON), cut to the longest training row (at most
 ``timeseries_length_limit``) and padded with ``padding_value``; encoded by Ludwig's
-default for them, ``parallel_cnn``, or ``stacked_cnn``, ``rnn`` or ``transformer``, over the
+default for them, ``parallel_cnn``, or any of text's other sequence encoders, over the
 series as one channel (text's encoders without their embeddings, as Ludwig's timeseries
 feature sets them). Values are not scaled, as in Ludwig."""
 
@@ -51,8 +51,9 @@ class TimeseriesEncoder(TextEncoder):
     """Ludwig's sequence encoders over the series, its values one channel (their settings
     as text's; embedding_size is unused)."""
 
-    type: Literal["parallel_cnn", "stacked_cnn", "rnn", "transformer"] = Field(
-        "parallel_cnn", description="parallel_cnn (Ludwig's default for timeseries), stacked_cnn, rnn or transformer."
+    type: Literal["parallel_cnn", "stacked_cnn", "stacked_parallel_cnn", "rnn", "cnnrnn", "transformer"] = Field(
+        "parallel_cnn",
+        description="parallel_cnn (Ludwig's default for timeseries), stacked_cnn, stacked_parallel_cnn, rnn, cnnrnn or transformer.",
     )
 
     @model_validator(mode="before")
