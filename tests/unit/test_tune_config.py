@@ -352,3 +352,43 @@ def test_ludwig_s_hyperopt_spellings_load():
     assert h is not None and (h.search_alg.type, h.search_alg.seed) == ("random", 7)
     assert "output_feature 'z' is not an output feature; use 'y' or combined" in error({"parameters": {"trainer.learning_rate": LR}, "output_feature": "z"})
     assert "eval_split (training) differs from split (validation)" in error({"parameters": {"trainer.learning_rate": LR}, "eval_split": "training"})
+
+
+def test_ludwig_s_feature_named_parameter_keys_set_that_feature():
+    """Ludwig's hyperopt names a feature's keys by the feature: ``c.encoder.embedding_size``
+    is input_features.1.encoder.embedding_size (an output's name too); a name that is
+    neither a section nor a feature lists both."""
+    from raylight.declarative.hyperopt import trial_config
+
+    h = config({"parameters": {"c.encoder.embedding_size": {"space": "choice", "categories": [4, 8]},
+                               "y.loss_weight": {"space": "choice", "categories": [1.0, 2.0]}}})
+    trial = trial_config(h.model_dump(mode="json"), {"c.encoder.embedding_size": 8, "y.loss_weight": 2.0})
+    assert trial.input_features[1].encoder.embedding_size == 8 and trial.output_features[0].loss_weight == 2.0
+    message = error({"parameters": {"cc.encoder.embedding_size": {"space": "choice", "categories": [4]}}})
+    assert "cc is not a key of the config" in message and "or a feature's name (Ludwig's <feature>.<key>): ['c', 'x', 'y']" in message
+
+
+def test_a_search_over_text_encoder_types_starts_each_from_its_defaults():
+    """Searching ``review.encoder.type`` from a configured parallel_cnn: each type is built
+    as Ludwig configures it (an rnn reduces by the last token, a stacked_cnn has its own six
+    layers), keeping the settings the config changed that the type has (embedding_size for
+    all, num_filters for the CNNs). Each parameter is checked against the config as
+    written, so one type's own setting is searched where the config's encoder has that type."""
+    from raylight.declarative.hyperopt import trial_config
+
+    text_base = {**BASE, "input_features": [{"name": "review", "type": "text", "encoder": {"type": "parallel_cnn", "embedding_size": 16, "num_filters": 8}}]}
+    types = ["embed", "parallel_cnn", "stacked_cnn", "stacked_parallel_cnn", "rnn", "cnnrnn", "transformer"]
+    h = validate(ModelConfig, {**text_base, "hyperopt": {"parameters": {"review.encoder.type": {"space": "choice", "categories": types}}}})
+    base = h.model_dump(mode="json")
+    encoders = {kind: trial_config(base, {"review.encoder.type": kind}).input_features[0].encoder for kind in types}
+    assert {kind: e.embedding_size for kind, e in encoders.items()} == dict.fromkeys(types, 16)
+    rnn, stacked, transformer, cnn = encoders["rnn"], encoders["stacked_cnn"], encoders["transformer"], encoders["parallel_cnn"]
+    assert (rnn.reduce_output, rnn.conv_layers, rnn.fc_layers, rnn.num_filters) == ("last", [], [], 256)
+    assert (stacked.num_filters, [c.filter_size for c in stacked.conv_layers], stacked.reduce_output) == (8, [7, 7, 3, 3, 3, 3], "sum")
+    assert (cnn.num_filters, [c.filter_size for c in cnn.conv_layers]) == (8, [2, 3, 4, 5])  # its own type: as configured
+    assert (transformer.hidden_size, transformer.dropout, encoders["embed"].reduce_output) == (256, 0.1, "sum")
+    with pytest.raises(ConfigError, match=r"review\.encoder\.num_heads: .* num_heads: settings of the transformer encoder"):
+        validate(ModelConfig, {**text_base, "hyperopt": {"parameters": {
+            "review.encoder.type": {"space": "choice", "categories": ["rnn", "transformer"]},
+            "review.encoder.num_heads": {"space": "choice", "categories": [4]},
+        }}})

@@ -725,11 +725,49 @@ def _representatives(space: Any) -> list[Any]:
 LUDWIG_LAYER_KEYS = ("combiner.num_fc_layers", "combiner.output_size")
 
 
+def _feature_names(data: dict[str, Any]) -> dict[str, str]:
+    """Each feature's name -> its path (``input_features.<i>`` / ``output_features.<i>``)."""
+    return {
+        feat["name"]: f"{section}.{i}"
+        for section in ("input_features", "output_features")
+        for i, feat in enumerate(data.get(section) or [])
+        if isinstance(feat, dict) and isinstance(feat.get("name"), str)
+    }
+
+
+def _retyped_encoder(data: dict[str, Any], parts: list[str], kind: Any) -> dict[str, Any] | None:
+    """The encoder section of feature ``parts[:2]`` as a ``kind`` encoder, where its type's
+    config says how (``retyped``: a search over text encoder types starts each type from its
+    own defaults, keeping the settings the config changed that it has too); else None."""
+    try:
+        feature = data[parts[0]][int(parts[1])]
+        section = feature["encoder"]
+        model = FEATURES[feature["type"]].Input.model_fields["encoder"].annotation
+    except (KeyError, IndexError, ValueError, TypeError):
+        return None  # set as it is, and fail there with the usual message
+    retyped = getattr(model, "retyped", None)
+    if retyped is None or not isinstance(section, dict) or section.get("type") == kind:
+        return None
+    return retyped(section, kind)
+
+
 def set_path(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
     """A copy of ``data`` with the dotted ``key`` (list items by index) set to ``value``;
-    KeyError naming the first part that does not exist. Ludwig's
+    KeyError naming the first part that does not exist. A key may start with a feature's
+    name, Ludwig's hyperopt spelling (``review.encoder.type``: that feature's
+    ``encoder.type``; a config section of the same name comes first). Setting a text-like
+    encoder's ``type`` starts it from that type's defaults (``TextEncoder.retyped``). Ludwig's
     ``combiner.num_fc_layers`` / ``combiner.output_size`` set the number of
     ``combiner.fc_layers`` (copies of the first, or of 256 units) or every layer's size."""
+    head, _, rest = key.partition(".")
+    features = _feature_names(data)
+    if head not in data and head in features and rest:
+        key = f"{features[head]}.{rest}"
+    parts = key.split(".")
+    if len(parts) == 4 and parts[2:] == ["encoder", "type"] and parts[0] in ("input_features", "output_features"):
+        retyped = _retyped_encoder(data, parts, value)
+        if retyped is not None:
+            return set_path(data, ".".join(parts[:3]), retyped)
     out = copy.deepcopy(data)
     if key in LUDWIG_LAYER_KEYS and isinstance(out.get("combiner"), dict):
         layers = list(out["combiner"].get("fc_layers") or [])
@@ -747,7 +785,8 @@ def set_path(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
         if err.problem == "index":
             raise KeyError(f"{err.where} is not an index of a list of {err.size}") from None
         if err.problem == "key":
-            raise KeyError(f"{err.where} is not a key of the config; keys there: {err.keys}") from None
+            names = f"; or a feature's name (Ludwig's <feature>.<key>): {sorted(features)}" if err.at == 0 else ""
+            raise KeyError(f"{err.where} is not a key of the config; keys there: {err.keys}{names}") from None
         if err.found is None:  # an optional section left out, as the config holds it
             raise KeyError(
                 f"{err.parent} is not set (null): write the section into the config to search its "

@@ -270,6 +270,21 @@ class TextEncoder(FCStackConfig):
             )
         return self
 
+    @classmethod
+    def retyped(cls, section: dict[str, Any], kind: str) -> dict[str, Any]:
+        """``section`` (an encoder as a saved config writes it, every key) as a ``kind``
+        encoder: the settings it changed from its own type's defaults that ``kind`` has too,
+        and ``kind``'s defaults for the rest. A search over encoder types (hyperopt's
+        ``review.encoder.type``) so trains each type as Ludwig configures it, with the
+        config's embedding_size, dropout, ... where it set them."""
+        own = section.get("type", "embed")
+        try:
+            defaults = cls.model_validate({"type": own} if own != "embed" else {}).model_dump(mode="json")
+        except ValueError:
+            defaults = {}
+        changed = {k: v for k, v in section.items() if k != "type" and (k not in defaults or defaults[k] != v)}
+        return {"type": kind, **{k: v for k, v in changed.items() if k not in _OWN or kind in _OWN[k][0]}}
+
     def layers(self) -> TextEncoder:
         """The settings of the layers after the sequence is reduced: rnn's, cnnrnn's and
         transformer's take fc_dropout and fc_activation (Ludwig's), the others dropout and
