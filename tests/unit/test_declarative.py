@@ -314,7 +314,7 @@ def test_streamed_evaluation_equals_the_metrics_of_all_rows_at_once(kind, monkey
         arrays = {"x": rng.normal(size=(n, 4)).astype(np.float32), "y": rng.integers(0, 4, n)}
     else:
         arrays = {"x": rng.normal(size=n).astype(np.float32), "y": rng.normal(size=n).astype(np.float32)}
-    output, meta = SimpleNamespace(name="y", type=kind), {"y": {"std": 2.0}}
+    output, meta = SimpleNamespace(name="y", type=kind, threshold=0.5), {"y": {"std": 2.0}}
     x, y = torch.from_numpy(arrays["x"]), torch.from_numpy(arrays["y"])
     if kind == "category":
         expected = {"loss": float(torch.nn.functional.cross_entropy(x, y)), "accuracy": float((x.argmax(1) == y).float().mean())}
@@ -350,7 +350,7 @@ def test_roc_auc_is_the_share_of_positive_negative_pairs_ranked_right(seed):
     pos, neg = x[y == 1], x[y == 0]
     expected = float(((pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])).mean())
     assert dtrain.roc_auc(x, y) == pytest.approx(expected, abs=1e-12)
-    output, meta = SimpleNamespace(name="y", type="binary"), {"y": {}}
+    output, meta = SimpleNamespace(name="y", type="binary", threshold=0.5), {"y": {}}
     model = _Passthrough()
     metrics = dtrain.evaluate_data(model, {"x": x, "y": y}, output, meta, torch.device("cpu"), chunk_rows=50)
     assert metrics["roc_auc"] == pytest.approx(expected, abs=1e-12) and len(model.sizes) == 7
@@ -707,3 +707,32 @@ def test_a_config_ludwig_rendered_trains_on_roc_auc(tmp_path):
     aucs = [row["validation_roc_auc"] for row in rows]
     assert len(aucs) == 2 and all(0.5 < a <= 1 for a in aucs)
     assert out["evaluation"]["test"]["roc_auc"] > 0.6
+
+
+def test_an_output_s_threshold_decides_its_predictions_and_the_accuracy_counting_them(tmp_path):
+    """A binary output's ``threshold`` (Ludwig's): true at that probability and above, in
+    ``predict`` and in the accuracy ``evaluate`` reports (roc_auc does not move); a
+    threshold on a number output is an error naming it."""
+    from raylight.declarative.train import load_model
+
+    cfg, data = write(tmp_path)
+    out = api.train(load_config(cfg), data, output_directory=str(tmp_path / "run"), progress=False)
+    model = load_model(out["model_path"])
+    df = frame(300, seed=5)
+    at_half, scores = model.evaluate(df), model.predict(df)["income_probabilities"].to_numpy()
+    threshold = float(np.median(scores[scores >= 0.5]))  # half of the rows predicted true at 0.5
+    model.output = model.output.model_copy(update={"threshold": threshold})
+    predicted = model.predict(df)
+    probabilities, labels = predicted["income_probabilities"].to_numpy(), predicted["income_predictions"].to_numpy(dtype=bool)
+    assert (labels == (probabilities >= threshold)).all() and 0 < labels.sum() < (probabilities >= 0.5).sum()
+    strict = model.evaluate(df)
+    assert strict["accuracy"] == pytest.approx((labels == df["income"].to_numpy()).mean())
+    assert strict["accuracy"] != at_half["accuracy"] and strict["roc_auc"] == pytest.approx(at_half["roc_auc"])
+    from raylight.models.ecd import predictions
+
+    logits = torch.tensor([[0.0, 2.0]])  # a set output's labels at probabilities 0.5 and 0.88
+    assert predictions("set", logits)[0].tolist() == [[1, 1]] and predictions("set", logits, 0.9)[0].tolist() == [[0, 0]]
+    saved = load_config(cfg, ["output_features.0.threshold=0.9"])
+    assert saved.output_features[0].threshold == 0.9
+    with pytest.raises(ConfigError, match="threshold: a binary or set output's setting; a number output has none"):
+        load_config(cfg, ["output_features.0.type=number", "output_features.0.threshold=0.9"])

@@ -77,6 +77,17 @@ class OutputFeature(FeatureModel):
         1.0, gt=0, le=1e6,
         description="Multiplies this output's loss in training (Ludwig's loss.weight); the reported losses are unweighted.",
     )
+    threshold: float = Field(
+        0.5, gt=0, lt=1,
+        description="binary, set: predict true (a label) at this probability and above (Ludwig's); accuracy and "
+        "jaccard count those predictions, roc_auc does not depend on it.",
+    )
+
+    @model_validator(mode="after")
+    def _threshold_of_a_classifier(self) -> OutputFeature:
+        if self.threshold != 0.5 and self.type not in ("binary", "set"):
+            raise ValueError(f"threshold: a binary or set output's setting; a {self.type} output has none; remove it")
+        return self
 
 
 # -- model and training ----------------------------------------------------------------

@@ -311,7 +311,6 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "loss.type": (f"raylight's binary loss is Ludwig's {_LOSSES['binary']}; use it or remove the key", (_LOSSES["binary"],)),
         "decoder.type": _decoder("binary"),
         "loss.positive_class_weight": ("class weights are not available; remove the key", (None,)),
-        "threshold": ("raylight predicts the positive class at probability 0.5 and above; remove the key", (0.5,)),
         "calibration": ("calibration is not available; remove the key", (False,)),
         "preprocessing.fallback_true_label": (
             "raylight reads 1, true, yes, y, t and on (any case) as true and anything else as false; remove the key",
@@ -345,7 +344,6 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "loss.type": (f"raylight's set loss is Ludwig's {_LOSSES['set']}; use it or remove the key", (_LOSSES["set"],)),
         "decoder.type": _decoder("set"),
         "loss.class_weights": ("class weights are not available; remove the key", (None,)),
-        "threshold": ("raylight predicts each label at probability 0.5 and above; remove the key", (0.5,)),
         "preprocessing.tokenizer": (
             "a set target's labels are separated by white space (Ludwig's space tokenizer); write them so; remove the key",
             ("space",),

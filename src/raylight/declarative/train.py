@@ -95,11 +95,11 @@ def evaluate_data(
             sums["n"] += n
             sums["loss"] += float(loss_for(output.type)(out, target)) * n
             if output.type == "set":  # Ludwig's jaccard: |predicted & true| / |predicted | true| per row
-                pred, _ = predictions(output.type, out)
+                pred, _ = predictions(output.type, out, output.threshold)
                 both, either = (pred.bool() & target.bool()).sum(1), (pred.bool() | target.bool()).sum(1)
                 sums["jaccard"] += float(torch.where(either > 0, both / either.clamp(min=1), 1.0).sum())
             elif classifier:
-                pred, _ = predictions(output.type, out)
+                pred, _ = predictions(output.type, out, output.threshold)
                 sums["correct"] += float((pred == target.long()).sum())
                 if output.type == "binary":
                     ranked.append(torch.stack([out.double(), target.double()], dim=1).numpy())
@@ -430,7 +430,7 @@ class LoadedModel:
         result = pd.DataFrame(index=df.index)
         with torch.no_grad():
             raw = self.model({k: torch.from_numpy(v) for k, v in arrays.items()})
-        pred, prob = predictions(kind, raw)
+        pred, prob = predictions(kind, raw, self.output.threshold)
         col = np.full(len(df), None, dtype=object)
         m = self.meta[out_name]
         if kind == "category":

@@ -145,15 +145,13 @@ def loss_for(output_type: str) -> nn.Module:
     return losses[output_type]()
 
 
-def predictions(output_type: str, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Predicted values and, for classifiers, probabilities."""
-    if output_type == "binary":
+def predictions(output_type: str, out: torch.Tensor, threshold: float = 0.5) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Predicted values and, for classifiers, probabilities. A binary output predicts true,
+    and a set output each label, at probability ``threshold`` and above (Ludwig's)."""
+    if output_type in ("binary", "set"):
         prob = torch.sigmoid(out)
-        return (prob >= 0.5).long(), prob
+        return (prob >= threshold).long(), prob
     if output_type == "category":
         prob = torch.softmax(out, dim=1)
         return prob.argmax(1), prob
-    if output_type == "set":  # each label whose probability is at least 0.5 (Ludwig's threshold)
-        prob = torch.sigmoid(out)
-        return (prob >= 0.5).long(), prob
     return out, None
