@@ -181,6 +181,47 @@ def test_date_set_bag_vector_and_timeseries_features_on_ray_data_give_the_pandas
         api.prepare(load_config(cfg), data, processor="ray_data", use_cache=False)
 
 
+def test_fill_with_mode_on_ray_data_is_the_whole_training_split_s_mode(ray_cluster, tmp_path):
+    """fill_with_mode over two blocks whose own most common values differ from the
+    training split's (the first block alone says red, 1.0 and true; the two together
+    blue, 2.0 and false): Ray Data adds the blocks' counts up, and the missing values of
+    the validation and test rows get what the pandas processor gives them."""
+    import numpy as np
+    import pandas as pd
+
+    train = pd.DataFrame({
+        "c": ["red"] * 30 + ["blue"] * 40, "x": [1.0] * 30 + [2.0] * 40, "b": ["yes"] * 30 + ["no"] * 40,
+    })
+    missing = pd.DataFrame({"c": [None, None], "x": [None, None], "b": [None, None]})
+    df = pd.concat([train, missing], ignore_index=True).assign(y=[True, False] * 36, split=[0] * 70 + [1, 2])
+    (tmp_path / "parts").mkdir()
+    df.iloc[:50].to_parquet(tmp_path / "parts" / "0.parquet")  # red, 1.0 and yes 30 times, the others 20
+    df.iloc[50:].to_parquet(tmp_path / "parts" / "1.parquet")  # blue, 2.0 and no 20 times more
+    mode = "{missing_value_strategy: fill_with_mode}"
+    config = f"""\
+input_features:
+  - {{name: c, type: category, preprocessing: {mode}}}
+  - {{name: x, type: number, preprocessing: {{missing_value_strategy: fill_with_mode, normalization: null}}}}
+  - {{name: b, type: binary, preprocessing: {mode}}}
+output_features:
+  - {{name: y, type: binary}}
+preprocessing: {{split: {{type: fixed}}}}
+backend: {{type: ray, processor: {{type: ray_data}}}}
+"""
+    cfg, _ = write(tmp_path, fmt="parquet", config=config, df=df)
+    data = str(tmp_path / "parts" / "*.parquet")
+    prepared = {p: api.prepare(load_config(cfg), data, processor=p, use_cache=False) for p in ("ray_data", "pandas")}
+    for p, ready in prepared.items():
+        meta = ready.meta
+        assert (meta["c"]["mode"], meta["x"]["mode"], meta["b"]["mode"]) == ("blue", 2.0, 0.0), p
+        for split in ("validation", "test"):
+            filled = [np.asarray(column(getattr(ready, split), n), dtype=np.float64).ravel().tolist() for n in ("c", "x", "b")]
+            assert filled == [[meta["c"]["vocab"].index("blue")], [2.0], [0.0]], (p, split)
+    for name in ("c", "x", "b"):
+        got, want = (sorted(np.asarray(column(prepared[p].train, name), dtype=np.float64).ravel().tolist()) for p in ("ray_data", "pandas"))
+        assert got == want and len(got) == 70, name
+
+
 def column(split, name):
     """A split's preprocessed column (arrays, or blocks left in the object store)."""
     import numpy as np

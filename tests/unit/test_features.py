@@ -255,3 +255,31 @@ def test_sequence_features_are_text_with_ludwig_s_sequence_defaults(tmp_path):
     _, data = write(tmp_path, df=df)
     out = api.train(config, data, output_directory=str(tmp_path / "run"), progress=False)
     assert load_model(out["model_path"]).model.embeddings["s"].mode == "sum"
+
+
+def test_fill_with_mode_takes_the_training_split_s_most_common_value():
+    """Ludwig's ``fill_with_mode`` (number, category, binary) and ``fill_with_true``
+    (binary): a missing value becomes the training split's most common one, the smallest
+    of those tied (so both processors agree), and a column with no value says so."""
+    from raylight.declarative.features import binary, category, number
+
+    num = number.NumberInput(name="x", type="number", preprocessing={"missing_value_strategy": "fill_with_mode", "normalization": None})
+    meta = number.fit(pd.Series([1.0, 3.0, 3.0, None, 2.0, 2.0, 7.5]), num)
+    assert meta["mode"] == 2.0  # 2 and 3 tie: the smaller
+    assert number.transform(pd.Series([None, 5.0]), num, meta)[0].ravel().tolist() == [2.0, 5.0]
+    cat = category.CategoryInput(name="c", type="category", preprocessing={"missing_value_strategy": "fill_with_mode"})
+    meta = category.fit(pd.Series(["red", "blue", None, "blue", "green"]), cat)
+    ids, _ = category.transform(pd.Series([None, "red"]), cat, meta)
+    assert meta["mode"] == "blue" and [meta["vocab"][i] for i in ids] == ["blue", "red"]
+    assert "mode" not in category.fit(pd.Series(["a"]), category.CategoryInput(name="c", type="category"))  # only where it is used
+    flag = binary.BinaryInput(name="b", type="binary", preprocessing={"missing_value_strategy": "fill_with_mode"})
+    meta = binary.fit(pd.Series(["yes", "yes", None, "no"]), flag)
+    assert meta == {"mode": 1.0} and binary.transform(pd.Series([None, "no"]), flag, meta)[0].ravel().tolist() == [1.0, 0.0]
+    assert binary.fit(pd.Series(["yes", "no"]), flag) == {"mode": 0.0}  # a tie: false
+    always = binary.BinaryInput(name="b", type="binary", preprocessing={"missing_value_strategy": "fill_with_true"})
+    assert binary.transform(pd.Series([None, "no"]), always, {})[0].ravel().tolist() == [1.0, 0.0]
+    from raylight.declarative.features.base import mode
+
+    assert mode(pd.Series([3, 2, 2], index=["red", "blue", "blue"]), cat) == "blue"  # one value's counts from two blocks add up
+    with pytest.raises(ConfigError, match=r"'c': preprocessing\.missing_value_strategy fill_with_mode takes the most common value of the training split, and column 'c' has none there"):
+        category.fit(pd.Series([None, None]), cat)

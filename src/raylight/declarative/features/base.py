@@ -11,6 +11,7 @@ import pandas as pd
 from pydantic import Field
 
 from raylight.config.base import ConfigModel
+from raylight.exceptions import ConfigError
 
 if TYPE_CHECKING:
     from torch import nn
@@ -33,6 +34,40 @@ class FeatureModel(ConfigModel):
     @property
     def col(self) -> str:
         return self.column or self.name
+
+
+# -- fill_with_mode: a column's most common value in the training split ------------------
+FILL_WITH_MODE = "fill_with_mode"
+
+
+def mode(counts: pd.Series, feat: Any) -> Any:
+    """The most common value given ``counts`` (value -> count; a value's counts from
+    several blocks are added up), the smallest of those tied, so that the pandas and Ray
+    Data processors agree; a ConfigError naming the feature where there is no value."""
+    totals = counts.groupby(level=0).sum()
+    if totals.empty:
+        raise ConfigError(
+            f"{feat.name!r}: preprocessing.missing_value_strategy fill_with_mode takes the most common value of the "
+            f"training split, and column {feat.col!r} has none there; use fill_with_const (fill_value) or drop_row"
+        )
+    return min(totals.index[totals == totals.max()])
+
+
+def modes_ray(train: Any, feats: list[Any], values: Callable[[pd.Series], pd.Series]) -> dict[str, Any]:
+    """The mode of each of ``feats`` that fills with its mode (feature name -> value),
+    in one pass over the split: each block's counts of ``values(column)`` (missing ones
+    dropped), added up here."""
+    wanted = [f for f in feats if f.preprocessing.missing_value_strategy == FILL_WITH_MODE]
+    if not wanted:
+        return {}
+    cols = sorted({f.col for f in wanted})
+
+    def counts(df: pd.DataFrame) -> pd.DataFrame:
+        parts = [pd.DataFrame({"col": c, "value": vc.index, "n": vc.to_numpy()}) for c in cols for vc in [values(df[c]).dropna().value_counts()]]
+        return pd.concat(parts, ignore_index=True)
+
+    table = train.map_batches(counts, batch_format="pandas", batch_size=None).to_pandas()
+    return {f.name: mode(table.loc[table["col"] == f.col].set_index("value")["n"], f) for f in wanted}
 
 
 # -- the cells of a column, for the types whose value is more than one scalar -------------

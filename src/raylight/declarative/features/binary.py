@@ -10,7 +10,7 @@ import pandas as pd
 from pydantic import Field
 
 from raylight.config.base import ConfigModel
-from raylight.declarative.features.base import FeatureModel
+from raylight.declarative.features.base import FILL_WITH_MODE, FeatureModel, mode, modes_ray
 
 if TYPE_CHECKING:
     from torch import nn
@@ -19,8 +19,9 @@ TRUTHY = frozenset({"1", "true", "yes", "y", "t", "on", "1.0"})
 
 
 class BinaryPreprocessing(ConfigModel):
-    missing_value_strategy: Literal["fill_with_false", "drop_row"] = Field(
-        "fill_with_false", description="What replaces a missing value."
+    missing_value_strategy: Literal["fill_with_false", "fill_with_true", "fill_with_mode", "drop_row"] = Field(
+        "fill_with_false",
+        description="What replaces a missing value: false, true, the training split's more common value (false on a tie), or the row dropped.",
     )
 
 
@@ -57,17 +58,21 @@ def check_blocks(summary: pd.DataFrame, feat: Any, kind: str) -> None:
 
 
 def fit(col: pd.Series, feat: BinaryInput) -> dict[str, Any]:
-    return {}
+    if feat.preprocessing.missing_value_strategy != FILL_WITH_MODE:
+        return {}
+    return {"mode": float(mode(to_float(col).dropna().value_counts(), feat))}
 
 
 def fit_ray(train: Any, feats: list[BinaryInput]) -> dict[str, dict[str, Any]]:
-    return {feat.name: {} for feat in feats}
+    modes = modes_ray(train, feats, to_float)
+    return {feat.name: {"mode": float(modes[feat.name])} if feat.name in modes else {} for feat in feats}
 
 
 def transform(col: pd.Series, feat: BinaryInput, meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None]:
-    values = to_float(col)
-    keep = values.notna().to_numpy() if feat.preprocessing.missing_value_strategy == "drop_row" else None
-    return values.fillna(0.0).to_numpy(dtype=np.float32)[:, None], keep
+    values, strategy = to_float(col), feat.preprocessing.missing_value_strategy
+    keep = values.notna().to_numpy() if strategy == "drop_row" else None
+    fill = {"fill_with_true": 1.0, FILL_WITH_MODE: meta.get("mode")}.get(strategy, 0.0)
+    return values.fillna(fill).to_numpy(dtype=np.float32)[:, None], keep
 
 
 def encoder(feat: BinaryInput, meta: dict[str, Any]) -> tuple[nn.Module, int]:

@@ -11,7 +11,14 @@ import pandas as pd
 from pydantic import Field
 
 from raylight.config.base import ConfigModel
-from raylight.declarative.features.base import MAX_VOCAB, UNK, EmbeddingEncoder, FeatureModel
+from raylight.declarative.features.base import (
+    FILL_WITH_MODE,
+    MAX_VOCAB,
+    UNK,
+    EmbeddingEncoder,
+    FeatureModel,
+    mode,
+)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -20,8 +27,8 @@ if TYPE_CHECKING:
 class CategoryPreprocessing(ConfigModel):
     most_common: int = Field(10_000, ge=1, le=MAX_VOCAB, description="Largest vocabulary kept; the rest map to <UNK>.")
     min_frequency: int = Field(1, ge=1, le=2**31, description="Values seen fewer times map to <UNK>.")
-    missing_value_strategy: Literal["fill_with_const", "drop_row"] = Field(
-        "fill_with_const", description="What replaces a missing value."
+    missing_value_strategy: Literal["fill_with_const", "fill_with_mode", "drop_row"] = Field(
+        "fill_with_const", description="What replaces a missing value: fill_value, the training split's most common value, or the row dropped."
     )
     fill_value: str = Field("<UNK>", description="The value used by fill_with_const.")
 
@@ -56,7 +63,14 @@ def fit(col: pd.Series, feat: CategoryInput) -> dict[str, Any]:
     cp = feat.preprocessing
     counts = Counter(col.dropna().astype(str))
     kept = [v for v, c in counts.most_common(cp.most_common) if c >= cp.min_frequency]
-    return {"vocab": [UNK, *kept]}
+    return _with_mode({"vocab": [UNK, *kept]}, counts, feat)
+
+
+def _with_mode(meta: dict[str, Any], counts: Counter[str], feat: Any) -> dict[str, Any]:
+    """``meta`` and, where the feature fills with its mode, the training split's most common value."""
+    if feat.preprocessing.missing_value_strategy == FILL_WITH_MODE:
+        meta["mode"] = mode(pd.Series(counts, dtype="int64"), feat)
+    return meta
 
 
 def fit_ray(train: Any, feats: list[CategoryInput]) -> dict[str, dict[str, Any]]:
@@ -78,7 +92,7 @@ def fit_ray(train: Any, feats: list[CategoryInput]) -> dict[str, dict[str, Any]]
         cp = feat.preprocessing
         totals = Counter(dict(table[table["col"] == feat.col].groupby("value")["n"].sum()))
         kept = [v for v, c in totals.most_common(cp.most_common) if c >= cp.min_frequency]
-        meta[feat.name] = {"vocab": [UNK, *kept]}
+        meta[feat.name] = _with_mode({"vocab": [UNK, *kept]}, totals, feat)
     return meta
 
 
@@ -86,7 +100,8 @@ def transform(col: pd.Series, feat: CategoryInput, meta: dict[str, Any]) -> tupl
     cp = feat.preprocessing
     keep = col.notna().to_numpy() if cp.missing_value_strategy == "drop_row" else None
     index = {v: i for i, v in enumerate(meta["vocab"])}
-    values = col.astype(object).where(col.notna(), cp.fill_value).astype(str)
+    fill = meta["mode"] if cp.missing_value_strategy == FILL_WITH_MODE else cp.fill_value
+    values = col.astype(object).where(col.notna(), fill).astype(str)
     return np.array([index.get(v, 0) for v in values], dtype=np.int64), keep
 
 

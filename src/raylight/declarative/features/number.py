@@ -13,7 +13,15 @@ import pandas as pd
 from pydantic import Field, field_validator
 
 from raylight.config.base import ConfigModel
-from raylight.declarative.features.base import FeatureModel, bad_summary, examples, present
+from raylight.declarative.features.base import (
+    FILL_WITH_MODE,
+    FeatureModel,
+    bad_summary,
+    examples,
+    mode,
+    modes_ray,
+    present,
+)
 from raylight.exceptions import ConfigError
 
 if TYPE_CHECKING:
@@ -24,8 +32,9 @@ class NumberPreprocessing(ConfigModel):
     normalization: Literal["zscore", "minmax", "none"] = Field(
         "zscore", description="How values are scaled (null, Ludwig's spelling of none, is none)."
     )
-    missing_value_strategy: Literal["fill_with_mean", "fill_with_const", "drop_row"] = Field(
-        "fill_with_mean", description="What replaces a missing value."
+    missing_value_strategy: Literal["fill_with_mean", "fill_with_mode", "fill_with_const", "drop_row"] = Field(
+        "fill_with_mean",
+        description="What replaces a missing value: the training split's mean or most common value, fill_value, or the row dropped.",
     )
     fill_value: float = Field(0.0, description="The value used by fill_with_const.")
     outlier_strategy: Literal["fill_with_mean", "fill_with_const", "drop_row"] | None = Field(
@@ -112,7 +121,14 @@ def check_blocks(summary: pd.DataFrame, feat: Any, kind: str) -> None:
 
 def fit(col: pd.Series, feat: Any) -> dict[str, Any]:
     values = pd.to_numeric(col, errors="coerce").dropna().astype(float)
-    return finite_stats(feat, float(values.mean()), float(values.std(ddof=0)), float(values.min()), float(values.max()))
+    meta = finite_stats(feat, float(values.mean()), float(values.std(ddof=0)), float(values.min()), float(values.max()))
+    if feat.preprocessing.missing_value_strategy == FILL_WITH_MODE:
+        meta["mode"] = float(mode(values.value_counts(), feat))
+    return meta
+
+
+def _numeric(col: pd.Series) -> pd.Series:
+    return pd.to_numeric(col, errors="coerce").astype(float)
 
 
 def fit_ray(train: Any, feats: list[Any]) -> dict[str, dict[str, Any]]:
@@ -136,6 +152,8 @@ def fit_ray(train: Any, feats: list[Any]) -> dict[str, dict[str, Any]]:
         if n == 0:  # no values in the training split
             raise no_statistics(feat, "mean and range")
         meta[feat.name] = finite_stats(feat, mean, float(np.sqrt(m2 / n)), low, high)
+    for name, value in modes_ray(train, feats, _numeric).items():
+        meta[name]["mode"] = float(value)
     return meta
 
 
@@ -171,7 +189,7 @@ def transform(col: pd.Series, feat: NumberInput, meta: dict[str, Any]) -> tuple[
     p = feat.preprocessing
     values = pd.to_numeric(col, errors="coerce").astype(float)
     keep = values.notna().to_numpy() if p.missing_value_strategy == "drop_row" else None
-    fill = meta["mean"] if p.missing_value_strategy == "fill_with_mean" else p.fill_value
+    fill = {"fill_with_mean": meta["mean"], FILL_WITH_MODE: meta.get("mode")}.get(p.missing_value_strategy, p.fill_value)
     if p.outlier_strategy is not None:  # the training split's statistics, as for scaling
         outlier = ((values - meta["mean"]).abs() / meta["std"] > p.outlier_threshold).to_numpy()
         if p.outlier_strategy == "drop_row":
