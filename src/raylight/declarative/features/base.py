@@ -40,6 +40,12 @@ class FeatureModel(ConfigModel):
 FILL_WITH_MODE = "fill_with_mode"
 
 
+def fills_with_mode(feat: Any) -> bool:
+    """Whether ``feat`` fills a missing value with its mode (a number target, fitted by
+    number's functions too, has no preprocessing: its rows without a value are dropped)."""
+    return getattr(getattr(feat, "preprocessing", None), "missing_value_strategy", None) == FILL_WITH_MODE
+
+
 def mode(counts: pd.Series, feat: Any) -> Any:
     """The most common value given ``counts`` (value -> count; a value's counts from
     several blocks are added up), the smallest of those tied, so that the pandas and Ray
@@ -57,7 +63,7 @@ def modes_ray(train: Any, feats: list[Any], values: Callable[[pd.Series], pd.Ser
     """The mode of each of ``feats`` that fills with its mode (feature name -> value),
     in one pass over the split: each block's counts of ``values(column)`` (missing ones
     dropped), added up here."""
-    wanted = [f for f in feats if f.preprocessing.missing_value_strategy == FILL_WITH_MODE]
+    wanted = [f for f in feats if fills_with_mode(f)]
     if not wanted:
         return {}
     cols = sorted({f.col for f in wanted})

@@ -10,7 +10,13 @@ import pandas as pd
 from pydantic import Field
 
 from raylight.config.base import ConfigModel
-from raylight.declarative.features.base import FILL_WITH_MODE, FeatureModel, mode, modes_ray
+from raylight.declarative.features.base import (
+    FILL_WITH_MODE,
+    FeatureModel,
+    fills_with_mode,
+    mode,
+    modes_ray,
+)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -58,7 +64,7 @@ def check_blocks(summary: pd.DataFrame, feat: Any, kind: str) -> None:
 
 
 def fit(col: pd.Series, feat: BinaryInput) -> dict[str, Any]:
-    if feat.preprocessing.missing_value_strategy != FILL_WITH_MODE:
+    if not fills_with_mode(feat):
         return {}
     return {"mode": float(mode(to_float(col).dropna().value_counts(), feat))}
 

@@ -17,6 +17,7 @@ from raylight.declarative.features.base import (
     UNK,
     EmbeddingEncoder,
     FeatureModel,
+    fills_with_mode,
     mode,
 )
 
@@ -68,7 +69,7 @@ def fit(col: pd.Series, feat: CategoryInput) -> dict[str, Any]:
 
 def _with_mode(meta: dict[str, Any], counts: Counter[str], feat: Any) -> dict[str, Any]:
     """``meta`` and, where the feature fills with its mode, the training split's most common value."""
-    if feat.preprocessing.missing_value_strategy == FILL_WITH_MODE:
+    if fills_with_mode(feat):
         meta["mode"] = mode(pd.Series(counts, dtype="int64"), feat)
     return meta
 

@@ -18,6 +18,7 @@ from raylight.declarative.features.base import (
     FeatureModel,
     bad_summary,
     examples,
+    fills_with_mode,
     mode,
     modes_ray,
     present,
@@ -122,7 +123,7 @@ def check_blocks(summary: pd.DataFrame, feat: Any, kind: str) -> None:
 def fit(col: pd.Series, feat: Any) -> dict[str, Any]:
     values = pd.to_numeric(col, errors="coerce").dropna().astype(float)
     meta = finite_stats(feat, float(values.mean()), float(values.std(ddof=0)), float(values.min()), float(values.max()))
-    if feat.preprocessing.missing_value_strategy == FILL_WITH_MODE:
+    if fills_with_mode(feat):
         meta["mode"] = float(mode(values.value_counts(), feat))
     return meta
 
