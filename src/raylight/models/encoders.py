@@ -26,6 +26,12 @@ warnings.filterwarnings("ignore", message="Using padding='same' with even kernel
 warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides", category=UserWarning)
 
 
+def _dropout(p: float) -> nn.Module:
+    """Dropout of ``p``, or nothing where it is 0 (weights files and module listings stay
+    as they were without it)."""
+    return nn.Dropout(p) if p > 0 else nn.Identity()
+
+
 class DateModule(nn.Module):
     """The year (standardised by the training split's) through a linear unit, each cyclic
     part embedded (embed) or as the cosine of its value over its period (wave, Ludwig's
@@ -40,7 +46,7 @@ class DateModule(nn.Module):
             {} if self.wave else {name: nn.Embedding(size, enc.embedding_size) for name, size, _, _ in CYCLES}
         )
         width = 1 + len(CYCLES) * (1 if self.wave else enc.embedding_size) + 1
-        self.dropout = nn.Dropout(enc.dropout) if enc.dropout > 0 else nn.Identity()
+        self.dropout = _dropout(enc.dropout)
         self.fc = FCStack(enc, width)
         self.width = self.fc.width
 
@@ -73,7 +79,7 @@ class Then(nn.Module):
     def __init__(self, embed: nn.Module, enc: Any, width: int) -> None:
         super().__init__()
         self.embed = embed
-        self.dropout = nn.Dropout(enc.dropout) if enc.dropout > 0 else nn.Identity()
+        self.dropout = _dropout(enc.dropout)
         self.fc = FCStack(enc, width)
         self.width = self.fc.width
 
@@ -112,7 +118,7 @@ class _Sequence(nn.Module):
         super().__init__()
         self.embed = None if vocab_size is None else nn.Embedding(vocab_size, enc.embedding_size, padding_idx=0)
         self.channels = 1 if vocab_size is None else enc.embedding_size
-        self.dropout = nn.Dropout(enc.dropout) if enc.dropout > 0 else nn.Identity()
+        self.dropout = _dropout(enc.dropout)
         self.reduce = enc.reduce_output
 
     def _layers(self, enc: Any, width: int) -> None:
@@ -133,8 +139,7 @@ class _Sequence(nn.Module):
         first ``lengths`` steps (None: all). An rnn's and a transformer's outputs are per
         token and give lengths; a convolution's mix neighbouring steps, and all count."""
         if self.reduce == "last":
-            last = lengths - 1 if lengths is not None else torch.full((h.shape[0],), h.shape[1] - 1, device=h.device)
-            return self.fc(h[torch.arange(h.shape[0], device=h.device), last])
+            return self.fc(h[:, -1] if lengths is None else h[torch.arange(h.shape[0], device=h.device), lengths - 1])
         if lengths is not None:
             real = (torch.arange(h.shape[1], device=h.device)[None, :] < lengths[:, None])[:, :, None]
             h = h.masked_fill(~real, float("-inf") if self.reduce == "max" else 0.0)
@@ -186,7 +191,7 @@ class StackedCNN(_Sequence):
         self.pools = nn.ModuleList(_pool(enc, layer.pool_size) for layer in enc.conv_layers)
         self.pool_sizes = [layer.pool_size for layer in enc.conv_layers]
         self.activation = ACTIVATIONS[enc.conv_activation if recurrent else enc.activation]()
-        self.conv_dropout = self.dropout if not recurrent else nn.Dropout(enc.conv_dropout) if enc.conv_dropout > 0 else nn.Identity()
+        self.conv_dropout = _dropout(enc.conv_dropout) if recurrent else self.dropout
         self.rnn = _recurrent_layers(enc, width) if recurrent else None
         self._layers(enc, width if self.rnn is None else enc.state_size * (2 if enc.bidirectional else 1))
 

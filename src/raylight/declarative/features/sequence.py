@@ -1,8 +1,8 @@
 """Sequence features, as Ludwig's: text with Ludwig's sequence defaults (tokens split on
 white space, case kept, 256 kept per row) encoded by Ludwig's sequence default, ``embed``
 (the sum of 256-wide token embeddings), or any of text's other encoders (parallel_cnn,
-stacked_cnn, rnn, transformer). The tokens, their vocabulary and the encoders are text's
-(``text.py``)."""
+stacked_cnn, stacked_parallel_cnn, rnn, cnnrnn, transformer). The tokens, their vocabulary
+and the encoders are text's (``text.py``)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class SequencePreprocessing(text.TextPreprocessing):
 
 class SequenceEncoder(text.TextEncoder):
     embedding_size: int = Field(256, ge=1, le=65_536, description="Size of the token embeddings.")
-    reduce_output: text.Reduce = Field("sum", description="How the tokens reduce to one vector (rnn, transformer: last).")
+    reduce_output: text.Reduce = Field("sum", description="How the tokens reduce to one vector (rnn, cnnrnn, transformer: last).")
 
 
 class SequenceInput(FeatureModel):

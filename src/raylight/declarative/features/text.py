@@ -278,10 +278,7 @@ class TextEncoder(FCStackConfig):
         ``review.encoder.type``) so trains each type as Ludwig configures it, with the
         config's embedding_size, dropout, ... where it set them."""
         own = section.get("type", "embed")
-        try:
-            defaults = cls.model_validate({"type": own} if own != "embed" else {}).model_dump(mode="json")
-        except ValueError:
-            defaults = {}
+        defaults = cls.model_validate({"type": own} if own != "embed" else {}).model_dump(mode="json")
         changed = {k: v for k, v in section.items() if k != "type" and (k not in defaults or defaults[k] != v)}
         return {"type": kind, **{k: v for k, v in changed.items() if k not in _OWN or kind in _OWN[k][0]}}
 
