@@ -121,7 +121,7 @@ def check_blocks(summary: pd.DataFrame, feat: Any, kind: str) -> None:
 
 
 def fit(col: pd.Series, feat: Any) -> dict[str, Any]:
-    values = pd.to_numeric(col, errors="coerce").dropna().astype(float)
+    values = _numeric(col).dropna()
     meta = finite_stats(feat, float(values.mean()), float(values.std(ddof=0)), float(values.min()), float(values.max()))
     if fills_with_mode(feat):
         meta["mode"] = float(mode(values.value_counts(), feat))
@@ -129,6 +129,7 @@ def fit(col: pd.Series, feat: Any) -> dict[str, Any]:
 
 
 def _numeric(col: pd.Series) -> pd.Series:
+    """The column as floats, NaN where missing or not a number (``check`` has refused those)."""
     return pd.to_numeric(col, errors="coerce").astype(float)
 
 
@@ -188,7 +189,7 @@ def combine_moments(parts: pd.DataFrame) -> tuple[int, float, float, float, floa
 
 def transform(col: pd.Series, feat: NumberInput, meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None]:
     p = feat.preprocessing
-    values = pd.to_numeric(col, errors="coerce").astype(float)
+    values = _numeric(col)
     keep = values.notna().to_numpy() if p.missing_value_strategy == "drop_row" else None
     fill = {"fill_with_mean": meta["mean"], FILL_WITH_MODE: meta.get("mode")}.get(p.missing_value_strategy, p.fill_value)
     if p.outlier_strategy is not None:  # the training split's statistics, as for scaling
