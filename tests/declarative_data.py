@@ -78,3 +78,32 @@ def write(tmp_path, *, fmt: str = "csv", df: pd.DataFrame | None = None, config:
     with open(cfg, "w") as f:
         f.write(config)
     return cfg, data
+
+
+# Three targets of the same inputs (Ludwig's multi-task model): a binary, a number whose
+# loss Ludwig's loss.weight halves, and a category.
+MULTI = """\
+input_features:
+  - {name: a, type: number}
+  - {name: b, type: number}
+  - {name: c, type: category}
+output_features:
+  - {name: y, type: binary}
+  - {name: z, type: number, loss: {weight: 0.5}}
+  - {name: k, type: category}
+trainer: {epochs: 15, batch_size: 32, learning_rate: 0.01, early_stop: -1}
+preprocessing: {split: {type: random, probabilities: [0.7, 0.1, 0.2]}}
+backend: {type: local}
+"""
+
+
+def multi(n: int = 600, seed: int = 0) -> pd.DataFrame:
+    """Inputs a, b (numbers) and c (p, q or r); y = a + b > 0, z = 2a - b + 3 [c = q] and
+    k, where b lies (lo, mid, hi): each target learnable from the inputs."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.normal(size=n), rng.normal(size=n)
+    c = rng.choice(["p", "q", "r"], n)
+    return pd.DataFrame({
+        "a": a, "b": b, "c": c, "y": a + b > 0, "z": 2 * a - b + 3.0 * (c == "q"),
+        "k": np.where(b > 0.5, "hi", np.where(b < -0.5, "lo", "mid")),
+    })

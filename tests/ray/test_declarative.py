@@ -232,6 +232,34 @@ def column(split, name):
     return np.concatenate([ray.get(b)[name] for b in split.blocks])
 
 
+def test_several_outputs_train_on_two_ray_workers_from_ray_data(ray_cluster, tmp_path):
+    """Three outputs on the ray backend: Ray Data fits each target's metadata as the
+    pandas processor does (a number target's moments, a category's classes), drops the
+    rows lacking any target, and two DDP workers train every output."""
+    import numpy as np
+
+    from tests.declarative_data import MULTI, multi
+
+    df = multi(600).assign(split=[0] * 420 + [1] * 60 + [2] * 120)  # the same rows in each split for both
+    df.loc[[5, 300], "z"] = None
+    df.loc[[9], "k"] = None
+    config = MULTI.replace("{type: random, probabilities: [0.7, 0.1, 0.2]}", "{type: fixed}").replace(
+        "backend: {type: local}",
+        "backend: {type: ray, processor: {type: ray_data}, trainer: {num_workers: 2, resources_per_worker: {CPU: 1}}}",
+    )
+    cfg, data = write(tmp_path, fmt="parquet", config=config, df=df)
+    prepared = {p: api.prepare(load_config(cfg), data, processor=p, use_cache=False) for p in ("ray_data", "pandas")}
+    ray_meta, pandas_meta = prepared["ray_data"].meta, prepared["pandas"].meta
+    assert ray_meta["k"] == pandas_meta["k"] and ray_meta["y"] == pandas_meta["y"] == {}
+    assert ray_meta["z"] == pytest.approx(pandas_meta["z"], rel=1e-9)
+    rows = {p: sum(len(column(s, "z")) for s in (r.train, r.validation, r.test) if s is not None) for p, r in prepared.items()}
+    assert rows == {"ray_data": 597, "pandas": 597}
+    assert not np.isnan(np.concatenate([column(s, "z") for s in (prepared["ray_data"].train, prepared["ray_data"].test)])).any()
+    out = api.train(load_config(cfg), data, output_directory=str(tmp_path / "run"), progress=False)
+    test = out["evaluation"]["test"]
+    assert out["backend"] == "ray" and test["y/accuracy"] > 0.85 and test["z/r2"] > 0.85 and test["k/accuracy"] > 0.8, test
+
+
 def test_more_gpus_than_exist_is_a_config_error(ray_cluster, tmp_path):
     cfg, data = write(tmp_path, config=RAY_CONFIG.replace("num_workers: 2,", "num_workers: 2, use_gpu: true,"))
     with pytest.raises(ConfigError) as err:

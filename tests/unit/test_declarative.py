@@ -298,7 +298,7 @@ class _Passthrough(torch.nn.Module):
 
     def forward(self, batch):
         self.sizes.append(len(batch["x"]))
-        return batch["x"]
+        return {"y": batch["x"]}
 
 
 @pytest.mark.parametrize("kind", ["category", "number"])
@@ -721,7 +721,7 @@ def test_an_output_s_threshold_decides_its_predictions_and_the_accuracy_counting
     df = frame(300, seed=5)
     at_half, scores = model.evaluate(df), model.predict(df)["income_probabilities"].to_numpy()
     threshold = float(np.median(scores[scores >= 0.5]))  # half of the rows predicted true at 0.5
-    model.output = model.output.model_copy(update={"threshold": threshold})
+    model.outputs = [model.outputs[0].model_copy(update={"threshold": threshold})]
     predicted = model.predict(df)
     probabilities, labels = predicted["income_probabilities"].to_numpy(), predicted["income_predictions"].to_numpy(dtype=bool)
     assert (labels == (probabilities >= threshold)).all() and 0 < labels.sum() < (probabilities >= 0.5).sum()

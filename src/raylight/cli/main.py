@@ -243,7 +243,8 @@ def check(config: ConfigOpt, dataset: DatasetOpt, set_: SetOpt = None, verbose: 
     except RaylightError as exc:
         _fail(exc)
     rows = len(next(iter(prepared.train.values())))
-    console.print(f"ok: {len(cfg.input_features)} inputs, target {cfg.output_features[0].name!r}, {rows} training rows")
+    targets = ", ".join(repr(out.name) for out in cfg.output_features)
+    console.print(f"ok: {len(cfg.input_features)} inputs, target{'s' if len(cfg.output_features) > 1 else ''} {targets}, {rows} training rows")
 
 
 @app.command()

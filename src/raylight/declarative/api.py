@@ -387,7 +387,7 @@ def train(
 
         model = load_model(model_dir)
         evaluation["test"] = evaluate_data(
-            model.model, prepared.test, model.output, prepared.meta, torch.device("cpu"), chunk_rows=config.trainer.eval_batch_size
+            model.model, prepared.test, model.outputs, prepared.meta, torch.device("cpu"), chunk_rows=config.trainer.eval_batch_size
         )
     atomic_write(os.path.join(out, "evaluation.json"), json.dumps(evaluation, indent=2))
     _plot_learning_curves(result.metrics_history, os.path.join(out, "learning_curves.png"))

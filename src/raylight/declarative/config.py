@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import operator
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
@@ -39,7 +40,7 @@ from raylight.declarative.hyperopt_config import HyperoptConfig
 from raylight.declarative.keypath import KeyPathError, assign
 from raylight.declarative.layers import FCLayer, FCStackConfig
 from raylight.declarative.ludwig import check_ludwig_keys
-from raylight.declarative.metrics import metric_name, metrics_measured
+from raylight.declarative.metrics import COMBINED, field_metrics, metric_name
 
 # Upper bounds: far beyond any real use, low enough that a typo fails here and not as an
 # allocation of terabytes or a loop of years.
@@ -318,7 +319,8 @@ class TrainerSection(ConfigModel):
         "Without a validation split: the training loss.",
     )
     validation_field: str = Field(
-        "combined", description="Ludwig's: the output validation_metric is measured on; combined or the output's name (raylight has one output)."
+        "combined", description="Ludwig's: the output validation_metric is measured on, by its name, or combined "
+        "(with several outputs: their weighted losses added up, whose one metric is loss).",
     )
 
     _validation_metric_name = field_validator("validation_metric")(metric_name)
@@ -582,9 +584,27 @@ class BackendConfig(ConfigModel):
     cache_dir: str | None = Field(None, description="fsspec URI caching preprocessed data by config + data fingerprint.")
 
 
+def _fields(kinds: Mapping[str, str]) -> str:
+    """What a validation_field or hyperopt output_feature may be, for messages."""
+    return ", ".join(repr(name) for name in kinds) + f" or {COMBINED}"
+
+
+def _of(kinds: Mapping[str, str], field: str) -> str:
+    """The output ``field`` names, for messages: "of a binary output", ..."""
+    if len(kinds) == 1:
+        return f"of a {next(iter(kinds.values()))} output"
+    if field == COMBINED:
+        return "of the combined outputs (their weighted losses added up; name an output for its other metrics)"
+    return f"of output {field!r} ({kinds[field]})"
+
+
 class ModelConfig(ConfigModel):
     input_features: list[InputFeature] = Field(min_length=1, description="Model inputs.")
-    output_features: list[OutputFeature] = Field(min_length=1, max_length=1, description="The target (one).")
+    output_features: list[OutputFeature] = Field(
+        min_length=1, max_length=64,
+        description="The targets: one, or several trained together (Ludwig's multi-task model: the outputs share "
+        "the encoders and combiner, and training adds up their losses, each times its loss_weight).",
+    )
     combiner: CombinerConfig = Field(default_factory=lambda: CombinerConfig(), description="Combiner.")
     trainer: TrainerSection = Field(default_factory=lambda: TrainerSection(), description="Training.")
     preprocessing: PreprocessingSection = Field(
@@ -618,12 +638,15 @@ class ModelConfig(ConfigModel):
         if value is None or not {"output_features", "preprocessing", "backend"} <= set(info.data):
             return value  # nothing to check, or earlier sections already failed
         base = to_jsonable_python(info.data)
-        kind, output = info.data["output_features"][0].type, info.data["output_features"][0].name
-        if value.output_feature not in ("combined", output):
-            raise ValueError(f"output_feature {value.output_feature!r} is not an output feature; use {output!r} or combined")
-        allowed = metrics_measured(kind, value.split)
+        kinds = {out.name: out.type for out in info.data["output_features"]}
+        if value.output_feature not in (COMBINED, *kinds):
+            raise ValueError(f"output_feature {value.output_feature!r} is not an output feature; use {_fields(kinds)}")
+        allowed = field_metrics(kinds, value.output_feature, value.split)
         if value.metric not in allowed:
-            raise ValueError(f"metric {value.metric!r} is not measured on the {value.split} split of a {kind} output; allowed: {allowed}")
+            raise ValueError(
+                f"metric {value.metric!r} is not measured on the {value.split} split {_of(kinds, value.output_feature)}; "
+                f"allowed: {allowed}"
+            )
         if value.split == "validation" and info.data["preprocessing"].split.probabilities[1] == 0:
             raise ValueError("split is validation but preprocessing.split.probabilities gives it 0; give it a fraction or set split: training")
         t = info.data["backend"].trainer
@@ -631,13 +654,19 @@ class ModelConfig(ConfigModel):
             raise ValueError("trials need a fixed size: set backend.trainer.num_workers, not min_workers/max_workers")
         for key, space in value.parameters.items():
             _check_parameter(base, key, space)
+        value._outputs = list(kinds)
         return value
 
     @model_validator(mode="after")
     def _check_balancing(self) -> ModelConfig:
         prep, output = self.preprocessing, self.output_features[0]
+        key = "oversample_minority" if prep.oversample_minority is not None else "undersample_majority"
+        if prep.balancing and len(self.output_features) > 1:
+            raise ValueError(
+                f"preprocessing.{key}: balances the two classes of a model's one binary output, but this "
+                f"model has {len(self.output_features)} outputs; remove the key"
+            )
         if prep.balancing and output.type != "binary":
-            key = "oversample_minority" if prep.oversample_minority is not None else "undersample_majority"
             raise ValueError(
                 f"preprocessing.{key}: balances a binary output's two classes, but output "
                 f"{output.name!r} is {output.type}; remove the key"
@@ -667,16 +696,14 @@ class ModelConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _check_validation_metric(self) -> ModelConfig:
-        t, output = self.trainer, self.output_features[0]
-        if t.validation_field not in ("combined", output.name):
-            raise ValueError(
-                f"trainer.validation_field: {t.validation_field!r} is not an output feature; use "
-                f"{output.name!r} or combined"
-            )
+        t = self.trainer
+        kinds = {out.name: out.type for out in self.output_features}
+        if t.validation_field not in (COMBINED, *kinds):
+            raise ValueError(f"trainer.validation_field: {t.validation_field!r} is not an output feature; use {_fields(kinds)}")
         has_validation = self.preprocessing.split.probabilities[1] > 0
-        allowed = metrics_measured(output.type, "validation" if has_validation else "training")
+        allowed = field_metrics(kinds, t.validation_field, "validation" if has_validation else "training")
         if t.validation_metric not in allowed:
-            where = f"of a {output.type} output" if has_validation else (
+            where = _of(kinds, t.validation_field) if has_validation else (
                 "without a validation split (preprocessing.split.probabilities gives it 0: early "
                 "stopping follows the training loss)"
             )
@@ -688,12 +715,12 @@ class ModelConfig(ConfigModel):
         sched = self.trainer.learning_rate_scheduler
         if sched is None or sched.reduce_on_plateau == 0:
             return self
-        kind, split = self.output_features[0].type, sched.reduce_eval_split
-        allowed = metrics_measured(kind, split)
+        kinds, field, split = {out.name: out.type for out in self.output_features}, self.trainer.validation_field, sched.reduce_eval_split
+        allowed = field_metrics(kinds, field, split)
         if sched.reduce_eval_metric not in allowed:
             raise ValueError(
                 f"trainer.learning_rate_scheduler.reduce_eval_metric: {sched.reduce_eval_metric!r} is not "
-                f"measured on the {split} split of a {kind} output; allowed: {allowed}"
+                f"measured on the {split} split {_of(kinds, field)}; allowed: {allowed}"
             )
         if split == "validation" and self.preprocessing.split.probabilities[1] == 0:
             raise ValueError(
@@ -766,7 +793,8 @@ def set_path(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
     """A copy of ``data`` with the dotted ``key`` (list items by index) set to ``value``;
     KeyError naming the first part that does not exist. A key may start with a feature's
     name, Ludwig's hyperopt spelling (``review.encoder.type``: that feature's
-    ``encoder.type``; a config section of the same name comes first). Setting a text-like
+    ``encoder.type``; a config section of the same name comes first); an output's
+    ``loss.weight`` is its ``loss_weight``. Setting a text-like
     encoder's ``type`` starts it from that type's defaults (``TextEncoder.retyped``). Ludwig's
     ``combiner.num_fc_layers`` / ``combiner.output_size`` set the number of
     ``combiner.fc_layers`` (copies of the first, or of 256 units) or every layer's size."""
@@ -775,6 +803,9 @@ def set_path(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
     if head not in data and head in features and rest:
         key = f"{features[head]}.{rest}"
     parts = key.split(".")
+    if len(parts) == 4 and parts[0] == "output_features" and parts[2:] == ["loss", "weight"]:
+        parts[2:] = ["loss_weight"]  # Ludwig's loss.weight
+        key = ".".join(parts)
     if len(parts) == 4 and parts[2:] == ["encoder", "type"] and parts[0] in ("input_features", "output_features"):
         retyped = _retyped_encoder(data, parts, value)
         if retyped is not None:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from raylight.config.base import ConfigModel
-from raylight.declarative.metrics import metric_name
+from raylight.declarative.metrics import metric_key, metric_name
 
 
 # -- search spaces -------------------------------------------------------------------
@@ -166,7 +166,9 @@ class HyperoptConfig(ConfigModel):
     )
     split: Literal["validation", "training"] = Field("validation", description="Split the metric is measured on.")
     output_feature: str = Field(
-        "combined", description="Ludwig's: the output the metric is of; combined or the output's name (raylight has one)."
+        "combined",
+        description="Ludwig's: the output the metric is of, by its name, or combined (with several outputs: their "
+        "weighted losses added up, whose one metric is loss).",
     )
     eval_split: Literal["validation", "training"] | None = Field(None, description="Ludwig's: null or the same as split.")
     search_alg: SearchAlgConfig = Field(default_factory=lambda: SearchAlgConfig(), description="Search algorithm.")
@@ -195,7 +197,12 @@ class HyperoptConfig(ConfigModel):
                 raise ValueError(f"scheduler pbt cannot mutate grid spaces ({bad}); use choice")
         return self
 
+    # The model's output names, set by ModelConfig's check of this section.
+    _outputs: list[str] = PrivateAttr(default_factory=list)
+
     @property
     def metric_name(self) -> str:
-        """The name of the reported metric: validation_<metric> or train_<metric>."""
-        return f"{'validation' if self.split == 'validation' else 'train'}_{self.metric}"
+        """The name of the reported metric: validation_<key> or train_<key>, its key
+        ``metric_key``'s (``<output>/<metric>`` with several outputs)."""
+        key = metric_key(self._outputs or [self.output_feature], self.output_feature, self.metric)
+        return f"{'validation' if self.split == 'validation' else 'train'}_{key}"

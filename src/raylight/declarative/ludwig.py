@@ -20,6 +20,10 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 # raylight does anyway (Ludwig's defaults, mostly): a config that spells them out loads,
 # without the key. ANY: whatever the value.
 ANY = object()
+_BALANCING = (
+    "raylight adds up the outputs' losses, each times the output's loss_weight (Ludwig's loss_balancing: none); "
+    "set the weights, and remove the key"
+)
 LUDWIG_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "model_type": ("raylight trains Ludwig's ecd model (encoders, combiner, decoder) only; remove the key", ("ecd",)),
     "ludwig_version": ("raylight does not read it; remove the key", (ANY,)),  # which Ludwig wrote the config: nothing to do
@@ -145,11 +149,11 @@ LUDWIG_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "trainer.compile": ("torch.compile is not available on the declarative path; remove the key", (False,)),
     "trainer.enable_gradient_checkpointing": ("not available on the declarative path; remove the key", (False,)),
     "trainer.layers_to_freeze_regex": ("raylight trains every layer; remove the key", (None,)),
-    "trainer.loss_balancing": ("raylight trains one output feature: there is no loss to balance; remove the key", ("none",)),
-    "trainer.loss_balancing_alpha": ("raylight trains one output feature; remove the key", (1.5,)),
-    "trainer.loss_balancing_lr": ("raylight trains one output feature; remove the key", (0.01,)),
-    "trainer.loss_balancing_preference_vector": ("raylight trains one output feature; remove the key", (None,)),
-    "trainer.loss_balancing_tchebycheff_weight": ("raylight trains one output feature; remove the key", (0.5,)),
+    "trainer.loss_balancing": (_BALANCING, ("none",)),
+    "trainer.loss_balancing_alpha": (_BALANCING, (1.5,)),
+    "trainer.loss_balancing_lr": (_BALANCING, (0.01,)),
+    "trainer.loss_balancing_preference_vector": (_BALANCING, (None,)),
+    "trainer.loss_balancing_tchebycheff_weight": (_BALANCING, (0.5,)),
     "trainer.contrastive_pretrain_epochs": ("contrastive pre-training is not available; remove the key", (0,)),
     "trainer.contrastive_pretrain_temperature": ("contrastive pre-training is not available; remove the key", (0.07,)),
     "trainer.contrastive_pretrain_projection_dim": ("contrastive pre-training is not available; remove the key", (128,)),
@@ -190,6 +194,9 @@ _DECODERS = {"binary": "regressor", "category": "classifier", "number": "regress
 def _decoder(kind: str) -> tuple[str, tuple[Any, ...]]:
     return f"raylight's {kind} decoder is Ludwig's {_DECODERS[kind]}; use it or remove the key", (_DECODERS[kind],)
 
+_DEPENDENCIES = (
+    "raylight's outputs do not feed one another: each output's decoder reads the combiner's output; remove the key"
+)
 _DECODER_FIX = "raylight's decoder is one linear layer after the combiner: add layers to combiner.fc_layers; remove the key"
 # The settings of a decoder's layers, at Ludwig's defaults (it has none by default).
 _DECODER_FC: dict[str, tuple[Any, ...]] = {
@@ -352,15 +359,14 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "preprocessing.most_common": ("raylight keeps the 10,000 most common labels, Ludwig's default; remove the key", (10000,)),
     },
     ("output", "*"): {
-        "loss.weight": ("write it as the feature's loss_weight", (1,)),
         "loss.robust_lambda": ("not available; remove the key", (0,)),
         "loss.confidence_penalty": ("not available; remove the key", (0,)),
         "decoder.num_fc_layers": (_DECODER_FIX, (0,)),
         "decoder.fc_layers": (_DECODER_FIX, (None,)),
         "decoder.fc_output_size": (_DECODER_FIX, (256,)),
         "reduce_input": ("raylight's combiner gives one vector: nothing to reduce; remove the key", ("sum", None)),
-        "dependencies": ("raylight trains one output feature; remove the key", ([],)),
-        "reduce_dependencies": ("raylight trains one output feature; remove the key", ("sum",)),
+        "dependencies": (_DEPENDENCIES, ([],)),
+        "reduce_dependencies": (_DEPENDENCIES, ("sum",)),
         **_RENDERED,
         "default_validation_metric": ("trainer.validation_metric chooses the metric; remove the key", (ANY,)),
         "input_size": _COMPUTED,
@@ -426,6 +432,22 @@ def _without(data: dict[str, Any], path: str) -> dict[str, Any]:
     return out
 
 
+def _loss_weight(feature: dict[str, Any], loc: tuple[Any, ...], errors: list[InitErrorDetails]) -> dict[str, Any]:
+    """An output's Ludwig ``loss.weight`` as its ``loss_weight`` (the section goes if that
+    leaves it empty); both, at different values, is an error."""
+    found, value = _lookup(feature, "loss.weight")
+    if not found:
+        return feature
+    if "loss_weight" in feature and feature["loss_weight"] != value:
+        fix = f"Ludwig's spelling of loss_weight, which the feature gives too ({feature['loss_weight']!r}); keep one"
+        errors.append(_error((*loc, "loss", "weight"), fix, value))
+        return feature
+    feature = _without(feature, "loss.weight")
+    if feature.get("loss") == {}:
+        feature = _without(feature, "loss")
+    return {**feature, "loss_weight": value}
+
+
 def _feature_rules(side: str, kind: Any) -> dict[str, tuple[str, tuple[Any, ...]]]:
     rules = dict(FEATURE_KEYS.get((side, "*"), {}))
     rules.update(FEATURE_KEYS.get((side, kind), {}))
@@ -444,6 +466,8 @@ def _check_features(data: dict[str, Any], errors: list[InitErrorDetails], inheri
         for i, feature in enumerate(features):
             if isinstance(feature, dict):
                 own: list[InitErrorDetails] = []
+                if side == "output":
+                    feature = _loss_weight(feature, (key, i), own)
                 feature = _apply(feature, _feature_rules(side, feature.get("type")), (key, i), own)
                 for error in own:
                     path = ".".join(str(p) for p in error["loc"][2:])

@@ -4,6 +4,8 @@ reductions on plateau and hyperparameter search."""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
+
 # Ludwig's metric names that are raylight's under another name.
 METRIC_ALIASES = {"mean_squared_error": "mse", "mean_absolute_error": "mae", "accuracy_micro": "accuracy"}
 # Metrics that improve as they fall; every other one improves as it rises.
@@ -23,3 +25,25 @@ def metrics_measured(kind: str, split: str) -> list[str]:
         "binary": ["loss", "accuracy", "roc_auc"], "category": ["loss", "accuracy"], "number": ["loss", "mse", "mae", "r2"],
         "set": ["loss", "jaccard"],
     }[kind]
+
+
+COMBINED = "combined"  # Ludwig's name for all the outputs together (validation_field, hyperopt output_feature)
+
+
+def field_metrics(outputs: Mapping[str, str], field: str, split: str) -> list[str]:
+    """The metrics measured on ``split`` for ``field``: an output's name, or ``combined``.
+    ``outputs``: each output's type by its name. One output's metrics are combined's too;
+    with several, combined has only the loss (Ludwig's: the outputs' weighted losses added
+    up)."""
+    if field == COMBINED:
+        return metrics_measured(next(iter(outputs.values())), split) if len(outputs) == 1 else ["loss"]
+    return metrics_measured(outputs[field], split)
+
+
+def metric_key(outputs: Collection[str], field: str, metric: str) -> str:
+    """The key of ``field``'s ``metric`` among an evaluation's metrics (``evaluate_data``):
+    the metric's name for a model of one output; with several, ``loss`` for combined and
+    ``<output>/<metric>`` for an output's own."""
+    if len(outputs) == 1:
+        return metric
+    return "loss" if field == COMBINED else f"{field}/{metric}"

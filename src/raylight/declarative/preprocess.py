@@ -170,23 +170,23 @@ def check_columns(df: pd.DataFrame, config: ModelConfig, *, with_outputs: bool, 
 
 
 def check_target(df: pd.DataFrame, config: ModelConfig, source: str) -> None:
-    out = config.output_features[0]
-    check_classes(out, df[out.col].dropna().unique().tolist(), source)
+    for out in config.output_features:
+        check_classes(out, df[out.col].dropna().unique().tolist(), source)
 
 
 def fit_metadata(df: pd.DataFrame, config: ModelConfig) -> dict[str, Any]:
     meta = {feat.name: FEATURES[feat.type].fit(df[feat.col], feat) for feat in config.input_features}
-    out = config.output_features[0]
-    col = df[out.col].dropna()
-    if out.type == "category":
-        meta[out.name] = {"classes": sorted(col.astype(str).unique().tolist())}
-    elif out.type == "binary":
-        meta[out.name] = {}
-    elif out.type == "set":
-        meta[out.name] = sets.fit_target(df[out.col], out)
-    else:
-        stats = number.fit(col, out)
-        meta[out.name] = {"mean": stats["mean"], "std": stats["std"]}
+    for out in config.output_features:
+        col = df[out.col].dropna()
+        if out.type == "category":
+            meta[out.name] = {"classes": sorted(col.astype(str).unique().tolist())}
+        elif out.type == "binary":
+            meta[out.name] = {}
+        elif out.type == "set":
+            meta[out.name] = sets.fit_target(df[out.col], out)
+        else:
+            stats = number.fit(col, out)
+            meta[out.name] = {"mean": stats["mean"], "std": stats["std"]}
     return meta
 
 
@@ -201,8 +201,8 @@ def transform(
         if kept is not None:
             keep &= kept
         arrays[feat.name] = array
-    if with_outputs:
-        out = config.output_features[0]
+    # A row lacking any output's target is dropped (Ludwig's drop_row for outputs).
+    for out in config.output_features if with_outputs else ():
         col = df[out.col]
         keep &= present(col) if out.type == "set" else col.notna().to_numpy()  # a set: "" has no labels either
         m = meta[out.name]

@@ -150,9 +150,9 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
             raise all_null(feat, dataset)
         keys = {c: c.partition(":")[2] for c in summary.columns if c.startswith(f"{i}:") and c != f"{i}:notnull"}
         FEATURES[feat.type].check_blocks(summary[list(keys)].rename(columns=keys), feat, kind)
-    out = config.output_features[0]
-    if out.type in ("binary", "category"):
-        check_classes(out, sorted({c for cs in summary["classes"] for c in cs}), dataset)
+    for i, out in enumerate(config.output_features):
+        if out.type in ("binary", "category"):
+            check_classes(out, sorted({c for cs in summary[f"classes{i}"] for c in cs}), dataset)
     p = split.probabilities
     if by_row is not None:  # each block's rows of each split, as its column says
         bad = summary[summary["split_bad"].str.len() > 0]
@@ -248,7 +248,8 @@ def output_blocks(input_blocks: int, rows: int, cpus: int) -> int:
 
 
 def _summary(df: pd.DataFrame, config: ModelConfig) -> pd.DataFrame:
-    """Per block: rows, a classifier target's first three distinct values (``classes``;
+    """Per block: rows, each classifier target's first three distinct values (``classes<j>``,
+    j its place among the outputs;
     enough to tell one class from two and two from more), and per feature (``<i>:<key>``,
     i its place in ``_features``) non-null values and what its type's checks need (for a
     number column, input or target: non-numeric values, with one example, and infinite
@@ -263,9 +264,9 @@ def _summary(df: pd.DataFrame, config: ModelConfig) -> pd.DataFrame:
         row["dates"], row["dates_bad"], row["dates_null"] = date_keys(df[split.column])
     elif split.type == "stratify":  # rows of each value of the column
         row["strata"] = {str(k): int(n) for k, n in strata(df[split.column]).value_counts().items()}
-    out = config.output_features[0]
-    if out.type in ("binary", "category"):
-        row["classes"] = [str(v) for v in df[out.col].dropna().unique()[:3]]
+    for j, out in enumerate(config.output_features):
+        if out.type in ("binary", "category"):
+            row[f"classes{j}"] = [str(v) for v in df[out.col].dropna().unique()[:3]]
     for i, (_, feat) in enumerate(_features(config)):
         col = df[feat.col]
         row[f"{i}:notnull"] = int(col.notna().sum())
@@ -319,26 +320,27 @@ def _transform_fn(df: pd.DataFrame, config: ModelConfig, meta: dict[str, Any]) -
 
 
 def _fit_metadata(train: Any, config: ModelConfig) -> dict[str, Any]:
-    """Each type fits all its features at once; a number target joins the number inputs
+    """Each type fits all its features at once; number targets join the number inputs
     (one aggregation over the split for all number columns)."""
     by_type: dict[str, list[Any]] = {}
     for feat in config.input_features:
         by_type.setdefault(feat.type, []).append(feat)
-    out = config.output_features[0]
-    if out.type == "number":
-        by_type.setdefault("number", []).append(out)
+    for out in config.output_features:
+        if out.type == "number":
+            by_type.setdefault("number", []).append(out)
     fitted: dict[str, dict[str, Any]] = {}
     for kind, feats in by_type.items():
         fitted.update(FEATURES[kind].fit_ray(train, feats))
     meta = {feat.name: fitted[feat.name] for feat in config.input_features}
-    if out.type == "category":
-        meta[out.name] = {"classes": _classes(train, out.col)}
-    elif out.type == "binary":
-        meta[out.name] = {}
-    elif out.type == "set":
-        meta[out.name] = sets.fit_target_ray(train, out)
-    else:
-        meta[out.name] = {"mean": fitted[out.name]["mean"], "std": fitted[out.name]["std"]}
+    for out in config.output_features:
+        if out.type == "category":
+            meta[out.name] = {"classes": _classes(train, out.col)}
+        elif out.type == "binary":
+            meta[out.name] = {}
+        elif out.type == "set":
+            meta[out.name] = sets.fit_target_ray(train, out)
+        else:
+            meta[out.name] = {"mean": fitted[out.name]["mean"], "std": fitted[out.name]["std"]}
     return meta
 
 

@@ -15,7 +15,7 @@ import torch
 from raylight.data.blocks import BlockDataset
 from raylight.declarative.config import ModelConfig
 from raylight.declarative.lr_schedule import Plateau, Schedule, schedule_clock
-from raylight.declarative.metrics import MINIMIZED
+from raylight.declarative.metrics import MINIMIZED, metric_key
 
 if TYPE_CHECKING:
     from raylight.context import TrainContext
@@ -65,7 +65,7 @@ def _chunks(data: Any, rows: int) -> Iterator[dict[str, np.ndarray]]:
 
 
 def evaluate_data(
-    model: torch.nn.Module, data: Any, output: Any, meta: dict[str, Any], device: torch.device,
+    model: torch.nn.Module, data: Any, outputs: Any, meta: dict[str, Any], device: torch.device,
     reduce: Callable[[dict[str, float]], dict[str, float]] | None = None, chunk_rows: int | None = None,
     gather: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> dict[str, float]:
@@ -74,57 +74,86 @@ def evaluate_data(
     so nothing larger than a chunk is held at once, but for a binary output's scores and
     labels (ROC AUC ranks them all: 16 bytes a row). ``reduce`` adds up the sums, and
     ``gather`` concatenates the (score, label) rows, of every process that evaluated a part
-    of the data."""
-    from raylight.models import loss_for, predictions
+    of the data.
 
-    std = meta[output.name].get("std", 1.0)
-    classifier = output.type in ("binary", "category")
-    sums = dict.fromkeys(("n", "loss", "correct", "jaccard", "sse", "sae", "t", "t2"), 0.0)
-    ranked: list[np.ndarray] = []  # binary: each chunk's (logit, label) rows
+    ``outputs``: the output features (one, or a list). The keys are ``metric_key``'s: one
+    output's metrics by their names; with several, each output's as ``<output>/<metric>``
+    and ``loss``, Ludwig's combined loss (each output's loss times its ``loss_weight``,
+    summed)."""
+    outputs = list(outputs) if isinstance(outputs, list | tuple) else [outputs]
+    names = ("n", "loss", "correct", "jaccard", "sse", "sae", "t", "t2")
+    sums = {f"{i}:{k}": 0.0 for i in range(len(outputs)) for k in names}
+    ranked: dict[int, list[np.ndarray]] = {i: [] for i, out in enumerate(outputs) if out.type == "binary"}
     was_training = model.training
     model.eval()
     with torch.no_grad():
         for chunk in _chunks(data, chunk_rows or EVAL_ROWS):
             batch = {k: torch.from_numpy(np.array(v)).to(device) for k, v in chunk.items()}
-            target = batch.pop(output.name)
-            out = model(batch).cpu()
-            target = target.cpu()
-            n = len(target)
-            if n == 0:
+            targets = {out.name: batch.pop(out.name).cpu() for out in outputs}
+            if len(targets[outputs[0].name]) == 0:
                 continue
-            sums["n"] += n
-            sums["loss"] += float(loss_for(output.type)(out, target)) * n
-            if output.type == "set":  # Ludwig's jaccard: |predicted & true| / |predicted | true| per row
-                pred, _ = predictions(output.type, out, output.threshold)
-                both, either = (pred.bool() & target.bool()).sum(1), (pred.bool() | target.bool()).sum(1)
-                sums["jaccard"] += float(torch.where(either > 0, both / either.clamp(min=1), 1.0).sum())
-            elif classifier:
-                pred, _ = predictions(output.type, out, output.threshold)
-                sums["correct"] += float((pred == target.long()).sum())
-                if output.type == "binary":
-                    ranked.append(torch.stack([out.double(), target.double()], dim=1).numpy())
-            else:
-                err = ((out - target) * std).double()
-                scaled = (target * std).double()
-                sums["sse"] += float(err.pow(2).sum())
-                sums["sae"] += float(err.abs().sum())
-                sums["t"] += float(scaled.sum())
-                sums["t2"] += float(scaled.pow(2).sum())
+            raw = model(batch)
+            for i, out in enumerate(outputs):
+                _add_sums(sums, f"{i}:", out, raw[out.name].cpu(), targets[out.name], meta, ranked.get(i))
     model.train(was_training)
     if reduce is not None:
         sums = reduce(sums)
+    metrics: dict[str, float] = {}
+    for i, out in enumerate(outputs):
+        scored = None
+        if i in ranked:
+            scored = np.concatenate(ranked[i]) if ranked[i] else np.zeros((0, 2))
+            scored = gather(scored) if gather is not None else scored
+        mine = _metrics(out.type, {k: sums[f"{i}:{k}"] for k in names}, scored)
+        metrics.update(mine if len(outputs) == 1 else {f"{out.name}/{k}": v for k, v in mine.items()})
+    if len(outputs) > 1:
+        metrics = {"loss": sum(out.loss_weight * metrics[f"{out.name}/loss"] for out in outputs), **metrics}
+    return metrics
+
+
+def _add_sums(
+    sums: dict[str, float], at: str, output: Any, out: torch.Tensor, target: torch.Tensor, meta: dict[str, Any],
+    ranked: list[np.ndarray] | None,
+) -> None:
+    """Add one chunk's sums for ``output`` (its keys start with ``at``)."""
+    from raylight.models import loss_for, predictions
+
+    n = len(target)
+    sums[at + "n"] += n
+    sums[at + "loss"] += float(loss_for(output.type)(out, target)) * n
+    if output.type == "set":  # Ludwig's jaccard: |predicted & true| / |predicted | true| per row
+        pred, _ = predictions(output.type, out, output.threshold)
+        both, either = (pred.bool() & target.bool()).sum(1), (pred.bool() | target.bool()).sum(1)
+        sums[at + "jaccard"] += float(torch.where(either > 0, both / either.clamp(min=1), 1.0).sum())
+    elif output.type in ("binary", "category"):
+        pred, _ = predictions(output.type, out, output.threshold)
+        sums[at + "correct"] += float((pred == target.long()).sum())
+        if ranked is not None:  # binary
+            ranked.append(torch.stack([out.double(), target.double()], dim=1).numpy())
+    else:
+        std = meta[output.name].get("std", 1.0)
+        err = ((out - target) * std).double()
+        scaled = (target * std).double()
+        sums[at + "sse"] += float(err.pow(2).sum())
+        sums[at + "sae"] += float(err.abs().sum())
+        sums[at + "t"] += float(scaled.sum())
+        sums[at + "t2"] += float(scaled.pow(2).sum())
+
+
+def _metrics(kind: str, sums: dict[str, float], scored: np.ndarray | None) -> dict[str, float]:
+    """One output's metrics from its sums (and a binary output's (score, label) rows)."""
     rows = sums["n"] or 1.0
-    if output.type == "binary":
-        scored = np.concatenate(ranked) if ranked else np.zeros((0, 2))
-        scored = gather(scored) if gather is not None else scored
-        return {"loss": sums["loss"] / rows, "accuracy": sums["correct"] / rows, "roc_auc": roc_auc(scored[:, 0], scored[:, 1])}
-    if classifier:
-        return {"loss": sums["loss"] / rows, "accuracy": sums["correct"] / rows}
-    if output.type == "set":
-        return {"loss": sums["loss"] / rows, "jaccard": sums["jaccard"] / rows}
+    loss = sums["loss"] / rows
+    if kind == "binary":
+        assert scored is not None
+        return {"loss": loss, "accuracy": sums["correct"] / rows, "roc_auc": roc_auc(scored[:, 0], scored[:, 1])}
+    if kind == "category":
+        return {"loss": loss, "accuracy": sums["correct"] / rows}
+    if kind == "set":
+        return {"loss": loss, "jaccard": sums["jaccard"] / rows}
     mse = sums["sse"] / rows
     var = (sums["t2"] / rows - (sums["t"] / rows) ** 2) or 1.0
-    return {"loss": sums["loss"] / rows, "mse": mse, "mae": sums["sae"] / rows, "r2": 1.0 - mse / var}
+    return {"loss": loss, "mse": mse, "mae": sums["sae"] / rows, "r2": 1.0 - mse / var}
 
 
 def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
@@ -199,6 +228,7 @@ class RateSchedule:
         self.last = base_lr  # the rate of the last step taken
         self.schedule = self.plateau = None
         self.section = section
+        self.outputs, self.field = [out.name for out in cfg.output_features], cfg.trainer.validation_field
         if section is not None:
             self.schedule = Schedule(section, base_lr=base_lr, total_steps=total, steps_per_epoch=self.steps_per_epoch)
             if section.reduce_on_plateau > 0:
@@ -236,7 +266,7 @@ class RateSchedule:
         if self.plateau is None or self.section is None:
             return
         split, metric = self.section.reduce_eval_split, self.section.reduce_eval_metric
-        self.plateau.step(train_loss if split == "training" else validation[metric])
+        self.plateau.step(train_loss if split == "training" else validation[metric_key(self.outputs, self.field, metric)])
 
     def state_dict(self) -> dict[str, Any] | None:
         return self.plateau.state_dict() if self.plateau is not None else None
@@ -253,7 +283,8 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
     cfg = ModelConfig.model_validate(config["model_config"])
     assert config["train"] is not None, "the training split is never empty"
     train_data, val_data = training_dataset(from_store(config["train"])), from_store(config["validation"])
-    meta, out = config["meta"], cfg.output_features[0]
+    meta, outs = config["meta"], list(cfg.output_features)
+    kinds = {out.name: out.type for out in outs}
     torch.manual_seed(cfg.trainer.seed)
     model = ctx.prepare_model(build_model(cfg, meta))
     lr = config["learning_rate"]
@@ -263,6 +294,7 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
     # rises, accuracy or r2, is negated)
     best: dict[str, Any] = {"metric": math.inf, "epoch": -1, "state": None}
     sign = 1.0 if cfg.trainer.validation_metric in MINIMIZED else -1.0
+    judged_by = metric_key(kinds, cfg.trainer.validation_field, cfg.trainer.validation_metric)
     rates = RateSchedule(cfg, base_lr=lr, batch_size=config["batch_size"], train_rows=len(train_data))
     if (ckpt := ctx.get_checkpoint()) is not None:
         state = ckpt.load()
@@ -277,33 +309,44 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
         seed=cfg.trainer.seed,
         adaptive=config["adaptive"],
     )
-    loss_fn = loss_for(out.type)
+    loss_fns = {out.name: loss_for(out.type) for out in outs}
     penalty = regularization(cfg.trainer.regularization_type, cfg.trainer.regularization_lambda)
     stats = ctx.accumulator()
     for epoch in ctx.epochs(rates.epochs):
         rates.apply(opt, loader)
         for batch in loader if not rates.spent(loader) else ():
-            target = batch.pop(out.name)
+            targets = {out.name: batch.pop(out.name) for out in outs}
             opt.zero_grad()
-            loss = loss_fn(model(batch), target)
-            weighted = loss * out.loss_weight if out.loss_weight != 1 else loss  # Ludwig's loss.weight
+            raw = model(batch)
+            losses = [loss_fns[out.name](raw[out.name], targets[out.name]) for out in outs]
+            # Ludwig's loss.weight on each output; the outputs' losses add up (its combined loss)
+            weighted = sum(loss * out.loss_weight if out.loss_weight != 1 else loss for loss, out in zip(losses, outs, strict=True))
+            assert isinstance(weighted, torch.Tensor)
             (weighted + penalty(model) if penalty is not None else weighted).backward()
             opt.step()
             rates.apply(opt, loader)  # after a step (the loader has moved on): the next one's rate
-            stats[f"loss{epoch}"] += loss.item() * len(target)
-            stats[f"n{epoch}"] += len(target)
+            n = len(targets[outs[0].name])
+            # the reported loss: one output's own (unweighted), or the combined loss
+            stats[f"loss{epoch}"] += (losses[0] if len(outs) == 1 else weighted).item() * n
+            stats[f"n{epoch}"] += n
+            if len(outs) > 1:
+                for i, loss in enumerate(losses):
+                    stats[f"loss{epoch}/{i}"] += loss.item() * n
             if rates.spent(loader):  # trainer.train_steps reached: the run ends with this epoch
                 break
         with stats.synchronized():
-            train_loss = stats[f"loss{epoch}"] / max(stats[f"n{epoch}"], 1)
+            rows = max(stats[f"n{epoch}"], 1)
+            train_loss = stats[f"loss{epoch}"] / rows
+            each = {f"train_{out.name}/loss": stats[f"loss{epoch}/{i}"] / rows for i, out in enumerate(outs) if len(outs) > 1}
         report: dict[str, Any] = {"epoch": epoch, "train_loss": train_loss, "batch_size": ctx.batch_size}
         val: dict[str, float] = {}
         if val_data is not None:  # every rank: the same numbers, the same decision
-            val = evaluate_data(model, val_data, out, meta, ctx.device, chunk_rows=cfg.trainer.eval_batch_size)
+            val = evaluate_data(model, val_data, outs, meta, ctx.device, chunk_rows=cfg.trainer.eval_batch_size)
             report.update({f"validation_{k}": v for k, v in val.items()})
-            judged, score = val["loss"], sign * val[cfg.trainer.validation_metric]
+            judged, score = val["loss"], sign * val[judged_by]
         else:
             judged = score = train_loss
+        report.update(each)  # after the validation metrics, which a progress line shows first
         rates.evaluated(train_loss, val)
         if rates.schedule is not None:  # the rate of the epoch's last step
             report["learning_rate"] = rates.last
@@ -322,7 +365,10 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
             break
 
 
-MODEL_FILE, WEIGHTS_FILE, MODEL_FORMAT = "model.json", "weights.safetensors", 1
+# Format 2: a decoder per output (``decoders.<output>.*``); format 1's one decoder
+# (``decoder.*``) loads as its one output's.
+MODEL_FILE, WEIGHTS_FILE, MODEL_FORMAT = "model.json", "weights.safetensors", 2
+READ_FORMATS = (1, 2)
 
 
 def save_model(path: str, config: ModelConfig, meta: dict[str, Any], state: dict[str, torch.Tensor]) -> None:
@@ -401,9 +447,9 @@ class LoadedModel:
         damaged = f"the model directory {path!r} is damaged or not raylight's; train again, or restore it from the run"
         saved = _read_model_json(model_json, damaged)
         fmt = saved.get("format", 1)
-        if fmt != MODEL_FORMAT:
+        if fmt not in READ_FORMATS:
             raise ConfigError(
-                f"{model_json!r} has format {fmt!r}; this raylight reads format {MODEL_FORMAT} "
+                f"{model_json!r} has format {fmt!r}; this raylight reads formats {', '.join(map(str, READ_FORMATS))} "
                 "(a model written by a newer raylight needs that version)"
             )
         self.config = validate(ModelConfig, saved["config"], prefix=f"{MODEL_FILE} config")
@@ -411,7 +457,7 @@ class LoadedModel:
         self.model = _build_checked(self.config, self.meta, model_json, damaged)
         _load_weights(self.model, os.path.join(path, WEIGHTS_FILE), damaged)
         self.model.eval()
-        self.output = self.config.output_features[0]
+        self.outputs = list(self.config.output_features)
 
     def _arrays(self, df: pd.DataFrame, *, with_outputs: bool, source: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
         from raylight.declarative.preprocess import check_columns, transform
@@ -420,38 +466,16 @@ class LoadedModel:
         return transform(df, self.config, self.meta, with_outputs=with_outputs)
 
     def predict(self, df: pd.DataFrame, *, source: str = "input") -> pd.DataFrame:
-        """One row per input row, in order: ``<output>_predictions`` and, for
-        classifiers, probabilities. Rows a drop_row strategy rejects get nulls.
+        """One row per input row, in order: for each output, ``<output>_predictions``
+        and, for classifiers, probabilities. Rows a drop_row strategy rejects get nulls.
         ``source`` names the data in error messages."""
-        from raylight.models import predictions
-
         arrays, keep = self._arrays(df, with_outputs=False, source=source)
-        out_name, kind = self.output.name, self.output.type
         result = pd.DataFrame(index=df.index)
         with torch.no_grad():
             raw = self.model({k: torch.from_numpy(v) for k, v in arrays.items()})
-        pred, prob = predictions(kind, raw, self.output.threshold)
-        col = np.full(len(df), None, dtype=object)
-        m = self.meta[out_name]
-        if kind == "category":
-            col[keep] = [m["classes"][i] for i in pred.tolist()]
-        elif kind == "binary":
-            col[keep] = [bool(v) for v in pred.tolist()]
-        elif kind == "set":
-            for i, row in zip(np.flatnonzero(keep), pred.numpy(), strict=True):  # one list per row (not a 2-D array)
-                col[i] = [m["classes"][j] for j in np.flatnonzero(row)]
-        else:
-            col[keep] = (pred.numpy() * m["std"] + m["mean"]).tolist()
-        result[f"{out_name}_predictions"] = col
-        if kind == "binary" and prob is not None:
-            probs = np.full(len(df), np.nan)
-            probs[keep] = prob.numpy()
-            result[f"{out_name}_probabilities"] = probs
-        elif kind in ("category", "set") and prob is not None:
-            for j, cls in enumerate(m["classes"]):
-                probs = np.full(len(df), np.nan)
-                probs[keep] = prob[:, j].numpy()
-                result[f"{out_name}_probability_{cls}"] = probs
+        for output in self.outputs:
+            for column, values in _predicted(output, raw[output.name], self.meta[output.name], keep).items():
+                result[column] = values
         return result.reset_index(drop=True)
 
     def evaluate(
@@ -467,19 +491,51 @@ class LoadedModel:
 
         arrays, _ = self._arrays(df, with_outputs=True, source=source)  # checks the columns first
         check_target(df, self.config, source)
-        if len(arrays[self.output.name]) == 0:
+        first = self.outputs[0]
+        if len(arrays[first.name]) == 0:
+            targets = " or ".join(repr(out.col) for out in self.outputs)
             raise ConfigError(
                 f"no rows to evaluate: every row of the {len(df)} given lacks the target "
-                f"{self.output.col!r} or is dropped by a drop_row strategy"
+                f"{targets} or is dropped by a drop_row strategy"
             )
         if part is not None:
             rank, world = part
-            rows = np.array_split(np.arange(len(arrays[self.output.name])), world)[rank]
+            rows = np.array_split(np.arange(len(arrays[first.name])), world)[rank]
             arrays = {k: v[rows] for k, v in arrays.items()}
         return evaluate_data(
-            self.model, arrays, self.output, self.meta, torch.device("cpu"), reduce,
+            self.model, arrays, self.outputs, self.meta, torch.device("cpu"), reduce,
             chunk_rows=self.config.trainer.eval_batch_size, gather=gather,
         )
+
+
+def _predicted(output: Any, raw: torch.Tensor, m: dict[str, Any], keep: np.ndarray) -> dict[str, Any]:
+    """One output's prediction columns: ``<output>_predictions`` and, for classifiers,
+    probabilities; nulls in the rows ``keep`` leaves out."""
+    from raylight.models import predictions
+
+    name, kind = output.name, output.type
+    pred, prob = predictions(kind, raw, output.threshold)
+    col = np.full(len(keep), None, dtype=object)
+    if kind == "category":
+        col[keep] = [m["classes"][i] for i in pred.tolist()]
+    elif kind == "binary":
+        col[keep] = [bool(v) for v in pred.tolist()]
+    elif kind == "set":
+        for i, row in zip(np.flatnonzero(keep), pred.numpy(), strict=True):  # one list per row (not a 2-D array)
+            col[i] = [m["classes"][j] for j in np.flatnonzero(row)]
+    else:
+        col[keep] = (pred.numpy() * m["std"] + m["mean"]).tolist()
+    columns: dict[str, Any] = {f"{name}_predictions": col}
+    if kind == "binary" and prob is not None:
+        probs = np.full(len(keep), np.nan)
+        probs[keep] = prob.numpy()
+        columns[f"{name}_probabilities"] = probs
+    elif kind in ("category", "set") and prob is not None:
+        for j, cls in enumerate(m["classes"]):
+            probs = np.full(len(keep), np.nan)
+            probs[keep] = prob[:, j].numpy()
+            columns[f"{name}_probability_{cls}"] = probs
+    return columns
 
 
 def load_model(path: str) -> LoadedModel:

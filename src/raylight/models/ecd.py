@@ -3,8 +3,9 @@
 Encoders come from each input's type (``raylight.declarative.features``): numbers and
 binaries pass through; categories get an embedding; text gets a mean bag of token
 embeddings (padding ignored). The concat combiner feeds an MLP; the decoder is one linear
-layer: a logit (binary), class logits (category) or a value (number, in standardised
-units).
+layer per output: a logit (binary), class logits (category, set) or a value (number, in
+standardised units). The model returns each output's by its name (Ludwig's multi-task
+ECD: the outputs share the encoders and the combiner).
 """
 
 from __future__ import annotations
@@ -102,11 +103,26 @@ class DeclarativeModel(nn.Module):
             width += size
         self.combiner = FCStack(config.combiner, width)
         width = self.combiner.width
-        out = config.output_features[0]
-        size = len(meta[out.name]["classes"]) if out.type in ("category", "set") else 1
-        self.decoder = nn.Linear(width, size)
-        self.output_type = out.type
+        # One decoder per output. A model of one output saved before there could be more
+        # named its decoder "decoder": such weights load (``_one_decoder``).
+        self.output_types = {out.name: out.type for out in config.output_features}
+        self.decoders = nn.ModuleDict()
+        for out in config.output_features:
+            size = len(meta[out.name]["classes"]) if out.type in ("category", "set") else 1
+            self.decoders[module_key(out.name)] = nn.Linear(width, size)
+        self.register_load_state_dict_pre_hook(self._one_decoder)
         self._initialise()
+
+    def _one_decoder(self, module: nn.Module, state: dict[str, Any], prefix: str, *args: Any) -> None:
+        """Weights of a one-output model written before decoders were per output
+        (``decoder.weight``) load as that output's decoder."""
+        if len(self.output_types) != 1:
+            return
+        key = module_key(next(iter(self.output_types)))
+        for part in ("weight", "bias"):
+            old = f"{prefix}decoder.{part}"
+            if old in state:
+                state[f"{prefix}decoders.{key}.{part}"] = state.pop(old)
 
     def _initialise(self) -> None:
         """Ludwig's initialisation: xavier-uniform weights and zero biases for the layers,
@@ -127,12 +143,17 @@ class DeclarativeModel(nn.Module):
                     if module.padding_idx is not None:
                         module.weight[module.padding_idx].zero_()
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Each output's logits or value, by the output's name."""
         parts = []
         for name in self.inputs:
             parts.append(self.embeddings[module_key(name)](batch[name]))
-        out = self.decoder(self.combiner(torch.cat(parts, dim=1)))
-        return out if self.output_type in ("category", "set") else out.squeeze(1)
+        hidden = self.combiner(torch.cat(parts, dim=1))
+        outs = {}
+        for name, kind in self.output_types.items():
+            out = self.decoders[module_key(name)](hidden)
+            outs[name] = out if kind in ("category", "set") else out.squeeze(1)
+        return outs
 
 
 def build_model(config: ModelConfig, meta: dict[str, Any]) -> DeclarativeModel:
