@@ -22,7 +22,7 @@ sys.path.insert(0, EXAMPLES)
 from make_datasets import write_all  # noqa: E402
 
 CONFIGS = sorted(glob.glob(os.path.join(EXAMPLES, "*.yaml")))
-DATASET = {"breast_cancer": "breast_cancer", "wine": "wine", "reviews": "reviews"}
+DATASET = {"breast_cancer": "breast_cancer", "wine": "wine", "wine_multitask": "wine", "reviews": "reviews"}
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +39,9 @@ def test_example_config_trains(ray_cluster, tmp_path, datasets, path):
     model = raylight.load_model(out["model_path"])
     import pandas as pd
 
-    frame = pd.read_parquet(datasets[name]) if datasets[name].endswith(".parquet") else (
-        pd.read_csv(datasets[name]) if datasets[name].endswith(".csv") else pd.read_json(datasets[name], lines=True)
+    data = datasets[DATASET[name]]
+    frame = pd.read_parquet(data) if data.endswith(".parquet") else (
+        pd.read_csv(data) if data.endswith(".csv") else pd.read_json(data, lines=True)
     )
     pred = model.predict(frame.head(20))
     assert len(pred) == 20 and pred.columns[0].endswith("_predictions")
