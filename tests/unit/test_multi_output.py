@@ -134,6 +134,18 @@ def test_combined_has_only_the_loss_and_an_output_its_own_metrics():
     assert ok.trainer.validation_metric == "mae"
 
 
+def test_a_validation_metric_given_alone_follows_the_one_output_that_measures_it():
+    """Ludwig's rule: without a validation_field, a metric only one output measures is that
+    output's; one that several measure is an error naming them; the loss is combined's."""
+    for metric, field in (("r2", "z"), ("mean_squared_error", "z"), ("roc_auc", "y"), ("loss", "combined")):
+        config = ModelConfig.model_validate(_config(trainer={"validation_metric": metric}))
+        assert config.trainer.validation_field == field, metric
+    with pytest.raises(Exception, match=r"'accuracy' is measured on the outputs \['y', 'k'\]; set trainer.validation_field"):
+        ModelConfig.model_validate(_config(trainer={"validation_metric": "accuracy"}))
+    chosen = ModelConfig.model_validate(_config(trainer={"validation_metric": "accuracy", "validation_field": "k"}))
+    assert chosen.trainer.validation_field == "k"
+
+
 def test_hyperopt_reports_the_named_output_s_metric():
     """The metric a search follows is the output's own (``validation_k/accuracy``); an
     output's Ludwig ``loss.weight`` is a parameter it can search."""

@@ -40,7 +40,7 @@ from raylight.declarative.hyperopt_config import HyperoptConfig
 from raylight.declarative.keypath import KeyPathError, assign
 from raylight.declarative.layers import FCLayer, FCStackConfig
 from raylight.declarative.ludwig import check_ludwig_keys
-from raylight.declarative.metrics import COMBINED, field_metrics, metric_name
+from raylight.declarative.metrics import COMBINED, field_metrics, metric_name, metrics_measured
 
 # Upper bounds: far beyond any real use, low enough that a typo fails here and not as an
 # allocation of terabytes or a loop of years.
@@ -584,6 +584,29 @@ class BackendConfig(ConfigModel):
     cache_dir: str | None = Field(None, description="fsspec URI caching preprocessed data by config + data fingerprint.")
 
 
+def _inferred_validation_field(data: Any) -> Any:
+    """Ludwig's rule for a model of several outputs whose ``trainer.validation_metric`` (not
+    the loss) comes without a ``validation_field``: the field is the one output that
+    measures that metric; two or more is an error that names them."""
+    trainer, outputs = (data.get("trainer"), data.get("output_features")) if isinstance(data, dict) else (None, None)
+    if not isinstance(trainer, dict) or not isinstance(outputs, list) or len(outputs) < 2:
+        return data
+    metric = trainer.get("validation_metric")
+    if trainer.get("validation_field") is not None or not isinstance(metric, str) or metric_name(metric) == "loss":
+        return data
+    owners = [
+        out["name"] for out in outputs
+        if isinstance(out, dict) and out.get("type") in get_args(OutputType)
+        and metric_name(metric) in metrics_measured(out["type"], "validation")
+    ]
+    if len(owners) > 1:
+        raise ValueError(
+            f"trainer.validation_metric: {metric!r} is measured on the outputs {owners}; set "
+            "trainer.validation_field to the one it follows"
+        )
+    return {**data, "trainer": {**trainer, "validation_field": owners[0]}} if owners else data
+
+
 def _fields(kinds: Mapping[str, str]) -> str:
     """What a validation_field or hyperopt output_feature may be, for messages."""
     return ", ".join(repr(name) for name in kinds) + f" or {COMBINED}"
@@ -630,7 +653,9 @@ class ModelConfig(ConfigModel):
     @model_validator(mode="before")
     @classmethod
     def _ludwig_keys(cls, data: Any) -> Any:
-        return check_ludwig_keys(data)  # Ludwig's keys with no raylight counterpart, each with its fix
+        # Ludwig's keys with no raylight counterpart, each with its fix; then the output a
+        # validation_metric given alone follows
+        return _inferred_validation_field(check_ludwig_keys(data))
 
     @field_validator("hyperopt")
     @classmethod
