@@ -283,6 +283,7 @@ case("data-inf-in-number", "dataset", CHECK, ["column 'age'", "infinite values",
 case("data-neg-inf-in-number", "dataset", CHECK, ["column 'age'", "infinite values"], setup=data_frame(set_col("age", -np.inf, [0])))
 case("data-overflow-in-number", "dataset", CHECK, ["column 'age'", "infinite values"], setup=lambda ws: ws.write(ws.data, ws.read(ws.data).replace("\n", "\n1e400,paris,True,ok ok,1.0,True\n", 1)))
 case("data-inf-in-target", "dataset", CHECK, ["column 'price'", "output_features", "infinite values"], setup=both(edited("{name: label, type: binary}", "{name: price, type: number}"), data_frame(set_col("price", np.inf, [7]))))
+case("data-ragged-vector-target", "dataset", CHECK, ["column 'label' (output_features 'label', type vector)", "[2, 3] numbers", "set vector_size"], setup=both(edited("{name: label, type: binary}", "{name: label, type: vector}"), data_frame(lambda df: df.assign(label=["1 2"] * (len(df) - 1) + ["1 2 3"]))))
 case("data-text-in-target", "dataset", CHECK, ["column 'price'", "non-numeric", "'expensive'"], setup=both(edited("{name: label, type: binary}", "{name: price, type: number}"), data_frame(set_col("price", "expensive", [2]))))
 case("data-one-class", "dataset", CHECK, ["target column 'label'", "only one class"], setup=data_frame(set_col("label", True)))
 case("data-binary-three-classes", "dataset", CHECK, ["declared binary but has 3 classes"], setup=data_frame(lambda df: df.assign(label=np.resize(["a", "b", "c"], len(df)))))

@@ -233,17 +233,20 @@ def column(split, name):
 
 
 def test_several_outputs_train_on_two_ray_workers_from_ray_data(ray_cluster, tmp_path):
-    """Three outputs on the ray backend: Ray Data fits each target's metadata as the
-    pandas processor does (a number target's moments, a category's classes), drops the
-    rows lacking any target, and two DDP workers train every output."""
+    """Four outputs on the ray backend: Ray Data fits each target's metadata as the
+    pandas processor does (a number target's moments, a category's classes, a vector's
+    length), drops the rows lacking any target, and two DDP workers train every output."""
     import numpy as np
 
     from tests.declarative_data import MULTI, multi
 
     df = multi(600).assign(split=[0] * 420 + [1] * 60 + [2] * 120)  # the same rows in each split for both
+    df["w"] = [f"{a:.4f} {a - b:.4f}" for a, b in zip(df["a"], df["b"], strict=True)]
     df.loc[[5, 300], "z"] = None
     df.loc[[9], "k"] = None
     config = MULTI.replace("{type: random, probabilities: [0.7, 0.1, 0.2]}", "{type: fixed}").replace(
+        "  - {name: k, type: category}\n", "  - {name: k, type: category}\n  - {name: w, type: vector}\n"
+    ).replace(
         "backend: {type: local}",
         "backend: {type: ray, processor: {type: ray_data}, trainer: {num_workers: 2, resources_per_worker: {CPU: 1}}}",
     )
@@ -251,13 +254,14 @@ def test_several_outputs_train_on_two_ray_workers_from_ray_data(ray_cluster, tmp
     prepared = {p: api.prepare(load_config(cfg), data, processor=p, use_cache=False) for p in ("ray_data", "pandas")}
     ray_meta, pandas_meta = prepared["ray_data"].meta, prepared["pandas"].meta
     assert ray_meta["k"] == pandas_meta["k"] and ray_meta["y"] == pandas_meta["y"] == {}
-    assert ray_meta["z"] == pytest.approx(pandas_meta["z"], rel=1e-9)
+    assert ray_meta["z"] == pytest.approx(pandas_meta["z"], rel=1e-9) and ray_meta["w"] == pandas_meta["w"] == {"size": 2}
     rows = {p: sum(len(column(s, "z")) for s in (r.train, r.validation, r.test) if s is not None) for p, r in prepared.items()}
     assert rows == {"ray_data": 597, "pandas": 597}
     assert not np.isnan(np.concatenate([column(s, "z") for s in (prepared["ray_data"].train, prepared["ray_data"].test)])).any()
     out = api.train(load_config(cfg), data, output_directory=str(tmp_path / "run"), progress=False)
     test = out["evaluation"]["test"]
     assert out["backend"] == "ray" and test["y/accuracy"] > 0.85 and test["z/r2"] > 0.85 and test["k/accuracy"] > 0.8, test
+    assert test["w/r2"] > 0.85, test
 
 
 def test_more_gpus_than_exist_is_a_config_error(ray_cluster, tmp_path):

@@ -240,6 +240,85 @@ def test_ludwig_s_rendered_set_output_config_trains_as_written(tmp_path):
     assert 0 <= out["evaluation"]["test"]["jaccard"] <= 1
 
 
+def _vectors(n: int = 600, seed: int = 0) -> pd.DataFrame:
+    """Two numbers and a vector target of three floats computed from them."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.normal(size=n), rng.normal(size=n)
+    return pd.DataFrame({"a": a, "b": b, "v": [f"{x + y:.5f} {2 * x:.5f} {10 - y:.5f}" for x, y in zip(a, b, strict=True)]})
+
+
+VECTOR_OUT = """\
+input_features:
+  - {name: a, type: number}
+  - {name: b, type: number}
+output_features:
+  - {name: v, type: vector}
+trainer: {epochs: 30, batch_size: 32, learning_rate: 0.01, validation_metric: mean_squared_error}
+preprocessing: {split: {type: random, probabilities: [0.7, 0.1, 0.2]}}
+backend: {type: local}
+"""
+
+
+def test_a_vector_target_is_regression_of_each_float_measured_as_ludwig_s(tmp_path):
+    """An output of type vector (Ludwig's): each row's floats through a linear projector,
+    trained on their mean squared error; mse and mae over every float and r2 the mean of
+    the columns' r2 (torchmetrics' uniform average, Ludwig's), as computed here from the
+    model's predictions; predictions are lists, written to CSV as a vector is read; a row
+    without a vector is dropped from training."""
+    from raylight.declarative.train import load_model
+
+    df = _vectors()
+    df.loc[[4, 9], "v"] = None
+    cfg, data = write(tmp_path, df=df, config=VECTOR_OUT)
+    prepared = api.prepare(load_config(cfg), data)
+    assert prepared.meta["v"] == {"size": 3}
+    assert sum(len(s["v"]) for s in (prepared.train, prepared.validation, prepared.test)) == 598
+    out = api.train(load_config(cfg), data, output_directory=str(tmp_path / "run"), progress=False)
+    assert out["evaluation"]["test"]["r2"] > 0.95, out["evaluation"]
+    model = load_model(out["model_path"])
+    fresh = _vectors(200, seed=3)
+    predicted = np.array(model.predict(fresh)["v_predictions"].tolist())
+    truth = np.array([[float(x) for x in v.split()] for v in fresh["v"]])
+    err = predicted - truth
+    r2 = np.mean(1 - (err**2).sum(0) / ((truth - truth.mean(0)) ** 2).sum(0))
+    metrics = model.evaluate(fresh)
+    assert metrics["mse"] == pytest.approx((err**2).mean(), rel=1e-4) and metrics["mae"] == pytest.approx(np.abs(err).mean(), rel=1e-4)
+    assert metrics["r2"] == pytest.approx(r2, rel=1e-4) and metrics["loss"] == pytest.approx(metrics["mse"], rel=1e-4)
+    api.write_frame(model.predict(fresh.head(3)), str(tmp_path / "p.csv"))
+    written = pd.read_csv(tmp_path / "p.csv")["v_predictions"]
+    assert np.allclose([[float(x) for x in row.split()] for row in written], predicted[:3], rtol=1e-6)
+
+
+def test_a_vector_target_s_length_is_checked_and_named():
+    """Rows of another length than the others, or than vector_size, are errors naming the
+    output's key; vector_size belongs to vector outputs."""
+    from raylight.declarative.config import ModelConfig
+
+    out = ModelConfig.model_validate({
+        "input_features": [{"name": "a", "type": "number"}], "output_features": [{"name": "v", "type": "vector", "vector_size": 2}],
+    }).output_features[0]
+    with pytest.raises(ConfigError, match=r"output_features 'v', type vector\) has vectors of \[3\] numbers.*but vector_size is 2"):
+        vector.check(pd.Series(["1 2 3", "4 5 6"]), out, "output_features")
+    assert vector.fit(pd.Series(["1 2", None]), out) == {"size": 2}
+    array, keep = vector.transform(pd.Series(["1 2", None, ""]), out, {"size": 2})
+    assert array.tolist()[0] == [1.0, 2.0] and keep.tolist() == [True, False, False]
+    with pytest.raises(Exception, match="vector_size: a vector output's setting; a number output has none"):
+        ModelConfig.model_validate({
+            "input_features": [{"name": "a", "type": "number"}], "output_features": [{"name": "v", "type": "number", "vector_size": 2}],
+        })
+
+
+def test_ludwig_s_rendered_vector_output_config_trains_as_written(tmp_path):
+    from pathlib import Path
+
+    rendered = Path(__file__).parent.parent / "data" / "ludwig" / "vector_output.yaml"
+    config = load_config(str(rendered), ["trainer.epochs=3", "trainer.batch_size=32"])
+    assert config.output_features[0].type == "vector" and config.trainer.validation_metric == "mse"
+    _, data = write(tmp_path, df=_vectors(200))
+    out = api.train(config, data, output_directory=str(tmp_path / "run"), backend="local", progress=False)
+    assert set(out["evaluation"]["test"]) == {"loss", "mse", "mae", "r2"}
+
+
 def test_a_timeseries_row_is_its_numbers_cut_and_padded_as_ludwig_s():
     from raylight.declarative.features import timeseries
 

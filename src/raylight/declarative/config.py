@@ -35,7 +35,7 @@ from raylight.config.schema import (
     check_strategy_name,
 )
 from raylight.declarative.features import FEATURES
-from raylight.declarative.features.base import FeatureModel
+from raylight.declarative.features.base import MAX_WIDTH, FeatureModel
 from raylight.declarative.hyperopt_config import HyperoptConfig
 from raylight.declarative.keypath import KeyPathError, assign
 from raylight.declarative.layers import FCLayer, FCStackConfig
@@ -68,7 +68,7 @@ def _input_feature(value: Any) -> FeatureModel:
 InputFeature = Annotated[SerializeAsAny[FeatureModel], PlainValidator(_input_feature)]
 
 
-OutputType = Literal["binary", "category", "number", "set"]
+OutputType = Literal["binary", "category", "number", "set", "vector"]
 OUTPUT_TYPES: tuple[str, ...] = get_args(OutputType)
 
 
@@ -84,10 +84,17 @@ class OutputFeature(FeatureModel):
         "jaccard count those predictions, roc_auc does not depend on it.",
     )
 
+    vector_size: int | None = Field(
+        None, ge=1, le=MAX_WIDTH,
+        description="vector: the floats in each row (Ludwig's); null: the length the training rows share.",
+    )
+
     @model_validator(mode="after")
     def _threshold_of_a_classifier(self) -> OutputFeature:
         if self.threshold != 0.5 and self.type not in ("binary", "set"):
             raise ValueError(f"threshold: a binary or set output's setting; a {self.type} output has none; remove it")
+        if self.vector_size is not None and self.type != "vector":
+            raise ValueError(f"vector_size: a vector output's setting; a {self.type} output has none; remove it")
         return self
 
 

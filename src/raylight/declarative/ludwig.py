@@ -186,9 +186,9 @@ _ENCODERS = {
 }
 _LOSSES = {
     "binary": "binary_weighted_cross_entropy", "category": "softmax_cross_entropy", "number": "mean_squared_error",
-    "set": "sigmoid_cross_entropy",
+    "set": "sigmoid_cross_entropy", "vector": "mean_squared_error",
 }
-_DECODERS = {"binary": "regressor", "category": "classifier", "number": "regressor", "set": "classifier"}
+_DECODERS = {"binary": "regressor", "category": "classifier", "number": "regressor", "set": "classifier", "vector": "projector"}
 
 
 def _decoder(kind: str) -> tuple[str, tuple[Any, ...]]:
@@ -358,6 +358,16 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "preprocessing.lowercase": ("raylight keeps the labels' case; lower-case the column before training; remove the key", (False,)),
         "preprocessing.most_common": ("raylight keeps the 10,000 most common labels, Ludwig's default; remove the key", (10000,)),
     },
+    ("output", "vector"): {
+        "loss.type": (f"raylight's vector loss is Ludwig's {_LOSSES['vector']}; use it or remove the key", (_LOSSES["vector"],)),
+        "decoder.type": _decoder("vector"),
+        "decoder.output_size": _COMPUTED,
+        "decoder.activation": ("raylight's projector gives the floats as they are (no activation); remove the key", (None,)),
+        "decoder.multiplier": ("raylight's projector does not scale its floats; remove the key", (1.0, 1)),
+        "decoder.clip": ("raylight does not clip predictions; remove the key", (None,)),
+        "softmax": ("Ludwig 0.17 applies no softmax to a vector output either; remove the key", (False,)),
+        "preprocessing.vector_size": ("write it as the output's vector_size", (None,)),
+    },
     ("output", "*"): {
         "loss.robust_lambda": ("not available; remove the key", (0,)),
         "loss.confidence_penalty": ("not available; remove the key", (0,)),
@@ -366,7 +376,7 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "decoder.fc_output_size": (_DECODER_FIX, (256,)),
         "reduce_input": ("raylight's combiner gives one vector: nothing to reduce; remove the key", ("sum", None)),
         "dependencies": (_DEPENDENCIES, ([],)),
-        "reduce_dependencies": (_DEPENDENCIES, ("sum",)),
+        "reduce_dependencies": (_DEPENDENCIES, ("sum", None)),
         **_RENDERED,
         "default_validation_metric": ("trainer.validation_metric chooses the metric; remove the key", (ANY,)),
         "input_size": _COMPUTED,

@@ -23,7 +23,7 @@ def metrics_measured(kind: str, split: str) -> list[str]:
         return ["loss"]
     return {
         "binary": ["loss", "accuracy", "roc_auc"], "category": ["loss", "accuracy"], "number": ["loss", "mse", "mae", "r2"],
-        "set": ["loss", "jaccard"],
+        "set": ["loss", "jaccard"], "vector": ["loss", "mse", "mae", "r2"],
     }[kind]
 
 

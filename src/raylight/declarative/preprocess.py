@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from raylight.declarative.config import ModelConfig
-from raylight.declarative.features import FEATURES, binary, number, sets
+from raylight.declarative.features import FEATURES, binary, number, sets, vector
 from raylight.declarative.features.base import present
 from raylight.exceptions import ConfigError
 
@@ -184,6 +184,8 @@ def fit_metadata(df: pd.DataFrame, config: ModelConfig) -> dict[str, Any]:
             meta[out.name] = {}
         elif out.type == "set":
             meta[out.name] = sets.fit_target(df[out.col], out)
+        elif out.type == "vector":
+            meta[out.name] = vector.fit(df[out.col], out)
         else:
             stats = number.fit(col, out)
             meta[out.name] = {"mean": stats["mean"], "std": stats["std"]}
@@ -213,6 +215,9 @@ def transform(
             arrays[out.name] = binary.to_float(col).fillna(0.0).to_numpy(dtype=np.float32)
         elif out.type == "set":
             arrays[out.name] = sets.target_array(col, m["classes"])
+        elif out.type == "vector":
+            arrays[out.name], kept = vector.transform(col, out, m)
+            keep &= kept if kept is not None else True
         else:
             values = pd.to_numeric(col, errors="coerce").fillna(m["mean"]).to_numpy(dtype=np.float64)
             arrays[out.name] = ((values - m["mean"]) / m["std"]).astype(np.float32)

@@ -320,14 +320,14 @@ def _transform_fn(df: pd.DataFrame, config: ModelConfig, meta: dict[str, Any]) -
 
 
 def _fit_metadata(train: Any, config: ModelConfig) -> dict[str, Any]:
-    """Each type fits all its features at once; number targets join the number inputs
+    """Each type fits all its features at once; number and vector targets join the inputs of their type
     (one aggregation over the split for all number columns)."""
     by_type: dict[str, list[Any]] = {}
     for feat in config.input_features:
         by_type.setdefault(feat.type, []).append(feat)
     for out in config.output_features:
-        if out.type == "number":
-            by_type.setdefault("number", []).append(out)
+        if out.type in ("number", "vector"):
+            by_type.setdefault(out.type, []).append(out)
     fitted: dict[str, dict[str, Any]] = {}
     for kind, feats in by_type.items():
         fitted.update(FEATURES[kind].fit_ray(train, feats))
@@ -339,6 +339,8 @@ def _fit_metadata(train: Any, config: ModelConfig) -> dict[str, Any]:
             meta[out.name] = {}
         elif out.type == "set":
             meta[out.name] = sets.fit_target_ray(train, out)
+        elif out.type == "vector":
+            meta[out.name] = fitted[out.name]
         else:
             meta[out.name] = {"mean": fitted[out.name]["mean"], "std": fitted[out.name]["std"]}
     return meta

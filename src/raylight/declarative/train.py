@@ -81,8 +81,8 @@ def evaluate_data(
     and ``loss``, Ludwig's combined loss (each output's loss times its ``loss_weight``,
     summed)."""
     outputs = list(outputs) if isinstance(outputs, list | tuple) else [outputs]
-    names = ("n", "loss", "correct", "jaccard", "sse", "sae", "t", "t2")
-    sums = {f"{i}:{k}": 0.0 for i in range(len(outputs)) for k in names}
+    names = [_sum_names(out, meta) for out in outputs]
+    sums = {f"{i}:{k}": 0.0 for i, mine in enumerate(names) for k in mine}
     ranked: dict[int, list[np.ndarray]] = {i: [] for i, out in enumerate(outputs) if out.type == "binary"}
     was_training = model.training
     model.eval()
@@ -104,7 +104,7 @@ def evaluate_data(
         if i in ranked:
             scored = np.concatenate(ranked[i]) if ranked[i] else np.zeros((0, 2))
             scored = gather(scored) if gather is not None else scored
-        mine = _metrics(out.type, {k: sums[f"{i}:{k}"] for k in names}, scored)
+        mine = _metrics(out.type, {k: sums[f"{i}:{k}"] for k in names[i]}, scored)
         metrics.update(mine if len(outputs) == 1 else {f"{out.name}/{k}": v for k, v in mine.items()})
     if len(outputs) > 1:
         metrics = {"loss": sum(out.loss_weight * metrics[f"{out.name}/loss"] for out in outputs), **metrics}
@@ -130,6 +130,14 @@ def _add_sums(
         sums[at + "correct"] += float((pred == target.long()).sum())
         if ranked is not None:  # binary
             ranked.append(torch.stack([out.double(), target.double()], dim=1).numpy())
+    elif output.type == "vector":  # every float; and per column, for each one's r2
+        err, value = (out - target).double(), target.double()
+        sums[at + "sse"] += float(err.pow(2).sum())
+        sums[at + "sae"] += float(err.abs().sum())
+        for j, (e2, t, t2) in enumerate(zip(err.pow(2).sum(0), value.sum(0), value.pow(2).sum(0), strict=True)):
+            sums[f"{at}sse.{j}"] += float(e2)
+            sums[f"{at}t.{j}"] += float(t)
+            sums[f"{at}t2.{j}"] += float(t2)
     else:
         std = meta[output.name].get("std", 1.0)
         err = ((out - target) * std).double()
@@ -140,10 +148,29 @@ def _add_sums(
         sums[at + "t2"] += float(scaled.pow(2).sum())
 
 
+_SUMS = ("n", "loss", "correct", "jaccard", "sse", "sae", "t", "t2")
+
+
+def _sum_names(output: Any, meta: dict[str, Any]) -> list[str]:
+    """The sums ``_add_sums`` keeps for ``output``: a vector's per column too."""
+    if output.type != "vector":
+        return list(_SUMS)
+    return ["n", "loss", "sse", "sae", *(f"{k}.{j}" for j in range(int(meta[output.name]["size"])) for k in ("sse", "t", "t2"))]
+
+
 def _metrics(kind: str, sums: dict[str, float], scored: np.ndarray | None) -> dict[str, float]:
-    """One output's metrics from its sums (and a binary output's (score, label) rows)."""
+    """One output's metrics from its sums (and a binary output's (score, label) rows). A
+    vector's mse and mae are over all its floats, its r2 the mean of its columns' (Ludwig's,
+    torchmetrics' uniform average)."""
     rows = sums["n"] or 1.0
     loss = sums["loss"] / rows
+    if kind == "vector":
+        size = sum(1 for k in sums if k.startswith("sse."))
+        r2 = [
+            1.0 - (sums[f"sse.{j}"] / rows) / ((sums[f"t2.{j}"] / rows - (sums[f"t.{j}"] / rows) ** 2) or 1.0)
+            for j in range(size)
+        ]
+        return {"loss": loss, "mse": sums["sse"] / (rows * size), "mae": sums["sae"] / (rows * size), "r2": float(np.mean(r2))}
     if kind == "binary":
         assert scored is not None
         return {"loss": loss, "accuracy": sums["correct"] / rows, "roc_auc": roc_auc(scored[:, 0], scored[:, 1])}
@@ -523,6 +550,9 @@ def _predicted(output: Any, raw: torch.Tensor, m: dict[str, Any], keep: np.ndarr
     elif kind == "set":
         for i, row in zip(np.flatnonzero(keep), pred.numpy(), strict=True):  # one list per row (not a 2-D array)
             col[i] = [m["classes"][j] for j in np.flatnonzero(row)]
+    elif kind == "vector":
+        for i, row in zip(np.flatnonzero(keep), pred.numpy(), strict=True):
+            col[i] = row.tolist()
     else:
         col[keep] = (pred.numpy() * m["std"] + m["mean"]).tolist()
     columns: dict[str, Any] = {f"{name}_predictions": col}

@@ -3,8 +3,8 @@
 Encoders come from each input's type (``raylight.declarative.features``): numbers and
 binaries pass through; categories get an embedding; text gets a mean bag of token
 embeddings (padding ignored). The concat combiner feeds an MLP; the decoder is one linear
-layer per output: a logit (binary), class logits (category, set) or a value (number, in
-standardised units). The model returns each output's by its name (Ludwig's multi-task
+layer per output: a logit (binary), class logits (category, set), a value (number, in
+standardised units) or the floats of a vector (as they are, Ludwig's projector). The model returns each output's by its name (Ludwig's multi-task
 ECD: the outputs share the encoders and the combiner).
 """
 
@@ -89,6 +89,17 @@ class FCStack(nn.Sequential):
         return x
 
 
+WIDE = ("category", "set", "vector")  # output types with a value per class (label, float) in each row
+
+
+def decoder_size(kind: str, meta: dict[str, Any]) -> int:
+    """The values an output's decoder gives per row: a class's or label's logit each, a
+    vector's floats, or one."""
+    if kind in ("category", "set"):
+        return len(meta["classes"])
+    return int(meta["size"]) if kind == "vector" else 1
+
+
 class DeclarativeModel(nn.Module):
     def __init__(self, config: ModelConfig, meta: dict[str, Any]) -> None:
         super().__init__()
@@ -108,8 +119,7 @@ class DeclarativeModel(nn.Module):
         self.output_types = {out.name: out.type for out in config.output_features}
         self.decoders = nn.ModuleDict()
         for out in config.output_features:
-            size = len(meta[out.name]["classes"]) if out.type in ("category", "set") else 1
-            self.decoders[module_key(out.name)] = nn.Linear(width, size)
+            self.decoders[module_key(out.name)] = nn.Linear(width, decoder_size(out.type, meta[out.name]))
         self.register_load_state_dict_pre_hook(self._one_decoder)
         self._initialise()
 
@@ -152,7 +162,7 @@ class DeclarativeModel(nn.Module):
         outs = {}
         for name, kind in self.output_types.items():
             out = self.decoders[module_key(name)](hidden)
-            outs[name] = out if kind in ("category", "set") else out.squeeze(1)
+            outs[name] = out if kind in WIDE else out.squeeze(1)
         return outs
 
 
@@ -162,7 +172,10 @@ def build_model(config: ModelConfig, meta: dict[str, Any]) -> DeclarativeModel:
 
 
 def loss_for(output_type: str) -> nn.Module:
-    losses = {"binary": nn.BCEWithLogitsLoss, "category": nn.CrossEntropyLoss, "number": nn.MSELoss, "set": nn.BCEWithLogitsLoss}
+    losses = {
+        "binary": nn.BCEWithLogitsLoss, "category": nn.CrossEntropyLoss, "number": nn.MSELoss, "set": nn.BCEWithLogitsLoss,
+        "vector": nn.MSELoss,  # Ludwig's mean_squared_error: over every float of every row
+    }
     return losses[output_type]()
 
 

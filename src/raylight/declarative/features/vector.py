@@ -1,7 +1,11 @@
 """Vector features, as Ludwig's: each row a fixed number of floats (a CSV cell of numbers
 separated by white space, or a list in Parquet or JSON), through fully connected layers
 (Ludwig's ``dense`` encoder: one layer of 256 units by default) or as they are
-(``passthrough``). Values are not scaled, as in Ludwig."""
+(``passthrough``). Values are not scaled, as in Ludwig.
+
+A vector output (regression of every float of the row, Ludwig's) goes through the same
+functions: its ``vector_size`` is the output's own key (``_prep``), and a row without a
+vector is dropped."""
 
 from __future__ import annotations
 
@@ -63,6 +67,18 @@ class VectorInput(FeatureModel):
 
 
 Input = VectorInput
+TARGET_MISSING = "drop_row"  # a vector output's rows without a vector (Ludwig's default for outputs)
+
+
+def _prep(feat: Any) -> VectorPreprocessing:
+    """An input's preprocessing, or an output's (which has only ``vector_size``)."""
+    if isinstance(getattr(feat, "preprocessing", None), VectorPreprocessing):
+        return feat.preprocessing
+    return VectorPreprocessing(vector_size=feat.vector_size, missing_value_strategy=TARGET_MISSING)
+
+
+def _side(feat: Any) -> str:
+    return "input_features" if isinstance(getattr(feat, "preprocessing", None), VectorPreprocessing) else "output_features"
 INFER_RANK = 3  # after date, before text: "0.1 0.5 0.2 0.9" is four words
 _INFER_SAMPLE = 1000
 
@@ -97,11 +113,12 @@ def _not_vectors(kind: str, feat: Any, examples: list[str], where: str = "") -> 
 
 
 def _lengths_differ(kind: str, feat: Any, lengths: list[int], where: str = "") -> ConfigError:
-    size = feat.preprocessing.vector_size
-    want = f"preprocessing.vector_size is {size}" if size else "its rows must share one length"
+    size = _prep(feat).vector_size
+    key = "preprocessing.vector_size" if kind == "input_features" else "vector_size"
+    want = f"{key} is {size}" if size else "its rows must share one length"
     return ConfigError(
         f"column {feat.col!r} ({kind} {feat.name!r}, type vector) has vectors of {sorted(lengths)} numbers{where}, "
-        f"but {want}; fix the rows, or set preprocessing.vector_size to their length"
+        f"but {want}; fix the rows, or set {key} to their length"
     )
 
 
@@ -110,7 +127,7 @@ def check(col: pd.Series, feat: Any, kind: str) -> None:
     if bad.any():
         raise _not_vectors(kind, feat, *bad_cells(col, bad))
     sizes = lengths(values)
-    wanted = feat.preprocessing.vector_size or next(iter(sizes.values()), None)
+    wanted = _prep(feat).vector_size or next(iter(sizes.values()), None)
     odd = next((r for r, n in sizes.items() if n != wanted), None)
     if odd is not None:
         raise _lengths_differ(kind, feat, list(set(sizes.values())), f" (row {col.index[odd]} has {sizes[odd]})")
@@ -126,26 +143,27 @@ def check_blocks(summary: pd.DataFrame, feat: Any, kind: str) -> None:
     if int(summary["bad"].sum()):
         raise _not_vectors(kind, feat, examples(summary))
     lengths = sorted({int(n) for text in summary["lengths"] for n in str(text).split()})
-    wanted = feat.preprocessing.vector_size
+    wanted = _prep(feat).vector_size
     if len(lengths) > 1 or (wanted and lengths and lengths != [wanted]):
         raise _lengths_differ(kind, feat, lengths)
 
 
 def _size(feat: Any, lengths: set[int]) -> dict[str, Any]:
-    size = feat.preprocessing.vector_size or (min(lengths) if lengths else 0)
+    size = _prep(feat).vector_size or (min(lengths) if lengths else 0)
     if not size:
+        key = "preprocessing.vector_size" if _side(feat) == "input_features" else "vector_size"
         raise ConfigError(
             f"column {feat.col!r} (feature {feat.name!r}, type vector) has no vectors in the training split, so its "
-            "length is unknown; fill the column, set preprocessing.vector_size, or drop the feature"
+            f"length is unknown; fill the column, set {key}, or drop the feature"
         )
     return {"size": size}
 
 
-def fit(col: pd.Series, feat: VectorInput) -> dict[str, Any]:
+def fit(col: pd.Series, feat: Any) -> dict[str, Any]:
     return _size(feat, set(lengths(parse(col)[0]).values()))
 
 
-def fit_ray(train: Any, feats: list[VectorInput]) -> dict[str, dict[str, Any]]:
+def fit_ray(train: Any, feats: list[Any]) -> dict[str, dict[str, Any]]:
     cols = sorted({f.col for f in feats})
 
     def block_lengths(df: pd.DataFrame) -> pd.DataFrame:
@@ -155,14 +173,15 @@ def fit_ray(train: Any, feats: list[VectorInput]) -> dict[str, dict[str, Any]]:
     return {f.name: _size(f, set(table.loc[table["col"] == f.col, "n"].astype(int))) for f in feats}
 
 
-def transform(col: pd.Series, feat: VectorInput, meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None]:
-    p, size = feat.preprocessing, meta["size"]
+def transform(col: pd.Series, feat: Any, meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None]:
+    """An input's or an output's floats (rows x size) and, with drop_row, the rows kept."""
+    p, size, side = _prep(feat), meta["size"], _side(feat)
     values, bad = parse(col)
     if bad.any():  # a dataset to predict on
-        raise _not_vectors("input_features", feat, *bad_cells(col, bad))
+        raise _not_vectors(side, feat, *bad_cells(col, bad))
     odd = next(((r, n) for r, n in lengths(values).items() if n != size), None)
     if odd is not None:
-        raise _lengths_differ("input_features", feat, [odd[1]], f" (row {col.index[odd[0]]}); the model takes {size}")
+        raise _lengths_differ(side, feat, [odd[1]], f" (row {col.index[odd[0]]}); the model takes {size}")
     fill = numbers(pd.Series([p.fill_value]), str.split)[0][0] if p.fill_value.strip() else np.zeros(size)
     if fill is None or len(fill) != size:
         raise ConfigError(
