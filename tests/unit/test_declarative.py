@@ -174,7 +174,7 @@ def test_validation_metric_chooses_the_best_model_and_when_to_stop(tmp_path):
     losses = [r["validation_loss"] for r in rows]
     assert best != losses.index(min(losses)), "the data no longer tells accuracy from loss apart"
     for bad, words in (
-        ("validation_metric: r2", "'r2' is not measured of a binary output; allowed: ['loss', 'accuracy', 'roc_auc']"),
+        ("validation_metric: r2", "'r2' is not measured of a binary output; allowed: ['loss', 'accuracy', 'roc_auc', 'precision', 'recall', 'specificity']"),
         ("validation_field: target", "'target' is not an output feature; use 'income' or combined"),
     ):
         text = bad_config(tmp_path, CONFIG.replace("early_stop: 5}", f"early_stop: 5, {bad}}}"))
@@ -314,14 +314,18 @@ def test_streamed_evaluation_equals_the_metrics_of_all_rows_at_once(kind, monkey
         arrays = {"x": rng.normal(size=(n, 4)).astype(np.float32), "y": rng.integers(0, 4, n)}
     else:
         arrays = {"x": rng.normal(size=n).astype(np.float32), "y": rng.normal(size=n).astype(np.float32)}
-    output, meta = SimpleNamespace(name="y", type=kind, threshold=0.5), {"y": {"std": 2.0}}
+    output, meta = SimpleNamespace(name="y", type=kind, threshold=0.5, top_k=3), {"y": {"std": 2.0}}
     x, y = torch.from_numpy(arrays["x"]), torch.from_numpy(arrays["y"])
     if kind == "category":
-        expected = {"loss": float(torch.nn.functional.cross_entropy(x, y)), "accuracy": float((x.argmax(1) == y).float().mean())}
+        expected = {
+            "loss": float(torch.nn.functional.cross_entropy(x, y)), "accuracy": float((x.argmax(1) == y).float().mean()),
+            "hits_at_k": float((x.argsort(1, descending=True)[:, :3] == y[:, None]).any(1).float().mean()),
+        }
     else:
         err = ((x - y) * 2.0).double()
         var = float(((y - y.mean()) * 2.0).double().pow(2).mean())
-        expected = {"loss": float(((x - y) ** 2).mean()), "mse": float(err.pow(2).mean()), "mae": float(err.abs().mean()), "r2": 1 - float(err.pow(2).mean()) / var}
+        expected = {"loss": float(((x - y) ** 2).mean()), "mse": float(err.pow(2).mean()), "mae": float(err.abs().mean()), "r2": 1 - float(err.pow(2).mean()) / var,
+                    "rmse": float(err.pow(2).mean()) ** 0.5}
     monkeypatch.setattr(dtrain, "EVAL_ROWS", 10)  # 11 chunks
     model = _Passthrough()
     chunked = dtrain.evaluate_data(model, arrays, output, meta, torch.device("cpu"))
@@ -359,6 +363,39 @@ def test_roc_auc_is_the_share_of_positive_negative_pairs_ranked_right(seed):
               for s, other in ((slice(0, 150), np.stack([x[150:], y[150:]], 1)), (slice(150, None), np.stack([x[:150], y[:150]], 1)))]
     assert [h["roc_auc"] for h in halves] == pytest.approx([expected, expected], abs=1e-12)
     assert dtrain.roc_auc(x, np.ones_like(y)) == 0.5  # one class: undefined
+
+
+@pytest.mark.parametrize("threshold", [0.5, 0.7])
+def test_binary_precision_recall_and_specificity_count_the_predictions_at_the_threshold(threshold):
+    """Ludwig's binary precision, recall and specificity, of the rows predicted true at the
+    output's threshold, streamed in chunks: the shares counted here from the predictions."""
+    from types import SimpleNamespace
+
+    from raylight.declarative import train as dtrain
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=203).astype(np.float32)
+    y = (rng.random(203) < 1 / (1 + np.exp(-2 * x))).astype(np.float32)
+    predicted = (1 / (1 + np.exp(-x)) >= threshold).astype(int)
+    output = SimpleNamespace(name="y", type="binary", threshold=threshold)
+    metrics = dtrain.evaluate_data(_Passthrough(), {"x": x, "y": y}, output, {"y": {}}, torch.device("cpu"), chunk_rows=40)
+    true, said = y == 1, predicted == 1
+    assert metrics["precision"] == pytest.approx(true[said].mean(), abs=1e-12)  # of the rows predicted true, the true
+    assert metrics["recall"] == pytest.approx(said[true].mean(), abs=1e-12)  # of the true rows, those predicted
+    assert metrics["specificity"] == pytest.approx((~said[~true]).mean(), abs=1e-12)  # of the false rows, those predicted false
+    none = dtrain.evaluate_data(_Passthrough(), {"x": -np.ones(5, np.float32), "y": np.ones(5, np.float32)}, output, {"y": {}}, torch.device("cpu"))
+    assert (none["precision"], none["recall"], none["specificity"]) == (0.0, 0.0, 0.0)  # undefined: 0, as torchmetrics'
+
+
+def test_top_k_is_a_category_output_s_setting():
+    from raylight.declarative.config import ModelConfig
+
+    def config(out):
+        return {"input_features": [{"name": "a", "type": "number"}], "output_features": [out]}
+
+    assert ModelConfig.model_validate(config({"name": "c", "type": "category", "top_k": 1})).output_features[0].top_k == 1
+    with pytest.raises(Exception, match="top_k: a category output's setting; a binary output has none"):
+        ModelConfig.model_validate(config({"name": "c", "type": "binary", "top_k": 2}))
 
 
 def test_ludwig_s_optimizers_and_their_settings_build_torch_s():

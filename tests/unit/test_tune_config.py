@@ -50,7 +50,7 @@ def test_valid_section_and_metric_name():
         ({"parameters": {"trainer.learning_rate": {"space": "logunif", "lower": 1, "upper": 2}}}, "hyperopt.parameters.trainer.learning_rate: Input tag 'logunif' found using 'space' does not match any of the expected tags: 'choice', 'grid', 'uniform', 'loguniform', 'randint'"),
         ({"parameters": {"trainer.learning_rate": {"space": "loguniform", "lower": 0, "upper": 2}}}, "hyperopt.parameters.trainer.learning_rate.loguniform.lower: Input should be greater than 0"),
         ({"parameters": {"trainer.learning_rate": {"space": "uniform", "lower": 2, "upper": 1}}}, "needs lower < upper, got lower=2, upper=1"),
-        ({"parameters": {"trainer.learning_rate": LR}, "metric": "r2"}, "metric 'r2' is not measured on the validation split of a binary output; allowed: ['loss', 'accuracy', 'roc_auc']"),
+        ({"parameters": {"trainer.learning_rate": LR}, "metric": "r2"}, "metric 'r2' is not measured on the validation split of a binary output; allowed: ['loss', 'accuracy', 'roc_auc', 'precision', 'recall', 'specificity']"),
         ({"parameters": {"trainer.learning_rate": LR}, "split": "training", "metric": "accuracy"}, "allowed: ['loss']"),
         ({"parameters": {"trainer.learning_rate": LR}, "goal": "lower"}, "hyperopt.goal: Input should be 'minimize' or 'maximize'"),
         ({"parameters": {"trainer.learning_rate": LR}, "search_alg": {"type": "bayes"}}, "hyperopt.search_alg.type: Input should be 'random', 'grid' or 'optuna'"),

@@ -88,6 +88,10 @@ class OutputFeature(FeatureModel):
         None, ge=1, le=MAX_WIDTH,
         description="vector: the floats in each row (Ludwig's); null: the length the training rows share.",
     )
+    top_k: int = Field(
+        3, ge=1, le=MAX_WIDTH,
+        description="category: hits_at_k counts a row right when its class is among the k most likely (Ludwig's).",
+    )
 
     @model_validator(mode="after")
     def _threshold_of_a_classifier(self) -> OutputFeature:
@@ -95,6 +99,8 @@ class OutputFeature(FeatureModel):
             raise ValueError(f"threshold: a binary or set output's setting; a {self.type} output has none; remove it")
         if self.vector_size is not None and self.type != "vector":
             raise ValueError(f"vector_size: a vector output's setting; a {self.type} output has none; remove it")
+        if self.top_k != 3 and self.type != "category":
+            raise ValueError(f"top_k: a category output's setting; a {self.type} output has none; remove it")
         return self
 
 
@@ -222,7 +228,7 @@ class LRSchedulerConfig(ConfigModel):
         10, ge=0, description="Evaluations (epochs) without improvement before a reduction."
     )
     reduce_on_plateau_rate: float = Field(0.1, ge=0, le=1, description="The factor of each reduction.")
-    reduce_eval_metric: str = Field("loss", description="The metric a plateau is judged on (loss, accuracy, mse, mae, r2).")
+    reduce_eval_metric: str = Field("loss", description="The metric a plateau is judged on (as trainer.validation_metric).")
     reduce_eval_split: Literal["training", "validation"] = Field(
         "training", description="The split reduce_eval_metric is measured on."
     )
@@ -321,9 +327,10 @@ class TrainerSection(ConfigModel):
 
     validation_metric: str = Field(
         "loss",
-        description="The validation metric early stopping and the best model follow (loss, accuracy, "
-        "mse, mae, r2; Ludwig's mean_squared_error, mean_absolute_error and accuracy_micro too). "
-        "Without a validation split: the training loss.",
+        description="The validation metric early stopping and the best model follow: loss or any other the "
+        "output measures (accuracy, roc_auc, precision, recall, specificity, hits_at_k, mse, mae, r2, rmse, "
+        "jaccard; Ludwig's mean_squared_error, mean_absolute_error, root_mean_squared_error and accuracy_micro "
+        "too). Without a validation split: the training loss.",
     )
     validation_field: str = Field(
         "combined", description="Ludwig's: the output validation_metric is measured on, by its name, or combined "

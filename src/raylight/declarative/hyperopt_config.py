@@ -161,8 +161,8 @@ class HyperoptConfig(ConfigModel):
     goal: Literal["minimize", "maximize"] = Field("minimize", description="Whether the metric should go down or up.")
     metric: str = Field(
         "loss",
-        description="Metric of the output feature to optimise: loss, accuracy (classifiers), mse, mae, r2 (numbers, vectors); "
-        "Ludwig's mean_squared_error, mean_absolute_error and accuracy_micro too.",
+        description="Metric of the output feature to optimise: loss or any other it measures (as "
+        "trainer.validation_metric).",
     )
     split: Literal["validation", "training"] = Field("validation", description="Split the metric is measured on.")
     output_feature: str = Field(

@@ -330,7 +330,6 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "loss.class_weights": ("class weights are not available; remove the key", (None,)),
         "loss.class_similarities": ("class similarities are not available; remove the key", (None,)),
         "loss.class_similarities_temperature": ("class similarities are not available; remove the key", (0,)),
-        "top_k": ("raylight does not measure hits at k; remove the key", (3,)),
         "preprocessing.lowercase": ("raylight keeps the classes' case; lower-case the column before training; remove the key", (False,)),
         "preprocessing.most_common": ("raylight keeps every class of the target; remove the key", (10000,)),
         "calibration": ("calibration is not available; remove the key", (False,)),

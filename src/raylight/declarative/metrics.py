@@ -7,9 +7,11 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 
 # Ludwig's metric names that are raylight's under another name.
-METRIC_ALIASES = {"mean_squared_error": "mse", "mean_absolute_error": "mae", "accuracy_micro": "accuracy"}
+METRIC_ALIASES = {
+    "mean_squared_error": "mse", "mean_absolute_error": "mae", "root_mean_squared_error": "rmse", "accuracy_micro": "accuracy",
+}
 # Metrics that improve as they fall; every other one improves as it rises.
-MINIMIZED = frozenset({"loss", "mse", "mae"})
+MINIMIZED = frozenset({"loss", "mse", "mae", "rmse"})
 
 
 def metric_name(value: str) -> str:
@@ -22,7 +24,8 @@ def metrics_measured(kind: str, split: str) -> list[str]:
     if split == "training":
         return ["loss"]
     return {
-        "binary": ["loss", "accuracy", "roc_auc"], "category": ["loss", "accuracy"], "number": ["loss", "mse", "mae", "r2"],
+        "binary": ["loss", "accuracy", "roc_auc", "precision", "recall", "specificity"],
+        "category": ["loss", "accuracy", "hits_at_k"], "number": ["loss", "mse", "mae", "r2", "rmse"],
         "set": ["loss", "jaccard"], "vector": ["loss", "mse", "mae", "r2"],
     }[kind]
 

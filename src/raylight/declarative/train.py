@@ -127,7 +127,16 @@ def _add_sums(
         sums[at + "jaccard"] += float(torch.where(either > 0, both / either.clamp(min=1), 1.0).sum())
     elif output.type in ("binary", "category"):
         pred, _ = predictions(output.type, out, output.threshold)
-        sums[at + "correct"] += float((pred == target.long()).sum())
+        truth = target.long()
+        sums[at + "correct"] += float((pred == truth).sum())
+        if output.type == "category":  # the class among the top_k most likely
+            top = out.topk(min(output.top_k, out.shape[1]), dim=1).indices
+            sums[at + "hits"] += float((top == truth[:, None]).any(1).sum())
+        else:  # the confusion counts at the threshold
+            sums[at + "tp"] += float(((pred == 1) & (truth == 1)).sum())
+            sums[at + "fp"] += float(((pred == 1) & (truth == 0)).sum())
+            sums[at + "fn"] += float(((pred == 0) & (truth == 1)).sum())
+            sums[at + "tn"] += float(((pred == 0) & (truth == 0)).sum())
         if ranked is not None:  # binary
             ranked.append(torch.stack([out.double(), target.double()], dim=1).numpy())
     elif output.type == "vector":  # every float; and per column, for each one's r2
@@ -148,7 +157,7 @@ def _add_sums(
         sums[at + "t2"] += float(scaled.pow(2).sum())
 
 
-_SUMS = ("n", "loss", "correct", "jaccard", "sse", "sae", "t", "t2")
+_SUMS = ("n", "loss", "correct", "hits", "tp", "fp", "fn", "tn", "jaccard", "sse", "sae", "t", "t2")
 
 
 def _sum_names(output: Any, meta: dict[str, Any]) -> list[str]:
@@ -171,16 +180,21 @@ def _metrics(kind: str, sums: dict[str, float], scored: np.ndarray | None) -> di
             for j in range(size)
         ]
         return {"loss": loss, "mse": sums["sse"] / (rows * size), "mae": sums["sae"] / (rows * size), "r2": float(np.mean(r2))}
-    if kind == "binary":
+    if kind == "binary":  # precision, recall and specificity at the threshold; 0 where undefined (torchmetrics')
         assert scored is not None
-        return {"loss": loss, "accuracy": sums["correct"] / rows, "roc_auc": roc_auc(scored[:, 0], scored[:, 1])}
+        tp, fp, fn, tn = (sums[k] for k in ("tp", "fp", "fn", "tn"))
+        return {
+            "loss": loss, "accuracy": sums["correct"] / rows, "roc_auc": roc_auc(scored[:, 0], scored[:, 1]),
+            "precision": tp / (tp + fp) if tp + fp else 0.0, "recall": tp / (tp + fn) if tp + fn else 0.0,
+            "specificity": tn / (tn + fp) if tn + fp else 0.0,
+        }
     if kind == "category":
-        return {"loss": loss, "accuracy": sums["correct"] / rows}
+        return {"loss": loss, "accuracy": sums["correct"] / rows, "hits_at_k": sums["hits"] / rows}
     if kind == "set":
         return {"loss": loss, "jaccard": sums["jaccard"] / rows}
     mse = sums["sse"] / rows
     var = (sums["t2"] / rows - (sums["t"] / rows) ** 2) or 1.0
-    return {"loss": loss, "mse": mse, "mae": sums["sae"] / rows, "r2": 1.0 - mse / var}
+    return {"loss": loss, "mse": mse, "mae": sums["sae"] / rows, "r2": 1.0 - mse / var, "rmse": math.sqrt(mse)}
 
 
 def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
