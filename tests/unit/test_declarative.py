@@ -314,7 +314,7 @@ def test_streamed_evaluation_equals_the_metrics_of_all_rows_at_once(kind, monkey
         arrays = {"x": rng.normal(size=(n, 4)).astype(np.float32), "y": rng.integers(0, 4, n)}
     else:
         arrays = {"x": rng.normal(size=n).astype(np.float32), "y": rng.normal(size=n).astype(np.float32)}
-    output, meta = SimpleNamespace(name="y", type=kind, threshold=0.5, top_k=3), {"y": {"std": 2.0}}
+    output, meta = SimpleNamespace(name="y", type=kind, threshold=0.5, top_k=3), {"y": {"std": 2.0, "classes": list("abcd")}}
     x, y = torch.from_numpy(arrays["x"]), torch.from_numpy(arrays["y"])
     if kind == "category":
         expected = {
@@ -385,6 +385,28 @@ def test_binary_precision_recall_and_specificity_count_the_predictions_at_the_th
     assert metrics["specificity"] == pytest.approx((~said[~true]).mean(), abs=1e-12)  # of the false rows, those predicted false
     none = dtrain.evaluate_data(_Passthrough(), {"x": -np.ones(5, np.float32), "y": np.ones(5, np.float32)}, output, {"y": {}}, torch.device("cpu"))
     assert (none["precision"], none["recall"], none["specificity"]) == (0.0, 0.0, 0.0)  # undefined: 0, as torchmetrics'
+
+
+def test_hits_at_k_is_measured_with_more_classes_than_top_k(tmp_path):
+    """As Ludwig: a category output with no more classes than top_k (every row's class is
+    among the top k) does not measure hits_at_k, and a config that follows it there is an
+    error, before anything is written."""
+    config = CONFIG.replace("{name: income, type: binary}", "{name: workclass2, type: category}").replace(
+        "  - {name: workclass, type: category}\n", ""
+    )
+    df = frame().assign(workclass2=lambda d: d["workclass"])  # three classes
+    cfg, data = write(tmp_path, df=df, config=config)
+    out = api.train(load_config(cfg), data, output_directory=str(tmp_path / "run"), progress=False)
+    assert "hits_at_k" not in out["evaluation"]["test"] and "accuracy" in out["evaluation"]["test"]
+    two = config.replace("{name: workclass2, type: category}", "{name: workclass2, type: category, top_k: 2}")
+    cfg, data = write(tmp_path, df=df, config=two)
+    out = api.train(load_config(cfg), data, output_directory=str(tmp_path / "run2"), progress=False)
+    assert 0 <= out["evaluation"]["test"]["hits_at_k"] <= 1
+    follow = config.replace("early_stop: 5}", "early_stop: 5, validation_metric: hits_at_k}")
+    cfg, data = write(tmp_path, df=df, config=follow)
+    with pytest.raises(ConfigError, match=r"trainer.validation_metric: hits_at_k of output 'workclass2'.*has 3 classes"):
+        api.train(load_config(cfg), data, output_directory=str(tmp_path / "run3"), progress=False)
+    assert not (tmp_path / "run3").exists()
 
 
 def test_top_k_is_a_category_output_s_setting():

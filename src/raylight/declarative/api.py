@@ -28,6 +28,7 @@ from raylight.declarative.preprocess import (
     balance_block,
     balance_quotas,
     check_columns,
+    check_hits_at_k,
     check_split_rows,
     check_target,
     check_validation_unneeded,
@@ -216,6 +217,7 @@ def prepare(
         if hit is not None:
             log.info("preprocessed data from the cache %s/%s", cache_dir, key)
             meta, splits = hit
+            check_hits_at_k(config, meta)
             return Prepared(config, meta, splits["train"], splits["validation"], splits["test"], None)
     if processor == "ray_data":
         from raylight.declarative.ray_data import prepare_ray_data
@@ -225,6 +227,7 @@ def prepare(
         prepared = Prepared(config, parts["meta"], parts["train"], parts["validation"], parts["test"], None)
     else:
         prepared = _prepare(config, dataset)
+    check_hits_at_k(config, prepared.meta)
     if cache_dir and write_cache:
         cache.save(cache_dir, key, prepared.meta, {"train": prepared.train, "validation": prepared.validation, "test": prepared.test})
     return prepared

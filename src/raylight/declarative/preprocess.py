@@ -62,6 +62,30 @@ def check_validation_unneeded(config: Any, why: str) -> None:
         raise ConfigError(f"{why}, but {' and '.join(needs)} needs one; give rows the value 1, or measure on training")
 
 
+def check_hits_at_k(config: Any, meta: dict[str, Any]) -> None:
+    """A category output measures hits_at_k only with more classes than its top_k (Ludwig's
+    rule: with fewer, every row's class is among the top k); a setting that follows it
+    there is a ConfigError."""
+    t, h, sched = config.trainer, config.hyperopt, config.trainer.learning_rate_scheduler
+    asks = [("trainer.validation_metric", t.validation_field, t.validation_metric)]
+    if sched is not None and sched.reduce_on_plateau > 0:
+        asks.append(("trainer.learning_rate_scheduler.reduce_eval_metric", t.validation_field, sched.reduce_eval_metric))
+    if h is not None:
+        asks.append(("hyperopt.metric", h.output_feature, h.metric))
+    outputs = {out.name: out for out in config.output_features}
+    for key, field, metric in asks:
+        out = outputs.get(field, config.output_features[0] if len(outputs) == 1 else None)
+        if metric != "hits_at_k" or out is None or out.type != "category":
+            continue
+        classes = len(meta[out.name]["classes"])
+        if classes <= out.top_k:
+            raise ConfigError(
+                f"{key}: hits_at_k of output {out.name!r} counts a row right when its class is among the "
+                f"{out.top_k} most likely (top_k), but the output has {classes} classes, so every row is, and it is "
+                f"not measured; follow accuracy, or set the output's top_k below {classes}"
+            )
+
+
 def sample_size(prep: Any, rows: int, source: str) -> int:
     """How many of a dataset's ``rows`` its sample keeps (``prep.sampled``); a sample of
     rows that keeps none is a ConfigError."""

@@ -105,6 +105,8 @@ def evaluate_data(
             scored = np.concatenate(ranked[i]) if ranked[i] else np.zeros((0, 2))
             scored = gather(scored) if gather is not None else scored
         mine = _metrics(out.type, {k: sums[f"{i}:{k}"] for k in names[i]}, scored)
+        if out.type == "category" and len(meta[out.name]["classes"]) <= out.top_k:
+            del mine["hits_at_k"]  # every row's class is among the top k (Ludwig measures it only with more classes)
         metrics.update(mine if len(outputs) == 1 else {f"{out.name}/{k}": v for k, v in mine.items()})
     if len(outputs) > 1:
         metrics = {"loss": sum(out.loss_weight * metrics[f"{out.name}/loss"] for out in outputs), **metrics}
