@@ -62,6 +62,7 @@ def test_the_best_model_follows_the_named_output_s_metric(tmp_path):
     output's best ``validation_metric``, not of the best combined loss."""
     config = MULTI.replace("early_stop: -1}", "early_stop: -1, validation_field: k, validation_metric: accuracy}")
     out, rows, _ = _train(tmp_path, config)
+    assert list(rows[0])[list(rows[0]).index("validation_loss") + 1] == "validation_k/accuracy"  # shown beside the loss
     accuracy = [row["validation_k/accuracy"] for row in rows]
     losses = [row["validation_loss"] for row in rows]
     assert out["evaluation"]["best_epoch"] == int(np.argmax(accuracy))

@@ -385,7 +385,9 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
         val: dict[str, float] = {}
         if val_data is not None:  # every rank: the same numbers, the same decision
             val = evaluate_data(model, val_data, outs, meta, ctx.device, chunk_rows=cfg.trainer.eval_batch_size)
-            report.update({f"validation_{k}": v for k, v in val.items()})
+            # the loss and the metric followed first: a progress line shows the first few
+            first = {k: val[k] for k in ("loss", judged_by)}
+            report.update({f"validation_{k}": v for k, v in {**first, **val}.items()})
             judged, score = val["loss"], sign * val[judged_by]
         else:
             judged = score = train_loss
