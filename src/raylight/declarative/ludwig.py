@@ -194,6 +194,7 @@ _DECODERS = {"binary": "regressor", "category": "classifier", "number": "regress
 def _decoder(kind: str) -> tuple[str, tuple[Any, ...]]:
     return f"raylight's {kind} decoder is Ludwig's {_DECODERS[kind]}; use it or remove the key", (_DECODERS[kind],)
 
+
 _DEPENDENCIES = (
     "raylight's outputs do not feed one another: each output's decoder reads the combiner's output; remove the key"
 )
