@@ -4,8 +4,9 @@ Encoders come from each input's type (``raylight.declarative.features``): number
 binaries pass through; categories get an embedding; text gets a mean bag of token
 embeddings (padding ignored). The concat combiner feeds an MLP; the decoder is one linear
 layer per output: a logit (binary), class logits (category, set), a value (number, in
-standardised units) or the floats of a vector (as they are, Ludwig's projector). The model returns each output's by its name (Ludwig's multi-task
-ECD: the outputs share the encoders and the combiner).
+standardised units) or the floats of a vector (as they are, Ludwig's projector). The
+model returns each output's by its name (Ludwig's multi-task ECD: the outputs share the
+encoders and the combiner).
 """
 
 from __future__ import annotations

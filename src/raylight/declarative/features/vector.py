@@ -70,15 +70,26 @@ Input = VectorInput
 TARGET_MISSING = "drop_row"  # a vector output's rows without a vector (Ludwig's default for outputs)
 
 
+def _is_input(feat: Any) -> bool:
+    return isinstance(getattr(feat, "preprocessing", None), VectorPreprocessing)
+
+
 def _prep(feat: Any) -> VectorPreprocessing:
     """An input's preprocessing, or an output's (which has only ``vector_size``)."""
-    if isinstance(getattr(feat, "preprocessing", None), VectorPreprocessing):
+    if _is_input(feat):
         return feat.preprocessing
     return VectorPreprocessing(vector_size=feat.vector_size, missing_value_strategy=TARGET_MISSING)
 
 
 def _side(feat: Any) -> str:
-    return "input_features" if isinstance(getattr(feat, "preprocessing", None), VectorPreprocessing) else "output_features"
+    return "input_features" if _is_input(feat) else "output_features"
+
+
+def _size_key(feat: Any) -> str:
+    """Where the feature's vector_size is set, for messages."""
+    return "preprocessing.vector_size" if _is_input(feat) else "vector_size"
+
+
 INFER_RANK = 3  # after date, before text: "0.1 0.5 0.2 0.9" is four words
 _INFER_SAMPLE = 1000
 
@@ -113,8 +124,7 @@ def _not_vectors(kind: str, feat: Any, examples: list[str], where: str = "") -> 
 
 
 def _lengths_differ(kind: str, feat: Any, lengths: list[int], where: str = "") -> ConfigError:
-    size = _prep(feat).vector_size
-    key = "preprocessing.vector_size" if kind == "input_features" else "vector_size"
+    size, key = _prep(feat).vector_size, _size_key(feat)
     want = f"{key} is {size}" if size else "its rows must share one length"
     return ConfigError(
         f"column {feat.col!r} ({kind} {feat.name!r}, type vector) has vectors of {sorted(lengths)} numbers{where}, "
@@ -151,10 +161,9 @@ def check_blocks(summary: pd.DataFrame, feat: Any, kind: str) -> None:
 def _size(feat: Any, lengths: set[int]) -> dict[str, Any]:
     size = _prep(feat).vector_size or (min(lengths) if lengths else 0)
     if not size:
-        key = "preprocessing.vector_size" if _side(feat) == "input_features" else "vector_size"
         raise ConfigError(
             f"column {feat.col!r} (feature {feat.name!r}, type vector) has no vectors in the training split, so its "
-            f"length is unknown; fill the column, set {key}, or drop the feature"
+            f"length is unknown; fill the column, set {_size_key(feat)}, or drop the feature"
         )
     return {"size": size}
 
