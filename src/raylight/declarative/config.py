@@ -610,7 +610,7 @@ def _inferred_validation_field(data: Any) -> Any:
         return data
     owners = [
         out["name"] for out in outputs
-        if isinstance(out, dict) and out.get("type") in get_args(OutputType)
+        if isinstance(out, dict) and out.get("type") in OUTPUT_TYPES
         and metric_name(metric) in metrics_measured(out["type"], "validation")
     ]
     if len(owners) > 1:
