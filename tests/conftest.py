@@ -19,13 +19,14 @@ import time
 import pytest
 
 from tests.cpu_log import pytest_runtest_protocol  # noqa: F401  (RAYLIGHT_TEST_CPU_LOG: CPU per test)
-from tests.helpers import use_venv_torch_extensions
+from tests.helpers import one_torch_thread, use_venv_torch_extensions
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS_DIR)
 _SESSION_ENV: set[str] = set()
 
 use_venv_torch_extensions()  # DeepSpeed's CPU Adam, built once per venv (tests/helpers.py)
+one_torch_thread()  # the tests that train in this process (tests/helpers.py)
 
 
 # `make test` (tests/suite.py) runs the suite as two pytest runs at once: these Ray-tier

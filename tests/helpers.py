@@ -24,6 +24,21 @@ def use_venv_torch_extensions() -> str:
     return os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 
 
+def one_torch_thread() -> None:
+    """One intra-op thread for torch in this process and in the processes it starts.
+
+    The suite runs two pytest processes and their Ray workers on 2 cores. A process that
+    trains with torch's default of one OpenMP thread per core then waits at every parallel
+    region for a thread the kernel has given to another process, and GNU OpenMP's waiting
+    thread spins: measured here with one busy process beside it, 20 epochs of
+    ``test_each_encoder_learns_word_order...[cnnrnn]`` took 84.7 CPU-s and 84.9 s with two
+    threads, 3.9 and 3.9 with one. raylight's workers set their own threads (ScalingConfig);
+    this covers what trains in the pytest process and the CLIs and scripts tests start."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+
+
 def free_loopback_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     import socket
