@@ -96,11 +96,30 @@ class Head:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
+def _started_head() -> Head:
+    """A private head whose Jobs API answers. Its ports are free when chosen but may be
+    taken before the head binds them (the suite's other Ray processes take ports all the
+    time): a head that exits before answering is started once more on new ports, and its
+    log is in the error if that one exits too."""
+    for attempt in (1, 2):
+        h = Head()
+        try:
+            wait_until(lambda url=f"{h.url}/api/version": _answers(url), 60, "the private head's Jobs API", proc=h.proc)
+            return h
+        except AssertionError:
+            with open(os.path.join(h.temp_dir, "head.log")) as f:
+                log = f.read()[-3000:]
+            exited = h.proc.poll() is not None
+            h.stop()
+            if attempt == 2 or not exited:
+                raise AssertionError(f"the private head did not start; its log:\n{log}") from None
+    raise AssertionError("unreachable")
+
+
 @pytest.fixture(scope="module")
 def head():
-    h = Head()
+    h = _started_head()
     try:
-        wait_until(lambda: _answers(f"{h.url}/api/version"), 60, "the private head's Jobs API", proc=h.proc)
         yield h
     finally:
         h.stop()
