@@ -193,6 +193,12 @@ case("config-unknown-nested-key", "config", CHECK, ["trainer.epoch: unknown key"
 case("config-epochs-text", "config", CHECK, ["trainer.epochs", "'ten'"], setup=edited("epochs: 1", "epochs: ten"))
 case("config-epochs-zero", "config", CHECK, ["trainer.epochs", "greater than or equal to 1"], setup=edited("epochs: 1", "epochs: 0"))
 case("config-epochs-huge", "config", CHECK, ["trainer.epochs", "less than or equal to 1000000"], setup=edited("epochs: 1", "epochs: 1000000000"))
+case("config-hyperopt-preprocessing", "config", CHECK,
+     ["parameters.age.preprocessing.normalization: changes input_features.0.preprocessing (age)", "preprocesses the dataset once"],
+     setup=config_text(BASE_CONFIG + "hyperopt: {parameters: {age.preprocessing.normalization: {space: choice, categories: [minmax]}}}\n"))
+case("config-hyperopt-feature-level-reaches-none", "config", CHECK,
+     ["parameters.defaults.date.encoder.embedding_size: no input feature has type 'date'"],
+     setup=config_text(BASE_CONFIG + "hyperopt: {parameters: {defaults.date.encoder.embedding_size: {space: choice, categories: [8]}}}\n"))
 case("config-lr-nan", "config", CHECK, ["trainer.learning_rate", "finite"], setup=edited("batch_size: 16", "batch_size: 16, learning_rate: .nan"))
 case("config-lr-inf", "config", CHECK, ["trainer.learning_rate", "finite"], setup=edited("batch_size: 16", "batch_size: 16, learning_rate: .inf"))
 case("config-lr-negative", "config", CHECK, ["trainer.learning_rate", "must be > 0"], setup=edited("batch_size: 16", "batch_size: 16, learning_rate: -0.1"))

@@ -392,3 +392,68 @@ def test_a_search_over_text_encoder_types_starts_each_from_its_defaults():
             "review.encoder.type": {"space": "choice", "categories": ["rnn", "transformer"]},
             "review.encoder.num_heads": {"space": "choice", "categories": [4]},
         }}})
+
+
+def test_ludwig_s_feature_level_parameters_set_each_feature_that_leaves_the_key_to_its_defaults():
+    """``defaults.<type>.<section>.<key>`` (Ludwig's hyperopt docs, "Default Feature-Level
+    Parameters"): the key on every feature of that type (inputs: preprocessing, encoder;
+    outputs: decoder, loss) but one that sets it itself, in the config or by its own
+    parameter (which wins whatever the order), or that names another encoder type than the
+    defaults'."""
+    from raylight.declarative.hyperopt import trial_config
+
+    features = {
+        "input_features": [
+            {"name": "a", "type": "category"},  # takes the defaults section's 4, then the searched value
+            {"name": "b", "type": "category", "encoder": {"embedding_size": 3}},  # its own setting
+            {"name": "c", "type": "category"},  # its own parameter, listed after the feature-level one
+            {"name": "t", "type": "text", "encoder": {"type": "rnn"}},  # another encoder than the defaults' parallel_cnn
+            {"name": "u", "type": "text"},
+        ],
+        "output_features": [{"name": "y", "type": "binary"}, {"name": "z", "type": "binary", "loss": {"weight": 3.0}}],
+        "defaults": {"category": {"encoder": {"embedding_size": 4}}, "text": {"encoder": {"type": "parallel_cnn"}}},
+    }
+    parameters = {
+        "defaults.category.encoder.embedding_size": {"space": "choice", "categories": [8, 16]},
+        "c.encoder.embedding_size": {"space": "choice", "categories": [5]},
+        "defaults.text.encoder.num_filters": {"space": "choice", "categories": [32]},
+        "defaults.binary.loss.weight": {"space": "choice", "categories": [2.0]},
+    }
+    h = config({"parameters": parameters}, **features)
+    assert [f.encoder.embedding_size for f in h.input_features[:3]] == [4, 3, 4]
+    sampled = {"defaults.category.encoder.embedding_size": 16, "c.encoder.embedding_size": 5,
+               "defaults.text.encoder.num_filters": 32, "defaults.binary.loss.weight": 2.0}
+    trial = trial_config(h.model_dump(mode="json"), dict(reversed(sampled.items())), h._own)
+    assert [f.encoder.embedding_size for f in trial.input_features[:3]] == [16, 3, 5]
+    rnn, cnn = (f.encoder for f in trial.input_features[3:])
+    assert (rnn.type, rnn.num_filters, cnn.type, cnn.num_filters) == ("rnn", 256, "parallel_cnn", 32)
+    assert [f.loss_weight for f in trial.output_features] == [2.0, 3.0]
+
+
+def test_a_feature_level_parameter_that_reaches_no_feature_is_an_error_that_says_why():
+    def message(key: str, **over) -> str:
+        return error({"parameters": {key: {"space": "choice", "categories": [8]}}}, **over)
+
+    assert "no input feature has type 'text' (their types: ['category', 'number'])" in message("defaults.text.encoder.embedding_size")
+    assert "the section one of preprocessing, encoder, decoder, loss" in message("defaults.category.embedding_size")
+    own = {"input_features": [{"name": "c", "type": "category", "encoder": {"embedding_size": 3}}]}
+    said = message("defaults.category.encoder.embedding_size", **own)
+    assert "every category input feature sets encoder.embedding_size itself" in said and "search <feature name>.encoder.embedding_size" in said
+    assert "parameters.defaults.category.encoder.vocab_size" in message("defaults.category.encoder.vocab_size")  # not an encoder setting
+
+
+@pytest.mark.parametrize(
+    ("key", "values", "where"),
+    [
+        ("x.preprocessing.normalization", ["zscore", "minmax"], "input_features.0.preprocessing (x)"),
+        ("defaults.category.preprocessing.most_common", [5], "input_features.1.preprocessing (c)"),
+        ("preprocessing.split.probabilities", [[0.6, 0.2, 0.2]], "preprocessing,"),
+    ],
+    ids=["feature", "feature-level", "dataset"],
+)
+def test_a_parameter_that_changes_preprocessing_is_an_error(key, values, where):
+    """The dataset is preprocessed once, before the trials: a searched preprocessing setting
+    would reach no trial's data, so it is refused rather than ignored (zscore, the first
+    value, is the default: the second one is what changes it)."""
+    said = error({"parameters": {key: {"space": "choice", "categories": values}}})
+    assert f"parameters.{key}: changes {where}" in said and "preprocesses the dataset once" in said

@@ -11,11 +11,14 @@ import copy
 import functools
 import operator
 from collections.abc import Mapping
+from contextvars import ContextVar
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     Field,
+    ModelWrapValidatorHandler,
     PlainValidator,
+    PrivateAttr,
     SerializeAsAny,
     TypeAdapter,
     ValidationError,
@@ -39,7 +42,7 @@ from raylight.declarative.features.base import MAX_WIDTH, FeatureModel
 from raylight.declarative.hyperopt_config import HyperoptConfig
 from raylight.declarative.keypath import KeyPathError, assign
 from raylight.declarative.layers import FCLayer, FCStackConfig
-from raylight.declarative.ludwig import check_ludwig_keys
+from raylight.declarative.ludwig import check_ludwig_keys, own_settings
 from raylight.declarative.metrics import COMBINED, field_metrics, metric_name, metrics_measured
 
 # Upper bounds: far beyond any real use, low enough that a typo fails here and not as an
@@ -664,6 +667,24 @@ class ModelConfig(ConfigModel):
     def _null_section(cls, value: Any) -> Any:
         return {} if value is None else value  # a section written as null (Ludwig renders backend: null) is its defaults
 
+    # What the config as written set itself (``ludwig.own_settings``): the feature-level
+    # hyperopt parameters (``set_path``'s ``defaults.<type>...``) leave it alone.
+    _own: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_own_settings(cls, data: Any, handler: ModelWrapValidatorHandler[ModelConfig]) -> ModelConfig:
+        if isinstance(data, ModelConfig):
+            return handler(data)
+        own = own_settings(data)
+        token = _OWN.set(own)  # for _check_hyperopt, which runs inside the handler
+        try:
+            config = handler(data)
+        finally:
+            _OWN.reset(token)
+        config._own = own
+        return config
+
     @model_validator(mode="before")
     @classmethod
     def _ludwig_keys(cls, data: Any) -> Any:
@@ -692,7 +713,7 @@ class ModelConfig(ConfigModel):
         if t.min_workers is not None or t.max_workers is not None:
             raise ValueError("trials need a fixed size: set backend.trainer.num_workers, not min_workers/max_workers")
         for key, space in value.parameters.items():
-            _check_parameter(base, key, space)
+            _check_parameter(base, key, space, _OWN.get() or {})
         value._outputs = list(kinds)
         return value
 
@@ -800,6 +821,10 @@ def _representatives(space: Any) -> list[Any]:
 
 # Ludwig's searchable spellings of the combiner's layers (its hyperopt examples tune them).
 LUDWIG_LAYER_KEYS = ("combiner.num_fc_layers", "combiner.output_size")
+# Ludwig's feature-level hyperopt parameters, defaults.<type>.<section>.<key>: the side
+# each section is set on.
+FEATURE_LEVEL = {"preprocessing": "input_features", "encoder": "input_features", "decoder": "output_features", "loss": "output_features"}
+_OWN: ContextVar[dict[str, dict[str, Any]] | None] = ContextVar("raylight_own_settings", default=None)
 
 
 def _feature_names(data: dict[str, Any]) -> dict[str, str]:
@@ -828,7 +853,7 @@ def _retyped_encoder(data: dict[str, Any], parts: list[str], kind: Any) -> dict[
     return retyped(section, kind)
 
 
-def set_path(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+def set_path(data: dict[str, Any], key: str, value: Any, own: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """A copy of ``data`` with the dotted ``key`` (list items by index) set to ``value``;
     KeyError naming the first part that does not exist. A key may start with a feature's
     name, Ludwig's hyperopt spelling (``review.encoder.type``: that feature's
@@ -836,7 +861,12 @@ def set_path(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
     ``loss.weight`` is its ``loss_weight``. Setting a text-like
     encoder's ``type`` starts it from that type's defaults (``TextEncoder.retyped``). Ludwig's
     ``combiner.num_fc_layers`` / ``combiner.output_size`` set the number of
-    ``combiner.fc_layers`` (copies of the first, or of 256 units) or every layer's size."""
+    ``combiner.fc_layers`` (copies of the first, or of 256 units) or every layer's size.
+    Ludwig's feature-level ``defaults.<type>.<section>.<key>`` sets the key on every feature
+    of that type that leaves it to its defaults (``own``: what the config as written set,
+    ``ModelConfig._own``; ``_feature_level``)."""
+    if key.startswith("defaults."):
+        return _feature_level(data, key, value, own or {})
     head, _, rest = key.partition(".")
     features = _feature_names(data)
     if head not in data and head in features and rest:
@@ -877,15 +907,82 @@ def set_path(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
     return out
 
 
-def _check_parameter(base: dict[str, Any], key: str, space: Any) -> None:
+def _feature_level(data: dict[str, Any], key: str, value: Any, own: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Ludwig's feature-level hyperopt parameter ``defaults.<type>.<section>.<key>``, as
+    Ludwig applies it (its value goes into the ``defaults`` section, which fills in what
+    each feature leaves out): ``<section>.<key>`` on each input (``preprocessing``,
+    ``encoder``) or output (``decoder``, ``loss``) feature of that type, but those that
+    set it themselves, and, for an encoder's or decoder's settings, those that name a
+    ``type`` of their own other than the defaults' ("the default encoder"). KeyError when
+    it reaches no feature."""
+    parts = key.split(".")
+    if len(parts) < 4 or parts[2] not in FEATURE_LEVEL:
+        raise KeyError(
+            "Ludwig's feature-level parameters are defaults.<feature type>.<section>.<key>, "
+            f"the section one of {', '.join(FEATURE_LEVEL)}"
+        )
+    kind, section, setting = parts[1], parts[2], ".".join(parts[3:])
+    side = FEATURE_LEVEL[section]
+    features = [f for f in data.get(side) or [] if isinstance(f, dict)]
+    of_kind = [i for i, f in enumerate(features) if f.get("type") == kind]
+    if not of_kind:
+        types = sorted({str(f.get("type")) for f in features})
+        raise KeyError(f"no {side.removesuffix('_features')} feature has type {kind!r} (their types: {types})")
+    default_type = own.get("defaults", {}).get(f"{kind}.{section}.type", _builtin_encoder_type(kind) if section == "encoder" else None)
+    out, reached = data, 0
+    for i in of_kind:
+        mine = own.get(f"{side}.{i}", {})
+        if f"{section}.{setting}" in mine:
+            continue  # the feature's own setting wins over its defaults
+        if setting != "type" and f"{section}.type" in mine and mine[f"{section}.type"] != default_type:
+            continue  # not the default encoder (decoder)
+        out = set_path(out, f"{side}.{i}.{section}.{setting}", value, own)
+        reached += 1
+    if not reached:
+        raise KeyError(
+            f"every {kind} {side.removesuffix('_features')} feature sets {section}.{setting} itself, or names "
+            f"another {section} type than the defaults', so the parameter would change nothing; "
+            f"search <feature name>.{section}.{setting} instead"
+        )
+    return out
+
+
+def _builtin_encoder_type(kind: str) -> Any:
+    """The encoder type a ``kind`` input feature has when nothing names one."""
+    try:
+        feature = FEATURES[kind].Input.model_validate({"name": "x", "type": kind})
+    except (KeyError, ValidationError):
+        return None
+    return getattr(getattr(feature, "encoder", None), "type", None)
+
+
+def _preprocessing_changed(base: dict[str, Any], trial: dict[str, Any]) -> str | None:
+    """Where ``trial`` preprocesses otherwise than ``base``: the dataset's or a feature's
+    ``preprocessing`` section; None when nowhere."""
+    if trial.get("preprocessing") != base.get("preprocessing"):
+        return "preprocessing"
+    for side in ("input_features", "output_features"):
+        for i, (was, now) in enumerate(zip(base.get(side) or [], trial.get(side) or [], strict=False)):
+            if isinstance(was, dict) and isinstance(now, dict) and was.get("preprocessing") != now.get("preprocessing"):
+                return f"{side}.{i}.preprocessing ({now.get('name')})"
+    return None
+
+
+def _check_parameter(base: dict[str, Any], key: str, space: Any, own: dict[str, dict[str, Any]]) -> None:
     """``key`` names a config value, and every corner of ``space`` is a valid value."""
     if key.split(".")[0] == "hyperopt":
         raise ValueError(f"parameters.{key}: the hyperopt section itself cannot be searched")
     for candidate in _representatives(space):
         try:
-            trial = set_path(base, key, candidate)
+            trial = set_path(base, key, candidate, own)
         except KeyError as exc:
             raise ValueError(f"parameters.{key}: {exc.args[0]}") from None
+        if (where := _preprocessing_changed(base, trial)) is not None:
+            raise ValueError(
+                f"parameters.{key}: changes {where}, but `raylight hyperopt` preprocesses the dataset "
+                "once, before the trials, so every trial would train on the same data; search model "
+                "and trainer settings, or run one search for each preprocessing setting (docs/tune.md)"
+            )
         try:
             ModelConfig.model_validate(trial)
         except ValidationError as err:

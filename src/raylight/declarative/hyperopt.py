@@ -102,23 +102,28 @@ def plan(config: ModelConfig, cluster: dict[str, float], nodes: list[dict[str, f
     return shape, concurrency
 
 
-def trial_config(base: dict[str, Any], sampled: dict[str, Any]) -> ModelConfig:
-    """The model config of one trial: ``base`` with each sampled dotted key set."""
+def trial_config(base: dict[str, Any], sampled: dict[str, Any], own: dict[str, dict[str, Any]] | None = None) -> ModelConfig:
+    """The model config of one trial: ``base`` with each sampled dotted key set. ``own``:
+    what the config as written set itself (``ModelConfig._own``), which Ludwig's
+    feature-level parameters (``defaults.<type>...``) leave alone; they go first, so that a
+    feature's own parameter (``title.encoder.num_filters``) wins over its type's, as in Ludwig."""
     data = dict(base)
-    for key, value in sampled.items():
-        data = set_path(data, key, value)
+    for key, value in sorted(sampled.items(), key=lambda kv: not kv[0].startswith("defaults.")):
+        data = set_path(data, key, value, own)
     data.pop("hyperopt", None)
     return ModelConfig.model_validate(data)
 
 
-def _declarative_trial(sampled: dict[str, Any], *, base: dict[str, Any], prepared: Any, shape: TrialShape) -> None:
+def _declarative_trial(
+    sampled: dict[str, Any], *, base: dict[str, Any], own: dict[str, dict[str, Any]], prepared: Any, shape: TrialShape,
+) -> None:
     """One trial, inside Tune: the sampled config trains on the trial's workers."""
     from raylight.config import FailureConfig, RunConfig, ScalingConfig, TrainerConfig
     from raylight.declarative.api import loop_settings
     from raylight.declarative.train import declarative_loop
     from raylight.tune.trial import run_trial
 
-    config = trial_config(base, sampled)
+    config = trial_config(base, sampled, own)
     loop_config, adaptive = loop_settings(config, prepared, on_ray=True)
     trainer_config = TrainerConfig(
         scaling=ScalingConfig(
@@ -185,10 +190,10 @@ def hyperopt(config: ModelConfig, dataset: str, *, output_directory: str, progre
             "hyperopt.split: training"
         )
     prepared = api.in_store(prepared)  # every trial's workers read the same arrays
-    base = config.model_dump(mode="json")
+    base, own = config.model_dump(mode="json"), config._own
     os.makedirs(out, exist_ok=True)
     trial_fn = tune.with_resources(
-        tune.with_parameters(_declarative_trial, base=base, prepared=prepared, shape=shape),
+        tune.with_parameters(_declarative_trial, base=base, own=own, prepared=prepared, shape=shape),
         tune.PlacementGroupFactory(shape.bundles),
     )
     tuner = tune.Tuner(
@@ -211,13 +216,13 @@ def hyperopt(config: ModelConfig, dataset: str, *, output_directory: str, progre
         ),
     )
     grid = tuner.fit()
-    rows = results_table(grid, h, base)
+    rows = results_table(grid, h, base, own)
     ok = [r for r in rows if r.get("best") is not None]
     if not ok:
         first = next((r["error"] for r in rows if r.get("error")), "no trial reported the metric")
         raise RaylightError(f"hyperopt: no trial reported {h.metric_name}; first error: {first}")
     best_row = (min if h.goal == "minimize" else max)(ok, key=lambda r: r["best"])
-    best = trial_config(base, {k: best_row[f"config.{k}"] for k in h.parameters})
+    best = trial_config(base, {k: best_row[f"config.{k}"] for k in h.parameters}, own)
     paths = write_outputs(out, rows, best, h)
     if progress:
         print_table(rows, h)
@@ -233,7 +238,7 @@ def hyperopt(config: ModelConfig, dataset: str, *, output_directory: str, progre
     }
 
 
-def results_table(grid: Any, h: HyperoptConfig, base: dict[str, Any]) -> list[dict[str, Any]]:
+def results_table(grid: Any, h: HyperoptConfig, base: dict[str, Any], own: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per trial: parameters, best and last metric, epochs run, and status:
     COMPLETED (all epochs, or its own early stop), STOPPED (by the scheduler or the
     time budget) or ERROR."""
@@ -248,7 +253,7 @@ def results_table(grid: Any, h: HyperoptConfig, base: dict[str, Any]) -> list[di
         for key in h.parameters:
             row[f"config.{key}"] = (result.config or {}).get(key)
         sampled = {k: v for k, v in (result.config or {}).items() if k in h.parameters}
-        epochs = trial_config(base, sampled).trainer.epochs if len(sampled) == len(h.parameters) else None
+        epochs = trial_config(base, sampled, own).trainer.epochs if len(sampled) == len(h.parameters) else None
         finished = bool((result.metrics or {}).get("early_stop")) or len(values) == epochs
         row.update(
             {

@@ -543,13 +543,36 @@ def _with_defaults(
     return out
 
 
-def _leaves(data: dict[str, Any], prefix: str = "") -> set[str]:
-    """The dotted paths of ``data``'s values that are not sections."""
-    out: set[str] = set()
+def own_settings(data: Any) -> dict[str, dict[str, Any]]:
+    """What a config as written sets itself: per feature (``input_features.<i>``,
+    ``output_features.<i>``) its settings by dotted path, before Ludwig's ``defaults``
+    section fills them in, and that section's own (``defaults``: ``<type>.<section>.<key>``).
+    Ludwig's feature-level hyperopt parameters (``defaults.<type>...``, ``set_path``) reach
+    only what a feature leaves to its defaults."""
+    out: dict[str, dict[str, Any]] = {}
+    if not isinstance(data, dict):
+        return out
+    for side in ("input_features", "output_features"):
+        features = data.get(side)
+        for i, feature in enumerate(features if isinstance(features, list) else []):
+            if isinstance(feature, dict):
+                out[f"{side}.{i}"] = _leaf_values(feature)
+    if isinstance(data.get("defaults"), dict):
+        out["defaults"] = _leaf_values(data["defaults"])
+    return out
+
+
+def _leaf_values(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for k, v in data.items():
         path = f"{prefix}{k}"
-        out |= _leaves(v, f"{path}.") if isinstance(v, dict) and v else {path}
+        out.update(_leaf_values(v, f"{path}.") if isinstance(v, dict) and v else {path: v})
     return out
+
+
+def _leaves(data: dict[str, Any], prefix: str = "") -> set[str]:
+    """The dotted paths of ``data``'s values that are not sections."""
+    return set(_leaf_values(data, prefix))
 
 
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
