@@ -235,7 +235,8 @@ def column(split, name):
 def test_several_outputs_train_on_two_ray_workers_from_ray_data(ray_cluster, tmp_path):
     """Four outputs on the ray backend: Ray Data fits each target's metadata as the
     pandas processor does (a number target's moments, a category's classes, a vector's
-    length), drops the rows lacking any target, and two DDP workers train every output."""
+    length), drops the rows lacking any target, and two DDP workers train every output,
+    measuring each output on the training split's blocks too (evaluate_training_set)."""
     import numpy as np
 
     from tests.declarative_data import MULTI, multi
@@ -249,7 +250,8 @@ def test_several_outputs_train_on_two_ray_workers_from_ray_data(ray_cluster, tmp
     ).replace(
         "backend: {type: local}",
         "backend: {type: ray, processor: {type: ray_data}, trainer: {num_workers: 2, resources_per_worker: {CPU: 1}}}",
-    )
+    ).replace("early_stop: -1}", "early_stop: -1, evaluate_training_set: true}")
+    assert "evaluate_training_set" in config
     cfg, data = write(tmp_path, fmt="parquet", config=config, df=df)
     prepared = {p: api.prepare(load_config(cfg), data, processor=p, use_cache=False) for p in ("ray_data", "pandas")}
     ray_meta, pandas_meta = prepared["ray_data"].meta, prepared["pandas"].meta
@@ -262,6 +264,8 @@ def test_several_outputs_train_on_two_ray_workers_from_ray_data(ray_cluster, tmp
     test = out["evaluation"]["test"]
     assert out["backend"] == "ray" and test["y/accuracy"] > 0.85 and test["z/r2"] > 0.85 and test["k/accuracy"] > 0.8, test
     assert test["w/r2"] > 0.85, test
+    last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["train_y/accuracy"] > 0.85 and last["train_z/r2"] > 0.85 and last["train_k/accuracy"] > 0.8, last
 
 
 def test_more_gpus_than_exist_is_a_config_error(ray_cluster, tmp_path):

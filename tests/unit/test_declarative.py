@@ -795,3 +795,33 @@ def test_an_output_s_threshold_decides_its_predictions_and_the_accuracy_counting
     assert saved.output_features[0].threshold == 0.9
     with pytest.raises(ConfigError, match="threshold: a binary or set output's setting; a number output has none"):
         load_config(cfg, ["output_features.0.type=number", "output_features.0.threshold=0.9"])
+
+
+def test_evaluate_training_set_reports_the_training_split_s_metrics_each_epoch(tmp_path):
+    """Random labels: a wide model learns the training rows by heart and the validation rows
+    stay at chance, so train_accuracy measures the training split (as Ludwig's
+    evaluate_training_set does) and not the validation one. Off (the default), only the loss."""
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({f"x{i}": rng.normal(size=300) for i in range(8)})
+    df["y"] = rng.integers(0, 2, 300).astype(bool)
+    inputs = "".join(f"  - {{name: x{i}, type: number}}\n" for i in range(8))
+    config = (
+        f"input_features:\n{inputs}output_features:\n  - {{name: y, type: binary}}\n"
+        "combiner: {type: concat, fc_layers: [{output_size: 128}, {output_size: 128}]}\n"
+        "trainer: {epochs: 40, batch_size: 16, learning_rate: 0.01, early_stop: -1, evaluate_training_set: true}\n"
+        "preprocessing: {split: {type: random, probabilities: [0.6, 0.4, 0.0]}}\nbackend: {type: local}\n"
+    )
+    for on in (True, False):
+        run = tmp_path / str(on)
+        run.mkdir()
+        cfg, data = write(run, df=df, config=config if on else config.replace(", evaluate_training_set: true", ""))
+        api.train(load_config(cfg), data, output_directory=str(run / "out"), progress=False)
+        rows = [json.loads(line) for line in (run / "out" / "metrics.jsonl").read_text().splitlines()]
+        measured = {k for k in rows[-1] if k.startswith("train_")}
+        if not on:
+            assert measured == {"train_loss"}, measured
+            continue
+        validation = {k.removeprefix("validation_") for k in rows[-1] if k.startswith("validation_")} - {"loss"}
+        assert measured == {"train_loss"} | {f"train_{k}" for k in validation} and "train_roc_auc" in measured
+        assert rows[-1]["train_accuracy"] >= 0.9 and rows[-1]["validation_accuracy"] <= 0.65, rows[-1]
+        assert rows[0]["train_accuracy"] < rows[-1]["train_accuracy"]

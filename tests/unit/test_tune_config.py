@@ -457,3 +457,13 @@ def test_a_parameter_that_changes_preprocessing_is_an_error(key, values, where):
     value, is the default: the second one is what changes it)."""
     said = error({"parameters": {key: {"space": "choice", "categories": values}}})
     assert f"parameters.{key}: changes {where}" in said and "preprocesses the dataset once" in said
+
+
+def test_a_search_follows_a_training_split_metric_when_the_training_split_is_evaluated():
+    """split: training has only the running loss, unless trainer.evaluate_training_set
+    measures the training split as the validation split is (its train_<metric>)."""
+    search = {"parameters": {"trainer.learning_rate": LR}, "split": "training", "metric": "accuracy", "goal": "maximize"}
+    said = error(search)
+    assert "metric 'accuracy' is not measured on the training split" in said and "trainer.evaluate_training_set: true" in said
+    h = config(search, trainer={"evaluate_training_set": True}).hyperopt
+    assert h is not None and h.metric_name == "train_accuracy"

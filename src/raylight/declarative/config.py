@@ -291,6 +291,12 @@ class TrainerSection(ConfigModel):
     )
     optimizer: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(), description="Optimizer.")
     early_stop: int = Field(5, ge=-1, le=MAX_EPOCHS, description="Stop after this many epochs without validation improvement; -1 never.")
+    evaluate_training_set: bool = Field(
+        False,
+        description="Ludwig's: after each epoch, also evaluate the model on the whole training split and report "
+        "train_<metric> (the validation split's metrics; train_loss stays the epoch's running mean). Costs a forward "
+        "pass over the training split each epoch, on every worker.",
+    )
     adaptive: AdaptiveConfig | None = Field(
         None, description="Adaptive engine settings; batch_size: auto turns it on with defaults."
     )
@@ -701,11 +707,14 @@ class ModelConfig(ConfigModel):
         kinds = {out.name: out.type for out in info.data["output_features"]}
         if value.output_feature not in (COMBINED, *kinds):
             raise ValueError(f"output_feature {value.output_feature!r} is not an output feature; use {_fields(kinds)}")
-        allowed = field_metrics(kinds, value.output_feature, value.split)
+        # trainer.evaluate_training_set measures the training split as the validation split
+        evaluated = value.split == "training" and "trainer" in info.data and info.data["trainer"].evaluate_training_set
+        allowed = field_metrics(kinds, value.output_feature, "validation" if evaluated else value.split)
         if value.metric not in allowed:
+            more = "" if evaluated or value.split != "training" else " (trainer.evaluate_training_set: true measures the rest)"
             raise ValueError(
                 f"metric {value.metric!r} is not measured on the {value.split} split {_of(kinds, value.output_feature)}; "
-                f"allowed: {allowed}"
+                f"allowed: {allowed}{more}"
             )
         if value.split == "validation" and info.data["preprocessing"].split.probabilities[1] == 0:
             raise ValueError("split is validation but preprocessing.split.probabilities gives it 0; give it a fraction or set split: training")

@@ -119,7 +119,6 @@ LUDWIG_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
     ),
     "trainer.steps_per_checkpoint": ("raylight checkpoints once per epoch; remove the key", (0,)),  # 0: once per epoch
     "trainer.checkpoints_per_epoch": ("raylight checkpoints once per epoch; remove the key", (0, 1)),
-    "trainer.evaluate_training_set": ("the training loss is reported every epoch; remove the key", (False,)),
     "trainer.skip_all_evaluation": (
         (
             "raylight evaluates the validation split once per epoch (give it no rows in "

@@ -325,7 +325,8 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
 
     cfg = ModelConfig.model_validate(config["model_config"])
     assert config["train"] is not None, "the training split is never empty"
-    train_data, val_data = training_dataset(from_store(config["train"])), from_store(config["validation"])
+    train_split, val_data = from_store(config["train"]), from_store(config["validation"])
+    train_data = training_dataset(train_split)
     meta, outs = config["meta"], list(cfg.output_features)
     kinds = {out.name: out.type for out in outs}
     torch.manual_seed(cfg.trainer.seed)
@@ -392,6 +393,9 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
         else:
             judged = score = train_loss
         report.update(each)  # after the validation metrics, which a progress line shows first
+        if cfg.trainer.evaluate_training_set:  # every rank: the whole split, the same numbers
+            seen = evaluate_data(model, train_split, outs, meta, ctx.device, chunk_rows=cfg.trainer.eval_batch_size)
+            report.update({f"train_{k}": v for k, v in seen.items() if not k.endswith("loss")})
         rates.evaluated(train_loss, val)
         if rates.schedule is not None:  # the rate of the epoch's last step
             report["learning_rate"] = rates.last
