@@ -193,9 +193,9 @@ case("config-unknown-nested-key", "config", CHECK, ["trainer.epoch: unknown key"
 case("config-epochs-text", "config", CHECK, ["trainer.epochs", "'ten'"], setup=edited("epochs: 1", "epochs: ten"))
 case("config-epochs-zero", "config", CHECK, ["trainer.epochs", "greater than or equal to 1"], setup=edited("epochs: 1", "epochs: 0"))
 case("config-epochs-huge", "config", CHECK, ["trainer.epochs", "less than or equal to 1000000"], setup=edited("epochs: 1", "epochs: 1000000000"))
-case("config-hyperopt-preprocessing", "config", CHECK,
-     ["parameters.age.preprocessing.normalization: changes input_features.0.preprocessing (age)", "preprocesses the dataset once"],
-     setup=config_text(BASE_CONFIG + "hyperopt: {parameters: {age.preprocessing.normalization: {space: choice, categories: [minmax]}}}\n"))
+case("config-hyperopt-preprocessing-continuous", "config", CHECK,
+     ["parameters.city.preprocessing.most_common: changes input_features.1.preprocessing (city)", "give it a choice or grid space, not randint"],
+     setup=config_text(BASE_CONFIG + "hyperopt: {parameters: {city.preprocessing.most_common: {space: randint, lower: 2, upper: 9}}}\n"))
 case("config-hyperopt-feature-level-reaches-none", "config", CHECK,
      ["parameters.defaults.date.encoder.embedding_size: no input feature has type 'date'"],
      setup=config_text(BASE_CONFIG + "hyperopt: {parameters: {defaults.date.encoder.embedding_size: {space: choice, categories: [8]}}}\n"))

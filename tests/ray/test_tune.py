@@ -174,7 +174,8 @@ def _cli(*args: str):
 @pytest.mark.beside
 def test_hyperopt_cli_end_to_end(ray_cluster, tmp_path, breast_cancer):
     """The example YAML as a grid of four learning rates, one good and three too small
-    to learn (each output's loss weighed 2 by a Ludwig feature-level parameter): four 2-worker trials on 2 CPUs with max_concurrent_trials auto (so one
+    to learn (each output's loss weighed 2 and every number input min-max normalised, by
+    Ludwig's feature-level parameters): four 2-worker trials on 2 CPUs with max_concurrent_trials auto (so one
     at a time, the good one first), Ray Data preprocessing once before them, and ASHA
     stopping the bad trials at the first rung."""
     out = tmp_path / "search"
@@ -182,7 +183,8 @@ def test_hyperopt_cli_end_to_end(ray_cluster, tmp_path, breast_cancer):
         "hyperopt", "--config", HYPEROPT_YAML, "--dataset", breast_cancer, "--output-directory", str(out), "--quiet",
         "--set", "trainer.epochs=2",
         "--set", "hyperopt.parameters={trainer.learning_rate: {space: grid, values: [0.05, 1.0e-6, 2.0e-6, 3.0e-6]}, "
-        "defaults.category.loss.weight: {space: choice, categories: [2.0]}}",  # Ludwig's feature-level spelling
+        "defaults.category.loss.weight: {space: choice, categories: [2.0]}, "  # Ludwig's feature-level spelling
+        "defaults.number.preprocessing.normalization: {space: choice, categories: [minmax]}}",
         "--set", "hyperopt.search_alg={type: grid}",
         "--set", "hyperopt.executor={num_samples: 1, scheduler: {type: asha, max_t: 2, grace_period: 1, reduction_factor: 4}}",
     )
@@ -198,6 +200,10 @@ def test_hyperopt_cli_end_to_end(ray_cluster, tmp_path, breast_cancer):
     best = load_config(str(out / "best_config.yaml"))
     assert best.hyperopt is None and best.trainer.learning_rate == 0.05 and best.output_features[0].loss_weight == 2.0
     assert all(t["config.defaults.category.loss.weight"] == 2.0 for t in trials)
+    # each trial trained on the preprocessing its normalization gives (made on Ray Data first,
+    # beside the config's own zscore; a trial finds its arrays by its config's preprocessing)
+    assert {t["config.defaults.number.preprocessing.normalization"] for t in trials} == {"minmax"}
+    assert {f.preprocessing.normalization for f in best.input_features} == {"minmax"}
     check = _cli("check", "--config", str(out / "best_config.yaml"), "--dataset", breast_cancer)
     assert check.exit_code == 0, check.output
 

@@ -442,21 +442,52 @@ def test_a_feature_level_parameter_that_reaches_no_feature_is_an_error_that_says
     assert "parameters.defaults.category.encoder.vocab_size" in message("defaults.category.encoder.vocab_size")  # not an encoder setting
 
 
-@pytest.mark.parametrize(
-    ("key", "values", "where"),
-    [
-        ("x.preprocessing.normalization", ["zscore", "minmax"], "input_features.0.preprocessing (x)"),
-        ("defaults.category.preprocessing.most_common", [5], "input_features.1.preprocessing (c)"),
-        ("preprocessing.split.probabilities", [[0.6, 0.2, 0.2]], "preprocessing,"),
-    ],
-    ids=["feature", "feature-level", "dataset"],
-)
-def test_a_parameter_that_changes_preprocessing_is_an_error(key, values, where):
-    """The dataset is preprocessed once, before the trials: a searched preprocessing setting
-    would reach no trial's data, so it is refused rather than ignored (zscore, the first
-    value, is the default: the second one is what changes it)."""
-    said = error({"parameters": {key: {"space": "choice", "categories": values}}})
-    assert f"parameters.{key}: changes {where}" in said and "preprocesses the dataset once" in said
+def test_preprocessing_parameters_take_finite_spaces_and_each_preprocessing_is_made_once(tmp_path):
+    """A parameter that changes preprocessing (a feature's section, a feature type's, the
+    dataset's) is searched over a choice or grid: the dataset is preprocessed once for each
+    combination of their values before the trials (the config's own first), and a trial
+    takes the one its config gives. Continuous spaces, PBT's mutations and more than
+    MAX_PREPROCESSINGS ways are errors that say so."""
+    from raylight.declarative import api
+    from raylight.declarative.hyperopt import (
+        preprocessing_key,
+        preprocessing_variants,
+        trial_config,
+    )
+    from tests.declarative_data import frame, write
+
+    parameters = {
+        "x.preprocessing.normalization": {"space": "choice", "categories": ["zscore", "minmax"]},
+        "defaults.category.preprocessing.most_common": {"space": "grid", "values": [2, 3]},
+        "trainer.learning_rate": LR,
+    }
+    h = config({"parameters": parameters}, trainer={"epochs": 1})
+    variants = preprocessing_variants(h)
+    assert variants[0] is h and len(variants) == 5  # the config's own, and 2 x 2
+    assert {(v.input_features[0].preprocessing.normalization, v.input_features[1].preprocessing.most_common) for v in variants[1:]} == {
+        ("zscore", 2), ("zscore", 3), ("minmax", 2), ("minmax", 3),
+    }
+    trial = trial_config(h.model_dump(mode="json"), {"trainer.learning_rate": 0.01, "x.preprocessing.normalization": "minmax",
+                                                      "defaults.category.preprocessing.most_common": 3}, h._own)
+    assert preprocessing_key(trial) in {preprocessing_key(v) for v in variants} and trial.trainer.learning_rate == 0.01
+    df = frame().rename(columns={"age": "x", "workclass": "c", "income": "y"})[["x", "c", "y"]]
+    _, data = write(tmp_path, df=df)
+    made = [api.prepare(v, data, use_cache=False) for v in variants[1:]]
+    assert len({p.train["x"].tobytes() for p in made}) == 2  # zscore's and minmax's values
+    assert sorted(len(p.meta["c"]["vocab"]) for p in made) == [3, 3, 4, 4]  # <UNK> and the 2 or 3 most common
+
+    def said(space) -> str:
+        return error({"parameters": {"x.preprocessing.normalization": {"space": "choice", "categories": ["zscore", "minmax"]}, **space}})
+
+    assert "give it a choice or grid space, not randint" in error(
+        {"parameters": {"defaults.category.preprocessing.most_common": {"space": "randint", "lower": 2, "upper": 9}}})
+    pbt = error({
+        "parameters": {"x.preprocessing.normalization": {"space": "choice", "categories": ["minmax"]}},
+        "executor": {"scheduler": {"type": "pbt"}},
+    })
+    assert "scheduler pbt cannot mutate" in pbt
+    many = said({"defaults.category.preprocessing.most_common": {"space": "grid", "values": list(range(2, 7))}})
+    assert "change preprocessing in 10 ways" in many and "search at most 8" in many
 
 
 def test_a_search_follows_a_training_split_metric_when_the_training_split_is_evaluated():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 import operator
 from collections.abc import Mapping
 from contextvars import ContextVar
@@ -721,8 +722,18 @@ class ModelConfig(ConfigModel):
         t = info.data["backend"].trainer
         if t.min_workers is not None or t.max_workers is not None:
             raise ValueError("trials need a fixed size: set backend.trainer.num_workers, not min_workers/max_workers")
-        for key, space in value.parameters.items():
-            _check_parameter(base, key, space, _OWN.get() or {})
+        preprocessed = [key for key, space in value.parameters.items() if _check_parameter(base, key, space, _OWN.get() or {})]
+        if preprocessed and value.executor.scheduler.type == "pbt":
+            raise ValueError(
+                f"parameters {preprocessed} change preprocessing, which scheduler pbt cannot mutate in a running "
+                "trial (its data is preprocessed before it starts); search them with another scheduler"
+            )
+        variants = math.prod(len(space_values(value.parameters[key])) for key in preprocessed)
+        if variants > MAX_PREPROCESSINGS:
+            raise ValueError(
+                f"parameters {preprocessed} change preprocessing in {variants} ways, each preprocessed and held "
+                f"before the trials; search at most {MAX_PREPROCESSINGS} (fewer values, or one search per setting)"
+            )
         value._outputs = list(kinds)
         return value
 
@@ -832,6 +843,8 @@ def _representatives(space: Any) -> list[Any]:
 LUDWIG_LAYER_KEYS = ("combiner.num_fc_layers", "combiner.output_size")
 # Ludwig's feature-level hyperopt parameters, defaults.<type>.<section>.<key>: the side
 # each section is set on.
+# At most this many preprocessings of the dataset for one search (hyperopt.preprocessing_variants).
+MAX_PREPROCESSINGS = 8
 FEATURE_LEVEL = {"preprocessing": "input_features", "encoder": "input_features", "decoder": "output_features", "loss": "output_features"}
 _OWN: ContextVar[dict[str, dict[str, Any]] | None] = ContextVar("raylight_own_settings", default=None)
 
@@ -965,33 +978,47 @@ def _builtin_encoder_type(kind: str) -> Any:
     return getattr(getattr(feature, "encoder", None), "type", None)
 
 
-def _preprocessing_changed(base: dict[str, Any], trial: dict[str, Any]) -> str | None:
-    """Where ``trial`` preprocesses otherwise than ``base``: the dataset's or a feature's
-    ``preprocessing`` section; None when nowhere."""
-    if trial.get("preprocessing") != base.get("preprocessing"):
-        return "preprocessing"
+def preprocessing_sections(data: dict[str, Any]) -> dict[str, Any]:
+    """What decides a config's preprocessing (a dumped ModelConfig): the dataset's
+    ``preprocessing`` section and each feature's, by path."""
+    sections = {"preprocessing": data.get("preprocessing")}
     for side in ("input_features", "output_features"):
-        for i, (was, now) in enumerate(zip(base.get(side) or [], trial.get(side) or [], strict=False)):
-            if isinstance(was, dict) and isinstance(now, dict) and was.get("preprocessing") != now.get("preprocessing"):
-                return f"{side}.{i}.preprocessing ({now.get('name')})"
-    return None
+        for i, feature in enumerate(data.get(side) or []):
+            if isinstance(feature, dict) and "preprocessing" in feature:
+                sections[f"{side}.{i}.preprocessing ({feature.get('name')})"] = feature["preprocessing"]
+    return sections
 
 
-def _check_parameter(base: dict[str, Any], key: str, space: Any, own: dict[str, dict[str, Any]]) -> None:
-    """``key`` names a config value, and every corner of ``space`` is a valid value."""
+def _preprocessing_changed(base: dict[str, Any], trial: dict[str, Any]) -> str | None:
+    """Where ``trial`` preprocesses otherwise than ``base``; None when nowhere."""
+    was, now = preprocessing_sections(base), preprocessing_sections(trial)
+    return next((where for where in now if now[where] != was.get(where)), None)
+
+
+def space_values(space: Any) -> list[Any]:
+    """The values of a finite space (choice, grid)."""
+    return list(space.categories if space.space == "choice" else space.values)
+
+
+def _check_parameter(base: dict[str, Any], key: str, space: Any, own: dict[str, dict[str, Any]]) -> bool:
+    """``key`` names a config value, and every corner of ``space`` is a valid value.
+    True when the key changes preprocessing, which takes a finite space: each of its
+    values is preprocessed once, before the trials (``hyperopt.preprocessing_variants``)."""
     if key.split(".")[0] == "hyperopt":
         raise ValueError(f"parameters.{key}: the hyperopt section itself cannot be searched")
+    preprocessing = False
     for candidate in _representatives(space):
         try:
             trial = set_path(base, key, candidate, own)
         except KeyError as exc:
             raise ValueError(f"parameters.{key}: {exc.args[0]}") from None
         if (where := _preprocessing_changed(base, trial)) is not None:
-            raise ValueError(
-                f"parameters.{key}: changes {where}, but `raylight hyperopt` preprocesses the dataset "
-                "once, before the trials, so every trial would train on the same data; search model "
-                "and trainer settings, or run one search for each preprocessing setting (docs/tune.md)"
-            )
+            if space.space not in ("choice", "grid"):
+                raise ValueError(
+                    f"parameters.{key}: changes {where}, and the dataset is preprocessed once for each "
+                    f"value before the trials: give it a choice or grid space, not {space.space}"
+                )
+            preprocessing = True
         try:
             ModelConfig.model_validate(trial)
         except ValidationError as err:
@@ -1001,3 +1028,4 @@ def _check_parameter(base: dict[str, Any], key: str, space: Any, own: dict[str, 
                 f"parameters.{key}: the value {candidate!r} of its {space.space} space is not valid there "
                 f"({where}: {first['msg']})"
             ) from None
+    return preprocessing

@@ -2,14 +2,15 @@
 
 Order of work: validate the config and the dataset, connect to Ray, size the trials
 and check they can ever be placed (fail fast with the numbers, where Tune would wait
-forever), preprocess once (on Ray Data or pandas; finished before any trial claims
-CPUs), then run the Tuner with as many trials at once as fit. Only then is the output
+forever), preprocess once, or once for each preprocessing the parameters give (on Ray
+Data or pandas; finished before any trial claims CPUs), then run the Tuner with as many trials at once as fit. Only then is the output
 directory written: the trials under ``tune/``, ``results.csv``/``results.json``,
 ``best_config.yaml`` (ready for ``raylight train``) and ``hyperopt.png``.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raylight.declarative import processor, search
-from raylight.declarative.config import ModelConfig, set_path
+from raylight.declarative.config import ModelConfig, preprocessing_sections, set_path, space_values
 from raylight.declarative.hyperopt_config import HyperoptConfig
 from raylight.exceptions import ConfigError, RaylightError
 from raylight.storage import atomic_path, atomic_write
@@ -114,17 +115,45 @@ def trial_config(base: dict[str, Any], sampled: dict[str, Any], own: dict[str, d
     return ModelConfig.model_validate(data)
 
 
+def preprocessing_key(config: ModelConfig) -> str:
+    """Equal for two configs exactly when they preprocess the dataset alike."""
+    return json.dumps(preprocessing_sections(config.model_dump(mode="json")), sort_keys=True)
+
+
+def preprocessing_variants(config: ModelConfig) -> list[ModelConfig]:
+    """The configs (the search's own, its parameters at the config's values but for those
+    that change preprocessing) whose preprocessings the trials need: one for each
+    combination of those parameters' values (finite spaces; ModelConfig checks that and
+    caps their number), the config's own first."""
+    h = config.hyperopt
+    assert h is not None
+    base, own = config.model_dump(mode="json"), config._own
+    variants = {preprocessing_key(config): config}
+    changing = {}
+    for key, space in h.parameters.items():
+        if space.space in ("choice", "grid"):
+            values = space_values(space)
+            if any(preprocessing_key(trial_config(base, {key: v}, own)) != preprocessing_key(config) for v in values):
+                changing[key] = values
+    for combination in itertools.product(*changing.values()):
+        variant = trial_config(base, dict(zip(changing, combination, strict=True)), own)
+        variants.setdefault(preprocessing_key(variant), variant)
+    return list(variants.values())
+
+
 def _declarative_trial(
-    sampled: dict[str, Any], *, base: dict[str, Any], own: dict[str, dict[str, Any]], prepared: Any, shape: TrialShape,
+    sampled: dict[str, Any], *, base: dict[str, Any], own: dict[str, dict[str, Any]], prepared: dict[str, Any],
+    shape: TrialShape,
 ) -> None:
-    """One trial, inside Tune: the sampled config trains on the trial's workers."""
+    """One trial, inside Tune: the sampled config trains on the trial's workers, from the
+    data preprocessed as its config says (``prepared``: by ``preprocessing_key``)."""
     from raylight.config import FailureConfig, RunConfig, ScalingConfig, TrainerConfig
     from raylight.declarative.api import loop_settings
     from raylight.declarative.train import declarative_loop
     from raylight.tune.trial import run_trial
 
     config = trial_config(base, sampled, own)
-    loop_config, adaptive = loop_settings(config, prepared, on_ray=True)
+    loop_config, adaptive = loop_settings(config, prepared[preprocessing_key(config)], on_ray=True)
     trainer_config = TrainerConfig(
         scaling=ScalingConfig(
             num_workers=shape.num_workers,
@@ -174,22 +203,28 @@ def hyperopt(config: ModelConfig, dataset: str, *, output_directory: str, progre
     cluster, nodes = cluster_view()
     shape, concurrency = plan(config, cluster, nodes)
     log.info("hyperopt: %d worker(s) per trial, %s", shape.num_workers, concurrency.reason)
-    # Preprocess once, before any trial holds CPUs (Ray Data needs them free).
+    # Preprocess before any trial holds CPUs (Ray Data needs them free): once, or once for
+    # each preprocessing the searched parameters give.
     choice = processor.resolve(config.backend.processor, "ray", dataset)
-    if choice.processor == "ray_data":
-        from raylight.declarative.ray_data import prepare_ray_data
+    variants = preprocessing_variants(config)
+    if len(variants) > 1:
+        log.info("hyperopt: the parameters preprocess the dataset in %d ways; each is preprocessed once", len(variants))
+    prepared = {}
+    for variant in variants:
+        if choice.processor == "ray_data":
+            from raylight.declarative.ray_data import prepare_ray_data
 
-        parts = prepare_ray_data(config, dataset, progress=progress)
-        prepared = api.Prepared(config, parts["meta"], parts["train"], parts["validation"], parts["test"], None)
-    else:
-        prepared = api.prepare(config, dataset)
-    if h.split == "validation" and prepared.validation is None:  # a fixed split's column can give it none
-        raise ConfigError(
-            f"hyperopt.split is validation, but preprocessing.split ({config.preprocessing.split.type}) "
-            "gives the validation split no rows; give rows the value 1 in its column, or set "
-            "hyperopt.split: training"
-        )
-    prepared = api.in_store(prepared)  # every trial's workers read the same arrays
+            parts = prepare_ray_data(variant, dataset, progress=progress)
+            one = api.Prepared(variant, parts["meta"], parts["train"], parts["validation"], parts["test"], None)
+        else:
+            one = api.prepare(variant, dataset)
+        if h.split == "validation" and one.validation is None:  # a fixed split's column can give it none
+            raise ConfigError(
+                f"hyperopt.split is validation, but preprocessing.split ({variant.preprocessing.split.type}) "
+                "gives the validation split no rows; give rows the value 1 in its column, or set "
+                "hyperopt.split: training"
+            )
+        prepared[preprocessing_key(variant)] = api.in_store(one)  # every trial's workers read the same arrays
     base, own = config.model_dump(mode="json"), config._own
     os.makedirs(out, exist_ok=True)
     trial_fn = tune.with_resources(
