@@ -121,22 +121,21 @@ def preprocessing_key(config: ModelConfig) -> str:
 
 
 def preprocessing_variants(config: ModelConfig) -> list[ModelConfig]:
-    """The configs (the search's own, its parameters at the config's values but for those
-    that change preprocessing) whose preprocessings the trials need: one for each
-    combination of those parameters' values (finite spaces; ModelConfig checks that and
-    caps their number), the config's own first."""
+    """The configs whose preprocessings the trials need: the search's own config when no
+    parameter changes preprocessing; else, with the other parameters at the config's
+    values, one for each combination of the values of those that do (finite spaces;
+    ModelConfig checks that and caps their number)."""
     h = config.hyperopt
     assert h is not None
-    base, own = config.model_dump(mode="json"), config._own
-    variants = {preprocessing_key(config): config}
-    changing = {}
-    for key, space in h.parameters.items():
-        if space.space in ("choice", "grid"):
-            values = space_values(space)
-            if any(preprocessing_key(trial_config(base, {key: v}, own)) != preprocessing_key(config) for v in values):
-                changing[key] = values
-    for combination in itertools.product(*changing.values()):
-        variant = trial_config(base, dict(zip(changing, combination, strict=True)), own)
+    base, own, plain = config.model_dump(mode="json"), config._own, preprocessing_key(config)
+    changing = {
+        key: space_values(space) for key, space in h.parameters.items()
+        if space.space in ("choice", "grid")
+        and any(preprocessing_key(trial_config(base, {key: v}, own)) != plain for v in space_values(space))
+    }
+    variants: dict[str, ModelConfig] = {}
+    for combination in itertools.product(*changing.values()):  # one empty combination: the config's own
+        variant = trial_config(base, dict(zip(changing, combination, strict=True)), own) if changing else config
         variants.setdefault(preprocessing_key(variant), variant)
     return list(variants.values())
 
