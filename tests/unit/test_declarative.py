@@ -314,7 +314,7 @@ def test_streamed_evaluation_equals_the_metrics_of_all_rows_at_once(kind, monkey
         arrays = {"x": rng.normal(size=(n, 4)).astype(np.float32), "y": rng.integers(0, 4, n)}
     else:
         arrays = {"x": rng.normal(size=n).astype(np.float32), "y": rng.normal(size=n).astype(np.float32)}
-    output, meta = SimpleNamespace(name="y", type=kind, threshold=0.5, top_k=3), {"y": {"std": 2.0, "classes": list("abcd")}}
+    output, meta = SimpleNamespace(name="y", type=kind, threshold=0.5, top_k=3), {"y": {"std": 2.0, "mean": 0.5, "classes": list("abcd")}}
     x, y = torch.from_numpy(arrays["x"]), torch.from_numpy(arrays["y"])
     if kind == "category":
         expected = {
@@ -324,8 +324,10 @@ def test_streamed_evaluation_equals_the_metrics_of_all_rows_at_once(kind, monkey
     else:
         err = ((x - y) * 2.0).double()
         var = float(((y - y.mean()) * 2.0).double().pow(2).mean())
+        truth = (y * 2.0 + 0.5).double()  # the target in its own units: percentage errors divide by it
         expected = {"loss": float(((x - y) ** 2).mean()), "mse": float(err.pow(2).mean()), "mae": float(err.abs().mean()), "r2": 1 - float(err.pow(2).mean()) / var,
-                    "rmse": float(err.pow(2).mean()) ** 0.5}
+                    "rmse": float(err.pow(2).mean()) ** 0.5, "mape": float((err.abs() / truth.abs()).mean()),
+                    "rmspe": float((err / truth).pow(2).mean()) ** 0.5}
     monkeypatch.setattr(dtrain, "EVAL_ROWS", 10)  # 11 chunks
     model = _Passthrough()
     chunked = dtrain.evaluate_data(model, arrays, output, meta, torch.device("cpu"))

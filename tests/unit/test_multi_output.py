@@ -133,12 +133,14 @@ def test_combined_has_only_the_loss_and_an_output_its_own_metrics():
         assert words in " ".join(str(info.value).split()), info.value
     ok = ModelConfig.model_validate(_config(trainer={"validation_field": "z", "validation_metric": "mean_absolute_error"}))
     assert ok.trainer.validation_metric == "mae"
+    ok = ModelConfig.model_validate(_config(trainer={"validation_field": "z", "validation_metric": "mean_absolute_percentage_error"}))
+    assert ok.trainer.validation_metric == "mape"
 
 
 def test_a_validation_metric_given_alone_follows_the_one_output_that_measures_it():
     """Ludwig's rule: without a validation_field, a metric only one output measures is that
     output's; one that several measure is an error naming them; the loss is combined's."""
-    for metric, field in (("r2", "z"), ("mean_squared_error", "z"), ("roc_auc", "y"), ("loss", "combined")):
+    for metric, field in (("r2", "z"), ("mean_squared_error", "z"), ("root_mean_squared_percentage_error", "z"), ("roc_auc", "y"), ("loss", "combined")):
         config = ModelConfig.model_validate(_config(trainer={"validation_metric": metric}))
         assert config.trainer.validation_field == field, metric
     with pytest.raises(Exception, match=r"'accuracy' is measured on the outputs \['y', 'k'\]; set trainer.validation_field"):

@@ -338,9 +338,10 @@ class TrainerSection(ConfigModel):
     validation_metric: str = Field(
         "loss",
         description="The validation metric early stopping and the best model follow: loss or any other the "
-        "output measures (accuracy, roc_auc, precision, recall, specificity, hits_at_k, mse, mae, r2, rmse, "
-        "jaccard; Ludwig's mean_squared_error, mean_absolute_error, root_mean_squared_error and accuracy_micro "
-        "too). Without a validation split: the training loss.",
+        "output measures (accuracy, roc_auc, precision, recall, specificity, hits_at_k, mse, mae, r2, rmse, mape, rmspe, "
+        "jaccard; Ludwig's mean_squared_error, mean_absolute_error, root_mean_squared_error, "
+        "mean_absolute_percentage_error, root_mean_squared_percentage_error and accuracy_micro too). Without a "
+        "validation split: the training loss.",
     )
     validation_field: str = Field(
         "combined", description="Ludwig's: the output validation_metric is measured on, by its name, or combined "
@@ -841,10 +842,10 @@ def _representatives(space: Any) -> list[Any]:
 
 # Ludwig's searchable spellings of the combiner's layers (its hyperopt examples tune them).
 LUDWIG_LAYER_KEYS = ("combiner.num_fc_layers", "combiner.output_size")
-# Ludwig's feature-level hyperopt parameters, defaults.<type>.<section>.<key>: the side
-# each section is set on.
 # At most this many preprocessings of the dataset for one search (hyperopt.preprocessing_variants).
 MAX_PREPROCESSINGS = 8
+# Ludwig's feature-level hyperopt parameters, defaults.<type>.<section>.<key>: the side
+# each section is set on.
 FEATURE_LEVEL = {"preprocessing": "input_features", "encoder": "input_features", "decoder": "output_features", "loss": "output_features"}
 _OWN: ContextVar[dict[str, dict[str, Any]] | None] = ContextVar("raylight_own_settings", default=None)
 

@@ -9,9 +9,10 @@ from collections.abc import Collection, Mapping
 # Ludwig's metric names that are raylight's under another name.
 METRIC_ALIASES = {
     "mean_squared_error": "mse", "mean_absolute_error": "mae", "root_mean_squared_error": "rmse", "accuracy_micro": "accuracy",
+    "mean_absolute_percentage_error": "mape", "root_mean_squared_percentage_error": "rmspe",
 }
 # Metrics that improve as they fall; every other one improves as it rises.
-MINIMIZED = frozenset({"loss", "mse", "mae", "rmse"})
+MINIMIZED = frozenset({"loss", "mse", "mae", "rmse", "mape", "rmspe"})
 
 
 def metric_name(value: str) -> str:
@@ -25,7 +26,7 @@ def metrics_measured(kind: str, split: str) -> list[str]:
         return ["loss"]
     return {
         "binary": ["loss", "accuracy", "roc_auc", "precision", "recall", "specificity"],
-        "category": ["loss", "accuracy", "hits_at_k"], "number": ["loss", "mse", "mae", "r2", "rmse"],
+        "category": ["loss", "accuracy", "hits_at_k"], "number": ["loss", "mse", "mae", "r2", "rmse", "mape", "rmspe"],
         "set": ["loss", "jaccard"], "vector": ["loss", "mse", "mae", "r2"],
     }[kind]
 

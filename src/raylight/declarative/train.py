@@ -157,9 +157,14 @@ def _add_sums(
         sums[at + "sae"] += float(err.abs().sum())
         sums[at + "t"] += float(scaled.sum())
         sums[at + "t2"] += float(scaled.pow(2).sum())
+        # percentage errors: over |target| in its own units, at least torchmetrics' epsilon
+        relative = err / (scaled + meta[output.name].get("mean", 0.0)).abs().clamp(min=PERCENT_EPS)
+        sums[at + "ape"] += float(relative.abs().sum())
+        sums[at + "spe"] += float(relative.pow(2).sum())
 
 
-_SUMS = ("n", "loss", "correct", "hits", "tp", "fp", "fn", "tn", "jaccard", "sse", "sae", "t", "t2")
+_SUMS = ("n", "loss", "correct", "hits", "tp", "fp", "fn", "tn", "jaccard", "sse", "sae", "t", "t2", "ape", "spe")
+PERCENT_EPS = 1.17e-06  # torchmetrics' MeanAbsolutePercentageError clamps |target| here (Ludwig's mape)
 
 
 def _sum_names(output: Any, meta: dict[str, Any]) -> list[str]:
@@ -196,7 +201,10 @@ def _metrics(kind: str, sums: dict[str, float], scored: np.ndarray | None) -> di
         return {"loss": loss, "jaccard": sums["jaccard"] / rows}
     mse = sums["sse"] / rows
     var = (sums["t2"] / rows - (sums["t"] / rows) ** 2) or 1.0
-    return {"loss": loss, "mse": mse, "mae": sums["sae"] / rows, "r2": 1.0 - mse / var, "rmse": math.sqrt(mse)}
+    return {
+        "loss": loss, "mse": mse, "mae": sums["sae"] / rows, "r2": 1.0 - mse / var, "rmse": math.sqrt(mse),
+        "mape": sums["ape"] / rows, "rmspe": math.sqrt(sums["spe"] / rows),
+    }
 
 
 def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
