@@ -735,7 +735,7 @@ class ModelConfig(ConfigModel):
                 f"parameters {preprocessed} change preprocessing in {variants} ways, each preprocessed and held "
                 f"before the trials; search at most {MAX_PREPROCESSINGS} (fewer values, or one search per setting)"
             )
-        value._outputs = list(kinds)
+        value._outputs, value._preprocessed = list(kinds), preprocessed
         return value
 
     @model_validator(mode="after")
@@ -947,7 +947,7 @@ def _feature_level(data: dict[str, Any], key: str, value: Any, own: Mapping[str,
     kind, section, setting = parts[1], parts[2], ".".join(parts[3:])
     side = FEATURE_LEVEL[section]
     features = [f for f in data.get(side) or [] if isinstance(f, dict)]
-    of_kind = [i for i, f in enumerate(features) if f.get("type") == kind]
+    of_kind = [i for i, f in enumerate(data.get(side) or []) if isinstance(f, dict) and f.get("type") == kind]
     if not of_kind:
         types = sorted({str(f.get("type")) for f in features})
         raise KeyError(f"no {side.removesuffix('_features')} feature has type {kind!r} (their types: {types})")

@@ -3,9 +3,10 @@
 Order of work: validate the config and the dataset, connect to Ray, size the trials
 and check they can ever be placed (fail fast with the numbers, where Tune would wait
 forever), preprocess once, or once for each preprocessing the parameters give (on Ray
-Data or pandas; finished before any trial claims CPUs), then run the Tuner with as many trials at once as fit. Only then is the output
-directory written: the trials under ``tune/``, ``results.csv``/``results.json``,
-``best_config.yaml`` (ready for ``raylight train``) and ``hyperopt.png``.
+Data or pandas; finished before any trial claims CPUs), then run the Tuner with as many
+trials at once as fit. Only then is the output directory written: the trials under
+``tune/``, ``results.csv``/``results.json``, ``best_config.yaml`` (ready for ``raylight
+train``) and ``hyperopt.png``.
 """
 
 from __future__ import annotations
@@ -123,16 +124,12 @@ def preprocessing_key(config: ModelConfig) -> str:
 def preprocessing_variants(config: ModelConfig) -> list[ModelConfig]:
     """The configs whose preprocessings the trials need: the search's own config when no
     parameter changes preprocessing; else, with the other parameters at the config's
-    values, one for each combination of the values of those that do (finite spaces;
-    ModelConfig checks that and caps their number)."""
+    values, one for each combination of the values of those that do (ModelConfig's check
+    finds them, gives them finite spaces and caps their number)."""
     h = config.hyperopt
     assert h is not None
-    base, own, plain = config.model_dump(mode="json"), config._own, preprocessing_key(config)
-    changing = {
-        key: space_values(space) for key, space in h.parameters.items()
-        if space.space in ("choice", "grid")
-        and any(preprocessing_key(trial_config(base, {key: v}, own)) != plain for v in space_values(space))
-    }
+    base, own = config.model_dump(mode="json"), config._own
+    changing = {key: space_values(h.parameters[key]) for key in h._preprocessed}
     variants: dict[str, ModelConfig] = {}
     for combination in itertools.product(*changing.values()):  # one empty combination: the config's own
         variant = trial_config(base, dict(zip(changing, combination, strict=True)), own) if changing else config

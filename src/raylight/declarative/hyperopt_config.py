@@ -197,8 +197,10 @@ class HyperoptConfig(ConfigModel):
                 raise ValueError(f"scheduler pbt cannot mutate grid spaces ({bad}); use choice")
         return self
 
-    # The model's output names, set by ModelConfig's check of this section.
+    # The model's output names, and the parameters that change preprocessing (each value
+    # preprocessed before the trials), set by ModelConfig's check of this section.
     _outputs: list[str] = PrivateAttr(default_factory=list)
+    _preprocessed: list[str] = PrivateAttr(default_factory=list)
 
     @property
     def metric_name(self) -> str:
