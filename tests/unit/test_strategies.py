@@ -52,6 +52,18 @@ def test_names_and_options_build_their_strategy():
         build_strategy("zero")
 
 
+@pytest.mark.parametrize("name", ["ddp", "fsdp", "deepspeed", "horovod"])
+def test_gpu_workers_reduce_cuda_tensors_over_nccl_and_cpu_tensors_over_gloo(name):
+    """A GPU group of "nccl" alone fails every collective on a CPU tensor: an accumulator's
+    sums, a resize's checkpoint broadcast, a loop's own. (NCCL is not in this CPU build of
+    torch, so the group itself is formed only in tests/ray/test_gpu.py.)"""
+    import torch.distributed as dist
+
+    strategy = build_strategy(name)
+    assert dist.BackendConfig(strategy.backend(use_gpu=True)).get_device_backend_map() == {"cpu": "gloo", "cuda": "nccl"}
+    assert strategy.backend(use_gpu=False) == "gloo"
+
+
 def test_the_strategy_setting_names_the_allowed_values():
     assert ScalingConfig(strategy="fsdp").strategy_name == "fsdp"
     assert ScalingConfig(strategy=FSDP(mixed_precision="bf16")).strategy_name == "fsdp"

@@ -56,7 +56,8 @@ class Strategy(Protocol):
         ...
 
     def backend(self, use_gpu: bool) -> str:
-        """The ``torch.distributed`` backend: ``nccl`` on GPUs, ``gloo`` on CPUs."""
+        """The ``torch.distributed`` backend: ``gloo`` on CPUs; on GPUs NCCL for CUDA tensors
+        and gloo for CPU ones (``GPU_BACKEND``)."""
         ...
 
     def wrap_model(self, model: nn.Module, *, device: torch.device, world_size: int) -> nn.Module:
@@ -142,8 +143,16 @@ class ClipAtStep:
         return None if self._norm is None else float(self._norm)
 
 
+# GPU workers' process group: NCCL for CUDA tensors and gloo beside it for CPU ones (torch's
+# own default when CUDA is there). With "nccl" alone every collective on a CPU tensor fails
+# ("No backend type associated with device type cpu"): raylight's own (ctx.accumulator()'s
+# sums, a resize's checkpoint broadcast, the adaptive engine's and the declarative
+# evaluation's bookkeeping) and a loop's ``dist.all_reduce`` of a CPU tensor alike.
+GPU_BACKEND = "cpu:gloo,cuda:nccl"
+
+
 def backend_for(use_gpu: bool) -> str:
-    return "nccl" if use_gpu else "gloo"
+    return GPU_BACKEND if use_gpu else "gloo"
 
 
 def no_sync_of(model: nn.Module) -> ContextManager[None]:
