@@ -55,7 +55,7 @@ def train_loop(ctx: raylight.TrainContext, config: dict) -> None:
             loss = loss_fn(model(x), y)
             loss.backward()
             opt.step()
-            stats[f"loss{epoch}"] += loss.item() * len(y)
+            stats[f"loss{epoch}"] += loss.detach() * len(y)  # summed on the device, read once an epoch
             stats[f"seen{epoch}"] += len(y)
         model.eval()
         with torch.no_grad():

@@ -184,6 +184,31 @@ def test_accumulator_outside_and_inside_sync_and_state():
         assert again["n"] == 6
 
 
+def test_accumulator_keeps_tensor_sums_on_their_device_until_synchronised():
+    acc = Accumulator(world_size=1)
+    loss = torch.tensor(0.25, requires_grad=True) * 2
+    for _ in range(3):
+        acc["loss"] += loss * 4  # a tensor that requires grad: the sum keeps no graph
+        acc["seen"] += 4
+        acc["hits"] += torch.tensor([3])  # an integer count
+    # still tensors, never read back (on a GPU: no wait for the device at each step)
+    assert isinstance(acc["loss"], torch.Tensor) and isinstance(acc["hits"], torch.Tensor)
+    assert not acc["loss"].requires_grad
+    # a sum of many half-precision steps keeps its digits (float16 alone stops at 2048)
+    for _ in range(3000):
+        acc["half"] += torch.tensor(1.0, dtype=torch.float16)
+    with acc.synchronized():
+        assert (acc["loss"], acc["seen"], acc["hits"], acc["half"]) == (6.0, 12.0, 9.0, 3000.0)
+        assert all(type(acc[k]) is float for k in acc)
+    with pytest.raises(TypeError, match=r"accumulator\['batch'\]: a sum is one number; got a tensor of shape \(2,\)"):
+        acc["batch"] += torch.ones(2)
+    acc["loss"] += torch.tensor(1.0)
+    again = Accumulator(world_size=1)
+    again.load_state_dict(acc.state_dict())
+    with again.synchronized():
+        assert again["loss"] == 7.0
+
+
 def stats(plan, profile, *, sqr=1.0, var=50.0, threads=1, dataset_size=None):
     return AdaptiveStats(
         profile=profile.to_json(), plan=plan, init_batch_size=16, grad_sqr=sqr, grad_var=var, lr_factor=1.0, progress=0.0,

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 
-class Accumulator(MutableMapping[str, float]):
+class Accumulator(MutableMapping[str, Any]):
     """Sums of metrics across replicas and across restarts.
 
     Add to it on every replica (``acc["correct"] += n``); read the totals of all
@@ -18,23 +18,37 @@ class Accumulator(MutableMapping[str, float]):
     added since the last synchronisation (a collective: call it on every rank).
     Outside, reads give what this replica added since then. Totals are part of every
     checkpoint, so they continue after a restart or a resize.
+
+    A one-element tensor may be added as it is (``acc["loss"] += loss.detach() * n``): the
+    sum then stays a tensor on its device and is read back once, when it is synchronised,
+    instead of a ``.item()`` (on a GPU, a wait for the device) at every step. Totals are
+    numbers.
     """
 
     def __init__(self, *, world_size: int) -> None:
         self._world_size = world_size
-        self._local: dict[str, float] = {}
+        self._local: dict[str, Any] = {}  # a number, or a one-element tensor (its device's sum)
         self._totals: dict[str, float] = {}
         self._synced = False
 
-    def __getitem__(self, key: str) -> float:
+    def __getitem__(self, key: str) -> Any:
         if self._synced:
             return self._totals.get(key, 0.0)
         return self._local.get(key, 0.0)
 
-    def __setitem__(self, key: str, value: float) -> None:
+    def __setitem__(self, key: str, value: Any) -> None:
         if self._synced:
             raise RuntimeError("the accumulator is read-only inside synchronized()")
-        self._local[key] = float(value)
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise TypeError(
+                    f"accumulator[{key!r}]: a sum is one number; got a tensor of shape {tuple(value.shape)} "
+                    "(add value.sum() or value.mean())"
+                )
+            # float64 (MPS has none: float32) so a sum of many half-precision losses keeps its digits
+            self._local[key] = value.detach().to(torch.float32 if value.device.type == "mps" else torch.float64)
+        else:
+            self._local[key] = float(value)
 
     def __delitem__(self, key: str) -> None:
         self._local.pop(key, None)
@@ -46,13 +60,27 @@ class Accumulator(MutableMapping[str, float]):
     def __len__(self) -> int:
         return len(self._totals if self._synced else self._local)
 
+    def _local_numbers(self, keys: list[str]) -> list[float]:
+        """This replica's sums for ``keys`` as numbers: the tensors of each device read back
+        in one copy."""
+        values = [self._local.get(k, 0.0) for k in keys]
+        by_device: dict[torch.device, list[int]] = {}
+        for i, value in enumerate(values):
+            if isinstance(value, torch.Tensor):
+                by_device.setdefault(value.device, []).append(i)
+        for where in by_device.values():
+            read = torch.stack([values[i].reshape(()).to(torch.float64) for i in where]).cpu().tolist()
+            for i, number in zip(where, read, strict=True):
+                values[i] = number
+        return values
+
     def _sync(self) -> None:
         keys = sorted(self._local)
         if self._world_size > 1:
             gathered: list[Any] = [None] * self._world_size
             dist.all_gather_object(gathered, keys)
             keys = sorted({k for ks in gathered for k in ks})
-        values = torch.tensor([self._local.get(k, 0.0) for k in keys], dtype=torch.float64)
+        values = torch.tensor(self._local_numbers(keys), dtype=torch.float64)
         if self._world_size > 1 and keys:
             dist.all_reduce(values)
         for key, value in zip(keys, values.tolist(), strict=True):

@@ -378,12 +378,13 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
             opt.step()
             rates.apply(opt, loader)  # after a step (the loader has moved on): the next one's rate
             n = len(targets[outs[0].name])
-            # the reported loss: one output's own (unweighted), or the combined loss
-            stats[f"loss{epoch}"] += (losses[0] if len(outs) == 1 else weighted).item() * n
+            # the reported loss: one output's own (unweighted), or the combined loss; the sums
+            # stay tensors on the device until the epoch's end (no wait for a GPU per step)
+            stats[f"loss{epoch}"] += (losses[0] if len(outs) == 1 else weighted).detach() * n
             stats[f"n{epoch}"] += n
             if len(outs) > 1:
                 for i, loss in enumerate(losses):
-                    stats[f"loss{epoch}/{i}"] += loss.item() * n
+                    stats[f"loss{epoch}/{i}"] += loss.detach() * n
             if rates.spent(loader):  # trainer.train_steps reached: the run ends with this epoch
                 break
         with stats.synchronized():
