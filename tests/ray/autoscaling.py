@@ -75,17 +75,44 @@ def autoscaling_cluster(
     env: dict[str, str] | None = None,
 ) -> Iterator[str]:
     """Start the head (and with it the autoscaler); yield its GCS address. Everything it
-    started is ended by PID on exit."""
-    temp_dir = tempfile.mkdtemp(prefix="rl-as-", dir="/tmp")
+    started is ended by PID on exit. Its ports are free when chosen but may be taken before
+    the head binds them (the suite's other Ray processes take ports all the time): a head
+    that exits before it is up is started once more on new ports, and its output is in the
+    error if that one exits too."""
+    run_env = {**os.environ, **(env or {})}
+    run_env.update(RAY_FAKE_CLUSTER="1", AUTOSCALER_UPDATE_INTERVAL_S="1", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    run_env.pop("RAY_ADDRESS", None)
+    for attempt in (1, 2):
+        temp_dir = tempfile.mkdtemp(prefix="rl-as-", dir="/tmp")
+        head, address = _start_head(temp_dir, head_cpus, worker_types, idle_timeout_minutes, run_env)
+        try:
+            up = os.path.join(temp_dir, "ray_current_cluster")
+            wait_until(lambda up=up: os.path.exists(up), 60, "the head to start", proc=head)
+            break
+        except AssertionError as failed:  # its message holds the head's output when it exited
+            exited = head.poll() is not None
+            stop(head, temp_dir)
+            shutil.rmtree(temp_dir, ignore_errors=True)
+            if attempt == 2 or not exited:
+                raise AssertionError(f"the autoscaling head did not start: {str(failed)[-3000:]}") from None
+    try:
+        yield address
+    finally:
+        stop(head, temp_dir)
+    shutil.rmtree(temp_dir)  # kept where the run failed, with Ray's and the autoscaler's logs
+
+
+def _start_head(
+    temp_dir: str, head_cpus: float, worker_types: dict[str, dict[str, Any]], idle_timeout_minutes: float,
+    env: dict[str, str],
+) -> tuple[subprocess.Popen, str]:
+    """``ray start --head`` with the fake multi-node provider, on new free ports."""
     port = free_port()
     address = f"127.0.0.1:{port}"
     config = os.path.join(temp_dir, "autoscaling.json")
     with open(config, "w") as f:
         json.dump(fake_cluster_config(head_cpus=head_cpus, worker_types=worker_types, gcs_address=address,
                                       idle_timeout_minutes=idle_timeout_minutes), f)
-    run_env = {**os.environ, **(env or {})}
-    run_env.update(RAY_FAKE_CLUSTER="1", AUTOSCALER_UPDATE_INTERVAL_S="1", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
-    run_env.pop("RAY_ADDRESS", None)
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
     head = subprocess.Popen(
         [ray_bin, "start", "--head", "--block", f"--autoscaling-config={config}", f"--port={port}",
@@ -93,14 +120,9 @@ def autoscaling_cluster(
          "--include-dashboard=false", "--disable-usage-stats",
          f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
          f"--min-worker-port={free_port()}", "--max-worker-port=0"],
-        env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
-    try:
-        wait_until(lambda: os.path.exists(os.path.join(temp_dir, "ray_current_cluster")), 60, "the head to start", proc=head)
-        yield address
-    finally:
-        stop(head, temp_dir)
-    shutil.rmtree(temp_dir)  # kept where the run failed, with Ray's and the autoscaler's logs
+    return head, address
 
 
 def stop(head: subprocess.Popen, temp_dir: str) -> None:
