@@ -68,6 +68,36 @@ def test_defaults_resolved():
     assert FailureConfig().max_failures == 0
 
 
+def test_workers_of_one_run_do_not_share_a_gpu():
+    with pytest.raises(ConfigError, match=r"resources_per_worker GPU: 0.5 lets workers of this run share a GPU.*Duplicate GPU detected.*GPU: 1"):
+        validate(ScalingConfig, {"num_workers": 2, "use_gpu": True, "resources_per_worker": {"GPU": 0.5}})
+    with pytest.raises(ConfigError, match="share a GPU"):  # an elastic run may grow to two
+        validate(ScalingConfig, {"num_workers": (1, 2), "use_gpu": True, "resources_per_worker": {"GPU": 0.25}})
+    # one worker (a Tune trial's run) may share its GPU with other runs; whole GPUs are whole
+    assert ScalingConfig(num_workers=1, use_gpu=True, resources_per_worker={"GPU": 0.5}).worker_resources()["GPU"] == 0.5
+    assert ScalingConfig(num_workers=4, use_gpu=True, resources_per_worker={"GPU": 2}).worker_resources()["GPU"] == 2
+
+
+def test_each_gpu_worker_trains_on_the_first_gpu_ray_gave_it_among_its_node_s():
+    from raylight.worker_group.gpus import cuda_index, node_visible_devices
+
+    nodes = [
+        {"node_id": "a", "gpu_ids": ["0", "1"]},  # two GPUs per worker
+        {"node_id": "a", "gpu_ids": ["2", "3"]},
+        {"node_id": "b", "gpu_ids": ["5", "4"]},
+        {"node_id": "b", "gpu_ids": ["4", "7"]},  # Ray's ids are ordered per worker, not per node
+    ]
+    visible = node_visible_devices(nodes)
+    assert visible == ["0,1,2,3", "0,1,2,3", "5,4,7", "5,4,7"]
+    # local_rank would put the second worker on GPU 1, the first worker's second one
+    assert [cuda_index(v, n["gpu_ids"]) for v, n in zip(visible, nodes, strict=True)] == [0, 2, 0, 1]
+    # a survivor of an in-place resize keeps the list its CUDA started with
+    assert cuda_index("0,1,2,3", ["2", "3"]) == 2
+    assert cuda_index(None, ["3"]) == 0 and cuda_index("", ["3"]) == 0  # Ray's own setting: its GPUs alone
+    with pytest.raises(RuntimeError, match=r"GPU 6 is not among the GPUs CUDA started with \(CUDA_VISIBLE_DEVICES=0,1\)"):
+        cuda_index("0,1", ["6"])
+
+
 def test_fit_rejects_bad_arguments_before_starting_anything(tmp_path):
     with pytest.raises(ConfigError, match="num_workers"):
         raylight.fit(lambda ctx: None, num_workers=-2, storage_path=str(tmp_path))

@@ -492,6 +492,13 @@ class ScalingConfig(ConfigModel):
             raise ValueError(
                 "resources_per_worker asks for GPUs but use_gpu is false; set use_gpu=True"
             )
+        share = res.get("GPU", 0)
+        if self.use_gpu and 0 < share < 1 and self.max_workers > 1:
+            raise ValueError(
+                f"resources_per_worker GPU: {share:g} lets workers of this run share a GPU, and NCCL "
+                "trains one rank per GPU (it stops with 'Duplicate GPU detected'); give each worker a "
+                "whole GPU (GPU: 1), or share GPUs between runs of one worker each (Tune trials)"
+            )
         if isinstance(self.strategy, FSDP) and self.strategy.cpu_offload and not self.use_gpu:
             raise ValueError(
                 "strategy.cpu_offload needs use_gpu=True: CPU workers keep their shards in CPU "

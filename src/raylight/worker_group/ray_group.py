@@ -48,6 +48,7 @@ from raylight.exceptions import (
 from raylight.storage import checkpoint_name
 from raylight.strategies import build_strategy
 from raylight.strategies.base import worker_env
+from raylight.worker_group.gpus import node_visible_devices
 from raylight.worker_group.pool import POOL, kill_quietly, pool_key
 from raylight.worker_group.protocol import (
     CheckpointTarget,
@@ -650,14 +651,11 @@ class RayWorkerGroup:
         self._get(starts, timeout, "start the training loop")
 
     def _cuda_visible_devices(self) -> list[str | None]:
-        """Workers on one node see all of that node's group GPUs, so local_rank indexes
-        them and NCCL can use peer-to-peer links."""
+        """Workers on one node see all of that node's group GPUs, so NCCL can use
+        peer-to-peer links (``gpus.py``)."""
         if not self._scaling.use_gpu:
             return [None] * len(self._members)
-        per_node: dict[str, list[str]] = defaultdict(list)
-        for node in self._nodes:
-            per_node[node["node_id"]].extend(node["gpu_ids"])
-        return [",".join(per_node[node["node_id"]]) for node in self._nodes]
+        return list(node_visible_devices(self._nodes))
 
     def _errors(self, refs: list[Any], timeout: float, what: str) -> list[Exception | None]:
         """Each call's error (None if it returned), waiting for all of them like ``_get``."""

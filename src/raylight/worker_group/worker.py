@@ -23,6 +23,7 @@ from raylight import verbosity
 from raylight._time import monotonic, wall
 from raylight.adaptive.plan import AdaptiveSpec, BatchPlan
 from raylight.checkpoint import Checkpoint
+from raylight.worker_group.gpus import cuda_index
 from raylight.worker_group.net import interface_for, listen_socket, loopback_interface
 from raylight.worker_group.protocol import (
     ErrorInfo,
@@ -532,11 +533,14 @@ class RaylightWorker:
                 NODE_RANK=str(info.node_rank),
             )
             self._gloo_interface(spec.loopback)
-            if spec.cuda_visible_devices is not None:
-                os.environ["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices
+            if spec.cuda_visible_devices is not None and not torch.cuda.is_initialized():
+                os.environ["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices  # CUDA reads it when it starts
             torch.set_num_threads(spec.threads)
             if spec.use_gpu:
-                device = torch.device("cuda", info.local_rank if spec.cuda_visible_devices else 0)
+                import ray
+
+                own = [str(g) for g in ray.get_gpu_ids()]
+                device = torch.device("cuda", cuda_index(os.environ.get("CUDA_VISIBLE_DEVICES"), own))
                 torch.cuda.set_device(device)
             else:
                 device = torch.device("cpu")
