@@ -59,3 +59,38 @@ def test_gpu_workers_reduce_cpu_tensors_over_gloo_beside_nccl(ray_cluster, tmp_p
     fails them with 'No backend type associated with device type cpu'."""
     result = raylight.fit(cpu_tensor_loop, num_workers=2, use_gpu=True, storage_path=str(tmp_path), progress=False)
     assert {k: result.metrics[k] for k in ("seen", "cpu", "gpu")} == {"seen": 2, "cpu": 2, "gpu": 2}
+
+
+def offload_loop(ctx, config):
+    from torch import nn
+
+    with torch.device("meta"):  # built without memory: each worker allocates its shards
+        net = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 1))
+    model = ctx.prepare_model(net)
+    opt = ctx.prepare_optimizer(torch.optim.Adam(model.parameters(), lr=1e-3))
+    resumed = ctx.load_checkpoint({"model": model, "opt": opt})
+    x = torch.randn(32, 8, device=ctx.device)
+    for _ in range(2):
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+    moments = {v.device.type for s in opt.state.values() for v in s.values() if torch.is_tensor(v) and v.dim()}
+    ctx.report(
+        {"resumed": resumed is not None, "params": sorted({p.device.type for p in model.parameters()}),
+         "buffers": sorted({b.device.type for b in model.buffers()}), "moments": sorted(moments)},
+        checkpoint={"model": model, "opt": opt},
+    )
+
+
+def test_fsdp_cpu_offload_trains_a_meta_model_and_resumes_from_a_full_checkpoint(ray_cluster, tmp_path):
+    """Offloaded shards live in CPU memory from their start (fully_shard refuses shards
+    materialised on the GPU), buffers on the GPU; a full checkpoint's Adam moments load
+    next to their CPU shards. One worker goes through fully_shard too."""
+    n = min(torch.cuda.device_count(), 2)
+    strategy = raylight.FSDP(cpu_offload=True, checkpoint="full")
+    common = {"num_workers": n, "use_gpu": True, "strategy": strategy, "storage_path": str(tmp_path), "name": "offload", "progress": False}
+    first = raylight.fit(offload_loop, **common)
+    again = raylight.fit(offload_loop, **common, resume=True)
+    for result, resumed in ((first, False), (again, True)):
+        assert result.metrics["resumed"] is resumed
+        assert (result.metrics["params"], result.metrics["buffers"], result.metrics["moments"]) == (["cpu"], ["cuda"], ["cpu"])

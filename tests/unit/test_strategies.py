@@ -550,3 +550,23 @@ def test_destroying_the_group_frees_garbage_ddp_models_first():
     seen = run_gloo_ranks(_garbage_ddp_then_destroy, world_size=1)[0]
     assert seen["freed_by_del"] is False, "the model outlived its last name"
     assert seen["freed_before_destroy"] is True
+
+
+def test_one_fsdp_worker_with_mixed_precision_computes_in_it():
+    """A mesh of one still shards (nothing), so FSDP's mixed precision (and CPU offload, on
+    GPUs) hold for one worker too: it trained in full precision before."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        strategy = FSDPStrategy(FSDP(mixed_precision="bf16"))
+        wrapped = strategy.wrap_model(model(), device=torch.device("cpu"), world_size=1)
+        computed = []
+        wrapped[0].register_forward_hook(lambda m, i, out: computed.append(out.dtype))
+        wrapped(torch.randn(3, 4)).float().sum().backward()
+        assert computed == [torch.bfloat16]
+        assert {p.dtype for p in wrapped.parameters()} == {torch.float32}  # kept in full precision
+        plain = FSDPStrategy(FSDP()).wrap_model(model(), device=torch.device("cpu"), world_size=1)
+        assert not any(type(p).__name__ == "DTensor" for p in plain.parameters())  # nothing to shard: as it is
+    finally:
+        dist.destroy_process_group()

@@ -77,11 +77,15 @@ def _is_sharded(value: Any) -> bool:
 def _shard_like(value: torch.Tensor, param: Any) -> Any:
     """``value`` (the full tensor, the same on every rank) cut like ``param``: local, no
     communication."""
-    from torch.distributed.tensor import distribute_tensor
+    from torch.distributed.tensor import DTensor, distribute_tensor
 
-    return distribute_tensor(
-        value.to(param.device), param.device_mesh, param.placements, src_data_rank=None
-    )
+    out = distribute_tensor(value.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
+    local, held = out.to_local(), param.to_local().device
+    if local.device != held:  # distribute_tensor puts it on the mesh's device; an offloaded shard is in CPU memory
+        out = DTensor.from_local(
+            local.to(held), param.device_mesh, param.placements, run_check=False, shape=param.shape, stride=param.stride()
+        )
+    return out
 
 
 def _load_full_model_state(
@@ -116,6 +120,13 @@ def _load_full_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
                     state[key] = _shard_like(value, param)
 
 
+def _buffers_to(model: nn.Module, device: torch.device) -> None:
+    for module in model.modules():
+        for name, buffer in module.named_buffers(recurse=False):
+            if buffer.device != device:
+                module._buffers[name] = buffer.to(device)
+
+
 def full_tensors(state: Any) -> Any:
     """``state`` with every DTensor gathered into a plain tensor (a collective per tensor,
     in the structure's order, which is the same on every rank)."""
@@ -147,9 +158,12 @@ class FSDPStrategy:
         import torch.distributed as dist
 
         rank = dist.get_rank() if dist.is_initialized() else 0
-        if world_size == 1:  # nothing to shard
+        opts = self.options
+        if world_size == 1 and not (opts.mixed_precision or opts.cpu_offload):  # nothing to shard
             materialize(model, device=device, rank=rank)
             return model.to(device)
+        # one worker with mixed precision or CPU offload still goes through fully_shard (a
+        # mesh of one), which does both: it would otherwise train in full precision on the GPU
         if device.type == "cpu":
             keep_heap_small()
         if not any(t.is_meta for t in model.parameters()):
@@ -162,7 +176,6 @@ class FSDPStrategy:
             fully_shard,
         )
 
-        opts = self.options
         dtype = _DTYPES.get(opts.mixed_precision) if opts.mixed_precision else None
         kwargs: dict[str, Any] = {
             "mesh": init_device_mesh(device.type, (world_size,)),
@@ -173,7 +186,13 @@ class FSDPStrategy:
         for block in shard_blocks(model, opts):
             fully_shard(block, **kwargs)
         fully_shard(model, **kwargs)
-        materialize(model, device=device, rank=rank)  # a meta-device model: only its shards
+        offload = opts.cpu_offload and device.type != "cpu"
+        # a meta-device model: only its shards; offloaded shards start in CPU memory, as
+        # fully_shard's CPUOffloadPolicy requires, and the buffers (which FSDP leaves where
+        # they are) go to the device the forward runs on
+        materialize(model, device=torch.device("cpu") if offload else device, rank=rank)
+        if offload:
+            _buffers_to(model, device)
         model.register_load_state_dict_pre_hook(_load_full_model_state)
         return model
 
