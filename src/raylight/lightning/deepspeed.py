@@ -220,8 +220,13 @@ class RayDeepSpeedStrategy(_RayWorkers, DeepSpeedStrategy):
             return to_cpu(module.state_dict())
         import deepspeed
 
-        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
-            return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+        # one parameter at a time: the whole model of a ZeRO-3 run may not fit one GPU
+        out = {}
+        for key, value in module.state_dict(keep_vars=True).items():
+            gathered = [value] if isinstance(value, torch.nn.Parameter) else []
+            with deepspeed.zero.GatheredParameters(gathered, modifier_rank=None):
+                out[key] = value.detach().to("cpu", copy=True)
+        return out
 
     def teardown(self) -> None:
         # Unlike Strategy.teardown, the model stays where it is: the driver's weights

@@ -734,12 +734,14 @@ class DeepSpeedStrategy:
         self, *, prefix: str = "", cut: Callable[[torch.Tensor], torch.Tensor] | None = None, numbered: bool = False
     ) -> dict[str, Any]:
         """The optimizer's state in torch's layout, keyed by ``prefix`` + parameter name
-        (or numbered, as ``Optimizer.state_dict`` does). A collective."""
+        (or numbered, as ``Optimizer.state_dict`` does). A collective. Without ``cut``, each
+        parameter's whole state is moved to CPU memory as soon as it is gathered (the whole
+        state of a ZeRO run may not fit one GPU); ``load_optimizer_state`` takes it back."""
         from deepspeed.utils import safe_get_full_optimizer_state
 
         assert self._optimizer is not None
         self._materialize()
-        cut = cut or (lambda t: t.to(self._device))
+        cut = cut or (lambda t: t.cpu())
         keys, scalars = self._state_keys()
         ids = {name: i for i, (name, _) in enumerate(self._optimized())}
         state = {}

@@ -128,10 +128,11 @@ def _buffers_to(model: nn.Module, device: torch.device) -> None:
 
 
 def full_tensors(state: Any) -> Any:
-    """``state`` with every DTensor gathered into a plain tensor (a collective per tensor,
-    in the structure's order, which is the same on every rank)."""
+    """``state`` with every DTensor gathered into a plain tensor in CPU memory (a collective
+    per tensor, in the structure's order, which is the same on every rank). Each leaves the
+    GPU as soon as it is gathered: a model that needed sharding may not fit there whole."""
     if _is_sharded(state):
-        return state.full_tensor()
+        return state.full_tensor().cpu()
     if isinstance(state, dict):
         return {key: full_tensors(value) for key, value in state.items()}
     if isinstance(state, (list, tuple)):
