@@ -316,3 +316,21 @@ def test_core_never_imports_the_lightning_leaf():
         if "lightning" in path.relative_to(SRC).parts:
             continue
         assert "raylight.lightning" not in path.read_text(), path
+
+
+def test_a_gpu_worker_of_a_cpu_driver_autocasts_on_its_gpu():
+    """The driver's Trainer (no GPU there) built its mixed precision for the CPU; the GPU
+    worker's strategy takes the CUDA accelerator and an autocast for CUDA with it."""
+    from lightning.pytorch.accelerators import CPUAccelerator
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    from raylight.lightning.strategies import _attach
+
+    strategy = RayStrategy(num_workers=1)
+    strategy.accelerator = CPUAccelerator()
+    strategy.precision_plugin = MixedPrecision("bf16-mixed", "cpu")
+    ctx = SimpleNamespace(world_size=1, rank=0, local_rank=0, node_rank=0, device=torch.device("cuda", 0), sync=None)
+    _attach(strategy, ctx, SimpleNamespace(callbacks=[]))
+    plugin = strategy.precision_plugin
+    assert type(strategy.accelerator).__name__ == "CUDAAccelerator"
+    assert isinstance(plugin, MixedPrecision) and (plugin.precision, plugin.device) == ("bf16-mixed", "cuda")

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.plugins.io import CheckpointIO
+from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import RunningStage
 from torch.nn.parallel import DistributedDataParallel
@@ -123,6 +124,10 @@ def _attach(strategy: Any, ctx: Any, trainer: Any) -> None:
     if ctx.device.type == "cuda" and not isinstance(strategy.accelerator, CUDAAccelerator):
         # The driver may have no GPU (its Trainer chose the CPU); the worker has one.
         strategy.accelerator = CUDAAccelerator()
+        plugin = strategy.precision_plugin
+        if isinstance(plugin, MixedPrecision) and plugin.device != "cuda":
+            # its autocast was for the driver's CPU: on the GPU the step would run in fp32
+            strategy.precision_plugin = MixedPrecision(plugin.precision, "cuda")  # type: ignore[arg-type]  # a MixedPrecision's own
     if _adaptive_sync(strategy) is not None:
         trainer.callbacks.append(AdaptiveSteps(ctx.sync, strategy))
 
