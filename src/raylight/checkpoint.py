@@ -122,3 +122,19 @@ class Checkpoint:
 
 def _rebuild_checkpoint(path, metadata, data):
     return Checkpoint(path, metadata=metadata, data=data)
+
+
+def to_cpu(value: Any) -> Any:
+    """``value`` with every tensor in it (in dicts, lists and tuples) detached and in CPU
+    memory."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [to_cpu(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(to_cpu(v) for v in value)
+    return value

@@ -36,6 +36,12 @@ from typing import Any
 from raylight.exceptions import ConfigError
 
 LAUNCHERS = ("torchrun", "deepspeed", "horovodrun", "mpirun", "env")
+# The process group of ranks on GPUs: NCCL for CUDA tensors and gloo beside it for CPU ones
+# (torch's own default when CUDA is there). With "nccl" alone every collective on a CPU
+# tensor fails ("No backend type associated with device type cpu"): raylight's own
+# (ctx.accumulator()'s sums, a resize's checkpoint broadcast, the adaptive engine's and the
+# declarative evaluation's bookkeeping) and a loop's ``dist.all_reduce`` of a CPU tensor alike.
+GPU_BACKEND = "cpu:gloo,cuda:nccl"
 RENDEZVOUS_TIMEOUT_ENV = "RAYLIGHT_RENDEZVOUS_TIMEOUT_S"  # how long ranks wait for each other
 DEFAULT_RENDEZVOUS_TIMEOUT_S = 300.0
 

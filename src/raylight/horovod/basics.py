@@ -18,8 +18,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from raylight.launcher_env import LaunchEnvError, destroy_process_group, detect, init_process_group
-from raylight.strategies.base import backend_for
+from raylight.launcher_env import (
+    GPU_BACKEND,
+    LaunchEnvError,
+    destroy_process_group,
+    detect,
+    init_process_group,
+)
 
 # Horovod's reduction ops (the values of horovod.common.basics' ReduceOp).
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
@@ -61,7 +66,7 @@ _formed = 0  # groups this process formed: a re-formed group meets under a new n
 
 
 def _backend() -> str:
-    return backend_for(torch.cuda.is_available() and dist.is_nccl_available())
+    return GPU_BACKEND if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
 
 
 def init(comm: Any = None, process_sets: Any = None) -> None:

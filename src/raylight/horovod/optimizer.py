@@ -240,12 +240,23 @@ def broadcast_parameters(params: Any, root_rank: int) -> None:
         synchronize(handle)
 
 
+def _in_cpu_memory(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer's ``state_dict`` with its per-parameter tensors in CPU memory."""
+    per_param = {
+        i: {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+        for i, s in state_dict["state"].items()
+    }
+    return {**state_dict, "state": per_param}
+
+
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
     """Give every rank rank ``root_rank``'s optimizer state and hyper-parameters (its
     ``state_dict``, sent as one object)."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("hvd.broadcast_optimizer_state: torch.optim.LBFGS is not supported (as in Horovod)")
     inner = optimizer.optimizer if isinstance(optimizer, _DistributedOptimizer) else optimizer
-    root_state = broadcast_object(inner.state_dict() if state().rank == root_rank else None, root_rank)
+    # sent from CPU memory: pickled GPU tensors would be rebuilt on the root's GPU index on
+    # every rank; load_state_dict moves each to its parameter's device
+    root_state = broadcast_object(_in_cpu_memory(inner.state_dict()) if state().rank == root_rank else None, root_rank)
     if state().rank != root_rank:
         inner.load_state_dict(root_state)

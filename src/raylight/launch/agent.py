@@ -282,5 +282,7 @@ class _Channel:
 def _load(data: bytes) -> dict[str, Any]:
     import torch
 
-    state: dict[str, Any] = torch.load(io.BytesIO(data), weights_only=True)
+    # in CPU memory: the script's GPU tensors would otherwise be rebuilt on its GPU here (a
+    # second copy, and a CUDA context in this process), only to be written out again
+    state: dict[str, Any] = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     return state

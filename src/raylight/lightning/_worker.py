@@ -16,7 +16,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 
-from raylight.checkpoint import INTERNAL_METRIC
+from raylight.checkpoint import INTERNAL_METRIC, to_cpu
 
 log = logging.getLogger("raylight")
 
@@ -65,18 +65,6 @@ def run_on_worker(ctx: Any, config: dict[str, Any]) -> None:
     }
     metrics[INTERNAL_METRIC] = 1  # the driver's results, not a report for Ray Tune
     ctx.report(metrics, checkpoint=output if ctx.rank == 0 else None)
-
-
-def to_cpu(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, dict):
-        return {k: to_cpu(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [to_cpu(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(to_cpu(v) for v in value)
-    return value
 
 
 def _callback_states(trainer: Any) -> dict[str, Any]:

@@ -35,9 +35,9 @@ from typing import Any
 import torch
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
+from raylight.checkpoint import to_cpu
 from raylight.config import FailureConfig
 from raylight.exceptions import ConfigError
-from raylight.lightning._worker import to_cpu
 from raylight.lightning.strategies import _environment, _RayWorkers, make_settings
 
 _OWNER = "RayDeepSpeedStrategy"

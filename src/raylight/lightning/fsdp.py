@@ -45,10 +45,10 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch import nn
 
+from raylight.checkpoint import to_cpu
 from raylight.config import FailureConfig, validate
 from raylight.config.schema import FSDP
 from raylight.exceptions import ConfigError
-from raylight.lightning._worker import to_cpu
 from raylight.lightning.checkpoint_io import AtomicCheckpointIO
 from raylight.lightning.strategies import _environment, _RayWorkers, make_settings
 from raylight.strategies.fsdp import FSDPStrategy as _Sharding

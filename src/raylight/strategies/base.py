@@ -12,6 +12,8 @@ from typing import Any, Literal, Protocol
 import torch
 from torch import nn
 
+from raylight.launcher_env import GPU_BACKEND
+
 CheckpointFormat = Literal["full", "sharded"]
 
 
@@ -141,14 +143,6 @@ class ClipAtStep:
     def value(self) -> float | None:
         """The last step's norm before clipping (None before the first step)."""
         return None if self._norm is None else float(self._norm)
-
-
-# GPU workers' process group: NCCL for CUDA tensors and gloo beside it for CPU ones (torch's
-# own default when CUDA is there). With "nccl" alone every collective on a CPU tensor fails
-# ("No backend type associated with device type cpu"): raylight's own (ctx.accumulator()'s
-# sums, a resize's checkpoint broadcast, the adaptive engine's and the declarative
-# evaluation's bookkeeping) and a loop's ``dist.all_reduce`` of a CPU tensor alike.
-GPU_BACKEND = "cpu:gloo,cuda:nccl"
 
 
 def backend_for(use_gpu: bool) -> str:
