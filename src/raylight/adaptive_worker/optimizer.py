@@ -192,7 +192,8 @@ class AdaptiveOptimizer(WrappedOptimizer):
         if "exp_avg_sq" not in state or "step" not in state:
             return None
         group = self._group_of(p)
-        v_hat = state["exp_avg_sq"] / (1 - group["betas"][1] ** float(state["step"]))
+        # no float(): a fused or capturable Adam keeps step on the GPU (a sync per parameter)
+        v_hat = state["exp_avg_sq"] / (1 - group["betas"][1] ** state["step"])
         return v_hat.sqrt() + group["eps"]
 
     def preconditioned_sqr(self, grads: list[torch.Tensor], params: list[torch.Tensor]) -> float:
