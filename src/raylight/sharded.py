@@ -31,6 +31,8 @@ import fsspec
 import torch
 from fsspec.implementations.local import LocalFileSystem
 
+from raylight.storage import SHARED_STORAGE
+
 if TYPE_CHECKING:
     from torch.distributed.checkpoint import metadata as dcp_metadata
 
@@ -189,8 +191,12 @@ def save(tensors: dict[str, torch.Tensor], uri: str) -> None:
     """Write ``tensors`` into the directory ``uri``: each rank its shards, a replicated
     tensor once, the manifest last. A collective: every rank calls it with the same keys."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
-    dcp.save(tensors, storage_writer=_writer(uri))
+    try:
+        dcp.save(tensors, storage_writer=_writer(uri))
+    except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
+        raise RuntimeError(f"cannot write the sharded checkpoint {uri}: {_first_line(exc)}{_storage_hint(uri)}") from exc
 
 
 def load_into(template: dict[str, torch.Tensor], uri: str, *, collective: bool) -> None:
@@ -200,13 +206,28 @@ def load_into(template: dict[str, torch.Tensor], uri: str, *, collective: bool) 
     if not template:
         return
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
             dcp.load(template, storage_reader=_reader(uri), no_dist=not collective)
-    except Exception as exc:
-        raise RuntimeError(f"cannot load the sharded checkpoint {uri}: {_first_line(exc)}") from exc
+    except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
+        raise RuntimeError(f"cannot load the sharded checkpoint {uri}: {_first_line(exc)}{_storage_hint(uri)}") from exc
+
+
+def _storage_hint(uri: str) -> str:
+    """For a checkpoint on a local path: what the run's storage must be, and whether this
+    process sees the directory at all (a worker on another machine does not see the
+    driver's disk)."""
+    local, root = _is_local(uri)
+    if not local:
+        return ""
+    import os
+    import socket
+
+    seen = "" if os.path.isdir(root) else f" This process (on {socket.gethostname()}) does not see {root}."
+    return f".{seen} {SHARED_STORAGE}"
 
 
 def load_full(skeleton: Any, uri: str, keys: set[str] | None = None) -> Any:
@@ -233,5 +254,12 @@ def _with_placeholders(skeleton: Any, tensors: dict[str, torch.Tensor]) -> dict[
 
 
 def _first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message; of a DCP ``CheckpointException`` (a
+    BaseException that gathers every rank's error), that of the lowest rank's error."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        cause = failures[min(failures)]
+        if isinstance(cause, tuple) and cause and isinstance(cause[0], BaseException):
+            return f"rank {min(failures)}: {_first_line(cause[0])}"
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__

@@ -204,17 +204,23 @@ def check_state(state: bytes, meta: dict[str, Any]) -> str | None:
     return None
 
 
+# What a sharded checkpoint needs of the run's storage, said where it is found wanting.
+SHARED_STORAGE = (
+    "Sharded checkpoints (strategy 'fsdp' or 'deepspeed') are written and read by every "
+    "worker in the run's storage, so RunConfig.storage_path must be storage that every "
+    "worker and the driver reach: a shared filesystem, or an object store (s3://, gs://). "
+    "Set storage_path to one, or checkpoint through the driver with "
+    "strategy=raylight.FSDP(checkpoint='full')."
+)
+
+
 class ShardsNotFoundError(ConfigError):
     """The workers' shards of a sharded checkpoint are not where the driver looks."""
 
     def __init__(self, index: int, uri: str, missing: list[str]) -> None:
         super().__init__(
             f"checkpoint {index}: the shard files {missing} the workers wrote are not in {uri} "
-            "as the driver sees it. Sharded checkpoints (strategy 'fsdp' or 'deepspeed') are "
-            "written by every worker into the run's storage, so RunConfig.storage_path must "
-            "be storage that every worker and the driver reach: a shared filesystem, or an "
-            "object store (s3://, gs://). Set storage_path to one, or checkpoint through the "
-            "driver with strategy=raylight.FSDP(checkpoint='full')."
+            f"as the driver sees it. {SHARED_STORAGE}"
         )
         self.index, self.uri, self.missing = index, uri, missing
 

@@ -224,6 +224,23 @@ def test_commit_refuses_missing_shards_and_removes_stray_files(tmp_path, written
     assert "__1_0.distcp has 9 bytes" in storage.check_shards(4, committed[0].meta)
 
 
+def test_a_worker_that_cannot_see_the_checkpoint_directory_says_what_storage_to_use(tmp_path):
+    """A worker on another machine than the driver, with a storage_path on the driver's
+    disk: it reads (or cannot write) the shards on its own disk."""
+    elsewhere = tmp_path / "on-the-driver" / "checkpoints" / checkpoint_name(0)
+    with pytest.raises(RuntimeError, match=rf"cannot load the sharded checkpoint {elsewhere}: .*does not see {elsewhere}\. Sharded checkpoints .*storage_path.*s3://"):
+        sharded.load_into({"w": torch.zeros(2)}, str(elsewhere), collective=False)
+    (tmp_path / "read-only").mkdir(mode=0o500)
+    if os.access(tmp_path / "read-only", os.W_OK):
+        return  # root writes anywhere: the failed write below cannot happen here
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(RuntimeError, match=r"cannot write the sharded checkpoint .*storage_path"):
+            sharded.save({"w": torch.zeros(2)}, str(tmp_path / "read-only" / "run" / "checkpoints" / checkpoint_name(0)))
+    finally:
+        dist.destroy_process_group()
+
+
 def test_uncommitted_shards_are_cleared_from_the_next_index_on(tmp_path):
     storage = RunStorage(str(tmp_path))
     for index in (1, 2, 3):
