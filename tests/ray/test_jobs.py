@@ -63,12 +63,12 @@ def _temp_dir_processes(temp_dir: str) -> list[int]:
 class Head:
     def __init__(self) -> None:
         self.temp_dir = tempfile.mkdtemp(prefix="rlj-", dir="/tmp")
-        self.gcs_port, self.dash_port = _free_port(), _free_port()
+        self.gcs_port, self.dash_port, self.client_port = _free_port(), _free_port(), _free_port()
         self.url = f"http://127.0.0.1:{self.dash_port}"
         args = [
             os.path.join(VENV_BIN, "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
             "--port", str(self.gcs_port), "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dash_port),
-            "--ray-client-server-port", str(_free_port()), "--dashboard-agent-listen-port", str(_free_port()),
+            "--ray-client-server-port", str(self.client_port), "--dashboard-agent-listen-port", str(_free_port()),
             "--dashboard-agent-grpc-port", str(_free_port()), "--temp-dir", self.temp_dir, "--num-cpus", "2",
             "--disable-usage-stats", "--include-dashboard", "true",
         ]
@@ -231,3 +231,38 @@ def test_a_driver_ended_by_sigterm_is_resubmitted(head):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "TERMINATING" in out.stdout and "SECOND ATTEMPT" in out.stdout
     assert "terminated (SIGTERM)" in out.stderr and "submitted sig1-retry1" in out.stderr
+
+
+RAY_CLIENT_DRIVER = """
+import sys, torch, ray, raylight
+from raylight.worker_group.ray_group import _draining, _request_resources, on_cluster
+
+def loop(ctx, config):
+    model = ctx.prepare_model(torch.nn.Linear(4, 1))
+    acc = ctx.accumulator()
+    acc["rows"] += torch.tensor(8.0)
+    with acc.synchronized():
+        rows = acc["rows"]
+    ctx.report({"rows": rows, "world": ctx.world_size}, checkpoint={"model": model})
+
+ray.init(sys.argv[1])
+# Ray's state and autoscaler APIs need a GCS connection, which a Ray Client driver has not
+print("draining", on_cluster(_draining, timeout_s=60))
+on_cluster(_request_resources, [{"CPU": 1}], timeout_s=60)
+on_cluster(_request_resources, [], timeout_s=60)  # withdrawn
+result = raylight.fit(loop, num_workers=2, storage_path=sys.argv[2], name="client", progress=False)
+print("metrics", result.metrics["rows"], result.metrics["world"], result.checkpoint is not None)
+"""
+
+
+def test_a_ray_client_driver_trains_sees_drain_notices_and_asks_the_autoscaler(head, tmp_path):
+    """Through ray:// (no GCS connection in the driver): a fit on the cluster, and the drain
+    check and autoscaler request, which Ray's APIs refuse there, run in a task on it."""
+    out = subprocess.run(
+        [sys.executable, "-c", RAY_CLIENT_DRIVER, f"ray://127.0.0.1:{head.client_port}", str(tmp_path)],
+        env=_env(RAY_AUTH_MODE="token"), capture_output=True, text=True, timeout=240,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert "draining {}" in lines and "metrics 16.0 2 True" in lines, out.stdout
+

@@ -493,6 +493,21 @@ def test_scaling_decisions_are_executed_in_order(recorder):
     assert c.step() is State.FINISHED and policy.observed == 3
 
 
+def test_an_autoscaler_request_the_cluster_does_not_take_in_time_leaves_the_run_going(recorder, caplog):
+    group = FakeGroup([running(), running(), finished()])
+
+    def slow(num_workers):
+        raise TimeoutError("the cluster did not take the request ... FailureConfig.connect_timeout_s=15s")
+
+    group.request_resources = slow
+    policy = ScriptedPolicy(2, [[RequestResources(4)]])
+    c = make(group, recorder, policy=policy)
+    with caplog.at_level("WARNING", logger="raylight"):
+        states = [c.step() for _ in range(5)]
+    assert states[-1] is State.FINISHED, states
+    assert any("connect_timeout_s" in r.message and "goes on with 2 worker(s)" in r.message for r in caplog.records)
+
+
 def test_no_decisions_until_a_resize_has_settled(recorder):
     """After a resize the policy is not asked again until the first step after it; the
     time to that step is handed to the policy as the resize's cost."""

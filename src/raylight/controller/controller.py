@@ -250,7 +250,11 @@ class Controller:
         if isinstance(decision, SetPlan):
             self.group.set_plan(decision.plan)
         elif isinstance(decision, RequestResources):
-            self.group.request_resources(decision.num_workers)
+            try:
+                self.group.request_resources(decision.num_workers)
+            except TimeoutError as exc:  # training goes on at its size; the policy may ask again
+                log.warning("%s; training goes on with %d worker(s)", exc, self.num_workers)
+                return
             log.info("asked the autoscaler for %d worker(s): %s", decision.num_workers, decision.reason)
             self.telemetry.event({"event": "autoscale_request", "workers": decision.num_workers, "reason": decision.reason})
         elif isinstance(decision, Resize) and decision.num_workers != self.num_workers:

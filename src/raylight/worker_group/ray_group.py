@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -87,17 +87,46 @@ ELASTIC_PLACEMENT_WAIT_S = 2.0
 DRAIN_CHECK_S = 1.0
 
 
+def _client_driver() -> bool:
+    """Whether this driver reaches its cluster through Ray Client (``ray://``): it then has
+    no GCS connection of its own, which Ray's state and autoscaler APIs need."""
+    try:
+        from ray.util.client import ray as client
+
+        return bool(client.is_connected())
+    except Exception:
+        return False
+
+
+def on_cluster(fn: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
+    """``fn(*args)`` here or, on a Ray Client driver, in a zero-CPU task on the cluster,
+    waited for at most ``timeout_s`` (``GetTimeoutError`` after)."""
+    if not _client_driver():
+        return fn(*args)
+    return ray.get(ray.remote(num_cpus=0)(fn).remote(*args), timeout=timeout_s)
+
+
+def _draining() -> dict[Any, int]:
+    from ray._private.state import state
+
+    return dict(state.get_draining_nodes())
+
+
 def draining_nodes() -> dict[str, float | None]:
     """Nodes Ray is draining (``ray drain-node``, the autoscaler, a cloud's preemption
     through KubeRay): node id -> the wall-clock deadline (None: none given). Empty where
-    Ray cannot say (a Ray Client driver)."""
+    Ray cannot say."""
     try:
-        from ray._private.state import state
-
-        found = state.get_draining_nodes()
-    except Exception:  # Ray's private API moved, or no GCS connection: no drain notices
+        found = on_cluster(_draining, timeout_s=DRAIN_CHECK_S)
+    except Exception:  # Ray's private API moved, or the cluster did not answer: no notices now
         return {}
     return {str(node): (ms / 1000.0 if ms else None) for node, ms in found.items()}
+
+
+def _request_resources(bundles: list[dict[str, float]]) -> None:
+    from ray.autoscaler.sdk import request_resources
+
+    request_resources(bundles=bundles)
 
 
 # A placement group asked for while the resources of one just removed are still being
@@ -712,9 +741,14 @@ class RayWorkerGroup:
     def request_resources(self, num_workers: int) -> None:
         """Ask an autoscaling cluster for room for ``num_workers`` workers (the run's whole
         size: a smaller number gives the rest back; 0 withdraws the request)."""
-        from ray.autoscaler.sdk import request_resources
-
-        request_resources(bundles=[dict(self._scaling.worker_resources())] * num_workers)
+        bundles = [dict(self._scaling.worker_resources())] * num_workers
+        try:
+            on_cluster(_request_resources, bundles, timeout_s=self._failure.connect_timeout_s)
+        except GetTimeoutError:
+            raise TimeoutError(
+                f"the cluster did not take the request for {num_workers} workers' resources within "
+                f"FailureConfig.connect_timeout_s={self._failure.connect_timeout_s:g}s"
+            ) from None
         self._requested = num_workers
 
     def resize(
