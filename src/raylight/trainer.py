@@ -366,9 +366,9 @@ class Trainer:
             ended: list[Any] = [None]
             if recorder is not None:
                 latest = recorder.latest
-                ended = [{
+                ended = [{  # the checkpoint's bytes too: another machine's rank cannot read rank 0's disk
                     "history": list(recorder.history),
-                    "checkpoint": (latest.path, latest.metadata) if latest is not None else None,
+                    "checkpoint": (latest.path, latest.metadata, latest.to_bytes()) if latest is not None else None,
                 }]
             dist.broadcast_object_list(ended, src=0)
         finally:
@@ -379,7 +379,7 @@ class Trainer:
         return Result(
             metrics=history[-1] if history else {},
             metrics_history=history,
-            checkpoint=Checkpoint(last[0], metadata=last[1]) if last is not None else None,
+            checkpoint=Checkpoint(last[0], metadata=last[1], data=last[2]) if last is not None else None,
             path=storage.uri,
         )
 

@@ -39,6 +39,25 @@ def epochs_loop(ctx, config):
         ctx.report({"epoch": epoch, "loss": ctx.all_reduce(total)}, checkpoint={"epoch": epoch, "model": ctx.unwrap_model(model).state_dict()})
 
 
+def _keys_without_the_run_directory(checkpoint) -> list[str] | None:
+    """The Result's checkpoint loaded as a rank on another machine would: it cannot open
+    rank 0's run directory."""
+    if checkpoint is None:
+        return None
+    import fsspec
+
+    real = fsspec.open
+
+    def elsewhere(*args, **kwargs):
+        raise FileNotFoundError("rank 0's disk is on another machine")
+
+    fsspec.open = elsewhere
+    try:
+        return sorted(checkpoint.load())
+    finally:
+        fsspec.open = real
+
+
 def main() -> None:
     out, storage, name, kind = sys.argv[1:5]
     torch.set_num_threads(1)
@@ -57,7 +76,8 @@ def main() -> None:
     place = [launch.rank, launch.world_size, launch.local_rank, launch.local_world_size, launch.cross_rank,
              launch.cross_size, launch.rendezvous, launch.rendezvous_id] if launch is not None else None
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump({"history": result.metrics_history, "path": result.path, "checkpoint": result.checkpoint is not None}, f)
+        json.dump({"history": result.metrics_history, "path": result.path, "checkpoint": result.checkpoint is not None,
+                   "checkpoint_keys": _keys_without_the_run_directory(result.checkpoint)}, f)
     with open(os.path.join(out, f"place{rank}.json"), "w") as f:
         json.dump(place, f)
     if rank == 0 and result.checkpoint is not None:

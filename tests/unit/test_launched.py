@@ -59,6 +59,7 @@ def _check_same_as_one_process(out: str) -> None:
     ranks = [json.loads(open_text(os.path.join(out, f"rank{r}.json"))) for r in (0, 1)]
     assert ranks[0] == ranks[1], "every rank returns rank 0's result"
     assert ranks[0]["history"] == [{"world_size": 2}] and ranks[0]["checkpoint"]
+    assert ranks[1]["checkpoint_keys"] == ["model"], "a rank that cannot read rank 0's disk still has the checkpoint"
 
 
 def test_fit_under_torchrun_joins_its_group_and_trains_as_one_process_would(tmp_path):
