@@ -12,6 +12,7 @@ import inspect
 import logging
 import math
 import numbers
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, Protocol
 
@@ -91,6 +92,7 @@ def _plain_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
 
 
 _JSON_SCALARS = (str, int, float, bool, type(None))
+CHECKPOINT_BEAT_S = 5.0  # how often a checkpoint being written or read counts as progress
 
 
 def _plain(value: Any, where: str) -> Any:
@@ -402,10 +404,12 @@ class TrainContext:
             if self._strategy.checkpoint_format(self.world_size) == SHARDED:
                 own["format"] = SHARDED
                 state, tensors = sharded.split(state)
-                sharded.save(tensors, self._shard_dir(self._commit))  # a collective
+                with self._checkpoint_io():
+                    sharded.save(tensors, self._shard_dir(self._commit))  # a collective
                 sharded_index = self._commit
             else:
-                state = self._strategy.full_state(state)  # a collective when sharded
+                with self._checkpoint_io():
+                    state = self._strategy.full_state(state)  # a collective when sharded
             if self.rank == 0 or self._elastic:
                 data = serialize_state({**state, RAYLIGHT_KEY: own})
                 if self._elastic:
@@ -440,6 +444,27 @@ class TrainContext:
             return False
         self._report({}, self._entries, snapshot=True)
         return True
+
+    @contextlib.contextmanager
+    def _checkpoint_io(self) -> Iterator[None]:
+        """A checkpoint's writing, reading or gathering counts as progress while it lasts:
+        a side thread beats every ``CHECKPOINT_BEAT_S``, so a large model on slow storage
+        is not declared hung after ``FailureConfig.hang_timeout_s``. Its collectives still
+        fail after ``collective_timeout_s`` when a peer stops answering."""
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(CHECKPOINT_BEAT_S):
+                self._sink.heartbeat()
+
+        beating = threading.Thread(target=beat, name="raylight-checkpoint-io", daemon=True)
+        beating.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            beating.join()
+        self._sink.heartbeat()
 
     def _shard_dir(self, index: int) -> str:
         if self._checkpoint_dir is None:
@@ -496,9 +521,10 @@ class TrainContext:
         rest = [k for k in entries if k not in objects]
         if ckpt.sharded:
             path = ckpt._shard_path()
-            if as_saved:
-                self._load_shards(as_saved, {k: stored[k] for k in as_saved}, path)
-            full = sharded.load_full({k: stored[k] for k in (*raw, *rest)}, path)
+            with self._checkpoint_io():
+                if as_saved:
+                    self._load_shards(as_saved, {k: stored[k] for k in as_saved}, path)
+                full = sharded.load_full({k: stored[k] for k in (*raw, *rest)}, path)
         else:
             full = ckpt.load()
             if as_saved:

@@ -303,3 +303,32 @@ def test_a_run_whose_newest_shards_are_damaged_resumes_from_the_one_before(tmp_p
         assert any(n.startswith("damaged-checkpoint_000001") for n in os.listdir(tmp_path / "run" / "checkpoints"))
     finally:
         resumed.close()
+
+
+def test_a_checkpoint_being_gathered_or_written_counts_as_progress(monkeypatch):
+    """A large model on slow storage takes minutes to gather and write; the worker beats
+    while it does, so hang_timeout_s does not declare it hung. The gathering here waits
+    until three beats arrived: without them it would give up."""
+    import threading
+
+    from raylight import context
+
+    monkeypatch.setattr(context, "CHECKPOINT_BEAT_S", 0.01)
+    beats = threading.Semaphore(0)
+
+    class Beating(Sink):
+        def heartbeat(self):
+            beats.release()
+
+    sink = Beating()
+    ctx = TrainContext(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, device=torch.device("cpu"), sink=sink)
+    gathered = []
+
+    def slow_full_state(state):
+        gathered.append(all(beats.acquire(timeout=10) for _ in range(4)))  # one from the report itself
+        return state
+
+    monkeypatch.setattr(ctx._strategy, "full_state", slow_full_state)
+    ctx.report({"loss": 1.0}, checkpoint={"w": torch.ones(2)})
+    assert gathered == [True] and sink.reports[-1].checkpoint is not None
+    assert not [t for t in threading.enumerate() if t.name == "raylight-checkpoint-io"], "the beating thread ended"

@@ -733,7 +733,9 @@ class FailureConfig(ConfigModel):
         300.0,
         gt=0,
         description="A worker that reports no progress (no batch, report or collective) "
-        "for this long, counted from when its loop starts, is declared hung.",
+        "for this long, counted from when its loop starts, is declared hung. Gathering, "
+        "writing or reading a checkpoint counts as progress while it lasts (its collectives "
+        "still time out after collective_timeout_s).",
     )
     health_check_timeout_s: float = Field(
         30.0, gt=0, description="A worker that does not answer a health poll in this long is hung."
