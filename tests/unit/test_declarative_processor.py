@@ -409,3 +409,14 @@ def test_parquet_goes_through_ray_datas_first_reader_only_inside_raylights_read(
     monkeypatch.setenv(PARQUET_READER_ENV, "1")
     with _parquet_reader_v1():
         assert context.use_datasource_v2 is True
+
+
+def test_ray_data_reads_local_files_where_they_are():
+    """Ray Data sends its read tasks to any node; a local path is on the driver's machine."""
+    from raylight.declarative.ray_data import local_read_args
+
+    node = "ab" * 28  # a node id's form
+    assert local_read_args("data/train.csv", alive_nodes=1, client=False, node_id=node) == {}  # one machine
+    assert local_read_args("data/train.csv", alive_nodes=3, client=False, node_id=node) == {"label_selector": {"ray.io/node-id": node}}
+    with pytest.raises(ConfigError, match=r"dataset data/train.csv: .*cannot see this machine's files through Ray Client.*s3://.*processor: \{type: pandas\}"):
+        local_read_args("data/train.csv", alive_nodes=3, client=True, node_id=None)

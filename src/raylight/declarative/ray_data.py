@@ -66,9 +66,45 @@ def _read(path: str) -> Any:
 
         kwargs["filesystem"] = PyFileSystem(FSSpecHandler(fs))
         files = [fs._strip_protocol(f) for f in files]
+    else:
+        kwargs.update(_where_local_files_are_read(path))
     reader = {"csv": ray.data.read_csv, "parquet": ray.data.read_parquet, "json": ray.data.read_json}[fmt]
     with _parquet_reader_v1():
         return reader(files, **kwargs)
+
+
+def _where_local_files_are_read(path: str) -> dict[str, Any]:
+    """Ray Data's read arguments for files on a local path, from this cluster's shape."""
+    import ray
+
+    from raylight.runtime import client_driver
+
+    try:
+        alive = sum(1 for node in ray.nodes() if node.get("Alive"))
+    except Exception:  # Ray cannot say: read as Ray Data does
+        alive = 1
+    client = client_driver()
+    return local_read_args(path, alive_nodes=alive, client=client, node_id=None if client else ray.get_runtime_context().get_node_id())
+
+
+def local_read_args(path: str, *, alive_nodes: int, client: bool, node_id: str | None) -> dict[str, Any]:
+    """Where Ray Data reads files given by a local path. Its read tasks go to any node, and
+    a local path is on the driver's machine (unless a shared filesystem is mounted there on
+    every node): on a cluster of several nodes they are pinned to the driver's node. A Ray
+    Client driver's machine is not in the cluster at all: its files cannot be read there."""
+    if client:
+        raise ConfigError(
+            f"dataset {path}: backend.processor ray_data reads it on the cluster, which cannot see "
+            "this machine's files through Ray Client (ray://). Give a URI every node reaches "
+            "(s3://, gs://, a shared filesystem's path), or preprocess here with backend.processor: "
+            "{type: pandas}"
+        )
+    if alive_nodes <= 1 or node_id is None:
+        return {}
+    return {"label_selector": {NODE_ID_LABEL: node_id}}
+
+
+NODE_ID_LABEL = "ray.io/node-id"  # the label Ray gives every node: its id
 
 
 # Ray Data's own switch between its two Parquet readers (an explicit value is the user's).

@@ -45,6 +45,7 @@ from raylight.exceptions import (
     WorkerImportError,
     WorkerStartError,
 )
+from raylight.runtime import client_driver
 from raylight.storage import checkpoint_name
 from raylight.strategies import build_strategy
 from raylight.strategies.base import worker_env
@@ -87,21 +88,10 @@ ELASTIC_PLACEMENT_WAIT_S = 2.0
 DRAIN_CHECK_S = 1.0
 
 
-def _client_driver() -> bool:
-    """Whether this driver reaches its cluster through Ray Client (``ray://``): it then has
-    no GCS connection of its own, which Ray's state and autoscaler APIs need."""
-    try:
-        from ray.util.client import ray as client
-
-        return bool(client.is_connected())
-    except Exception:
-        return False
-
-
 def on_cluster(fn: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
     """``fn(*args)`` here or, on a Ray Client driver, in a zero-CPU task on the cluster,
     waited for at most ``timeout_s`` (``GetTimeoutError`` after)."""
-    if not _client_driver():
+    if not client_driver():
         return fn(*args)
     return ray.get(ray.remote(num_cpus=0)(fn).remote(*args), timeout=timeout_s)
 
