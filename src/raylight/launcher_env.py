@@ -317,7 +317,7 @@ def init_process_group(launch: LaunchEnv, backend: str, *, timeout_s: float | No
         raise
 
 
-def _route_address(peer: str) -> str:
+def route_address(peer: str) -> str:
     """This host's address toward ``peer`` (loopback for a loopback peer): where rank 0's
     store listens, so it is reachable from the peer's network and nowhere else."""
     try:
@@ -342,7 +342,7 @@ def _horovod_store(launch: LaunchEnv, timeout: float) -> Any:
     url = f"http://{launch.master_addr}:{launch.master_port}/{launch.rendezvous_id}/master"
     delta = timedelta(seconds=timeout)
     if launch.rank == 0:
-        host = _route_address(str(launch.master_addr))
+        host = route_address(str(launch.master_addr))
         sock = listen_socket(host)
         port = sock.getsockname()[1]
         try:

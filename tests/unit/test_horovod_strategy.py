@@ -57,3 +57,17 @@ def test_host_plan_numbers_local_and_cross_ranks_as_horovod():
     # local rank 2 exists only on host a: a cross group of one
     assert [(s.cross_rank, s.cross_size) for s in plan] == [(0, 2), (0, 2), (1, 2), (0, 1), (1, 2)]
     assert host_plan(["solo"]) == [Slot("solo", 0, 0, 0, 1, 1, 1)]
+
+
+def test_real_horovod_finds_its_gloo_interface_on_a_machine_other_than_rank_zeros(monkeypatch):
+    """Under an external launcher no GLOO_SOCKET_IFNAME is set, and rank 0's address is on
+    rank 0's machine only: another machine takes the interface of its own address toward it."""
+    from raylight.horovod import real
+    from raylight.worker_group.net import loopback_interface
+
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setattr(real, "route_address", lambda peer: {"10.1.2.3": "127.0.0.1"}[peer])  # this host's side of the route
+    assert real._interface(False, "10.1.2.3") == loopback_interface()
+    monkeypatch.setattr(real, "route_address", lambda peer: "203.0.113.77")  # an address no interface here holds
+    with pytest.raises(ConfigError, match=r"no network interface of this node holds 203.0.113.77, its address toward rank 0 at 10.1.2.3.*GLOO_SOCKET_IFNAME"):
+        real._interface(False, "10.1.2.3")

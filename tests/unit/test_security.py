@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 
@@ -41,6 +43,24 @@ def test_interface_lookup():
     assert interface_for("127.0.0.1") == loopback_interface()
     assert interface_for("203.0.113.77") is None  # no interface holds it (TEST-NET-3)
     assert interface_for("not an address") is None
+
+
+def test_a_node_address_is_found_on_its_interface_when_it_is_not_the_first_there(monkeypatch):
+    """Ray's node address may be an interface's second IPv4 address (an alias) or IPv6;
+    without the interface, gloo resolves the host name (127.0.1.1 on Debian) and the group
+    of several machines never forms."""
+    import psutil
+
+    def addr(family, address):  # what psutil.net_if_addrs() lists per interface
+        return SimpleNamespace(family=family, address=address)
+
+    machine = {
+        "lo": [addr(socket.AF_INET, "127.0.0.1")],
+        "eth0": [addr(psutil.AF_LINK, "02:00:00:00:00:01"), addr(socket.AF_INET, "10.0.0.5"), addr(socket.AF_INET, "10.0.7.9")],
+        "eth1": [addr(socket.AF_INET6, "fd00::2"), addr(socket.AF_INET6, "fe80::1%eth1")],
+    }
+    monkeypatch.setattr(psutil, "net_if_addrs", lambda: machine)
+    assert [interface_for(a) for a in ("10.0.0.5", "10.0.7.9", "fd00::2", "fe80::1", "10.0.0.6")] == ["eth0", "eth0", "eth1", "eth1", None]
 
 
 @pytest.mark.parametrize(

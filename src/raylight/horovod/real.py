@@ -26,6 +26,7 @@ from typing import Any
 import torch.distributed as dist
 
 from raylight.exceptions import ConfigError
+from raylight.launcher_env import route_address
 from raylight.worker_group.net import interface_for, is_loopback, loopback_interface
 
 INSTALL_HINT = (
@@ -108,11 +109,13 @@ def _interface(loopback: bool, addr: str) -> str:
     given = os.environ.get("GLOO_SOCKET_IFNAME")  # raylight's workers set it to the cluster's interface
     if given:
         return given.split(",")[0]
-    name = interface_for(addr)
+    # rank 0's address is on rank 0's machine: here, the interface this host reaches it by
+    here = route_address(addr)
+    name = interface_for(here)
     if name is None:
         raise ConfigError(
-            f"no network interface of this node holds {addr}; set GLOO_SOCKET_IFNAME in the workers' "
-            "environment to the interface Horovod's gloo should use"
+            f"no network interface of this node holds {here}, its address toward rank 0 at {addr}; set "
+            "GLOO_SOCKET_IFNAME in the workers' environment to the interface Horovod's gloo should use"
         )
     return name
 

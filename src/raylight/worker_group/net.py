@@ -9,12 +9,8 @@ own network), found by interface so gloo binds that address alone.
 
 from __future__ import annotations
 
-import fcntl
 import ipaddress
 import socket
-import struct
-
-_SIOCGIFADDR = 0x8915  # Linux: the IPv4 address of an interface
 
 
 def is_loopback(host: str) -> bool:
@@ -31,25 +27,26 @@ def loopback_interface() -> str:
 
 
 def interface_for(ip: str) -> str | None:
-    """The name of the network interface that holds IPv4 address ``ip``, or None
-    (another operating system, IPv6, or an address no interface holds)."""
+    """The name of the network interface that holds address ``ip`` (IPv4 or IPv6, an
+    interface's first address or any other it holds), or None: an address no interface
+    holds here."""
     try:
-        if ipaddress.ip_address(ip).is_loopback:
-            return loopback_interface()
+        wanted = ipaddress.ip_address(ip)
     except ValueError:
         return None
-    try:
-        names = [name for _, name in socket.if_nameindex()]
-    except OSError:
-        return None
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        for name in names:
-            try:
-                raw = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
-            except OSError:  # no IPv4 address on this interface
+    if wanted.is_loopback:
+        return loopback_interface()
+    import psutil
+
+    for name, addresses in psutil.net_if_addrs().items():
+        for address in addresses:
+            if address.family not in (socket.AF_INET, socket.AF_INET6):
                 continue
-            if socket.inet_ntoa(raw[20:24]) == ip:
-                return name
+            try:
+                if ipaddress.ip_address(address.address.split("%")[0]) == wanted:  # fe80::1%eth0: the zone is the name
+                    return name
+            except ValueError:
+                continue
     return None
 
 
