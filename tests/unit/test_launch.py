@@ -342,3 +342,16 @@ def test_resize_interval_reaches_the_run_and_is_checked_before_ray_starts(monkey
     monkeypatch.setattr(command, "launch", lambda *a, **kw: seen.update(kw) or 0)
     ok = CliRunner().invoke(app, ["run", "-n", "1:2", "--resize-interval", "0.5", str(script)])
     assert ok.exit_code == 0 and seen["resize_interval_s"] == 0.5, ok.output
+
+
+def test_a_script_missing_on_a_worker_s_node_is_named_with_the_fix(tmp_path):
+    """On a cluster of several machines the driver's script path may not exist where a
+    worker runs; the agent says so instead of Python's "can't open file" (exit 2)."""
+    here = tmp_path / "train.py"
+    here.write_text("print('hi')\n")
+    spec = agent.LaunchSpec(target=str(here), args=(), module=False, cwd=str(tmp_path), run_name="r", max_restarts=0)
+    agent.check_on_this_node(spec)  # there: nothing to say
+    agent.check_on_this_node(agent.LaunchSpec("pkg.train", (), True, str(tmp_path), "r", 0))  # a module: sys.path decides
+    elsewhere = agent.LaunchSpec(str(tmp_path / "on-the-laptop" / "train.py"), (), False, str(tmp_path), "r", 0)
+    with pytest.raises(ConfigError, match=r"script .*on-the-laptop/train.py is not on this node \(.*\).*raylight submit -d DIR"):
+        agent.check_on_this_node(elsewhere)

@@ -25,6 +25,7 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import IO, Any
 
+from raylight.exceptions import ConfigError
 from raylight.launch.bootstrap import CHANNEL_ENV, KEY_ENV, PARENT_ENV
 
 BOOTSTRAP = str(Path(__file__).with_name("bootstrap.py"))
@@ -139,10 +140,26 @@ def _open_agent_store(host: str, world_size: int) -> int:
     return int(store.port)
 
 
+def check_on_this_node(spec: LaunchSpec) -> None:
+    """The script runs where this worker is, from the path the driver gave: on another
+    machine than the driver's it must be there too."""
+    if spec.module or os.path.isfile(spec.target):
+        return
+    import socket
+
+    raise ConfigError(
+        f"script {spec.target} is not on this node ({socket.gethostname()}): raylight run starts the "
+        "script on every worker's node from the driver's path. Put it at that path on every node (a "
+        "shared filesystem, the node image), or send it with the job: raylight submit -d DIR -- "
+        "raylight run ..."
+    )
+
+
 def _run_child(ctx: Any, spec: LaunchSpec, env: dict[str, str]) -> int:
     """Start the child, forward its output until it exits; its exit code (128 + N when
     signal N killed it). Stopped any other way (the loop's thread interrupted), the child's
     process group is terminated, then killed."""
+    check_on_this_node(spec)
     cwd = spec.cwd if os.path.isdir(spec.cwd) else None
     child = subprocess.Popen(
         child_command(spec), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
