@@ -29,7 +29,7 @@ from raylight.config import (
 from raylight.cost import CostMeter, Prices, WorkerPlace, prices_from_env
 from raylight.exceptions import ConfigError
 from raylight.job_env import apply_job_env
-from raylight.launcher_env import LaunchEnv
+from raylight.launcher_env import GPU_BACKEND, LaunchEnv
 from raylight.loggers import RunLoggers
 from raylight.notices import build_watchers
 from raylight.progress import ProgressDisplay
@@ -319,6 +319,13 @@ class Trainer:
             raise ConfigError(
                 f"the process group already formed (rank {dist.get_rank()} of {dist.get_world_size()}) is not "
                 f"the launcher's ({launch.describe()}); destroy it before fit, or let raylight form it"
+            )
+        elif "cpu:" not in dist.get_backend_config():
+            raise ConfigError(
+                f"the process group already formed ({dist.get_backend_config()}) has no backend for CPU "
+                "tensors, which raylight's bookkeeping reduces (metric sums, data positions); form it with "
+                f"init_process_group(backend={GPU_BACKEND!r}) (torch's default where CUDA is), or let "
+                "raylight form it"
             )
         try:
             if scaling.use_gpu:

@@ -180,3 +180,16 @@ def test_raylight_train_under_the_deepspeed_launcher(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert {r["_workers"] for r in rows} == {2}
     assert (done.stdout + done.stderr).count('"best_epoch"') == 1
+
+
+def test_a_group_the_script_formed_without_a_cpu_backend_is_refused_with_the_fix(launched_alone, tmp_path):
+    """A script's own init_process_group("nccl") has no backend for CPU tensors, which
+    raylight's bookkeeping reduces; "cuda:gloo" stands in for it on this machine without NCCL."""
+    torch.distributed.init_process_group("cuda:gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(ConfigError, match=r"\(cuda:gloo\) has no backend for CPU tensors.*backend='cpu:gloo,cuda:nccl'"):
+            raylight.fit(loops.sgd_loop, config={"lr": 0.05, "batch_size": 32, "epochs": 1}, num_workers=2,
+                         storage_path=str(tmp_path), progress=False)
+        assert not os.listdir(tmp_path), "nothing written"
+    finally:
+        torch.distributed.destroy_process_group()
