@@ -297,6 +297,41 @@ def test_tune_checkpoint_round_trip(tmp_path):
         from_tune_checkpoint(TuneCheckpoint.from_directory(str(tmp_path / "empty")))
 
 
+def test_a_sharded_tune_checkpoint_on_remote_storage_is_read_where_tune_keeps_it(tmp_path):
+    """PBT's exploit or a resumed trial, with Tune's storage remote: every worker of the
+    restored run reads its shards from that storage (a download would be on one node
+    only). Tune's storage here: an fsspec filesystem through pyarrow, as RunConfig's
+    storage_filesystem takes one."""
+    pytest.importorskip("ray.tune")
+    import fsspec
+    import torch
+    import torch.distributed as dist
+    from pyarrow.fs import FSSpecHandler, PyFileSystem
+    from ray.tune import Checkpoint as TuneCheckpoint
+
+    from raylight import sharded
+    from raylight.checkpoint import RAYLIGHT_KEY, SHARDED, serialize_state
+    from raylight.storage import STATE_FILE
+    from raylight.tune import from_tune_checkpoint
+
+    state, tensors = sharded.split({"w": torch.arange(4.0), "epoch": 2})
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        sharded.save(tensors, str(tmp_path / "shards"))
+    finally:
+        dist.destroy_process_group()
+    remote = fsspec.filesystem("memory")
+    remote.put(str(tmp_path / "shards"), "/bucket/trial/checkpoint_000002", recursive=True)
+    remote.pipe(f"/bucket/trial/checkpoint_000002/{STATE_FILE}", serialize_state({**state, RAYLIGHT_KEY: {"format": SHARDED}}))
+    restored = from_tune_checkpoint(TuneCheckpoint("/bucket/trial/checkpoint_000002", filesystem=PyFileSystem(FSSpecHandler(remote))))
+    try:
+        assert restored.path == "memory:///bucket/trial/checkpoint_000002" and restored.sharded
+        loaded = restored.load()
+        assert torch.equal(loaded["w"], torch.arange(4.0)) and loaded["epoch"] == 2
+    finally:
+        remote.rm("/bucket", recursive=True)
+
+
 def test_a_forwarded_checkpoint_is_staged_in_a_directory_removed_once_tune_has_it(monkeypatch, tmp_path):
     """TuneForwarder writes each checkpoint to a temporary directory of its own, hands it to
     ``tune.report``, and removes it after: nothing is left in the temp dir between reports,

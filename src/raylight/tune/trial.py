@@ -65,10 +65,29 @@ def from_tune_checkpoint(checkpoint: Any) -> Checkpoint:
     with checkpoint.as_directory() as d:
         found = _from_directory(d, checkpoint.path)
     if found.sharded:
-        local = tempfile.mkdtemp(prefix="raylight-tune-restore-")
-        checkpoint.to_directory(local)
-        found.path = local
+        # every worker reads its shards from where Tune keeps them: a directory downloaded
+        # here would be on this node alone (and never removed)
+        uri = _fsspec_uri(checkpoint)
+        if uri is None:  # a filesystem fsspec cannot name: a copy here, for workers on this node
+            uri = tempfile.mkdtemp(prefix="raylight-tune-restore-")
+            checkpoint.to_directory(uri)
+        found.path = uri
     return found
+
+
+_PYARROW_SCHEMES = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs", "abfs": "abfs"}  # pyarrow's type_name -> fsspec's
+
+
+def _fsspec_uri(checkpoint: Any) -> str | None:
+    """The fsspec URI of a ``ray.tune.Checkpoint`` on remote storage (pyarrow's S3, GCS,
+    HDFS or Azure filesystem, or an fsspec filesystem Tune was given through pyarrow's
+    ``FSSpecHandler``); None for another kind."""
+    fs = checkpoint.filesystem
+    inner = getattr(getattr(fs, "handler", None), "fs", None)
+    if isinstance(inner, fsspec.AbstractFileSystem):
+        return str(inner.unstrip_protocol(checkpoint.path))
+    scheme = _PYARROW_SCHEMES.get(getattr(fs, "type_name", ""))
+    return f"{scheme}://{checkpoint.path.lstrip('/')}" if scheme else None
 
 
 def _from_directory(directory: str, name: str) -> Checkpoint:
