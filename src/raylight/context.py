@@ -599,13 +599,14 @@ class TrainContext:
         self._sink.heartbeat()
 
     def all_reduce(self, value: Any, op: ReduceOp = "mean") -> Any:
-        """Reduce a number or tensor across workers; returns the same kind it was given."""
+        """Reduce a number or tensor across workers; returns the same kind it was given.
+        A tensor is reduced where it is (NCCL for a GPU tensor); a number in CPU memory
+        (gloo, which every raylight group has beside NCCL): no copy to the GPU and back."""
         if op not in ("mean", "sum", "max", "min"):
             raise ValueError(f"op must be one of mean, sum, max, min; got {op!r}")
         is_tensor = isinstance(value, torch.Tensor)
         tensor = value.detach().clone() if is_tensor else torch.tensor(float(value), dtype=torch.float64)
         if self.world_size > 1:
-            tensor = tensor.to(self.device)
             reduce_op = {
                 "mean": dist.ReduceOp.SUM,
                 "sum": dist.ReduceOp.SUM,
@@ -617,7 +618,7 @@ class TrainContext:
                 tensor = tensor / self.world_size
         self._sink.heartbeat()
         if is_tensor:
-            return tensor.to(value.device)
+            return tensor
         return tensor.item()
 
     def __repr__(self) -> str:
