@@ -534,3 +534,20 @@ def test_a_search_follows_a_training_split_metric_when_the_training_split_is_eva
     assert "metric 'accuracy' is not measured on the training split" in said and "trainer.evaluate_training_set: true" in said
     h = config(search, trainer={"evaluate_training_set": True}).hyperopt
     assert h is not None and h.metric_name == "train_accuracy"
+
+
+def test_trials_that_ended_in_an_error_are_counted_and_the_first_error_shown():
+    """On a cluster of several machines whose output directory is not shared, Ray fails the
+    trials placed on the other nodes; the search still ends with a best among the rest."""
+    from raylight.declarative.hyperopt import errored_trials
+
+    rows = [
+        {"trial": "a", "status": "COMPLETED", "error": None},
+        {"trial": "b", "status": "ERROR", "error": "RuntimeError: Unable to set up cluster storage"},
+        {"trial": "c", "status": "ERROR", "error": "ValueError: x"},
+        {"trial": "d", "status": "STOPPED", "error": None},
+    ]
+    said = errored_trials(rows)
+    assert said is not None and said.startswith("hyperopt: 2 of 4 trials ended in an error")
+    assert "(trial b): RuntimeError: Unable to set up cluster storage" in said
+    assert errored_trials([r for r in rows if r["status"] != "ERROR"]) is None

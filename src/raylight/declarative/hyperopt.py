@@ -252,6 +252,8 @@ def hyperopt(config: ModelConfig, dataset: str, *, output_directory: str, progre
     if not ok:
         first = next((r["error"] for r in rows if r.get("error")), "no trial reported the metric")
         raise RaylightError(f"hyperopt: no trial reported {h.metric_name}; first error: {first}")
+    if (failed := errored_trials(rows)) is not None:
+        log.warning("%s", failed)
     best_row = (min if h.goal == "minimize" else max)(ok, key=lambda r: r["best"])
     best = trial_config(base, {k: best_row[f"config.{k}"] for k in h.parameters}, own)
     paths = write_outputs(out, rows, best, h)
@@ -298,6 +300,19 @@ def results_table(grid: Any, h: HyperoptConfig, base: dict[str, Any], own: dict[
         )
         rows.append(row)
     return rows
+
+
+def errored_trials(rows: list[dict[str, Any]]) -> str | None:
+    """What to say of the trials that ended in an error when others did not (the best is
+    chosen among those): how many, and the first error. None when none did."""
+    errors = [r for r in rows if r.get("status") == "ERROR"]
+    if not errors:
+        return None
+    return (
+        f"hyperopt: {len(errors)} of {len(rows)} trials ended in an error, and the best is chosen among "
+        f"the others; the first error (trial {errors[0].get('trial')}): {errors[0].get('error')}. Each "
+        "trial's is in results.json"
+    )
 
 
 def print_table(rows: list[dict[str, Any]], h: HyperoptConfig) -> None:
