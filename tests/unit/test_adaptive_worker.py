@@ -67,6 +67,26 @@ def test_optimizer_accumulates_then_steps_with_scaled_lr_and_restores_it():
     assert opt.progress == pytest.approx(2.0)  # linear: progress counts S per step
 
 
+def test_a_grad_scaler_driving_the_adaptive_optimizer_is_refused_before_it_touches_the_gradients():
+    """GradScaler's step and update run at every micro-step: it would unscale the gradients
+    being accumulated at each one (the first micro-batch's then scaled down twice)."""
+    from raylight.exceptions import ConfigError
+
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    opt = AdaptiveOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), sync=make_sync(plan=BatchPlan(4, 1, 1)))
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    opt.zero_grad()
+    scaler.scale(model(torch.randn(4, 3)).sum()).backward()
+    scaled = [p.grad.clone() for p in model.parameters()]
+    with pytest.raises(ConfigError, match=r"GradScaler does not work with adaptive training.*bfloat16 autocast"):
+        scaler.step(opt)
+    assert all(torch.equal(g, p.grad) for g, p in zip(scaled, model.parameters(), strict=True)), "gradients left as they were"
+    plain = [p.detach().clone() for p in model.parameters()]
+    opt.step()  # without a scaler: steps as before
+    assert not all(torch.equal(a, p) for a, p in zip(plain, model.parameters(), strict=True))
+
+
 def test_torch_lr_schedulers_and_step_hooks_take_the_prepared_optimizer():
     """A scheduler built on what ``ctx.prepare_optimizer`` returned sets the unscaled rate
     (the LR rule scales it for its step alone); hooks registered on it run once per

@@ -35,6 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from raylight.adaptive_worker.sync import StepSync
+from raylight.exceptions import ConfigError
 from raylight.wrapped_optimizer import WrappedOptimizer
 
 
@@ -87,7 +88,20 @@ class AdaptiveOptimizer(WrappedOptimizer):
             self._snapshot = None if not self.sync.as_one else self._snapshot
             self._micro_sqr = 0.0
 
+    # torch.amp.GradScaler gives an optimizer that declares this its scale and inf check
+    # (grad_scale, found_inf) and leaves its gradients scaled: how step learns one drives it.
+    _step_supports_amp_scaling = True
+
     def step(self, closure: Callable[[], float] | None = None) -> Any:
+        if getattr(self, "found_inf", None) is not None:
+            for name in ("found_inf", "grad_scale"):  # GradScaler's, which it removes only after a step
+                self.__dict__.pop(name, None)
+            raise ConfigError(
+                "torch.amp.GradScaler does not work with adaptive training: its step() and update() "
+                "run at every micro-step of an accumulation, unscaling and rescaling the gradients "
+                "being accumulated. Use bfloat16 autocast, which needs no scaler "
+                "(torch.autocast(device, dtype=torch.bfloat16)), or train without adaptive="
+            )
         if closure is not None:  # (Lightning) the closure makes the gradients: run it first
             with torch.enable_grad():
                 loss = closure()
