@@ -13,6 +13,7 @@ actor and removes the placement group.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections import defaultdict
@@ -93,7 +94,14 @@ def on_cluster(fn: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
     waited for at most ``timeout_s`` (``GetTimeoutError`` after)."""
     if not client_driver():
         return fn(*args)
-    return ray.get(ray.remote(num_cpus=0)(fn).remote(*args), timeout=timeout_s)
+    return ray.get(_as_task(fn).remote(*args), timeout=timeout_s)
+
+
+@functools.cache
+def _as_task(fn: Callable[..., Any]) -> Any:
+    """``fn`` as a zero-CPU remote function, made once per process (as Ray Data's
+    ``cached_remote_fn``): the drain check calls it every second."""
+    return ray.remote(num_cpus=0)(fn)
 
 
 def _draining() -> dict[Any, int]:
@@ -674,7 +682,7 @@ class RayWorkerGroup:
         peer-to-peer links (``gpus.py``)."""
         if not self._scaling.use_gpu:
             return [None] * len(self._members)
-        return list(node_visible_devices(self._nodes))
+        return list(node_visible_devices(self._nodes))  # a list[str | None]
 
     def _errors(self, refs: list[Any], timeout: float, what: str) -> list[Exception | None]:
         """Each call's error (None if it returned), waiting for all of them like ``_get``."""
