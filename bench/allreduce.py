@@ -67,8 +67,8 @@ def _steps(model: torch.nn.Module, rows: int, widths: tuple[int, ...], steps: in
 
 def _rank(rank: int, port: int, task: str, queue: Any) -> None:
     from raylight.config import DDP
-    from raylight.strategies import DDPStrategy
-    from raylight.strategies.shm_allreduce import SharedMemoryAllReduce
+    from raylight.worker.strategies import DDPStrategy
+    from raylight.worker.strategies.shm_allreduce import SharedMemoryAllReduce
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0)

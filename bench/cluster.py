@@ -260,7 +260,7 @@ def note_cluster_dir(job: dict[str, Any], address: str) -> None:
 def on_cluster(job: dict[str, Any], train: Any) -> None:
     """Start a fresh autoscaling cluster, run ``train(ray, record)`` from submission, wait
     until the cluster is back to the head alone, and write the child's record."""
-    from raylight import runtime
+    from raylight.driver import runtime
 
     runtime._force_loopback()
     import ray

@@ -125,7 +125,7 @@ def child_raylight(job: dict[str, Any], *, fsdp: bool = False) -> None:
     import lightning.pytorch as pl
     import ray
 
-    from raylight import runtime
+    from raylight.driver import runtime
     from raylight.lightning import RayFSDPStrategy, RayStrategy
 
     runtime.start_embedded(num_cpus=NUM_WORKERS, temp_dir=job["ray_temp_dir"])

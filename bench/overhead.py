@@ -289,7 +289,7 @@ def child_raylight(job: dict[str, Any]) -> None:
     import ray
 
     import raylight
-    from raylight import runtime
+    from raylight.driver import runtime
 
     marks["imports_s"] = time.time()
     _timed_phases(marks)
@@ -340,7 +340,7 @@ def child_ray_actors(job: dict[str, Any]) -> None:
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from raylight import runtime
+    from raylight.driver import runtime
 
     runtime.start_embedded(num_cpus=NUM_WORKERS, temp_dir=job["ray_temp_dir"])
     try:

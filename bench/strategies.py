@@ -201,7 +201,7 @@ def child_raylight(job: dict[str, Any]) -> None:
     import ray
 
     import raylight
-    from raylight import runtime
+    from raylight.driver import runtime
 
     runtime.start_embedded(num_cpus=NUM_WORKERS, temp_dir=job["ray_temp_dir"])
     strategy: Any = {

@@ -74,7 +74,7 @@ def child(job: dict[str, Any]) -> None:
     from ray import tune
 
     import raylight.tune as rt
-    from raylight import runtime
+    from raylight.driver import runtime
 
     runtime.start_embedded(num_cpus=NUM_WORKERS, temp_dir=job["ray_temp_dir"])
     trainable = rt.trainable(trial_loop, num_workers=NUM_WORKERS, base_config={"samples": job["samples"], "epochs": job["epochs"]})

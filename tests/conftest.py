@@ -102,7 +102,7 @@ def ray_session():
     """One embedded local Ray for the whole session: 2 CPUs, its own short temp dir."""
     import ray
 
-    from raylight import runtime
+    from raylight.driver import runtime
 
     temp_dir = tempfile.mkdtemp(prefix="rl-", dir="/tmp")
     before = dict(os.environ)

@@ -266,8 +266,8 @@ def _rank_logs(logs: list[str], limit: int = 4000) -> str:
 # run gloo ranks: 101 CPU-s and 71 s before, 31-36 CPU-s and 30 s with these.
 _RANK_PRELOAD = [
     "torch", "torch._dynamo", "torch.distributed", "torch.distributed.checkpoint.state_dict",
-    "torch.distributed.elastic.agent.server.local_elastic_agent", "numpy", "raylight.context",
-    "raylight.strategies", "tests.helpers",
+    "torch.distributed.elastic.agent.server.local_elastic_agent", "numpy", "raylight.worker.context",
+    "raylight.worker.strategies", "tests.helpers",
 ]
 _DEEPSPEED_PRELOAD = [
     "deepspeed", "deepspeed.ops.adam", "deepspeed.runtime.zero.muon.muon_optimizer",

@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
-from raylight.checkpoint import deserialize_state, serialize_state
-from raylight.recorder import RunRecorder
-from raylight.storage import RunStorage
-from raylight.worker_group.protocol import Report
+from raylight.driver.recorder import RunRecorder
+from raylight.storage.checkpoint import deserialize_state, serialize_state
+from raylight.storage.run_dir import RunStorage
+from raylight.worker.protocol import Report
 
 # The operations a kill can land on, and the raylight functions whose work they are.
 OS_OPS = ("rename", "replace", "fsync", "makedirs", "mkdir", "unlink", "remove", "rmdir", "ftruncate", "pwrite")

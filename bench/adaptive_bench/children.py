@@ -59,7 +59,7 @@ def embedded_ray(job: dict[str, Any]) -> Iterator[None]:
     """The child's own local Ray (NUM_WORKERS CPUs, the job's temp dir), shut down after."""
     import ray
 
-    from raylight import runtime
+    from raylight.driver import runtime
 
     runtime.start_embedded(num_cpus=NUM_WORKERS, temp_dir=job["ray_temp_dir"])
     try:

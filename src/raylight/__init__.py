@@ -2,19 +2,7 @@
 
 from typing import TYPE_CHECKING, Any
 
-from raylight.checkpoint import Checkpoint
-from raylight.config import (
-    DDP,
-    FSDP,
-    AdaptiveConfig,
-    DeepSpeed,
-    FailureConfig,
-    Horovod,
-    RunConfig,
-    ScalingConfig,
-    TrainerConfig,
-)
-from raylight.exceptions import (
+from raylight.base.exceptions import (
     ClusterConnectionError,
     ConfigError,
     InsufficientResourcesError,
@@ -29,17 +17,29 @@ from raylight.exceptions import (
     WorkerImportError,
     WorkerStartError,
 )
+from raylight.config import (
+    DDP,
+    FSDP,
+    AdaptiveConfig,
+    DeepSpeed,
+    FailureConfig,
+    Horovod,
+    RunConfig,
+    ScalingConfig,
+    TrainerConfig,
+)
+from raylight.storage.checkpoint import Checkpoint
 
 if TYPE_CHECKING:
-    from raylight.context import TrainContext
+    from raylight.driver.trainer import Result, Trainer, fit, prestart_workers
     from raylight.launch.client import run_context
-    from raylight.trainer import Result, Trainer, fit, prestart_workers
+    from raylight.worker.context import TrainContext
 
 # torch and the engine load on first use, so that `import raylight` (and the CLI's
 # start-up, and its error messages) does not pay seconds for them.
 _LAZY = {
-    "TrainContext": "raylight.context", "Result": "raylight.trainer", "Trainer": "raylight.trainer", "fit": "raylight.trainer",
-    "prestart_workers": "raylight.trainer",
+    "TrainContext": "raylight.worker.context", "Result": "raylight.driver.trainer", "Trainer": "raylight.driver.trainer", "fit": "raylight.driver.trainer",
+    "prestart_workers": "raylight.driver.trainer",
     "run_context": "raylight.launch.client",
 }
 

@@ -18,7 +18,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 
 import raylight  # noqa: E402
-from raylight import launcher_env  # noqa: E402
+from raylight.worker import process_group  # noqa: E402
 from tests.ray import loops  # noqa: E402
 
 
@@ -71,7 +71,7 @@ def main() -> None:
             epochs_loop, config={"epochs": int(sys.argv[5]), "out": out}, num_workers=2,
             storage_path=storage, name=name, progress=False, resume="--resume" in sys.argv,
         )
-    launch = launcher_env.detect()
+    launch = process_group.detect()
     rank = launch.rank if launch is not None else 0
     place = [launch.rank, launch.world_size, launch.local_rank, launch.local_world_size, launch.cross_rank,
              launch.cross_size, launch.rendezvous, launch.rendezvous_id] if launch is not None else None

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 
-from raylight import runtime
+from raylight.driver import runtime
 
 runtime._force_loopback()
 

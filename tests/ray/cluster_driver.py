@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 
-from raylight import runtime
+from raylight.driver import runtime
 
 runtime._force_loopback()  # the fake nodes listen on 127.0.0.1 only
 

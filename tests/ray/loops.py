@@ -313,7 +313,7 @@ def unpollable_loop(ctx, config):
     check (which refuses them): the worker's next poll answer cannot be serialised."""
     import threading
 
-    from raylight.worker_group.protocol import Report
+    from raylight.worker.protocol import Report
 
     if ctx.rank == 1:
         ctx._sink.report(Report(metrics={"lock": threading.Lock()}))

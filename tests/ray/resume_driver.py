@@ -6,7 +6,7 @@ A rival (a second driver resuming a run another driver holds) starts no Ray of i
 import sys
 
 import raylight
-from raylight import runtime
+from raylight.driver import runtime
 from tests.ray import loops
 
 if __name__ == "__main__":

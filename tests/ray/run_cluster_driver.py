@@ -12,7 +12,7 @@ import json
 import sys
 import threading
 
-from raylight import runtime
+from raylight.driver import runtime
 
 runtime._force_loopback()  # the fake nodes listen on 127.0.0.1 only
 

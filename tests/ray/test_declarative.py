@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
+from raylight.base.exceptions import ConfigError
 from raylight.declarative import api
 from raylight.declarative.loading import load_config
-from raylight.exceptions import ConfigError
 from tests.declarative_data import CONFIG, write
 from tests.helpers import own_temp_dir, torchrun_command
 

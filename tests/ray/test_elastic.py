@@ -278,8 +278,8 @@ def test_a_shrink_keeps_a_reserve_until_the_group_re_forms(ray_cluster, tmp_path
     and before taking its rank. Another of the three, which holds the state too and was
     kept aside until the group re-formed, takes its place: the resize stays in place
     instead of restarting from the checkpoint. Every epoch still sees every sample once."""
-    from raylight.controller.decisions import Resize
-    from raylight.controller.scaling import GoodputScalingPolicy
+    from raylight.driver.controller.decisions import Resize
+    from raylight.driver.controller.scaling import GoodputScalingPolicy
 
     decide, asked = GoodputScalingPolicy.decide, []
 
@@ -301,8 +301,8 @@ def test_elastic_reserve_places_fewer_when_the_cluster_cannot_place_all(ray_clus
     it asks for 2, Ray cannot place them (a blocker holds 1 of the 2 CPUs), and it takes
     the 1 that fits instead of failing after placement_timeout_s. With at_least=2 it
     fails, naming the setting."""
+    from raylight.base.exceptions import InsufficientResourcesError
     from raylight.config import FailureConfig
-    from raylight.exceptions import InsufficientResourcesError
     from raylight.worker_group.ray_group import RayWorkerGroup
 
     blocker = Blocker.remote()

@@ -12,7 +12,7 @@ import torch
 
 import raylight
 from raylight import FailureConfig, RunConfig, ScalingConfig, TrainerConfig
-from raylight.checkpoint import Checkpoint
+from raylight.storage.checkpoint import Checkpoint
 from tests.ray import loops
 
 pytestmark = pytest.mark.timeout(120)
@@ -27,7 +27,7 @@ def test_two_workers_match_one_process_with_the_same_global_batch(ray_cluster, t
                         storage_path=str(tmp_path), name="gloo", progress=False)
     one = raylight.fit(loops.sgd_loop, config=config, num_workers=0, storage_path=str(tmp_path), name="one", progress=False)
     ref = loops.reference_sgd(config)
-    assert two.metrics == {"world_size": 2, "hooks": "raylight.strategies.shm_allreduce.comm_hook"}
+    assert two.metrics == {"world_size": 2, "hooks": "raylight.worker.strategies.shm_allreduce.comm_hook"}
     assert gloo.metrics == {"world_size": 2, "hooks": ""}
     p2, pg, p1 = (r.checkpoint.load()["model"] for r in (two, gloo, one))
     init = loops.initial_model().state_dict()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import raylight
-from raylight.horovod import compat
+from raylight.worker.hvd import compat
 from tests.ray import loops
 
 pytestmark = pytest.mark.timeout(240)

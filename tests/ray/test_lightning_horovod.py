@@ -13,9 +13,9 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import raylight.horovod as hvd  # noqa: E402
-from raylight.exceptions import ConfigError  # noqa: E402
-from raylight.horovod import compat  # noqa: E402
+from raylight.base.exceptions import ConfigError  # noqa: E402
 from raylight.lightning import HorovodRayStrategy  # noqa: E402
+from raylight.worker.hvd import compat  # noqa: E402
 
 pytestmark = pytest.mark.timeout(150)
 

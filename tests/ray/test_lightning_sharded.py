@@ -220,7 +220,7 @@ def test_fsdp_workers_start_as_fsdp_s_and_ddp_does_not_reuse_them(fsdp_run, ddp_
     # FSDP tunes malloc in its processes (strategies.base.keep_heap_small): they start with
     # the tunables raylight.fit's FSDP workers get, and a DDP run after it in this driver
     # takes other processes, not those the pool kept from the FSDP runs.
-    from raylight.strategies.base import HEAP_TUNABLES
+    from raylight.worker.strategies.base import HEAP_TUNABLES
 
     assert fsdp_run.first.probe["tunables"] == HEAP_TUNABLES
     assert ddp_run.probe["tunables"] is None

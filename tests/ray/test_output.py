@@ -1,4 +1,4 @@
-"""What a person sees: raylight's lines, not Ray's, unless they ask (raylight.verbosity).
+"""What a person sees: raylight's lines, not Ray's, unless they ask (raylight.base.verbosity).
 
 The CLI runs as users run it (a subprocess, output piped, its own embedded Ray); the
 ``fit`` test uses the session's Ray and reads the driver's output at the file

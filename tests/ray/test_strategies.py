@@ -22,7 +22,7 @@ def test_fsdp_trains_like_one_process(ray_cluster, tmp_path):
         storage_path=str(tmp_path), name="fsdp", progress=False,
     )
     if "GLIBC_TUNABLES" not in os.environ:  # sharded CPU workers start with huge pages for malloc
-        from raylight.strategies.base import HEAP_TUNABLES
+        from raylight.worker.strategies.base import HEAP_TUNABLES
 
         assert result.metrics["tunables"] == HEAP_TUNABLES
     ref, init = loops.reference_sgd(config), loops.initial_model().state_dict()

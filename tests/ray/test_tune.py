@@ -19,8 +19,8 @@ pytest.importorskip("ray.tune")
 from ray import tune
 
 import raylight.tune as rt
+from raylight.base.exceptions import InsufficientResourcesError
 from raylight.declarative.loading import load_config
-from raylight.exceptions import InsufficientResourcesError
 from tests.conftest import REPO
 from tests.helpers import pid_alive, wait_until
 from tests.ray.tune_loops import long_loop, offset_loop, pbt_loop, pid_loop, sharded_loop

@@ -12,11 +12,11 @@ from raylight.adaptive.goodput import PerfParams, predict_step_time
 from raylight.adaptive.plan import AdaptiveStats, BatchPlan
 from raylight.adaptive.policy import Layout
 from raylight.adaptive.profile import StepProfile
-from raylight.adaptive_worker.optimizer import AdaptiveOptimizer
-from raylight.adaptive_worker.state import Accumulator
-from raylight.adaptive_worker.sync import ResizeInterrupt, StepSync
 from raylight.config.schema import AdaptiveConfig, ScalingConfig
-from raylight.trainer import engine_settings
+from raylight.driver.trainer import engine_settings
+from raylight.worker.adaptive.optimizer import AdaptiveOptimizer
+from raylight.worker.adaptive.state import Accumulator
+from raylight.worker.adaptive.sync import ResizeInterrupt, StepSync
 
 
 def make_sync(plan=None, rule="adascale", m0=8):
@@ -70,7 +70,7 @@ def test_optimizer_accumulates_then_steps_with_scaled_lr_and_restores_it():
 def test_a_grad_scaler_driving_the_adaptive_optimizer_is_refused_before_it_touches_the_gradients():
     """GradScaler's step and update run at every micro-step: it would unscale the gradients
     being accumulated at each one (the first micro-batch's then scaled down twice)."""
-    from raylight.exceptions import ConfigError
+    from raylight.base.exceptions import ConfigError
 
     torch.manual_seed(0)
     model = nn.Linear(3, 1)
@@ -124,7 +124,7 @@ def test_a_clip_at_the_step_clips_the_averaged_gradient_of_the_accumulated_micro
     """``prepare_optimizer(max_grad_norm=...)`` in an adaptive run: the step applies the
     micro-steps' mean gradient clipped to the norm, at the rule's rate, and the norm it
     found is the mean gradient's (clipping in the loop would clip each partial sum)."""
-    from raylight.strategies.base import ClipAtStep
+    from raylight.worker.strategies.base import ClipAtStep
 
     torch.manual_seed(0)
     model = nn.Linear(3, 1)
@@ -179,7 +179,7 @@ def test_adam_preconditioning_changes_the_norm():
     plain = sum(float(g.pow(2).sum()) for g in grads)
     assert opt.preconditioned_sqr(grads, params) != pytest.approx(plain)
     # The flat path (several replicas: one preconditioner over the flat gradient) agrees.
-    from raylight.adaptive_worker.optimizer import _sqr
+    from raylight.worker.adaptive.optimizer import _sqr
 
     flat = torch.cat([g.reshape(-1) for g in grads])
     assert _sqr(flat, opt._preconditioner(params, torch.float32)) == pytest.approx(
@@ -353,8 +353,8 @@ def test_first_steps_at_a_layout_are_not_profiled(monkeypatch):
     """Each micro-step is timed from one hand-out to the next; the first
     PROFILE_WARMUP_STEPS optimizer steps at a layout (their micro-steps too) pay one-off
     costs and stay out of the profile, again after the batch size changes."""
-    import raylight.adaptive_worker.sync as sync_mod
-    from raylight.adaptive_worker.sync import PROFILE_WARMUP_STEPS
+    import raylight.worker.adaptive.sync as sync_mod
+    from raylight.worker.adaptive.sync import PROFILE_WARMUP_STEPS
 
     clock = iter(range(1000))
     monkeypatch.setattr(sync_mod.time, "perf_counter", lambda: float(next(clock)))

@@ -59,7 +59,7 @@ def test_kuberay_rayjob_structure():
     assert spec["entrypoint"].startswith("raylight train ") and "--price" in spec["entrypoint"]
     env = yaml.safe_load(spec["runtimeEnvYAML"])
     assert any("raylight" in p for p in env["pip"])
-    from raylight.cost import prices_from_env
+    from raylight.base.cost import prices_from_env
 
     assert prices_from_env(env["env_vars"]) == {"head": 0.19, "cpu-spot": 0.05}
     cluster = spec["rayClusterSpec"]

@@ -2,6 +2,7 @@ import pytest
 from pydantic import ValidationError
 
 import raylight
+from raylight.base.exceptions import ConfigError
 from raylight.config import (
     AdaptiveConfig,
     FailureConfig,
@@ -10,7 +11,6 @@ from raylight.config import (
     TrainerConfig,
     validate,
 )
-from raylight.exceptions import ConfigError
 
 
 def test_unknown_key_names_full_path():

@@ -7,19 +7,8 @@ import pickle
 import pytest
 
 from raylight.adaptive.plan import BatchPlan
-from raylight.checkpoint import serialize_state
-from raylight.controller import (
-    Controller,
-    FailurePolicy,
-    FixedScalingPolicy,
-    RequestResources,
-    Resize,
-    RunTelemetry,
-    SetPlan,
-    State,
-)
-from raylight.cost import WorkerPlace
-from raylight.exceptions import (
+from raylight.base.cost import WorkerPlace
+from raylight.base.exceptions import (
     InsufficientResourcesError,
     PreemptedError,
     TrainingFailedError,
@@ -29,9 +18,20 @@ from raylight.exceptions import (
     WorkerImportError,
     WorkerStartError,
 )
-from raylight.recorder import RunRecorder
-from raylight.storage import RunStorage
-from raylight.worker_group.protocol import (
+from raylight.driver.controller import (
+    Controller,
+    FailurePolicy,
+    FixedScalingPolicy,
+    RequestResources,
+    Resize,
+    RunTelemetry,
+    SetPlan,
+    State,
+)
+from raylight.driver.recorder import RunRecorder
+from raylight.storage.checkpoint import serialize_state
+from raylight.storage.run_dir import RunStorage
+from raylight.worker.protocol import (
     ErrorInfo,
     GroupPoll,
     NodeNotice,
@@ -511,7 +511,7 @@ def test_an_autoscaler_request_the_cluster_does_not_take_in_time_leaves_the_run_
 def test_no_decisions_until_a_resize_has_settled(recorder):
     """After a resize the policy is not asked again until the first step after it; the
     time to that step is handed to the policy as the resize's cost."""
-    from raylight.worker_group.protocol import Progress
+    from raylight.worker.protocol import Progress
 
     first = GroupPoll([WorkerPoll(0, "running", progress=Progress(batches_since_start=1, first_batch_wall=None)), WorkerPoll(1, "running")])
     group = FakeGroup([running(ckpt_report(0)), running(n=3), first, finished(n=3)], resize_outcomes=[ResizeOutcome("in_place")])
@@ -548,7 +548,7 @@ class Clock:
 def test_trace_rows_report_the_samples_per_second_since_the_previous_row():
     """Each row's throughput covers the same interval as its measured step time, not the
     display's 5 s window, which would lag a batch change by 5 s."""
-    from raylight.worker_group.protocol import Progress
+    from raylight.worker.protocol import Progress
 
     def at(samples):  # both workers at ``samples`` each
         return GroupPoll([WorkerPoll(r, "running", progress=Progress(samples=samples)) for r in range(2)])

@@ -7,7 +7,7 @@ import json
 import pytest
 from rich.console import Console
 
-from raylight.cost import (
+from raylight.base.cost import (
     CostMeter,
     PriceError,
     Prices,
@@ -21,7 +21,7 @@ from raylight.cost import (
     prices_from_env,
     shape_of,
 )
-from raylight.exceptions import ConfigError
+from raylight.base.exceptions import ConfigError
 
 
 def _places(*where: tuple[str, str], resources: dict[str, float] | None = None) -> list[WorkerPlace]:
@@ -141,8 +141,8 @@ def test_run_config_prices():
 
 
 def test_telemetry_feeds_the_meter_from_polls():
-    from raylight.controller.telemetry import RunTelemetry
-    from raylight.worker_group.protocol import GroupPoll, WorkerPoll
+    from raylight.driver.controller.telemetry import RunTelemetry
+    from raylight.worker.protocol import GroupPoll, WorkerPoll
 
     now = [0.0]
     telemetry = RunTelemetry(clock=lambda: now[0])
@@ -182,7 +182,7 @@ def _fake_run(path, *, cost: bool = True) -> None:
 
 
 def _render(run) -> str:
-    from raylight.report import render_report
+    from raylight.driver.report import render_report
 
     console = Console(record=True, width=160)
     render_report(run, console)
@@ -190,7 +190,7 @@ def _render(run) -> str:
 
 
 def test_report_renders_time_cost_and_decisions(tmp_path):
-    from raylight.report import load_report, reprice
+    from raylight.driver.report import load_report, reprice
 
     _fake_run(tmp_path / "run")
     run = load_report(str(tmp_path / "run"))
@@ -212,7 +212,7 @@ def test_report_renders_time_cost_and_decisions(tmp_path):
 
 
 def test_report_falls_back_to_the_trace_cost_row(tmp_path):
-    from raylight.report import load_report
+    from raylight.driver.report import load_report
 
     _fake_run(tmp_path / "run", cost=False)
     run = load_report(str(tmp_path / "run"))
@@ -221,7 +221,7 @@ def test_report_falls_back_to_the_trace_cost_row(tmp_path):
 
 
 def test_report_of_a_run_without_cost_or_trace(tmp_path):
-    from raylight.report import load_report
+    from raylight.driver.report import load_report
 
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "status.json").write_text('{"state": "running"}')

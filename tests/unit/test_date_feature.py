@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 import torch
 
+from raylight.base.exceptions import ConfigError
 from raylight.declarative import api
 from raylight.declarative.features import date as date_feature
 from raylight.declarative.features import infer_type
 from raylight.declarative.loading import load_config
-from raylight.exceptions import ConfigError
 from tests.declarative_data import write
 
 CONFIG = """\

@@ -11,10 +11,10 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from raylight.base.exceptions import ConfigError
 from raylight.declarative import api
 from raylight.declarative.loading import apply_overrides, load_config, render_config
 from raylight.declarative.train import load_model
-from raylight.exceptions import ConfigError
 from tests.declarative_data import CONFIG, frame, write
 
 CLI = [sys.executable, "-m", "raylight.cli"]
@@ -334,7 +334,7 @@ def test_streamed_evaluation_equals_the_metrics_of_all_rows_at_once(kind, monkey
     assert chunked == pytest.approx(expected, rel=1e-5) and model.sizes == [10] * 10 + [3]
     blocks = [{k: v[lo : lo + 40] for k, v in arrays.items()} for lo in range(0, n, 40)]
     refs = BlockRefs(blocks, [len(b["y"]) for b in blocks])
-    monkeypatch.setattr("raylight.data.blocks._ray_get", lambda b: b)
+    monkeypatch.setattr("raylight.worker.data.blocks._ray_get", lambda b: b)
     model = _Passthrough()
     assert dtrain.evaluate_data(model, refs, output, meta, torch.device("cpu"), chunk_rows=15) == pytest.approx(expected, rel=1e-5)
     assert model.sizes == [15, 15, 10, 15, 15, 10, 15, 8]  # trainer.eval_batch_size rows at a time, within each block
@@ -789,7 +789,7 @@ def test_an_output_s_threshold_decides_its_predictions_and_the_accuracy_counting
     strict = model.evaluate(df)
     assert strict["accuracy"] == pytest.approx((labels == df["income"].to_numpy()).mean())
     assert strict["accuracy"] != at_half["accuracy"] and strict["roc_auc"] == pytest.approx(at_half["roc_auc"])
-    from raylight.models.ecd import predictions
+    from raylight.declarative.models.ecd import predictions
 
     logits = torch.tensor([[0.0, 2.0]])  # a set output's labels at probabilities 0.5 and 0.88
     assert predictions("set", logits)[0].tolist() == [[1, 1]] and predictions("set", logits, 0.9)[0].tolist() == [[0, 0]]

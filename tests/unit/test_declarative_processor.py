@@ -10,6 +10,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
+from raylight.base.exceptions import ConfigError
 from raylight.config.validation import validate
 from raylight.declarative import processor
 from raylight.declarative.config import (
@@ -22,7 +23,6 @@ from raylight.declarative.config import (
 from raylight.declarative.features import FEATURES
 from raylight.declarative.ludwig import ANY, FC_LAYER_KEYS, FEATURE_KEYS, LUDWIG_KEYS, LUDWIG_VALUES
 from raylight.declarative.preprocess import split_rows
-from raylight.exceptions import ConfigError
 
 MB = 1024**2
 BASE = {"input_features": [{"name": "a", "type": "number"}], "output_features": [{"name": "b", "type": "binary"}]}

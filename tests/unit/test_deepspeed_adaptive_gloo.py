@@ -14,10 +14,10 @@ from torch import nn
 pytest.importorskip("deepspeed")
 
 from raylight.adaptive.plan import BatchPlan
-from raylight.adaptive_worker.optimizer import AdaptiveOptimizer
-from raylight.adaptive_worker.sync import StepSync
 from raylight.config import DeepSpeed
-from raylight.strategies import DDPStrategy, DeepSpeedStrategy
+from raylight.worker.adaptive.optimizer import AdaptiveOptimizer
+from raylight.worker.adaptive.sync import StepSync
+from raylight.worker.strategies import DDPStrategy, DeepSpeedStrategy
 from tests.helpers import run_gloo_ranks
 
 pytestmark = pytest.mark.timeout(420)

@@ -16,12 +16,12 @@ from torch import nn
 
 pytest.importorskip("deepspeed")
 
-from raylight import sharded
-from raylight.checkpoint import Checkpoint
 from raylight.config import DeepSpeed
-from raylight.context import TrainContext
-from raylight.storage import RunStorage
-from raylight.strategies import DDPStrategy, DeepSpeedStrategy
+from raylight.storage import sharded
+from raylight.storage.checkpoint import Checkpoint
+from raylight.storage.run_dir import RunStorage
+from raylight.worker.context import TrainContext
+from raylight.worker.strategies import DDPStrategy, DeepSpeedStrategy
 from tests.helpers import Sink, run_gloo_ranks
 
 pytestmark = pytest.mark.timeout(420)
@@ -401,7 +401,7 @@ def test_a_ddp_checkpoint_loads_into_zero3(trained, read):
 def regrouped(rank: int, port: int, directory: str, queue) -> None:
     """DeepSpeed's groups on one process group, released, then a new process group in the
     same process (a pooled worker's next run): DeepSpeed builds everything anew on it."""
-    from raylight.strategies.deepspeed import (
+    from raylight.worker.strategies.deepspeed import (
         _import_deepspeed,
         holds_process_groups,
         release_process_group,

@@ -11,12 +11,12 @@ import pandas as pd
 import pytest
 import torch
 
+from raylight.base.exceptions import ConfigError
 from raylight.declarative import api
 from raylight.declarative.features import FEATURES, FeatureType, infer_type
 from raylight.declarative.loading import load_config, render_config
 from raylight.declarative.preprocess import transform
 from raylight.declarative.train import load_model
-from raylight.exceptions import ConfigError
 from tests import squared_feature
 from tests.declarative_data import CONFIG, ORDER, frame, negations, write
 
@@ -60,7 +60,7 @@ def test_pass_through_encoders_add_no_weights(tmp_path):
     cfg, data = write(tmp_path)
     config = load_config(cfg)
     prepared = api.prepare(config, data)
-    from raylight.models import build_model
+    from raylight.declarative.models import build_model
 
     model = build_model(config, prepared.meta)
     assert isinstance(model.embeddings["age"], torch.nn.Identity) and isinstance(model.embeddings["smoker"], torch.nn.Identity)
@@ -141,7 +141,7 @@ def test_the_combiner_s_layers_are_ludwig_s_fc_stack():
     overridable per layer; norm also normalises the inputs; residual adds a layer's input
     where the widths match. The default combiner's weights keep their names."""
     from raylight.declarative.config import CombinerConfig
-    from raylight.models.ecd import FCStack
+    from raylight.declarative.models.ecd import FCStack
 
     default = FCStack(CombinerConfig(fc_layers=[{"output_size": 8}, {"output_size": 4}], dropout=0.1), 6)
     assert list(default.state_dict()) == ["0.weight", "0.bias", "3.weight", "3.bias"]  # Linear, ReLU, Dropout, Linear

@@ -9,10 +9,10 @@ import torch.distributed as dist
 from torch import nn
 
 from raylight.adaptive.plan import BatchPlan
-from raylight.adaptive_worker.optimizer import AdaptiveOptimizer
-from raylight.adaptive_worker.sync import StepSync
 from raylight.config import FSDP
-from raylight.strategies import DDPStrategy, FSDPStrategy
+from raylight.worker.adaptive.optimizer import AdaptiveOptimizer
+from raylight.worker.adaptive.sync import StepSync
+from raylight.worker.strategies import DDPStrategy, FSDPStrategy
 from tests.helpers import run_gloo_ranks
 
 pytestmark = pytest.mark.timeout(120)

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from raylight.config import FSDP
-from raylight.strategies import DDPStrategy, FSDPStrategy
+from raylight.worker.strategies import DDPStrategy, FSDPStrategy
 from tests.helpers import run_gloo_ranks
 
 pytestmark = pytest.mark.timeout(180)

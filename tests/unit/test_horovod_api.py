@@ -18,8 +18,9 @@ import torch.distributed as dist
 from torch import nn
 
 import raylight.horovod as hvd
-from raylight.horovod import compat, elastic
-from raylight.launcher_env import destroy_process_group
+from raylight.horovod import elastic
+from raylight.worker.hvd import compat
+from raylight.worker.process_group import destroy_process_group
 from tests.helpers import mpirun_command, openmpi_missing, processes_with, run_gloo_ranks
 
 pytestmark = pytest.mark.timeout(180)
@@ -236,7 +237,7 @@ def _optimizer_rank(rank: int, port: int, queue) -> None:
         with opt.skip_synchronize():
             opt.step()
         out["clipped_weight"] = model.weight.detach().tolist()  # plain data: tensors on the queue need the rank alive
-        ddp = ref_opt = None  # the DDP model goes before the group (raylight.launcher_env.destroy_process_group)
+        ddp = ref_opt = None  # the DDP model goes before the group (raylight.worker.process_group.destroy_process_group)
         queue.put(out)
     finally:
         hvd.shutdown()

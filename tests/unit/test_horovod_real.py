@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from raylight.horovod import compat
+from raylight.worker.hvd import compat
 
 pytestmark = [
     pytest.mark.timeout(300),

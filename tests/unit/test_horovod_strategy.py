@@ -3,11 +3,11 @@ which Horovod ``auto`` picks, and Horovod's host allocation plan for a group."""
 
 import pytest
 
+from raylight.base.exceptions import ConfigError
 from raylight.config import AdaptiveConfig, Horovod, ScalingConfig, TrainerConfig, validate
-from raylight.exceptions import ConfigError
-from raylight.horovod import compat
-from raylight.horovod.real import Slot, host_plan
-from raylight.strategies import HorovodStrategy, build_strategy
+from raylight.worker.hvd import compat
+from raylight.worker.hvd.real import Slot, host_plan
+from raylight.worker.strategies import HorovodStrategy, build_strategy
 
 INSTALLED = compat.horovod_installed()
 
@@ -62,8 +62,8 @@ def test_host_plan_numbers_local_and_cross_ranks_as_horovod():
 def test_real_horovod_finds_its_gloo_interface_on_a_machine_other_than_rank_zeros(monkeypatch):
     """Under an external launcher no GLOO_SOCKET_IFNAME is set, and rank 0's address is on
     rank 0's machine only: another machine takes the interface of its own address toward it."""
-    from raylight.horovod import real
-    from raylight.worker_group.net import loopback_interface
+    from raylight.base.net import loopback_interface
+    from raylight.worker.hvd import real
 
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     monkeypatch.setattr(real, "route_address", lambda peer: {"10.1.2.3": "127.0.0.1"}[peer])  # this host's side of the route

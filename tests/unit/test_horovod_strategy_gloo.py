@@ -12,8 +12,8 @@ import torch.distributed as dist
 from torch import nn
 
 from raylight.config import Horovod
-from raylight.horovod import compat
-from raylight.strategies import DDPStrategy, HorovodStrategy
+from raylight.worker.hvd import compat
+from raylight.worker.strategies import DDPStrategy, HorovodStrategy
 from tests.helpers import run_gloo_ranks
 
 pytestmark = pytest.mark.timeout(180)

@@ -59,7 +59,7 @@ def test_metrics_are_json_values_and_an_object_among_them_is_named():
 
     import numpy as np
 
-    from raylight.context import _plain_metrics
+    from raylight.worker.context import _plain_metrics
 
     got = _plain_metrics({
         "loss": torch.tensor(0.5), "per_class": torch.tensor([1.0, 2.0]), "acc": np.float32(0.25),

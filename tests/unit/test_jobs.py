@@ -9,11 +9,12 @@ import os
 
 import pytest
 
-from raylight import jobs, runtime
+from raylight.base.exceptions import ClusterConnectionError, ConfigError
+from raylight.base.exit_codes import PREEMPTED_EXIT_CODE
 from raylight.config import RunConfig, ScalingConfig, TrainerConfig
-from raylight.exceptions import ClusterConnectionError, ConfigError
-from raylight.exit_codes import PREEMPTED_EXIT_CODE
-from raylight.job_env import apply_job_env
+from raylight.driver import runtime
+from raylight.driver.job_env import apply_job_env
+from raylight.jobs import submission
 
 
 @pytest.mark.parametrize(
@@ -25,23 +26,23 @@ from raylight.job_env import apply_job_env
         ("ray://head", "http://head:8265"),
         ("head:8265", "http://head:8265"),
         ("http://127.0.0.1:48265/", "http://127.0.0.1:48265"),
-        ("https://jobs.example.com", "https://jobs.example.com"),
+        ("https://submission.example.com", "https://submission.example.com"),
     ],
 )
 def test_addresses_map_to_the_jobs_api(given, url):
-    assert jobs.jobs_address(given, {}) == (url, "--address")
+    assert submission.jobs_address(given, {}) == (url, "--address")
 
 
 def test_address_defaults_like_ray_job_submit():
     env = {"RAY_ADDRESS": "http://a:1", "RAY_API_SERVER_ADDRESS": "http://b:2"}
-    assert jobs.jobs_address(None, env) == ("http://b:2", "RAY_API_SERVER_ADDRESS")
-    assert jobs.jobs_address(None, {"RAY_ADDRESS": "ray://c:10001"}) == ("http://c:8265", "RAY_ADDRESS")
+    assert submission.jobs_address(None, env) == ("http://b:2", "RAY_API_SERVER_ADDRESS")
+    assert submission.jobs_address(None, {"RAY_ADDRESS": "ray://c:10001"}) == ("http://c:8265", "RAY_ADDRESS")
     with pytest.raises(ConfigError, match="--address"):
-        jobs.jobs_address(None, {})
+        submission.jobs_address(None, {})
     with pytest.raises(ConfigError, match="RAY_ADDRESS='auto' is not a Ray Jobs address"):
-        jobs.jobs_address(None, {"RAY_ADDRESS": "auto"})
+        submission.jobs_address(None, {"RAY_ADDRESS": "auto"})
     with pytest.raises(ConfigError, match="--address='s3://x'"):
-        jobs.jobs_address("s3://x", {})
+        submission.jobs_address("s3://x", {})
 
 
 def test_unreachable_address_fails_fast_naming_the_timeout():
@@ -51,25 +52,25 @@ def test_unreachable_address_fails_fast_naming_the_timeout():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(ClusterConnectionError) as info:
-        jobs.probe(f"http://127.0.0.1:{port}", "--address", 2.0)
+        submission.probe(f"http://127.0.0.1:{port}", "--address", 2.0)
     assert "--connect-timeout=2s" in str(info.value) and f"127.0.0.1:{port}" in str(info.value)
 
 
 def test_env_pairs_are_checked():
-    assert jobs.parse_env(["A=1", "B_2=x=y", "EMPTY="]) == {"A": "1", "B_2": "x=y", "EMPTY": ""}
+    assert submission.parse_env(["A=1", "B_2=x=y", "EMPTY="]) == {"A": "1", "B_2": "x=y", "EMPTY": ""}
     for bad in ("NOEQUALS", "1A=x", "=x", "A B=1"):
         with pytest.raises(ConfigError, match="--env"):
-            jobs.parse_env([bad])
+            submission.parse_env([bad])
     with pytest.raises(ConfigError, match="--max-workers"):
-        jobs.parse_env(["RAYLIGHT_MAX_WORKERS=3"])
+        submission.parse_env(["RAYLIGHT_MAX_WORKERS=3"])
 
 
 def test_entrypoint_quotes_argv_and_keeps_a_shell_line():
-    assert jobs.entrypoint(["python", "t.py", "--msg", "a b"], None) == "python t.py --msg 'a b'"
-    assert jobs.entrypoint(["cd src && python t.py"], None) == "cd src && python t.py"
-    assert jobs.entrypoint(["--epochs", "3"], "t.py") == "python t.py --epochs 3"
+    assert submission.entrypoint(["python", "t.py", "--msg", "a b"], None) == "python t.py --msg 'a b'"
+    assert submission.entrypoint(["cd src && python t.py"], None) == "cd src && python t.py"
+    assert submission.entrypoint(["--epochs", "3"], "t.py") == "python t.py --epochs 3"
     with pytest.raises(ConfigError, match="no command to run"):
-        jobs.entrypoint([], None)
+        submission.entrypoint([], None)
 
 
 def test_submission_from_adaptdl_flags(tmp_path, monkeypatch):
@@ -77,7 +78,7 @@ def test_submission_from_adaptdl_flags(tmp_path, monkeypatch):
     code.mkdir()
     (code / "train.py").write_text("")
     monkeypatch.chdir(tmp_path)
-    sub = jobs.build_submission(
+    sub = submission.build_submission(
         [], name="r1", script="code/train.py", working_dir="code", max_workers=4, cpus=2, gpus=0.5,
         env=["SEED=1"], pip=["rich"],
     )
@@ -90,19 +91,19 @@ def test_submission_from_adaptdl_flags(tmp_path, monkeypatch):
             "RAYLIGHT_CPUS_PER_WORKER": "2", "RAYLIGHT_GPUS_PER_WORKER": "0.5",
         },
     }
-    alone = jobs.build_submission([], name="r2", script=str(code / "train.py"))
+    alone = submission.build_submission([], name="r2", script=str(code / "train.py"))
     assert alone.runtime_env["working_dir"] == str(code) and alone.entrypoint == "python train.py"
     monkeypatch.chdir(tmp_path / "code")
-    relative = jobs.build_submission(["--epochs", "2"], name="r3", script="train.py", working_dir=str(code))
+    relative = submission.build_submission(["--epochs", "2"], name="r3", script="train.py", working_dir=str(code))
     assert relative.entrypoint == "python train.py --epochs 2"
     monkeypatch.chdir(tmp_path)
-    inside = jobs.build_submission([], name="r4", script="train.py", working_dir="code")  # a path in DIR
+    inside = submission.build_submission([], name="r4", script="train.py", working_dir="code")  # a path in DIR
     assert inside.entrypoint == "python train.py"
     with pytest.raises(ConfigError, match=r"--file 'missing\.py': no such file"):
-        jobs.build_submission([], name="r5", script="missing.py", working_dir="code")
+        submission.build_submission([], name="r5", script="missing.py", working_dir="code")
     (tmp_path / "other.py").write_text("")
     with pytest.raises(ConfigError, match=r"--file 'other\.py' is outside --working-dir"):
-        jobs.build_submission([], name="r6", script="other.py", working_dir="code")
+        submission.build_submission([], name="r6", script="other.py", working_dir="code")
 
 
 @pytest.mark.parametrize(
@@ -120,34 +121,34 @@ def test_submission_from_adaptdl_flags(tmp_path, monkeypatch):
 )
 def test_bad_flags_name_the_flag(kwargs, flag):
     with pytest.raises(ConfigError, match=flag):
-        jobs.build_submission(["python", "t.py"], **{"name": "r", **kwargs})
+        submission.build_submission(["python", "t.py"], **{"name": "r", **kwargs})
 
 
 def test_attempts_are_named_and_linked():
-    assert [jobs.attempt_id("r", i) for i in range(3)] == ["r", "r-retry1", "r-retry2"]
-    assert jobs.attempt_metadata("r", 0) == {"raylight_run": "r", "raylight_attempt": "0"}
-    assert jobs.attempt_metadata("r", 2) == {"raylight_run": "r", "raylight_attempt": "2", "raylight_previous": "r-retry1"}
-    assert all(isinstance(v, str) for v in jobs.attempt_metadata("r", 5).values())  # Ray's metadata is str -> str
+    assert [submission.attempt_id("r", i) for i in range(3)] == ["r", "r-retry1", "r-retry2"]
+    assert submission.attempt_metadata("r", 0) == {"raylight_run": "r", "raylight_attempt": "0"}
+    assert submission.attempt_metadata("r", 2) == {"raylight_run": "r", "raylight_attempt": "2", "raylight_previous": "r-retry1"}
+    assert all(isinstance(v, str) for v in submission.attempt_metadata("r", 5).values())  # Ray's metadata is str -> str
 
 
 def test_what_is_retried():
-    assert "preempted" in jobs.retry_reason("FAILED", "JOB_ENTRYPOINT_COMMAND_ERROR", PREEMPTED_EXIT_CODE)
-    assert "SIGTERM" in jobs.retry_reason("FAILED", "JOB_ENTRYPOINT_COMMAND_ERROR", -15)
-    assert "SIGTERM" in jobs.retry_reason("FAILED", "JOB_ENTRYPOINT_COMMAND_ERROR", 143)
-    assert "node died" in jobs.retry_reason("FAILED", "JOB_SUPERVISOR_ACTOR_DIED", None)
-    assert jobs.retry_reason("FAILED", "JOB_ENTRYPOINT_COMMAND_ERROR", 1) is None  # a normal failure
-    assert jobs.retry_reason("FAILED", "RUNTIME_ENV_SETUP_FAILURE", None) is None
-    assert jobs.retry_reason("FAILED", "JOB_ENTRYPOINT_COMMAND_ERROR", -9) is None  # OOM killer: again would OOM
-    assert jobs.retry_reason("STOPPED", None, -15) is None  # the user stopped it
-    assert jobs.retry_reason("SUCCEEDED", None, 0) is None
+    assert "preempted" in submission.retry_reason("FAILED", "JOB_ENTRYPOINT_COMMAND_ERROR", PREEMPTED_EXIT_CODE)
+    assert "SIGTERM" in submission.retry_reason("FAILED", "JOB_ENTRYPOINT_COMMAND_ERROR", -15)
+    assert "SIGTERM" in submission.retry_reason("FAILED", "JOB_ENTRYPOINT_COMMAND_ERROR", 143)
+    assert "node died" in submission.retry_reason("FAILED", "JOB_SUPERVISOR_ACTOR_DIED", None)
+    assert submission.retry_reason("FAILED", "JOB_ENTRYPOINT_COMMAND_ERROR", 1) is None  # a normal failure
+    assert submission.retry_reason("FAILED", "RUNTIME_ENV_SETUP_FAILURE", None) is None
+    assert submission.retry_reason("FAILED", "JOB_ENTRYPOINT_COMMAND_ERROR", -9) is None  # OOM killer: again would OOM
+    assert submission.retry_reason("STOPPED", None, -15) is None  # the user stopped it
+    assert submission.retry_reason("SUCCEEDED", None, 0) is None
 
 
 def test_exit_codes():
-    assert jobs.exit_code("SUCCEEDED", 0) == 0
-    assert jobs.exit_code("FAILED", 3) == 3
-    assert jobs.exit_code("FAILED", -15) == 143
-    assert jobs.exit_code("FAILED", None) == 1
-    assert jobs.exit_code("STOPPED", None) == 1
+    assert submission.exit_code("SUCCEEDED", 0) == 0
+    assert submission.exit_code("FAILED", 3) == 3
+    assert submission.exit_code("FAILED", -15) == 143
+    assert submission.exit_code("FAILED", None) == 1
+    assert submission.exit_code("STOPPED", None) == 1
 
 
 def _config(num_workers, **run):
@@ -256,7 +257,7 @@ class _Info:
 
 
 class _FakeClient:
-    """JobsClient's surface that ``jobs.run`` uses, with scripted attempt outcomes."""
+    """JobsClient's surface that ``submission.run`` uses, with scripted attempt outcomes."""
 
     url = "http://head:8265"
 
@@ -267,8 +268,8 @@ class _FakeClient:
         return 0
 
     def submit(self, sub, attempt):
-        self.submitted.append((jobs.attempt_id(sub.name, attempt), attempt > 0 or sub.resume))
-        return jobs.attempt_id(sub.name, attempt)
+        self.submitted.append((submission.attempt_id(sub.name, attempt), attempt > 0 or sub.resume))
+        return submission.attempt_id(sub.name, attempt)
 
     def follow(self, job_id, write):
         write(f"logs of {job_id}\n")
@@ -277,8 +278,8 @@ class _FakeClient:
 
 def _run(outcomes, retries):
     client, lines, said = _FakeClient(outcomes), [], []
-    sub = jobs.build_submission(["python", "t.py"], name="r", retries=retries)
-    code = jobs.run(client, sub, wait=True, write=lines.append, say=said.append)
+    sub = submission.build_submission(["python", "t.py"], name="r", retries=retries)
+    code = submission.run(client, sub, wait=True, write=lines.append, say=said.append)
     return code, client.submitted, lines, said
 
 

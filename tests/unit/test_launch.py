@@ -12,7 +12,7 @@ from multiprocessing import AuthenticationError
 import pytest
 import torch
 
-from raylight.exceptions import ConfigError
+from raylight.base.exceptions import ConfigError
 from raylight.launch import agent, client
 from raylight.launch.agent import LaunchSpec, ScriptExitError, _Channel, child_command, child_env
 from raylight.launch.driver import (
@@ -23,7 +23,7 @@ from raylight.launch.driver import (
     launch,
     parse_size,
 )
-from raylight.worker_group.protocol import GroupPoll, WorkerFailure, WorkerPoll
+from raylight.worker.protocol import GroupPoll, WorkerFailure, WorkerPoll
 
 SPEC = LaunchSpec(target="/x/train.py", args=("--lr", "0.1"), module=False, cwd="/x", run_name="r", max_restarts=2)
 
@@ -155,7 +155,7 @@ def test_cycles_are_freed_before_the_interpreters_teardown(tmp_path):
     script = tmp_path / "s.py"
     script.write_text(HELD_IN_A_CYCLE)
     joined = tmp_path / "joined.py"
-    joined.write_text("from raylight.launcher_env import collect_at_exit\ncollect_at_exit()\ncollect_at_exit()\n" + HELD_IN_A_CYCLE)
+    joined.write_text("from raylight.worker.process_group import collect_at_exit\ncollect_at_exit()\ncollect_at_exit()\n" + HELD_IN_A_CYCLE)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAYLIGHT_RUN")}
 
     def run(*cmd: str) -> str:

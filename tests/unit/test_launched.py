@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import raylight
+from raylight.base.exceptions import ConfigError
 from raylight.config import AdaptiveConfig, ScalingConfig, TrainerConfig
-from raylight.exceptions import ConfigError
 from tests.helpers import (
     free_loopback_port,
     mpirun_command,

@@ -11,7 +11,12 @@ import time
 
 import pytest
 
-from raylight.launcher_env import LaunchEnvError, detect, init_process_group, rendezvous_timeout_s
+from raylight.worker.process_group import (
+    LaunchEnvError,
+    detect,
+    init_process_group,
+    rendezvous_timeout_s,
+)
 from tests.helpers import run_gloo_ranks
 
 pytestmark = pytest.mark.timeout(120)

@@ -23,12 +23,12 @@ from torch.utils.data import DataLoader, SequentialSampler, TensorDataset  # noq
 import raylight  # noqa: E402
 import raylight.lightning  # noqa: E402
 from raylight.adaptive.plan import BatchPlan  # noqa: E402
-from raylight.checkpoint import deserialize_state, serialize_state  # noqa: E402
-from raylight.exceptions import ConfigError  # noqa: E402
+from raylight.base.exceptions import ConfigError  # noqa: E402
 from raylight.lightning import AtomicCheckpointIO, RayFSDPStrategy, RaylightEnvironment, RayStrategy  # noqa: E402
 from raylight.lightning._launcher import RayLauncher, recover  # noqa: E402
 from raylight.lightning._worker import collect  # noqa: E402
 from raylight.lightning.adaptive import PlanBatchSampler, lightning_adaptive  # noqa: E402
+from raylight.storage.checkpoint import deserialize_state, serialize_state  # noqa: E402
 
 SRC = pathlib.Path(raylight.__file__).parent
 
@@ -81,7 +81,7 @@ def test_fsdp_options_are_raylights():
 def test_fsdp_workers_start_and_are_pooled_as_fsdp_workers(tmp_path):
     # Its group's strategy is "ddp" (Lightning drives FSDP), but FSDP runs in the processes
     # and tunes their malloc: they start with FSDP's environment and pool apart from DDP's.
-    from raylight.strategies.base import HEAP_TUNABLES, worker_env
+    from raylight.worker.strategies.base import HEAP_TUNABLES, worker_env
     from raylight.worker_group.pool import pool_key
 
     fsdp, ddp = RayFSDPStrategy(num_workers=2).settings.scaling, RayStrategy(num_workers=2).settings.scaling
@@ -95,7 +95,7 @@ def test_fsdp_workers_start_and_are_pooled_as_fsdp_workers(tmp_path):
     config = raylight.ScalingConfig(num_workers=2)
     assert config.for_processes_of("fsdp").process_kind == "fsdp" and config.process_kind == "ddp"
     # A submitted job's cap on workers rebuilds the config; the kind stays.
-    from raylight.job_env import MAX_WORKERS_ENV, apply_job_env
+    from raylight.driver.job_env import MAX_WORKERS_ENV, apply_job_env
 
     trainer_config = RayFSDPStrategy(num_workers=2).settings.trainer_config(storage_path=str(tmp_path))
     capped = apply_job_env(trainer_config, {MAX_WORKERS_ENV: "1"})

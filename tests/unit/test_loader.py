@@ -6,8 +6,8 @@ import torch
 from torch.utils.data import TensorDataset, default_collate
 
 from raylight.adaptive.plan import BatchPlan
-from raylight.data.blocks import BlockDataset
-from raylight.data.loader import ElasticLoader, fetch_batch, micro_batches, move_to_device
+from raylight.worker.data.blocks import BlockDataset
+from raylight.worker.data.loader import ElasticLoader, fetch_batch, micro_batches, move_to_device
 
 
 class ScheduledSync:
@@ -246,8 +246,8 @@ def test_a_checkpoint_on_an_epoch_s_last_batch_resumes_into_its_end(report_at):
     consumed, but the code after the loop over it has not run. The restart re-enters the
     epoch with nothing left to hand out, so its end runs (once), then the next epoch. On
     an earlier batch the epoch continues at the next one, as before."""
-    from raylight.checkpoint import Checkpoint
-    from raylight.context import TrainContext
+    from raylight.storage.checkpoint import Checkpoint
+    from raylight.worker.context import TrainContext
     from tests.helpers import Sink
 
     data = TensorDataset(torch.arange(32.0))
@@ -271,7 +271,7 @@ def test_a_checkpoint_on_an_epoch_s_last_batch_resumes_into_its_end(report_at):
 
 
 def _prepared(data, **kwargs):
-    from raylight.data.loader import prepare_loader
+    from raylight.worker.data.loader import prepare_loader
 
     options = {"batch_size": None, "shuffle": None, "seed": 0, "drop_last": None, **kwargs}
     return prepare_loader(data, rank=0, world_size=1, device=torch.device("cpu"), **options)

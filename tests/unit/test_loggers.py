@@ -9,11 +9,11 @@ import os
 import pytest
 
 import raylight
-from raylight import loggers as run_loggers
+from raylight.base.exceptions import ConfigError
 from raylight.config import MLflow, RunConfig, TensorBoard, Wandb, validate
 from raylight.declarative.loading import load_config
-from raylight.exceptions import ConfigError
-from raylight.storage import RunStorage
+from raylight.driver import loggers as run_loggers
+from raylight.storage.run_dir import RunStorage
 from tests.declarative_data import CONFIG
 
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 import yaml
 
+from raylight.base.exceptions import ConfigError
 from raylight.declarative import api
 from raylight.declarative.config import ModelConfig
 from raylight.declarative.loading import load_config
-from raylight.exceptions import ConfigError
 from tests.declarative_data import MULTI, multi, write
 
 pytestmark = pytest.mark.timeout(300)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from raylight.notices import (
+from raylight.worker.notices import (
     ENDPOINT_ENV,
     AwsSpotWatcher,
     AzureScheduledEventsWatcher,

@@ -157,7 +157,7 @@ def test_engine_refits_the_throughput_model_only_when_the_profile_grew_and_the_f
     from raylight.adaptive.engine import REFIT_GROWTH, REFIT_TOLERANCE, AdaptiveEngine
     from raylight.adaptive.profile import StepProfile
     from raylight.config.schema import AdaptiveConfig, ScalingConfig
-    from raylight.trainer import engine_settings
+    from raylight.driver.trainer import engine_settings
 
     fits = []
     real_fit = engine_mod.fit_perf_params
@@ -310,7 +310,7 @@ def test_engine_prediction_follows_a_machine_that_slows_down(memory):
     from raylight.adaptive.goodput import predict_step_time
     from raylight.adaptive.profile import StepProfile
     from raylight.config.schema import AdaptiveConfig, ScalingConfig
-    from raylight.trainer import engine_settings
+    from raylight.driver.trainer import engine_settings
 
     eng = AdaptiveEngine(
         engine_settings(ScalingConfig(num_workers=2), AdaptiveConfig(profile_memory_steps=memory))

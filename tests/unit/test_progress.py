@@ -7,8 +7,8 @@ import io
 
 from rich.console import Console
 
-from raylight.progress import ProgressDisplay
-from raylight.worker_group.protocol import GroupPoll, Progress, Report, WorkerPoll
+from raylight.driver.progress import ProgressDisplay
+from raylight.worker.protocol import GroupPoll, Progress, Report, WorkerPoll
 
 
 def poll(epoch: int | None, *reports: dict, samples: int = 0) -> GroupPoll:

@@ -129,7 +129,7 @@ def _deps(prefix: str) -> set[str]:
 
 def test_boundaries():
     # The controller sees data and decisions: no torch, no Ray.
-    ctrl = _deps("raylight.controller") | MODULES["raylight.recorder"] | MODULES["raylight.worker_group.protocol"]
+    ctrl = _deps("raylight.driver.controller") | MODULES["raylight.driver.recorder"] | MODULES["raylight.worker.protocol"]
     assert not {d for d in ctrl if d.split(".")[0] in ("torch", "ray")}
     # The adaptive math and policies are pure: numpy and scipy only (and threadpoolctl,
     # which keeps the fit's BLAS on one thread).
@@ -146,7 +146,7 @@ def test_boundaries():
     cfg = {d for d in _deps("raylight.config") if d.startswith("raylight")}
     assert cfg <= {
         "raylight.config.base", "raylight.config.loggers", "raylight.config.schema", "raylight.config.validation",
-        "raylight.exceptions",
+        "raylight.base.exceptions",
     }
     # Tune's integration is used by products only (see test_products_stand_side_by_side).
     users = {m for m, deps in MODULES.items() if not m.startswith("raylight.tune") and any(d.startswith("raylight.tune") for d in deps)}
@@ -156,19 +156,20 @@ def test_boundaries():
     # persistence) raylight run's context and (real Horovod's rendezvous server) where
     # listeners bind, which is the standard library alone, and the optimizer wrapper its
     # DistributedOptimizer shares with raylight's own (torch alone).
-    hvd = {d for path in (SRC / "horovod").rglob("*.py") for d in _all_imports(path)}
+    hvd_files = [*(SRC / "horovod").rglob("*.py"), *(SRC / "worker" / "hvd").rglob("*.py")]
+    hvd = {d for path in hvd_files for d in _all_imports(path)}
     assert not {d for d in hvd if d.split(".")[0] == "ray"}, hvd
-    assert {d for d in hvd if d.startswith("raylight.") and not d.startswith("raylight.horovod")} <= {
-        "raylight.launcher_env", "raylight.exceptions", "raylight.launch.client", "raylight.worker_group.net",
-        "raylight.wrapped_optimizer",
+    assert {d for d in hvd if d.startswith("raylight.") and not d.startswith(("raylight.horovod", "raylight.worker.hvd"))} <= {
+        "raylight.worker.process_group", "raylight.base.exceptions", "raylight.launch.client", "raylight.base.net",
+        "raylight.worker.wrapped_optimizer",
     }, hvd
-    wrapper = {d.split(".")[0] for d in _all_imports(SRC / "wrapped_optimizer.py")}
+    wrapper = {d.split(".")[0] for d in _all_imports(SRC / "worker" / "wrapped_optimizer.py")}
     assert wrapper <= {"__future__", "typing", "torch"}, wrapper
     # Preemption notice watchers are the standard library alone: no raylight, Ray or torch.
-    notices = {d.split(".")[0] for d in _all_imports(SRC / "notices.py")}
+    notices = {d.split(".")[0] for d in _all_imports(SRC / "worker" / "notices.py")}
     assert not notices & {"raylight", "ray", "torch", "requests", "urllib3"}, notices
     # Strategies know torch.distributed, not Ray.
-    assert not {d for d in _deps("raylight.strategies") if d.startswith("ray.") or d == "ray"}
+    assert not {d for d in _deps("raylight.worker.strategies") if d.startswith("ray.") or d == "ray"}
 
 
 def test_nothing_from_a_worker_is_unpickled_outside_ray():
@@ -198,34 +199,36 @@ def test_nothing_from_a_worker_is_unpickled_outside_ray():
 # wherever the import statement is (module level, inside a function, for type checking).
 LAYERS = [
     ("base", [
-        "raylight._time", "raylight.exceptions", "raylight.exit_codes", "raylight.config", "raylight.verbosity",
-        "raylight._embedded_agent",  # a script Ray's raylet runs; it imports no raylight module
+        "raylight.base.clock", "raylight.base.exceptions", "raylight.base.exit_codes", "raylight.config", "raylight.base.verbosity",
+        "raylight.driver._embedded_agent",  # a script Ray's raylet runs; it imports no raylight module
+        # the wings' packages: their __init__ only says what the wing owns
+        "raylight.base", "raylight.storage", "raylight.worker", "raylight.worker.hvd", "raylight.driver",
     ]),
     ("pure and storage", [
-        "raylight.adaptive", "raylight.storage", "raylight.checkpoint", "raylight.sharded", "raylight.lease",
-        "raylight.plots", "raylight.notices", "raylight.cost",
+        "raylight.adaptive", "raylight.storage.run_dir", "raylight.storage.checkpoint", "raylight.storage.sharded", "raylight.storage.lease",
+        "raylight.driver.plots", "raylight.worker.notices", "raylight.base.cost",
     ]),
     ("worker pieces and records", [
-        "raylight.worker_group.protocol", "raylight.worker_group.net", "raylight.strategies", "raylight.data",
-        "raylight.adaptive_worker", "raylight.recorder", "raylight.loggers", "raylight.progress", "raylight.runtime",
-        "raylight.report", "raylight.launcher_env", "raylight.wrapped_optimizer",
+        "raylight.worker.protocol", "raylight.base.net", "raylight.worker.strategies", "raylight.worker.data",
+        "raylight.worker.adaptive", "raylight.driver.recorder", "raylight.driver.loggers", "raylight.driver.progress", "raylight.driver.runtime",
+        "raylight.driver.report", "raylight.worker.process_group", "raylight.worker.wrapped_optimizer",
         # raylight.horovod's API on torch.distributed and real Horovod's start in a group:
         # libraries the horovod strategy uses (its script runner and elastic stay products)
-        "raylight.horovod.basics", "raylight.horovod.ops", "raylight.horovod.optimizer",
-        "raylight.horovod.compat", "raylight.horovod.real",
+        "raylight.worker.hvd.basics", "raylight.worker.hvd.ops", "raylight.worker.hvd.optimizer",
+        "raylight.worker.hvd.compat", "raylight.worker.hvd.real",
     ]),
-    ("context and control", ["raylight.context", "raylight.controller"]),
+    ("context and control", ["raylight.worker.context", "raylight.driver.controller"]),
     ("worker group", ["raylight.worker_group"]),
-    ("trainer", ["raylight.trainer", "raylight.job_env"]),
+    ("trainer", ["raylight.driver.trainer", "raylight.driver.job_env"]),
     ("products", [
-        "raylight.declarative", "raylight.models", "raylight.lightning", "raylight.tune", "raylight.jobs",
+        "raylight.declarative", "raylight.declarative.models", "raylight.lightning", "raylight.tune", "raylight.jobs",
         "raylight.launch", "raylight.cli", "raylight.horovod",
     ]),
 ]
 FACADE = "raylight"  # the package's __init__: the public surface over every layer
 # Products stand side by side on the core; Ray Tune's integration is a library any may use.
 PRODUCTS = {
-    "declarative": ["raylight.declarative", "raylight.models"],
+    "declarative": ["raylight.declarative", "raylight.declarative.models"],
     "lightning": ["raylight.lightning"],
     "tune": ["raylight.tune"],
     "horovod": ["raylight.horovod"],
@@ -291,7 +294,7 @@ def test_the_driver_s_path_to_a_run_does_not_import_the_fitter():
     import sys
 
     code = (
-        "import sys, raylight.trainer, raylight.controller, raylight.worker_group.ray_group; "
+        "import sys, raylight.driver.trainer, raylight.driver.controller, raylight.worker_group.ray_group; "
         "print('scipy.optimize' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

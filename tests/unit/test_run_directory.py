@@ -14,14 +14,14 @@ import time
 import pytest
 import torch
 
-import raylight.storage as storage_mod
-from raylight.checkpoint import Checkpoint, serialize_state
-from raylight.controller import Controller, FailurePolicy, FixedScalingPolicy, State
-from raylight.exceptions import ConfigError, RunInUseError
-from raylight.lease import RunLease
-from raylight.recorder import RunRecorder, directory_state
-from raylight.storage import RunStorage, check_state, replace_dir
-from raylight.worker_group.protocol import GroupPoll, Report, WorkerFailure, WorkerPoll
+import raylight.storage.run_dir as storage_mod
+from raylight.base.exceptions import ConfigError, RunInUseError
+from raylight.driver.controller import Controller, FailurePolicy, FixedScalingPolicy, State
+from raylight.driver.recorder import RunRecorder, directory_state
+from raylight.storage.checkpoint import Checkpoint, serialize_state
+from raylight.storage.lease import RunLease
+from raylight.storage.run_dir import RunStorage, check_state, replace_dir
+from raylight.worker.protocol import GroupPoll, Report, WorkerFailure, WorkerPoll
 from tests.conftest import REPO
 from tests.unit.test_controller import FakeGroup
 
@@ -109,7 +109,7 @@ def test_a_second_driver_is_refused_with_the_holder_named(tmp_path):
 def test_a_killed_drivers_lease_ends_with_it(tmp_path):
     run = tmp_path / "r"
     code = (
-        "import sys, time; from raylight.lease import RunLease; from raylight.storage import RunStorage;"
+        "import sys, time; from raylight.storage.lease import RunLease; from raylight.storage.run_dir import RunStorage;"
         f"lease = RunLease(RunStorage({str(run)!r}), timeout_s=60); lease.acquire();"
         "print('held', flush=True); time.sleep(600)"
     )

@@ -8,9 +8,9 @@ import pytest
 import ray._private.utils as ray_utils
 from ray._private import node, ray_constants, services
 
-import raylight.runtime
-from raylight.runtime import _host_port, _lean_head, _wait_for_node
-from raylight.worker_group.net import is_loopback as _is_loopback
+import raylight.driver.runtime
+from raylight.base.net import is_loopback as _is_loopback
+from raylight.driver.runtime import _host_port, _lean_head, _wait_for_node
 
 SCRIPT = """
 import raylight
@@ -77,7 +77,7 @@ def test_the_lean_head_runs_ray_s_agent_through_the_shim_and_nothing_else(tmp_pa
         lean = services._build_python_executable_command_memory_profileable
         agent = lean(ray_constants.PROCESS_TYPE_DASHBOARD_AGENT, str(tmp_path))
         others = lean(ray_constants.PROCESS_TYPE_RUNTIME_ENV_AGENT, str(tmp_path))
-    shim = raylight.runtime.EMBEDDED_AGENT
+    shim = raylight.driver.runtime.EMBEDDED_AGENT
     assert agent == [*plain, str(shim)] and shim.is_file()
     assert others == build(ray_constants.PROCESS_TYPE_RUNTIME_ENV_AGENT, str(tmp_path)) == plain
     assert services._build_python_executable_command_memory_profileable is build
@@ -93,7 +93,7 @@ def test_the_shim_runs_the_agent_s_script_as_ray_would_with_no_dashboard_modules
         "print(json.dumps({'name': __name__, 'file': __file__, 'argv': sys.argv, 'path0': sys.path[0],\n"
         "    'modules': u.get_all_modules(DashboardAgentModule), 'raylight': 'raylight' in sys.modules}))\n"
     )
-    shim = raylight.runtime.EMBEDDED_AGENT
+    shim = raylight.driver.runtime.EMBEDDED_AGENT
     out = subprocess.run(
         [sys.executable, "-u", str(shim), str(script), "--node-id=x", "--minimal"],
         capture_output=True, text=True, timeout=60,
@@ -121,7 +121,7 @@ class _Gcs:
 def test_the_fast_wait_for_the_node_ends_once_the_gcs_lists_it_or_after_its_limit(monkeypatch):
     gcs = _Gcs(registers=3)
     assert _wait_for_node(gcs, "ab" * 28) is True and gcs.asked == 3
-    monkeypatch.setattr(raylight.runtime, "NODE_FAST_WAIT_S", 0.2)
+    monkeypatch.setattr(raylight.driver.runtime, "NODE_FAST_WAIT_S", 0.2)
     never = _Gcs(registers=0)
     assert _wait_for_node(never, "ab" * 28) is False and never.asked > 1  # then Ray's own wait
     assert _wait_for_node(_Gcs(registers=1, node_id="cd" * 28), "ab" * 28) is False  # another node

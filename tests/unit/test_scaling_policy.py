@@ -10,7 +10,7 @@ from raylight.adaptive.goodput import PerfParams, predict_step_time
 from raylight.adaptive.plan import AdaptiveStats, BatchPlan
 from raylight.adaptive.profile import StepProfile
 from raylight.config.schema import AdaptiveConfig, ScalingConfig, TrainerConfig
-from raylight.controller import (
+from raylight.driver.controller import (
     FixedScalingPolicy,
     GoodputScalingPolicy,
     RequestResources,
@@ -19,8 +19,8 @@ from raylight.controller import (
     ScalingView,
     SetPlan,
 )
-from raylight.trainer import build_scaling_policy, engine_settings
-from raylight.worker_group.protocol import GroupPoll, WorkerPoll
+from raylight.driver.trainer import build_scaling_policy, engine_settings
+from raylight.worker.protocol import GroupPoll, WorkerPoll
 
 
 class Clock:

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from raylight.base.net import interface_for, listen_socket, loopback_interface
 from raylight.tune.trial import DEFAULT_CKPT_NAME, safe_filename
-from raylight.worker_group.net import interface_for, listen_socket, loopback_interface
 from raylight.worker_group.worker import RankInfo, RaylightWorker
 from tests.helpers import listening_sockets
 
@@ -78,7 +78,7 @@ def test_plain_checkpoint_file_names_are_kept():
 
 
 def test_disabled_auth_is_warned(monkeypatch, caplog):
-    from raylight import runtime
+    from raylight.driver import runtime
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     with caplog.at_level(logging.WARNING, logger="raylight"):

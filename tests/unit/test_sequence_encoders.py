@@ -15,8 +15,8 @@ import torch
 from raylight.declarative import api
 from raylight.declarative.features import sequence, text, timeseries
 from raylight.declarative.loading import load_config
+from raylight.declarative.models.encoders import _pooled
 from raylight.declarative.train import load_model
-from raylight.models.encoders import _pooled
 from tests.declarative_data import ORDER, negations, write
 
 VOCAB = {"vocab": ["<PAD>", "<UNK>", "a", "b", "c", "d"]}

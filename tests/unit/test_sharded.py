@@ -1,4 +1,4 @@
-"""Sharded checkpoints (``raylight.sharded``, ``TrainContext.report`` / ``load_checkpoint``)
+"""Sharded checkpoints (``raylight.storage.sharded``, ``TrainContext.report`` / ``load_checkpoint``)
 on real gloo processes, no Ray: every rank writes its FSDP2 shards with DCP, the driver's
 ``RunStorage.commit_sharded`` commits them, and the checkpoint loads back resharded into 1
 and 3 workers, whole into one process, and under DDP."""
@@ -13,12 +13,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from raylight import sharded
-from raylight.checkpoint import Checkpoint
 from raylight.config import FSDP
-from raylight.context import TrainContext
-from raylight.storage import META_FILE, RunStorage, ShardsNotFoundError, checkpoint_name
-from raylight.strategies import DDPStrategy, FSDPStrategy
+from raylight.storage import sharded
+from raylight.storage.checkpoint import Checkpoint
+from raylight.storage.run_dir import META_FILE, RunStorage, ShardsNotFoundError, checkpoint_name
+from raylight.worker.context import TrainContext
+from raylight.worker.strategies import DDPStrategy, FSDPStrategy
 from tests.helpers import Sink, run_gloo_ranks
 
 pytestmark = pytest.mark.timeout(240)
@@ -280,8 +280,8 @@ def test_split_and_join_round_trip_and_refuse_colliding_paths():
 def test_a_run_whose_newest_shards_are_damaged_resumes_from_the_one_before(tmp_path, written):
     import shutil
 
-    from raylight.recorder import RunRecorder
-    from raylight.worker_group.protocol import Report
+    from raylight.driver.recorder import RunRecorder
+    from raylight.worker.protocol import Report
 
     source = f"{written['storage'].root}/checkpoints/{checkpoint_name(0)}"
     recorder = RunRecorder(RunStorage(str(tmp_path / "run")), checkpoints_to_keep=2)
@@ -311,7 +311,7 @@ def test_a_checkpoint_being_gathered_or_written_counts_as_progress(monkeypatch):
     until three beats arrived: without them it would give up."""
     import threading
 
-    from raylight import context
+    from raylight.worker import context
 
     monkeypatch.setattr(context, "CHECKPOINT_BEAT_S", 0.01)
     beats = threading.Semaphore(0)

@@ -14,10 +14,10 @@ import torch.distributed as dist
 from torch import nn
 
 from raylight.config import DDP
-from raylight.launcher_env import destroy_process_group
-from raylight.strategies import DDPStrategy
-from raylight.strategies import shm_allreduce as shm
-from raylight.strategies.shm_allreduce import SharedMemoryAllReduce
+from raylight.worker.process_group import destroy_process_group
+from raylight.worker.strategies import DDPStrategy
+from raylight.worker.strategies import shm_allreduce as shm
+from raylight.worker.strategies.shm_allreduce import SharedMemoryAllReduce
 from tests.helpers import run_gloo_ranks
 
 pytestmark = [

@@ -9,11 +9,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from raylight.adaptive.plan import BatchPlan
-from raylight.adaptive_worker.optimizer import AdaptiveOptimizer
-from raylight.adaptive_worker.sync import ResizeInterrupt, StepSync
-from raylight.launcher_env import destroy_process_group
-from raylight.strategies import shm_allreduce
-from raylight.strategies.shm_allreduce import SharedMemoryAllReduce, comm_hook
+from raylight.worker.adaptive.optimizer import AdaptiveOptimizer
+from raylight.worker.adaptive.sync import ResizeInterrupt, StepSync
+from raylight.worker.process_group import destroy_process_group
+from raylight.worker.strategies import shm_allreduce
+from raylight.worker.strategies.shm_allreduce import SharedMemoryAllReduce, comm_hook
 from tests.helpers import run_gloo_ranks
 
 pytestmark = pytest.mark.timeout(120)

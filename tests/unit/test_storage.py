@@ -4,11 +4,11 @@ import os
 import pytest
 import torch
 
-from raylight.checkpoint import Checkpoint, deserialize_state, serialize_state
-from raylight.exceptions import ConfigError
-from raylight.recorder import RunRecorder
-from raylight.storage import RunStorage
-from raylight.worker_group.protocol import Report
+from raylight.base.exceptions import ConfigError
+from raylight.driver.recorder import RunRecorder
+from raylight.storage.checkpoint import Checkpoint, deserialize_state, serialize_state
+from raylight.storage.run_dir import RunStorage
+from raylight.worker.protocol import Report
 
 
 def _state(v: float) -> bytes:
@@ -119,9 +119,9 @@ def test_atomic_file_write_leaves_no_temp(tmp_path):
 
 
 def test_restart_deserializes_the_checkpoint_once_and_load_returns_fresh_objects(monkeypatch):
-    import raylight.checkpoint as ckpt_mod
-    from raylight.checkpoint import RAYLIGHT_KEY
-    from raylight.context import _raylight_state
+    import raylight.storage.checkpoint as ckpt_mod
+    from raylight.storage.checkpoint import RAYLIGHT_KEY
+    from raylight.worker.context import _raylight_state
 
     data = serialize_state({"w": torch.ones(2), RAYLIGHT_KEY: {"commit": 3}})
     calls = []

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from raylight.base.exceptions import ConfigError
 from raylight.config import (
     DDP,
     FSDP,
@@ -18,9 +19,8 @@ from raylight.config import (
     validate,
 )
 from raylight.declarative.config import ModelConfig
-from raylight.exceptions import ConfigError
-from raylight.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, build_strategy
-from raylight.strategies.fsdp import shard_blocks
+from raylight.worker.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, build_strategy
+from raylight.worker.strategies.fsdp import shard_blocks
 from tests.helpers import run_gloo_ranks
 
 
@@ -294,7 +294,7 @@ def test_deepspeed_sharded_checkpoints_and_refused_combinations():
 
 
 def test_deepspeed_batch_fields_are_filled_from_the_loader_or_checked_against_it():
-    from raylight.strategies.deepspeed import accumulation_steps, resolve_batch
+    from raylight.worker.strategies.deepspeed import accumulation_steps, resolve_batch
 
     auto = {"train_batch_size": "auto"}
     assert accumulation_steps(auto, world_size=2) == 1
@@ -320,7 +320,7 @@ def test_deepspeed_batch_fields_are_filled_from_the_loader_or_checked_against_it
 
 
 def test_deepspeed_engine_config_takes_the_user_json_and_raylight_fields():
-    from raylight.strategies.deepspeed import engine_config
+    from raylight.worker.strategies.deepspeed import engine_config
 
     options = DeepSpeed(config={"zero_optimization": {"stage": 3, "overlap_comm": True}, "gradient_clipping": 1.0}, offload_params=True)
     batch = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 32, "gradient_accumulation_steps": 1}
@@ -342,7 +342,7 @@ def test_deepspeed_engine_config_takes_the_user_json_and_raylight_fields():
 
 
 def test_max_grad_norm_is_deepspeeds_gradient_clipping_and_must_agree_with_the_config():
-    from raylight.strategies.deepspeed import engine_config
+    from raylight.worker.strategies.deepspeed import engine_config
 
     batch = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 32, "gradient_accumulation_steps": 1}
     assert engine_config(DeepSpeed(), batch, client_cpu_optimizer=False, max_grad_norm=0.5)["gradient_clipping"] == 0.5
@@ -355,7 +355,7 @@ def test_max_grad_norm_is_deepspeeds_gradient_clipping_and_must_agree_with_the_c
 
 
 def test_horovod_refuses_max_grad_norm_and_says_how_horovod_clips():
-    from raylight.strategies import HorovodStrategy
+    from raylight.worker.strategies import HorovodStrategy
 
     model = nn.Linear(2, 1)
     with pytest.raises(ConfigError, match=r"opt.synchronize\(\).*skip_synchronize"):
@@ -363,7 +363,7 @@ def test_horovod_refuses_max_grad_norm_and_says_how_horovod_clips():
 
 
 def test_zero3_sizes_follow_the_model_and_never_exceed_deepspeeds_defaults():
-    from raylight.strategies.deepspeed import ZERO_SIZES, engine_config, zero_sizes
+    from raylight.worker.strategies.deepspeed import ZERO_SIZES, engine_config, zero_sizes
 
     batch = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1}
     blocks = [4_000_000] * 12 + [100]  # the largest parameter is the block
@@ -419,7 +419,7 @@ def test_declarative_deepspeed_takes_ludwigs_json_sections():
 
 
 def test_sharded_cpu_workers_start_with_huge_pages_for_malloc_unless_the_user_tunes_glibc():
-    from raylight.strategies.base import HEAP_TUNABLES, worker_env
+    from raylight.worker.strategies.base import HEAP_TUNABLES, worker_env
 
     assert worker_env("fsdp", False, {}) == {"GLIBC_TUNABLES": HEAP_TUNABLES}
     assert worker_env("deepspeed", False, {}) == {"GLIBC_TUNABLES": HEAP_TUNABLES}
@@ -437,7 +437,7 @@ def test_deepspeed_is_imported_without_mlflow_and_mlflow_still_imports_after():
 
     code = (
         "import sys, torch\n"
-        "from raylight.strategies.deepspeed import import_deepspeed\n"
+        "from raylight.worker.strategies.deepspeed import import_deepspeed\n"
         "ds = import_deepspeed()\n"
         "print('mlflow' in sys.modules, ds.autotuning.autotuner.has_mlflow)\n"
         "import mlflow\n"
@@ -464,7 +464,7 @@ def test_the_collectives_deepspeed_calls_do_not_print_torch_s_deprecation_warnin
         "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
         "x, out = torch.ones(2), torch.zeros(2)\n"
         "dist.all_gather_into_tensor(out, x)\n"
-        "from raylight.strategies.deepspeed import _import_deepspeed\n"
+        "from raylight.worker.strategies.deepspeed import _import_deepspeed\n"
         "_import_deepspeed(torch.device('cpu'))\n"
         "dist.all_gather_into_tensor(torch.zeros(2), x)\n"
         "dist.reduce_scatter_tensor(torch.zeros(2), x)\n"
@@ -496,7 +496,7 @@ def test_a_deepspeed_process_group_on_cpu_builds_no_shared_memory_op(tmp_path):
 
     code = (
         "import torch, torch.distributed as dist\n"
-        "from raylight.strategies.deepspeed import _import_deepspeed\n"
+        "from raylight.worker.strategies.deepspeed import _import_deepspeed\n"
         "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
         "ds = _import_deepspeed(torch.device('cpu'))\n"
         "ds.init_distributed(dist_backend='gloo', verbose=False)\n"
@@ -520,7 +520,7 @@ def _garbage_ddp_then_destroy(rank: int, port: int, queue) -> None:
 
     import torch.distributed as dist
 
-    from raylight import launcher_env
+    from raylight.worker import process_group
 
     gc.disable()  # only an explicit collection frees the cycle below
     dist.init_process_group("gloo", store=dist.TCPStore("127.0.0.1", port, 1, True), rank=0, world_size=1)
@@ -537,7 +537,7 @@ def _garbage_ddp_then_destroy(rank: int, port: int, queue) -> None:
         real(*args)
 
     dist.destroy_process_group = destroy
-    launcher_env.destroy_process_group()
+    process_group.destroy_process_group()
     queue.put({"rank": 0, **seen})
 
 
@@ -546,7 +546,7 @@ def test_destroying_the_group_frees_garbage_ddp_models_first():
     after the group's Python handle, it drops the last reference with the GIL held and
     gloo's destructor can deadlock on its own threads (a rank of tests/unit/
     test_step_sync_gloo.py hung so under load): raylight's workers destroy the group
-    through ``launcher_env.destroy_process_group``, which frees such garbage first."""
+    through ``process_group.destroy_process_group``, which frees such garbage first."""
     seen = run_gloo_ranks(_garbage_ddp_then_destroy, world_size=1)[0]
     assert seen["freed_by_del"] is False, "the model outlived its last name"
     assert seen["freed_before_destroy"] is True

@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 import torch
 
+from raylight.base.exceptions import ConfigError
 from raylight.declarative import api
 from raylight.declarative.features import bag, infer_type, sets, vector
 from raylight.declarative.loading import load_config
-from raylight.exceptions import ConfigError
 from tests.declarative_data import write
 
 

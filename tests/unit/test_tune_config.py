@@ -7,9 +7,9 @@ import os
 
 import pytest
 
+from raylight.base.exceptions import ConfigError, InsufficientResourcesError
 from raylight.config.validation import validate
 from raylight.declarative.config import ModelConfig, set_path
-from raylight.exceptions import ConfigError, InsufficientResourcesError
 from raylight.tune.resources import check_bundles_fit, plan_concurrency, total, trial_bundles
 from raylight.worker_group.ray_group import worker_bundles
 
@@ -284,7 +284,7 @@ def test_tune_checkpoint_round_trip(tmp_path):
     pytest.importorskip("ray.tune")
     import torch
 
-    from raylight.checkpoint import Checkpoint, serialize_state
+    from raylight.storage.checkpoint import Checkpoint, serialize_state
     from raylight.tune import from_tune_checkpoint, to_tune_checkpoint
 
     original = Checkpoint(None, metadata={"index": 3}, data=serialize_state({"w": torch.arange(3.0)}))
@@ -309,9 +309,9 @@ def test_a_sharded_tune_checkpoint_on_remote_storage_is_read_where_tune_keeps_it
     from pyarrow.fs import FSSpecHandler, PyFileSystem
     from ray.tune import Checkpoint as TuneCheckpoint
 
-    from raylight import sharded
-    from raylight.checkpoint import RAYLIGHT_KEY, SHARDED, serialize_state
-    from raylight.storage import STATE_FILE
+    from raylight.storage import sharded
+    from raylight.storage.checkpoint import RAYLIGHT_KEY, SHARDED, serialize_state
+    from raylight.storage.run_dir import STATE_FILE
     from raylight.tune import from_tune_checkpoint
 
     state, tensors = sharded.split({"w": torch.arange(4.0), "epoch": 2})
@@ -341,7 +341,7 @@ def test_a_forwarded_checkpoint_is_staged_in_a_directory_removed_once_tune_has_i
 
     from ray import tune
 
-    from raylight.checkpoint import Checkpoint, serialize_state
+    from raylight.storage.checkpoint import Checkpoint, serialize_state
     from raylight.tune.trial import TuneForwarder, from_tune_checkpoint
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))

@@ -1,4 +1,4 @@
-"""raylight.verbosity: the one switch between raylight's output and Ray's (no cluster)."""
+"""raylight.base.verbosity: the one switch between raylight's output and Ray's (no cluster)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from raylight import verbosity
+from raylight.base import verbosity
 
 
 @pytest.fixture

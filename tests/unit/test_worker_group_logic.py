@@ -6,14 +6,14 @@ import threading
 
 import pytest
 
-from raylight.worker_group import worker as worker_module
-from raylight.worker_group.protocol import (
+from raylight.worker.protocol import (
     ErrorInfo,
     Report,
     WorkerFailure,
     WorkerPoll,
     with_finished_peers,
 )
+from raylight.worker_group import worker as worker_module
 from raylight.worker_group.ray_group import assign_ranks, check_feasible
 from raylight.worker_group.worker import RankInfo, RaylightWorker, StartSpec
 from tests.helpers import wait_until

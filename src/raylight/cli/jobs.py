@@ -1,4 +1,4 @@
-"""`raylight submit` and `raylight jobs ...`: thin commands over ``raylight.jobs``.
+"""`raylight submit` and `raylight jobs ...`: thin commands over ``raylight.jobs.submission``.
 
 Exit codes: ``submit`` that waits exits with the job's (the driver's exit code, 0 on
 success); 2 for usage errors (a flag, the address, the working directory); 130 when
@@ -13,9 +13,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from raylight import jobs
+from raylight.base.exceptions import ClusterConnectionError, ConfigError
 from raylight.cli.prices import PriceOpt, PricesOpt, price_table
-from raylight.exceptions import ClusterConnectionError, ConfigError
+from raylight.jobs import submission
 
 console = Console(stderr=True)
 jobs_app = typer.Typer(no_args_is_help=True, help="Ray Jobs of raylight runs on a cluster: list, status, logs, stop.")
@@ -41,9 +41,9 @@ def _write(text: str) -> None:
     sys.stdout.flush()
 
 
-def _client(address: str | None, timeout_s: float) -> jobs.JobsClient:
-    url, source = jobs.jobs_address(address)
-    return jobs.JobsClient(url, source=source, connect_timeout_s=timeout_s)
+def _client(address: str | None, timeout_s: float) -> submission.JobsClient:
+    url, source = submission.jobs_address(address)
+    return submission.JobsClient(url, source=source, connect_timeout_s=timeout_s)
 
 
 def _usage(exc: Exception) -> None:
@@ -72,23 +72,23 @@ def submit(
     prices: PricesOpt = None,
 ) -> None:
     """Run COMMAND on a Ray cluster as a Ray Job; wait, streaming its logs, and exit with its exit code."""
-    sub: jobs.Submission | None = None
-    client: jobs.JobsClient | None = None
+    sub: submission.Submission | None = None
+    client: submission.JobsClient | None = None
     try:
         if no_wait and retries:
             raise ConfigError("--retries needs a client that waits to resubmit the job: drop --no-wait or --retries")
         table = price_table(price, prices)
-        if table is not None:  # the run prices itself from its environment (raylight.cost)
-            from raylight.cost import PRICES_ENV, prices_env_value
+        if table is not None:  # the run prices itself from its environment (raylight.base.cost)
+            from raylight.base.cost import PRICES_ENV, prices_env_value
 
             env = [*(env or []), f"{PRICES_ENV}={prices_env_value(table)}"]
-        sub = jobs.build_submission(
-            command or [], name=name or jobs.default_name(), script=file, working_dir=working_dir,
+        sub = submission.build_submission(
+            command or [], name=name or submission.default_name(), script=file, working_dir=working_dir,
             requirements=requirements, pip=pip or [], env=env or [], max_workers=max_workers, cpus=cpus,
             gpus=gpus, retries=retries, resume=resume,
         )
         client = _client(address, connect_timeout)
-        code = jobs.run(client, sub, wait=not no_wait, write=_write, say=_say)
+        code = submission.run(client, sub, wait=not no_wait, write=_write, say=_say)
     except (ConfigError, ClusterConnectionError) as exc:
         _usage(exc)
     except KeyboardInterrupt:
@@ -116,7 +116,7 @@ def list_jobs(address: AddressOpt = None, connect_timeout: TimeoutOpt = 10.0) ->
     print(f"{'JOB':32} {'RUN':24} {'ATTEMPT':7} {'STATUS':10} ENTRYPOINT")
     for j in found:
         meta = j.metadata or {}
-        print(f"{j.submission_id or j.job_id:32} {meta.get(jobs.RUN_KEY, '-'):24} {meta.get(jobs.ATTEMPT_KEY, '-'):7} "
+        print(f"{j.submission_id or j.job_id:32} {meta.get(submission.RUN_KEY, '-'):24} {meta.get(submission.ATTEMPT_KEY, '-'):7} "
               f"{j.status.value:10} {j.entrypoint[:60]}")
 
 

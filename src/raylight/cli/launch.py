@@ -14,7 +14,7 @@ from typing import Annotated, NoReturn
 import typer
 from rich.console import Console
 
-from raylight.exceptions import (
+from raylight.base.exceptions import (
     ClusterConnectionError,
     ConfigError,
     InsufficientResourcesError,

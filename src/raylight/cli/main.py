@@ -17,11 +17,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 import yaml
 from rich.console import Console
 
-from raylight.cli.jobs import jobs_app, submit
-from raylight.cli.launch import CONTEXT as RUN_CONTEXT
-from raylight.cli.launch import run
-from raylight.cli.prices import PriceOpt, PricesOpt, price_table
-from raylight.exceptions import (
+from raylight.base.exceptions import (
     ClusterConnectionError,
     ConfigError,
     InsufficientResourcesError,
@@ -29,6 +25,10 @@ from raylight.exceptions import (
     RaylightError,
     RunInUseError,
 )
+from raylight.cli.jobs import jobs_app, submit
+from raylight.cli.launch import CONTEXT as RUN_CONTEXT
+from raylight.cli.launch import run
+from raylight.cli.prices import PriceOpt, PricesOpt, price_table
 
 # Tracebacks of genuine failures never print local variables (they may hold secrets).
 app = typer.Typer(
@@ -66,19 +66,19 @@ def _fail(exc: BaseException) -> None:
     console.print("[bold red]error:[/] ", end="", highlight=False)
     console.print(str(exc), highlight=False, soft_wrap=True, markup=False)  # [x] in text stays
     if isinstance(exc, PreemptedError):  # raylight submit --retries resubmits it
-        from raylight.exit_codes import PREEMPTED_EXIT_CODE
+        from raylight.base.exit_codes import PREEMPTED_EXIT_CODE
 
         raise typer.Exit(PREEMPTED_EXIT_CODE)
     raise typer.Exit(2 if isinstance(exc, USAGE_ERRORS) else 1)
 
 
 def _verbose(verbose: bool) -> None:
-    """--verbose: Ray's output comes back (raylight.verbosity), for this process and
+    """--verbose: Ray's output comes back (raylight.base.verbosity), for this process and
     the Ray processes it starts."""
     if verbose:
         import os
 
-        from raylight import verbosity
+        from raylight.base import verbosity
 
         os.environ[verbosity.ENV] = "1"
         verbosity.apply(True)
@@ -103,7 +103,7 @@ def train(
     verbose: VerboseOpt = False,
 ) -> None:
     """Train a model described by CONFIG on DATASET."""
-    from raylight.cost import format_cost
+    from raylight.base.cost import format_cost
     from raylight.declarative import api
 
     _verbose(verbose)
@@ -213,7 +213,7 @@ def init_config(
     except RaylightError as exc:
         _fail(exc)
     if output:
-        from raylight.storage import atomic_write
+        from raylight.storage.run_dir import atomic_write
 
         atomic_write(output, text)
     else:
@@ -256,8 +256,8 @@ def report(
     """Print a run's time, cost and adaptive decisions (--price prices it again)."""
     from rich.console import Console as StdoutConsole
 
-    from raylight.cost import Prices
-    from raylight.report import load_report, render_report, reprice
+    from raylight.base.cost import Prices
+    from raylight.driver.report import load_report, render_report, reprice
 
     try:
         table = price_table(price, prices)

@@ -15,7 +15,7 @@ PricesOpt = Annotated[str | None, typer.Option("--prices", help="YAML/JSON file 
 
 def price_table(price: list[str] | None, prices_file: str | None) -> dict[str, float] | None:
     """--prices FILE, then each --price over it; None when neither is given."""
-    from raylight.cost import load_prices, parse_prices
+    from raylight.base.cost import load_prices, parse_prices
 
     if not price and not prices_file:
         return None

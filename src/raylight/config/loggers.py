@@ -2,7 +2,7 @@
 
 Each entry is a logger's name (``"tensorboard"``) or its options, as a mapping with a
 ``type`` (``{"type": "mlflow", "tracking_uri": ...}``) or one of these models. The driver
-writes them (``raylight.loggers``); here is only the data.
+writes them (``raylight.driver.loggers``); here is only the data.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from raylight.exceptions import ConfigError
+from raylight.base.exceptions import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
 

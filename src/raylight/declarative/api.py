@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from raylight.base.exceptions import ConfigError, TrainingDivergedError
 from raylight.declarative import processor
 from raylight.declarative.config import OUTPUT_TYPES, ModelConfig
 from raylight.declarative.dataset import expand, read_pandas
@@ -42,8 +43,7 @@ from raylight.declarative.preprocess import (
     stratified_split_rows,
     transform,
 )
-from raylight.exceptions import ConfigError, TrainingDivergedError
-from raylight.storage import atomic_write
+from raylight.storage.run_dir import atomic_write
 
 log = logging.getLogger("raylight")
 
@@ -68,12 +68,12 @@ class Backend:
 def backend_kind(config: ModelConfig, override: str | None) -> str:
     """"local", "ray" or "launcher": which backend ``resolve_backend`` gives, without
     connecting to Ray."""
-    from raylight import launcher_env
+    from raylight.worker import process_group
 
     kind = override or config.backend.type
     if kind is not None and kind not in ("local", "ray", *LAUNCHED):
         raise ConfigError(f"backend must be local, ray or launcher, got {kind!r}")
-    if launcher_env.detect() is not None:
+    if process_group.detect() is not None:
         return "launcher"
     if kind in LAUNCHED:
         where = "--backend" if override else "backend.type"
@@ -94,11 +94,11 @@ def resolve_backend(config: ModelConfig, override: str | None, *, connecting: Ca
     checks the resources it asks for exist. A process torchrun, horovodrun, mpirun or the
     deepspeed launcher started runs in the launcher's group, whatever the backend says.
     ``connecting`` is called once the checks that need no Ray passed, before connecting."""
-    from raylight import launcher_env
+    from raylight.worker import process_group
 
     kind, t = backend_kind(config, override), config.backend.trainer
     if kind == "launcher":
-        launch = launcher_env.detect()
+        launch = process_group.detect()
         assert launch is not None
         wanted = override or config.backend.type
         if launch.rank == 0 and wanted not in (None, *LAUNCHED):
@@ -108,7 +108,7 @@ def resolve_backend(config: ModelConfig, override: str | None, *, connecting: Ca
         return Backend("local", 0, t.use_gpu, None)
     import ray
 
-    from raylight import runtime
+    from raylight.driver import runtime
 
     per = dict(t.resources_per_worker or {})
     per.setdefault("CPU", 1.0)
@@ -277,8 +277,8 @@ def new_output_dir(path: str) -> str:
     """The absolute output directory, checked before anything is done: it does not exist
     yet, is empty, or holds only a failed attempt that never committed a checkpoint (which
     the new run replaces). Its parents are created when training starts."""
-    from raylight.recorder import directory_state
-    from raylight.storage import RunStorage
+    from raylight.driver.recorder import directory_state
+    from raylight.storage.run_dir import RunStorage
 
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
@@ -306,9 +306,9 @@ def train(
 ) -> dict[str, Any]:
     """Train, save the model to ``<output_directory>/model`` and evaluate on the test split.
     ``prices`` (USD per hour per node type) prices the run: the result's ``cost``."""
-    from raylight import launcher_env
+    from raylight.worker import process_group
 
-    launch = launcher_env.detect()
+    launch = process_group.detect()
     leader = launch is None or launch.rank == 0  # under a launcher, rank 0 alone writes the output directory
     out = new_output_dir(output_directory) if leader else os.path.abspath(output_directory)
     expand(dataset)  # a missing or unreadable path is named before Ray starts
@@ -332,7 +332,7 @@ def train(
     # torch only now: the ray backend's start began importing it in a thread while Ray's
     # processes started, and preprocessing overlapped it (an import up front serialises it).
     from raylight.declarative.train import declarative_loop, evaluate_data, load_model, save_model
-    from raylight.trainer import fit
+    from raylight.driver.trainer import fit
 
     imported = time.monotonic()
     loop_config, adaptive = loop_settings(config, prepared, on_ray=resolved.kind == "ray")
@@ -405,7 +405,7 @@ def _prestart(resolved: Backend, config: ModelConfig) -> None:
     while the driver still preprocesses, rather than after it."""
     if resolved.kind != "ray":
         return
-    from raylight.trainer import prestart_workers
+    from raylight.driver.trainer import prestart_workers
 
     prestart_workers(
         num_workers=resolved.num_workers, use_gpu=resolved.use_gpu, resources_per_worker=resolved.resources,
@@ -471,7 +471,7 @@ def _plot_learning_curves(history: list[dict[str, Any]], path: str) -> None:
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    from raylight.storage import atomic_path
+    from raylight.storage.run_dir import atomic_path
 
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=90, format="png")
@@ -482,15 +482,15 @@ def _plot_learning_curves(history: list[dict[str, Any]], path: str) -> None:
 def _launched_group() -> Iterator[Any]:
     """Under a launcher with more than one process: its group, formed here and destroyed
     after (the LaunchEnv is yielded); None elsewhere."""
-    from raylight import launcher_env
+    from raylight.worker import process_group
 
-    launch = launcher_env.detect()
+    launch = process_group.detect()
     if launch is None or launch.world_size == 1:
         yield None
         return
     import torch.distributed as dist
 
-    launcher_env.init_process_group(launch, "gloo")
+    process_group.init_process_group(launch, "gloo")
     try:
         yield launch
     finally:
@@ -582,7 +582,7 @@ def csv_ready(frame: pd.DataFrame) -> pd.DataFrame:
 def write_frame(frame: pd.DataFrame, path: str) -> None:
     """Write ``frame`` whole or not at all (a temporary file renamed into place)."""
     check_output_file(path, "--output", FRAME_FORMATS)
-    from raylight.storage import atomic_path
+    from raylight.storage.run_dir import atomic_path
 
     lower = path.lower()
     with atomic_path(path) as tmp:

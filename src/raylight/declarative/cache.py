@@ -20,7 +20,7 @@ import numpy as np
 
 from raylight.declarative.config import ModelConfig
 from raylight.declarative.dataset import expand
-from raylight.storage import write_committed
+from raylight.storage.run_dir import write_committed
 
 SPLITS = ("train", "validation", "test")
 

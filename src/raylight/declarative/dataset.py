@@ -10,7 +10,7 @@ from __future__ import annotations
 import fsspec
 import pandas as pd
 
-from raylight.exceptions import ConfigError
+from raylight.base.exceptions import ConfigError
 
 FORMATS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "json", ".json": "json"}
 

@@ -19,11 +19,11 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from raylight.base.exceptions import ConfigError, RaylightError
 from raylight.declarative import processor, search
 from raylight.declarative.config import ModelConfig, preprocessing_sections, set_path, space_values
 from raylight.declarative.hyperopt_config import HyperoptConfig
-from raylight.exceptions import ConfigError, RaylightError
-from raylight.storage import atomic_path, atomic_write
+from raylight.storage.run_dir import atomic_path, atomic_write
 from raylight.tune.resources import (
     ConcurrencyPlan,
     check_bundles_fit,
@@ -169,10 +169,10 @@ def hyperopt(config: ModelConfig, dataset: str, *, output_directory: str, progre
     the best trial's parameters and metric."""
     from ray import tune
 
-    from raylight import runtime
     from raylight.declarative import api
     from raylight.declarative.dataset import read_pandas
     from raylight.declarative.preprocess import check_columns, check_target
+    from raylight.driver import runtime
 
     h = config.hyperopt
     if h is None:
@@ -180,9 +180,9 @@ def hyperopt(config: ModelConfig, dataset: str, *, output_directory: str, progre
             "the config has no hyperopt: section; add one, e.g. hyperopt: {parameters: "
             "{trainer.learning_rate: {space: loguniform, lower: 0.0001, upper: 0.1}}}"
         )
-    from raylight import launcher_env
+    from raylight.worker import process_group
 
-    if (launch := launcher_env.detect()) is not None:
+    if (launch := process_group.detect()) is not None:
         raise ConfigError(
             f"hyperopt runs its trials on Ray, but {launch.launcher} started this process; run "
             "`raylight hyperopt ...` without the launcher"

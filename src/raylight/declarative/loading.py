@@ -8,10 +8,10 @@ from typing import Any
 import fsspec
 import yaml
 
+from raylight.base.exceptions import ConfigError
 from raylight.config.validation import validate
 from raylight.declarative.config import ModelConfig
 from raylight.declarative.keypath import KeyPathError, assign
-from raylight.exceptions import ConfigError
 
 
 def read_text_file(path: str, what: str) -> str:

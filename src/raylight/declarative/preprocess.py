@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from raylight.base.exceptions import ConfigError
 from raylight.declarative.config import ModelConfig
 from raylight.declarative.features import FEATURES, binary, number, sets, vector
 from raylight.declarative.features.base import present
-from raylight.exceptions import ConfigError
 
 
 # The data errors, one wording for the pandas and the Ray Data checks alike.

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from raylight.base.exceptions import ConfigError
 from raylight.declarative.config import ModelConfig, SplitConfig
 from raylight.declarative.dataset import dataset_format, expand
 from raylight.declarative.features import FEATURES, sets
@@ -50,7 +51,6 @@ from raylight.declarative.preprocess import (
     strata,
     transform,
 )
-from raylight.exceptions import ConfigError
 
 
 def _read(path: str) -> Any:
@@ -77,7 +77,7 @@ def _where_local_files_are_read(path: str) -> dict[str, Any]:
     """Ray Data's read arguments for files on a local path, from this cluster's shape."""
     import ray
 
-    from raylight.runtime import client_driver
+    from raylight.driver.runtime import client_driver
 
     try:
         alive = sum(1 for node in ray.nodes() if node.get("Alive"))
@@ -156,7 +156,7 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
     and vocabularies (``fit_ray``); the transform to arrays."""
     import ray
 
-    # Ray Data's progress bars and logs follow raylight.verbosity (quiet unless verbose).
+    # Ray Data's progress bars and logs follow raylight.base.verbosity (quiet unless verbose).
     # Read it all first: asked of a lazy read, schema() runs the read until one block comes
     # and cancels the read tasks still running, and in Ray 2.60 a cancel that races a
     # task's completion can abort the driver (seen once in the suite: task_manager.cc

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from raylight.base.exceptions import ConfigError
 from raylight.declarative.hyperopt_config import (
     AshaScheduler,
     HyperoptConfig,
     MedianStoppingScheduler,
     PbtScheduler,
 )
-from raylight.exceptions import ConfigError
 
 # Trials report once per epoch; Tune counts reports as training iterations.
 TIME_ATTR = "training_iteration"

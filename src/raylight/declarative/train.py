@@ -12,13 +12,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from raylight.data.blocks import BlockDataset
 from raylight.declarative.config import ModelConfig
 from raylight.declarative.lr_schedule import Plateau, Schedule, schedule_clock
 from raylight.declarative.metrics import MINIMIZED, metric_key
+from raylight.worker.data.blocks import BlockDataset
 
 if TYPE_CHECKING:
-    from raylight.context import TrainContext
+    from raylight.worker.context import TrainContext
 
 TARGET_KEY = "__target__"
 
@@ -45,7 +45,7 @@ class ArrayDataset(torch.utils.data.Dataset):
 
     def get_batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
         """Rows ``indices`` stacked, one indexing per array: what collating ``self[i]`` row
-        by row gives, without a Python call per row (``raylight.data.loader.fetch_batch``)."""
+        by row gives, without a Python call per row (``raylight.worker.data.loader.fetch_batch``)."""
         index = torch.as_tensor(indices, dtype=torch.long)
         return {k: v[index] for k, v in self.arrays.items()}
 
@@ -118,7 +118,7 @@ def _add_sums(
     ranked: list[np.ndarray] | None,
 ) -> None:
     """Add one chunk's sums for ``output`` (its keys start with ``at``)."""
-    from raylight.models import loss_for, predictions
+    from raylight.declarative.models import loss_for, predictions
 
     n = len(target)
     sums[at + "n"] += n
@@ -329,7 +329,7 @@ class RateSchedule:
 
 def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
     """The per-worker loop raylight.fit runs for `raylight train`."""
-    from raylight.models import build_model, loss_for
+    from raylight.declarative.models import build_model, loss_for
 
     cfg = ModelConfig.model_validate(config["model_config"])
     assert config["train"] is not None, "the training split is never empty"
@@ -433,7 +433,7 @@ def save_model(path: str, config: ModelConfig, meta: dict[str, Any], state: dict
     """``path``/weights.safetensors and ``path``/model.json (config + preprocessing)."""
     from safetensors.torch import save_file
 
-    from raylight.storage import atomic_path, atomic_write
+    from raylight.storage.run_dir import atomic_path, atomic_write
 
     os.makedirs(path, exist_ok=True)
     with atomic_path(os.path.join(path, WEIGHTS_FILE)) as tmp:
@@ -443,8 +443,8 @@ def save_model(path: str, config: ModelConfig, meta: dict[str, Any], state: dict
 
 
 def _read_model_json(path: str, damaged: str) -> dict[str, Any]:
+    from raylight.base.exceptions import ConfigError
     from raylight.declarative.loading import read_text_file
-    from raylight.exceptions import ConfigError
 
     try:
         saved = json.loads(read_text_file(path, "model file"))
@@ -457,8 +457,8 @@ def _read_model_json(path: str, damaged: str) -> dict[str, Any]:
 
 def _build_checked(config: ModelConfig, meta: dict[str, Any], model_json: str, damaged: str) -> torch.nn.Module:
     """The model ``model.json`` describes; its metadata must hold what each feature needs."""
-    from raylight.exceptions import ConfigError
-    from raylight.models import build_model
+    from raylight.base.exceptions import ConfigError
+    from raylight.declarative.models import build_model
 
     try:
         return build_model(config, meta)
@@ -473,7 +473,7 @@ def _load_weights(model: torch.nn.Module, path: str, damaged: str) -> None:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from raylight.exceptions import ConfigError
+    from raylight.base.exceptions import ConfigError
 
     if not os.path.exists(path):
         raise ConfigError(f"the weights file {path!r} is missing: {damaged}")
@@ -492,8 +492,8 @@ class LoadedModel:
     """A trained declarative model: ``predict`` and ``evaluate`` in plain Python, no Ray."""
 
     def __init__(self, path: str) -> None:
+        from raylight.base.exceptions import ConfigError
         from raylight.config.validation import validate
-        from raylight.exceptions import ConfigError
 
         if not os.path.exists(path):
             raise ConfigError(f"model path {path!r} does not exist; pass <output-directory>/model of a trained run")
@@ -544,8 +544,8 @@ class LoadedModel:
         """Metrics on ``df``; ``part=(rank, world_size)`` evaluates that share of its rows,
         ``reduce`` adds up every share's sums and ``gather`` joins a binary output's scores
         (processes a launcher started)."""
+        from raylight.base.exceptions import ConfigError
         from raylight.declarative.preprocess import check_target
-        from raylight.exceptions import ConfigError
 
         arrays, _ = self._arrays(df, with_outputs=True, source=source)  # checks the columns first
         check_target(df, self.config, source)
@@ -569,7 +569,7 @@ class LoadedModel:
 def _predicted(output: Any, raw: torch.Tensor, m: dict[str, Any], keep: np.ndarray) -> dict[str, Any]:
     """One output's prediction columns: ``<output>_predictions`` and, for classifiers,
     probabilities; nulls in the rows ``keep`` leaves out."""
-    from raylight.models import predictions
+    from raylight.declarative.models import predictions
 
     name, kind = output.name, output.type
     pred, prob = predictions(kind, raw, output.threshold)

@@ -10,7 +10,7 @@ makes ``import horovod.torch`` give this module where Horovod is absent.
 """
 
 from raylight.horovod import elastic
-from raylight.horovod.basics import (
+from raylight.worker.hvd.basics import (
     Adasum,
     Average,
     HorovodInternalError,
@@ -44,8 +44,8 @@ from raylight.horovod.basics import (
     shutdown,
     size,
 )
-from raylight.horovod.compat import install_import_hook, uninstall_import_hook
-from raylight.horovod.ops import (
+from raylight.worker.hvd.compat import install_import_hook, uninstall_import_hook
+from raylight.worker.hvd.ops import (
     allgather,
     allgather_async,
     allgather_object,
@@ -68,7 +68,7 @@ from raylight.horovod.ops import (
     reducescatter,
     synchronize,
 )
-from raylight.horovod.optimizer import (
+from raylight.worker.hvd.optimizer import (
     Compression,
     DistributedOptimizer,
     broadcast_optimizer_state,

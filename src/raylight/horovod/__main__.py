@@ -11,7 +11,7 @@ import os
 import runpy
 import sys
 
-from raylight.horovod.compat import install_import_hook
+from raylight.worker.hvd.compat import install_import_hook
 
 
 def main(argv: list[str]) -> int:

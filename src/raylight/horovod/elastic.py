@@ -31,10 +31,10 @@ from typing import Any
 
 import torch
 
-from raylight.horovod import basics
-from raylight.horovod.basics import HorovodInternalError, HostsUpdatedInterrupt
-from raylight.horovod.ops import allgather_object, broadcast_object
-from raylight.horovod.optimizer import broadcast_optimizer_state, broadcast_parameters
+from raylight.worker.hvd import basics
+from raylight.worker.hvd.basics import HorovodInternalError, HostsUpdatedInterrupt
+from raylight.worker.hvd.ops import allgather_object, broadcast_object
+from raylight.worker.hvd.optimizer import broadcast_optimizer_state, broadcast_parameters
 
 CHECKPOINT_KEY = "horovod_elastic"
 

@@ -25,7 +25,7 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import IO, Any
 
-from raylight.exceptions import ConfigError
+from raylight.base.exceptions import ConfigError
 from raylight.launch.bootstrap import CHANNEL_ENV, KEY_ENV, PARENT_ENV
 
 BOOTSTRAP = str(Path(__file__).with_name("bootstrap.py"))
@@ -124,7 +124,7 @@ def _open_agent_store(host: str, world_size: int) -> int:
 
     import torch.distributed as dist
 
-    from raylight.worker_group.net import listen_socket
+    from raylight.base.net import listen_socket
 
     sock = listen_socket(host)
     try:

@@ -7,7 +7,7 @@ thread that started it), (2) makes ``sys.path`` and ``sys.argv`` what ``python S
 (or ``python -m MODULE``) would make them, (3) wraps
 ``torch.distributed.init_process_group`` so that the agent learns when this rank enters
 and completes it: the driver names a rank that never does (``--init-timeout``), (4)
-collects garbage at exit (see ``raylight.launcher_env.collect_at_exit``), and (5) unless
+collects garbage at exit (see ``raylight.worker.process_group.collect_at_exit``), and (5) unless
 ``RAYLIGHT_HOROVOD_COMPAT=1`` serves ``raylight.horovod``, guards a Horovod script (see
 ``_HorovodGuard``). Standard library only, apart from torch where it is installed.
 """
@@ -137,13 +137,13 @@ def _guard_init(hvd: Any) -> None:
 
 def main(argv: list[str]) -> None:
     _die_with_parent()
-    # raylight.launcher_env.collect_at_exit, without importing raylight: free what DDP
+    # raylight.worker.process_group.collect_at_exit, without importing raylight: free what DDP
     # left in reference cycles before the interpreter's teardown, where a gloo thread
     # freeing the last collective's work aborts a finished run (exit code 134)
     atexit.register(gc.collect)
     if os.environ.get("RAYLIGHT_HOROVOD_COMPAT", "").strip() not in ("", "0"):
         # `import horovod.torch` serves raylight.horovod (imported only when asked for)
-        from raylight.horovod.compat import install_from_env
+        from raylight.worker.hvd.compat import install_from_env
 
         install_from_env()
     elif argv[:2] != ["-m", "raylight.horovod"]:  # which serves raylight.horovod itself

@@ -19,11 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from raylight._time import monotonic
+from raylight.base.clock import monotonic
+from raylight.base.exceptions import ConfigError, RaylightError, TrainingFailedError
 from raylight.config import FailureConfig, RunConfig, ScalingConfig, TrainerConfig, validate
-from raylight.exceptions import ConfigError, RaylightError, TrainingFailedError
 from raylight.launch.agent import EVENT, LaunchSpec, ScriptExitError, agent_loop
-from raylight.worker_group.protocol import GroupPoll
+from raylight.worker.protocol import GroupPoll
 
 INIT_TIMEOUT_S = 300.0  # --init-timeout's default: a rank may take this long to call init after the first did
 INTERRUPTED_EXIT_CODE = 130  # a shell's code for SIGINT
@@ -144,7 +144,7 @@ def launch(
     spec = LaunchSpec(
         target=target, args=tuple(args), module=module, cwd=os.getcwd(), run_name=name, max_restarts=max_failures,
     )
-    from raylight.trainer import Trainer
+    from raylight.driver.trainer import Trainer
 
     restarts = [0]
     on_poll = RankOutput(InitWatch(init_timeout_s), restarts, out=out, err=err)

@@ -25,8 +25,8 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.strategies.launchers.launcher import _Launcher
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn, TrainerStatus
 
-from raylight.checkpoint import RAYLIGHT_KEY
 from raylight.lightning._worker import CALL_KEY, CHECKPOINT_STATE_KEYS, run_on_worker
+from raylight.storage.checkpoint import RAYLIGHT_KEY
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -49,7 +49,7 @@ class RayLauncher(_Launcher):
     def launch(self, function: Any, *args: Any, trainer: pl.Trainer | None = None, **kwargs: Any) -> Any:
         if trainer is None:
             raise ValueError("RayLauncher.launch needs the Trainer (trainer=...)")
-        from raylight.trainer import Trainer
+        from raylight.driver.trainer import Trainer
 
         _fix_logger_versions(trainer)
         run_dir = tempfile.mkdtemp(prefix="raylight-lightning-")

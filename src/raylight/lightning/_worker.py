@@ -16,7 +16,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 
-from raylight.checkpoint import INTERNAL_METRIC, to_cpu
+from raylight.storage.checkpoint import INTERNAL_METRIC, to_cpu
 
 log = logging.getLogger("raylight")
 
@@ -72,7 +72,7 @@ def _callback_states(trainer: Any) -> dict[str, Any]:
     a ``weights_only`` load would refuse stays on the worker, with a warning."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from raylight.checkpoint import deserialize_state, serialize_state
+    from raylight.storage.checkpoint import deserialize_state, serialize_state
 
     states = {}
     for callback in trainer.callbacks:

@@ -29,8 +29,8 @@ from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader, Sampler
 
 from raylight.adaptive.plan import BatchPlan
+from raylight.base.exceptions import ConfigError
 from raylight.config import AdaptiveConfig
-from raylight.exceptions import ConfigError
 
 
 def lightning_adaptive(config: AdaptiveConfig | None) -> AdaptiveConfig | None:

@@ -18,7 +18,7 @@ import torch
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from raylight.storage import atomic_write
+from raylight.storage.run_dir import atomic_write
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -35,10 +35,10 @@ from typing import Any
 import torch
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
-from raylight.checkpoint import to_cpu
+from raylight.base.exceptions import ConfigError
 from raylight.config import FailureConfig
-from raylight.exceptions import ConfigError
 from raylight.lightning.strategies import _environment, _RayWorkers, make_settings
+from raylight.storage.checkpoint import to_cpu
 
 _OWNER = "RayDeepSpeedStrategy"
 _OURS = {
@@ -49,7 +49,7 @@ _OURS = {
 
 
 def require_deepspeed() -> None:
-    from raylight.strategies.deepspeed import import_deepspeed
+    from raylight.worker.strategies.deepspeed import import_deepspeed
 
     try:
         import_deepspeed()
@@ -196,7 +196,7 @@ class RayDeepSpeedStrategy(_RayWorkers, DeepSpeedStrategy):
     def setup_distributed(self) -> None:
         from lightning.fabric.utilities.seed import reset_seed
 
-        from raylight.strategies.deepspeed import (
+        from raylight.worker.strategies.deepspeed import (
             import_deepspeed,
             quiet_deprecated_collectives,
             skip_shm_comm,

@@ -2,7 +2,7 @@
 raylight workers, on CPUs (gloo) and GPUs (NCCL).
 
 Built on Lightning's public ``ParallelStrategy`` (as Lightning's own FSDP strategies
-are), with raylight's FSDP2 application (``raylight.strategies.fsdp``) doing the
+are), with raylight's FSDP2 application (``raylight.worker.strategies.fsdp``) doing the
 sharding: the same block policy, options (``raylight.FSDP``) and full-state hooks as
 ``raylight.fit(strategy=FSDP(...))``, not a second sharding policy. Lightning's
 ``ModelParallelStrategy`` (FSDP2 too) was not used because it shards nothing itself:
@@ -45,14 +45,14 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch import nn
 
-from raylight.checkpoint import to_cpu
+from raylight.base.exceptions import ConfigError
 from raylight.config import FailureConfig, validate
 from raylight.config.schema import FSDP
-from raylight.exceptions import ConfigError
 from raylight.lightning.checkpoint_io import AtomicCheckpointIO
 from raylight.lightning.strategies import _environment, _RayWorkers, make_settings
-from raylight.strategies.fsdp import FSDPStrategy as _Sharding
-from raylight.strategies.fsdp import full_tensors
+from raylight.storage.checkpoint import to_cpu
+from raylight.worker.strategies.fsdp import FSDPStrategy as _Sharding
+from raylight.worker.strategies.fsdp import full_tensors
 
 _OWNER = "RayFSDPStrategy"
 

@@ -5,7 +5,7 @@ The constructor is ray_lightning's (``num_workers``, or ``num_hosts`` x ``num_sl
 raylight workers, the Trainer on the driver, notebook-safe, ``fit`` as often as wanted,
 ``callback_metrics`` back); on each worker Horovod is initialised before the Trainer starts
 and shut down at teardown: real ``horovod.torch`` where it is installed
-(``raylight.horovod.real``: a rendezvous server on rank 0, Horovod's gloo controller), else
+(``raylight.worker.hvd.real``: a rendezvous server on rank 0, Horovod's gloo controller), else
 ``raylight.horovod`` on the worker's process group. So a LightningModule's ``hvd.rank()``,
 ``hvd.size()``, ``hvd.allreduce(...)`` work unchanged. Gradients are reduced by DDP, not by
 Horovod's ``DistributedOptimizer`` (the result is the same average); see docs/horovod.md
@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from raylight.base.exceptions import ConfigError
 from raylight.config.schema import HOROVOD_IMPLEMENTATIONS
-from raylight.exceptions import ConfigError
-from raylight.horovod import basics as hvd
 from raylight.lightning.strategies import RayStrategy
+from raylight.worker.hvd import basics as hvd
 
 
 def _num_workers(num_workers: Any, num_hosts: Any, num_slots: Any) -> Any:
@@ -67,7 +67,7 @@ class HorovodRayStrategy(RayStrategy):
         implementation: str = "auto",
         **kwargs: Any,
     ) -> None:
-        from raylight.strategies.horovod import resolve_implementation
+        from raylight.worker.strategies.horovod import resolve_implementation
 
         if implementation not in HOROVOD_IMPLEMENTATIONS:
             raise ConfigError(
@@ -75,12 +75,12 @@ class HorovodRayStrategy(RayStrategy):
             )
         super().__init__(_num_workers(num_workers, num_hosts, num_slots), use_gpu=use_gpu, **kwargs)
         self.implementation = resolve_implementation(implementation, setting="HorovodRayStrategy(implementation=...)")
-        self._real: Any = None  # raylight.horovod.real.RealHorovod, on a worker
+        self._real: Any = None  # raylight.worker.hvd.real.RealHorovod, on a worker
 
     def attach_worker(self, ctx: Any, trainer: Any) -> None:
         super().attach_worker(ctx, trainer)
         if self.implementation == "horovod":
-            from raylight.horovod.real import init_horovod
+            from raylight.worker.hvd.real import init_horovod
 
             self._real = init_horovod(
                 timeout_s=self.settings.failure.collective_timeout_s,

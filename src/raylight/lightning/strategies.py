@@ -25,6 +25,7 @@ from lightning.pytorch.trainer.states import RunningStage
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
+from raylight.base.exceptions import ConfigError
 from raylight.config import (
     DDP,
     AdaptiveConfig,
@@ -34,7 +35,6 @@ from raylight.config import (
     TrainerConfig,
     validate,
 )
-from raylight.exceptions import ConfigError
 from raylight.lightning._launcher import RayLauncher
 from raylight.lightning.adaptive import AdaptiveSteps, adapt_train_loader, lightning_adaptive
 from raylight.lightning.checkpoint_io import AtomicCheckpointIO

@@ -47,7 +47,7 @@ def connect(address: str | None = None) -> None:
     """Connect to Ray as ``raylight.fit`` does, before building a ``Tuner``: the running
     Ray of this process, ``address`` or ``RAY_ADDRESS``, else an embedded local one
     bound to 127.0.0.1 (never some other cluster found on the machine)."""
-    from raylight import runtime
+    from raylight.driver import runtime
 
     runtime.connect(address)
 

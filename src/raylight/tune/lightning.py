@@ -120,7 +120,7 @@ class TuneReportCheckpointCallback(TuneReportCallback):
     def _report_on_worker(self, ctx: Any, trainer: Any, metrics: dict[str, Any]) -> None:
         import torch
 
-        from raylight.checkpoint import LIGHTNING_CKPT_KEY, LIGHTNING_CKPT_METRIC
+        from raylight.storage.checkpoint import LIGHTNING_CKPT_KEY, LIGHTNING_CKPT_METRIC
 
         directory = tempfile.mkdtemp(prefix="raylight-lightning-")
         try:

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from raylight.exceptions import InsufficientResourcesError
+from raylight.base.exceptions import InsufficientResourcesError
 
 
 def trial_bundles(

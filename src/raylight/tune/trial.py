@@ -22,14 +22,14 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from raylight.checkpoint import (
+from raylight.config import DDP, FSDP, DeepSpeed, Horovod, TrainerConfig
+from raylight.storage.checkpoint import (
     INTERNAL_METRIC,
     LIGHTNING_CKPT_KEY,
     LIGHTNING_CKPT_METRIC,
     Checkpoint,
 )
-from raylight.config import DDP, FSDP, DeepSpeed, Horovod, TrainerConfig
-from raylight.storage import STATE_FILE, TUNE_META_FILE, write_committed
+from raylight.storage.run_dir import STATE_FILE, TUNE_META_FILE, write_committed
 from raylight.tune.resources import get_tune_resources
 
 log = logging.getLogger("raylight")
@@ -177,7 +177,7 @@ def run_trial(
     """Run one trial from inside Tune: train, forwarding every report to Tune."""
     from ray import tune
 
-    from raylight.trainer import Trainer
+    from raylight.driver.trainer import Trainer
 
     ctx = tune.get_context()
     storage = trainer_config.run.storage_path or ctx.get_trial_dir()

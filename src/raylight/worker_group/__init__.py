@@ -1,6 +1,6 @@
 """Workers as Ray actors in a placement group: start, rendezvous, poll, shutdown."""
 
-from raylight.worker_group.protocol import (
+from raylight.worker.protocol import (
     ErrorInfo,
     GroupPoll,
     Progress,

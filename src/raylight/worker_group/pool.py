@@ -30,7 +30,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from raylight._time import monotonic
+from raylight.base.clock import monotonic
 
 log = logging.getLogger("raylight")
 

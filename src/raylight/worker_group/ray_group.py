@@ -35,24 +35,20 @@ from ray.util.scheduling_strategies import (
     PlacementGroupSchedulingStrategy,
 )
 
-from raylight import verbosity
-from raylight._time import monotonic, wall
 from raylight.adaptive.plan import AdaptiveSpec, BatchPlan
-from raylight.config import FailureConfig, ScalingConfig
-from raylight.cost import WorkerPlace
-from raylight.exceptions import (
+from raylight.base import verbosity
+from raylight.base.clock import monotonic, wall
+from raylight.base.cost import WorkerPlace
+from raylight.base.exceptions import (
     ConfigError,
     InsufficientResourcesError,
     WorkerImportError,
     WorkerStartError,
 )
-from raylight.runtime import client_driver
-from raylight.storage import checkpoint_name
-from raylight.strategies import build_strategy
-from raylight.strategies.base import worker_env
-from raylight.worker_group.gpus import node_visible_devices
-from raylight.worker_group.pool import POOL, kill_quietly, pool_key
-from raylight.worker_group.protocol import (
+from raylight.config import FailureConfig, ScalingConfig
+from raylight.driver.runtime import client_driver
+from raylight.storage.run_dir import checkpoint_name
+from raylight.worker.protocol import (
     CheckpointTarget,
     GroupPoll,
     NodeNotice,
@@ -62,6 +58,10 @@ from raylight.worker_group.protocol import (
     WorkerPoll,
     with_finished_peers,
 )
+from raylight.worker.strategies import build_strategy
+from raylight.worker.strategies.base import worker_env
+from raylight.worker_group.gpus import node_visible_devices
+from raylight.worker_group.pool import POOL, kill_quietly, pool_key
 from raylight.worker_group.user_code import (
     driver_sys_path,
     import_error_message,

@@ -19,13 +19,12 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
-from raylight import verbosity
-from raylight._time import monotonic, wall
 from raylight.adaptive.plan import AdaptiveSpec, BatchPlan
-from raylight.checkpoint import Checkpoint
-from raylight.worker_group.gpus import cuda_index
-from raylight.worker_group.net import interface_for, listen_socket, loopback_interface
-from raylight.worker_group.protocol import (
+from raylight.base import verbosity
+from raylight.base.clock import monotonic, wall
+from raylight.base.net import interface_for, listen_socket, loopback_interface
+from raylight.storage.checkpoint import Checkpoint
+from raylight.worker.protocol import (
     ErrorInfo,
     NodeNotice,
     Progress,
@@ -33,6 +32,7 @@ from raylight.worker_group.protocol import (
     WorkerPoll,
     WorkerState,
 )
+from raylight.worker_group.gpus import cuda_index
 from raylight.worker_group.user_code import moved_modules, use_driver_sys_path, user_modules
 
 
@@ -135,7 +135,7 @@ class WorkerSetup:
     notice_sources: tuple[str, ...] = ()  # FailureConfig.preemption_notices
     driver_sys_path: tuple[str, ...] = ()  # the embedded cluster's: raylight.worker_group.user_code
     driver_modules: tuple[tuple[str, str], ...] = ()  # the driver's own modules (name, file): user_code.user_modules
-    quiet: bool = True  # raylight.verbosity: not verbose
+    quiet: bool = True  # raylight.base.verbosity: not verbose
 
     def apply(self) -> None:
         use_driver_sys_path(self.driver_sys_path)
@@ -184,7 +184,7 @@ class RaylightWorker:
         self._watch_stop.set()
         self._watch_stop = threading.Event()
         if notice_sources:
-            from raylight.notices import build_watchers
+            from raylight.worker.notices import build_watchers
 
             watchers = build_watchers(notice_sources)
             threading.Thread(
@@ -263,7 +263,7 @@ class RaylightWorker:
 
         if dist.is_available() and dist.is_initialized():
             return "a process group is still initialised"
-        from raylight.strategies.deepspeed import holds_process_groups
+        from raylight.worker.strategies.deepspeed import holds_process_groups
 
         if holds_process_groups():  # the loop destroyed the group itself, past deepspeed.comm
             return "DeepSpeed keeps process-wide state bound to the old process group"
@@ -517,7 +517,7 @@ class RaylightWorker:
         import torch
         import torch.distributed as dist
 
-        from raylight.strategies import build_strategy
+        from raylight.worker.strategies import build_strategy
 
         info = self.info
         ended: WorkerState | None = None
@@ -587,8 +587,8 @@ class RaylightWorker:
                 self._state = "errored"
         finally:
             if dist.is_initialized():
-                from raylight.launcher_env import destroy_process_group
-                from raylight.strategies.deepspeed import (
+                from raylight.worker.process_group import destroy_process_group
+                from raylight.worker.strategies.deepspeed import (
                     holds_process_groups,
                     release_process_group,
                 )
@@ -673,10 +673,10 @@ def _mtime(path: str) -> float | None:
 def _node_type(node_id: str) -> str:
     """This node's type, for the run's cost: the autoscaler's name for it (the raylet's
     ``RAY_NODE_TYPE_NAME``, which its workers inherit, or Ray's node-group label), "head"
-    or its shape (``raylight.cost.node_type_of``)."""
+    or its shape (``raylight.base.cost.node_type_of``)."""
     import ray
 
-    from raylight.cost import node_type_of
+    from raylight.base.cost import node_type_of
 
     if os.environ.get(NODE_TYPE_ENV):
         return os.environ[NODE_TYPE_ENV]

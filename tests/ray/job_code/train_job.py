@@ -13,8 +13,8 @@ import sys
 import ray
 
 import raylight
-from raylight import runtime
-from raylight.exit_codes import PREEMPTED_EXIT_CODE
+from raylight.base.exit_codes import PREEMPTED_EXIT_CODE
+from raylight.driver import runtime
 
 
 def loop(ctx, config):

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 from pydantic import Field
 
+from raylight.base.exceptions import ConfigError
 from raylight.config.base import ConfigModel
-from raylight.exceptions import ConfigError
 
 if TYPE_CHECKING:
     from torch import nn

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, field_validator
 
+from raylight.base.exceptions import ConfigError
 from raylight.config.base import ConfigModel
 from raylight.declarative.features.base import (
     MAX_WIDTH,
@@ -30,7 +31,6 @@ from raylight.declarative.features.base import (
 )
 from raylight.declarative.features.number import moments, pooled
 from raylight.declarative.layers import FCStackConfig
-from raylight.exceptions import ConfigError
 
 if TYPE_CHECKING:
     from torch import nn
@@ -231,7 +231,7 @@ def transform(col: pd.Series, feat: DateInput, meta: dict[str, Any]) -> tuple[np
 
 
 def encoder(feat: DateInput, meta: dict[str, Any]) -> tuple[nn.Module, int]:
-    from raylight.models.encoders import DateModule
+    from raylight.declarative.models.encoders import DateModule
 
     module = DateModule(feat.encoder, meta["year_mean"], meta["year_std"])
     return module, module.width

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, field_validator
 
+from raylight.base.exceptions import ConfigError
 from raylight.config.base import ConfigModel
 from raylight.declarative.features.base import (
     FILL_WITH_MODE,
@@ -23,7 +24,6 @@ from raylight.declarative.features.base import (
     modes_ray,
     present,
 )
-from raylight.exceptions import ConfigError
 
 if TYPE_CHECKING:
     from torch import nn

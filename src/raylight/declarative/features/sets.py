@@ -19,11 +19,11 @@ import numpy as np
 import pandas as pd
 from pydantic import Field
 
+from raylight.base.exceptions import ConfigError
 from raylight.config.base import ConfigModel
 from raylight.declarative.features.base import MAX_VOCAB, MAX_WIDTH, UNK, FeatureModel, present
 from raylight.declarative.features.text import Tokenizer, tokenize
 from raylight.declarative.layers import FCStackConfig
-from raylight.exceptions import ConfigError
 
 if TYPE_CHECKING:
     from torch import nn
@@ -162,7 +162,7 @@ def token_encoder(enc: Any, meta: dict[str, Any], counted: bool) -> tuple[nn.Mod
     bag's ``force_embedding_size``, then the encoder's layers."""
     from torch import nn
 
-    from raylight.models.encoders import Then, WeightedBag
+    from raylight.declarative.models.encoders import Then, WeightedBag
 
     forced = getattr(enc, "force_embedding_size", False)
     size = enc.embedding_size if forced else min(enc.embedding_size, len(meta["vocab"]))

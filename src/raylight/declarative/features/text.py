@@ -355,7 +355,7 @@ def transform(col: pd.Series, feat: Any, meta: dict[str, Any]) -> tuple[np.ndarr
 def encoder(feat: Any, meta: dict[str, Any]) -> tuple[nn.Module, int]:
     from torch import nn
 
-    from raylight.models.encoders import Then, sequence_encoder
+    from raylight.declarative.models.encoders import Then, sequence_encoder
 
     enc = feat.encoder
     if enc.type != "embed":

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, field_validator, model_validator
 
+from raylight.base.exceptions import ConfigError
 from raylight.config.base import ConfigModel
 from raylight.declarative.features.base import (
     FeatureModel,
@@ -23,7 +24,6 @@ from raylight.declarative.features.base import (
     numbers,
 )
 from raylight.declarative.features.text import TextEncoder, Tokenizer, tokenize
-from raylight.exceptions import ConfigError
 
 if TYPE_CHECKING:
     from torch import nn
@@ -155,7 +155,7 @@ def transform(col: pd.Series, feat: TimeseriesInput, meta: dict[str, Any]) -> tu
 
 
 def encoder(feat: TimeseriesInput, meta: dict[str, Any]) -> tuple[nn.Module, int]:
-    from raylight.models.encoders import sequence_encoder
+    from raylight.declarative.models.encoders import sequence_encoder
 
     module = sequence_encoder(feat.encoder, None, meta["length"])
     return module, module.width

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, model_validator
 
+from raylight.base.exceptions import ConfigError
 from raylight.config.base import ConfigModel
 from raylight.declarative.features.base import (
     MAX_WIDTH,
@@ -25,7 +26,6 @@ from raylight.declarative.features.base import (
     numbers,
 )
 from raylight.declarative.layers import FCLayer, FCStackConfig
-from raylight.exceptions import ConfigError
 
 if TYPE_CHECKING:
     from torch import nn
@@ -207,7 +207,7 @@ def encoder(feat: VectorInput, meta: dict[str, Any]) -> tuple[nn.Module, int]:
 
     if feat.encoder.type == "passthrough":
         return nn.Identity(), meta["size"]
-    from raylight.models.ecd import FCStack
+    from raylight.declarative.models.ecd import FCStack
 
     module = FCStack(feat.encoder, meta["size"])
     return module, module.width

@@ -1,0 +1,182 @@
+"""Policies: plain data in, a decision out. No Ray, no torch.
+
+``FailurePolicy`` decides what a failure means. A ``ScalingPolicy`` decides every size,
+thread count, batch plan and resource request of a run; the controller asks it and
+executes what it returns. ``FixedScalingPolicy`` is the policy of a run of one fixed size;
+``controller.scaling.GoodputScalingPolicy`` that of adaptive and elastic runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from raylight.adaptive.plan import BatchPlan
+from raylight.driver.controller.decisions import (
+    FailureDecision,
+    Raise,
+    Resize,
+    Restart,
+    ScalingDecision,
+)
+from raylight.worker.protocol import GroupPoll, WorkerFailure
+
+
+class FailurePolicy:
+    """Restart after a failure while the run has failed at most ``max_failures`` times
+    (-1: always). A failure that follows another with no new checkpoint between them
+    waits before its restart: ``backoff_s``, doubling with each such failure in a row, at
+    most ``backoff_max_s``; so a deterministic error under ``max_failures=-1`` backs off
+    instead of spinning."""
+
+    def __init__(
+        self,
+        max_failures: int,
+        *,
+        backoff_s: float = 0.0,
+        backoff_max_s: float = 0.0,
+        max_preemptions: int = -1,
+        rendezvous_retries: int = 0,
+    ) -> None:
+        self.max_failures = max_failures
+        self.backoff_s = backoff_s
+        self.backoff_max_s = backoff_max_s
+        self.max_preemptions = max_preemptions
+        self.rendezvous_retries = rendezvous_retries
+
+    def retries_rendezvous(self, failure: WorkerFailure, *, retried: int) -> bool:
+        """Whether to form the group again, not counting a failure: the worker failed to
+        join the run's process group (before its loop began; a peer's connection closed
+        or refused) and the run has retried that fewer than ``rendezvous_retries`` times.
+        A worker that died is a failure as before."""
+        error = failure.error
+        return failure.kind == "error" and error is not None and error.rendezvous and retried < self.rendezvous_retries
+
+    def delay(self, in_a_row: int) -> float:
+        """Seconds to wait before the restart after the ``in_a_row``-th failure with no
+        checkpoint committed since the previous one (1: the first; no wait)."""
+        if in_a_row <= 1 or self.backoff_s <= 0:
+            return 0.0
+        return min(self.backoff_max_s, self.backoff_s * 2.0 ** min(in_a_row - 2, 60))
+
+    def decide(self, failure: WorkerFailure, *, num_failures: int, in_a_row: int = 1) -> FailureDecision:
+        """``num_failures`` counts failures so far, this one included; ``in_a_row`` those
+        since the last new checkpoint, this one included."""
+        if self.max_failures < 0 or num_failures <= self.max_failures:
+            return Restart(failure, delay_s=self.delay(in_a_row))
+        return Raise(failure)
+
+    def decide_preemption(self, failure: WorkerFailure, *, num_preemptions: int) -> FailureDecision:
+        """A worker lost with its node after a notice: its own budget, ``max_preemptions``
+        (-1: always), not ``max_failures``; restarted at once (the cause was outside)."""
+        if self.max_preemptions < 0 or num_preemptions <= self.max_preemptions:
+            return Restart(failure)
+        return Raise(failure)
+
+
+@dataclass(frozen=True)
+class ScalingView:
+    """What a scaling policy sees at one poll: the time, the running layout, the poll, and
+    how many workers the cluster could run now (asked only when the policy needs it)."""
+
+    now: float
+    num_workers: int
+    threads: int
+    poll: GroupPoll
+    capacity: Callable[[], int]
+
+
+class ScalingPolicy(Protocol):
+    """Every sizing decision of a run, in one place."""
+
+    def start_size(self, capacity: Callable[[], int]) -> int:
+        """Workers to start with (``capacity()``: how many the cluster could run now)."""
+
+    def restart_size(self, num_workers: int) -> int:
+        """Workers to restart with after a failure of a group of ``num_workers``."""
+
+    def fewest(self, num_workers: int) -> int:
+        """The fewest workers to accept when ``num_workers`` are asked for and the
+        cluster cannot place them all now."""
+
+    def threads(self, num_workers: int) -> int:
+        """torch threads per worker in a group of ``num_workers``."""
+
+    def plan(self, num_workers: int) -> BatchPlan | None:
+        """The batch plan for a group of ``num_workers`` about to start (None: the
+        workers derive it from their loader)."""
+
+    def started(self, num_workers: int) -> None:
+        """A group of ``num_workers`` runs now, with ``plan(num_workers)``."""
+
+    def observe(self, poll: GroupPoll) -> None:
+        """What this poll measured (every poll, resizing or not)."""
+
+    def decide(self, view: ScalingView) -> list[ScalingDecision]:
+        """What to change now; nothing to change is an empty list."""
+
+    def on_lost(self, num_workers: int, lost: int) -> Resize | None:
+        """``lost`` of ``num_workers`` died: a resize to go on without them, or None (a
+        failure for the failure policy)."""
+
+    def on_notice(self, num_workers: int, leaving: frozenset[int]) -> Resize | None:
+        """The ranks ``leaving`` are on nodes given notice: the resize that lets them go
+        (with a snapshot where the workers can agree on a step to take it), or None: they
+        run until their node goes, and the run restarts then."""
+
+    def record_restart(self, seconds: float) -> None:
+        """A resize took ``seconds`` from decision to the first step."""
+
+    def finish(self, view: ScalingView) -> None:
+        """The run finished."""
+
+    def display_fields(self, num_workers: int, threads: int) -> dict[str, Any]:
+        """Fields for the progress display."""
+
+
+class FixedScalingPolicy:
+    """A run of ``num_workers`` workers with ``threads`` each, from start to end."""
+
+    def __init__(self, num_workers: int, threads: int) -> None:
+        self.num_workers = num_workers
+        self._threads = threads
+
+    def start_size(self, capacity: Callable[[], int]) -> int:
+        return self.num_workers
+
+    def restart_size(self, num_workers: int) -> int:
+        return self.num_workers
+
+    def fewest(self, num_workers: int) -> int:
+        return num_workers
+
+    def threads(self, num_workers: int) -> int:
+        return self._threads
+
+    def plan(self, num_workers: int) -> BatchPlan | None:
+        return None
+
+    def started(self, num_workers: int) -> None:
+        pass
+
+    def observe(self, poll: GroupPoll) -> None:
+        pass
+
+    def decide(self, view: ScalingView) -> list[ScalingDecision]:
+        return []
+
+    def on_lost(self, num_workers: int, lost: int) -> Resize | None:
+        return None
+
+    def on_notice(self, num_workers: int, leaving: frozenset[int]) -> Resize | None:
+        return None  # no step boundary the workers agree on: no snapshot
+
+    def record_restart(self, seconds: float) -> None:
+        pass
+
+    def finish(self, view: ScalingView) -> None:
+        pass
+
+    def display_fields(self, num_workers: int, threads: int) -> dict[str, Any]:
+        return {}

@@ -1,0 +1,189 @@
+"""The driver's live view of a run: epoch, step, samples/s, ETA, workers, batch size.
+
+On a terminal it is a rich progress bar redrawn in place (the epoch's steps, elapsed time
+and the epoch's ETA) over one status line (the newest metrics, global samples/s,
+workers, batch size). Elsewhere (CI, logs, a pipe) it prints exactly one line per epoch,
+when the epoch's last report is in, and one per restart or resize; lines never wrap.
+``progress=False`` silences it. A loop that reports without epochs (no ``epoch`` metric,
+no prepared loader) gets one line per report, at most one a second.
+"""
+
+from __future__ import annotations
+
+import numbers
+import sys
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
+
+from raylight.adaptive.profile import SampleRate
+from raylight.base.clock import monotonic
+from raylight.worker.protocol import GroupPoll
+
+# Shown elsewhere on the line (the epoch leads it, batch= follows the rate).
+_NOT_METRICS = ("epoch", "step", "batch_size")
+
+
+def format_metrics(metrics: dict[str, Any], limit: int = 4) -> str:
+    parts = []
+    for key, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Number):
+            continue
+        if key in _NOT_METRICS:
+            continue
+        parts.append(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}")
+        if len(parts) == limit:
+            break
+    return " ".join(parts)
+
+
+def _epoch_of(metrics: dict[str, Any], fallback: int | None) -> int | None:
+    """A report's epoch: its ``epoch`` metric, else where rank 0's loader is."""
+    value = metrics.get("epoch")
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return fallback
+
+
+class ProgressDisplay:
+    """``live=False``: lines even on a terminal (a loop in the driver's own process, where a
+    debugger may stop it, or a launcher's rank, whose output a launcher interleaves)."""
+
+    def __init__(self, *, enabled: bool, console: Console | None = None, live: bool = True) -> None:
+        self.enabled = enabled
+        self.console = console or Console(stderr=True)
+        self.live = live and enabled and self.console.is_terminal and sys.stderr.isatty()
+        self._progress: Progress | None = None
+        self._live: Live | None = None
+        # One line however narrow the terminal: the end is cut, not wrapped.
+        self._status = Text("starting workers...", style="dim", no_wrap=True, overflow="ellipsis")
+        self._task: Any = None
+        self._task_epoch: int | None = None
+        self._rate = SampleRate()
+        self._metrics: dict[str, Any] = {}
+        self._restarts = 0
+        self._workers: int | None = None
+        self._pending: tuple[int | None, str] | None = None  # (epoch, line) not printed yet
+        self._last_line = -1e9
+
+    def __enter__(self) -> ProgressDisplay:
+        if self.live:
+            self._progress = Progress(
+                TextColumn("[bold cyan]{task.description:>10}"),
+                BarColumn(bar_width=30),
+                MofNCompleteColumn(),
+                TextColumn("steps"),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=self.console,
+            )
+            self._task = self._progress.add_task("starting", total=None)
+            self._live = Live(
+                Group(self._progress, self._status), console=self.console, refresh_per_second=8
+            )
+            self._live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+            self._progress = None
+        self._flush()
+
+    def message(self, text: str) -> None:
+        if self.enabled:
+            self._line(text)
+
+    def _line(self, text: str) -> None:
+        """One physical line, however narrow the console (a pipe's is 80 columns)."""
+        self.console.print(text, highlight=False, markup=False, soft_wrap=True)
+
+    def _flush(self) -> None:
+        if self._pending is not None:
+            self._line(self._pending[1])
+            self._pending = None
+
+    def update(
+        self,
+        poll: GroupPoll,
+        *,
+        num_workers: int,
+        num_restarts: int,
+        batch_size: int | None = None,
+        efficiency: float | None = None,
+    ) -> None:
+        if not self.enabled:
+            return
+        samples = sum(p.progress.samples for p in poll.polls)
+        rate = self._rate.update(samples, monotonic())
+        rank0 = next((p for p in poll.polls if p.rank == 0), None)
+        at = rank0.progress.epoch if rank0 is not None else None
+        info = f"{rate:,.0f} samples/s  workers={num_workers}"
+        if batch_size is not None:
+            info += f"  batch={batch_size}"
+        if efficiency is not None:
+            info += f"  efficiency={efficiency:.2f}"
+        if num_restarts:
+            info += f"  restarts={num_restarts}"
+        changed = self._change(num_workers, num_restarts)
+        if self._progress is not None:
+            for report in poll.reports:
+                self._metrics = report.metrics
+            if changed:
+                self._progress.console.print(changed, highlight=False, markup=False)
+            if rank0 is not None and at is not None:
+                prog = rank0.progress
+                if at != self._task_epoch:  # a new epoch: its own bar and ETA
+                    self._progress.reset(self._task, total=prog.steps_per_epoch, completed=0)
+                    self._task_epoch = at
+                self._progress.update(
+                    self._task, description=f"epoch {at}", total=prog.steps_per_epoch, completed=prog.step
+                )
+            self._status.plain = f"{info}  {format_metrics(self._metrics)}".strip()
+            self._status.style = ""
+        else:
+            self._lines(poll, at, info, changed)
+
+    def _change(self, num_workers: int, num_restarts: int) -> str | None:
+        """The line for a restart or a resize since the last poll, if there was one."""
+        line = None
+        if num_restarts != self._restarts:
+            line = f"restarted from the last checkpoint (restart {num_restarts}), {num_workers} workers"
+        elif self._workers is not None and num_workers != self._workers:
+            line = f"resized: {self._workers} -> {num_workers} workers"
+        self._restarts, self._workers = num_restarts, num_workers
+        return line
+
+    def _lines(self, poll: GroupPoll, at: int | None, info: str, changed: str | None) -> None:
+        """Not a terminal: the line of an epoch once its last report is in (a report of a
+        later epoch arrives, the loader moves on, or the run ends)."""
+        for report in poll.reports:
+            epoch = _epoch_of(report.metrics, at)
+            if self._pending is not None and self._pending[0] != epoch:
+                self._flush()
+            where = f"epoch {epoch}" if epoch is not None else "report"
+            self._pending = (epoch, f"{where}  {format_metrics(report.metrics)}  {info}")
+        if self._pending is not None:
+            epoch = self._pending[0]
+            if epoch is None:  # no epochs to wait for: a line a second at most
+                now = monotonic()
+                if now - self._last_line >= 1.0:
+                    self._flush()
+                    self._last_line = now
+            elif at is not None and at > epoch:
+                self._flush()
+        if changed:
+            self._flush()
+            self._line(changed)

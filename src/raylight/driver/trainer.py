@@ -1,0 +1,658 @@
+"""Trainer.fit(): wires the config to a controller and a worker group, returns a Result."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+import sys
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from raylight.base import verbosity
+from raylight.base.clock import monotonic, wall
+from raylight.base.cost import CostMeter, Prices, WorkerPlace, prices_from_env
+from raylight.base.exceptions import ConfigError
+from raylight.config import (
+    DDP,
+    FSDP,
+    AdaptiveConfig,
+    DeepSpeed,
+    FailureConfig,
+    Horovod,
+    RunConfig,
+    ScalingConfig,
+    TrainerConfig,
+    validate,
+)
+from raylight.driver.job_env import apply_job_env
+from raylight.driver.loggers import RunLoggers
+from raylight.driver.progress import ProgressDisplay
+from raylight.driver.recorder import RunRecorder
+from raylight.storage.checkpoint import Checkpoint
+from raylight.storage.run_dir import RunStorage, default_storage_path
+from raylight.worker import process_group
+from raylight.worker.notices import build_watchers
+from raylight.worker.process_group import GPU_BACKEND, LaunchEnv
+from raylight.worker.protocol import GroupPoll, Progress, Report, WorkerPoll
+
+log = logging.getLogger("raylight")
+
+
+@dataclass
+class Result:
+    """What a finished run leaves behind.
+
+    Attributes:
+        metrics: the last metrics reported by rank 0 (empty if none).
+        metrics_history: every report of rank 0, in order (restarts do not repeat rows).
+        checkpoint: the last committed checkpoint, or None.
+        path: URI of the run directory.
+        num_failures: worker failures the run recovered from.
+        num_preemptions: nodes the run lost (or let go) after a preemption notice; they
+            do not count as failures.
+        cost: what the run used (also in ``cost.json``): ``wall_s``, ``worker_seconds``
+            by worker shape (``CPU:1``), ``node_seconds`` by node type, ``cost_usd``
+            (node-hours x ``RunConfig.prices``; None where a node type has no price, listed
+            in ``unpriced``). A resumed run counts its earlier attempts too.
+    """
+
+    metrics: dict[str, Any]
+    metrics_history: list[dict[str, Any]]
+    checkpoint: Checkpoint | None
+    path: str
+    num_failures: int = 0
+    num_preemptions: int = 0
+    config: dict[str, Any] = field(default_factory=dict)
+    resizes: list[dict[str, Any]] = field(default_factory=list)
+    cost: dict[str, Any] | None = None
+
+
+class Trainer:
+    """Runs ``train_loop(ctx, config)`` data-parallel on Ray workers.
+
+    Args:
+        train_loop: the per-worker loop; takes a ``TrainContext`` and, optionally,
+            the ``train_loop_config`` dict.
+        train_loop_config: passed to the loop as its second argument.
+        config: every other setting, validated (see ``TrainerConfig``).
+        on_report: called on the driver after each of rank 0's reports is recorded, with
+            its metrics and the checkpoint it committed (or None); Ray Tune integration
+            forwards reports to ``ray.tune.report`` this way.
+        resume_from: a checkpoint (e.g. from another run, or a Tune trial's) that a new
+            run starts from, as if it had committed it itself.
+        on_poll: called on the driver after each poll of the workers with the
+            ``GroupPoll`` (``raylight run`` prints its ranks' output this way); an
+            exception it raises ends the run.
+    """
+
+    def __init__(
+        self,
+        train_loop: Callable[..., Any],
+        *,
+        train_loop_config: dict[str, Any] | None = None,
+        config: TrainerConfig | None = None,
+        on_report: Callable[[dict[str, Any], Checkpoint | None], None] | None = None,
+        resume_from: Checkpoint | None = None,
+        on_poll: Callable[[GroupPoll], None] | None = None,
+    ) -> None:
+        if not callable(train_loop):
+            raise TypeError(f"train_loop must be callable, got {type(train_loop).__name__}")
+        if train_loop_config is not None and not isinstance(train_loop_config, dict):
+            raise TypeError(
+                f"the loop's config (fit(config=...), train_loop_config) must be a dict, got "
+                f"{type(train_loop_config).__name__}"
+            )
+        self.train_loop = train_loop
+        self.train_loop_config = dict(train_loop_config or {})
+        # A job from `raylight submit` bounds the run and names it (job_env's rule).
+        self.config = apply_job_env(config or TrainerConfig())
+        self.on_report = on_report
+        self.resume_from = resume_from
+        self.on_poll = on_poll
+
+    def fit(self) -> Result:
+        run = self.config.run
+        verbosity.apply(run.verbose)  # before Ray starts: its logging level is set then
+        name = run.name or _default_name()
+        storage = RunStorage(f"{(run.storage_path or default_storage_path()).rstrip('/')}/{name}")
+        recorder = RunRecorder(
+            storage,
+            checkpoints_to_keep=run.checkpoints_to_keep,
+            on_record=self.on_report,
+            lease_timeout_s=run.lease_timeout_s,
+            loggers=RunLoggers(run.loggers, storage, name=name, resume=run.resume) if run.loggers else None,
+        )
+        resolved = {
+            **self.config.model_dump(),
+            "run": {**run.model_dump(), "name": name},
+            "train_loop_config": _describe(self.train_loop_config),
+        }
+        if self.resume_from is not None and run.resume:
+            raise ValueError("pass either resume_from or RunConfig.resume=True, not both")
+        try:  # the workers build them; a bad name is the driver's config error
+            build_watchers(self.config.failure.preemption_notices)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if self.config.scaling.sharded_checkpoints and storage.uri.startswith("memory://"):
+            raise ConfigError(
+                f"RunConfig.storage_path {storage.uri.rsplit('/', 1)[0]!r} is this process's memory, "
+                f"which the workers of a sharded run (strategy {self.config.scaling.strategy_name!r}) "
+                "cannot write their checkpoint shards to; use a directory or an object store, or "
+                "checkpoint through the driver with strategy=raylight.FSDP(checkpoint='full')"
+            )
+        launch = self._launched()
+        leader = launch is None or launch.rank == 0  # the process that records the run
+        on_ray = self.config.scaling.num_workers != 0 and launch is None
+        if on_ray:
+            from raylight.driver import runtime
+
+            if runtime.would_start_embedded(self.config.address):  # before starting Ray
+                from raylight.worker_group.ray_group import check_embedded
+
+                scaling = self.config.scaling
+                check_embedded(scaling.min_workers, scaling.worker_resources(), scaling.placement, runtime.local_capacity())
+        # Checks the run directory and, resuming, takes its lease: a second driver is
+        # refused before it starts anything. A new run's directory appears only once
+        # training starts.
+        prices = Prices(run.prices if run.prices is not None else prices_from_env(os.environ) or {})
+        if launch is not None and not leader:
+            return self._fit_launched(launch, None, storage)
+        recorder.open(resolved, resume=run.resume, start_from=self.resume_from)
+        meter = CostMeter(monotonic(), previous=recorder.previous_cost() if run.resume else None)
+        resizes: list[dict[str, Any]] = []
+        try:
+            embedded = False
+            if on_ray:
+                embedded = runtime.connect(
+                    self.config.address, connect_timeout_s=self.config.failure.connect_timeout_s
+                ).embedded
+            # Lines, not a live display, where the loop runs in this process (a debugger may
+            # stop it) or a launcher's ranks share the terminal.
+            in_driver = launch is not None or self.config.scaling.num_workers == 0
+            with ProgressDisplay(enabled=run.progress, live=not in_driver) as display:
+                if launch is not None:
+                    meter.observe(monotonic(), _launcher_places(launch))
+                    launched = self._fit_launched(launch, recorder, storage, display)
+                    num_failures, num_preemptions = launched.num_failures, 0
+                elif self.config.scaling.num_workers == 0:
+                    meter.observe(monotonic(), [WorkerPlace(0, "local", "local", {"CPU": 1.0})])
+                    num_failures, num_preemptions = self._fit_in_process(recorder, display), 0
+                else:
+                    num_failures, num_preemptions = self._fit_on_ray(
+                        recorder, name, display, embedded=embedded, resizes=resizes, meter=meter
+                    )
+        except BaseException as exc:
+            self._record_cost(recorder, meter, prices)
+            recorder.close(exc)
+            raise
+        cost = self._record_cost(recorder, meter, prices)
+        recorder.close()
+        return Result(
+            metrics=recorder.history[-1] if recorder.history else {},
+            metrics_history=list(recorder.history),
+            checkpoint=recorder.latest,
+            path=recorder.path,
+            num_failures=num_failures,
+            num_preemptions=num_preemptions,
+            config=resolved,
+            resizes=resizes,
+            cost=cost,
+        )
+
+    def _record_cost(self, recorder: RunRecorder, meter: CostMeter, prices: Prices) -> dict[str, Any]:
+        """The run ended: stop the meter, write cost.json (and the trace's cost row)."""
+        now = monotonic()
+        meter.stop(now)
+        cost = meter.summary(now, prices)
+        try:
+            recorder.write_cost(cost, trace=self.config.adaptive is not None or self.config.scaling.elastic)
+        except Exception as exc:  # the run's own outcome matters more than its bill
+            log.warning("could not write the run's cost to %s: %s", recorder.path, exc)
+        return cost
+
+    def _fit_on_ray(
+        self,
+        recorder: RunRecorder,
+        name: str,
+        display: ProgressDisplay,
+        *,
+        embedded: bool,
+        resizes: list[dict[str, Any]],
+        meter: CostMeter,
+    ) -> tuple[int, int]:
+        from raylight.driver.controller import Controller, FailurePolicy, RunTelemetry, State
+        from raylight.driver.plots import plot_adaptive
+        from raylight.worker.context import run_worker_loop
+        from raylight.worker_group.ray_group import RayWorkerGroup
+
+        cfg = self.config
+        adaptive_run = cfg.adaptive is not None or cfg.scaling.elastic
+        group = RayWorkerGroup(
+            self.train_loop,
+            self.train_loop_config,
+            entry=run_worker_loop,
+            scaling=cfg.scaling,
+            failure=cfg.failure,
+            run_name=name,
+            embedded=embedded,
+            adaptive=adaptive_spec(cfg.adaptive) if adaptive_run else None,
+        )
+        policy: Any = None
+
+        def trace(row: dict[str, Any]) -> None:
+            recorder.trace({"time": wall(), **row}, policy.state_dict())
+
+        def on_poll(poll: GroupPoll, c: Any) -> None:
+            display.update(
+                poll, num_workers=c.num_workers, num_restarts=c.num_restarts,
+                **policy.display_fields(c.num_workers, c.threads),
+            )
+            if self.on_poll is not None:
+                self.on_poll(poll)
+
+        telemetry = RunTelemetry(cost=meter, trace=trace if adaptive_run else None, on_poll=on_poll)
+        policy = build_scaling_policy(cfg, trace=telemetry.trace_row, saved=recorder.engine_state() if cfg.run.resume else None)
+        failure = FailurePolicy(
+            cfg.failure.max_failures, backoff_s=cfg.failure.restart_backoff_s,
+            backoff_max_s=cfg.failure.restart_backoff_max_s, max_preemptions=cfg.failure.max_preemptions,
+            rendezvous_retries=cfg.failure.rendezvous_retries,
+        )
+        controller = Controller(
+            group=group, recorder=recorder, failure_policy=failure, scaling_policy=policy,
+            telemetry=telemetry, poll_interval_s=cfg.failure.poll_interval_s,
+        )
+        try:
+            controller.run()  # shuts the group down however it ends, Ctrl-C included
+        finally:
+            resizes.extend(controller.resizes)
+            if adaptive_run and (png := plot_adaptive(recorder.trace_rows)) is not None:
+                recorder.storage.write_bytes("adaptive.png", png)
+        if controller.state is State.ERRORED:
+            assert controller.error is not None
+            raise controller.error
+        return controller.num_failures, controller.num_preemptions
+
+    def _launched(self) -> LaunchEnv | None:
+        """The external launcher's group this run joins (``ScalingConfig.launcher``), or None."""
+        if self.config.scaling.launcher == "ignore":
+            return None
+        launch = process_group.detect()
+        if launch is None:
+            return None
+        if self.config.adaptive is not None or self.config.scaling.elastic:
+            raise ConfigError(
+                f"this process was started by {launch.launcher} ({launch.world_size} processes), whose size is "
+                "fixed: adaptive and elastic training need raylight's own Ray workers. Run without the "
+                "launcher (python script.py), or drop adaptive= and give a fixed num_workers "
+                "(or ScalingConfig.launcher='ignore' to start Ray workers from every process)"
+            )
+        if launch.rank == 0:
+            log.info(
+                "started by %s: %d processes join its group (num_workers=%s is not used)",
+                launch.launcher, launch.world_size, self.config.scaling.num_workers,
+            )
+        return launch
+
+    def _fit_launched(
+        self, launch: LaunchEnv, recorder: RunRecorder | None, storage: RunStorage, display: ProgressDisplay | None = None
+    ) -> Result:
+        """Every process an external launcher started runs the loop in its group; rank 0
+        (``recorder`` given) records reports and commits checkpoints as a Ray run's driver
+        does, and at the end every rank returns rank 0's result."""
+        import torch
+        import torch.distributed as dist
+
+        from raylight.worker.context import TrainContext, call_train_loop
+        from raylight.worker.process_group import destroy_process_group
+        from raylight.worker.strategies import build_strategy
+
+        scaling = self.config.scaling
+        strategy = build_strategy(scaling.strategy)
+        created = not dist.is_initialized()
+        if created:
+            process_group.init_process_group(
+                launch, strategy.backend(scaling.use_gpu), timeout_s=self.config.failure.collective_timeout_s
+            )
+        elif dist.get_world_size() != launch.world_size or dist.get_rank() != launch.rank:
+            raise ConfigError(
+                f"the process group already formed (rank {dist.get_rank()} of {dist.get_world_size()}) is not "
+                f"the launcher's ({launch.describe()}); destroy it before fit, or let raylight form it"
+            )
+        elif "cpu:" not in dist.get_backend_config():
+            raise ConfigError(
+                f"the process group already formed ({dist.get_backend_config()}) has no backend for CPU "
+                "tensors, which raylight's bookkeeping reduces (metric sums, data positions); form it with "
+                f"init_process_group(backend={GPU_BACKEND!r}) (torch's default where CUDA is), or let "
+                "raylight form it"
+            )
+        try:
+            if scaling.use_gpu:
+                device = torch.device("cuda", launch.local_rank)
+                torch.cuda.set_device(device)
+            else:
+                device = torch.device("cpu")
+            # Rank 0 knows where the run resumes from and where shards go; the others hear it.
+            start: list[Any] = [None]
+            if recorder is not None:
+                recorder.begin()
+                target = recorder.checkpoint_target() if scaling.sharded_checkpoints else None
+                latest = recorder.latest
+                start = [{
+                    "checkpoint": (latest.path, latest.metadata, latest.to_bytes()) if latest is not None else None,
+                    "checkpoint_dir": target.directory if target is not None else None,
+                    "next_checkpoint": target.next_index if target is not None else None,
+                }]
+            dist.broadcast_object_list(start, src=0)
+            begin = start[0]
+            checkpoint = None
+            if begin["checkpoint"] is not None:
+                path, metadata, data = begin["checkpoint"]
+                checkpoint = Checkpoint(path, metadata=metadata, data=data)
+            sink = _InProcessSink(recorder, num_workers=launch.world_size, display=display)
+            ctx = TrainContext(
+                rank=launch.rank,
+                local_rank=launch.local_rank,
+                world_size=launch.world_size,
+                local_world_size=launch.local_world_size,
+                node_rank=launch.cross_rank,
+                device=device,
+                sink=sink,
+                checkpoint=checkpoint,
+                config=self.train_loop_config,
+                strategy=strategy,
+                checkpoint_dir=begin["checkpoint_dir"],
+                next_checkpoint=begin["next_checkpoint"],
+            )
+            try:
+                call_train_loop(self.train_loop, ctx, self.train_loop_config)
+            finally:
+                strategy.close()
+            del ctx, sink  # the loop's modules (DDP holds the group) go before the group does
+            ended: list[Any] = [None]
+            if recorder is not None:
+                latest = recorder.latest
+                ended = [{  # the checkpoint's bytes too: another machine's rank cannot read rank 0's disk
+                    "history": list(recorder.history),
+                    "checkpoint": (latest.path, latest.metadata, latest.to_bytes()) if latest is not None else None,
+                }]
+            dist.broadcast_object_list(ended, src=0)
+        finally:
+            if created and dist.is_initialized():
+                destroy_process_group()
+        history = ended[0]["history"]
+        last = ended[0]["checkpoint"]
+        return Result(
+            metrics=history[-1] if history else {},
+            metrics_history=history,
+            checkpoint=Checkpoint(last[0], metadata=last[1], data=last[2]) if last is not None else None,
+            path=storage.uri,
+        )
+
+    def _fit_in_process(self, recorder: RunRecorder, display: ProgressDisplay | None = None) -> int:
+        import torch
+
+        from raylight.worker.context import TrainContext, call_train_loop
+        from raylight.worker.strategies import build_strategy
+
+        recorder.begin()
+        sink = _InProcessSink(recorder, display=display)
+        device = torch.device("cuda") if self.config.scaling.use_gpu else torch.device("cpu")
+        strategy = build_strategy(self.config.scaling.strategy)
+        ctx = TrainContext(
+            rank=0,
+            local_rank=0,
+            world_size=1,
+            local_world_size=1,
+            node_rank=0,
+            device=device,
+            sink=sink,
+            checkpoint=recorder.latest,
+            config=self.train_loop_config,
+            strategy=strategy,
+        )
+        try:
+            call_train_loop(self.train_loop, ctx, self.train_loop_config)
+        finally:
+            strategy.close()
+        return 0
+
+
+class _InProcessSink:
+    """ReportSink for num_workers=0 and a launcher's ranks: reports go straight to the
+    recorder (rank 0's; the other ranks have none, rank 0 records the run), and to the
+    progress display as a worker's poll would (``SHOW_EVERY_S`` at most between batches)."""
+
+    SHOW_EVERY_S = 0.1
+
+    def __init__(self, recorder: RunRecorder | None, num_workers: int = 1, display: ProgressDisplay | None = None) -> None:
+        self.recorder = recorder
+        self.num_workers = num_workers
+        self._display = display if display is not None and display.enabled else None
+        self._progress = Progress()
+        self._shown = -1e9
+
+    def report(self, report: Report) -> None:
+        if self.recorder is not None:
+            self.recorder.record(report, num_workers=self.num_workers)
+        self._show([report])
+
+    def progress(self, epoch: int, step: int, steps_per_epoch: int, samples: int) -> None:
+        if self._display is None:
+            return  # called at every batch: nothing to do without a display
+        # every rank loads an equal share: this rank's samples times the ranks are the run's
+        done = self._progress.samples + samples * self.num_workers
+        self._progress = Progress(epoch, step + 1, steps_per_epoch, done)
+        if monotonic() - self._shown >= self.SHOW_EVERY_S:
+            self._show([])
+
+    def _show(self, reports: list[Report]) -> None:
+        if self._display is None:
+            return
+        self._shown = monotonic()
+        poll = GroupPoll([WorkerPoll(0, "running", reports=reports, progress=self._progress)])
+        self._display.update(poll, num_workers=self.num_workers, num_restarts=0)
+
+    def heartbeat(self) -> None:
+        pass
+
+    def output(self, stream: str, text: str) -> None:
+        print(text, file=sys.stderr if stream == "stderr" else sys.stdout, flush=True)
+
+    def keep_commit(self, index: int, data: bytes, seq: int) -> None:
+        pass
+
+
+def _launcher_places(launch: LaunchEnv) -> list[WorkerPlace]:
+    per_node = max(launch.local_world_size, 1)
+    return [WorkerPlace(r, f"{launch.launcher}-node{r // per_node}", launch.launcher, {"CPU": 1.0}) for r in range(launch.world_size)]
+
+
+def engine_settings(scaling: ScalingConfig, adaptive: AdaptiveConfig | None) -> Any:
+    """The adaptive engine's settings from the run's config (every default's one home is
+    the schema). Without ``adaptive`` (an elastic-only run) the global batch stays fixed,
+    but the throughput model is still fitted, with the schema's profile settings."""
+    from raylight.adaptive.engine import EngineSettings
+
+    a = adaptive or AdaptiveConfig()
+    return EngineSettings(
+        adaptive=adaptive is not None,
+        max_batch_size=a.max_batch_size,
+        local_batch_bounds=a.local_batch_bounds,
+        accumulation=adaptive is not None and a.accumulation,
+        gain_threshold=a.gain_threshold,
+        min_profile_steps=a.min_profile_steps,
+        profile_memory_steps=a.profile_memory_steps,
+        scaling_policy=scaling.scaling_policy,
+        utility_threshold=scaling.utility_threshold,
+        resize_hysteresis=scaling.resize_hysteresis,
+        resize_horizon_s=scaling.resize_horizon_s,
+    )
+
+
+def adaptive_spec(adaptive: AdaptiveConfig | None) -> Any:
+    """What a worker's context needs of the adaptive settings. None (an elastic run
+    without ``adaptive=``): the schema's defaults drive the step sync, and the batch size
+    and LR stay as the user set them."""
+    from raylight.adaptive.plan import AdaptiveSpec
+
+    settings = adaptive or AdaptiveConfig()
+    return AdaptiveSpec(
+        adaptive=adaptive is not None,
+        lr_rule=settings.lr_rule if adaptive else "none",
+        lr_warmup_steps=settings.lr_warmup_steps if adaptive else 0.0,
+        noise_smoothing=settings.noise_smoothing,
+        control_interval_steps=settings.control_interval_steps,
+    )
+
+
+def build_scaling_policy(
+    config: TrainerConfig, *, trace: Callable[[dict[str, Any]], None] | None = None, saved: dict[str, Any] | None = None
+) -> Any:
+    """The run's scaling policy: fixed for a run of one size without ``adaptive=``, else
+    the goodput policy over an adaptive engine (restored from ``saved``, its state in a
+    resumed run's directory)."""
+    from raylight.driver.controller import FixedScalingPolicy, GoodputScalingPolicy, ScalingSettings
+
+    scaling, adaptive = config.scaling, config.adaptive
+    if adaptive is None and not scaling.elastic:
+        return FixedScalingPolicy(scaling.max_workers, scaling.worker_threads())
+    from raylight.adaptive.engine import AdaptiveEngine
+
+    engine = AdaptiveEngine(engine_settings(scaling, adaptive))
+    if saved is not None:
+        engine.load_state_dict(saved)
+    fixed_threads = scaling.threads_per_worker is not None or not scaling.elastic
+    settings = ScalingSettings(
+        elastic=scaling.elastic,
+        min_workers=scaling.min_workers,
+        max_workers=scaling.max_workers,
+        threads_per_worker=scaling.worker_threads(),
+        thread_budget=None if fixed_threads else scaling.max_workers * scaling.worker_resources().get("CPU", 1.0),
+        decision_interval_s=(adaptive or AdaptiveConfig()).decision_interval_s,
+        resize_interval_s=scaling.resize_interval_s,
+        autoscale=scaling.autoscale,
+        resize_in_place=scaling.resizes_in_place,
+    )
+    return GoodputScalingPolicy(engine, settings, trace=trace)
+
+
+def _describe(value: Any) -> Any:
+    """``value`` for config.json: plain data as is, arrays and objects by their shape."""
+    if isinstance(value, dict):
+        return {str(k): _describe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_describe(v) for v in value] if len(value) <= 100 else f"<{type(value).__name__} of {len(value)}>"
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return f"<{type(value).__name__} shape={tuple(shape)} dtype={getattr(value, 'dtype', '?')}>"
+    return f"<{type(value).__name__}>"
+
+
+def _default_name() -> str:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"run-{stamp}-{uuid.uuid4().hex[:6]}"
+
+
+def fit(
+    train_loop: Callable[..., Any],
+    *,
+    config: dict[str, Any] | None = None,
+    num_workers: int | tuple[int, int],
+    adaptive: AdaptiveConfig | None = None,
+    use_gpu: bool = False,
+    resources_per_worker: dict[str, float] | None = None,
+    placement: str = "PACK",
+    strategy: str | DDP | FSDP | DeepSpeed | Horovod = "ddp",
+    storage_path: str | None = None,
+    name: str | None = None,
+    max_failures: int = 0,
+    resume: bool = False,
+    address: str | None = None,
+    progress: bool = True,
+    verbose: bool | None = None,
+    loggers: list[Any] | None = None,
+    prices: dict[str, float] | None = None,
+) -> Result:
+    """Train ``train_loop`` on ``num_workers`` data-parallel workers and return a Result.
+
+    A thin convenience over ``Trainer``: each keyword is the setting of the same name
+    in ``TrainerConfig`` (``scaling``, ``run``, ``failure``, ``adaptive``).
+    ``num_workers=0`` runs the loop in this process without Ray; ``(min, max)`` makes the
+    job elastic. ``adaptive=AdaptiveConfig(...)`` chooses batch size and learning rate
+    online. ``strategy`` is ``"ddp"`` (default) or ``DDP(...)``, ``"fsdp"``, ``"deepspeed"``,
+    ``FSDP(...)`` or ``DeepSpeed(...)`` (sharded), ``"horovod"`` or ``Horovod(...)`` (Horovod's
+    optimizer).
+    ``progress=False`` hides the progress display; ``verbose=True`` shows Ray's own logs
+    too (default: ``RAYLIGHT_VERBOSE``). ``loggers=["tensorboard", {"type": "mlflow", ...},
+    ...]`` writes every report to experiment loggers (``RunConfig.loggers``). ``prices={node_type: USD/h}`` prices the run
+    (``Result.cost``).
+    """
+    settings = dict(
+        scaling=_scaling(num_workers, use_gpu, resources_per_worker, placement, strategy),
+        run=validate(
+            RunConfig,
+            {
+                "storage_path": storage_path,
+                "name": name,
+                "resume": resume,
+                "progress": progress,
+                "verbose": verbose,
+                "loggers": loggers,
+                "prices": prices,
+            },
+        ),
+        failure=validate(FailureConfig, {"max_failures": max_failures}),
+        adaptive=adaptive,
+        address=address,
+    )
+    trainer_config = validate(TrainerConfig, settings)  # the checks across sections
+    return Trainer(train_loop, train_loop_config=config, config=trainer_config).fit()
+
+
+def _scaling(
+    num_workers: int | tuple[int, int], use_gpu: bool, resources_per_worker: dict[str, float] | None, placement: str,
+    strategy: str | DDP | FSDP | DeepSpeed | Horovod,
+) -> ScalingConfig:
+    """``fit``'s ScalingConfig from its keywords."""
+    return validate(
+        ScalingConfig,
+        {
+            "num_workers": num_workers,
+            "use_gpu": use_gpu,
+            "resources_per_worker": resources_per_worker,
+            "placement": placement,
+            "strategy": strategy,
+        },
+    )
+
+
+def prestart_workers(
+    *,
+    num_workers: int | tuple[int, int],
+    use_gpu: bool = False,
+    resources_per_worker: dict[str, float] | None = None,
+    placement: str = "PACK",
+    strategy: str | DDP | FSDP | DeepSpeed | Horovod = "ddp",
+    address: str | None = None,
+    modules: tuple[str, ...] = (),
+) -> int:
+    """Start the worker processes of the next ``fit`` with these keywords now, on this
+    driver's node, and return once they are asked for: they start and import torch (and
+    ``modules``) while this process does other work (loading its data), and that ``fit``
+    takes them as warm workers. Connects to Ray as ``fit`` does (``address``; the embedded
+    local Ray by default), which takes seconds the first time. Returns how many it
+    started: none where the fit's workers would not be pooled (GPU workers), where idle
+    workers of that shape are already kept, or where this node cannot hold them all. They
+    are idle workers (``ScalingConfig.reuse_workers``): no Ray resources, gone after
+    ``idle_worker_timeout_s`` if no fit takes them."""
+    from raylight.driver import runtime
+    from raylight.worker_group.ray_group import prestart_workers as prestart
+
+    scaling = _scaling(num_workers, use_gpu, resources_per_worker, placement, strategy)
+    runtime.connect(address)
+    return prestart(scaling, modules=modules)

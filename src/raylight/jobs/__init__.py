@@ -1,0 +1,2 @@
+"""Product: runs on a remote cluster as Ray Jobs (``raylight submit``, ``raylight jobs``).
+"""

@@ -1,0 +1,260 @@
+"""The one state of ``raylight.horovod``: ``init``, ``shutdown`` and who this process is.
+
+Horovod's API is process-global (``hvd.init()`` then ``hvd.rank()`` anywhere), so this
+module holds one ``_State`` (None before ``init`` and after ``shutdown``): the process's
+place, whether the ``torch.distributed`` group is ours to destroy, and the pending async
+handles. ``init`` adopts a group that already exists (inside ``raylight.fit``, a raylight
+Lightning strategy or ``raylight run``) or forms one from the launcher's environment
+(``raylight.worker.process_group``: torchrun, horovodrun, mpirun, ...) or, with no launcher, a
+group of one, as Horovod runs without ``horovodrun``.
+"""
+
+from __future__ import annotations
+
+import atexit
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from raylight.worker.process_group import (
+    GPU_BACKEND,
+    LaunchEnvError,
+    destroy_process_group,
+    detect,
+    init_process_group,
+)
+
+# Horovod's reduction ops (the values of horovod.common.basics' ReduceOp).
+Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
+OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
+
+NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
+
+
+class HorovodInternalError(RuntimeError):
+    """A collective failed (a peer died or the group broke); ``hvd.elastic.run`` restores
+    the last commit and retries. Horovod's exception of the same name."""
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """The set of hosts changed; ``hvd.elastic.run`` resets and continues without
+    restoring (``skip_sync``: the state need not be broadcast again)."""
+
+    def __init__(self, skip_sync: bool = False) -> None:
+        super().__init__("the hosts of this job changed")
+        self.skip_sync = skip_sync
+
+
+@dataclass
+class _State:
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    owns_group: bool  # formed by init (shutdown destroys it) or adopted (left alone)
+    group: Any  # the default process group init saw; a new one means init must run again
+    handles: dict[int, Any] = field(default_factory=dict)
+    next_handle: int = 0
+
+
+_state: _State | None = None
+_formed = 0  # groups this process formed: a re-formed group meets under a new name
+
+
+def _backend() -> str:
+    return GPU_BACKEND if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+
+
+def init(comm: Any = None, process_sets: Any = None) -> None:
+    """Join (or form) the job's process group. Safe to call again: a no-op while the
+    group it saw is current, a fresh adoption when the run re-formed it."""
+    global _state, _formed
+    if comm is not None:
+        raise ValueError(
+            "hvd.init(comm=...): raylight.horovod has no MPI communicators; the group comes from the "
+            "launcher's environment (see docs/horovod.md). Call hvd.init() without comm"
+        )
+    if process_sets not in (None, [], ()):
+        raise ValueError(
+            "hvd.init(process_sets=...): process sets are not supported by raylight.horovod; every "
+            "collective runs on all ranks (see docs/horovod.md)"
+        )
+    if is_initialized():
+        return
+    _state = None
+    if dist.is_initialized():  # adopt: the environment only says where this process sits
+        try:
+            launch = detect()
+        except LaunchEnvError:
+            launch = None
+        rank, size = dist.get_rank(), dist.get_world_size()
+        owns = False
+    else:
+        launch = detect()
+        if launch is None:  # no launcher: one process, as Horovod runs without horovodrun
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        else:
+            if _formed and launch.rendezvous in ("file", "horovod"):
+                # A file store or a key-value scope keeps the last group's keys: every rank
+                # re-forms together (hvd.elastic's reset), so the count names the new one.
+                launch = replace(launch, rendezvous_id=f"{launch.rendezvous_id}-{_formed}")
+            init_process_group(launch, _backend())
+            _formed += 1
+        rank, size = dist.get_rank(), dist.get_world_size()
+        owns = True
+    if launch is not None and (launch.rank, launch.world_size) == (rank, size):
+        where = (launch.local_rank, launch.local_world_size, launch.cross_rank, launch.cross_size)
+    else:  # an adopted group the environment does not describe: one node
+        where = (rank, size, 0, 1)
+    _state = _State(rank, size, *where, owns_group=owns, group=dist.group.WORLD)
+
+
+def shutdown() -> None:
+    """Forget the group; destroy it when ``init`` formed it (an adopted one belongs to
+    raylight's worker and stays)."""
+    global _state
+    state, _state = _state, None
+    if state is not None and state.owns_group and dist.is_initialized() and dist.group.WORLD is state.group:
+        # Collectives' work objects caught in reference cycles (an optimizer's gradient
+        # hooks) must go while their group exists: freed after it, they abort the process.
+        destroy_process_group()
+
+
+# Horovod scripts may end without hvd.shutdown(); a gloo group left to the interpreter's
+# teardown can abort the process ("terminate called without an active exception") after
+# the script succeeded. A no-op when no group was formed here.
+atexit.register(shutdown)
+
+
+def is_initialized() -> bool:
+    return _state is not None and dist.is_initialized() and dist.group.WORLD is _state.group
+
+
+def state() -> _State:
+    """The state, or Horovod's ValueError before ``init``."""
+    if _state is None:
+        raise ValueError(NOT_INITIALIZED)
+    if not is_initialized():
+        raise ValueError(
+            f"{NOT_INITIALIZED} (the process group hvd.init() joined is gone: it was destroyed or "
+            "re-formed; call hvd.init() again)"
+        )
+    return _state
+
+
+def size() -> int:
+    return state().size
+
+
+def rank() -> int:
+    return state().rank
+
+
+def local_size() -> int:
+    return state().local_size
+
+
+def local_rank() -> int:
+    return state().local_rank
+
+
+def cross_size() -> int:
+    return state().cross_size
+
+
+def cross_rank() -> int:
+    return state().cross_rank
+
+
+def is_homogeneous() -> bool:
+    s = state()
+    return s.local_size * s.cross_size == s.size
+
+
+def mpi_built() -> bool:
+    return False
+
+
+def mpi_enabled() -> bool:
+    return False
+
+
+def mpi_threads_supported() -> bool:
+    state()
+    return False
+
+
+def gloo_built() -> bool:
+    return True
+
+
+def gloo_enabled() -> bool:
+    return True
+
+
+def nccl_built() -> bool:
+    return torch.cuda.is_available() and dist.is_nccl_available()
+
+
+def cuda_built() -> bool:
+    return torch.cuda.is_available()
+
+
+def rocm_built() -> bool:
+    return torch.version.hip is not None
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+class ProcessSet:
+    """Horovod's process sets are not supported: every collective runs on all ranks."""
+
+    def __init__(self, ranks: Any = None) -> None:
+        if ranks is not None:
+            raise ValueError(
+                "hvd.ProcessSet(ranks): process sets are not supported by raylight.horovod; "
+                "use torch.distributed.new_group(ranks) for collectives on a subset (see docs/horovod.md)"
+            )
+
+    def size(self) -> int:
+        return size()
+
+    def rank(self) -> int:
+        return rank()
+
+    def included(self) -> bool:
+        state()
+        return True
+
+    def __repr__(self) -> str:
+        return "ProcessSet(global)"
+
+
+global_process_set = ProcessSet()
+
+
+def add_process_set(process_set: Any) -> ProcessSet:
+    return ProcessSet(process_set if process_set is not None else [])
+
+
+def remove_process_set(process_set: Any) -> bool:
+    raise ValueError("hvd.remove_process_set: process sets are not supported by raylight.horovod")
+
+
+def check_process_set(process_set: Any) -> None:
+    if process_set is not global_process_set:
+        raise ValueError(
+            "process_set=...: only hvd.global_process_set is supported by raylight.horovod (see docs/horovod.md)"
+        )
+
+
