@@ -7,6 +7,7 @@ import io
 import os
 import pathlib
 import pickle
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -251,14 +252,81 @@ def test_uncommitted_shards_are_cleared_from_the_next_index_on(tmp_path):
 
 
 class _Payload:
+    def __init__(self, command: str) -> None:
+        self.command = command
+
     def __reduce__(self):
-        return (os.system, ("echo pwned",))
+        return (os.system, (self.command,))
 
 
-def test_a_manifest_that_would_run_code_is_refused(tmp_path):
-    (tmp_path / ".metadata").write_bytes(pickle.dumps(_Payload()))
-    with pytest.raises(pickle.UnpicklingError, match=r"system is not allowed"):
+def _str(text: str) -> bytes:
+    data = text.encode()
+    return b"\x8c" + bytes([len(data)]) + data  # SHORT_BINUNICODE
+
+
+def _hostile_manifests(marker: pathlib.Path) -> dict[str, bytes]:
+    """Manifests that would create ``marker`` if unpickled naively, of several shapes."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    command = f"touch {marker}"
+    module = "torch.distributed.checkpoint.metadata"  # it imports os
+    return {
+        # protocol 4 resolves a dotted name through the module's globals: os.system
+        "dotted STACK_GLOBAL": b"\x80\x04" + _str(module) + _str("os.system") + b"\x93" + _str(command) + b"\x85R.",
+        "dotted GLOBAL": b"\x80\x04c" + module.encode() + b"\nos.system\n" + _str(command) + b"\x85R.",
+        "builtins": b"\x80\x04" + _str("builtins") + _str("exec") + b"\x93"
+        + _str(f"import os; os.system({command!r})") + b"\x85R.",
+        "nested reduce": pickle.dumps(Metadata(state_dict_metadata={"w": _Payload(command)}), protocol=4),
+        "a class's dotted attribute": b"\x80\x04" + _str(module) + _str("Metadata.__init__.__globals__") + b"\x93.",
+        "not a pickle": b"\x00garbage",
+        "cut short": pickle.dumps(Metadata(state_dict_metadata={}), protocol=4)[:-3],
+        "another type": pickle.dumps(OrderedDict(a=1), protocol=4),
+    }
+
+
+@pytest.mark.parametrize("shape", list(_hostile_manifests(pathlib.Path("x"))))
+def test_a_hostile_or_damaged_manifest_is_refused_naming_the_file_and_runs_nothing(tmp_path, shape):
+    marker = tmp_path / "pwned"
+    (tmp_path / ".metadata").write_bytes(_hostile_manifests(marker)[shape])
+    with pytest.raises(sharded.ManifestError, match=rf"manifest {tmp_path}/\.metadata is refused|manifest {tmp_path}/\.metadata holds"):
         sharded.read_metadata(str(tmp_path))
+    assert not marker.exists(), "the manifest ran code"
+
+
+def test_a_hostile_manifest_padded_to_the_recorded_size_is_set_aside_and_the_run_resumes_before_it(tmp_path, written):
+    import shutil
+
+    from raylight.driver.recorder import RunRecorder
+    from raylight.worker.protocol import Report
+
+    source = f"{written['storage'].root}/checkpoints/{checkpoint_name(0)}"
+    recorder = RunRecorder(RunStorage(str(tmp_path / "run")), checkpoints_to_keep=2)
+    recorder.open({}, resume=False)
+    for index in (0, 1):
+        target = tmp_path / "run" / "checkpoints" / checkpoint_name(index)
+        target.mkdir(parents=True)
+        for name in ("__0_0.distcp", "__1_0.distcp", ".metadata"):
+            shutil.copy(f"{source}/{name}", target / name)
+        recorder.record(Report({"step": index}, written["data"], sharded_index=index), num_workers=2)
+    recorder.close()
+    marker = tmp_path / "pwned"
+    manifest = tmp_path / "run" / "checkpoints" / checkpoint_name(1) / ".metadata"
+    hostile = _hostile_manifests(marker)["dotted STACK_GLOBAL"]
+    size = manifest.stat().st_size
+    assert len(hostile) < size
+    manifest.write_bytes(hostile + b" " * (size - len(hostile)))  # the size meta.json records
+    tampered = Checkpoint(str(manifest.parent), metadata={"format": "sharded"}, data=written["data"])
+    with pytest.raises(sharded.ManifestError, match=r"\.metadata is refused"):
+        tampered.load()
+    resumed = RunRecorder(RunStorage(str(tmp_path / "run")), checkpoints_to_keep=2)
+    latest = resumed.open({}, resume=True)
+    try:
+        assert latest is not None and latest.metadata["index"] == 0
+        assert latest.load()["epoch"] == 2
+        assert any(n.startswith("damaged-checkpoint_000001") for n in os.listdir(tmp_path / "run" / "checkpoints"))
+    finally:
+        resumed.close()
+    assert not marker.exists(), "the manifest ran code"
 
 
 def test_split_and_join_round_trip_and_refuse_colliding_paths():

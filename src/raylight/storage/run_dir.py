@@ -372,13 +372,26 @@ class RunStorage:
 
     def check_shards(self, index: int, meta: dict[str, Any]) -> str | None:
         """Why the shard files of sharded checkpoint ``index`` are not the ones ``meta``
-        recorded (a file missing or of another size), or None."""
+        recorded (a file missing or of another size), or whose manifest does not load safely
+        or names shard files ``meta`` does not record; None when they are."""
         sizes = self._file_sizes(f"{CHECKPOINTS}/{checkpoint_name(index)}")
-        for name, size in (meta.get("files") or {}).items():
+        recorded = meta.get("files") or {}
+        for name, size in recorded.items():
             if name not in sizes:
                 return f"its shard file {name} is missing"
             if sizes[name] != size:
                 return f"its shard file {name} has {sizes[name]} bytes, {META_FILE} records {size}"
+        if meta.get("format") != "sharded":
+            return None
+        from raylight.storage import sharded
+
+        try:  # a manifest of the recorded size can still be garbled or hostile
+            named = sharded.shard_files(sharded.read_metadata(self.uri_of(f"{CHECKPOINTS}/{checkpoint_name(index)}")))
+        except (sharded.ManifestError, OSError) as exc:
+            return str(exc)
+        unrecorded = sorted(named - set(recorded))
+        if unrecorded:
+            return f"its manifest {sharded.METADATA_FILE} names shard files {META_FILE} does not record: {unrecorded}"
         return None
 
     def clear_uncommitted(self, first: int) -> list[str]:

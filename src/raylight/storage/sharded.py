@@ -31,6 +31,7 @@ import fsspec
 import torch
 from fsspec.implementations.local import LocalFileSystem
 
+from raylight.base.exceptions import RaylightError
 from raylight.storage.run_dir import SHARED_STORAGE
 
 if TYPE_CHECKING:
@@ -115,41 +116,74 @@ def _is_local(uri: str) -> tuple[bool, str]:
     return isinstance(fs, LocalFileSystem), root
 
 
-_SAFE_GLOBALS = {
+# Exact (module, name) pairs: what DCP's own manifest is made of, nothing module-wide and
+# no dotted names (protocol 4 resolves "a.b" as an attribute path from the module's
+# globals, so a module-wide allowance would admit everything the module imports).
+_SAFE_GLOBALS = frozenset({
+    *((_DCP_METADATA, name) for name in (
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata", "BytesStorageMetadata",
+        "ChunkStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING",
+    )),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("torch", "Size"),
     ("torch.serialization", "_get_layout"),
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("collections", "OrderedDict"),
     ("pathlib", "PosixPath"),  # the checkpoint id a local writer records
     ("pathlib", "PurePosixPath"),
     ("pathlib", "WindowsPath"),
     ("pathlib", "PureWindowsPath"),
-}
+})
+
+
+class ManifestError(RaylightError):
+    """A sharded checkpoint's ``.metadata`` is not DCP metadata raylight can read safely
+    (refused names, not a pickle, cut short): the checkpoint counts as damaged."""
+
+
+def _torch_constant(module: str, name: str) -> bool:
+    """``torch.<name>`` is a dtype, memory format or layout (``torch.float32``)."""
+    return module == "torch" and name.isidentifier() and isinstance(
+        getattr(torch, name, None), torch.dtype | torch.memory_format | torch.layout
+    )
 
 
 class _MetadataUnpickler(pickle.Unpickler):
-    """Admits only what DCP's metadata is made of (its dataclasses, torch sizes, dtypes,
-    layouts and memory formats); anything else is refused before it is imported."""
+    """Admits only what DCP's metadata is made of (its classes, torch sizes, dtypes,
+    layouts and memory formats), by exact name; anything else is refused before it is
+    imported."""
 
     def find_class(self, module: str, name: str) -> Any:
-        allowed = (module, name) in _SAFE_GLOBALS or module == _DCP_METADATA
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype | torch.memory_format | torch.layout):
-            allowed = True
-        if not allowed:
+        if "." in name or not ((module, name) in _SAFE_GLOBALS or _torch_constant(module, name)):
             raise pickle.UnpicklingError(
-                f"{module}.{name} is not allowed in a checkpoint's {METADATA_FILE}: raylight "
-                "loads only DCP's own metadata types, so a checkpoint can never run code"
+                f"{module}.{name} is not allowed: raylight loads only DCP's own metadata types, "
+                "so a checkpoint can never run code"
             )
         return super().find_class(module, name)
 
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError("persistent references are not allowed")
+
 
 def read_metadata(uri: str) -> dcp_metadata.Metadata:
-    """DCP's manifest of the checkpoint at ``uri``, read safely."""
-    with fsspec.open(f"{uri.rstrip('/')}/{METADATA_FILE}", "rb") as f:
+    """DCP's manifest of the checkpoint at ``uri``, read safely. A missing manifest raises
+    FileNotFoundError; one that is refused or does not load raises ``ManifestError``
+    naming the file."""
+    path = f"{uri.rstrip('/')}/{METADATA_FILE}"
+    with fsspec.open(path, "rb") as f:
         data = f.read()
-    metadata = _MetadataUnpickler(io.BytesIO(data)).load()
+    try:
+        metadata = _MetadataUnpickler(io.BytesIO(data)).load()
+    except Exception as exc:  # refused names, a cut-short or garbled pickle, bad arguments
+        raise ManifestError(
+            f"the sharded checkpoint manifest {path} is refused: {type(exc).__name__}: {exc}. "
+            "It is not the manifest DCP wrote (damaged or tampered with); the checkpoint is "
+            "treated as damaged"
+        ) from None
     if not isinstance(metadata, _dcp_metadata().Metadata):
-        raise pickle.UnpicklingError(f"{METADATA_FILE} holds {type(metadata).__name__}, not DCP metadata")
+        raise ManifestError(
+            f"the sharded checkpoint manifest {path} holds {type(metadata).__name__}, not DCP metadata; "
+            "the checkpoint is treated as damaged"
+        )
     return metadata
 
 
