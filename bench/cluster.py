@@ -39,6 +39,17 @@ deadline). Rank 0 logs (epoch, loader cursor, world size, time) each step; a pos
 logged twice is a step run twice (lost). Recovery is the resize's pause_s (workers told
 to stop -> first step at the new size).
 
+Drain deadlines (deadline_<strategy>_<seconds>, DDP and FSDP, deadlines 3, 8 and 30 s):
+each on a fake 3-node cluster of its own (ray.cluster_utils.Cluster, no autoscaler), the
+same model with global batch 480 (steps of 50-150 ms here), or 4800 for the _long
+peers (steps of 0.3-0.4 s: the 16 steps between control steps outlast a 3 s deadline),
+one node drained a third into epoch 1 and removed without
+grace at its deadline, as a cloud takes it. Measured from the drain call: notice seen,
+just-in-time checkpoint committed (the trace's snapshot row), resumed (rank 0's first step
+at 2 workers), samples trained twice, and whether the commit came before the node went.
+  python bench/cluster.py --peers deadline_ddp_3,deadline_ddp_8,deadline_ddp_30,\
+      deadline_fsdp_3,deadline_fsdp_8,deadline_fsdp_30,deadline_ddp_3_long,... --out bench/results/cluster-deadlines.json
+
 Results: a table on stdout and bench/results/cluster.json (figures, the raw per-peer
 records, machine info, the git commit). One repetition of each peer (time budget).
 """
@@ -48,6 +59,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
+import itertools
 import json
 import os
 import signal
@@ -78,6 +90,18 @@ DRAIN_DEADLINE_S = 10.0
 COST_GOAL = 0.5  # raylight adaptive cost <= this x Ray Train elastic, at equal or better time
 RECOVERY_GOAL_S = 5.0
 PEERS = ("raylight_adaptive", "raylight_fixed", "ray_train_elastic")
+# A drain notice per deadline and strategy: deadline_ddp_3, ..., deadline_fsdp_30, and
+# the same with long steps: deadline_ddp_3_long, ...
+DEADLINE_PEERS = tuple(
+    f"deadline_{s}_{d}{tail}" for tail in ("", "_long") for s in ("ddp", "fsdp") for d in (3, 8, 30)
+)
+JIT_GOAL_S = 2.0  # notice -> just-in-time checkpoint committed
+# The deadline runs' job: the same model, global batch 480 (160 a worker at 3): steps of
+# 50-150 ms here.
+DEADLINE_JOB: dict[str, Any] = {"batch_size": 480, "repeat": 8}
+# Long steps: global batch 4800 on the training set repeated 40 times (11 steps an epoch):
+# steps of 0.3-0.4 s here, so the 16 steps between control steps outlast a 3 s deadline.
+DEADLINE_LONG_JOB: dict[str, Any] = {"batch_size": 4800, "repeat": 40}
 
 
 # -- the job, shared by every peer ------------------------------------------------------
@@ -451,11 +475,116 @@ def preemption_figures(path: str, noticed_at: float, events: list[dict[str, Any]
     }
 
 
+# -- drain notices with short deadlines (issue 53) ---------------------------------------
+
+DEADLINES_S = (3.0, 8.0, 30.0)
+DEADLINE_STRATEGIES = ("ddp", "fsdp")
+FAST_HEALTH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500, "health_check_failure_threshold": 4}
+
+
+def run_deadline(job: dict[str, Any]) -> None:
+    """One drain notice with ``job["deadline_s"]`` on a fake 3-node cluster
+    (``ray.cluster_utils.Cluster``: a head and two nodes of 1 CPU, one worker each), the
+    node taken away at its deadline as a cloud takes it (removed without grace, whether or
+    not the run let it go). Elastic (1, 3), checkpoints at epoch ends only, the drain a
+    third into epoch 1. Measured from the drain call: when the driver saw the notice, when
+    the just-in-time checkpoint was committed, when rank 0 took its first step at the
+    smaller size, the samples trained twice (positions rank 0 logged twice x the global
+    batch), and the resize's phases."""
+    from raylight.driver import runtime
+
+    runtime._force_loopback()
+    import ray
+    from ray.cluster_utils import Cluster
+
+    import raylight
+    from raylight import RunConfig, ScalingConfig, TrainerConfig
+    from tests.ray.cluster_driver import drain
+
+    record: dict[str, Any] = {"deadline_s": job["deadline_s"], "strategy": job["strategy"]}
+    with runtime._lean_head():
+        cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 1, "include_dashboard": False, "_system_config": FAST_HEALTH})
+        nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
+    ray.init(address=cluster.address, logging_level="WARNING")
+    try:
+        positions = os.path.join(job["storage_path"], "positions")
+        run_dir = os.path.join(job["storage_path"], "run")
+        trainer = raylight.Trainer(
+            raylight_loop,
+            train_loop_config=raylight_config(job, elastic=True, stop_at_target=False,
+                                              max_epochs=job["preempt_epochs"], positions=positions),
+            config=TrainerConfig(
+                scaling=ScalingConfig(num_workers=(1, 3), scaling_policy="max", resize_interval_s=1.0,
+                                      warm_spare=False, strategy=job["strategy"]),
+                run=RunConfig(storage_path=job["storage_path"], name="run", progress=False),
+            ),
+        )
+        out: dict[str, Any] = {}
+        thread = threading.Thread(target=lambda: out.setdefault("result", trainer.fit()), daemon=True)
+        thread.start()
+        steps_per_epoch = -(-job["repeat"] * 1347 // job["batch_size"])
+        record["drained_mid_epoch"] = wait_for(lambda: mid_epoch(positions, steps_per_epoch // 3), 240)
+        victim = nodes[-1]
+        noticed_at = time.time()
+        drain(victim.node_id, job["deadline_s"])
+        gone_at = noticed_at + job["deadline_s"]
+        wait_for(lambda: time.time() >= gone_at, job["deadline_s"] + 1, 0.05)
+        cluster.remove_node(victim, allow_graceful=False)  # the cloud takes the node at its deadline
+        removed_at = time.time()
+        thread.join(job["preempt_timeout_s"])
+        if "result" not in out:
+            record["error"] = "the run did not finish"
+            return
+        result = out["result"]
+        record["num_preemptions"] = result.num_preemptions
+        record["num_failures"] = result.num_failures
+        trace = read_rows(os.path.join(run_dir, "adaptive.jsonl"))
+        events = [r for r in trace if r.get("event") in ("resized", "notice", "snapshot")]
+        record["trace_events"] = events
+        record["node_removed_s"] = removed_at - noticed_at
+        record.update(deadline_figures(positions, noticed_at, removed_at, events, job["batch_size"]))
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        Path(job["result_path"]).write_text(json.dumps(record, default=str))
+
+
+def deadline_figures(
+    path: str, noticed_at: float, removed_at: float, events: list[dict[str, Any]], batch: int
+) -> dict[str, Any]:
+    rows = read_positions(path)
+    keys = [(e, c) for e, c, _, _ in rows]
+    twice = len(keys) - len(set(keys))
+    resumed = next((r for r in rows if r[3] > noticed_at and r[2] < 3), None)
+    notice = next((r for r in events if r.get("event") == "notice"), None)
+    snap = next((r for r in events if r.get("event") == "snapshot"), None)
+    shrunk = next((r for r in events if r.get("event") == "resized" and r.get("to", 3) < r.get("from", 3)), None)
+    return {
+        "notice_seen_s": None if notice is None else notice["time"] - noticed_at,
+        "checkpoint_committed_s": None if snap is None else snap["time"] - noticed_at,
+        "committed_before_node_removed": snap is not None and snap["time"] < removed_at,
+        "resumed_s": None if resumed is None else resumed[3] - noticed_at,
+        "steps_twice": twice,
+        "samples_twice": twice * batch,
+        "resize_kind": None if shrunk is None else shrunk.get("kind"),
+        "resize_phases": None if shrunk is None else shrunk.get("phases"),
+        "world_sizes": sorted({w for _, _, w, _ in rows}),
+        "median_step_s_at_3": _median_step([r for r in rows if r[3] < noticed_at and r[2] == 3]),
+    }
+
+
+def _median_step(rows: list[tuple[int, int, int, float]]) -> float | None:
+    gaps = sorted(b[3] - a[3] for a, b in itertools.pairwise(rows) if b[0] == a[0])
+    return gaps[len(gaps) // 2] if gaps else None
+
+
 CHILDREN = {
     "raylight_adaptive": lambda job: run_raylight(job, adaptive=True),
     "raylight_fixed": lambda job: run_raylight(job, adaptive=False),
     "ray_train_elastic": run_ray_train,
     "preemption": run_preemption,
+    "deadline": run_deadline,
 }
 
 
@@ -475,12 +604,12 @@ def end_cluster(pointer: Path) -> list[int]:
     return pids
 
 
-def run_peer(name: str, base_job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+def run_peer(name: str, base_job: dict[str, Any], timeout_s: float, child: str | None = None) -> dict[str, Any]:
     run = ChildRun(base_job, prefix="rlc-")
     run.job.update(epochs_path=str(run.dir / "epochs.jsonl"), cluster_dir_path=str(run.dir / "cluster_dir"))
     record: dict[str, Any] = {"peer": name, "ok": False}
     print(f"{name}: running (timeout {timeout_s:.0f}s)", flush=True)
-    run.launch(script_command(__file__, name, run.job), timeout_s)
+    run.launch(script_command(__file__, child or name, run.job), timeout_s)
     record["process_s"] = round(run.process_s, 2)
     record["leftover_pids"] = run.reap() + end_cluster(Path(run.job["cluster_dir_path"]))
     if run.error is not None:
@@ -505,7 +634,8 @@ def git_commit() -> str | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: low target, short preemption run")
-    parser.add_argument("--peers", default=",".join([*PEERS, "preemption"]), help="comma-separated subset")
+    parser.add_argument("--peers", default=",".join([*PEERS, "preemption", *DEADLINE_PEERS]),
+                        help="comma-separated subset")
     parser.add_argument("--out", default=None, help="results file (default bench/results/cluster.json)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--job", default=None, help=argparse.SUPPRESS)
@@ -520,6 +650,16 @@ def main() -> None:
     began = time.time()
     records = {}
     for name in args.peers.split(","):
+        if name.startswith("deadline_"):
+            _, strategy, deadline, *long = name.split("_")
+            peer_job = {**job, "strategy": strategy, "deadline_s": float(deadline),
+                        **(DEADLINE_LONG_JOB if long else DEADLINE_JOB)}
+            records[name] = run_peer(name, peer_job, timeout_s=330, child="deadline")
+            rec = records[name]
+            print(f"  {name}: ok={rec.get('ok')} notice seen {rec.get('notice_seen_s')} s, checkpoint committed "
+                  f"{rec.get('checkpoint_committed_s')} s, resumed {rec.get('resumed_s')} s, samples twice "
+                  f"{rec.get('samples_twice')}, resize {rec.get('resize_kind')} {rec.get('error', '')}", flush=True)
+            continue
         records[name] = run_peer(name, job, timeout_s=330)
         rec = records[name]
         print(f"  {name}: ok={rec.get('ok')} to target {rec.get('time_to_target_s')} s, "
@@ -536,11 +676,18 @@ def main() -> None:
         "preemption_recovery_s": pre.get("preemption_recovery_s"),
         "preemption_first_step_s": pre.get("shrink_first_step_s"),
         "preemption_notice_to_shrunk_first_step_s": pre.get("notice_to_shrunk_first_step_s"),
+        "deadlines": {
+            name.removeprefix("deadline_"): {k: records[name].get(k) for k in (
+                "deadline_s", "notice_seen_s", "checkpoint_committed_s", "resumed_s", "samples_twice",
+                "committed_before_node_removed", "resize_kind", "median_step_s_at_3")}
+            for name in DEADLINE_PEERS if name in records
+        },
     }
     goals = {
         "cost_vs_ray_train_elastic": f"<= {COST_GOAL} at time_to_target_vs_ray_train_elastic <= 1",
         "preemption_lost_steps": "<= preemption_notice_window_steps",
         "preemption_recovery_s": f"< {RECOVERY_GOAL_S}",
+        "deadlines": f"checkpoint_committed_s < {JIT_GOAL_S} (and before the node goes), samples_twice 0",
     }
     results = {
         "benchmark": "cluster",

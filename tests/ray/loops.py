@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import torch
 from torch import nn
@@ -188,6 +189,8 @@ def elastic_loop(ctx, config):
             loss = nn.functional.mse_loss(model(x.to(dtype)), y.to(dtype))
             loss.backward()
             opt.step()
+            if config.get("step_s"):  # a long step's compute, modelled (steps of a big model)
+                time.sleep(config["step_s"])
             seen[f"sse{epoch}"] += loss.item() * len(ids)  # restart-safe and K-invariant
             seen[f"count{epoch}"] += len(ids)
             seen[f"sum{epoch}"] += float(ids.sum())

@@ -161,6 +161,38 @@ def test_a_preempted_node_and_a_lost_one_shrink_in_place_and_regrowth_matches_an
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_a_drain_notice_due_before_the_next_control_step_is_checkpointed_before_the_node_goes(tmp_path):
+    """Long steps (0.4 s) on a fake 3-node cluster, checkpoints at epoch ends only. Just
+    after a control step a node is drained, and it is taken away 8 steps later, as a cloud
+    takes a node at its deadline; the workers' next control step is 16 steps away. The
+    notice still becomes a just-in-time checkpoint, committed before the node goes, at the
+    step boundary after the step in flight; the run shrinks in place and no step (so no
+    sample) is trained twice, and no failure is counted. (Stops agreed at control steps
+    only: the node went first, and the steps since the epoch's checkpoint ran again.)"""
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.ray.deadline_driver", str(tmp_path)],
+        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=400,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))
+    data = json.loads(line[len("RESULT "):])
+    assert data["drained_after"] <= 20, "drained soon after a control step"
+    steps = [tuple(s[:2]) for s in data["steps"]]
+    assert len(steps) == len(set(steps)), "no step ran twice"
+    [notice] = data["notice"]
+    assert notice["source"] == "drain"
+    assert len(data["snapshot"]) == 1, (data["snapshot"], out.stderr[-4000:])
+    assert data["snapshot"][0]["time"] < data["removed_at"], "the checkpoint was committed before the node went"
+    assert data["num_failures"] == 0 and data["num_preemptions"] == 1, data["resizes"]
+    moves = [(r["from"], r["to"], r["kind"]) for r in data["resizes"]]
+    assert moves[0] == (3, 2, "in_place"), (moves, [r.get("fallback") for r in data["resizes"]])
+    n = 240
+    for m in data["epochs"]:
+        assert (m["count"], m["sum"], m["sq"]) == (n, n * (n - 1) / 2, sum(i * i for i in range(n))), m
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_an_autoscaled_run_grows_as_nodes_join_and_the_nodes_go_after_it_ends(tmp_path):
     """Ray's real autoscaler (the fake multi-node provider starts real raylets): the run

@@ -43,8 +43,12 @@ from raylight.worker.protocol import (
 
 
 class FakeGroup:
-    def __init__(self, polls, start_errors=(), resize_outcomes=(), capacity=8, placeable=None):
+    def __init__(self, polls, start_errors=(), resize_outcomes=(), capacity=8, placeable=None, stopped_reports=()):
         self.polls = list(polls)
+        # Reports each resize hands to on_stopped once the workers stopped, before the
+        # group re-forms; after_stop() runs right after (what a test looks at then).
+        self.stopped_reports = list(stopped_reports)
+        self.after_stop = lambda: None
         self.placeable = placeable  # how many workers reserve() can place (None: any)
         self.reserves: list[tuple[int, int]] = []
         self.start_errors = list(start_errors)
@@ -72,12 +76,16 @@ class FakeGroup:
             raise InsufficientResourcesError(f"only {self.placeable} fit")
         return placed
 
-    def resize(self, *, num_workers, threads, plan, commit, target=None, leaving=frozenset(), snapshot=False):
+    def resize(self, *, num_workers, threads, plan, commit, target=None, leaving=frozenset(), snapshot=False,
+               on_stopped=None):
         self.resizes.append({
             "num_workers": num_workers, "threads": threads, "plan": plan, "commit": commit,
             "leaving": leaving, "snapshot": snapshot,
         })
         outcome = self.resize_outcomes.pop(0)
+        if on_stopped is not None and self.stopped_reports:
+            on_stopped(self.stopped_reports.pop(0))
+            self.after_stop()
         if outcome.kind == "in_place":
             self._size = num_workers
         return outcome
@@ -413,6 +421,30 @@ def test_a_notice_lets_the_node_s_workers_go_after_a_snapshot(recorder):
     assert recorder.history == [{"epoch": 0}, {"epoch": 1}], "a snapshot adds no row and rolls nothing back"
     assert c.num_failures == 0 and c.num_preemptions == 1
     assert c.step() is State.RUNNING, "a node is acted on once, however many polls name it"
+    assert c.step() is State.FINISHED
+
+
+def test_a_notice_s_snapshot_is_committed_once_the_workers_stop_before_the_group_re_forms(recorder):
+    """The group hands over the reports made while stopping before any worker goes: the
+    snapshot is committed then (while the node given notice is still up), not after the
+    group has re-formed, and a trace row says when."""
+    snapshot = Report({}, serialize_state({"epoch": 1}), seq=2, snapshot=True)
+    rows: list[dict] = []
+    group = FakeGroup(
+        [running(ckpt_report(0)), running(Report({"epoch": 1})), noticed(), finished(n=1)],
+        resize_outcomes=[ResizeOutcome("in_place", [])], stopped_reports=[[snapshot]],
+    )
+    at_stop: list[object] = []
+    group.after_stop = lambda: at_stop.append(recorder.latest.load())
+    c = Controller(group=group, recorder=recorder, failure_policy=FailurePolicy(0),
+                   scaling_policy=NoticePolicy(2), telemetry=RunTelemetry(trace=rows.append))
+    c.step(), c.step(), c.step(), c.step()
+    assert c.step() is State.RESIZING
+    assert c.step() is State.RUNNING
+    assert at_stop == [{"epoch": 1}], "committed before the group re-formed"
+    assert recorder.latest.load() == {"epoch": 1} and recorder.history == [{"epoch": 0}, {"epoch": 1}]
+    [row] = [r for r in rows if r.get("event") == "snapshot"]
+    assert row["index"] == recorder.latest.metadata["index"] and row["taken"] == snapshot.time
     assert c.step() is State.FINISHED
 
 

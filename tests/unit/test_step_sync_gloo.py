@@ -9,6 +9,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from raylight.adaptive.plan import BatchPlan
+from raylight.worker.adaptive import sync as sync_module
 from raylight.worker.adaptive.optimizer import AdaptiveOptimizer
 from raylight.worker.adaptive.sync import ResizeInterrupt, StepSync
 from raylight.worker.process_group import destroy_process_group
@@ -22,8 +23,10 @@ EVERY = 4
 STOP_BEFORE = 9  # rank 1 is asked to stop before this step
 
 
-def run_rank(rank: int, port: int, carrier: bool, events: bool, shared: bool, queue) -> None:
+def run_rank(rank: int, port: int, carrier: bool, events: bool, shared: bool, check_s: float | None, queue) -> None:
     torch.set_num_threads(1)
+    if check_s is not None:  # how long a step must be for a stop check at each step
+        sync_module.STOP_CHECK_S = check_s
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     try:
@@ -80,8 +83,8 @@ def _train(rank: int, carrier: bool, events: bool, shared: bool) -> dict:
     }
 
 
-def run_pair(carrier: bool, events: bool = True, shared: bool = False) -> dict[int, dict]:
-    return run_gloo_ranks(run_rank, carrier, events, shared)
+def run_pair(carrier: bool, events: bool = True, shared: bool = False, check_s: float | None = None) -> dict[int, dict]:
+    return run_gloo_ranks(run_rank, carrier, events, shared, check_s)
 
 
 def test_control_vector_rides_on_the_gradient_all_reduce():
@@ -104,6 +107,18 @@ def test_a_control_all_reduce_of_its_own_stops_at_the_control_step():
     assert own[0]["exchanges"] == 0
     assert own[0]["stopped_at"] == own[1]["stopped_at"] == 12
     assert own[0]["plans"][4] == (12, 1), "and adopts the plan there"
+
+
+@pytest.mark.parametrize("carrier", [True, False])
+def test_with_long_steps_a_stop_is_checked_at_every_step_not_only_at_control_steps(carrier):
+    """Steps longer than STOP_CHECK_S (here: a check period far below these steps' time)
+    make every rank check for a stop at every step once a step time is known: asked before
+    step 9, both stop there, not at the control step 12 (or 13)."""
+    ranks = run_pair(carrier=carrier, check_s=1e-9)
+    assert ranks[0]["stopped_at"] == ranks[1]["stopped_at"] == STOP_BEFORE
+    assert ranks[0]["plans"] == ranks[1]["plans"]
+    for a, b in zip(ranks[0]["params"], ranks[1]["params"], strict=True):
+        assert a == b, "replicas stay identical"
 
 
 def test_the_same_gradient_statistics_reach_the_noise_estimator_either_way():

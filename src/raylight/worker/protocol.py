@@ -5,6 +5,7 @@ The controller only sees these types, so tests drive it with a fake group.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -282,8 +283,10 @@ class WorkerGroup(Protocol):
         target: CheckpointTarget | None = None,
         leaving: frozenset[int] = frozenset(),
         snapshot: bool = False,
+        on_stopped: Callable[[list[Report]], None] | None = None,
     ) -> ResizeOutcome:
         """Resize in place, restoring checkpoint ``commit`` from a survivor's memory (a
         sharded one's tensors from ``target``'s directory). ``leaving``: ranks that go
         (on a node given notice); ``snapshot``: the workers checkpoint where they stop
-        (that checkpoint is restored instead)."""
+        (that checkpoint is restored instead). ``on_stopped``: called with rank 0's
+        reports once every worker stopped, before any goes (then not in the outcome)."""

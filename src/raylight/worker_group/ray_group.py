@@ -85,8 +85,11 @@ STOP_POLL_S = 0.02  # how often a resize checks whether every worker has stopped
 ELASTIC_PLACEMENT_WAIT_S = 2.0
 
 
-# How often the group asks Ray which nodes are being drained (a GCS call).
-DRAIN_CHECK_S = 1.0
+# How often the group asks Ray which nodes are being drained (a GCS call, answered in
+# about a millisecond): a drain's deadline can be a few seconds, so it is seen within a
+# quarter of one. The call's own timeout (a Ray Client driver's task) is longer.
+DRAIN_CHECK_S = 0.25
+DRAIN_CHECK_TIMEOUT_S = 1.0
 
 
 def on_cluster(fn: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
@@ -115,7 +118,7 @@ def draining_nodes() -> dict[str, float | None]:
     through KubeRay): node id -> the wall-clock deadline (None: none given). Empty where
     Ray cannot say."""
     try:
-        found = on_cluster(_draining, timeout_s=DRAIN_CHECK_S)
+        found = on_cluster(_draining, timeout_s=DRAIN_CHECK_TIMEOUT_S)
     except Exception:  # Ray's private API moved, or the cluster did not answer: no notices now
         return {}
     return {str(node): (ms / 1000.0 if ms else None) for node, ms in found.items()}
@@ -759,17 +762,21 @@ class RayWorkerGroup:
         target: CheckpointTarget | None = None,
         leaving: frozenset[int] = frozenset(),
         snapshot: bool = False,
+        on_stopped: Callable[[list[Report]], None] | None = None,
     ) -> ResizeOutcome:
         """Resize in place: stop live workers at a step boundary (``snapshot``: each
         checkpoints there first, and that checkpoint is the one restored), keep those holding
         checkpoint ``commit`` in memory, add or remove workers, re-form the process group
         and restart the loop from that state, broadcast from a survivor (a sharded
-        checkpoint's tensors are read from ``target``'s directory, resharded)."""
+        checkpoint's tensors are read from ``target``'s directory, resharded).
+        ``on_stopped``: given rank 0's reports once every worker has stopped, before any
+        worker goes (the driver commits a snapshot there, while the node given notice is
+        still up); those reports are then not in the outcome."""
         self._resizing = True
         try:
             return self._resize(
                 num_workers=num_workers, threads=threads, plan=plan, commit=commit, target=target,
-                leaving=leaving, snapshot=snapshot,
+                leaving=leaving, snapshot=snapshot, on_stopped=on_stopped,
             )
         finally:
             self._resizing = False
@@ -784,6 +791,7 @@ class RayWorkerGroup:
         target: CheckpointTarget | None,
         leaving: frozenset[int],
         snapshot: bool,
+        on_stopped: Callable[[list[Report]], None] | None = None,
     ) -> ResizeOutcome:
         reports: list[Report] = []
         shadow: list[Report] = []
@@ -829,6 +837,10 @@ class RayWorkerGroup:
         commit += stopped_with
         if target is not None:
             target = replace(target, next_index=target.next_index + stopped_with)
+        if on_stopped is not None and reports:  # committed now: the leaving workers are still up
+            delivered, reports = reports, []
+            on_stopped(delivered)
+            phases["committed_s"] = monotonic() - stopped_at
         dead = {f.rank for f in poll.failures if f.kind in ("died", "hang")}
         # Workers on a node given notice stop like the others (and deliver their part of
         # the snapshot), then go.

@@ -289,17 +289,27 @@ class Controller:
         plan = self.scaling_policy.plan(target)
         latest = self.recorder.latest
         commit = int(latest.metadata.get("index", -1)) if latest is not None else -1
+
+        def record(reports: list[Report]) -> None:
+            for report in reports:
+                self.recorder.record(report, num_workers=old)
+                self._last_seq = max(self._last_seq, report.seq)
+                if report.snapshot and report.checkpoint is not None:
+                    self._snapshot_committed(report)
+
         if phase.resize.in_place:
+            # The reports made while stopping (a notice's snapshot among them) are
+            # committed as soon as every worker has stopped: before the workers of a node
+            # given notice go and before the group re-forms, either of which can outlast
+            # the node.
             outcome = self.group.resize(
                 num_workers=target, threads=threads, plan=plan, commit=commit,
                 target=self.recorder.checkpoint_target(clear=False),
-                leaving=phase.resize.leaving, snapshot=phase.resize.snapshot,
+                leaving=phase.resize.leaving, snapshot=phase.resize.snapshot, on_stopped=record,
             )
         else:
             outcome = ResizeOutcome("fallback", reason="this run resizes from its checkpoints")
-        for report in outcome.reports:
-            self.recorder.record(report, num_workers=old)
-            self._last_seq = max(self._last_seq, report.seq)
+        record(outcome.reports)
         self._recover_lost_reports([*self._shadow, *outcome.shadow], outcome.adopted, num_workers=old)
         if outcome.kind in ("finished", "unchanged"):
             if outcome.kind == "unchanged":
@@ -336,6 +346,14 @@ class Controller:
             "phases": {k: round(v, 4) for k, v in outcome.phases.items()},
             "decided_wall": phase.decided_wall,
             "stopped_wall": outcome.stopped_wall if outcome.stopped_wall is not None else phase.decided_wall,
+        })
+
+    def _snapshot_committed(self, report: Report) -> None:
+        """A preemption's just-in-time checkpoint is committed: a ``snapshot`` trace row."""
+        latest = self.recorder.latest
+        self.telemetry.event({
+            "event": "snapshot", "time": wall(), "taken": report.time,
+            "index": None if latest is None else latest.metadata.get("index"),
         })
 
     def _recover_lost_reports(

@@ -16,6 +16,12 @@ own. What it brings applies once that optimizer step is done: the plan and the n
 estimate from the next step on, and a stop at the next ``begin_step``. Otherwise (one
 replica, sharded gradients, elastic runs without adaptive batches, a loop without
 ``prepare_optimizer``) ``begin_step`` runs the control all-reduce itself (``boundary``).
+
+A stop must not wait for the next control step when steps are long: a preemption notice
+gives seconds, and 16 steps of half a second each are 8. So between control steps the
+ranks also check for a stop (``stop_check``: an all-reduce of the stop flags alone) about
+every STOP_CHECK_S: rank 0's mean step time rides on each control vector, and every rank
+derives the same ``check_every`` from it (steps of STOP_CHECK_S or more: every step).
 """
 
 from __future__ import annotations
@@ -48,8 +54,13 @@ class ResizeInterrupt(BaseException):
 
 # Slots of the control vector. Rank-0-only slots are zero elsewhere, so a SUM
 # all-reduce hands rank 0's values to everyone.
-CONTROL_SLOTS = 10
-_STOP, _VERSION, _ATOMIC, _ACCUM, _SMALL_SQR, _BIG_SQR, _SMALL_B, _BIG_B, _VALID, _SNAPSHOT = range(CONTROL_SLOTS)
+CONTROL_SLOTS = 11
+_STOP, _VERSION, _ATOMIC, _ACCUM, _SMALL_SQR, _BIG_SQR, _SMALL_B, _BIG_B, _VALID, _SNAPSHOT, _STEP_S = range(CONTROL_SLOTS)
+
+# How often (seconds of training) the ranks check for a stop between control steps: the
+# most a stop waits beyond the step in flight. A check is one all-reduce of a few numbers
+# (well under a millisecond on gloo), so at this period it costs nothing measurable.
+STOP_CHECK_S = 0.25
 
 # The first optimizer steps at a new layout (a new batch size, or a new worker group) pay
 # one-off costs, memory for the new tensor sizes among them, that the steady-state
@@ -110,6 +121,11 @@ class StepSync:
         self.micro_steps = 1
         self.uniform_step = True  # False for an epoch's short last step
         self.every = every
+        # Steps between stop checks (at most ``every``): agreed at each control step from
+        # rank 0's mean step time, so every rank checks at the same steps; every step until
+        # a step time is known (a group that just started).
+        self.check_every = 1
+        self._control_mark: tuple[float, int] | None = None  # rank 0: (time, step_count) at the last control
         self.device = device or torch.device("cpu")
         # Whether each rank holds its own, unreduced gradient (DDP) or only its shard of
         # the reduced one (FSDP): then the group measures noise as one replica does.
@@ -183,7 +199,22 @@ class StepSync:
         self._received = not self.exchanging
         if self.phase == 0 and not self.exchanging:
             self.boundary()
+        elif self.phase != 0 and (self.world_size == 1 or self.phase % self.check_every == 0):
+            self.stop_check()
         return self.plan
+
+    def stop_check(self) -> None:
+        """Between control steps: raise ResizeInterrupt here, on every rank, if any rank
+        was asked to stop (an all-reduce of the stop flags; alone, no collective)."""
+        vec = [0.0] * CONTROL_SLOTS
+        vec[_STOP] = 1.0 if self._stop.is_set() else 0.0
+        vec[_SNAPSHOT] = 1.0 if self._snapshot.is_set() else 0.0
+        if self.world_size > 1:
+            summed = torch.tensor(vec, dtype=torch.float64, device=self.device)
+            self.reduce_sum(summed)
+            vec = summed.tolist()
+        if vec[_STOP] > 0:
+            raise ResizeInterrupt(snapshot=vec[_SNAPSHOT] > 0)
 
     @property
     def as_one(self) -> bool:
@@ -209,6 +240,10 @@ class StepSync:
         stats, self._stats = self._stats, _GradStats()
         vec[_SMALL_SQR] = stats.small_sqr if stats.valid else 0.0
         if self.rank == 0:
+            now = time.perf_counter()
+            mark, self._control_mark = self._control_mark, (now, self.step_count)
+            if mark is not None and self.step_count > mark[1]:
+                vec[_STEP_S] = (now - mark[0]) / (self.step_count - mark[1])
             with self._lock:
                 pending = self._pending_plan
             if pending is not None:
@@ -231,6 +266,9 @@ class StepSync:
                 raise ResizeInterrupt(snapshot=vec[_SNAPSHOT] > 0)
             self._stop_agreed = True
             self._snapshot_agreed = vec[_SNAPSHOT] > 0
+        step_s = float(vec[_STEP_S])
+        if step_s > 0:
+            self.check_every = max(1, min(self.every, int(STOP_CHECK_S / step_s)))
         version = int(vec[_VERSION])
         if version > self.plan.version:
             self.plan = BatchPlan(int(vec[_ATOMIC]), int(vec[_ACCUM]), version)
