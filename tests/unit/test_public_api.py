@@ -217,7 +217,7 @@ LAYERS = [
         "raylight.worker.hvd.basics", "raylight.worker.hvd.ops", "raylight.worker.hvd.optimizer",
         "raylight.worker.hvd.compat", "raylight.worker.hvd.real",
     ]),
-    ("context and control", ["raylight.worker.context", "raylight.driver.controller"]),
+    ("context and control", ["raylight.worker.context", "raylight.driver.controller", "raylight.worker.session"]),
     ("worker group", ["raylight.worker_group"]),
     ("trainer", ["raylight.driver.trainer", "raylight.driver.job_env"]),
     ("products", [

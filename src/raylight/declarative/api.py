@@ -488,13 +488,11 @@ def _launched_group() -> Iterator[Any]:
     if launch is None or launch.world_size == 1:
         yield None
         return
-    import torch.distributed as dist
-
     process_group.init_process_group(launch, "gloo")
     try:
         yield launch
     finally:
-        dist.destroy_process_group()
+        process_group.destroy_process_group()
 
 
 def predict(model_path: str, dataset: str, output: str | None) -> pd.DataFrame | None:

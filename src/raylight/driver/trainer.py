@@ -33,10 +33,11 @@ from raylight.driver.progress import ProgressDisplay
 from raylight.driver.recorder import RunRecorder
 from raylight.storage.checkpoint import Checkpoint
 from raylight.storage.run_dir import RunStorage, default_storage_path
-from raylight.worker import process_group
+from raylight.worker import process_group, session
 from raylight.worker.notices import build_watchers
 from raylight.worker.process_group import GPU_BACKEND, LaunchEnv
 from raylight.worker.protocol import GroupPoll, Progress, Report, WorkerPoll
+from raylight.worker.session import RankInfo
 
 log = logging.getLogger("raylight")
 
@@ -302,122 +303,92 @@ class Trainer:
         """Every process an external launcher started runs the loop in its group; rank 0
         (``recorder`` given) records reports and commits checkpoints as a Ray run's driver
         does, and at the end every rank returns rank 0's result."""
-        import torch
-        import torch.distributed as dist
-
-        from raylight.worker.context import TrainContext, call_train_loop
-        from raylight.worker.process_group import destroy_process_group
-        from raylight.worker.strategies import build_strategy
-
         scaling = self.config.scaling
-        strategy = build_strategy(scaling.strategy)
-        created = not dist.is_initialized()
-        if created:
-            process_group.init_process_group(
-                launch, strategy.backend(scaling.use_gpu), timeout_s=self.config.failure.collective_timeout_s
-            )
-        elif dist.get_world_size() != launch.world_size or dist.get_rank() != launch.rank:
+        formed = process_group.formed()
+        if formed is not None and formed != (launch.rank, launch.world_size):
             raise ConfigError(
-                f"the process group already formed (rank {dist.get_rank()} of {dist.get_world_size()}) is not "
+                f"the process group already formed (rank {formed[0]} of {formed[1]}) is not "
                 f"the launcher's ({launch.describe()}); destroy it before fit, or let raylight form it"
             )
-        elif "cpu:" not in dist.get_backend_config():
+        if formed is not None and "cpu:" not in process_group.backend_config():
             raise ConfigError(
-                f"the process group already formed ({dist.get_backend_config()}) has no backend for CPU "
-                "tensors, which raylight's bookkeeping reduces (metric sums, data positions); form it with "
+                f"the process group already formed ({process_group.backend_config()}) has no backend for CPU "
+                "tensors, which raylight's "
+                "bookkeeping reduces (metric sums, data positions); form it with "
                 f"init_process_group(backend={GPU_BACKEND!r}) (torch's default where CUDA is), or let "
                 "raylight form it"
             )
-        try:
-            if scaling.use_gpu:
-                device = torch.device("cuda", launch.local_rank)
-                torch.cuda.set_device(device)
-            else:
-                device = torch.device("cpu")
+
+        def form_group(strategy: Any) -> None:
+            process_group.init_process_group(
+                launch, strategy.backend(scaling.use_gpu), timeout_s=self.config.failure.collective_timeout_s
+            )
+
+        def start() -> dict[str, Any]:
             # Rank 0 knows where the run resumes from and where shards go; the others hear it.
-            start: list[Any] = [None]
+            begin: dict[str, Any] | None = None
             if recorder is not None:
                 recorder.begin()
                 target = recorder.checkpoint_target() if scaling.sharded_checkpoints else None
-                latest = recorder.latest
-                start = [{
-                    "checkpoint": (latest.path, latest.metadata, latest.to_bytes()) if latest is not None else None,
+                begin = {
+                    "checkpoint": _checkpoint_parts(recorder.latest),
                     "checkpoint_dir": target.directory if target is not None else None,
                     "next_checkpoint": target.next_index if target is not None else None,
-                }]
-            dist.broadcast_object_list(start, src=0)
-            begin = start[0]
-            checkpoint = None
-            if begin["checkpoint"] is not None:
-                path, metadata, data = begin["checkpoint"]
-                checkpoint = Checkpoint(path, metadata=metadata, data=data)
-            sink = _InProcessSink(recorder, num_workers=launch.world_size, display=display)
-            ctx = TrainContext(
-                rank=launch.rank,
-                local_rank=launch.local_rank,
-                world_size=launch.world_size,
-                local_world_size=launch.local_world_size,
-                node_rank=launch.cross_rank,
-                device=device,
-                sink=sink,
-                checkpoint=checkpoint,
-                config=self.train_loop_config,
-                strategy=strategy,
-                checkpoint_dir=begin["checkpoint_dir"],
-                next_checkpoint=begin["next_checkpoint"],
-            )
-            try:
-                call_train_loop(self.train_loop, ctx, self.train_loop_config)
-            finally:
-                strategy.close()
-            del ctx, sink  # the loop's modules (DDP holds the group) go before the group does
-            ended: list[Any] = [None]
-            if recorder is not None:
-                latest = recorder.latest
-                ended = [{  # the checkpoint's bytes too: another machine's rank cannot read rank 0's disk
-                    "history": list(recorder.history),
-                    "checkpoint": (latest.path, latest.metadata, latest.to_bytes()) if latest is not None else None,
-                }]
-            dist.broadcast_object_list(ended, src=0)
-        finally:
-            if created and dist.is_initialized():
-                destroy_process_group()
-        history = ended[0]["history"]
-        last = ended[0]["checkpoint"]
+                }
+            begin = process_group.from_rank_zero(begin)
+            return {**begin, "checkpoint": _checkpoint_of(begin["checkpoint"])}
+
+        ended: dict[str, Any] = {}
+
+        def finish() -> None:
+            mine = None
+            if recorder is not None:  # the checkpoint's bytes too: another machine's rank cannot read rank 0's disk
+                mine = {"history": list(recorder.history), "checkpoint": _checkpoint_parts(recorder.latest)}
+            ended.update(process_group.from_rank_zero(mine))
+
+        session.run(
+            self.train_loop,
+            self.train_loop_config,
+            place=RankInfo(launch.rank, launch.local_rank, launch.world_size, launch.local_world_size, launch.cross_rank),
+            device=session.choose_device(scaling.use_gpu, launch.local_rank),
+            sink=_InProcessSink(recorder, num_workers=launch.world_size, display=display),
+            strategy=scaling.strategy,
+            form_group=form_group if formed is None else None,
+            start=start,
+            finish=finish,
+        )
+        history = ended["history"]
         return Result(
             metrics=history[-1] if history else {},
             metrics_history=history,
-            checkpoint=Checkpoint(last[0], metadata=last[1], data=last[2]) if last is not None else None,
+            checkpoint=_checkpoint_of(ended["checkpoint"]),
             path=storage.uri,
         )
 
     def _fit_in_process(self, recorder: RunRecorder, display: ProgressDisplay | None = None) -> int:
-        import torch
-
-        from raylight.worker.context import TrainContext, call_train_loop
-        from raylight.worker.strategies import build_strategy
-
         recorder.begin()
-        sink = _InProcessSink(recorder, display=display)
-        device = torch.device("cuda") if self.config.scaling.use_gpu else torch.device("cpu")
-        strategy = build_strategy(self.config.scaling.strategy)
-        ctx = TrainContext(
-            rank=0,
-            local_rank=0,
-            world_size=1,
-            local_world_size=1,
-            node_rank=0,
-            device=device,
-            sink=sink,
+        session.run(
+            self.train_loop,
+            self.train_loop_config,
+            place=session.SOLO,
+            device=session.choose_device(self.config.scaling.use_gpu),
+            sink=_InProcessSink(recorder, display=display),
+            strategy=self.config.scaling.strategy,
             checkpoint=recorder.latest,
-            config=self.train_loop_config,
-            strategy=strategy,
         )
-        try:
-            call_train_loop(self.train_loop, ctx, self.train_loop_config)
-        finally:
-            strategy.close()
         return 0
+
+
+def _checkpoint_parts(ckpt: Checkpoint | None) -> tuple[Any, ...] | None:
+    """A checkpoint as plain parts another rank can rebuild (its bytes included)."""
+    return (ckpt.path, ckpt.metadata, ckpt.to_bytes()) if ckpt is not None else None
+
+
+def _checkpoint_of(parts: tuple[Any, ...] | None) -> Checkpoint | None:
+    if parts is None:
+        return None
+    path, metadata, data = parts
+    return Checkpoint(path, metadata=metadata, data=data)
 
 
 class _InProcessSink:

@@ -285,6 +285,30 @@ def destroy_process_group() -> None:
     dist.destroy_process_group()
 
 
+def formed() -> tuple[int, int] | None:
+    """(rank, world size) of the process group this process already formed, or None."""
+    import torch.distributed as dist
+
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else None
+
+
+def backend_config() -> str:
+    """The formed group's backends by device (``"cpu:gloo,cuda:nccl"``); raylight's
+    bookkeeping needs one for CPU tensors (it reduces metric sums and data positions)."""
+    import torch.distributed as dist
+
+    return str(dist.get_backend_config())
+
+
+def from_rank_zero(value: Any) -> Any:
+    """Rank 0's ``value``, on every rank of the formed group."""
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def init_process_group(launch: LaunchEnv, backend: str, *, timeout_s: float | None = None) -> None:
     """Form the launcher's ``torch.distributed`` default group (see the module docstring).
     A rank that does not meet the others within ``timeout_s`` (default

@@ -24,6 +24,7 @@ from raylight.base import verbosity
 from raylight.base.clock import monotonic, wall
 from raylight.base.net import interface_for, listen_socket, loopback_interface
 from raylight.storage.checkpoint import Checkpoint
+from raylight.worker import session
 from raylight.worker.protocol import (
     ErrorInfo,
     NodeNotice,
@@ -32,17 +33,9 @@ from raylight.worker.protocol import (
     WorkerPoll,
     WorkerState,
 )
+from raylight.worker.session import RankInfo
 from raylight.worker_group.gpus import cuda_index
 from raylight.worker_group.user_code import moved_modules, use_driver_sys_path, user_modules
-
-
-@dataclass(frozen=True)
-class RankInfo:
-    rank: int
-    local_rank: int
-    world_size: int
-    local_world_size: int
-    node_rank: int
 
 
 @dataclass(frozen=True)
@@ -517,61 +510,57 @@ class RaylightWorker:
         import torch
         import torch.distributed as dist
 
-        from raylight.worker.strategies import build_strategy
-
         info = self.info
+        os.environ.update(
+            MASTER_ADDR=spec.master_addr,
+            MASTER_PORT=str(spec.master_port),
+            RANK=str(info.rank),
+            LOCAL_RANK=str(info.local_rank),
+            WORLD_SIZE=str(info.world_size),
+            LOCAL_WORLD_SIZE=str(info.local_world_size),
+            NODE_RANK=str(info.node_rank),
+        )
+        timeout = timedelta(seconds=spec.collective_timeout_s)
+
+        def form_group(strategy: Any) -> None:
+            store = self._store or dist.TCPStore(spec.master_addr, spec.master_port, info.world_size, False, timeout)
+            dist.init_process_group(spec.backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout)
+
+        def start() -> dict[str, Any]:
+            data = (self._broadcast_state() or None) if spec.broadcast_state else ckpt
+            if data is None:
+                return {"checkpoint": None}
+            return {"checkpoint": Checkpoint(spec.checkpoint_path, metadata=spec.checkpoint_meta, data=data)}
+
+        def on_error(exc: BaseException, joining: bool) -> None:
+            # Said at once: the driver restarts or resizes on it, and tearing down a group a
+            # dead peer broke may take long (NCCL's can block).
+            with self._lock:
+                self._error = replace(error_info(exc), rendezvous=joining and isinstance(exc, Exception))
+                self._state = "errored"
+
         ended: WorkerState | None = None
-        joining = False  # forming the process group (an error then may be retried)
         try:
-            os.environ.update(
-                MASTER_ADDR=spec.master_addr,
-                MASTER_PORT=str(spec.master_port),
-                RANK=str(info.rank),
-                LOCAL_RANK=str(info.local_rank),
-                WORLD_SIZE=str(info.world_size),
-                LOCAL_WORLD_SIZE=str(info.local_world_size),
-                NODE_RANK=str(info.node_rank),
-            )
             self._gloo_interface(spec.loopback)
             if spec.cuda_visible_devices is not None and not torch.cuda.is_initialized():
                 os.environ["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices  # CUDA reads it when it starts
             torch.set_num_threads(spec.threads)
+            index = None
             if spec.use_gpu:
                 import ray
 
-                own = [str(g) for g in ray.get_gpu_ids()]
-                device = torch.device("cuda", cuda_index(os.environ.get("CUDA_VISIBLE_DEVICES"), own))
-                torch.cuda.set_device(device)
-            else:
-                device = torch.device("cpu")
-            timeout = timedelta(seconds=spec.collective_timeout_s)
-            joining = True
-            store = self._store
-            if store is None:
-                store = dist.TCPStore(
-                    spec.master_addr, spec.master_port, info.world_size, False, timeout
-                )
-            dist.init_process_group(
-                spec.backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout
-            )
-            joining = False
-            if spec.broadcast_state:
-                ckpt = self._broadcast_state() or None
-            checkpoint = None
-            if ckpt is not None:
-                checkpoint = Checkpoint(spec.checkpoint_path, metadata=spec.checkpoint_meta, data=ckpt)
-            ended = spec.entry(
+                index = cuda_index(os.environ.get("CUDA_VISIBLE_DEVICES"), [str(g) for g in ray.get_gpu_ids()])
+            ended = session.run(  # type: ignore[assignment]
                 fn,
                 config,
-                rank=info.rank,
-                local_rank=info.local_rank,
-                world_size=info.world_size,
-                local_world_size=info.local_world_size,
-                node_rank=info.node_rank,
-                device=device,
+                place=info,
+                device=session.choose_device(spec.use_gpu, index),
                 sink=self,
-                checkpoint=checkpoint,
-                strategy=build_strategy(spec.strategy),
+                strategy=spec.strategy,
+                form_group=form_group,
+                start=start,
+                on_error=on_error,
+                entry=spec.entry,
                 adaptive=spec.adaptive,
                 elastic=spec.elastic,
                 threads=spec.threads,
@@ -579,27 +568,9 @@ class RaylightWorker:
                 next_checkpoint=spec.next_checkpoint,
                 on_start=self._loop_starts,
             )
-        except BaseException as exc:
-            # Said at once: the driver restarts or resizes on it, and tearing down a group a
-            # dead peer broke may take long (NCCL's can block).
-            with self._lock:
-                self._error = replace(error_info(exc), rendezvous=joining and isinstance(exc, Exception))
-                self._state = "errored"
+        except BaseException as exc:  # choosing the device, before the session
+            on_error(exc, False)
         finally:
-            if dist.is_initialized():
-                from raylight.worker.process_group import destroy_process_group
-                from raylight.worker.strategies.deepspeed import (
-                    holds_process_groups,
-                    release_process_group,
-                )
-
-                try:
-                    if holds_process_groups():  # the loop ran DeepSpeed (raylight's strategy or Lightning's)
-                        release_process_group()
-                    else:
-                        destroy_process_group()
-                except Exception:  # the group may be broken by a peer's death
-                    pass
             self._store = None
             # Only now: a resize that sees it paused gives this process a new rank next, and
             # must find the old group gone. Said while it was still being torn down,
