@@ -266,7 +266,7 @@ def _str(text: str) -> bytes:
 
 def _hostile_manifests(marker: pathlib.Path) -> dict[str, bytes]:
     """Manifests that would create ``marker`` if unpickled naively, of several shapes."""
-    from torch.distributed.checkpoint.metadata import Metadata
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 
     command = f"touch {marker}"
     module = "torch.distributed.checkpoint.metadata"  # it imports os
@@ -279,6 +279,8 @@ def _hostile_manifests(marker: pathlib.Path) -> dict[str, bytes]:
         "nested reduce": pickle.dumps(Metadata(state_dict_metadata={"w": _Payload(command)}), protocol=4),
         "a class's dotted attribute": b"\x80\x04" + _str(module) + _str("Metadata.__init__.__globals__") + b"\x93.",
         "not a pickle": b"\x00garbage",
+        # only DCP's own classes, but a bytes entry: DCP reads its file with weights_only=False
+        "a bytes entry": pickle.dumps(Metadata(state_dict_metadata={"evil": BytesStorageMetadata()}), protocol=4),
         "cut short": pickle.dumps(Metadata(state_dict_metadata={}), protocol=4)[:-3],
         "another type": pickle.dumps(OrderedDict(a=1), protocol=4),
     }
@@ -288,7 +290,7 @@ def _hostile_manifests(marker: pathlib.Path) -> dict[str, bytes]:
 def test_a_hostile_or_damaged_manifest_is_refused_naming_the_file_and_runs_nothing(tmp_path, shape):
     marker = tmp_path / "pwned"
     (tmp_path / ".metadata").write_bytes(_hostile_manifests(marker)[shape])
-    with pytest.raises(sharded.ManifestError, match=rf"manifest {tmp_path}/\.metadata is refused|manifest {tmp_path}/\.metadata holds"):
+    with pytest.raises(sharded.ManifestError, match=rf"manifest {tmp_path}/\.metadata (is refused|holds|records entries that are not tensors)"):
         sharded.read_metadata(str(tmp_path))
     assert not marker.exists(), "the manifest ran code"
 

@@ -121,7 +121,7 @@ def _is_local(uri: str) -> tuple[bool, str]:
 # globals, so a module-wide allowance would admit everything the module imports).
 _SAFE_GLOBALS = frozenset({
     *((_DCP_METADATA, name) for name in (
-        "Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata", "BytesStorageMetadata",
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata",
         "ChunkStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING",
     )),
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
@@ -183,6 +183,15 @@ def read_metadata(uri: str) -> dcp_metadata.Metadata:
         raise ManifestError(
             f"the sharded checkpoint manifest {path} holds {type(metadata).__name__}, not DCP metadata; "
             "the checkpoint is treated as damaged"
+        )
+    entries = getattr(metadata, "state_dict_metadata", None)
+    if not isinstance(entries, dict):
+        raise ManifestError(f"the sharded checkpoint manifest {path} has no table of tensors; the checkpoint is treated as damaged")
+    others = sorted(str(key) for key, info in entries.items() if not isinstance(info, _dcp_metadata().TensorStorageMetadata))
+    if others:  # DCP reads a bytes entry with torch.load(weights_only=False): raylight writes only tensors
+        raise ManifestError(
+            f"the sharded checkpoint manifest {path} records entries that are not tensors ({others[:3]}); "
+            "raylight writes only tensors there, so the checkpoint is treated as damaged"
         )
     return metadata
 
