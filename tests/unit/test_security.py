@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
+import threading
+import time
 from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from raylight.base.net import interface_for, listen_socket, loopback_interface
+from raylight.launch import bootstrap, client
+from raylight.launch.agent import _Channel
 from raylight.tune.trial import DEFAULT_CKPT_NAME, safe_filename
 from raylight.worker_group.worker import RankInfo, RaylightWorker
 from tests.helpers import listening_sockets
@@ -88,3 +94,148 @@ def test_disabled_auth_is_warned(monkeypatch, caplog):
     caplog.clear()
     runtime.warn_if_auth_disabled()
     assert not caplog.text
+
+
+# -- raylight run's agent channel --------------------------------------------------------
+
+
+class _ChannelContext:
+    """What the agent channel calls on a worker's context, counting the loads it serves."""
+
+    rank = 0
+
+    def __init__(self) -> None:
+        self.reports: list[tuple[dict, dict | None]] = []
+        self.loads = 0
+
+    def _output(self, stream, text):
+        pass
+
+    def report(self, metrics, *, checkpoint=None):
+        self.reports.append((metrics, checkpoint))
+
+    def load_checkpoint(self):
+        self.loads += 1
+        return {"secret": torch.arange(3.0)}
+
+    def _started(self):
+        pass
+
+
+def _in_time(fn, seconds):
+    """``fn()``'s result if it returns within ``seconds``, else the test fails (a stalled
+    channel must fail the test, not hang it)."""
+    done: list = []
+    thread = threading.Thread(target=lambda: done.append(fn()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert done, f"not done within {seconds} s"
+    return done[0]
+
+
+def _frame(sock) -> bytes:
+    size = int.from_bytes(_exact(sock, 8), "big")
+    return _exact(sock, size)
+
+
+def _exact(sock, n) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise EOFError
+        out += chunk
+    return out
+
+
+def test_a_silent_connection_to_the_agent_channel_does_not_stall_run_context():
+    """Before: the listener authenticated each connection in its accept loop, so one that
+    sent nothing held up every later run_context() for as long as it stayed open."""
+    ctx = _ChannelContext()
+    with _Channel(ctx) as channel:
+        host, port = channel.address.rsplit(":", 1)
+        silent = [socket.create_connection((host, int(port))) for _ in range(3)]
+        half = socket.create_connection((host, int(port)), timeout=20)  # took the challenge, then went quiet mid-answer
+        _frame(half)
+        half.sendall((64).to_bytes(8, "big") + b"\0" * 10)
+        try:
+            start = time.monotonic()
+            run = _in_time(lambda: client.RunContext(channel.address, channel.key), 20)
+            run.report({"step": 1})
+            assert torch.equal(run.load_checkpoint()["secret"], torch.arange(3.0))
+            took = time.monotonic() - start
+            assert ctx.reports == [({"step": 1}, None)]
+            assert took < channel.timeout_s, f"run_context() waited {took:.1f} s behind the silent connections"
+            run._conn.close()
+        finally:
+            for sock in (*silent, half):
+                sock.close()
+
+
+def test_a_connection_silent_past_the_channel_timeout_is_closed_with_the_setting_named(caplog):
+    ctx = _ChannelContext()
+    with caplog.at_level(logging.WARNING, logger="raylight"), _Channel(ctx, timeout_s=0.5) as channel:
+        host, port = channel.address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=20) as sock:
+            start = time.monotonic()
+            assert _frame(sock).startswith(bootstrap.HELLO)
+            answer = _frame(sock)  # the channel's own word, once the timeout has passed
+            assert time.monotonic() - start >= 0.5
+            assert answer.startswith(b"no") and b"--channel-timeout=0.5s" in answer
+            assert sock.recv(1) == b""  # and then it closed the connection
+    assert "--channel-timeout" in caplog.text
+    assert ctx.loads == 0
+
+
+def test_a_connection_without_the_run_s_key_is_refused_and_gets_nothing(caplog):
+    ctx = _ChannelContext()
+    with caplog.at_level(logging.WARNING, logger="raylight"), _Channel(ctx) as channel:
+        with pytest.raises(bootstrap.ChannelRefused, match="not this run's"):
+            client.RunContext(channel.address, b"k" * 32)
+        host, port = channel.address.rsplit(":", 1)
+        # no key at all: a client that skips the handshake and asks for the checkpoint
+        with socket.create_connection((host, int(port)), timeout=20) as sock:
+            _frame(sock)
+            request = json.dumps({"op": "load"}).encode()
+            sock.sendall(len(request).to_bytes(8, "big") + request)
+            assert _frame(sock).startswith(b"no")
+            assert sock.recv(1) == b""
+        # a replayed answer from another connection's challenge does not pass either
+        with socket.create_connection((host, int(port)), timeout=20) as a, socket.create_connection((host, int(port)), timeout=20) as b:
+            nonce_a = _frame(a)[len(bootstrap.HELLO):]
+            _frame(b)
+            b.sendall((64).to_bytes(8, "big") + bootstrap.proof(channel.key, b"script", nonce_a) + b"\0" * 32)
+            assert _frame(b).startswith(b"no")
+        assert ctx.loads == 0 and ctx.reports == []
+        assert channel.key.hex() not in caplog.text
+        run = client.RunContext(channel.address, channel.key)  # the run's own script still gets in
+        assert run.load_checkpoint() is not None and ctx.loads == 1
+        run._conn.close()
+
+
+def test_run_context_refuses_an_agent_that_does_not_hold_the_key():
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+
+        def impostor():
+            conn, _ = server.accept()
+            with conn:
+                hello = bootstrap.HELLO + b"\1" * 32
+                conn.sendall(len(hello).to_bytes(8, "big") + hello)
+                _frame(conn)
+                ok = b"ok" + b"\0" * 32
+                conn.sendall(len(ok).to_bytes(8, "big") + ok)
+
+        thread = threading.Thread(target=impostor, daemon=True)
+        thread.start()
+        with pytest.raises(bootstrap.ChannelRefused, match="not the run's agent"):
+            client.RunContext(f"127.0.0.1:{port}", b"k" * 32)
+        thread.join(10)
+
+
+def test_the_agent_channel_listens_on_loopback_unless_told_otherwise():
+    for host in (None, "127.0.0.2"):
+        with _Channel(_ChannelContext(), **({"host": host} if host else {})) as channel:
+            port = int(channel.address.rsplit(":", 1)[1])
+            mine = [(a, p) for _, a, p in listening_sockets([os.getpid()]) if p == port]
+            assert mine == [(host or "127.0.0.1", port)]
