@@ -239,3 +239,82 @@ def test_the_agent_channel_listens_on_loopback_unless_told_otherwise():
             port = int(channel.address.rsplit(":", 1)[1])
             mine = [(a, p) for _, a, p in listening_sockets([os.getpid()]) if p == port]
             assert mine == [(host or "127.0.0.1", port)]
+
+
+# -- Ray's token file ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A HOME of the test's own, with none of Ray's token settings, and the warnings of
+    this process forgotten."""
+    from raylight.base import ray_token
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in (ray_token.TOKEN_ENV, ray_token.TOKEN_PATH_ENV, ray_token.AUTH_MODE_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(ray_token, "_warned", set())
+    return tmp_path
+
+
+def _mode(path) -> int:
+    return os.stat(path).st_mode & 0o777
+
+
+def test_the_token_raylight_creates_for_a_new_cluster_is_readable_by_its_owner_only(home, caplog):
+    from raylight.base import ray_token
+
+    old = os.umask(0o022)  # the usual umask, with which Ray writes it 0644
+    try:
+        with caplog.at_level(logging.WARNING, logger="raylight"):
+            created = ray_token.create_for_new_cluster()
+            assert created == home / ".ray" / "auth_token"
+            token = created.read_text()
+            assert len(token) == 64 and int(token, 16) >= 0  # Ray's format: 32 random bytes, hex
+            assert _mode(created) == 0o600 and _mode(home / ".ray") == 0o700
+            assert ray_token.create_for_new_cluster() is None  # there is one now: kept as it is
+            assert created.read_text() == token
+        assert caplog.text == ""
+    finally:
+        os.umask(old)
+
+
+def test_a_token_file_open_to_others_is_warned_about_once_with_the_fix_and_left_alone(home, caplog, monkeypatch):
+    from raylight.base import ray_token
+
+    (home / ".ray").mkdir()
+    token = home / ".ray" / "auth_token"
+    token.write_text("f" * 64)
+    os.chmod(token, 0o644)
+    with caplog.at_level(logging.WARNING, logger="raylight"):
+        assert ray_token.create_for_new_cluster() is None
+        ray_token.warn_if_readable_by_others()  # once per file
+    assert caplog.text.count("open to other users") == 1
+    assert f"chmod 600 {token}" in caplog.text and "0644" in caplog.text
+    assert "f" * 64 not in caplog.text  # never the token
+    assert _mode(token) == 0o644  # not raylight's to change
+    caplog.clear()
+    named = home / "elsewhere"
+    named.write_text("e" * 64)
+    os.chmod(named, 0o640)
+    monkeypatch.setenv(ray_token.TOKEN_PATH_ENV, str(named))  # the file Ray reads instead
+    with caplog.at_level(logging.WARNING, logger="raylight"):
+        assert ray_token.create_for_new_cluster() is None
+    assert f"chmod 600 {named}" in caplog.text
+    caplog.clear()
+    os.chmod(named, 0o600)
+    monkeypatch.setattr(ray_token, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="raylight"):
+        ray_token.warn_if_readable_by_others()
+    assert caplog.text == ""
+
+
+def test_no_token_file_is_made_or_judged_where_ray_reads_none(home, caplog, monkeypatch):
+    from raylight.base import ray_token
+
+    monkeypatch.setenv(ray_token.AUTH_MODE_ENV, "disabled")
+    assert ray_token.create_for_new_cluster() is None
+    monkeypatch.delenv(ray_token.AUTH_MODE_ENV)
+    monkeypatch.setenv(ray_token.TOKEN_ENV, "t" * 64)  # the token itself, in the environment
+    assert ray_token.create_for_new_cluster() is None
+    assert not (home / ".ray").exists()
