@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import socket
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -20,6 +22,7 @@ from raylight.launch.agent import _Channel
 from raylight.tune.trial import DEFAULT_CKPT_NAME, safe_filename
 from raylight.worker_group.worker import RankInfo, RaylightWorker
 from tests.helpers import listening_sockets
+from tests.hostile import as_torch_file, hostile_pickles
 
 
 def test_rendezvous_store_listens_on_the_given_address_only():
@@ -318,3 +321,65 @@ def test_no_token_file_is_made_or_judged_where_ray_reads_none(home, caplog, monk
     monkeypatch.setenv(ray_token.TOKEN_ENV, "t" * 64)  # the token itself, in the environment
     assert ray_token.create_for_new_cluster() is None
     assert not (home / ".ray").exists()
+
+
+@pytest.mark.parametrize("shape", sorted(hostile_pickles(Path("m"))))
+def test_a_hostile_checkpoint_on_the_agent_channel_runs_nothing_at_either_end(tmp_path, shape):
+    marker = tmp_path / "ran"
+    payload = as_torch_file(hostile_pickles(marker)[shape])
+    ctx = _ChannelContext()
+    with _Channel(ctx) as channel:
+        run = client.RunContext(channel.address, channel.key)
+        # the script's end sends it (an authenticated script, tampered with): the agent refuses it
+        request = json.dumps({"op": "report", "metrics": {}, "checkpoint": True}).encode()
+        bootstrap.send_frame(run._conn, request)
+        bootstrap.send_frame(run._conn, payload)
+        reply = json.loads(bootstrap.recv_frame(run._conn))
+        assert reply["ok"] is False and "the checkpoint this rank's script reported" in reply["error"]
+        assert ctx.reports == []
+        run._conn.close()
+
+        # the agent's end sends it: the script refuses it
+        with socket.create_server(("127.0.0.1", 0)) as server:
+            port = server.getsockname()[1]
+
+            def agent():
+                conn, _ = server.accept()
+                with conn:
+                    nonce = b"\2" * 32
+                    bootstrap.send_frame(conn, bootstrap.HELLO + nonce)
+                    answer = bootstrap.recv_frame(conn)
+                    bootstrap.send_frame(conn, b"ok" + bootstrap.proof(b"k" * 32, b"agent", answer[32:]))
+                    bootstrap.recv_frame(conn)
+                    bootstrap.send_frame(conn, json.dumps({"ok": True, "checkpoint": True, "payload": True}).encode())
+                    bootstrap.send_frame(conn, payload)
+
+            thread = threading.Thread(target=agent, daemon=True)
+            thread.start()
+            other = client.RunContext(f"127.0.0.1:{port}", b"k" * 32)
+            with pytest.raises(pickle.UnpicklingError, match="the checkpoint the agent channel sent"):
+                other.load_checkpoint()
+            other._conn.close()
+            thread.join(10)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("shape", ["global_os_system", "nested_reduce"])
+def test_a_hostile_preprocessing_cache_file_runs_nothing_and_is_named(tmp_path, shape):
+    import numpy as np
+
+    from raylight.base.exceptions import ConfigError
+    from raylight.declarative import cache
+
+    marker = tmp_path / "ran"
+    cache.save(str(tmp_path / "cache"), "k1", {"rows": 2}, {"train": {"x": np.arange(2.0)}, "validation": None, "test": None})
+    assert cache.load(str(tmp_path / "cache"), "k1")[1]["train"]["x"].tolist() == [0.0, 1.0]
+
+    class Pickled:  # what np.save writes for an object array: a pickle of its items
+        def __reduce__(self):
+            return (pickle.loads, (hostile_pickles(marker)[shape],))
+
+    np.savez(tmp_path / "cache" / "k1" / "train.npz", x=np.array([Pickled()], dtype=object))
+    with pytest.raises(ConfigError, match=r"cache file .*k1/train\.npz holds Python objects.*Delete that cache entry"):
+        cache.load(str(tmp_path / "cache"), "k1")
+    assert not marker.exists()

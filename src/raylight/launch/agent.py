@@ -16,6 +16,7 @@ import io
 import json
 import logging
 import os
+import pickle
 import secrets
 import signal
 import socket
@@ -368,5 +369,10 @@ def _load(data: bytes) -> dict[str, Any]:
 
     # in CPU memory: the script's GPU tensors would otherwise be rebuilt on its GPU here (a
     # second copy, and a CUDA context in this process), only to be written out again
-    state: dict[str, Any] = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    try:
+        state: dict[str, Any] = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as exc:  # the script hears why; nothing of it ran
+        from raylight.storage.checkpoint import refused_pickle
+
+        raise pickle.UnpicklingError(refused_pickle("the checkpoint this rank's script reported", exc)) from None
     return state

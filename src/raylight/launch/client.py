@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
 import threading
 from typing import Any
 
@@ -63,7 +64,12 @@ class RunContext:
             return None
         import torch
 
-        loaded: dict[str, Any] = torch.load(io.BytesIO(payload), weights_only=True)
+        try:
+            loaded: dict[str, Any] = torch.load(io.BytesIO(payload), weights_only=True)
+        except pickle.UnpicklingError as exc:
+            from raylight.storage.checkpoint import refused_pickle
+
+            raise pickle.UnpicklingError(refused_pickle("the checkpoint the agent channel sent", exc)) from None
         return loaded
 
     def _call(self, header: dict[str, Any], payload: bytes | None) -> tuple[dict[str, Any], bytes | None]:
