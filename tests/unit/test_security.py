@@ -383,3 +383,28 @@ def test_a_hostile_preprocessing_cache_file_runs_nothing_and_is_named(tmp_path, 
     with pytest.raises(ConfigError, match=r"cache file .*k1/train\.npz holds Python objects.*Delete that cache entry"):
         cache.load(str(tmp_path / "cache"), "k1")
     assert not marker.exists()
+
+
+def test_a_parquet_dataset_with_a_column_of_pickles_runs_nothing_and_is_named(tmp_path):
+    """Ray Data registers a Parquet extension type whose values are pickles; once it is
+    imported (the ray_data processor, or anything in the driver), reading such a column,
+    with pandas too, unpickled every value."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import ray.data  # noqa: F401  (registers the type, as the ray_data processor does)
+    from ray.data._internal.object_extensions.arrow import ArrowPythonObjectType
+
+    from raylight.base.exceptions import ConfigError
+    from raylight.declarative.dataset import read_pandas
+
+    marker = tmp_path / "ran"
+    kind = ArrowPythonObjectType()
+    raw = hostile_pickles(marker)["stack_global_builtins_eval"]
+    column = pa.ExtensionArray.from_storage(kind, pa.array([raw, raw], type=kind.storage_type))
+    path = tmp_path / "data.parquet"
+    pq.write_table(pa.table({"x": [1.0, 2.0], "payload": column}), path)
+    with pytest.raises(ConfigError, match=r"data\.parquet'?: column 'payload' holds pickled Python objects"):
+        read_pandas(str(path))
+    assert not marker.exists()
+    pq.write_table(pa.table({"x": [1.0, 2.0], "y": ["a", "b"]}), tmp_path / "plain.parquet")
+    assert read_pandas(str(tmp_path / "plain.parquet"))["y"].tolist() == ["a", "b"]
