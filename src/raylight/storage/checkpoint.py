@@ -55,12 +55,17 @@ def deserialize_state(data: bytes, source: str = "a checkpoint") -> dict[str, An
         raise pickle.UnpicklingError(refused_pickle(source, exc)) from None
 
 
+def refusal_reason(exc: BaseException) -> str:
+    """The line of a weights-only load's error that says what it refused."""
+    boilerplate = ("Weights only load failed", "Please file an issue", "Check the documentation")
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return next((line for line in lines if not line.startswith(boilerplate)), type(exc).__name__)
+
+
 def refused_pickle(source: str, exc: BaseException) -> str:
     """What a user reads when a weights-only load refused ``source``: torch's reason (the
     global it refused), without its advice to load the file unsafely."""
-    boilerplate = ("Weights only load failed", "Please file an issue", "Check the documentation")
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    reason = next((line for line in lines if not line.startswith(boilerplate)), type(exc).__name__)
+    reason = refusal_reason(exc)
     return (
         f"{source} holds more than tensors and plain values, so raylight does not load it "
         f"(a weights only load, torch.load(weights_only=True), refused it: {reason}). "
