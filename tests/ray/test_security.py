@@ -82,3 +82,33 @@ def test_the_embedded_cluster_runs_without_ray_s_api_server_and_monitor(ray_clus
     assert "Loaded 0 modules." in (Path(node.get_logs_dir_path()) / "dashboard_agent.log").read_text()
     assert node.webui_url is None
     assert ray.get(ray.remote(lambda: 1).remote(), timeout=60) == 1
+
+
+def test_an_embedded_start_in_a_fresh_home_makes_ray_s_token_readable_by_its_owner_only(tmp_path):
+    """Ray itself would write ``~/.ray/auth_token`` with the umask (0644); the embedded
+    start makes it 0600 first, and Ray runs with it (token authentication on)."""
+    import subprocess
+    import sys
+
+    home, temp = tmp_path / "home", Path("/tmp") / f"rl-tok-{os.getpid()}"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE", "RAY_ADDRESS")}
+    code = (
+        "import os, ray\n"
+        "from raylight.driver import runtime\n"
+        f"runtime.start_embedded(num_cpus=1, temp_dir={str(temp)!r}, object_store_memory=80 * 1024**2)\n"
+        "print('mode', os.environ['RAY_AUTH_MODE'], ray.get(ray.remote(lambda: 42).remote()))\n"
+    )
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code], env={**env, "HOME": str(home)}, capture_output=True, text=True, timeout=150,
+        )
+    finally:
+        import shutil
+
+        shutil.rmtree(temp, ignore_errors=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "mode token 42" in out.stdout
+    token = home / ".ray" / "auth_token"
+    assert token.stat().st_mode & 0o777 == 0o600 and (home / ".ray").stat().st_mode & 0o777 == 0o700
+    assert token.read_text() not in out.stdout + out.stderr

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import threading
-from multiprocessing import AuthenticationError
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ import torch
 from raylight.base.exceptions import ConfigError
 from raylight.launch import agent, client
 from raylight.launch.agent import LaunchSpec, ScriptExitError, _Channel, child_command, child_env
+from raylight.launch.bootstrap import ChannelRefused
 from raylight.launch.driver import (
     InitTimeoutError,
     InitWatch,
@@ -205,7 +205,7 @@ def test_run_context_reports_and_loads_through_the_agent_channel(monkeypatch):
         assert torch.equal(loaded["w"], torch.arange(3.0))
         with pytest.raises(TypeError, match="metric 'bad'"):
             run.report({"bad": object()})
-        with pytest.raises(AuthenticationError):
+        with pytest.raises(ChannelRefused, match="not this run's"):
             client.RunContext(channel.address, b"wrong key" * 4)
         assert run.load_checkpoint() is not None  # the channel still serves
         assert ctx.starts == 1  # the first report told the driver the script is at work, once

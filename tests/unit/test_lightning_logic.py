@@ -334,3 +334,15 @@ def test_a_gpu_worker_of_a_cpu_driver_autocasts_on_its_gpu():
     plugin = strategy.precision_plugin
     assert type(strategy.accelerator).__name__ == "CUDAAccelerator"
     assert isinstance(plugin, MixedPrecision) and (plugin.precision, plugin.device) == ("bf16-mixed", "cuda")
+
+
+@pytest.mark.parametrize("shape", ["global_os_system", "stack_global_builtins_eval", "dotted_stack_global", "nested_reduce"])
+def test_a_hostile_lightning_checkpoint_runs_nothing_and_is_refused_naming_the_file(tmp_path, shape):
+    from tests.hostile import as_torch_file, hostile_pickles
+
+    marker = tmp_path / "ran"
+    path = tmp_path / "epoch=1.ckpt"
+    path.write_bytes(as_torch_file(hostile_pickles(marker)[shape]))
+    with pytest.raises(pickle.UnpicklingError, match=rf"checkpoint {path} holds objects .*nsupported"):
+        AtomicCheckpointIO().load_checkpoint(str(path))
+    assert not marker.exists()

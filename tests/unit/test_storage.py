@@ -1,5 +1,6 @@
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from raylight.driver.recorder import RunRecorder
 from raylight.storage.checkpoint import Checkpoint, deserialize_state, serialize_state
 from raylight.storage.run_dir import RunStorage
 from raylight.worker.protocol import Report
+from tests.hostile import as_torch_file, hostile_pickles
 
 
 def _state(v: float) -> bytes:
@@ -126,7 +128,7 @@ def test_restart_deserializes_the_checkpoint_once_and_load_returns_fresh_objects
     data = serialize_state({"w": torch.ones(2), RAYLIGHT_KEY: {"commit": 3}})
     calls = []
     real = ckpt_mod.deserialize_state
-    monkeypatch.setattr(ckpt_mod, "deserialize_state", lambda b: calls.append(1) or real(b))
+    monkeypatch.setattr(ckpt_mod, "deserialize_state", lambda b, *source: calls.append(1) or real(b, *source))
     ckpt = Checkpoint(None, data=data)
     assert _raylight_state(ckpt) == {"commit": 3}  # what a worker's context reads first
     first = ckpt.load()
@@ -134,3 +136,25 @@ def test_restart_deserializes_the_checkpoint_once_and_load_returns_fresh_objects
     first["w"].add_(1)
     second = ckpt.load()
     assert torch.equal(second["w"], torch.ones(2)) and len(calls) == 2
+
+
+@pytest.mark.parametrize("shape", sorted(hostile_pickles(Path("m"))))
+def test_a_hostile_state_file_runs_nothing_and_is_refused_naming_the_file(tmp_path, shape):
+    """Issue 53: every place that unpickles bytes from storage, with pickles that would
+    run code in several shapes (tests/hostile.py)."""
+    import pickle
+
+    marker = tmp_path / "ran"
+    ckpt_dir = tmp_path / "checkpoint_000003"
+    ckpt_dir.mkdir()
+    (ckpt_dir / "state.pt").write_bytes(as_torch_file(hostile_pickles(marker)[shape]))
+    ckpt = Checkpoint(str(ckpt_dir))
+    for load in (ckpt.load, ckpt.full_state):
+        with pytest.raises(pickle.UnpicklingError) as info:
+            load()
+        message = str(info.value)
+        assert f"checkpoint file {ckpt_dir}/state.pt" in message
+        assert "unsupported" in message.lower() and "weights_only=False" not in message  # never the advice to load it unsafely
+    with pytest.raises(pickle.UnpicklingError, match="in-memory checkpoint"):
+        Checkpoint(None, data=as_torch_file(hostile_pickles(marker)[shape])).load()
+    assert not marker.exists()

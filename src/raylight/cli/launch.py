@@ -20,6 +20,7 @@ from raylight.base.exceptions import (
     InsufficientResourcesError,
     RaylightError,
 )
+from raylight.launch.agent import CHANNEL_TIMEOUT_S
 from raylight.launch.driver import INIT_TIMEOUT_S, launch, parse_size
 
 console = Console(stderr=True)
@@ -43,6 +44,7 @@ def run(
     address: Annotated[str | None, typer.Option(help="A Ray cluster's address; default: RAY_ADDRESS, else an embedded local Ray.")] = None,
     max_failures: Annotated[int, typer.Option(help="Restart the whole group this many times after a rank fails (-1: always), as torchrun's --max-restarts.")] = 0,
     init_timeout: Annotated[float, typer.Option(help="Seconds every rank has to call init_process_group after the first did.")] = INIT_TIMEOUT_S,
+    channel_timeout: Annotated[float, typer.Option(help="Seconds a connection to a rank's agent channel (run_context()) has to authenticate, and each part of a request to arrive.")] = CHANNEL_TIMEOUT_S,
     resize_interval: Annotated[float | None, typer.Option(help="An elastic run (-n MIN:MAX): seconds between looks for room to grow (default: ScalingConfig.resize_interval_s, 5).")] = None,
     name: Annotated[str | None, typer.Option(help="The run's name (its directory under the storage path).")] = None,
     storage_path: Annotated[str | None, typer.Option(help="Where run directories go (reports and checkpoints of raylight.run_context()).")] = None,
@@ -69,6 +71,7 @@ def run(
             target, args, module=module is not None, num_workers=parse_size(nproc), cpus=cpus, gpus=gpus,
             address=address, max_failures=max_failures, init_timeout_s=init_timeout, name=name,
             storage_path=storage_path, verbose=True if verbose else None, resize_interval_s=resize_interval,
+            channel_timeout_s=channel_timeout,
         )
     except USAGE_ERRORS as exc:
         _error(exc, 2)

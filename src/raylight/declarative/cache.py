@@ -52,7 +52,16 @@ def cache_key(config: ModelConfig, dataset: str, *, layout: str = "arrays") -> s
 def _read_npz(fs: Any, path: str) -> dict[str, np.ndarray]:
     with fs.open(path, "rb") as f:
         data = np.load(io.BytesIO(f.read()), allow_pickle=False)
-        return {k: data[k] for k in data.files}
+        try:
+            return {k: data[k] for k in data.files}
+        except ValueError as exc:  # an object array: a pickle, never loaded
+            from raylight.base.exceptions import ConfigError
+
+            raise ConfigError(
+                f"the preprocessing cache file {path} holds Python objects ({exc}); raylight writes "
+                "only numeric and string arrays there and never unpickles them. Delete that cache "
+                "entry (its directory) or give another cache directory, and preprocessing runs again."
+            ) from None
 
 
 def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:

@@ -7,6 +7,8 @@ the file and what to do.
 
 from __future__ import annotations
 
+from typing import Any
+
 import fsspec
 import pandas as pd
 
@@ -59,6 +61,42 @@ def _fix(fmt: str) -> str:
     }[fmt]
 
 
+# Parquet extension types whose values are pickles: Ray Data registers this one with pyarrow
+# when imported, after which reading such a column (pandas' reader too) unpickles each value.
+PICKLED_EXTENSIONS = ("ray.data.arrow_pickled_object",)
+
+
+def refuse_pickled_columns(uri: str, f: Any) -> None:
+    """A ConfigError naming the file and the column when the Parquet file ``f`` holds a
+    column of pickled Python objects: reading it would run code the file chooses. Reads the
+    schema only (the footer), then rewinds ``f``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def pickled(kind: Any) -> bool:
+        if isinstance(kind, pa.BaseExtensionType) and (
+            kind.extension_name in PICKLED_EXTENSIONS or "pickle" in kind.extension_name.lower()
+        ):
+            return True
+        return any(pickled(kind.field(i).type) for i in range(kind.num_fields)) or pickled_value(kind)
+
+    def pickled_value(kind: Any) -> bool:
+        inner = getattr(kind, "value_type", None)
+        return inner is not None and pickled(inner)
+
+    try:
+        schema = pq.read_schema(f)
+    finally:
+        f.seek(0)
+    for field in schema:
+        if pickled(field.type):
+            raise ConfigError(
+                f"dataset {uri!r}: column {field.name!r} holds pickled Python objects ({field.type}); "
+                "reading it would run code the file chooses, so raylight does not. Save that column "
+                "as plain values (numbers, strings, lists of them)"
+            )
+
+
 def _read_one(uri: str, fmt: str) -> pd.DataFrame:
     import pyarrow
 
@@ -67,6 +105,7 @@ def _read_one(uri: str, fmt: str) -> pd.DataFrame:
             if fmt == "csv":
                 return pd.read_csv(f, encoding="utf-8")
             if fmt == "parquet":
+                refuse_pickled_columns(uri, f)
                 return pd.read_parquet(f)
             frame = pd.read_json(f, lines=True)
             return frame if isinstance(frame, pd.DataFrame) else pd.DataFrame(frame)

@@ -25,7 +25,7 @@ import pandas as pd
 
 from raylight.base.exceptions import ConfigError
 from raylight.declarative.config import ModelConfig, SplitConfig
-from raylight.declarative.dataset import dataset_format, expand
+from raylight.declarative.dataset import dataset_format, expand, refuse_pickled_columns
 from raylight.declarative.features import FEATURES, sets
 from raylight.declarative.preprocess import (
     all_null,
@@ -60,6 +60,10 @@ def _read(path: str) -> Any:
     fmt = dataset_format(path)
     files = expand(path)
     fs, _ = fsspec.core.url_to_fs(files[0])
+    if fmt == "parquet":
+        for uri in files:  # before any read task unpickles a column of objects
+            with fsspec.open(uri, "rb") as f:
+                refuse_pickled_columns(uri, f)
     kwargs: dict[str, Any] = {}
     if "://" in files[0] and not files[0].startswith("file://"):
         from pyarrow.fs import FSSpecHandler, PyFileSystem

@@ -177,7 +177,7 @@ class RunRecorder:
         why = check_state(data, ckpt.meta) or self.storage.check_shards(ckpt.index, ckpt.meta)
         if why is None and "state_sha256" not in ckpt.meta:  # written before digests
             try:
-                deserialize_state(data)
+                deserialize_state(data, f"checkpoint {ckpt.index}'s state.pt")
             except Exception as exc:
                 why = f"its state does not deserialize: {type(exc).__name__}: {exc}"
         return data, why

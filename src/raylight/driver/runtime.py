@@ -2,8 +2,10 @@
 
 The embedded cluster binds to 127.0.0.1 only (Ray otherwise advertises the machine's
 network address), keeps Ray's token authentication on (the default of the Ray versions
-raylight requires: a new local cluster gets a token, ``~/.ray/auth_token``), warns when
-``RAY_AUTH_MODE=disabled`` turns it off, and is shut down at exit.
+raylight requires: a new local cluster gets a token, ``~/.ray/auth_token``, which raylight
+creates 0600 where Ray would create it readable by all, ``base.ray_token``), warns when
+``RAY_AUTH_MODE=disabled`` turns it off or the token file is open to other users, and is
+shut down at exit.
 ``ray.init()`` with no address may attach to some other cluster on the machine, so
 raylight never calls it that way: no address means embedded, ``"auto"`` means "the
 running cluster".
@@ -24,7 +26,7 @@ from typing import Any
 
 import ray
 
-from raylight.base import verbosity
+from raylight.base import ray_token, verbosity
 from raylight.base.exceptions import ClusterConnectionError
 from raylight.base.net import is_loopback
 
@@ -100,6 +102,7 @@ def start_embedded(
         return current()
     _force_loopback()
     warn_if_auth_disabled()
+    ray_token.create_for_new_cluster()  # 0600, where Ray would write it with the umask
     _import_in_background("torch")  # the run needs it next; Ray's start is mostly waiting
     with _lean_head():
         ray.init(
@@ -356,6 +359,7 @@ def connect(address: str | None, *, connect_timeout_s: float = 15.0) -> RayRunti
         if is_loopback(target[0]):
             _force_loopback()  # stay on loopback rather than the machine's address
     warn_if_auth_disabled()
+    ray_token.warn_if_readable_by_others()
     try:
         ray.init(address=address, logging_level=verbosity.before_ray_starts())
     except Exception as exc:

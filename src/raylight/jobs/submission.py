@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from raylight.base import ray_token
 from raylight.base.exceptions import ClusterConnectionError, ConfigError
 from raylight.base.exit_codes import PREEMPTED_EXIT_CODE
 from raylight.driver.job_env import (
@@ -242,6 +243,7 @@ class JobsClient:
 
     def __init__(self, url: str, *, source: str = "--address", connect_timeout_s: float = 10.0) -> None:
         probe(url, source, connect_timeout_s)
+        ray_token.warn_if_readable_by_others()  # Ray's Jobs client sends it, where token auth is on
         try:
             from ray.job_submission import JobSubmissionClient
         except ImportError as exc:

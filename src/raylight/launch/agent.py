@@ -11,33 +11,46 @@ killed worker leaves no script behind.
 
 from __future__ import annotations
 
+import hmac
 import io
 import json
+import logging
 import os
+import pickle
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
 from dataclasses import dataclass
-from multiprocessing import AuthenticationError
-from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import IO, Any
 
 from raylight.base.exceptions import ConfigError
-from raylight.launch.bootstrap import CHANNEL_ENV, KEY_ENV, PARENT_ENV
+from raylight.launch.bootstrap import (
+    CHANNEL_ENV,
+    HELLO,
+    KEY_ENV,
+    PARENT_ENV,
+    proof,
+    recv_frame,
+    send_frame,
+)
 
 BOOTSTRAP = str(Path(__file__).with_name("bootstrap.py"))
 STORE_TIMEOUT_S = 1800.0  # the agent store's own operations (torch's default process-group timeout)
+log = logging.getLogger("raylight")
 STOP_GRACE_S = 5.0  # SIGTERM to SIGKILL when the loop stops a child that still runs
+CHANNEL_TIMEOUT_S = 30.0  # --channel-timeout's default: a connection's handshake, each part of a request
 EVENT = "event"  # the output stream of the child's events (init_entered, init_done)
 
 
 @dataclass(frozen=True)
 class LaunchSpec:
     """What every agent runs: ``python TARGET ARGS`` (or ``python -m TARGET ARGS``) in
-    ``cwd``, as ``run_name``, allowed ``max_restarts`` group restarts."""
+    ``cwd``, as ``run_name``, allowed ``max_restarts`` group restarts; ``channel_timeout_s``:
+    ``--channel-timeout`` (see ``_Channel``)."""
 
     target: str
     args: tuple[str, ...]
@@ -45,6 +58,7 @@ class LaunchSpec:
     cwd: str
     run_name: str
     max_restarts: int
+    channel_timeout_s: float = CHANNEL_TIMEOUT_S
 
 
 class ScriptExitError(RuntimeError):
@@ -80,7 +94,7 @@ def agent_loop(ctx: Any, config: dict[str, Any]) -> None:
         local_world_size=ctx.local_world_size, node_rank=ctx.node_rank, nodes=nodes,
         master_addr=master_addr, master_port=master_port, restarts=restarts,
     )
-    with _Channel(ctx) as channel:
+    with _Channel(ctx, timeout_s=spec.channel_timeout_s) as channel:
         env[CHANNEL_ENV] = channel.address
         env[KEY_ENV] = channel.key.hex()
         env[PARENT_ENV] = str(os.getpid())
@@ -209,15 +223,20 @@ def _pump(stream: IO[bytes], name: str, ctx: Any) -> None:
 
 class _Channel:
     """The agent's listener for its child (``bootstrap`` events and ``run_context``
-    calls): 127.0.0.1, an ephemeral port, a random key; each connection is served in its
-    own thread, calling the worker's context."""
+    calls): 127.0.0.1 unless told otherwise, an ephemeral port, a random key. Each
+    connection is served in its own thread, so one that stays silent never holds up the
+    others; it must prove it holds the key (``bootstrap.connect``) within ``timeout_s``
+    (``--channel-timeout``), and once a request has begun, each part of it must come
+    within that time too. Between requests an authenticated connection may stay idle
+    (the script's own, between two reports)."""
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: Any, *, host: str = "127.0.0.1", timeout_s: float = CHANNEL_TIMEOUT_S) -> None:
         self._ctx = ctx
         self.key = secrets.token_bytes(32)
-        self._listener = Listener(("127.0.0.1", 0), authkey=self.key)
-        host, port = self._listener.address
-        self.address = f"{host}:{port}"
+        self.timeout_s = timeout_s
+        self._listener = socket.create_server((host, 0))
+        bound_host, port = self._listener.getsockname()[:2]
+        self.address = f"{bound_host}:{port}"
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._accept, name="raylight-run-channel", daemon=True)
         self._began = False  # the script finished its rendezvous or reported: told the driver
@@ -229,36 +248,85 @@ class _Channel:
 
     def __exit__(self, *exc: Any) -> None:
         self._closed.set()
-        self._listener.close()  # ends accept()
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept() (close alone does not)
+        except OSError:
+            pass
+        self._listener.close()
+        self._thread.join(timeout=STOP_GRACE_S)
 
     def _accept(self) -> None:
         while not self._closed.is_set():
             try:
-                conn = self._listener.accept()
-            except (OSError, EOFError, AuthenticationError):  # closed, or a client that failed authentication
+                sock, peer = self._listener.accept()
+            except OSError:
                 if self._closed.is_set():
                     return
                 continue
-            threading.Thread(target=self._serve, args=(conn,), name="raylight-run-client", daemon=True).start()
+            threading.Thread(target=self._serve, args=(sock, peer), name="raylight-run-client", daemon=True).start()
 
-    def _serve(self, conn: Connection) -> None:
-        with conn:
+    def _authenticate(self, sock: socket.socket) -> bool:
+        """The challenge and response (``bootstrap.connect`` is the other side); False,
+        with the reason sent, for a connection that does not hold the key."""
+        nonce = secrets.token_bytes(32)
+        send_frame(sock, HELLO + nonce)
+        answer = recv_frame(sock, 64)
+        if len(answer) != 64 or not hmac.compare_digest(answer[:32], proof(self.key, b"script", nonce)):
+            send_frame(sock, b"no" + b"its key is not this run's (the script's RAYLIGHT_RUN_AUTHKEY)")
+            return False
+        send_frame(sock, b"ok" + proof(self.key, b"agent", answer[32:]))
+        return True
+
+    def _read(self, sock: socket.socket, limit: int | None = None) -> bytes:
+        """One frame: the wait for its first byte has no limit, the rest ``timeout_s``."""
+        sock.settimeout(None)
+        first = sock.recv(1, socket.MSG_PEEK)
+        if not first:
+            raise EOFError("closed")
+        sock.settimeout(self.timeout_s)
+        return recv_frame(sock, limit)
+
+    def _serve(self, sock: socket.socket, peer: Any) -> None:
+        with sock:
+            sock.settimeout(self.timeout_s)
+            try:
+                if not self._authenticate(sock):
+                    log.warning("raylight run: refused a connection to the agent channel from %s:%s: it does not hold the run's key", *peer[:2])
+                    return
+            except TimeoutError:
+                self._refuse(sock, peer, "did not answer the channel's challenge")
+                return
+            except (OSError, EOFError):  # gone, or a frame too long to be an answer
+                return
             while True:
                 try:
-                    request = json.loads(conn.recv_bytes())
-                    payload = conn.recv_bytes() if request.get("op") == "report" and request.get("checkpoint") and self._ctx.rank == 0 else None
-                except (EOFError, OSError):
+                    request = json.loads(self._read(sock))
+                    wants = request.get("op") == "report" and request.get("checkpoint") and self._ctx.rank == 0
+                    payload = recv_frame(sock) if wants else None
+                except TimeoutError:
+                    self._refuse(sock, peer, "stopped sending in the middle of a request")
+                    return
+                except (EOFError, OSError, ValueError):
                     return
                 try:
                     reply, data = self._handle(request, payload)
                 except Exception as exc:  # the script hears of it, the worker goes on
                     reply, data = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, None
                 try:
-                    conn.send_bytes(json.dumps({**reply, "payload": data is not None}).encode())
+                    send_frame(sock, json.dumps({**reply, "payload": data is not None}).encode())
                     if data is not None:
-                        conn.send_bytes(data)
+                        send_frame(sock, data)
                 except OSError:
                     return
+
+    def _refuse(self, sock: socket.socket, peer: Any, what: str) -> None:
+        why = f"the connection from {peer[0]}:{peer[1]} {what} within --channel-timeout={self.timeout_s:g}s; closed"
+        log.warning("raylight run: %s (raise --channel-timeout on a machine too loaded to answer in time)", why)
+        try:
+            sock.settimeout(1.0)
+            send_frame(sock, b"no" + why.encode())
+        except OSError:
+            pass
 
     def _handle(self, request: dict[str, Any], payload: bytes | None) -> tuple[dict[str, Any], bytes | None]:
         op = request.get("op")
@@ -301,5 +369,10 @@ def _load(data: bytes) -> dict[str, Any]:
 
     # in CPU memory: the script's GPU tensors would otherwise be rebuilt on its GPU here (a
     # second copy, and a CUDA context in this process), only to be written out again
-    state: dict[str, Any] = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    try:
+        state: dict[str, Any] = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as exc:  # the script hears why; nothing of it ran
+        from raylight.storage.checkpoint import refused_pickle
+
+        raise pickle.UnpicklingError(refused_pickle("the checkpoint this rank's script reported", exc)) from None
     return state

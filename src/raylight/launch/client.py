@@ -2,8 +2,8 @@
 commits checkpoints through its agent (the raylight worker that started it) to the
 driver's run directory, and loads the last committed checkpoint after a restart.
 
-The channel is a local authenticated ``multiprocessing.connection`` to the agent (its
-address and key are in the child's environment). Messages are JSON; a checkpoint
+The channel is a local TCP connection to the agent, authenticated both ways with the
+run's key (its address and key are in the child's environment; ``bootstrap.connect``). Messages are JSON; a checkpoint
 travels as ``torch.save`` bytes and is loaded with ``weights_only=True`` at either end:
 nothing is unpickled.
 """
@@ -13,10 +13,11 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
 import threading
 from typing import Any
 
-from raylight.launch.bootstrap import CHANNEL_ENV, KEY_ENV
+from raylight.launch.bootstrap import CHANNEL_ENV, KEY_ENV, connect, recv_frame, send_frame
 
 
 class RunContext:
@@ -28,10 +29,7 @@ class RunContext:
     """
 
     def __init__(self, address: str, authkey: bytes) -> None:
-        from multiprocessing.connection import Client
-
-        host, port = address.rsplit(":", 1)
-        self._conn = Client((host, int(port)), authkey=authkey)
+        self._conn = connect(address, authkey)
         self._lock = threading.Lock()
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -66,16 +64,21 @@ class RunContext:
             return None
         import torch
 
-        loaded: dict[str, Any] = torch.load(io.BytesIO(payload), weights_only=True)
+        try:
+            loaded: dict[str, Any] = torch.load(io.BytesIO(payload), weights_only=True)
+        except pickle.UnpicklingError as exc:
+            from raylight.storage.checkpoint import refused_pickle
+
+            raise pickle.UnpicklingError(refused_pickle("the checkpoint the agent channel sent", exc)) from None
         return loaded
 
     def _call(self, header: dict[str, Any], payload: bytes | None) -> tuple[dict[str, Any], bytes | None]:
         with self._lock:
-            self._conn.send_bytes(json.dumps(header).encode())
+            send_frame(self._conn, json.dumps(header).encode())
             if payload is not None:
-                self._conn.send_bytes(payload)
-            reply = json.loads(self._conn.recv_bytes())
-            data = self._conn.recv_bytes() if reply.get("payload") else None
+                send_frame(self._conn, payload)
+            reply = json.loads(recv_frame(self._conn))
+            data = recv_frame(self._conn) if reply.get("payload") else None
         if not reply.get("ok"):
             raise RuntimeError(f"raylight run: {reply.get('error', 'the agent refused the request')}")
         return reply, data

@@ -22,7 +22,7 @@ from typing import IO, Any
 from raylight.base.clock import monotonic
 from raylight.base.exceptions import ConfigError, RaylightError, TrainingFailedError
 from raylight.config import FailureConfig, RunConfig, ScalingConfig, TrainerConfig, validate
-from raylight.launch.agent import EVENT, LaunchSpec, ScriptExitError, agent_loop
+from raylight.launch.agent import CHANNEL_TIMEOUT_S, EVENT, LaunchSpec, ScriptExitError, agent_loop
 from raylight.worker.protocol import GroupPoll
 
 INIT_TIMEOUT_S = 300.0  # --init-timeout's default: a rank may take this long to call init after the first did
@@ -118,6 +118,7 @@ def launch(
     out: IO[str] | None = None,
     err: IO[str] | None = None,
     resize_interval_s: float | None = None,
+    channel_timeout_s: float = CHANNEL_TIMEOUT_S,
 ) -> int:
     """Run ``python TARGET ARGS`` (``module``: ``python -m TARGET ARGS``) on
     ``num_workers`` raylight workers as torchrun would run it; returns the exit code.
@@ -131,6 +132,8 @@ def launch(
     target = _check_target(target, module)
     if init_timeout_s <= 0:
         raise ConfigError(f"--init-timeout must be > 0 seconds, got {init_timeout_s:g}")
+    if not channel_timeout_s > 0 or channel_timeout_s == float("inf"):
+        raise ConfigError(f"--channel-timeout must be a finite number of seconds > 0, got {channel_timeout_s:g}")
     if resize_interval_s is not None and (resize_interval_s <= 0 or not isinstance(num_workers, tuple)):
         raise ConfigError(
             f"--resize-interval must be > 0 seconds, got {resize_interval_s:g}" if resize_interval_s <= 0
@@ -143,6 +146,7 @@ def launch(
     )
     spec = LaunchSpec(
         target=target, args=tuple(args), module=module, cwd=os.getcwd(), run_name=name, max_restarts=max_failures,
+        channel_timeout_s=channel_timeout_s,
     )
     from raylight.driver.trainer import Trainer
 

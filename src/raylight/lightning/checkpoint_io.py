@@ -52,8 +52,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         except pickle.UnpicklingError as exc:
             if not safe:
                 raise
+            from raylight.storage.checkpoint import refusal_reason
+
             raise pickle.UnpicklingError(
                 f"checkpoint {path} holds objects a safe load (torch.load(weights_only=True)) "
-                f"refuses: {str(exc).splitlines()[0]}. If you trust this file, load it with "
+                f"refuses ({refusal_reason(exc)}): loading it would run code the file chooses. If you "
+                "trust this file, load it with "
                 "trainer.fit(..., weights_only=False) (or validate/test/predict)."
             ) from None

@@ -41,10 +41,38 @@ def serialize_state(state: dict[str, Any]) -> bytes:
     return buf.getvalue()
 
 
-def deserialize_state(data: bytes) -> dict[str, Any]:
+def deserialize_state(data: bytes, source: str = "a checkpoint") -> dict[str, Any]:
+    """The state ``torch.save`` wrote, loaded with ``weights_only=True``; a pickle that
+    names anything else (a function to call, a class outside torch's allow-list) is an
+    ``UnpicklingError`` naming ``source`` (the file), before any of it runs."""
+    import pickle
+
     import torch
 
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise pickle.UnpicklingError(refused_pickle(source, exc)) from None
+
+
+def refusal_reason(exc: BaseException) -> str:
+    """The line of a weights-only load's error that says what it refused."""
+    boilerplate = ("Weights only load failed", "Please file an issue", "Check the documentation")
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return next((line for line in lines if not line.startswith(boilerplate)), type(exc).__name__)
+
+
+def refused_pickle(source: str, exc: BaseException) -> str:
+    """What a user reads when a weights-only load refused ``source``: torch's reason (the
+    global it refused), without its advice to load the file unsafely."""
+    reason = refusal_reason(exc)
+    return (
+        f"{source} holds more than tensors and plain values, so raylight does not load it "
+        f"(a weights only load, torch.load(weights_only=True), refused it: {reason}). "
+        "Loading it would run code the file chooses: it was not written by raylight, or it was "
+        "changed since. Use a checkpoint you trust, of dicts of state_dict()s, tensors, numbers "
+        "and strings."
+    )
 
 
 class Checkpoint:
@@ -81,7 +109,7 @@ class Checkpoint:
         the skeleton: tensors are placeholders); deserialized once and kept until
         ``load()`` takes it."""
         if self._state is None:
-            self._state = deserialize_state(self.to_bytes())
+            self._state = deserialize_state(self.to_bytes(), self._source())
         return self._state
 
     @property
@@ -98,12 +126,15 @@ class Checkpoint:
         sharded = self.sharded
         state, self._state = self._state, None
         if state is None:
-            state = deserialize_state(self.to_bytes())
+            state = deserialize_state(self.to_bytes(), self._source())
         if sharded:
             from raylight.storage import sharded as shards
 
             state = shards.load_full(state, self._shard_path())
         return {k: v for k, v in state.items() if k != RAYLIGHT_KEY}
+
+    def _source(self) -> str:
+        return f"checkpoint file {self.path}/{STATE_FILE}" if self.path is not None else "an in-memory checkpoint"
 
     def _shard_path(self) -> str:
         if self.path is None:
