@@ -86,6 +86,14 @@ def failing_loop(ctx, config):
             _explode(step)
 
 
+def name_error_loop(ctx, config):
+    """Every attempt appends its rank to ``config["attempts"]``, then the loop refers to a
+    name that does not exist, before any report: the same error on every attempt."""
+    with open(config["attempts"], "a") as f:
+        f.write(f"{ctx.rank}\n")
+    return modle(ctx.rank)  # noqa: F821  (the mistake under test)
+
+
 def hanging_loop(ctx, config):
     ctx.report({"started": 1})
     if ctx.rank == 1:

@@ -13,6 +13,8 @@
 - ``fit DIR``: every rank calls ``raylight.fit(loops.sgd_loop, num_workers=2)`` with its
   run in DIR/fit, prints ``result`` and the result's history and path; rank 0 saves the
   trained parameters to DIR/model.pt.
+- ``steps N``: counts to step N (exclusive) through raylight.run_context(), resuming
+  from its last checkpoint (``raylight run --resume``), one report and checkpoint a step.
 - ``nodes``: under ``-n 1:2`` on a fake cluster whose nodes come and go
   (``run_cluster_driver``): at one worker as ``elastic``; at two, before any loss
   (TORCHELASTIC_RESTART_COUNT=0), it waits for a node to be taken away, else it finishes.
@@ -129,6 +131,15 @@ def elastic() -> None:
     dist.destroy_process_group()
 
 
+def steps() -> None:
+    ctx, start, weight = _resumed()
+    dist.init_process_group("gloo")
+    for step in range(start, int(sys.argv[2])):
+        weight = _step(ctx, step, weight)
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 def nodes() -> None:
     ctx, start, weight = _resumed()
     if ctx.world_size == 1:  # as in elastic(): one step, then wait for a node to join
@@ -145,4 +156,4 @@ def nodes() -> None:
 
 
 if __name__ == "__main__":
-    {"context": context, "noinit": noinit, "sleep": sleep, "world": world, "fit": fit, "elastic": elastic, "nodes": nodes}[sys.argv[1]]()
+    {"context": context, "noinit": noinit, "sleep": sleep, "world": world, "fit": fit, "elastic": elastic, "nodes": nodes, "steps": steps}[sys.argv[1]]()

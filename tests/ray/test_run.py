@@ -115,6 +115,23 @@ def test_module_with_run_context_reports_checkpoints_and_resumes(ray_cluster, tm
     assert_no_strays(str(tmp_path))
 
 
+def test_raylight_run_resume_continues_the_named_run(ray_cluster, tmp_path, capsys):
+    """A run of 3 steps; the same name again is refused (ConfigError, exit 2 in the CLI)
+    unless --resume, which continues at step 3 from its last checkpoint: 6 rows, none twice."""
+    from raylight.base.exceptions import ConfigError
+
+    common = {"module": True, "num_workers": 1, "storage_path": str(tmp_path), "name": "counted"}
+    assert launch("tests.ray.run_scripts", ["steps", "3"], **common) == 0
+    with pytest.raises(ConfigError, match="pass --resume to continue it"):
+        launch("tests.ray.run_scripts", ["steps", "6"], **common)
+    assert launch("tests.ray.run_scripts", ["steps", "6"], resume=True, **common) == 0
+    out = capsys.readouterr().out
+    assert "[rank 0] world 1 restart 0 starts at step 0" in out and "[rank 0] world 1 restart 0 starts at step 3" in out
+    rows = [json.loads(line) for line in (tmp_path / "counted" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(6)) and rows[-1]["weight_sum"] == 12.0
+    assert_no_strays(str(tmp_path))
+
+
 def test_raylight_fit_in_a_script_joins_the_runs_group(ray_cluster, tmp_path, capsys):
     """A script that calls raylight.fit(num_workers=2) under `raylight run -n 2` trains once,
     in the run's two ranks (the launcher is the run's: no Ray workers of its own), both ranks

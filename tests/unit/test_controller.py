@@ -22,8 +22,10 @@ from raylight.driver.controller import (
     Controller,
     FailurePolicy,
     FixedScalingPolicy,
+    Raise,
     RequestResources,
     Resize,
+    Restart,
     RunTelemetry,
     SetPlan,
     State,
@@ -597,3 +599,70 @@ def test_trace_rows_report_the_samples_per_second_since_the_previous_row():
     rates = [row["throughput"] for row in rows]
     assert [row["t"] for row in rows] == [2, 4, 6, 8, 10, 12, 14]
     assert rates[1:] == [pytest.approx(100.0)] * 4 + [pytest.approx(1000.0)] * 2  # the new rate at once
+
+
+# -- the same error twice before any report is final at once ------------------------------
+NAME_ERROR = ErrorInfo(
+    "NameError", "name 'modle' is not defined",
+    'Traceback (most recent call last):\n  File "/x/raylight/worker/context.py", line 9, in run\n'
+    '  File "/home/u/train.py", line 12, in loop\n    modle(x)\nNameError: name \'modle\' is not defined',
+)
+
+
+def test_the_failure_policy_stops_at_the_same_error_twice_before_any_report():
+    """Pure decision: same type, message and innermost frame (any rank) before progress,
+    twice in a row: Raise(repeated), whatever max_failures still allows; a different
+    error, a death or a hang, or a first failure after progress: the usual budget. Under
+    max_failures=-1 (restarts without limit, asked for) it backs off instead."""
+    policy = FailurePolicy(3)
+    first = WorkerFailure(0, "error", "raised NameError", error=NAME_ERROR)
+    again = WorkerFailure(1, "error", "raised NameError", error=NAME_ERROR)  # another rank, the same error
+    assert isinstance(policy.decide(first, num_failures=1), Restart)
+    decision = policy.decide(again, num_failures=2, before_progress=first)
+    assert isinstance(decision, Raise) and decision.repeated
+    elsewhere = ErrorInfo("NameError", NAME_ERROR.message, NAME_ERROR.traceback.replace("line 12", "line 40"))
+    other = WorkerFailure(0, "error", "raised NameError", error=elsewhere)
+    assert isinstance(policy.decide(other, num_failures=2, before_progress=first), Restart)
+    died = WorkerFailure(0, "died", "died (exit code -9)")
+    assert isinstance(policy.decide(died, num_failures=2, before_progress=died), Restart)
+    assert isinstance(policy.decide(again, num_failures=2), Restart)  # the previous attempt had reported
+    assert isinstance(FailurePolicy(-1).decide(again, num_failures=9, before_progress=first), Restart)
+    assert not policy.decide(again, num_failures=4, before_progress=None).repeated  # out of restarts: the usual Raise
+
+
+def test_the_same_error_before_any_report_ends_the_run_on_the_second_attempt_without_restart_advice(recorder, caplog):
+    import logging
+
+    fails = GroupPoll([WorkerPoll(0, "running")], [WorkerFailure(0, "error", "raised NameError: name 'modle' is not defined", error=NAME_ERROR)])
+    group = FakeGroup([fails, fails, finished()])
+    c = make(group, recorder, max_failures=3)
+    with caplog.at_level(logging.WARNING, logger="raylight"):
+        c.run()
+    assert c.state is State.ERRORED and len(group.starts) == 2 and c.num_failures == 2
+    text = str(c.error)
+    assert isinstance(c.error, WorkerError) and "modle(x)" in text and "train.py\", line 12" in text
+    assert "the same way on 2 attempts in a row, each before its first report" in text
+    assert "raise FailureConfig" not in text and "automatically" not in text, text  # no advice to allow more restarts
+    restarts = [r.getMessage() for r in caplog.records if "restarting from" in r.getMessage()]
+    assert len(restarts) == 1 and "restarting from the beginning (no checkpoint yet)" in restarts[0]
+
+
+def test_a_report_between_two_equal_errors_keeps_the_restart_budget(recorder, caplog, tmp_path):
+    import logging
+
+    fails = GroupPoll([WorkerPoll(0, "running")], [WorkerFailure(0, "error", "raised NameError", error=NAME_ERROR)])
+    group = FakeGroup([running(ckpt_report(0)), fails, fails, fails, finished()])
+    c = make(group, recorder, max_failures=5)
+    with caplog.at_level(logging.WARNING, logger="raylight"):
+        c.run()
+    # attempt 1 reported then failed; attempt 2 failed before a report (not yet twice);
+    # attempt 3 failed the same way before a report: stop. Never the first two in a row.
+    assert c.state is State.ERRORED and c.num_failures == 3 and len(group.starts) == 3
+    assert "restarting from checkpoint 0" in caplog.text
+
+    other = RunRecorder(RunStorage(str(tmp_path / "other")), checkpoints_to_keep=2)
+    other.open({}, resume=False)
+    group = FakeGroup([fails, running(ckpt_report(0)), fails, running(ckpt_report(1)), finished()])
+    c = make(group, other, max_failures=5)
+    c.run()
+    assert c.state is State.FINISHED and c.num_failures == 2

@@ -827,3 +827,55 @@ def test_evaluate_training_set_reports_the_training_split_s_metrics_each_epoch(t
         assert measured == {"train_loss"} | {f"train_{k}" for k in validation} and "train_roc_auc" in measured
         assert rows[-1]["train_accuracy"] >= 0.9 and rows[-1]["validation_accuracy"] <= 0.65, rows[-1]
         assert rows[0]["train_accuracy"] < rows[-1]["train_accuracy"]
+
+
+# -- fault tolerance of declarative runs: backend.trainer.max_failures, --resume ---------
+def test_backend_trainer_max_failures_defaults_to_restarts_and_is_checked(tmp_path):
+    cfg, _ = write(tmp_path)
+    assert load_config(cfg).backend.trainer.max_failures == 3  # a lost worker costs an epoch, not the run
+    assert load_config(cfg, ["backend.trainer.max_failures=0"]).backend.trainer.max_failures == 0
+    for bad in ("-1", "2.5", "'3'", "true"):
+        with pytest.raises(ConfigError) as err:
+            load_config(cfg, [f"backend.trainer.max_failures={bad}"])
+        assert "backend.trainer.max_failures: must be a whole number >= 0" in str(err.value), str(err.value)
+
+
+def _unfinished_run(path) -> None:
+    """A run directory as a killed driver leaves it: two checkpoints, no model."""
+    from raylight.driver.recorder import RunRecorder
+    from raylight.storage.checkpoint import serialize_state
+    from raylight.storage.run_dir import RunStorage
+    from raylight.worker.protocol import Report
+
+    rec = RunRecorder(RunStorage(str(path)), checkpoints_to_keep=2)
+    rec.open({}, resume=False)
+    rec.begin()
+    for epoch in range(2):
+        rec.record(Report({"epoch": epoch}, serialize_state({"epoch": epoch}), seq=epoch), num_workers=1)
+    rec.lease.release()
+
+
+def test_an_existing_output_directory_needs_resume_and_resume_needs_an_unfinished_run(tmp_path):
+    run = tmp_path / "run"
+    _unfinished_run(run)
+    with pytest.raises(ConfigError) as err:
+        api.new_output_dir(str(run))
+    assert "holds a run that did not finish (last checkpoint: 1); pass --resume to continue it" in str(err.value)
+    assert "or choose another --output-directory" in str(err.value)
+    assert api.new_output_dir(str(run), resume=True) == str(run)
+    with pytest.raises(ConfigError, match="holds no run to continue; drop --resume"):
+        api.new_output_dir(str(tmp_path / "nothing"), resume=True)
+    (run / "model").mkdir()
+    with pytest.raises(ConfigError, match=r"holds a finished run .* nothing to continue"):
+        api.new_output_dir(str(run), resume=True)
+    with pytest.raises(ConfigError, match="already exists and is not empty; choose another --output-directory"):
+        api.new_output_dir(str(run))
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="is not a run directory"):
+        api.new_output_dir(str(other), resume=True)
+    cfg, data = write(tmp_path)
+    res = run_cli("train", "--config", cfg, "--dataset", data, "--output-directory", str(tmp_path / "none"), "--resume")
+    assert res.returncode == 2 and "holds no run to continue" in res.stderr, res.stderr
+    assert not (tmp_path / "none").exists()

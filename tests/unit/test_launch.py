@@ -355,3 +355,29 @@ def test_a_script_missing_on_a_worker_s_node_is_named_with_the_fix(tmp_path):
     elsewhere = agent.LaunchSpec(str(tmp_path / "on-the-laptop" / "train.py"), (), False, str(tmp_path), "r", 0)
     with pytest.raises(ConfigError, match=r"script .*on-the-laptop/train.py is not on this node \(.*\).*raylight submit -d DIR"):
         agent.check_on_this_node(elsewhere)
+
+
+def test_resume_needs_the_run_s_name_and_an_existing_run_needs_resume(monkeypatch, tmp_path):
+    """``raylight run --resume`` continues run --name (RAYLIGHT_RESUME=1 still does for a
+    submitted job); without --resume a run that has a checkpoint is refused, before Ray
+    starts, saying how to continue it. (The resumed run itself: tests/ray/test_run.py.)"""
+    from typer.testing import CliRunner
+
+    from raylight.cli import app
+    from raylight.driver.recorder import RunRecorder
+    from raylight.storage.checkpoint import serialize_state
+    from raylight.storage.run_dir import RunStorage
+    from raylight.worker.protocol import Report
+
+    script = tmp_path / "s.py"
+    script.write_text("")
+    nameless = CliRunner().invoke(app, ["run", "--resume", str(script)])
+    assert nameless.exit_code == 2 and "give it with --name NAME" in " ".join(nameless.output.split()), nameless.output
+    rec = RunRecorder(RunStorage(str(tmp_path / "runs" / "job")), checkpoints_to_keep=2)
+    rec.open({}, resume=False)
+    rec.begin()
+    rec.record(Report({"step": 0}, serialize_state({"step": 0}), seq=0), num_workers=1)
+    rec.lease.release()
+    again = CliRunner().invoke(app, ["run", "--name", "job", "--storage-path", str(tmp_path / "runs"), str(script)])
+    text = " ".join(again.output.split())
+    assert again.exit_code == 2 and "run 'job' already exists" in text and "pass --resume to continue it" in text, again.output

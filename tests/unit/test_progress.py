@@ -1,5 +1,4 @@
-"""The progress display off a terminal: one unwrapped line per epoch, one per restart or
-resize (fake polls; the live terminal view is rich's)."""
+"""The progress display off a terminal: one unwrapped line per epoch, one per resize (fake polls; the live terminal view is rich's)."""
 
 from __future__ import annotations
 
@@ -38,15 +37,20 @@ def test_one_line_per_epoch_when_its_last_report_is_in():
     assert "workers=2  batch=64" in out[1] and len(out[1]) > 40  # never wrapped
 
 
-def test_restarts_and_resizes_get_a_line_each():
+def test_a_resize_gets_a_line_and_a_restart_only_its_count():
+    """A restart's one line is the controller's warning, which says where it restarts
+    from (a checkpoint's index, or the beginning): the display adds no second line that
+    would claim a checkpoint the run may not have; its status counts the restarts."""
     out = lines(
         (poll(0, {"epoch": 0, "loss": 1.0}), {}),
         (poll(0), {"num_restarts": 1}),
         (poll(0), {"num_restarts": 1, "num_workers": 3}),
+        (poll(1, {"epoch": 1, "loss": 0.5}), {"num_restarts": 1, "num_workers": 3}),
     )
     assert out[0].startswith("epoch 0") and "restarts" not in out[0]
-    assert out[1] == "restarted from the last checkpoint (restart 1), 2 workers"
-    assert out[2] == "resized: 2 -> 3 workers"
+    assert out[1] == "resized: 2 -> 3 workers"
+    assert not any("restarted" in line for line in out)
+    assert out[2].startswith("epoch 1") and "restarts=1" in out[2]
 
 
 def test_reports_without_epochs_get_their_own_lines():

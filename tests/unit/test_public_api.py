@@ -33,6 +33,22 @@ def test_fit_signature_snapshot():
     assert all(p.kind is p.KEYWORD_ONLY for n, p in params.items() if n != "train_loop")
 
 
+def test_cli_flags_of_the_commands_that_resume_snapshot():
+    """The flags of the commands that train (``--resume``: issue 53, a killed run continues)."""
+    import typer
+
+    from raylight.cli import app
+
+    commands = typer.main.get_command(app).commands
+    flags = {name: [o for p in commands[name].params for o in p.opts] for name in ("train", "experiment", "hyperopt", "run")}
+    declarative = ["--config", "-c", "--dataset", "-d", "--output-directory", "--backend", "--set", "--quiet", "--price",
+                   "--prices", "--verbose", "--resume"]
+    assert flags["train"] == declarative and flags["experiment"] == declarative
+    assert flags["hyperopt"] == ["--config", "-c", "--dataset", "-d", "--output-directory", "--set", "--quiet", "--verbose", "--resume"]
+    assert flags["run"] == ["--nproc", "-n", "--module", "-m", "--cpus", "--gpus", "--address", "--max-failures", "--init-timeout",
+                            "--resize-interval", "--name", "--storage-path", "--resume", "--verbose"]
+
+
 def test_horovod_surface():
     """Horovod's torch API names raylight.horovod serves (docs/horovod.md lists them)."""
     import raylight.horovod as hvd

@@ -48,6 +48,7 @@ def run(
     resize_interval: Annotated[float | None, typer.Option(help="An elastic run (-n MIN:MAX): seconds between looks for room to grow (default: ScalingConfig.resize_interval_s, 5).")] = None,
     name: Annotated[str | None, typer.Option(help="The run's name (its directory under the storage path).")] = None,
     storage_path: Annotated[str | None, typer.Option(help="Where run directories go (reports and checkpoints of raylight.run_context()).")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue run --name from its last committed checkpoint (raylight.run_context().load_checkpoint() returns it); without one it starts from scratch.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", help="Show Ray's own logs too.")] = False,
 ) -> None:
     """Run SCRIPT [ARGS...] (or -m MODULE [ARGS...]) on N Ray workers, as torchrun would.
@@ -72,6 +73,7 @@ def run(
             address=address, max_failures=max_failures, init_timeout_s=init_timeout, name=name,
             storage_path=storage_path, verbose=True if verbose else None, resize_interval_s=resize_interval,
             channel_timeout_s=channel_timeout,
+            resume=resume,
         )
     except USAGE_ERRORS as exc:
         _error(exc, 2)

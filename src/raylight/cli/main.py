@@ -49,6 +49,9 @@ VerboseOpt = Annotated[
     bool, typer.Option("--verbose", help="Show Ray's own logs too (Ray Data's progress, Ray's INFO lines); RAYLIGHT_VERBOSE=1 does the same.")
 ]
 ModelPathOpt = Annotated[str, typer.Option(help="<output-directory>/model of a trained run.")]
+ResumeOpt = Annotated[
+    bool, typer.Option("--resume", help="Continue the unfinished (killed) run in --output-directory from its last checkpoint, with the same config and dataset.")
+]
 
 
 @app.callback()
@@ -101,6 +104,7 @@ def train(
     price: PriceOpt = None,
     prices: PricesOpt = None,
     verbose: VerboseOpt = False,
+    resume: ResumeOpt = False,
 ) -> None:
     """Train a model described by CONFIG on DATASET."""
     from raylight.base.cost import format_cost
@@ -111,7 +115,7 @@ def train(
         table = price_table(price, prices)
         out = api.train(
             _config(config, set_), dataset, output_directory=output_directory, backend=backend,
-            progress=not quiet, prices=table,
+            progress=not quiet, prices=table, resume=resume,
         )
     except RaylightError as exc:
         _fail(exc)
@@ -134,9 +138,10 @@ def experiment(
     price: PriceOpt = None,
     prices: PricesOpt = None,
     verbose: VerboseOpt = False,
+    resume: ResumeOpt = False,
 ) -> None:
     """Train, then evaluate on the test split (written to evaluation.json)."""
-    train(config, dataset, output_directory, backend, set_, quiet, price, prices, verbose)
+    train(config, dataset, output_directory, backend, set_, quiet, price, prices, verbose, resume)
 
 
 @app.command()
@@ -147,13 +152,16 @@ def hyperopt(
     set_: SetOpt = None,
     quiet: Annotated[bool, typer.Option(help="No progress display or results table.")] = False,
     verbose: VerboseOpt = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the search in --output-directory that was cut short: finished trials are kept, the others continue from their last checkpoint.")
+    ] = False,
 ) -> None:
     """Search the hyperopt: section's parameters on Ray Tune; each trial trains on raylight workers."""
     _verbose(verbose)
     try:
         from raylight.declarative.hyperopt import hyperopt as run_search
 
-        out = run_search(_config(config, set_), dataset, output_directory=output_directory, progress=not quiet)
+        out = run_search(_config(config, set_), dataset, output_directory=output_directory, progress=not quiet, resume=resume)
     except RaylightError as exc:
         _fail(exc)
     console.print_json(json.dumps({k: out[k] for k in ("best", "best_metric", "metric", "num_trials")}, default=str))

@@ -273,10 +273,12 @@ def _prepare(config: ModelConfig, dataset: str) -> Prepared:
     return Prepared(config, meta, train, val, test, df.iloc[test_idx] if kept["test"] else None)
 
 
-def new_output_dir(path: str) -> str:
+def new_output_dir(path: str, *, resume: bool = False) -> str:
     """The absolute output directory, checked before anything is done: it does not exist
     yet, is empty, or holds only a failed attempt that never committed a checkpoint (which
-    the new run replaces). Its parents are created when training starts."""
+    the new run replaces). Its parents are created when training starts. ``resume``
+    (``--resume``): it holds a run that has not finished (a killed one), which continues
+    from its last checkpoint."""
     from raylight.driver.recorder import directory_state
     from raylight.storage.run_dir import RunStorage
 
@@ -290,9 +292,32 @@ def new_output_dir(path: str) -> str:
         raise ConfigError(f"--output-directory {path!r} is a file; choose a directory that does not exist yet")
     if not os.access(parent, os.W_OK):
         raise ConfigError(f"--output-directory {path!r}: {parent!r} is not writable; choose another path")
-    if os.path.isdir(path) and os.listdir(path) and directory_state(RunStorage(path)) != "replaceable":
+    state = directory_state(RunStorage(path)) if os.path.isdir(path) and os.listdir(path) else "absent"
+    checkpoints = RunStorage(path).list_checkpoints() if state == "kept" else []
+    finished = os.path.exists(os.path.join(path, "model"))  # saved once training ended
+    if resume:
+        if state == "absent":
+            raise ConfigError(f"--resume: output directory {path!r} holds no run to continue; drop --resume to start one there")
+        if finished:
+            raise ConfigError(
+                f"--resume: output directory {path!r} holds a finished run (its model is in {os.path.join(path, 'model')}); "
+                "there is nothing to continue: choose another --output-directory to train again"
+            )
+        if state == "kept" and not checkpoints:
+            raise ConfigError(
+                f"--resume: output directory {path!r} is not a run directory (no checkpoints, config.json or "
+                "metrics.jsonl); choose the --output-directory of the run to continue"
+            )
+        return path
+    if state == "kept" and checkpoints and not finished:
+        raise ConfigError(
+            f"output directory {path!r} holds a run that did not finish (last checkpoint: {checkpoints[-1].index}); "
+            "pass --resume to continue it from there, or choose another --output-directory"
+        )
+    if state == "kept":
         raise ConfigError(f"output directory {path!r} already exists and is not empty; choose another --output-directory")
     return path
+
 
 
 def train(
@@ -303,14 +328,17 @@ def train(
     backend: str | None = None,
     progress: bool = True,
     prices: dict[str, float] | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Train, save the model to ``<output_directory>/model`` and evaluate on the test split.
-    ``prices`` (USD per hour per node type) prices the run: the result's ``cost``."""
+    ``prices`` (USD per hour per node type) prices the run: the result's ``cost``.
+    ``resume``: continue the unfinished (killed) run in ``output_directory`` from its last
+    checkpoint, at its exact data position; the config and dataset must be the run's."""
     from raylight.worker import process_group
 
     launch = process_group.detect()
     leader = launch is None or launch.rank == 0  # under a launcher, rank 0 alone writes the output directory
-    out = new_output_dir(output_directory) if leader else os.path.abspath(output_directory)
+    out = new_output_dir(output_directory, resume=resume) if leader else os.path.abspath(output_directory)
     expand(dataset)  # a missing or unreadable path is named before Ray starts
     if config.trainer.use_mixed_precision:  # GPUs are refused by the config
         log.info("trainer.use_mixed_precision: the workers train on CPUs, in full precision (as Ludwig's do there)")
@@ -332,13 +360,11 @@ def train(
     # torch only now: the ray backend's start began importing it in a thread while Ray's
     # processes started, and preprocessing overlapped it (an import up front serialises it).
     from raylight.declarative.train import declarative_loop, evaluate_data, load_model, save_model
-    from raylight.driver.trainer import fit
+    from raylight.driver.trainer import Trainer, fit_config
 
     imported = time.monotonic()
     loop_config, adaptive = loop_settings(config, prepared, on_ray=resolved.kind == "ray")
-    result = fit(  # creates the output directory when training starts
-        declarative_loop,
-        config=loop_config,
+    trainer_config = fit_config(
         num_workers=resolved.num_workers,
         adaptive=adaptive,
         use_gpu=resolved.use_gpu,
@@ -349,7 +375,13 @@ def train(
         progress=progress,
         loggers=list(config.loggers),
         prices=prices,
+        max_failures=config.backend.trainer.max_failures,
+        resume=resume,
     )
+    result = Trainer(  # creates the output directory when training starts
+        declarative_loop, train_loop_config=loop_config, config=trainer_config,
+        max_failures_setting="backend.trainer.max_failures",
+    ).fit()
     if not leader:
         return {"output_directory": out, "model_path": os.path.join(out, "model"), "backend": resolved.kind, "rank": resolved.rank}
     atomic_write(os.path.join(out, "config.yaml"), render_config(config))

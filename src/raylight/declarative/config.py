@@ -561,6 +561,11 @@ def _deepspeed_from_ludwig(options: dict[str, Any]) -> dict[str, Any]:
     return {**options, "config": {**(given or {}), **sections}}
 
 
+# Restarts a declarative run allows by default: a worker lost to a flaky node or an OOM
+# kill costs an epoch, not the run (the core's fit() keeps 0: a loop of one's own says).
+DEFAULT_MAX_FAILURES = 3
+
+
 class BackendTrainer(ConfigModel):
     strategy: StrategySetting = Field(
         "ddp",
@@ -577,6 +582,24 @@ class BackendTrainer(ConfigModel):
     resources_per_worker: dict[str, float] | None = Field(None, description="Ray resources per worker.")
     min_workers: int | None = Field(None, ge=1, le=MAX_WORKERS, description="Elastic: fewest workers.")
     max_workers: int | None = Field(None, ge=1, le=MAX_WORKERS, description="Elastic: most workers.")
+    max_failures: int = Field(
+        DEFAULT_MAX_FAILURES,
+        ge=0,
+        le=1000,
+        description="Restarts from the last checkpoint (the last epoch's) after a worker dies or "
+        "raises (the core's FailureConfig.max_failures); 0: the first failure ends the run. The "
+        "same error twice before any epoch ends is not retried.",
+    )
+
+    @field_validator("max_failures", mode="before")
+    @classmethod
+    def _whole_number(cls, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:  # 2.5 or "3" would be coerced
+            raise ValueError(
+                f"must be a whole number >= 0 (restarts from the last checkpoint after a worker fails; "
+                f"0: none), got {value!r}"
+            )
+        return value
 
     @field_validator("resources_per_worker")
     @classmethod

@@ -158,15 +158,20 @@ def _declarative_trial(
             strategy=config.backend.trainer.strategy,
         ),
         run=RunConfig(progress=False),
-        failure=FailureConfig(),
+        failure=FailureConfig(max_failures=config.backend.trainer.max_failures),
         adaptive=adaptive,
     )
     run_trial(declarative_loop, loop_config, trainer_config)
 
 
-def hyperopt(config: ModelConfig, dataset: str, *, output_directory: str, progress: bool = True) -> dict[str, Any]:
+def hyperopt(
+    config: ModelConfig, dataset: str, *, output_directory: str, progress: bool = True, resume: bool = False
+) -> dict[str, Any]:
     """Run the search of ``config.hyperopt`` on ``dataset``; returns the output paths,
-    the best trial's parameters and metric."""
+    the best trial's parameters and metric. ``resume`` (``--resume``): continue the
+    search in ``output_directory`` that was cut short (Tune's restore of the experiment:
+    finished trials are kept, unfinished and errored ones continue from their last
+    checkpoint, the last epoch they reported); the config and dataset must be the search's."""
     from ray import tune
 
     from raylight.declarative import api
@@ -189,7 +194,7 @@ def hyperopt(config: ModelConfig, dataset: str, *, output_directory: str, progre
         )
     if config.backend.type not in (None, "ray"):
         log.warning("backend.type: %s is ignored by hyperopt; every trial runs its workers on Ray", config.backend.type)
-    out = api.new_output_dir(output_directory)
+    out = _resumable_dir(output_directory) if resume else api.new_output_dir(output_directory)
     search.search_algorithm(h)  # optuna missing is a usage error, before any work
     frame = read_pandas(dataset)
     check_columns(frame, config, with_outputs=True, source=dataset)
@@ -227,25 +232,14 @@ def hyperopt(config: ModelConfig, dataset: str, *, output_directory: str, progre
         tune.with_parameters(_declarative_trial, base=base, own=own, prepared=prepared, shape=shape),
         tune.PlacementGroupFactory(shape.bundles),
     )
-    tuner = tune.Tuner(
-        trial_fn,
-        param_space=search.search_space_for(h),
-        tune_config=tune.TuneConfig(
-            metric=h.metric_name,
-            mode=search.mode(h),
-            search_alg=search.search_algorithm(h),
-            scheduler=search.scheduler(h),
-            num_samples=h.executor.num_samples,
-            max_concurrent_trials=concurrency.max_concurrent,
-            time_budget_s=h.executor.time_budget_s,
-            # A trial process serves the next trial, and its idle raylight workers with it
-            # (docs/performance.md): trials of one search share a shape.
-            reuse_actors=True,
-        ),
-        run_config=tune.RunConfig(
-            storage_path=out, name="tune", verbose=1 if progress else 0,
-        ),
-    )
+    if resume:
+        log.info("hyperopt: continuing the search in %s", out)
+        tuner = tune.Tuner.restore(
+            os.path.join(out, EXPERIMENT), trial_fn, resume_unfinished=True, resume_errored=True,
+            param_space=search.search_space_for(h),
+        )
+    else:
+        tuner = _new_tuner(trial_fn, h, out, concurrency, progress)
     grid = tuner.fit()
     rows = results_table(grid, h, base, own)
     ok = [r for r in rows if r.get("best") is not None]
@@ -269,6 +263,49 @@ def hyperopt(config: ModelConfig, dataset: str, *, output_directory: str, progre
         "metric": h.metric_name,
         **paths,
     }
+
+
+EXPERIMENT = "tune"  # the Tune experiment's directory inside the output directory
+
+
+def _resumable_dir(path: str) -> str:
+    """``--resume``: the output directory of a search that Tune can restore (its
+    experiment directory holds Tune's state), checked before any work."""
+    from ray import tune
+
+    path = os.path.abspath(path)
+    experiment = os.path.join(path, EXPERIMENT)
+    if not os.path.isdir(experiment) or not tune.Tuner.can_restore(experiment):
+        raise ConfigError(
+            f"--resume: output directory {path!r} holds no search to continue ({experiment!r} has no Tune "
+            "experiment state); drop --resume to start one there, or give the --output-directory of the search"
+        )
+    return path
+
+
+def _new_tuner(trial_fn: Any, h: HyperoptConfig, out: str, concurrency: ConcurrencyPlan, progress: bool) -> Any:
+    """The Tuner of a new search, written under ``out/tune``."""
+    from ray import tune
+
+    return tune.Tuner(
+        trial_fn,
+        param_space=search.search_space_for(h),
+        tune_config=tune.TuneConfig(
+            metric=h.metric_name,
+            mode=search.mode(h),
+            search_alg=search.search_algorithm(h),
+            scheduler=search.scheduler(h),
+            num_samples=h.executor.num_samples,
+            max_concurrent_trials=concurrency.max_concurrent,
+            time_budget_s=h.executor.time_budget_s,
+            # A trial process serves the next trial, and its idle raylight workers with it
+            # (docs/performance.md): trials of one search share a shape.
+            reuse_actors=True,
+        ),
+        run_config=tune.RunConfig(
+            storage_path=out, name=EXPERIMENT, verbose=1 if progress else 0,
+        ),
+    )
 
 
 def results_table(grid: Any, h: HyperoptConfig, base: dict[str, Any], own: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

@@ -157,11 +157,11 @@ class ProgressDisplay:
             self._lines(poll, at, info, changed)
 
     def _change(self, num_workers: int, num_restarts: int) -> str | None:
-        """The line for a restart or a resize since the last poll, if there was one."""
+        """The line for a resize since the last poll, if there was one. A restart gets
+        none here: the controller's warning already said why and where from (a checkpoint's
+        index, or the beginning), and the status counts ``restarts=N``."""
         line = None
-        if num_restarts != self._restarts:
-            line = f"restarted from the last checkpoint (restart {num_restarts}), {num_workers} workers"
-        elif self._workers is not None and num_workers != self._workers:
+        if self._workers is not None and num_workers != self._workers:
             line = f"resized: {self._workers} -> {num_workers} workers"
         self._restarts, self._workers = num_restarts, num_workers
         return line

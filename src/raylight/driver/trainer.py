@@ -87,6 +87,9 @@ class Trainer:
         on_poll: called on the driver after each poll of the workers with the
             ``GroupPoll`` (``raylight run`` prints its ranks' output this way); an
             exception it raises ends the run.
+        max_failures_setting: where the product that runs this trainer sets
+            ``FailureConfig.max_failures`` (``backend.trainer.max_failures`` for a
+            declarative run): the setting a failure's message says to raise.
     """
 
     def __init__(
@@ -98,6 +101,7 @@ class Trainer:
         on_report: Callable[[dict[str, Any], Checkpoint | None], None] | None = None,
         resume_from: Checkpoint | None = None,
         on_poll: Callable[[GroupPoll], None] | None = None,
+        max_failures_setting: str | None = None,
     ) -> None:
         if not callable(train_loop):
             raise TypeError(f"train_loop must be callable, got {type(train_loop).__name__}")
@@ -113,6 +117,7 @@ class Trainer:
         self.on_report = on_report
         self.resume_from = resume_from
         self.on_poll = on_poll
+        self.max_failures_setting = max_failures_setting
 
     def fit(self) -> Result:
         run = self.config.run
@@ -260,6 +265,7 @@ class Trainer:
             cfg.failure.max_failures, backoff_s=cfg.failure.restart_backoff_s,
             backoff_max_s=cfg.failure.restart_backoff_max_s, max_preemptions=cfg.failure.max_preemptions,
             rendezvous_retries=cfg.failure.rendezvous_retries,
+            **({"setting": self.max_failures_setting, "advice": self.max_failures_setting} if self.max_failures_setting else {}),
         )
         controller = Controller(
             group=group, recorder=recorder, failure_policy=failure, scaling_policy=policy,
@@ -563,6 +569,34 @@ def fit(
     ...]`` writes every report to experiment loggers (``RunConfig.loggers``). ``prices={node_type: USD/h}`` prices the run
     (``Result.cost``).
     """
+    trainer_config = fit_config(
+        num_workers=num_workers, adaptive=adaptive, use_gpu=use_gpu, resources_per_worker=resources_per_worker,
+        placement=placement, strategy=strategy, storage_path=storage_path, name=name, max_failures=max_failures,
+        resume=resume, address=address, progress=progress, verbose=verbose, loggers=loggers, prices=prices,
+    )
+    return Trainer(train_loop, train_loop_config=config, config=trainer_config).fit()
+
+
+def fit_config(
+    *,
+    num_workers: int | tuple[int, int],
+    adaptive: AdaptiveConfig | None = None,
+    use_gpu: bool = False,
+    resources_per_worker: dict[str, float] | None = None,
+    placement: str = "PACK",
+    strategy: str | DDP | FSDP | DeepSpeed | Horovod = "ddp",
+    storage_path: str | None = None,
+    name: str | None = None,
+    max_failures: int = 0,
+    resume: bool = False,
+    address: str | None = None,
+    progress: bool = True,
+    verbose: bool | None = None,
+    loggers: list[Any] | None = None,
+    prices: dict[str, float] | None = None,
+) -> TrainerConfig:
+    """``fit``'s keywords as the validated ``TrainerConfig`` it trains with (for a product
+    that builds its ``Trainer`` itself)."""
     settings = dict(
         scaling=_scaling(num_workers, use_gpu, resources_per_worker, placement, strategy),
         run=validate(
@@ -581,8 +615,7 @@ def fit(
         adaptive=adaptive,
         address=address,
     )
-    trainer_config = validate(TrainerConfig, settings)  # the checks across sections
-    return Trainer(train_loop, train_loop_config=config, config=trainer_config).fit()
+    return validate(TrainerConfig, settings)  # the checks across sections
 
 
 def _scaling(

@@ -119,9 +119,13 @@ def launch(
     err: IO[str] | None = None,
     resize_interval_s: float | None = None,
     channel_timeout_s: float = CHANNEL_TIMEOUT_S,
+    resume: bool = False,
 ) -> int:
     """Run ``python TARGET ARGS`` (``module``: ``python -m TARGET ARGS``) on
     ``num_workers`` raylight workers as torchrun would run it; returns the exit code.
+    ``resume`` (``--resume``): continue run ``name`` from its last committed checkpoint,
+    which ``raylight.run_context().load_checkpoint()`` returns; a run without one starts
+    from scratch (as ``RAYLIGHT_RESUME=1``, which ``raylight submit`` sets, still does).
 
     Raises ConfigError (and the core's InsufficientResourcesError,
     ClusterConnectionError) for what the user must fix; InitTimeoutError and the core's
@@ -139,10 +143,12 @@ def launch(
             f"--resize-interval must be > 0 seconds, got {resize_interval_s:g}" if resize_interval_s <= 0
             else "--resize-interval is for an elastic run: give -n MIN:MAX"
         )
+    if resume and not name:
+        raise ConfigError("--resume continues the run of that name: give it with --name NAME")
     name = name or _default_name()
     config = _config(
         num_workers=num_workers, cpus=cpus, gpus=gpus, address=address, max_failures=max_failures, name=name,
-        storage_path=storage_path, verbose=verbose, resize_interval_s=resize_interval_s,
+        storage_path=storage_path, verbose=verbose, resize_interval_s=resize_interval_s, resume=resume,
     )
     spec = LaunchSpec(
         target=target, args=tuple(args), module=module, cwd=os.getcwd(), run_name=name, max_restarts=max_failures,
@@ -206,6 +212,7 @@ def _check_target(target: str, module: bool) -> str:
 def _config(
     *, num_workers: int | tuple[int, int], cpus: float, gpus: float, address: str | None, max_failures: int,
     name: str, storage_path: str | None, verbose: bool | None, resize_interval_s: float | None = None,
+    resume: bool = False,
 ) -> TrainerConfig:
     if cpus <= 0:
         raise ConfigError(f"--cpus must be > 0 per worker, got {cpus:g}")
@@ -222,9 +229,39 @@ def _config(
         "scaling_policy": "max", "threads_per_worker": max(1, int(cpus)),
         **({"resize_interval_s": resize_interval_s} if resize_interval_s is not None else {}),
     })
-    run = validate(RunConfig, {"name": name, "storage_path": storage_path, "progress": False, "verbose": verbose})
+    from raylight.driver.job_env import RESUME_ENV
+
+    # RAYLIGHT_RESUME=1 (a submitted job's retry) resumes in the Trainer, as any run's does.
+    last = None if os.environ.get(RESUME_ENV) == "1" else _last_checkpoint(storage_path, name, resume=resume)
+    run = validate(RunConfig, {
+        "name": name, "storage_path": storage_path, "progress": False, "verbose": verbose,
+        "resume": resume and last is not None,
+    })
     failure = validate(FailureConfig, {"max_failures": max_failures})
     return validate(TrainerConfig, {"scaling": scaling, "run": run, "failure": failure, "address": address})
+
+
+def _last_checkpoint(storage_path: str | None, name: str, *, resume: bool) -> int | None:
+    """The index of run ``name``'s last committed checkpoint, or None. ``resume``
+    (``--resume``) continues from it; without one the run starts from scratch (a directory
+    whose attempt never checkpointed is replaced), as a retried job's does. Without
+    ``resume`` a run that has one is refused, saying how to continue it."""
+    from raylight.storage.run_dir import RunStorage, default_storage_path
+
+    storage = RunStorage(f"{(storage_path or default_storage_path()).rstrip('/')}/{name}")
+    try:
+        committed = storage.list_checkpoints()
+    except FileNotFoundError:
+        committed = []
+    last = committed[-1].index if committed else None
+    if resume and last is None:
+        print(f"raylight run: --resume: run {name!r} has no checkpoint in {storage.uri} yet; it starts from scratch", file=sys.stderr, flush=True)
+    if not resume and last is not None:
+        raise ConfigError(
+            f"run {name!r} already exists in {storage.uri} (last checkpoint: {last}); pass --resume to continue it "
+            "from there, or choose another --name"
+        )
+    return last
 
 
 def _default_name() -> str:

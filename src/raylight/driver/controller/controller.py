@@ -127,6 +127,10 @@ class Controller:
         self._failed_at: int | None = None  # the last checkpoint when it last failed
         self._same = 0
         self._last_message = ""
+        # Reports recorded since the group last started, and the failure of the attempt
+        # before it when that attempt had none (the failure policy's same-error rule).
+        self._attempt_reports = 0
+        self._unprogressed: WorkerFailure | None = None
 
     @property
     def state(self) -> State:
@@ -198,6 +202,7 @@ class Controller:
             self._fail(exc)
             return
         policy.started(self.num_workers)
+        self._attempt_reports = 0
         self.phase = Phase(State.RUNNING)
 
     def _poll(self) -> None:
@@ -270,6 +275,7 @@ class Controller:
         for report in poll.reports:
             self.recorder.record(report, num_workers=self.num_workers)
             self._last_seq = max(self._last_seq, report.seq)
+            self._attempt_reports += 1
         self._shadow = [r for r in (*self._shadow, *poll.shadow_reports) if r.seq > self._last_seq]
         first_step_s = self.telemetry.observe(poll, self.num_workers)
         if first_step_s is not None:
@@ -294,6 +300,7 @@ class Controller:
             for report in reports:
                 self.recorder.record(report, num_workers=old)
                 self._last_seq = max(self._last_seq, report.seq)
+                self._attempt_reports += 1
                 if report.snapshot and report.checkpoint is not None:
                     self._snapshot_committed(report)
 
@@ -323,7 +330,9 @@ class Controller:
         kind = "in_place"
         if outcome.kind == "fallback":
             if phase.resize.in_place:
-                log.warning("resizing in place failed (%s); restarting from the last checkpoint", outcome.reason)
+                index = latest.metadata.get("index") if latest is not None else None
+                where = f"checkpoint {index}" if latest is not None else "the beginning (no checkpoint yet)"
+                log.warning("resizing in place failed (%s); restarting from %s", outcome.reason, where)
             self.group.shutdown()
             self.num_workers = target
             self.phase = Phase(State.SCHEDULING)
@@ -408,11 +417,16 @@ class Controller:
         self._failed_at = commit
         self._same = self._same + 1 if failure.message == self._last_message and self._in_a_row > 1 else 1
         self._last_message = failure.message
-        decision = self.failure_policy.decide(failure, num_failures=self.num_failures, in_a_row=self._in_a_row)
+        progressed = self._attempt_reports > 0
+        decision = self.failure_policy.decide(
+            failure, num_failures=self.num_failures, in_a_row=self._in_a_row,
+            before_progress=None if progressed else self._unprogressed,
+        )
+        self._unprogressed = None if progressed else failure
         if isinstance(decision, Raise):
-            self._fail(self._error_for(failure), cause=cause)
+            self._fail(self._error_for(failure, repeated=decision.repeated), cause=cause)
             return
-        where = f"checkpoint {resume.metadata.get('index')}" if resume else "the beginning"
+        where = f"checkpoint {resume.metadata.get('index')}" if resume else "the beginning (no checkpoint yet)"
         budget = self.failure_policy.max_failures
         wait = ""
         if decision.delay_s > 0:
@@ -463,14 +477,22 @@ class Controller:
         self.phase = Phase(State.ERRORED)
         self.group.shutdown()
 
-    def _error_for(self, failure: WorkerFailure) -> TrainingFailedError:
+    def _error_for(self, failure: WorkerFailure, *, repeated: bool = False) -> TrainingFailedError:
         budget = self.failure_policy.max_failures
+        setting = self.failure_policy.setting
         head = f"{failure.described(where=True)}."
         tail = (
-            f" The run failed {self.num_failures} time(s) and max_failures={budget} allows "
-            f"{budget} restart(s); raise FailureConfig.max_failures (fit(max_failures=...)) "
+            f" The run failed {self.num_failures} time(s) and {setting}={budget} allows "
+            f"{budget} restart(s); raise {self.failure_policy.advice} "
             "to restart from the last checkpoint automatically."
         )
+        if repeated:  # more restarts would not help: no advice to allow them
+            tail = (
+                f" It failed the same way on {self.num_failures} attempts in a row, each before "
+                f"its first report, so the run stops now rather than retry ({setting}={budget} "
+                "is not the limit here: a restart would fail again); fix the error in the "
+                "traceback below."
+            )
         common: dict[str, Any] = {
             "rank": failure.known_rank,
             "node": failure.node,

@@ -57,9 +57,12 @@ class Restart:
 
 @dataclass(frozen=True)
 class Raise:
-    """Give up: the failure is final."""
+    """Give up: the failure is final. ``repeated``: not for want of restarts, but because
+    it is the same error as the previous attempt's, both before any report (a restart
+    would fail again: a NameError in the loop, an import error)."""
 
     failure: WorkerFailure
+    repeated: bool = False
 
 
 ScalingDecision = SetPlan | Resize | RequestResources

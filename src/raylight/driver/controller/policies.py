@@ -38,8 +38,15 @@ class FailurePolicy:
         backoff_max_s: float = 0.0,
         max_preemptions: int = -1,
         rendezvous_retries: int = 0,
+        setting: str = "max_failures",
+        advice: str = "FailureConfig.max_failures (fit(max_failures=...))",
     ) -> None:
         self.max_failures = max_failures
+        # How the run's product names max_failures in its messages (``setting``) and what
+        # to change to allow more restarts (``advice``): a declarative run's is
+        # backend.trainer.max_failures, which its config sets.
+        self.setting = setting
+        self.advice = advice
         self.backoff_s = backoff_s
         self.backoff_max_s = backoff_max_s
         self.max_preemptions = max_preemptions
@@ -60,9 +67,26 @@ class FailurePolicy:
             return 0.0
         return min(self.backoff_max_s, self.backoff_s * 2.0 ** min(in_a_row - 2, 60))
 
-    def decide(self, failure: WorkerFailure, *, num_failures: int, in_a_row: int = 1) -> FailureDecision:
+    def decide(
+        self,
+        failure: WorkerFailure,
+        *,
+        num_failures: int,
+        in_a_row: int = 1,
+        before_progress: WorkerFailure | None = None,
+    ) -> FailureDecision:
         """``num_failures`` counts failures so far, this one included; ``in_a_row`` those
-        since the last new checkpoint, this one included."""
+        since the last new checkpoint, this one included. ``before_progress``: where this
+        attempt failed before its first report, the previous attempt's failure if that one
+        too came before any report (else None).
+
+        The same error twice in a row before any report is final at once, whatever
+        ``max_failures`` still allows: nothing ran between them that could change the
+        outcome (a NameError in the loop, a missing import, a bad path), so a third try
+        would fail the same way. Not under ``max_failures=-1``, where the user asked for
+        restarts without limit (they back off instead)."""
+        if self.max_failures >= 0 and before_progress is not None and same_error(before_progress, failure):
+            return Raise(failure, repeated=True)
         if self.max_failures < 0 or num_failures <= self.max_failures:
             return Restart(failure, delay_s=self.delay(in_a_row))
         return Raise(failure)
@@ -73,6 +97,23 @@ class FailurePolicy:
         if self.max_preemptions < 0 or num_preemptions <= self.max_preemptions:
             return Restart(failure)
         return Raise(failure)
+
+
+def error_signature(failure: WorkerFailure) -> tuple[str, str, str] | None:
+    """What makes two errors the same one: the exception's type, its message and the
+    innermost frame of its traceback (file and line, not the rank that raised it). None
+    for what is not an error the loop raised (a death, a hang, a failed start)."""
+    info = failure.error
+    if failure.kind != "error" or info is None:
+        return None
+    frames = [line.strip() for line in info.traceback.splitlines() if line.lstrip().startswith('File "')]
+    return info.exc_type, info.message, frames[-1] if frames else ""
+
+
+def same_error(previous: WorkerFailure, failure: WorkerFailure) -> bool:
+    """Whether ``failure`` repeats ``previous`` (``error_signature``)."""
+    mine = error_signature(failure)
+    return mine is not None and mine == error_signature(previous)
 
 
 @dataclass(frozen=True)
