@@ -45,7 +45,7 @@ def test_cli_flags_of_the_commands_that_resume_snapshot():
                    "--prices", "--verbose", "--resume"]
     assert flags["train"] == declarative and flags["experiment"] == declarative
     assert flags["hyperopt"] == ["--config", "-c", "--dataset", "-d", "--output-directory", "--set", "--quiet", "--verbose", "--resume"]
-    assert flags["run"] == ["--nproc", "-n", "--module", "-m", "--cpus", "--gpus", "--address", "--max-failures", "--init-timeout",
+    assert flags["run"] == ["--nproc", "-n", "--module", "-m", "--cpus", "--gpus", "--address", "--max-failures", "--init-timeout", "--channel-timeout",
                             "--resize-interval", "--name", "--storage-path", "--resume", "--verbose"]
 
 
