@@ -138,9 +138,36 @@ def test_what_is_retried():
     assert "node died" in submission.retry_reason("FAILED", "JOB_SUPERVISOR_ACTOR_DIED", None)
     assert submission.retry_reason("FAILED", "JOB_ENTRYPOINT_COMMAND_ERROR", 1) is None  # a normal failure
     assert submission.retry_reason("FAILED", "RUNTIME_ENV_SETUP_FAILURE", None) is None
-    assert submission.retry_reason("FAILED", "JOB_ENTRYPOINT_COMMAND_ERROR", -9) is None  # OOM killer: again would OOM
     assert submission.retry_reason("STOPPED", None, -15) is None  # the user stopped it
     assert submission.retry_reason("SUCCEEDED", None, 0) is None
+
+
+# What Ray 2.60's job manager writes when the driver's node dies (GenNodeDiedCause).
+NODE_DIED = (
+    "Job supervisor actor died: The actor died unexpectedly before finishing this task.\n"
+    "\tclass_name: JobSupervisor\n\tactor_id: 7bc4\n\tpid: 4242\n\tip: 127.0.0.1\n"
+    "The actor died because its node has died. Node Id: 0a1b\n"
+    "\tthe actor's node was {how}: {what}"
+)
+
+
+def test_a_driver_ended_by_a_signal_or_its_node_s_death_is_preempted_and_a_user_error_is_not():
+    # raylight's own driver after an orderly stop (143); a plain one SIGTERMed (-15, or
+    # 143 through a shell); SIGKILL after the grace period (-9, 137)
+    for code, name in ((143, "SIGTERM"), (-15, "SIGTERM"), (-9, "SIGKILL"), (137, "SIGKILL")):
+        reason = submission.retry_reason("FAILED", "JOB_ENTRYPOINT_COMMAND_ERROR", code)
+        assert reason is not None and name in reason and str(code) in reason, (code, reason)
+    preempted = NODE_DIED.format(how="preempted", what="spot instance reclaimed")
+    reason = submission.retry_reason("FAILED", "JOB_SUPERVISOR_ACTOR_UNKNOWN_FAILURE", None, preempted)
+    assert reason is not None and "node was preempted" in reason and "spot instance reclaimed" in reason
+    lost = NODE_DIED.format(how="terminated unexpectedly", what="health check failed due to missing too many heartbeats")
+    reason = submission.retry_reason("FAILED", "JOB_SUPERVISOR_ACTOR_DIED", None, lost)
+    assert reason is not None and "node died" in reason and "missing too many heartbeats" in reason
+    # a user's error: exit 1, whatever its logs (which Ray puts in the message) say
+    assert submission.retry_reason("FAILED", "JOB_ENTRYPOINT_COMMAND_ERROR", 1, f"failed with exit code 1\n{lost}") is None
+    assert submission.retry_reason("FAILED", "JOB_ENTRYPOINT_COMMAND_ERROR", 2) is None
+    assert submission.retry_reason("FAILED", "RUNTIME_ENV_SETUP_FAILURE", None, "pip install failed") is None
+    assert submission.retry_reason("STOPPED", None, 143) is None  # the user stopped it
 
 
 def test_exit_codes():
@@ -254,6 +281,7 @@ class _Status:
 class _Info:
     def __init__(self, status: str, code: int | None, error: str | None = None) -> None:
         self.status, self.driver_exit_code, self.error_type = _Status(status), code, error
+        self.message: str | None = None
 
 
 class _FakeClient:

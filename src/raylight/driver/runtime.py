@@ -27,6 +27,7 @@ import ray
 from raylight.base import verbosity
 from raylight.base.exceptions import ClusterConnectionError
 from raylight.base.net import is_loopback
+from raylight.driver import termination
 
 log = logging.getLogger("raylight")
 
@@ -112,6 +113,7 @@ def start_embedded(
             _temp_dir=temp_dir,
             _system_config=EMBEDDED_SYSTEM_CONFIG,
         )
+    termination.install()  # in place of ray.init's sys.exit(15)
     address = ray.get_runtime_context().gcs_address
     _started_embedded[:] = [address]
     atexit.register(_shutdown_embedded)
@@ -333,6 +335,7 @@ def connect(address: str | None, *, connect_timeout_s: float = 15.0) -> RayRunti
     ``address`` (or ``default_address()``: RAY_ADDRESS, as in a Ray Job's driver, or a
     cluster launcher's head node), or else start the embedded local one."""
     if ray.is_initialized():
+        termination.install()
         return current()
     source = "address"
     if address is None:
@@ -363,4 +366,5 @@ def connect(address: str | None, *, connect_timeout_s: float = 15.0) -> RayRunti
             f"could not connect to the Ray cluster at {address!r} (from {source}): "
             f"{type(exc).__name__}: {exc}. {fix}"
         ) from None
+    termination.install()  # in place of ray.init's sys.exit(15)
     return current()

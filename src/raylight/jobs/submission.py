@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raylight.base.exceptions import ClusterConnectionError, ConfigError
-from raylight.base.exit_codes import PREEMPTED_EXIT_CODE
+from raylight.base.exit_codes import KILLED_EXIT_CODE, PREEMPTED_EXIT_CODE, TERMINATED_EXIT_CODE
 from raylight.driver.job_env import (
     CPUS_ENV,
     GPUS_ENV,
@@ -37,10 +37,18 @@ ADDRESS_ENVS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")  # what `ray job submit
 RUN_KEY, ATTEMPT_KEY, PREVIOUS_KEY = "raylight_run", "raylight_attempt", "raylight_previous"
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z")
-# A driver ended by SIGTERM that nobody asked to stop (`jobs stop` ends as STOPPED): the
-# node is going away (spot preemption, scale-down). Popen gives -15; a shell, 128 + 15.
-_SIGTERM_CODES = (-15, 143)
+# A driver ended by a signal nobody asked for (`jobs stop` ends as STOPPED): its node is
+# going away (spot preemption, scale-down), which sends SIGTERM and, after a grace
+# period, SIGKILL. Ray reports -N when the entrypoint was the driver itself, 128 + N when
+# a shell ran it; raylight's own driver exits 143 after an orderly stop.
+_SIGNAL_CODES = {-15: "SIGTERM", TERMINATED_EXIT_CODE: "SIGTERM", -9: "SIGKILL", KILLED_EXIT_CODE: "SIGKILL"}
 _RETRIED_ERRORS = {"JOB_SUPERVISOR_ACTOR_DIED": "the driver's node died"}
+# What Ray writes in a job's message when the driver's node died (the GCS's actor death
+# cause, GcsActorManager::GenNodeDiedCause): "The actor died because its node has died.
+# Node Id: ..." then "\tthe actor's node was preempted: <the drain's message>" (or
+# "terminated expectedly: ...", "terminated unexpectedly: <why>").
+_NODE_DIED, _NODE_REASON, _PREEMPTED = "its node has died", "the actor's node was ", "the actor's node was preempted"
+_ENTRYPOINT_ERROR = "JOB_ENTRYPOINT_COMMAND_ERROR"  # the driver's own exit code; its message holds its logs
 
 
 def jobs_address(given: str | None, environ: Mapping[str, str] | None = None) -> tuple[str, str]:
@@ -204,17 +212,35 @@ def attempt_metadata(name: str, attempt: int) -> dict[str, str]:
     return meta
 
 
-def retry_reason(status: str, error_type: str | None, exit_code: int | None) -> str | None:
-    """Why an ended attempt is resubmitted, or None: preemption (the driver exits with
-    PREEMPTED_EXIT_CODE, or is ended by a SIGTERM nobody asked for) and the loss of the
-    driver's node are; success, a stop (STOPPED) and every other failure are not."""
+def retry_reason(status: str, error_type: str | None, exit_code: int | None, message: str | None = None) -> str | None:
+    """Why an ended attempt is resubmitted, or None. Preempted: the driver exited with
+    PREEMPTED_EXIT_CODE, or was ended by SIGTERM or SIGKILL that nobody asked for (a
+    node's shutdown sends them; raylight's driver exits 143 after an orderly stop), or
+    Ray says the driver's node died (its error type, or the node-death reason in its
+    message). Success, a stop (STOPPED) and every other failure (a user's error: exit 1)
+    are not retried."""
     if status != "FAILED":
         return None
     if exit_code == PREEMPTED_EXIT_CODE:
         return f"the run was preempted (exit code {PREEMPTED_EXIT_CODE})"
-    if exit_code in _SIGTERM_CODES:
-        return "the driver was terminated (SIGTERM), as on a node being preempted"
+    if exit_code in _SIGNAL_CODES:
+        name = _SIGNAL_CODES[exit_code]
+        return f"the driver was terminated ({name}; exit code {exit_code}), as on a node being preempted"
+    if error_type != _ENTRYPOINT_ERROR and message:  # Ray's own account, not the driver's logs
+        death = _node_death(message)
+        if death is not None:
+            return death
     return _RETRIED_ERRORS.get(error_type or "")
+
+
+def _node_death(message: str) -> str | None:
+    """The reason for retrying that Ray's node-death cause in ``message`` gives, or None."""
+    lines = [line.strip() for line in message.splitlines()]
+    if not any(_NODE_DIED in line for line in lines):
+        return None
+    detail = next((line for line in lines if line.startswith(_NODE_REASON)), None)
+    what = "was preempted" if detail is not None and detail.startswith(_PREEMPTED) else "died"
+    return f"the driver's node {what} (Ray: {detail or next(line for line in lines if _NODE_DIED in line)})"
 
 
 def exit_code(status: str, driver_exit_code: int | None) -> int:
@@ -338,7 +364,7 @@ def run(client: JobsClient, sub: Submission, *, wait: bool, write: Callable[[str
         status = info.status.value
         code = exit_code(status, info.driver_exit_code)
         error = getattr(info.error_type, "value", info.error_type)
-        reason = retry_reason(status, error, info.driver_exit_code)
+        reason = retry_reason(status, error, info.driver_exit_code, info.message)
         say(f"{job_id}: {status}" + (f", exit code {code}" if status != "SUCCEEDED" else ""))
         if reason is None:
             return code
