@@ -273,6 +273,85 @@ def test_submit_to_an_unreachable_address_exits_2_naming_the_timeout():
     assert "--connect-timeout=1.5s" in " ".join(out.output.split())
 
 
+class _JobsAPI:
+    """A Jobs API on 127.0.0.1 that answers Ray's client as a head does right after `ray
+    start --head`: its version, then '500 No available agent...' to the first ``refusals``
+    submissions (every one, with None), then the submission id."""
+
+    def __init__(self, refusals: int | None) -> None:
+        import http.server
+        import threading
+
+        api = self
+        self.refusals, self.posts = refusals, 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self, code: int, body: bytes, kind: str = "application/json") -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                if self.path == "/api/version":
+                    self._answer(200, json.dumps({"version": "4", "ray_version": "2.60.0", "ray_commit": "x"}).encode())
+                elif self.path == "/api/jobs/":
+                    self._answer(200, b"[]")  # no jobs yet
+                else:
+                    self._answer(404, b"{}")
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                api.posts += 1
+                if api.refusals is None or api.posts <= api.refusals:
+                    self._answer(500, b"No available agent to submit job, please try again later.", "text/plain")
+                else:
+                    sid = body["submission_id"]
+                    self._answer(200, json.dumps({"job_id": sid, "submission_id": sid}).encode())
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, name="fake-jobs-api", daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(10)
+
+
+@pytest.fixture
+def jobs_api(request):
+    api = _JobsAPI(request.param)
+    yield api
+    api.close()
+
+
+@pytest.mark.parametrize("jobs_api", [3], indirect=True)
+def test_no_available_agent_is_asked_again_within_the_connect_timeout(jobs_api, monkeypatch):
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    slept: list[float] = []
+    client = submission.JobsClient(jobs_api.url, connect_timeout_s=30, sleep=slept.append)
+    sub = submission.build_submission(["python", "t.py"], name="agent1")
+    assert client.submit(sub, 0) == "agent1"
+    assert jobs_api.posts == 4 and slept == [0.5, 1.0, 2.0]  # backing off between the answers
+
+
+@pytest.mark.parametrize("jobs_api", [None], indirect=True)
+def test_no_available_agent_until_the_connect_timeout_says_what_is_wrong(jobs_api, monkeypatch):
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    out = _submit("-u", jobs_api.url, "--connect-timeout", "1.5", "--name", "agent2", "--", "python", "t.py")
+    text = " ".join(out.output.split())
+    assert out.exit_code == 2, out.output
+    assert "No available agent to submit job" in text and "--connect-timeout=1.5s" in text, text
+    assert "dashboard_agent.log" in text and jobs_api.posts >= 2, text
+
+
 class _Status:
     def __init__(self, value: str) -> None:
         self.value = value

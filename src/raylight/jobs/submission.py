@@ -13,14 +13,17 @@ no Ray and are unit-tested; ``JobsClient`` is the one place that talks to the cl
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shlex
 import socket
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from raylight.base.clock import monotonic
 from raylight.base.exceptions import ClusterConnectionError, ConfigError
 from raylight.base.exit_codes import KILLED_EXIT_CODE, PREEMPTED_EXIT_CODE, TERMINATED_EXIT_CODE
 from raylight.driver.job_env import (
@@ -31,6 +34,8 @@ from raylight.driver.job_env import (
     RESUME_ENV,
     RUN_NAME_ENV,
 )
+
+log = logging.getLogger("raylight")
 
 DASHBOARD_PORT = 8265  # Ray's default port of the dashboard, which serves the Jobs API
 ADDRESS_ENVS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")  # what `ray job submit` reads, in order
@@ -49,6 +54,13 @@ _RETRIED_ERRORS = {"JOB_SUPERVISOR_ACTOR_DIED": "the driver's node died"}
 # "terminated expectedly: ...", "terminated unexpectedly: <why>").
 _NODE_DIED, _NODE_REASON, _PREEMPTED = "its node has died", "the actor's node was ", "the actor's node was preempted"
 _ENTRYPOINT_ERROR = "JOB_ENTRYPOINT_COMMAND_ERROR"  # the driver's own exit code; its message holds its logs
+# The Jobs API's answer (500) while the head has no job agent to give the job to yet: the
+# head's dashboard answers before its node's agent has registered (seen right after `ray
+# start --head`, and 30 s after it on a loaded machine). Ray waits 10 s for one before it
+# answers; raylight asks again, AGENT_RETRY_S doubling to AGENT_RETRY_MAX_S between
+# requests, for --connect-timeout from the first such answer.
+NO_AGENT = "No available agent to submit job"
+AGENT_RETRY_S, AGENT_RETRY_MAX_S = 0.5, 5.0
 
 
 def jobs_address(given: str | None, environ: Mapping[str, str] | None = None) -> tuple[str, str]:
@@ -266,8 +278,12 @@ def probe(url: str, source: str, timeout_s: float) -> None:
 class JobsClient:
     """The one place that talks to Ray Jobs, over ``JobSubmissionClient``."""
 
-    def __init__(self, url: str, *, source: str = "--address", connect_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, url: str, *, source: str = "--address", connect_timeout_s: float = 10.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         probe(url, source, connect_timeout_s)
+        self.connect_timeout_s, self.sleep = connect_timeout_s, sleep
         try:
             from ray.job_submission import JobSubmissionClient
         except ImportError as exc:
@@ -302,15 +318,38 @@ class JobsClient:
         runtime_env = sub.runtime_env
         if attempt > 0 or sub.resume:
             runtime_env = {**runtime_env, "env_vars": {**runtime_env["env_vars"], RESUME_ENV: "1"}}
-        try:
-            return self.client.submit_job(
-                entrypoint=sub.entrypoint,
-                submission_id=attempt_id(sub.name, attempt),
-                runtime_env=runtime_env,
-                metadata=attempt_metadata(sub.name, attempt),
-            )
-        except (RuntimeError, ValueError) as exc:
-            raise ConfigError(f"Ray Jobs refused the job {attempt_id(sub.name, attempt)!r}: {exc}") from None
+        job_id = attempt_id(sub.name, attempt)
+        began, no_agent_since, answers = monotonic(), None, 0
+        delay = AGENT_RETRY_S
+        while True:
+            try:
+                return str(self.client.submit_job(
+                    entrypoint=sub.entrypoint,
+                    submission_id=job_id,
+                    runtime_env=runtime_env,
+                    metadata=attempt_metadata(sub.name, attempt),
+                ))
+            except (RuntimeError, ValueError) as exc:
+                if NO_AGENT not in str(exc):
+                    raise ConfigError(f"Ray Jobs refused the job {job_id!r}: {exc}") from None
+                now, answers = monotonic(), answers + 1
+                no_agent_since = now if no_agent_since is None else no_agent_since
+                left = self.connect_timeout_s - (now - no_agent_since)
+                if left <= 0:
+                    raise ClusterConnectionError(self._no_agent(job_id, answers, now - began)) from None
+                log.warning("the Ray Jobs API at %s has no job agent yet (%s); asking again", self.url, NO_AGENT)
+                self.sleep(min(delay, left))
+                delay = min(2 * delay, AGENT_RETRY_MAX_S)
+
+    def _no_agent(self, job_id: str, answers: int, waited_s: float) -> str:
+        return (
+            f"could not submit {job_id!r}: the Ray Jobs API at {self.url} answered '500 {NO_AGENT}' "
+            f"{answers} time(s) in {waited_s:.0f}s (asked again for --connect-timeout={self.connect_timeout_s:g}s "
+            "after the first). "
+            "The head's job agent (part of its dashboard agent) has not started or has died: right "
+            "after `ray start --head` wait and submit again, or give it longer with --connect-timeout; "
+            "otherwise see the head's dashboard_agent.log (in its session's logs directory)"
+        )
 
     def first_attempt(self, sub: Submission) -> int:
         """0 for a new name; with --resume, the attempt after those the cluster holds."""
