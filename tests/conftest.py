@@ -109,13 +109,20 @@ def ray_session():
     runtime.start_embedded(num_cpus=2, temp_dir=temp_dir, object_store_memory=256 * 1024**2)
     _SESSION_ENV.update(k for k in os.environ if before.get(k) != os.environ[k])
     yield ray
+    from raylight.driver import _reaper
+
+    session = runtime._embedded_session[0]
     runtime._shutdown_embedded()
     deadline = time.monotonic() + 30
     while _ray_processes(temp_dir) and time.monotonic() < deadline:
         time.sleep(0.2)
-    left = _ray_processes(temp_dir)
+    # Ray's agents and workers set their titles, so their command lines name no temp dir:
+    # the cluster's own environment token finds them (driver/_reaper.py)
+    left = _ray_processes(temp_dir) + _reaper.marked(session.token)
+    session_left = os.path.exists(session.session_dir)
     shutil.rmtree(temp_dir, ignore_errors=True)
     assert not left, f"Ray processes left running after shutdown: {left}"
+    assert not session_left, f"the session directory {session.session_dir} was left after shutdown"
 
 
 @pytest.fixture

@@ -230,7 +230,34 @@ def test_a_driver_ended_by_sigterm_is_resubmitted(head):
     out = cli(head, "submit", "-f", os.path.join(JOB_CODE, "sigterm_job.py"), "--name", "sig1", "--retries", "1")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "TERMINATING" in out.stdout and "SECOND ATTEMPT" in out.stdout
-    assert "terminated (SIGTERM)" in out.stderr and "submitted sig1-retry1" in out.stderr
+    assert "terminated (SIGTERM;" in out.stderr and "submitted sig1-retry1" in out.stderr
+
+
+def test_a_raylight_driver_sigtermed_as_a_job_exits_143_and_is_resubmitted(head, tmp_path):
+    """A Ray Job's driver that trains with raylight, ended by SIGTERM mid-run (as its
+    node's shutdown ends it): its driver exit code is 143, so `submit --retries` sees a
+    preemption and the next attempt resumes from the last checkpoint."""
+    name = "sigfit1"
+    log = tmp_path / "submit.txt"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "raylight.cli", "submit", "--address", head.url, "-d", JOB_CODE, "--env", f"STORE={tmp_path}",
+             "--env", "BLOCK_AFTER=1", "--name", name, "--retries", "1", "--", "python", "train_job.py", "3"],
+            env=_env(RAY_AUTH_MODE="token"), stdout=out, stderr=subprocess.STDOUT, text=True,
+        )
+        try:
+            committed = tmp_path / name / "checkpoints" / "checkpoint_000001" / "meta.json"
+            wait_until(lambda: committed.exists() and (tmp_path / "driver.pid").exists(), 150, "checkpoint 1", proc=proc)
+            os.kill(int((tmp_path / "driver.pid").read_text()), signal.SIGTERM)
+            proc.wait(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+    text = log.read_text()
+    assert proc.returncode == 0, text[-4000:]
+    assert f"{name}: FAILED, exit code 143" in text and "terminated (SIGTERM; exit code 143)" in text, text[-4000:]
+    assert f"submitted {name}-retry1" in text and "LOOP starts at epoch 2" in text and "epochs [0, 1, 2]" in text, text[-4000:]
 
 
 RAY_CLIENT_DRIVER = """

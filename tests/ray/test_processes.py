@@ -14,7 +14,7 @@ import tempfile
 import pytest
 
 from tests.conftest import REPO, _ray_processes
-from tests.helpers import ctrl_c_reaches_child, wait_until
+from tests.helpers import ctrl_c_reaches_child, pid_alive, process_tree, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 # @pytest.mark.beside: a test with no timer or deadline, run beside the rest (tests/conftest.py BESIDE)
@@ -108,6 +108,76 @@ def test_ctrl_c_on_the_driver_leaves_no_processes(tmp_path, ray_cluster):
     assert proc.returncode != 0 and "KeyboardInterrupt" in out
     wait_until(lambda: not _ray_processes(temp_dir), 60, "the interrupted driver's Ray processes to exit")
     shutil.rmtree(temp_dir)  # kept where the test failed, with the driver's Ray logs
+
+
+def test_a_sigterm_stops_the_driver_in_order_and_it_exits_143(tmp_path):
+    """What a node being preempted does to its driver: the run stops as Ctrl-C stops it
+    (workers stopped, the committed checkpoint kept, the status written) and the driver
+    exits 143, as a shell reports SIGTERM, not Ray's sys.exit(15)."""
+    temp_dir = tempfile.mkdtemp(prefix="rl-term-", dir="/tmp")
+    run = tmp_path / "runs" / "resumable"
+    marker = run / "checkpoints" / "checkpoint_000002" / "meta.json"
+    cmd = [sys.executable, "-m", "tests.ray.resume_driver", str(tmp_path / "runs"), temp_dir, "0", str(tmp_path / "log")]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(marker.exists, 120, "checkpoint 2", proc)
+        tree = [p for p in process_tree(proc.pid) if p != proc.pid]  # embedded Ray and the workers
+        assert len(tree) >= 4, tree
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 143, out[-3000:]
+    assert "got SIGTERM: stopping the run" in out and "Traceback" not in out, out[-3000:]
+    status = json.loads((run / "status.json").read_text())
+    assert marker.exists() and status["checkpoint"] is not None, status  # the committed checkpoints are kept
+    assert status["state"] == "failed" and "SIGTERM" in status["error"], status
+    wait_until(lambda: not [p for p in tree if pid_alive(p)], 30, f"the driver's processes {tree} to exit")
+    assert os.listdir(temp_dir) == []  # the embedded cluster's session directory went with it
+    shutil.rmtree(temp_dir)  # kept where the test failed, with the driver's Ray logs
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie waits for whoever reaps it here)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_sigkilled_driver_s_embedded_cluster_dies_with_it_and_leaves_no_session_dir(tmp_path):
+    """Every process of the embedded cluster, recorded by PID before the kill (GCS,
+    raylet, Ray's dashboard and runtime-env agents, the workers), is gone within 15 s of
+    the driver's SIGKILL (Ray's agents outlived it by 20-63 s), and so is its session
+    directory."""
+    temp_dir = tempfile.mkdtemp(prefix="rl-kill-", dir="/tmp")
+    marker = tmp_path / "runs" / "resumable" / "checkpoints" / "checkpoint_000002" / "meta.json"
+    cmd = [sys.executable, "-m", "tests.ray.resume_driver", str(tmp_path / "runs"), temp_dir, "0", str(tmp_path / "log")]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(marker.exists, 120, "checkpoint 2", proc)
+        tree = {p: _title(p) for p in process_tree(proc.pid) if p != proc.pid}
+        assert {"ray::DashboardAgent", "ray::RuntimeEnvAgent"} <= set(tree.values()), tree
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+    try:
+        wait_until(lambda: not [p for p in tree if _running(p)], 15, "the killed driver's Ray processes to exit")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: left {[tree[p] for p in tree if _running(p)]}") from None
+    wait_until(lambda: os.listdir(temp_dir) == [], 15, f"its session directory to go (left: {os.listdir(temp_dir)})")
+    shutil.rmtree(temp_dir)  # kept where the test failed, with the driver's Ray logs
+
+
+def _title(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline") as f:
+            return f.read().split("\0")[0]
+    except OSError:
+        return "?"
 
 
 def segments(steps):

@@ -138,9 +138,36 @@ def test_what_is_retried():
     assert "node died" in submission.retry_reason("FAILED", "JOB_SUPERVISOR_ACTOR_DIED", None)
     assert submission.retry_reason("FAILED", "JOB_ENTRYPOINT_COMMAND_ERROR", 1) is None  # a normal failure
     assert submission.retry_reason("FAILED", "RUNTIME_ENV_SETUP_FAILURE", None) is None
-    assert submission.retry_reason("FAILED", "JOB_ENTRYPOINT_COMMAND_ERROR", -9) is None  # OOM killer: again would OOM
     assert submission.retry_reason("STOPPED", None, -15) is None  # the user stopped it
     assert submission.retry_reason("SUCCEEDED", None, 0) is None
+
+
+# What Ray 2.60's job manager writes when the driver's node dies (GenNodeDiedCause).
+NODE_DIED = (
+    "Job supervisor actor died: The actor died unexpectedly before finishing this task.\n"
+    "\tclass_name: JobSupervisor\n\tactor_id: 7bc4\n\tpid: 4242\n\tip: 127.0.0.1\n"
+    "The actor died because its node has died. Node Id: 0a1b\n"
+    "\tthe actor's node was {how}: {what}"
+)
+
+
+def test_a_driver_ended_by_a_signal_or_its_node_s_death_is_preempted_and_a_user_error_is_not():
+    # raylight's own driver after an orderly stop (143); a plain one SIGTERMed (-15, or
+    # 143 through a shell); SIGKILL after the grace period (-9, 137)
+    for code, name in ((143, "SIGTERM"), (-15, "SIGTERM"), (-9, "SIGKILL"), (137, "SIGKILL")):
+        reason = submission.retry_reason("FAILED", "JOB_ENTRYPOINT_COMMAND_ERROR", code)
+        assert reason is not None and name in reason and str(code) in reason, (code, reason)
+    preempted = NODE_DIED.format(how="preempted", what="spot instance reclaimed")
+    reason = submission.retry_reason("FAILED", "JOB_SUPERVISOR_ACTOR_UNKNOWN_FAILURE", None, preempted)
+    assert reason is not None and "node was preempted" in reason and "spot instance reclaimed" in reason
+    lost = NODE_DIED.format(how="terminated unexpectedly", what="health check failed due to missing too many heartbeats")
+    reason = submission.retry_reason("FAILED", "JOB_SUPERVISOR_ACTOR_DIED", None, lost)
+    assert reason is not None and "node died" in reason and "missing too many heartbeats" in reason
+    # a user's error: exit 1, whatever its logs (which Ray puts in the message) say
+    assert submission.retry_reason("FAILED", "JOB_ENTRYPOINT_COMMAND_ERROR", 1, f"failed with exit code 1\n{lost}") is None
+    assert submission.retry_reason("FAILED", "JOB_ENTRYPOINT_COMMAND_ERROR", 2) is None
+    assert submission.retry_reason("FAILED", "RUNTIME_ENV_SETUP_FAILURE", None, "pip install failed") is None
+    assert submission.retry_reason("STOPPED", None, 143) is None  # the user stopped it
 
 
 def test_exit_codes():
@@ -246,6 +273,85 @@ def test_submit_to_an_unreachable_address_exits_2_naming_the_timeout():
     assert "--connect-timeout=1.5s" in " ".join(out.output.split())
 
 
+class _JobsAPI:
+    """A Jobs API on 127.0.0.1 that answers Ray's client as a head does right after `ray
+    start --head`: its version, then '500 No available agent...' to the first ``refusals``
+    submissions (every one, with None), then the submission id."""
+
+    def __init__(self, refusals: int | None) -> None:
+        import http.server
+        import threading
+
+        api = self
+        self.refusals, self.posts = refusals, 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self, code: int, body: bytes, kind: str = "application/json") -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                if self.path == "/api/version":
+                    self._answer(200, json.dumps({"version": "4", "ray_version": "2.60.0", "ray_commit": "x"}).encode())
+                elif self.path == "/api/jobs/":
+                    self._answer(200, b"[]")  # no jobs yet
+                else:
+                    self._answer(404, b"{}")
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                api.posts += 1
+                if api.refusals is None or api.posts <= api.refusals:
+                    self._answer(500, b"No available agent to submit job, please try again later.", "text/plain")
+                else:
+                    sid = body["submission_id"]
+                    self._answer(200, json.dumps({"job_id": sid, "submission_id": sid}).encode())
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, name="fake-jobs-api", daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(10)
+
+
+@pytest.fixture
+def jobs_api(request):
+    api = _JobsAPI(request.param)
+    yield api
+    api.close()
+
+
+@pytest.mark.parametrize("jobs_api", [3], indirect=True)
+def test_no_available_agent_is_asked_again_within_the_connect_timeout(jobs_api, monkeypatch):
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    slept: list[float] = []
+    client = submission.JobsClient(jobs_api.url, connect_timeout_s=30, sleep=slept.append)
+    sub = submission.build_submission(["python", "t.py"], name="agent1")
+    assert client.submit(sub, 0) == "agent1"
+    assert jobs_api.posts == 4 and slept == [0.5, 1.0, 2.0]  # backing off between the answers
+
+
+@pytest.mark.parametrize("jobs_api", [None], indirect=True)
+def test_no_available_agent_until_the_connect_timeout_says_what_is_wrong(jobs_api, monkeypatch):
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    out = _submit("-u", jobs_api.url, "--connect-timeout", "1.5", "--name", "agent2", "--", "python", "t.py")
+    text = " ".join(out.output.split())
+    assert out.exit_code == 2, out.output
+    assert "No available agent to submit job" in text and "--connect-timeout=1.5s" in text, text
+    assert "dashboard_agent.log" in text and jobs_api.posts >= 2, text
+
+
 class _Status:
     def __init__(self, value: str) -> None:
         self.value = value
@@ -254,6 +360,7 @@ class _Status:
 class _Info:
     def __init__(self, status: str, code: int | None, error: str | None = None) -> None:
         self.status, self.driver_exit_code, self.error_type = _Status(status), code, error
+        self.message: str | None = None
 
 
 class _FakeClient:

@@ -217,6 +217,8 @@ LAYERS = [
     ("base", [
         "raylight.base.clock", "raylight.base.exceptions", "raylight.base.exit_codes", "raylight.config", "raylight.base.verbosity",
         "raylight.driver._embedded_agent",  # a script Ray's raylet runs; it imports no raylight module
+        "raylight.driver._reaper",  # a script the embedded cluster starts; it imports no raylight module
+        "raylight.driver.termination",
         # the wings' packages: their __init__ only says what the wing owns
         "raylight.base", "raylight.storage", "raylight.worker", "raylight.worker.hvd", "raylight.driver",
     ]),

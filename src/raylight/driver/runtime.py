@@ -5,7 +5,8 @@ network address), keeps Ray's token authentication on (the default of the Ray ve
 raylight requires: a new local cluster gets a token, ``~/.ray/auth_token``, which raylight
 creates 0600 where Ray would create it readable by all, ``base.ray_token``), warns when
 ``RAY_AUTH_MODE=disabled`` turns it off or the token file is open to other users, and is
-shut down at exit.
+shut down at exit. Its processes die with the driver however it ends (a reaper process
+watches it, ``_reaper.py``), and its session directory goes with them.
 ``ray.init()`` with no address may attach to some other cluster on the machine, so
 raylight never calls it that way: no address means embedded, ``"auto"`` means "the
 running cluster".
@@ -17,7 +18,10 @@ import atexit
 import logging
 import os
 import socket
+import subprocess
+import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,6 +33,7 @@ import ray
 from raylight.base import ray_token, verbosity
 from raylight.base.exceptions import ClusterConnectionError
 from raylight.base.net import is_loopback
+from raylight.driver import _reaper, termination
 
 log = logging.getLogger("raylight")
 
@@ -69,6 +74,68 @@ class RayRuntime:
 
 
 _started_embedded: list[str] = []  # the GCS address of the cluster raylight started
+REAPER = Path(__file__).with_name("_reaper.py")
+
+
+@dataclass
+class EmbeddedSession:
+    """What the embedded cluster's processes carry (``_reaper.EMBEDDED_ENV``), its session
+    directory, and the reaper watching this driver for it."""
+
+    token: str
+    session_dir: str
+    reaper: subprocess.Popen[bytes] | None
+
+
+_embedded_session: list[EmbeddedSession] = []
+
+
+@contextmanager
+def _marked_env(token: str) -> Iterator[None]:
+    """``_reaper.EMBEDDED_ENV=token`` in this process's environment while ``ray.init``
+    starts the GCS and the raylet (which pass it on to all they start), and only then."""
+    before = os.environ.get(_reaper.EMBEDDED_ENV)
+    os.environ[_reaper.EMBEDDED_ENV] = token
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(_reaper.EMBEDDED_ENV, None)
+        else:
+            os.environ[_reaper.EMBEDDED_ENV] = before
+
+
+def _start_reaper(token: str) -> EmbeddedSession:
+    """Start the process that ends the embedded cluster when this driver dies (however it
+    dies: SIGKILL included) and removes its session directory (``_reaper.py``)."""
+    node = ray._private.worker._global_node
+    assert node is not None, "called after ray.init started the embedded cluster"
+    session_dir = node.get_session_dir_path()
+    try:
+        reaper: subprocess.Popen[bytes] | None = subprocess.Popen(
+            [sys.executable, str(REAPER), str(os.getpid()), token, session_dir],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a signal to the driver's process group spares it
+        )
+    except OSError as exc:
+        log.warning("could not start the embedded Ray's reaper (%s): a killed driver may leave Ray's agents behind", exc)
+        reaper = None
+    return EmbeddedSession(token, session_dir, reaper)
+
+
+def _end_embedded_session() -> None:
+    """After ``ray.shutdown()``: kill what is left of the cluster (Ray's node agents notice
+    their raylet is gone only later), remove its session directory, stop the reaper."""
+    if not _embedded_session:
+        return
+    session = _embedded_session.pop()
+    left = _reaper.kill_marked(session.token)
+    if left:
+        log.debug("embedded Ray: killed %d process(es) left after shutdown: %s", len(left), left)
+    _reaper.remove_session_dir(session.session_dir)
+    if session.reaper is not None and session.reaper.poll() is None:
+        session.reaper.kill()
+        session.reaper.wait(timeout=10)
 
 
 def _force_loopback() -> None:
@@ -104,7 +171,8 @@ def start_embedded(
     warn_if_auth_disabled()
     ray_token.create_for_new_cluster()  # 0600, where Ray would write it with the umask
     _import_in_background("torch")  # the run needs it next; Ray's start is mostly waiting
-    with _lean_head():
+    token = f"{os.getpid()}-{uuid.uuid4().hex}"
+    with _lean_head(), _marked_env(token):
         ray.init(
             address="local",
             num_cpus=num_cpus,
@@ -115,8 +183,10 @@ def start_embedded(
             _temp_dir=temp_dir,
             _system_config=EMBEDDED_SYSTEM_CONFIG,
         )
+    termination.install()  # in place of ray.init's sys.exit(15)
     address = ray.get_runtime_context().gcs_address
     _started_embedded[:] = [address]
+    _embedded_session[:] = [_start_reaper(token)]
     atexit.register(_shutdown_embedded)
     if os.environ.get(AUTH_MODE_ENV, "").lower() != "token" and not auth_disabled():
         log.warning(
@@ -253,6 +323,7 @@ def _shutdown_embedded() -> None:
     except Exception:  # Ray's internals moved: its own shutdown still stops the monitor
         log.debug("could not stop Ray's monitor before shutdown", exc_info=True)
     ray.shutdown()
+    _end_embedded_session()
 
 
 def _import_in_background(name: str) -> None:
@@ -336,6 +407,7 @@ def connect(address: str | None, *, connect_timeout_s: float = 15.0) -> RayRunti
     ``address`` (or ``default_address()``: RAY_ADDRESS, as in a Ray Job's driver, or a
     cluster launcher's head node), or else start the embedded local one."""
     if ray.is_initialized():
+        termination.install()
         return current()
     source = "address"
     if address is None:
@@ -367,4 +439,5 @@ def connect(address: str | None, *, connect_timeout_s: float = 15.0) -> RayRunti
             f"could not connect to the Ray cluster at {address!r} (from {source}): "
             f"{type(exc).__name__}: {exc}. {fix}"
         ) from None
+    termination.install()  # in place of ray.init's sys.exit(15)
     return current()

@@ -27,6 +27,7 @@ from raylight.config import (
     TrainerConfig,
     validate,
 )
+from raylight.driver import termination
 from raylight.driver.job_env import apply_job_env
 from raylight.driver.loggers import RunLoggers
 from raylight.driver.progress import ProgressDisplay
@@ -193,6 +194,11 @@ class Trainer:
         except BaseException as exc:
             self._record_cost(recorder, meter, prices)
             recorder.close(exc)
+            if termination.received() and not isinstance(exc, termination.Terminated):
+                # The run was stopping for a SIGTERM and something failed on the way (the
+                # cluster may be going too): the exit code still says "terminated".
+                log.warning("while stopping for SIGTERM: %s: %s", type(exc).__name__, exc)
+                raise termination.Terminated() from exc
             raise
         cost = self._record_cost(recorder, meter, prices)
         recorder.close()

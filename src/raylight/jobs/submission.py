@@ -13,17 +13,20 @@ no Ray and are unit-tested; ``JobsClient`` is the one place that talks to the cl
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shlex
 import socket
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from raylight.base import ray_token
+from raylight.base.clock import monotonic
 from raylight.base.exceptions import ClusterConnectionError, ConfigError
-from raylight.base.exit_codes import PREEMPTED_EXIT_CODE
+from raylight.base.exit_codes import KILLED_EXIT_CODE, PREEMPTED_EXIT_CODE, TERMINATED_EXIT_CODE
 from raylight.driver.job_env import (
     CPUS_ENV,
     GPUS_ENV,
@@ -33,15 +36,32 @@ from raylight.driver.job_env import (
     RUN_NAME_ENV,
 )
 
+log = logging.getLogger("raylight")
+
 DASHBOARD_PORT = 8265  # Ray's default port of the dashboard, which serves the Jobs API
 ADDRESS_ENVS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")  # what `ray job submit` reads, in order
 RUN_KEY, ATTEMPT_KEY, PREVIOUS_KEY = "raylight_run", "raylight_attempt", "raylight_previous"
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z")
-# A driver ended by SIGTERM that nobody asked to stop (`jobs stop` ends as STOPPED): the
-# node is going away (spot preemption, scale-down). Popen gives -15; a shell, 128 + 15.
-_SIGTERM_CODES = (-15, 143)
+# A driver ended by a signal nobody asked for (`jobs stop` ends as STOPPED): its node is
+# going away (spot preemption, scale-down), which sends SIGTERM and, after a grace
+# period, SIGKILL. Ray reports -N when the entrypoint was the driver itself, 128 + N when
+# a shell ran it; raylight's own driver exits 143 after an orderly stop.
+_SIGNAL_CODES = {-15: "SIGTERM", TERMINATED_EXIT_CODE: "SIGTERM", -9: "SIGKILL", KILLED_EXIT_CODE: "SIGKILL"}
 _RETRIED_ERRORS = {"JOB_SUPERVISOR_ACTOR_DIED": "the driver's node died"}
+# What Ray writes in a job's message when the driver's node died (the GCS's actor death
+# cause, GcsActorManager::GenNodeDiedCause): "The actor died because its node has died.
+# Node Id: ..." then "\tthe actor's node was preempted: <the drain's message>" (or
+# "terminated expectedly: ...", "terminated unexpectedly: <why>").
+_NODE_DIED, _NODE_REASON, _PREEMPTED = "its node has died", "the actor's node was ", "the actor's node was preempted"
+_ENTRYPOINT_ERROR = "JOB_ENTRYPOINT_COMMAND_ERROR"  # the driver's own exit code; its message holds its logs
+# The Jobs API's answer (500) while the head has no job agent to give the job to yet: the
+# head's dashboard answers before its node's agent has registered (seen right after `ray
+# start --head`, and 30 s after it on a loaded machine). Ray waits 10 s for one before it
+# answers; raylight asks again, AGENT_RETRY_S doubling to AGENT_RETRY_MAX_S between
+# requests, for --connect-timeout from the first such answer.
+NO_AGENT = "No available agent to submit job"
+AGENT_RETRY_S, AGENT_RETRY_MAX_S = 0.5, 5.0
 
 
 def jobs_address(given: str | None, environ: Mapping[str, str] | None = None) -> tuple[str, str]:
@@ -205,17 +225,35 @@ def attempt_metadata(name: str, attempt: int) -> dict[str, str]:
     return meta
 
 
-def retry_reason(status: str, error_type: str | None, exit_code: int | None) -> str | None:
-    """Why an ended attempt is resubmitted, or None: preemption (the driver exits with
-    PREEMPTED_EXIT_CODE, or is ended by a SIGTERM nobody asked for) and the loss of the
-    driver's node are; success, a stop (STOPPED) and every other failure are not."""
+def retry_reason(status: str, error_type: str | None, exit_code: int | None, message: str | None = None) -> str | None:
+    """Why an ended attempt is resubmitted, or None. Preempted: the driver exited with
+    PREEMPTED_EXIT_CODE, or was ended by SIGTERM or SIGKILL that nobody asked for (a
+    node's shutdown sends them; raylight's driver exits 143 after an orderly stop), or
+    Ray says the driver's node died (its error type, or the node-death reason in its
+    message). Success, a stop (STOPPED) and every other failure (a user's error: exit 1)
+    are not retried."""
     if status != "FAILED":
         return None
     if exit_code == PREEMPTED_EXIT_CODE:
         return f"the run was preempted (exit code {PREEMPTED_EXIT_CODE})"
-    if exit_code in _SIGTERM_CODES:
-        return "the driver was terminated (SIGTERM), as on a node being preempted"
+    if exit_code in _SIGNAL_CODES:
+        name = _SIGNAL_CODES[exit_code]
+        return f"the driver was terminated ({name}; exit code {exit_code}), as on a node being preempted"
+    if error_type != _ENTRYPOINT_ERROR and message:  # Ray's own account, not the driver's logs
+        death = _node_death(message)
+        if death is not None:
+            return death
     return _RETRIED_ERRORS.get(error_type or "")
+
+
+def _node_death(message: str) -> str | None:
+    """The reason for retrying that Ray's node-death cause in ``message`` gives, or None."""
+    lines = [line.strip() for line in message.splitlines()]
+    if not any(_NODE_DIED in line for line in lines):
+        return None
+    detail = next((line for line in lines if line.startswith(_NODE_REASON)), None)
+    what = "was preempted" if detail is not None and detail.startswith(_PREEMPTED) else "died"
+    return f"the driver's node {what} (Ray: {detail or next(line for line in lines if _NODE_DIED in line)})"
 
 
 def exit_code(status: str, driver_exit_code: int | None) -> int:
@@ -241,9 +279,13 @@ def probe(url: str, source: str, timeout_s: float) -> None:
 class JobsClient:
     """The one place that talks to Ray Jobs, over ``JobSubmissionClient``."""
 
-    def __init__(self, url: str, *, source: str = "--address", connect_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, url: str, *, source: str = "--address", connect_timeout_s: float = 10.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         probe(url, source, connect_timeout_s)
         ray_token.warn_if_readable_by_others()  # Ray's Jobs client sends it, where token auth is on
+        self.connect_timeout_s, self.sleep = connect_timeout_s, sleep
         try:
             from ray.job_submission import JobSubmissionClient
         except ImportError as exc:
@@ -278,15 +320,38 @@ class JobsClient:
         runtime_env = sub.runtime_env
         if attempt > 0 or sub.resume:
             runtime_env = {**runtime_env, "env_vars": {**runtime_env["env_vars"], RESUME_ENV: "1"}}
-        try:
-            return self.client.submit_job(
-                entrypoint=sub.entrypoint,
-                submission_id=attempt_id(sub.name, attempt),
-                runtime_env=runtime_env,
-                metadata=attempt_metadata(sub.name, attempt),
-            )
-        except (RuntimeError, ValueError) as exc:
-            raise ConfigError(f"Ray Jobs refused the job {attempt_id(sub.name, attempt)!r}: {exc}") from None
+        job_id = attempt_id(sub.name, attempt)
+        began, no_agent_since, answers = monotonic(), None, 0
+        delay = AGENT_RETRY_S
+        while True:
+            try:
+                return str(self.client.submit_job(
+                    entrypoint=sub.entrypoint,
+                    submission_id=job_id,
+                    runtime_env=runtime_env,
+                    metadata=attempt_metadata(sub.name, attempt),
+                ))
+            except (RuntimeError, ValueError) as exc:
+                if NO_AGENT not in str(exc):
+                    raise ConfigError(f"Ray Jobs refused the job {job_id!r}: {exc}") from None
+                now, answers = monotonic(), answers + 1
+                no_agent_since = now if no_agent_since is None else no_agent_since
+                left = self.connect_timeout_s - (now - no_agent_since)
+                if left <= 0:
+                    raise ClusterConnectionError(self._no_agent(job_id, answers, now - began)) from None
+                log.warning("the Ray Jobs API at %s has no job agent yet (%s); asking again", self.url, NO_AGENT)
+                self.sleep(min(delay, left))
+                delay = min(2 * delay, AGENT_RETRY_MAX_S)
+
+    def _no_agent(self, job_id: str, answers: int, waited_s: float) -> str:
+        return (
+            f"could not submit {job_id!r}: the Ray Jobs API at {self.url} answered '500 {NO_AGENT}' "
+            f"{answers} time(s) in {waited_s:.0f}s (asked again for --connect-timeout={self.connect_timeout_s:g}s "
+            "after the first). "
+            "The head's job agent (part of its dashboard agent) has not started or has died: right "
+            "after `ray start --head` wait and submit again, or give it longer with --connect-timeout; "
+            "otherwise see the head's dashboard_agent.log (in its session's logs directory)"
+        )
 
     def first_attempt(self, sub: Submission) -> int:
         """0 for a new name; with --resume, the attempt after those the cluster holds."""
@@ -340,7 +405,7 @@ def run(client: JobsClient, sub: Submission, *, wait: bool, write: Callable[[str
         status = info.status.value
         code = exit_code(status, info.driver_exit_code)
         error = getattr(info.error_type, "value", info.error_type)
-        reason = retry_reason(status, error, info.driver_exit_code)
+        reason = retry_reason(status, error, info.driver_exit_code, info.message)
         say(f"{job_id}: {status}" + (f", exit code {code}" if status != "SUCCEEDED" else ""))
         if reason is None:
             return code

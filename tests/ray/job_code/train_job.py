@@ -4,11 +4,14 @@
 
 Trains a tiny loop on one worker, checkpointing every epoch. With PREEMPT_AT=E, a first
 attempt (no checkpoint to start from) stops at epoch E and exits with raylight's
-"preempted, resume me" code, as a run that cannot go on after a preemption does.
+"preempted, resume me" code, as a run that cannot go on after a preemption does. With
+BLOCK_AFTER=E, a first attempt writes its driver's pid to STORE/driver.pid and waits after
+epoch E's checkpoint until something ends it (a test's SIGTERM, as a node's shutdown sends).
 """
 
 import os
 import sys
+import threading
 
 import ray
 
@@ -26,10 +29,18 @@ def loop(ctx, config):
         if ckpt is None and epoch == config["preempt_at"]:
             raise RuntimeError("preempted")
         ctx.report({"epoch": epoch}, checkpoint={"epoch": epoch})
+        if ckpt is None and epoch == config["block_after"]:
+            threading.Event().wait(600)
 
 
 def main() -> int:
-    config = {"epochs": int(sys.argv[1]), "preempt_at": int(os.environ.get("PREEMPT_AT", "-1"))}
+    config = {
+        "epochs": int(sys.argv[1]), "preempt_at": int(os.environ.get("PREEMPT_AT", "-1")),
+        "block_after": int(os.environ.get("BLOCK_AFTER", "-1")),
+    }
+    if config["block_after"] >= 0 and os.environ.get("RAYLIGHT_RESUME") != "1":
+        with open(os.path.join(os.environ["STORE"], "driver.pid"), "w") as f:
+            f.write(str(os.getpid()))
     try:
         result = raylight.fit(
             loop, config=config, num_workers=1, resources_per_worker={"CPU": 1},
