@@ -250,6 +250,8 @@ case("config-embed-cnn-key", "config", CHECK, ["input_features.3.text.encoder", 
 case("config-transformer-heads", "config", CHECK, ["input_features.3.text.encoder", "hidden_size 256 is not a multiple of num_heads 6"], setup=edited("{name: note, type: text}", "{name: note, type: text, encoder: {type: transformer, num_heads: 6}}"))
 case("config-rnn-activation", "config", CHECK, ["input_features.3.text.encoder", "activation: the rnn encoder's layers take fc_activation"], setup=edited("{name: note, type: text}", "{name: note, type: text, encoder: {type: rnn, activation: sigmoid}}"))
 case("config-vector-passthrough-layers", "config", CHECK, ["input_features.0.vector.encoder", "a passthrough encoder has no layers"], setup=edited("{name: age, type: number}", "{name: age, type: vector, encoder: {type: passthrough, fc_layers: [{output_size: 4}]}}"))
+case("config-too-many-outputs", "config", CHECK, ["output_features: List should have at most 64 items", "not 300", "(got a list of 300 items)"],
+     setup=edited("  - {name: label, type: binary}\n", "".join(f"  - {{name: o{i}, type: number, column: price}}\n" for i in range(300))))
 case("render-unknown-key", "config", RENDER, ["combiner.layers: unknown key"], setup=edited("fc_layers:", "layers:"))
 
 # -- --set overrides -----------------------------------------------------------------------
@@ -360,6 +362,12 @@ case("odd-reserved-feature-names", "odd", TRAIN, ["model:"], code=0, writes=True
 case("odd-unicode-names", "odd", TRAIN, ["model:"], code=0, writes=True, setup=both(
     config_text(BASE_CONFIG.replace("{name: city, type: category}", "{name: 'ville é', type: category}")),
     data_frame(lambda df: df.rename(columns={"city": "ville é"}))))
+case("odd-null-sections", "odd", CHECK, ["ok:"], code=0, setup=both(
+    edited("{name: age, type: number}", "{name: age, type: number, preprocessing: null}"),
+    edited("{name: note, type: text}", "{name: note, type: text, encoder: null}"),
+    edited("batch_size: 16", "batch_size: 16, optimizer: null, learning_rate_scheduler: null"),
+    edited("{split: {type: random, probabilities: [0.7, 0.1, 0.2]}}", "{split: null}"),
+    edited("backend: {type: local}", "backend: {type: local, trainer: null}")))
 case("odd-parquet-directory", "odd", [*CHECK[:4], "{tmp}/parts.parquet"], ["ok:"], code=0, setup=lambda ws: _parquet_dir(ws))
 case("odd-missing-values-everywhere", "odd", CHECK, ["ok:"], code=0, setup=data_frame(lambda df: df.mask(np.random.default_rng(1).random(df.shape) < 0.2).assign(label=base_frame()["label"])))
 case("odd-diverging-lr", "odd", TRAIN, ["training diverged", "trainer.learning_rate"], code=1, writes=True, setup=both(
