@@ -443,13 +443,22 @@ def loop_settings(config: ModelConfig, prepared: Prepared, *, on_ray: bool) -> t
             64 if auto_batch else t.batch_size,
         )
         adaptive = None
+    batch = 64 if auto_batch else int(t.batch_size)
+    rows = len(prepared.train) if not isinstance(prepared.train, dict) else len(next(iter(prepared.train.values())))
+    if not auto_batch and 0 < rows < batch:  # a valid input: one batch of every row
+        log.warning(
+            "trainer.batch_size %d is larger than the %d rows of the training split; training with "
+            "batch_size %d (the whole split each step). Set trainer.batch_size to at most %d to choose it yourself",
+            batch, rows, rows, rows,
+        )
+        batch = rows
     loop_config = {
         "model_config": config.model_dump(mode="json"),
         "meta": prepared.meta,
         "train": prepared.train,
         "validation": prepared.validation,
         "learning_rate": DEFAULT_LR[t.optimizer.type] if t.learning_rate == "auto" else float(t.learning_rate),
-        "batch_size": 64 if auto_batch else int(t.batch_size),
+        "batch_size": batch,
         "adaptive": adaptive is not None,
     }
     return loop_config, adaptive
