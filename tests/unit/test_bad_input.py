@@ -3,7 +3,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -32,3 +37,75 @@ def test_a_batch_larger_than_the_training_split_is_clamped_and_said(tmp_path, ca
         ]
     else:
         assert said == []
+
+
+@pytest.fixture(scope="module")
+def reference_model(tmp_path_factory):
+    from tests.adversarial import train_reference_model
+
+    return train_reference_model(str(tmp_path_factory.mktemp("reference")))
+
+
+_SPY = """
+import sys
+import importlib
+m = importlib.import_module("raylight.cli.main")
+real = m._fail
+def spy(exc):
+    print("torch imported at the error:", "torch" in sys.modules, file=sys.stderr)
+    real(exc)
+m._fail = spy
+sys.argv = ["raylight", *sys.argv[1:]]
+m.main()
+"""
+
+
+def _truncate(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(path, "wb") as f:
+        f.write(data[: len(data) // 2])
+
+
+def _write(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+BROKEN_MODELS = {
+    "no-model-json": (lambda d: os.remove(os.path.join(d, "model.json")), "no model.json"),
+    "model-json-garbage": (lambda d: _write(os.path.join(d, "model.json"), b"{nope"), "not valid JSON"),
+    "model-json-future": (lambda d: _edit(d, lambda m: m.update(format=99)), "format 99"),
+    "model-json-bad-config": (lambda d: _edit(d, lambda m: m["config"]["trainer"].update(epochs=-1)), "trainer.epochs"),
+    "weights-missing": (lambda d: os.remove(os.path.join(d, "weights.safetensors")), "is missing"),
+    "weights-truncated": (lambda d: _truncate(os.path.join(d, "weights.safetensors")), "cannot be read"),
+    "weights-garbage": (lambda d: _write(os.path.join(d, "weights.safetensors"), os.urandom(300)), "cannot be read"),
+    "weights-empty": (lambda d: _write(os.path.join(d, "weights.safetensors"), b""), "cannot be read"),
+}
+
+
+def _edit(model_dir, change):
+    path = os.path.join(model_dir, "model.json")
+    with open(path) as f:
+        saved = json.load(f)
+    change(saved)
+    with open(path, "w") as f:
+        json.dump(saved, f)
+
+
+@pytest.mark.parametrize("command", ["predict", "evaluate"])
+@pytest.mark.parametrize("damage", sorted(BROKEN_MODELS))
+def test_a_broken_model_directory_is_named_before_torch_is_imported(tmp_path, reference_model, command, damage):
+    model = str(tmp_path / "model")
+    shutil.copytree(reference_model, model)
+    change, fragment = BROKEN_MODELS[damage]
+    change(model)
+    ws = Workspace(str(tmp_path / "ws"))
+    res = subprocess.run(
+        [sys.executable, "-c", _SPY, command, "--model-path", model, "--dataset", ws.data],
+        capture_output=True, text=True, timeout=120,
+    )
+    text = " ".join(res.stderr.split())
+    assert res.returncode == 2, res.stderr
+    assert fragment in text and model in text, res.stderr
+    assert "torch imported at the error: False" in text, res.stderr

@@ -25,6 +25,7 @@ from raylight.declarative.config import OUTPUT_TYPES, ModelConfig
 from raylight.declarative.dataset import expand, read_pandas
 from raylight.declarative.features import infer_type
 from raylight.declarative.loading import render_config
+from raylight.declarative.model_dir import check_model_dir
 from raylight.declarative.preprocess import (
     balance_block,
     balance_quotas,
@@ -510,10 +511,12 @@ def predict(model_path: str, dataset: str, output: str | None) -> pd.DataFrame |
     """Predictions for every row of ``dataset``, in order. Under a launcher each process
     predicts its share of the rows and rank 0 writes (and returns) them all; the other
     ranks return None."""
-    from raylight.declarative.train import load_model
-
+    check_model_dir(model_path)  # the files, before torch is imported: a broken model is named at once
+    expand(dataset)
     if output:
         check_output_file(output, "--output", FRAME_FORMATS)
+    from raylight.declarative.train import load_model
+
     model = load_model(model_path)
     df = read_pandas(dataset)
     with _launched_group() as launch:
@@ -556,6 +559,8 @@ def evaluate(model_path: str, dataset: str) -> dict[str, float] | None:
     """Metrics of the model on ``dataset``. Under a launcher each process evaluates its
     share of the rows, the sums are added up, and rank 0 returns the metrics (the other
     ranks None)."""
+    check_model_dir(model_path)  # the files, before torch is imported: a broken model is named at once
+    expand(dataset)
     from raylight.declarative.train import load_model
 
     model, df = load_model(model_path), read_pandas(dataset)
