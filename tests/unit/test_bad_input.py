@@ -109,3 +109,24 @@ def test_a_broken_model_directory_is_named_before_torch_is_imported(tmp_path, re
     assert res.returncode == 2, res.stderr
     assert fragment in text and model in text, res.stderr
     assert "torch imported at the error: False" in text, res.stderr
+
+
+def test_the_deepspeed_keys_raylight_and_its_users_write_are_known():
+    """The check reads DeepSpeed's own schema: what raylight writes into the engine's
+    config (engine_config) and common users' settings pass; a typo does not."""
+    from raylight.config.schema import DEEPSPEED_BATCH_KEYS, ZERO_SIZES
+    from raylight.worker.strategies.deepspeed_keys import check_keys
+
+    check_keys({
+        **{k: "auto" for k in DEEPSPEED_BATCH_KEYS},
+        "gradient_clipping": 1.0, "zero_allow_untested_optimizer": True, "zero_force_ds_cpu_optimizer": False,
+        "managed_gradient_accumulation": False, "bf16": {"enabled": False}, "steps_per_print": 10,
+        "wall_clock_breakdown": False, "activation_checkpointing": {}, "tensorboard": {"enabled": False},
+        "zero_optimization": {
+            **{k: 1000 for k in ZERO_SIZES}, "stage": 3, "overlap_comm": True, "contiguous_gradients": True,
+            "stage3_param_persistence_threshold": 0, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+            "offload_param": {"device": "cpu"},
+        },
+    })
+    with pytest.raises(ValueError, match=r"config zero_optimization\.overlap_com: unknown DeepSpeed key .* did you mean 'overlap_comm'\?"):
+        check_keys({"zero_optimization": {"overlap_com": True}})
