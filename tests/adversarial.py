@@ -471,6 +471,8 @@ API_CASES = [
             ["config bogus_top: unknown DeepSpeed key", "remove the key"]),
     ApiCase("api-deepspeed-batch-typo", FIT + "num_workers=1, address='127.0.0.1:1', strategy=raylight.DeepSpeed(config={'train_micro_batch_size': 4}))", "ConfigError",
             ["config train_micro_batch_size: unknown DeepSpeed key", "did you mean 'train_micro_batch_size_per_gpu'?"]),
+    ApiCase("api-logger-dir-under-a-file", "open('{tmp}/afile', 'w').close()\n" + FIT + "num_workers=0, loggers=[{'type': 'tensorboard', 'log_dir': '{tmp}/afile/tb'}])", "ConfigError",
+            ["the tensorboard logger's log_dir", "afile/tb", "is a file, not a directory"]),
     ApiCase("api-threads-zero", "raylight.ScalingConfig(threads_per_worker=0)", "ValidationError", ["threads_per_worker"]),
     ApiCase("api-load-model-missing", "raylight.load_model('{tmp}/nomodel')", "ConfigError", ["nomodel", "does not exist"]),
     ApiCase("api-unreachable-address", FIT + "num_workers=1, address='127.0.0.1:1')", "ClusterConnectionError", ["127.0.0.1:1", "connect_timeout_s"]),
