@@ -250,6 +250,8 @@ case("config-embed-cnn-key", "config", CHECK, ["input_features.3.text.encoder", 
 case("config-transformer-heads", "config", CHECK, ["input_features.3.text.encoder", "hidden_size 256 is not a multiple of num_heads 6"], setup=edited("{name: note, type: text}", "{name: note, type: text, encoder: {type: transformer, num_heads: 6}}"))
 case("config-rnn-activation", "config", CHECK, ["input_features.3.text.encoder", "activation: the rnn encoder's layers take fc_activation"], setup=edited("{name: note, type: text}", "{name: note, type: text, encoder: {type: rnn, activation: sigmoid}}"))
 case("config-vector-passthrough-layers", "config", CHECK, ["input_features.0.vector.encoder", "a passthrough encoder has no layers"], setup=edited("{name: age, type: number}", "{name: age, type: vector, encoder: {type: passthrough, fc_layers: [{output_size: 4}]}}"))
+case("config-too-many-outputs", "config", CHECK, ["output_features: List should have at most 64 items", "not 300", "(got a list of 300 items)"],
+     setup=edited("  - {name: label, type: binary}\n", "".join(f"  - {{name: o{i}, type: number, column: price}}\n" for i in range(300))))
 case("render-unknown-key", "config", RENDER, ["combiner.layers: unknown key"], setup=edited("fc_layers:", "layers:"))
 
 # -- --set overrides -----------------------------------------------------------------------
@@ -288,6 +290,9 @@ case("data-text-in-number", "dataset", CHECK, ["column 'age'", "non-numeric", "'
 case("data-inf-in-number", "dataset", CHECK, ["column 'age'", "infinite values", "row 5"], setup=data_frame(set_col("age", np.inf, [5])))
 case("data-neg-inf-in-number", "dataset", CHECK, ["column 'age'", "infinite values"], setup=data_frame(set_col("age", -np.inf, [0])))
 case("data-overflow-in-number", "dataset", CHECK, ["column 'age'", "infinite values"], setup=lambda ws: ws.write(ws.data, ws.read(ws.data).replace("\n", "\n1e400,paris,True,ok ok,1.0,True\n", 1)))
+case("data-huge-in-number", "dataset", CHECK, ["column 'age'", "values too large to train on", "standard deviation overflows", "rescale the column"], setup=data_frame(lambda df: df.assign(age=df["age"] * 1e305)))
+case("data-huge-in-target", "dataset", CHECK, ["column 'price'", "values too large to train on", "mean overflows"], setup=both(edited("{name: label, type: binary}", "{name: price, type: number}"), data_frame(lambda df: df.assign(price=df["price"] * 1e306))))
+case("data-huge-unscaled", "dataset", CHECK, ["column 'age'", "normalization none", "float32 holds at most 3.4e+38", "set normalization zscore or minmax"], setup=both(edited("{name: age, type: number}", "{name: age, type: number, preprocessing: {normalization: none}}"), data_frame(lambda df: df.assign(age=df["age"] * 1e40))))
 case("data-inf-in-target", "dataset", CHECK, ["column 'price'", "output_features", "infinite values"], setup=both(edited("{name: label, type: binary}", "{name: price, type: number}"), data_frame(set_col("price", np.inf, [7]))))
 case("data-ragged-vector-target", "dataset", CHECK, ["column 'label' (output_features 'label', type vector)", "[2, 3] numbers", "set vector_size"], setup=both(edited("{name: label, type: binary}", "{name: label, type: vector}"), data_frame(lambda df: df.assign(label=["1 2"] * (len(df) - 1) + ["1 2 3"]))))
 case("data-text-in-target", "dataset", CHECK, ["column 'price'", "non-numeric", "'expensive'"], setup=both(edited("{name: label, type: binary}", "{name: price, type: number}"), data_frame(set_col("price", "expensive", [2]))))
@@ -360,6 +365,12 @@ case("odd-reserved-feature-names", "odd", TRAIN, ["model:"], code=0, writes=True
 case("odd-unicode-names", "odd", TRAIN, ["model:"], code=0, writes=True, setup=both(
     config_text(BASE_CONFIG.replace("{name: city, type: category}", "{name: 'ville é', type: category}")),
     data_frame(lambda df: df.rename(columns={"city": "ville é"}))))
+case("odd-null-sections", "odd", CHECK, ["ok:"], code=0, setup=both(
+    edited("{name: age, type: number}", "{name: age, type: number, preprocessing: null}"),
+    edited("{name: note, type: text}", "{name: note, type: text, encoder: null}"),
+    edited("batch_size: 16", "batch_size: 16, optimizer: null, learning_rate_scheduler: null"),
+    edited("{split: {type: random, probabilities: [0.7, 0.1, 0.2]}}", "{split: null}"),
+    edited("backend: {type: local}", "backend: {type: local, trainer: null}")))
 case("odd-parquet-directory", "odd", [*CHECK[:4], "{tmp}/parts.parquet"], ["ok:"], code=0, setup=lambda ws: _parquet_dir(ws))
 case("odd-missing-values-everywhere", "odd", CHECK, ["ok:"], code=0, setup=data_frame(lambda df: df.mask(np.random.default_rng(1).random(df.shape) < 0.2).assign(label=base_frame()["label"])))
 case("odd-diverging-lr", "odd", TRAIN, ["training diverged", "trainer.learning_rate"], code=1, writes=True, setup=both(
@@ -452,6 +463,16 @@ API_CASES = [
     ApiCase("api-strategy-unknown", FIT + "num_workers=1, strategy='zero3')", "ConfigError", ["strategy: must be one of ['ddp', 'fsdp', 'deepspeed', 'horovod']", "'zero3'"]),
     ApiCase("api-strategy-option", FIT + "num_workers=1, strategy=dict(name='fsdp', mixed_precision='fp8'))", "ConfigError", ["strategy.fsdp.mixed_precision", "'fp8'"]),
     ApiCase("api-fsdp-memory-storage", "raylight.fit(loop, storage_path='memory://runs', progress=False, num_workers=2, strategy='fsdp')", "ConfigError", ["memory://runs", "checkpoint shards", "checkpoint='full'"]),
+    ApiCase("api-deepspeed-zero-typo", FIT + "num_workers=1, address='127.0.0.1:1', strategy=raylight.DeepSpeed(config={'zero_optimization': {'stage': 2, 'offload_optimiser': {'device': 'cpu'}}}))", "ConfigError",
+            ["config zero_optimization.offload_optimiser: unknown DeepSpeed key", "did you mean 'offload_optimizer'?"]),
+    ApiCase("api-deepspeed-nested-typo", FIT + "num_workers=1, address='127.0.0.1:1', strategy=raylight.DeepSpeed(config={'zero_optimization': {'offload_optimizer': {'device': 'cpu', 'nonsense': 1}}}))", "ConfigError",
+            ["config zero_optimization.offload_optimizer.nonsense: unknown DeepSpeed key", "valid keys here:", "'pin_memory'"]),
+    ApiCase("api-deepspeed-top-level-typo", FIT + "num_workers=1, address='127.0.0.1:1', strategy=raylight.DeepSpeed(config={'bogus_top': 1}))", "ConfigError",
+            ["config bogus_top: unknown DeepSpeed key", "remove the key"]),
+    ApiCase("api-deepspeed-batch-typo", FIT + "num_workers=1, address='127.0.0.1:1', strategy=raylight.DeepSpeed(config={'train_micro_batch_size': 4}))", "ConfigError",
+            ["config train_micro_batch_size: unknown DeepSpeed key", "did you mean 'train_micro_batch_size_per_gpu'?"]),
+    ApiCase("api-logger-dir-under-a-file", "open('{tmp}/afile', 'w').close()\n" + FIT + "num_workers=0, loggers=[{'type': 'tensorboard', 'log_dir': '{tmp}/afile/tb'}])", "ConfigError",
+            ["the tensorboard logger's log_dir", "afile/tb", "is a file, not a directory"]),
     ApiCase("api-threads-zero", "raylight.ScalingConfig(threads_per_worker=0)", "ValidationError", ["threads_per_worker"]),
     ApiCase("api-load-model-missing", "raylight.load_model('{tmp}/nomodel')", "ConfigError", ["nomodel", "does not exist"]),
     ApiCase("api-unreachable-address", FIT + "num_workers=1, address='127.0.0.1:1')", "ClusterConnectionError", ["127.0.0.1:1", "connect_timeout_s"]),

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 
 from raylight.base.exceptions import ClusterConnectionError, ConfigError
+from raylight.cli.options import finite_float
 from raylight.cli.prices import PriceOpt, PricesOpt, price_table
 from raylight.jobs import submission
 
@@ -28,7 +29,7 @@ AddressOpt = Annotated[
         "Default: RAY_API_SERVER_ADDRESS, then RAY_ADDRESS.",
     ),
 ]
-TimeoutOpt = Annotated[float, typer.Option("--connect-timeout", help="Seconds to wait for the address to answer.")]
+TimeoutOpt = Annotated[float, typer.Option("--connect-timeout", help="Seconds to wait for the address to answer.", parser=finite_float)]
 NameArg = Annotated[str, typer.Argument(help="The run's name (its jobs: NAME, NAME-retry1, ...).")]
 
 
@@ -62,8 +63,8 @@ def submit(
     env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE for the job's processes (repeatable).")] = None,
     name: Annotated[str | None, typer.Option(help="The run's name and job id. Default: run-<time>-<hex>.")] = None,
     max_workers: Annotated[int | None, typer.Option("--max-workers", "-m", help="Most workers the run may use (an elastic run's max).")] = None,
-    cpus: Annotated[float | None, typer.Option(help="CPUs per worker.")] = None,
-    gpus: Annotated[float | None, typer.Option(help="GPUs per worker.")] = None,
+    cpus: Annotated[float | None, typer.Option(help="CPUs per worker.", parser=finite_float)] = None,
+    gpus: Annotated[float | None, typer.Option(help="GPUs per worker.", parser=finite_float)] = None,
     retries: Annotated[int, typer.Option(help="Resubmit a preempted job (or one whose node died) up to this many times.")] = 0,
     resume: Annotated[bool, typer.Option(help="Continue the run NAME from its last committed checkpoint.")] = False,
     no_wait: Annotated[bool, typer.Option("--no-wait", help="Return once submitted.")] = False,

@@ -20,6 +20,7 @@ from raylight.base.exceptions import (
     InsufficientResourcesError,
     RaylightError,
 )
+from raylight.cli.options import finite_float
 from raylight.launch.agent import CHANNEL_TIMEOUT_S
 from raylight.launch.driver import INIT_TIMEOUT_S, launch, parse_size
 
@@ -39,13 +40,13 @@ def run(
     ctx: typer.Context,
     nproc: Annotated[str, typer.Option("--nproc", "-n", help="Workers: N, or MIN:MAX for an elastic run.")] = "1",
     module: Annotated[str | None, typer.Option("--module", "-m", help="Run a module as `python -m MODULE` does.")] = None,
-    cpus: Annotated[float, typer.Option(help="CPUs per worker.")] = 1.0,
-    gpus: Annotated[float, typer.Option(help="GPUs per worker (NCCL where the script asks for it).")] = 0.0,
+    cpus: Annotated[float, typer.Option(help="CPUs per worker.", parser=finite_float)] = 1.0,
+    gpus: Annotated[float, typer.Option(help="GPUs per worker (NCCL where the script asks for it).", parser=finite_float)] = 0.0,
     address: Annotated[str | None, typer.Option(help="A Ray cluster's address; default: RAY_ADDRESS, else an embedded local Ray.")] = None,
     max_failures: Annotated[int, typer.Option(help="Restart the whole group this many times after a rank fails (-1: always), as torchrun's --max-restarts.")] = 0,
-    init_timeout: Annotated[float, typer.Option(help="Seconds every rank has to call init_process_group after the first did.")] = INIT_TIMEOUT_S,
-    channel_timeout: Annotated[float, typer.Option(help="Seconds a connection to a rank's agent channel (run_context()) has to authenticate, and each part of a request to arrive.")] = CHANNEL_TIMEOUT_S,
-    resize_interval: Annotated[float | None, typer.Option(help="An elastic run (-n MIN:MAX): seconds between looks for room to grow (default: ScalingConfig.resize_interval_s, 5).")] = None,
+    init_timeout: Annotated[float, typer.Option(help="Seconds every rank has to call init_process_group after the first did.", parser=finite_float)] = INIT_TIMEOUT_S,
+    channel_timeout: Annotated[float, typer.Option(help="Seconds a connection to a rank's agent channel (run_context()) has to authenticate, and each part of a request to arrive.", parser=finite_float)] = CHANNEL_TIMEOUT_S,
+    resize_interval: Annotated[float | None, typer.Option(help="An elastic run (-n MIN:MAX): seconds between looks for room to grow (default: ScalingConfig.resize_interval_s, 5).", parser=finite_float)] = None,
     name: Annotated[str | None, typer.Option(help="The run's name (its directory under the storage path).")] = None,
     storage_path: Annotated[str | None, typer.Option(help="Where run directories go (reports and checkpoints of raylight.run_context()).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue run --name from its last committed checkpoint (raylight.run_context().load_checkpoint() returns it); without one it starts from scratch.")] = False,

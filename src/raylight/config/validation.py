@@ -22,11 +22,21 @@ def format_validation_error(err: ValidationError, *, prefix: str = "") -> str:
         elif kind == "value_error":
             msg = msg.removeprefix("Value error, ")  # our validators name the value already
         elif kind == "literal_error":
-            msg = f"{msg} (got {item.get('input')!r})"
+            msg = f"{msg} (got {_shown(item.get('input'))})"
         elif "input" in item and kind not in {"missing"}:
-            msg = f"{msg} (got {item['input']!r})"
+            msg = f"{msg} (got {_shown(item['input'])})"
         lines.append(f"  {path or '<root>'}: {msg}")
     return "invalid configuration:\n" + "\n".join(lines)
+
+
+def _shown(value: Any, limit: int = 120) -> str:
+    """The value a message quotes, short: a list of 300 features is its length, not its text."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    if isinstance(value, list | tuple | dict):
+        return f"a {type(value).__name__} of {len(value)} items"
+    return text[: limit - 3] + "..."
 
 
 def validate(model: type[M], data: Any, *, prefix: str = "") -> M:

@@ -25,6 +25,7 @@ from raylight.declarative.config import OUTPUT_TYPES, ModelConfig
 from raylight.declarative.dataset import expand, read_pandas
 from raylight.declarative.features import infer_type
 from raylight.declarative.loading import render_config
+from raylight.declarative.model_dir import check_model_dir
 from raylight.declarative.preprocess import (
     balance_block,
     balance_quotas,
@@ -475,13 +476,22 @@ def loop_settings(config: ModelConfig, prepared: Prepared, *, on_ray: bool) -> t
             64 if auto_batch else t.batch_size,
         )
         adaptive = None
+    batch = 64 if auto_batch else int(t.batch_size)
+    rows = len(prepared.train) if not isinstance(prepared.train, dict) else len(next(iter(prepared.train.values())))
+    if not auto_batch and 0 < rows < batch:  # a valid input: one batch of every row
+        log.warning(
+            "trainer.batch_size %d is larger than the %d rows of the training split; training with "
+            "batch_size %d (the whole split each step). Set trainer.batch_size to at most %d to choose it yourself",
+            batch, rows, rows, rows,
+        )
+        batch = rows
     loop_config = {
         "model_config": config.model_dump(mode="json"),
         "meta": prepared.meta,
         "train": prepared.train,
         "validation": prepared.validation,
         "learning_rate": DEFAULT_LR[t.optimizer.type] if t.learning_rate == "auto" else float(t.learning_rate),
-        "batch_size": 64 if auto_batch else int(t.batch_size),
+        "batch_size": batch,
         "adaptive": adaptive is not None,
     }
     return loop_config, adaptive
@@ -531,10 +541,12 @@ def predict(model_path: str, dataset: str, output: str | None) -> pd.DataFrame |
     """Predictions for every row of ``dataset``, in order. Under a launcher each process
     predicts its share of the rows and rank 0 writes (and returns) them all; the other
     ranks return None."""
-    from raylight.declarative.train import load_model
-
+    check_model_dir(model_path)  # the files, before torch is imported: a broken model is named at once
+    expand(dataset)
     if output:
         check_output_file(output, "--output", FRAME_FORMATS)
+    from raylight.declarative.train import load_model
+
     model = load_model(model_path)
     df = read_pandas(dataset)
     with _launched_group() as launch:
@@ -577,6 +589,8 @@ def evaluate(model_path: str, dataset: str) -> dict[str, float] | None:
     """Metrics of the model on ``dataset``. Under a launcher each process evaluates its
     share of the rows, the sums are added up, and rank 0 returns the metrics (the other
     ranks None)."""
+    check_model_dir(model_path)  # the files, before torch is imported: a broken model is named at once
+    expand(dataset)
     from raylight.declarative.train import load_model
 
     model, df = load_model(model_path), read_pandas(dataset)

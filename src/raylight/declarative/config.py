@@ -693,11 +693,6 @@ class ModelConfig(ConfigModel):
 
     _parse_loggers = field_validator("loggers", mode="before")(parse_loggers)
 
-    @field_validator("combiner", "trainer", "preprocessing", "backend", mode="before")
-    @classmethod
-    def _null_section(cls, value: Any) -> Any:
-        return {} if value is None else value  # a section written as null (Ludwig renders backend: null) is its defaults
-
     # What the config as written set itself (``ludwig.own_settings``): the feature-level
     # hyperopt parameters (``set_path``'s ``defaults.<type>...``) leave it alone.
     _own: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)

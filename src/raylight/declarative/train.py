@@ -15,6 +15,13 @@ import torch
 from raylight.declarative.config import ModelConfig
 from raylight.declarative.lr_schedule import Plateau, Schedule, schedule_clock
 from raylight.declarative.metrics import MINIMIZED, metric_key
+from raylight.declarative.model_dir import (
+    MODEL_FILE,
+    MODEL_FORMAT,
+    WEIGHTS_FILE,
+    check_model_dir,
+    damaged_note,
+)
 from raylight.worker.data.blocks import BlockDataset
 
 if TYPE_CHECKING:
@@ -423,12 +430,6 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
             break
 
 
-# Format 2: a decoder per output (``decoders.<output>.*``); format 1's one decoder
-# (``decoder.*``) loads as its one output's.
-MODEL_FILE, WEIGHTS_FILE, MODEL_FORMAT = "model.json", "weights.safetensors", 2
-READ_FORMATS = (1, 2)
-
-
 def save_model(path: str, config: ModelConfig, meta: dict[str, Any], state: dict[str, torch.Tensor]) -> None:
     """``path``/weights.safetensors and ``path``/model.json (config + preprocessing)."""
     from safetensors.torch import save_file
@@ -440,19 +441,6 @@ def save_model(path: str, config: ModelConfig, meta: dict[str, Any], state: dict
         save_file({k: v.contiguous() for k, v in state.items()}, tmp)
     # model.json last: a directory with it is a whole model.
     atomic_write(os.path.join(path, MODEL_FILE), json.dumps({"config": config.model_dump(mode="json"), "meta": meta, "format": MODEL_FORMAT}))
-
-
-def _read_model_json(path: str, damaged: str) -> dict[str, Any]:
-    from raylight.base.exceptions import ConfigError
-    from raylight.declarative.loading import read_text_file
-
-    try:
-        saved = json.loads(read_text_file(path, "model file"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path!r} is not valid JSON ({exc}): {damaged}") from None
-    if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict) or not isinstance(saved.get("meta"), dict):
-        raise ConfigError(f"{path!r} lacks its config and preprocessing metadata: {damaged}")
-    return saved
 
 
 def _build_checked(config: ModelConfig, meta: dict[str, Any], model_json: str, damaged: str) -> torch.nn.Module:
@@ -492,26 +480,8 @@ class LoadedModel:
     """A trained declarative model: ``predict`` and ``evaluate`` in plain Python, no Ray."""
 
     def __init__(self, path: str) -> None:
-        from raylight.base.exceptions import ConfigError
-        from raylight.config.validation import validate
-
-        if not os.path.exists(path):
-            raise ConfigError(f"model path {path!r} does not exist; pass <output-directory>/model of a trained run")
-        if not os.path.isdir(path):
-            raise ConfigError(f"model path {path!r} is a file; pass the model directory, <output-directory>/model")
-        model_json = os.path.join(path, MODEL_FILE)
-        if not os.path.exists(model_json):
-            raise ConfigError(f"{path!r} is not a raylight model directory (no {MODEL_FILE}); pass <output-directory>/model")
-        damaged = f"the model directory {path!r} is damaged or not raylight's; train again, or restore it from the run"
-        saved = _read_model_json(model_json, damaged)
-        fmt = saved.get("format", 1)
-        if fmt not in READ_FORMATS:
-            raise ConfigError(
-                f"{model_json!r} has format {fmt!r}; this raylight reads formats {', '.join(map(str, READ_FORMATS))} "
-                "(a model written by a newer raylight needs that version)"
-            )
-        self.config = validate(ModelConfig, saved["config"], prefix=f"{MODEL_FILE} config")
-        self.meta = saved["meta"]
+        self.config, self.meta = check_model_dir(path)
+        model_json, damaged = os.path.join(path, MODEL_FILE), damaged_note(path)
         self.model = _build_checked(self.config, self.meta, model_json, damaged)
         _load_weights(self.model, os.path.join(path, WEIGHTS_FILE), damaged)
         self.model.eval()

@@ -80,6 +80,10 @@ class RunLoggers:
                     f"{'log_dir' if spec.type == 'tensorboard' else 'tracking_uri' if spec.type == 'mlflow' else 'dir'}"
                 )
 
+            given = spec.log_dir if isinstance(spec, TensorBoard) else spec.dir if isinstance(spec, Wandb) else None
+            if given is not None:
+                check_writable_dir(given, f"RunConfig.loggers: the {spec.type} logger's {'log_dir' if isinstance(spec, TensorBoard) else 'dir'}")
+
     @staticmethod
     def _default_dir(spec: Any) -> bool:
         if isinstance(spec, TensorBoard):
@@ -137,6 +141,21 @@ class RunLoggers:
             logger.close(failed)
         except Exception as exc:
             log.warning("could not close the %s logger: %s: %s", kind, type(exc).__name__, exc)
+
+
+def check_writable_dir(path: str, what: str) -> None:
+    """Before anything is written: ``path`` is a directory that can be written, or can be
+    created (its nearest existing parent is a writable directory)."""
+    if "://" in path and not path.startswith("file://"):
+        return  # an object store: its logger says what it cannot reach
+    target = os.path.abspath(os.path.expanduser(path.removeprefix("file://")))
+    found = target
+    while not os.path.exists(found):
+        found = os.path.dirname(found)
+    if not os.path.isdir(found):
+        raise ConfigError(f"{what} {path!r} cannot be created: {found!r} is a file, not a directory; choose another directory")
+    if not os.access(found, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {path!r} is not writable ({found!r} does not let this user write); choose a directory you can write to")
 
 
 def _local(loggers: RunLoggers, rel: str) -> str:

@@ -143,6 +143,7 @@ class Trainer:
             build_watchers(self.config.failure.preemption_notices)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        check_strategy_config(self.config.scaling.strategy)
         if self.config.scaling.sharded_checkpoints and storage.uri.startswith("memory://"):
             raise ConfigError(
                 f"RunConfig.storage_path {storage.uri.rsplit('/', 1)[0]!r} is this process's memory, "
@@ -451,6 +452,24 @@ class _InProcessSink:
 def _launcher_places(launch: LaunchEnv) -> list[WorkerPlace]:
     per_node = max(launch.local_world_size, 1)
     return [WorkerPlace(r, f"{launch.launcher}-node{r // per_node}", launch.launcher, {"CPU": 1.0}) for r in range(launch.world_size)]
+
+
+def check_strategy_config(strategy: Any) -> None:
+    """What the driver can check of the strategy before Ray starts: a DeepSpeed JSON
+    config's keys, against the DeepSpeed installed here (a driver without DeepSpeed leaves
+    it to the workers, which build the engine)."""
+    if not isinstance(strategy, DeepSpeed) or not strategy.config_dict:
+        return
+    try:
+        from raylight.worker.strategies.deepspeed_keys import check_keys
+    except ImportError:
+        return
+    try:
+        check_keys(strategy.config_dict)
+    except ImportError:
+        log.info("DeepSpeed is not installed where the driver runs: the workers check the config's keys")
+    except ValueError as exc:
+        raise ConfigError(f"strategy DeepSpeed(config=...): {exc}") from None
 
 
 def engine_settings(scaling: ScalingConfig, adaptive: AdaptiveConfig | None) -> Any:

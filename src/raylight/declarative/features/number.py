@@ -86,13 +86,40 @@ def no_statistics(feat: Any, what: str) -> ConfigError:
     )
 
 
+# The largest magnitude training computes with (float32); a column beyond it, unscaled, overflows.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def too_large(feat: Any, low: float, high: float, what: str) -> ConfigError:
+    return ConfigError(
+        f"column {feat.col!r} (feature {feat.name!r}, type number) holds values too large to train on "
+        f"(from {low:.3g} to {high:.3g}): {what}; rescale the column (e.g. divide it by a power of ten) "
+        "or declare it in other units"
+    )
+
+
 def finite_stats(feat: Any, mean: float, std: float, low: float, high: float) -> dict[str, float]:
-    """A number feature's statistics, checked finite; a constant column scales by 1."""
-    if not all(np.isfinite(v) for v in (mean, low, high)):
+    """A number feature's statistics, checked finite; a constant column scales by 1. Finite
+    values so large that their mean, spread or range overflow are named, not scaled by 1."""
+    if not (np.isfinite(low) and np.isfinite(high)):
         raise no_statistics(feat, "mean and range")
-    std = std if np.isfinite(std) and std > 0 else 1.0
-    span = high - low if np.isfinite(high - low) and high > low else 1.0
+    for name, value in (("mean", mean), ("standard deviation", std), ("range", high - low)):
+        if not np.isfinite(value):
+            raise too_large(feat, low, high, f"their {name} overflows float64")
+    std = std if std > 0 else 1.0
+    span = high - low if high > low else 1.0
     return {"mean": float(mean), "std": float(std), "min": float(low), "span": float(span)}
+
+
+def check_unscaled(feat: Any, low: float, high: float) -> None:
+    """An input left unscaled (normalization none) is trained on in float32, as it is."""
+    prep = getattr(feat, "preprocessing", None)
+    if getattr(prep, "normalization", None) == "none" and max(abs(low), abs(high)) > FLOAT32_MAX:
+        raise too_large(
+            feat, low, high,
+            f"with preprocessing.normalization none they reach the model as they are, and float32 holds "
+            f"at most {FLOAT32_MAX:.3g}; set normalization zscore or minmax",
+        )
 
 
 def check(col: pd.Series, feat: Any, kind: str) -> None:
@@ -122,7 +149,11 @@ def check_blocks(summary: pd.DataFrame, feat: Any, kind: str) -> None:
 
 def fit(col: pd.Series, feat: Any) -> dict[str, Any]:
     values = _numeric(col).dropna()
-    meta = finite_stats(feat, float(values.mean()), float(values.std(ddof=0)), float(values.min()), float(values.max()))
+    with np.errstate(over="ignore"):  # an overflow is named by finite_stats
+        mean, std = float(values.mean()), float(values.std(ddof=0))
+    low, high = float(values.min()), float(values.max())
+    meta = finite_stats(feat, mean, std, low, high)
+    check_unscaled(feat, low, high)
     if fills_with_mode(feat):
         meta["mode"] = float(mode(values.value_counts(), feat))
     return meta
@@ -154,6 +185,7 @@ def fit_ray(train: Any, feats: list[Any]) -> dict[str, dict[str, Any]]:
         if n == 0:  # no values in the training split
             raise no_statistics(feat, "mean and range")
         meta[feat.name] = finite_stats(feat, mean, float(np.sqrt(m2 / n)), low, high)
+        check_unscaled(feat, low, high)
     for name, value in modes_ray(train, feats, _numeric).items():
         meta[name]["mode"] = float(value)
     return meta

@@ -1,0 +1,68 @@
+"""Every float option of the `raylight` commands refuses NaN and infinities at parse
+time (raylight.cli.options.finite_float): a usage error, exit 2, naming the option."""
+
+from __future__ import annotations
+
+from typing import Any, get_args
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from raylight.cli import app
+from raylight.cli.options import finite_float
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
+
+
+def _float_options() -> list[tuple[str, Any]]:
+    """(command and option, its typer parameter) for every option annotated float."""
+    found = []
+
+    def walk(cmd: Any, path: str) -> None:
+        for p in cmd.params:
+            annotation = p.type_descriptor.annotation
+            if annotation is float or float in get_args(annotation):
+                found.append((f"{path} {p.opts[0]}".strip(), p))
+        for name, sub in getattr(cmd, "commands", {}).items():
+            walk(sub, f"{path} {name}".strip())
+
+    walk(typer.main.get_command(app), "")
+    return found
+
+
+FLOAT_OPTIONS = _float_options()
+
+
+def test_the_commands_have_float_options_and_all_are_finite():
+    names = [name for name, _ in FLOAT_OPTIONS]
+    assert {"run --cpus", "run --init-timeout", "submit --cpus", "submit --connect-timeout", "jobs list --connect-timeout"} <= set(names)
+    plain = [name for name, p in FLOAT_OPTIONS if p.type_descriptor.parameter_info.parser is not finite_float]
+    assert not plain, f"float options that would take nan: {plain}; give them parser=finite_float"
+
+
+@pytest.mark.parametrize("text", ["nan", "NaN", "inf", "-inf", "1e999"])
+def test_the_parser_refuses_what_is_not_finite(text):
+    with pytest.raises(ValueError, match="not a finite number"):
+        finite_float(text)
+    assert finite_float("1.5") == 1.5
+
+
+@pytest.mark.parametrize("argv,option", [
+    (["run", "--cpus", "nan", "script.py"], "--cpus"),
+    (["run", "--gpus", "inf", "script.py"], "--gpus"),
+    (["submit", "--connect-timeout", "inf", "--address", "http://127.0.0.1:1", "--", "python", "x.py"], "--connect-timeout"),
+    (["jobs", "list", "--connect-timeout", "nan", "--address", "http://127.0.0.1:1"], "--connect-timeout"),
+])
+def test_a_non_finite_flag_is_a_usage_error_naming_the_option(argv, option):
+    result = CliRunner().invoke(app, argv)
+    text = " ".join(result.output.replace("│", " ").split())  # the error box wraps lines
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{option}'" in text and "not a finite number" in text, result.output
+
+
+@pytest.mark.parametrize("flag", ["a=nan", "a=inf", "*=1e999"])
+def test_a_non_finite_price_is_a_usage_error(tmp_path, flag):
+    result = CliRunner().invoke(app, ["report", str(tmp_path), "--price", flag])
+    assert result.exit_code == 2, result.output
+    assert "finite number of USD per hour" in " ".join(result.output.split())
