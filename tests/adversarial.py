@@ -456,6 +456,8 @@ API_CASES = [
     ApiCase("api-custom-resource", FIT + "num_workers=1, resources_per_worker={'CPU': 1, 'TPU': 1})", "InsufficientResourcesError", ["TPU", "address="]),
     ApiCase("api-strict-spread", FIT + "num_workers=2, placement='STRICT_SPREAD')", "InsufficientResourcesError", ["STRICT_SPREAD needs 2 nodes"]),
     ApiCase("api-storage-is-file", "open('{tmp}/afile', 'w').close()\nraylight.fit(loop, storage_path='{tmp}/afile', num_workers=0, progress=False)", "ConfigError", ["afile", "is a file, not a directory", "storage_path"]),
+    ApiCase("api-storage-kernel-refuses", "raylight.fit(loop, storage_path='/proc/raylight-none/runs', num_workers=0, progress=False)", "ConfigError",
+            ["/proc/raylight-none/runs", "'/proc' does not take new directories", "storage_path"]),
     ApiCase("api-config-not-dict", FIT + "num_workers=0, config=[1, 2])", "TypeError", ["must be a dict", "list"]),
     ApiCase("api-loop-not-callable", "raylight.fit(5, num_workers=0, storage_path='{tmp}/runs')", "TypeError", ["train_loop must be callable"]),
     ApiCase("api-hang-timeout-inf", "raylight.FailureConfig(hang_timeout_s=float('inf'))", "ValidationError", ["hang_timeout_s", "finite"]),

@@ -130,6 +130,18 @@ class RunRecorder:
             )
         if parent and not os.access(parent, os.W_OK):
             raise ConfigError(f"cannot create run directory {path!r}: {parent!r} is not writable; fix RunConfig.storage_path")
+        if parent and not os.path.isdir(path):
+            import tempfile
+
+            # os.access says yes where the kernel still refuses (/proc, /sys, a read-only
+            # mount as root): ask the directory itself, leaving nothing behind.
+            try:
+                os.rmdir(tempfile.mkdtemp(prefix=".raylight-probe-", dir=parent))
+            except OSError as exc:
+                raise ConfigError(
+                    f"cannot create run directory {path!r}: {parent!r} does not take new directories "
+                    f"({exc.strerror}); fix RunConfig.storage_path"
+                ) from None
 
     def _reopen(self) -> None:
         """Resume: clean debris, find the newest checkpoint that loads, reload history."""
