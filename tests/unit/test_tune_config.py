@@ -249,7 +249,7 @@ def test_tune_public_surface_snapshot():
     assert list(inspect.signature(rt.trainable).parameters) == [
         "train_loop", "num_workers", "use_gpu", "resources_per_worker", "strategy", "config", "base_config",
     ]
-    assert list(inspect.signature(hyperopt).parameters) == ["config", "dataset", "output_directory", "set_", "quiet", "verbose"]
+    assert list(inspect.signature(hyperopt).parameters) == ["config", "dataset", "output_directory", "set_", "quiet", "verbose", "resume"]
 
 
 def _counting_loop(ctx, config):

@@ -477,7 +477,7 @@ def loop_settings(config: ModelConfig, prepared: Prepared, *, on_ray: bool) -> t
         )
         adaptive = None
     batch = 64 if auto_batch else int(t.batch_size)
-    rows = len(prepared.train) if not isinstance(prepared.train, dict) else len(next(iter(prepared.train.values())))
+    rows = _train_rows(prepared.train)
     if not auto_batch and 0 < rows < batch:  # a valid input: one batch of every row
         log.warning(
             "trainer.batch_size %d is larger than the %d rows of the training split; training with "
@@ -518,6 +518,17 @@ def _plot_learning_curves(history: list[dict[str, Any]], path: str) -> None:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=90, format="png")
     plt.close(fig)
+
+
+def _train_rows(train: Any) -> int:
+    """Rows of the training split as preprocessed here (a frame or a dict of arrays); 0
+    where they are not in this process (object-store references, a Ray dataset)."""
+    if isinstance(train, dict):
+        train = next(iter(train.values()), ())
+    try:
+        return len(train)
+    except TypeError:
+        return 0
 
 
 @contextlib.contextmanager
