@@ -17,16 +17,12 @@ A fix to the order (a GPU index, a teardown, a backend string) goes here, once.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
-
-log = logging.getLogger("raylight")
-
 
 @dataclass(frozen=True)
 class RankInfo:
