@@ -18,8 +18,13 @@ RUN = [b for b in all_blocks() if b.runnable and b.not_run is None]
 TIMEOUT_S = 420
 
 
+# What the session's own Ray cluster, or the person running the tests, set: a block runs as
+# a reader's would, on its own embedded Ray with the default output.
+_DROP = ("RAY_ADDRESS", "RAYLIGHT_VERBOSE", "RAYLIGHT_EMBEDDED_CLUSTER", "RAY_DATA_LOGGING_CONFIG", "RAY_DATA_DISABLE_PROGRESS_BARS")
+
+
 def _env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "PYTEST_"))}
+    env = {k: v for k, v in os.environ.items() if k not in _DROP and not k.startswith("PYTEST_")}
     env["HOME"] = str(home)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH", "")) if p)
