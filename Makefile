@@ -28,7 +28,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 # Two pytest runs at once: the timing-sensitive Ray tests in front, the rest beside at
-# lower CPU priority (tests/suite.py; README, Tests).
+# lower CPU priority (tests/suite.py; docs/testing.md).
 test: lint
 	$(PY) -m tests.suite
 

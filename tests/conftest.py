@@ -43,7 +43,7 @@ one_torch_thread()  # the tests that train in this process (tests/helpers.py)
 # tests/ray/test_elastic.py::test_a_survivor_lost_while_the_group_re_forms...)
 BESIDE = {"test_lightning.py", "test_lightning_sharded.py", "test_lightning_horovod.py", "test_output.py",
           "test_declarative_examples.py", "test_declarative.py", "test_strategies.py", "test_deepspeed.py",
-          "test_loggers.py", "test_security.py"}
+          "test_loggers.py", "test_security.py", "test_doc_blocks.py"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these markers

@@ -59,19 +59,21 @@ def test_exception_in_rank_1_reaches_driver_with_traceback(ray_cluster, tmp_path
     assert pickle.loads(pickle.dumps(err)).rank == 1
 
 
-def test_a_name_error_before_any_report_ends_after_two_attempts_with_its_traceback(ray_cluster, tmp_path):
-    """max_failures=3 would allow three restarts; the second attempt fails the same way
-    before any report, so the run ends then, with the worker's traceback and no advice to
-    raise max_failures."""
+def test_a_name_error_before_the_first_step_ends_the_run_at_once_with_its_traceback(ray_cluster, tmp_path):
+    """max_failures=3 would allow three restarts; a NameError the loop raises before its
+    first step, the same on every rank, is an error in the code that a restart raises
+    again, so the run ends after one attempt, with the worker's traceback, the rule that
+    stopped it and no advice to raise max_failures."""
     attempts = tmp_path / "attempts.txt"
     with pytest.raises(raylight.WorkerError) as info:
         raylight.fit(loops.name_error_loop, config={"attempts": str(attempts)}, num_workers=2, max_failures=3,
                      storage_path=str(tmp_path), name="typo", progress=False)
     err = info.value
-    assert sorted(attempts.read_text().split()) == ["0", "0", "1", "1"], "2 attempts of 2 ranks each"
-    assert err.num_failures == 2 and err.exc_type == "NameError" and "modle" in err.exc_message
+    assert sorted(attempts.read_text().split()) == ["0", "1"], "1 attempt of 2 ranks"
+    assert err.num_failures == 1 and err.exc_type == "NameError" and "modle" in err.exc_message
     assert "name_error_loop" in err.worker_traceback and "Traceback from worker rank" in str(err)
-    assert "the same way on 2 attempts in a row, each before its first report" in str(err)
+    assert "NameError raised by the training loop before its first step" in str(err)
+    assert "stops without retrying (max_failures=3 does not apply to it)" in str(err)
     assert "raise FailureConfig" not in str(err) and "automatically" not in str(err)
 
 

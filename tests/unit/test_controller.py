@@ -602,10 +602,12 @@ def test_trace_rows_report_the_samples_per_second_since_the_previous_row():
 
 
 # -- the same error twice before any report is final at once ------------------------------
+# Not one of the errors in the code that stop a run at once (DETERMINISTIC_ERRORS): a
+# ValueError may depend on the data or the state, so the first failure gets its restart.
 NAME_ERROR = ErrorInfo(
-    "NameError", "name 'modle' is not defined",
+    "ValueError", "bad value for modle",
     'Traceback (most recent call last):\n  File "/x/raylight/worker/context.py", line 9, in run\n'
-    '  File "/home/u/train.py", line 12, in loop\n    modle(x)\nNameError: name \'modle\' is not defined',
+    '  File "/home/u/train.py", line 12, in loop\n    modle(x)\nValueError: bad value for modle',
 )
 
 
@@ -615,13 +617,13 @@ def test_the_failure_policy_stops_at_the_same_error_twice_before_any_report():
     error, a death or a hang, or a first failure after progress: the usual budget. Under
     max_failures=-1 (restarts without limit, asked for) it backs off instead."""
     policy = FailurePolicy(3)
-    first = WorkerFailure(0, "error", "raised NameError", error=NAME_ERROR)
-    again = WorkerFailure(1, "error", "raised NameError", error=NAME_ERROR)  # another rank, the same error
+    first = WorkerFailure(0, "error", "raised ValueError", error=NAME_ERROR)
+    again = WorkerFailure(1, "error", "raised ValueError", error=NAME_ERROR)  # another rank, the same error
     assert isinstance(policy.decide(first, num_failures=1), Restart)
     decision = policy.decide(again, num_failures=2, before_progress=first)
     assert isinstance(decision, Raise) and decision.repeated
-    elsewhere = ErrorInfo("NameError", NAME_ERROR.message, NAME_ERROR.traceback.replace("line 12", "line 40"))
-    other = WorkerFailure(0, "error", "raised NameError", error=elsewhere)
+    elsewhere = ErrorInfo("ValueError", NAME_ERROR.message, NAME_ERROR.traceback.replace("line 12", "line 40"))
+    other = WorkerFailure(0, "error", "raised ValueError", error=elsewhere)
     assert isinstance(policy.decide(other, num_failures=2, before_progress=first), Restart)
     died = WorkerFailure(0, "died", "died (exit code -9)")
     assert isinstance(policy.decide(died, num_failures=2, before_progress=died), Restart)
@@ -633,7 +635,7 @@ def test_the_failure_policy_stops_at_the_same_error_twice_before_any_report():
 def test_the_same_error_before_any_report_ends_the_run_on_the_second_attempt_without_restart_advice(recorder, caplog):
     import logging
 
-    fails = GroupPoll([WorkerPoll(0, "running")], [WorkerFailure(0, "error", "raised NameError: name 'modle' is not defined", error=NAME_ERROR)])
+    fails = GroupPoll([WorkerPoll(0, "running")], [WorkerFailure(0, "error", "raised ValueError: bad value for modle", error=NAME_ERROR)])
     group = FakeGroup([fails, fails, finished()])
     c = make(group, recorder, max_failures=3)
     with caplog.at_level(logging.WARNING, logger="raylight"):
@@ -650,7 +652,7 @@ def test_the_same_error_before_any_report_ends_the_run_on_the_second_attempt_wit
 def test_a_report_between_two_equal_errors_keeps_the_restart_budget(recorder, caplog, tmp_path):
     import logging
 
-    fails = GroupPoll([WorkerPoll(0, "running")], [WorkerFailure(0, "error", "raised NameError", error=NAME_ERROR)])
+    fails = GroupPoll([WorkerPoll(0, "running")], [WorkerFailure(0, "error", "raised ValueError", error=NAME_ERROR)])
     group = FakeGroup([running(ckpt_report(0)), fails, fails, fails, finished()])
     c = make(group, recorder, max_failures=5)
     with caplog.at_level(logging.WARNING, logger="raylight"):
@@ -666,3 +668,91 @@ def test_a_report_between_two_equal_errors_keeps_the_restart_budget(recorder, ca
     c = make(group, other, max_failures=5)
     c.run()
     assert c.state is State.FINISHED and c.num_failures == 2
+
+
+# -- an error in the code before the first step is final at once ---------------------------
+def code_error(exc_type="NameError", message="name 'dataset' is not defined", line=8):
+    return ErrorInfo(
+        exc_type, message,
+        'Traceback (most recent call last):\n  File "/x/raylight/worker/context.py", line 647, in call_train_loop\n'
+        f'  File "/home/u/quick.py", line {line}, in train_loop\n    ctx.prepare_loader(dataset)\n{exc_type}: {message}',
+    )
+
+
+def code_failures(*errors, steps=0):
+    """One poll in which rank i raised errors[i] after ``steps`` batches."""
+    from raylight.worker.protocol import Progress
+
+    polls = [WorkerPoll(r, "errored", progress=Progress(batches_since_start=steps), error=e) for r, e in enumerate(errors)]
+    return GroupPoll(polls, [WorkerFailure(r, "error", f"raised {e.exc_type}: {e.message}", error=e) for r, e in enumerate(errors)])
+
+
+def test_an_error_in_the_code_is_deterministic_only_before_the_first_step_and_the_same_on_every_failed_rank():
+    from raylight.driver.controller.policies import DETERMINISTIC_ERRORS, deterministic_error
+
+    for kind in ("NameError", "TypeError", "AttributeError", "ImportError", "ModuleNotFoundError", "SyntaxError"):
+        assert kind in DETERMINISTIC_ERRORS
+        poll = code_failures(code_error(kind, "x"), code_error(kind, "x"))
+        assert deterministic_error(poll.failures, steps=0, reports=0), kind
+        assert deterministic_error(poll.failures, steps=1, reports=0), f"{kind} at the first step"
+        assert not deterministic_error(poll.failures, steps=2, reports=0), f"{kind} after the first step"
+        assert not deterministic_error(poll.failures, steps=0, reports=1), f"{kind} after a report"
+    one = code_failures(code_error()).failures
+    assert deterministic_error(one, steps=0, reports=0), "the one rank that failed so far"
+    assert not deterministic_error(code_failures(code_error("ValueError", "bad")).failures, steps=0, reports=0)
+    assert not deterministic_error(code_failures(code_error("RuntimeError", "gloo")).failures, steps=0, reports=0)
+    assert not deterministic_error(code_failures(code_error(), code_error(line=9)).failures, steps=0, reports=0), "ranks differ"
+    assert not deterministic_error(code_failures(code_error(), code_error("TypeError", "x")).failures, steps=0, reports=0)
+    died = [*one, WorkerFailure(1, "died", "died (exit code -9)")]
+    assert not deterministic_error(died, steps=0, reports=0), "a death may be the cause"
+    assert not deterministic_error([WorkerFailure(-1, "error", "start failed")], steps=0, reports=0)
+    assert not deterministic_error([], steps=0, reports=0)
+
+
+def test_the_failure_policy_raises_a_deterministic_error_at_once_whatever_the_budget():
+    failure = code_failures(code_error()).failures[0]
+    for budget in (0, 3, -1):
+        decision = FailurePolicy(budget).decide(failure, num_failures=1, deterministic=True)
+        assert isinstance(decision, Raise) and decision.deterministic and not decision.repeated, budget
+    assert isinstance(FailurePolicy(3).decide(failure, num_failures=1), Restart), "otherwise the usual budget"
+
+
+def test_a_name_error_before_the_first_step_ends_the_run_at_once_saying_why(recorder, caplog):
+    """The README's quick start with its dataset undefined: one attempt, no "restarting"
+    line, an error naming the rule and the fix, no advice to raise max_failures."""
+    import logging
+
+    group = FakeGroup([code_failures(code_error(), code_error()), finished()])
+    c = make(group, recorder, max_failures=2)
+    with caplog.at_level(logging.WARNING, logger="raylight"):
+        c.run()
+    assert c.state is State.ERRORED and len(group.starts) == 1 and c.num_failures == 1
+    text = str(c.error)
+    assert isinstance(c.error, WorkerError) and c.error.exc_type == "NameError"
+    assert "NameError raised by the training loop before its first step" in text
+    assert "stops without retrying (max_failures=2 does not apply to it)" in text
+    assert "fix the error in the traceback below" in text and "quick.py\", line 8" in text
+    assert "raise FailureConfig" not in text and "checkpoint" not in text, text
+    assert "restarting" not in caplog.text
+
+
+def test_the_same_name_error_after_the_first_step_keeps_the_restart_budget(recorder):
+    group = FakeGroup([code_failures(code_error(), code_error(), steps=3), finished()])
+    c = make(group, recorder, max_failures=2)
+    c.run()
+    assert c.state is State.FINISHED and c.num_failures == 1 and len(group.starts) == 2
+
+
+def test_the_advice_to_raise_max_failures_names_where_a_restart_would_begin(recorder, tmp_path):
+    """Out of restarts: the advice says a restart begins from the beginning when the run
+    has no checkpoint, never "from the last checkpoint"; with one, it names it."""
+    c = make(FakeGroup([failed("died")]), recorder)
+    c.run()
+    text = str(c.error)
+    assert "raise FailureConfig.max_failures (fit(max_failures=...)) to restart automatically" in text
+    assert "(from the beginning: the run has no checkpoint yet)" in text and "last checkpoint" not in text, text
+    other = RunRecorder(RunStorage(str(tmp_path / "other")), checkpoints_to_keep=2)
+    other.open({}, resume=False)
+    c = make(FakeGroup([running(ckpt_report(0)), failed("died")]), other)
+    c.run()
+    assert "to restart automatically from checkpoint 0." in str(c.error), str(c.error)

@@ -49,7 +49,12 @@ from raylight.driver.controller.decisions import (
     ScalingDecision,
     SetPlan,
 )
-from raylight.driver.controller.policies import FailurePolicy, ScalingPolicy, ScalingView
+from raylight.driver.controller.policies import (
+    FailurePolicy,
+    ScalingPolicy,
+    ScalingView,
+    deterministic_error,
+)
 from raylight.driver.controller.telemetry import RunTelemetry
 from raylight.driver.recorder import RunRecorder
 from raylight.worker.protocol import (
@@ -219,7 +224,7 @@ class Controller:
                 log.warning("lost %d worker(s) (%s); continuing elastically", len(died), died[0].message)
                 self._begin_resize(lost)
                 return
-            self._handle_failure(poll.failures[0])
+            self._handle_failure(poll.failures[0], poll=poll)
             return
         if poll.finished:
             self.scaling_policy.finish(self._view(poll))
@@ -396,7 +401,9 @@ class Controller:
         self.threads = self.scaling_policy.threads(self.num_workers)
         self.phase = Phase(State.SCHEDULING)
 
-    def _handle_failure(self, failure: WorkerFailure, cause: BaseException | None = None) -> None:
+    def _handle_failure(
+        self, failure: WorkerFailure, cause: BaseException | None = None, *, poll: GroupPoll | None = None,
+    ) -> None:
         if failure.kind == "died" and failure.node_id is not None and failure.node_id in self._noticed:
             self._handle_preemption(failure, cause)
             return
@@ -418,13 +425,16 @@ class Controller:
         self._same = self._same + 1 if failure.message == self._last_message and self._in_a_row > 1 else 1
         self._last_message = failure.message
         progressed = self._attempt_reports > 0
+        steps = max((p.progress.batches_since_start for p in poll.polls), default=0) if poll else 0
         decision = self.failure_policy.decide(
             failure, num_failures=self.num_failures, in_a_row=self._in_a_row,
             before_progress=None if progressed else self._unprogressed,
+            deterministic=poll is not None and deterministic_error(poll.failures, steps=steps, reports=self._attempt_reports),
         )
         self._unprogressed = None if progressed else failure
         if isinstance(decision, Raise):
-            self._fail(self._error_for(failure, repeated=decision.repeated), cause=cause)
+            error = self._error_for(failure, repeated=decision.repeated, deterministic=decision.deterministic)
+            self._fail(error, cause=cause)
             return
         where = f"checkpoint {resume.metadata.get('index')}" if resume else "the beginning (no checkpoint yet)"
         budget = self.failure_policy.max_failures
@@ -477,16 +487,26 @@ class Controller:
         self.phase = Phase(State.ERRORED)
         self.group.shutdown()
 
-    def _error_for(self, failure: WorkerFailure, *, repeated: bool = False) -> TrainingFailedError:
+    def _error_for(self, failure: WorkerFailure, *, repeated: bool = False, deterministic: bool = False) -> TrainingFailedError:
         budget = self.failure_policy.max_failures
         setting = self.failure_policy.setting
         head = f"{failure.described(where=True)}."
+        latest = self.recorder.latest
+        where = f"from checkpoint {latest.metadata.get('index')}" if latest is not None else "(from the beginning: the run has no checkpoint yet)"
         tail = (
             f" The run failed {self.num_failures} time(s) and {setting}={budget} allows "
             f"{budget} restart(s); raise {self.failure_policy.advice} "
-            "to restart from the last checkpoint automatically."
+            f"to restart automatically {where}."
         )
-        if repeated:  # more restarts would not help: no advice to allow them
+        if deterministic:  # no restart can help: say which rule stopped it, and why
+            kind = failure.error.exc_type if failure.error is not None else "the error"
+            tail = (
+                f" {kind} raised by the training loop before its first step, the same on every "
+                "rank that failed, is an error in the code: a restart runs the same code and "
+                f"raises it again, so the run stops without retrying ({setting}={budget} does "
+                "not apply to it); fix the error in the traceback below."
+            )
+        elif repeated:  # more restarts would not help: no advice to allow them
             tail = (
                 f" It failed the same way on {self.num_failures} attempts in a row, each before "
                 f"its first report, so the run stops now rather than retry ({setting}={budget} "

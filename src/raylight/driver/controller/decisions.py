@@ -59,10 +59,13 @@ class Restart:
 class Raise:
     """Give up: the failure is final. ``repeated``: not for want of restarts, but because
     it is the same error as the previous attempt's, both before any report (a restart
-    would fail again: a NameError in the loop, an import error)."""
+    would fail again). ``deterministic``: not for want of restarts either, but because it
+    is an error in the code that any restart raises again (a NameError, TypeError,
+    AttributeError, ImportError or SyntaxError before the first step: ``deterministic_error``)."""
 
     failure: WorkerFailure
     repeated: bool = False
+    deterministic: bool = False
 
 
 ScalingDecision = SetPlan | Resize | RequestResources

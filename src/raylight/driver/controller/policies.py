@@ -74,17 +74,22 @@ class FailurePolicy:
         num_failures: int,
         in_a_row: int = 1,
         before_progress: WorkerFailure | None = None,
+        deterministic: bool = False,
     ) -> FailureDecision:
         """``num_failures`` counts failures so far, this one included; ``in_a_row`` those
         since the last new checkpoint, this one included. ``before_progress``: where this
         attempt failed before its first report, the previous attempt's failure if that one
-        too came before any report (else None).
+        too came before any report (else None). ``deterministic``: the failure is an error
+        in the code that a restart would raise again (``deterministic_error``); final at
+        once, whatever ``max_failures`` allows (-1 included: no restart can get past it).
 
         The same error twice in a row before any report is final at once, whatever
         ``max_failures`` still allows: nothing ran between them that could change the
         outcome (a NameError in the loop, a missing import, a bad path), so a third try
         would fail the same way. Not under ``max_failures=-1``, where the user asked for
         restarts without limit (they back off instead)."""
+        if deterministic:
+            return Raise(failure, deterministic=True)
         if self.max_failures >= 0 and before_progress is not None and same_error(before_progress, failure):
             return Raise(failure, repeated=True)
         if self.max_failures < 0 or num_failures <= self.max_failures:
@@ -114,6 +119,32 @@ def same_error(previous: WorkerFailure, failure: WorkerFailure) -> bool:
     """Whether ``failure`` repeats ``previous`` (``error_signature``)."""
     mine = error_signature(failure)
     return mine is not None and mine == error_signature(previous)
+
+
+# Exceptions that, raised by the loop before its first step, say the code is wrong (a
+# typo, a wrong argument or attribute, a missing module, a syntax error in a module the
+# loop imports): the restarted loop runs the same code on the same state and raises the
+# same error at the same line, so a retry only costs a restart (tens of seconds).
+DETERMINISTIC_ERRORS = frozenset({
+    "NameError", "UnboundLocalError", "TypeError", "AttributeError",
+    "ImportError", "ModuleNotFoundError", "SyntaxError", "IndentationError", "TabError",
+})
+
+
+def deterministic_error(failures: list[WorkerFailure], *, steps: int, reports: int) -> bool:
+    """Whether one poll's failures are an error in the code that a restart would raise
+    again: every rank that failed raised one of ``DETERMINISTIC_ERRORS`` with the same
+    type, message and innermost frame (``error_signature``), none died or hung, and it
+    came before or at the attempt's first step (``steps``: the most batches any rank
+    took since the attempt began; ``reports``: the attempt's reports, none). A rank that
+    had not failed yet when the driver saw the others does not count against it: ranks
+    blocked in a collective on the failed one fail only later, with another error."""
+    if not failures or steps > 1 or reports > 0:
+        return False
+    first = error_signature(failures[0])
+    if first is None or first[0] not in DETERMINISTIC_ERRORS:
+        return False
+    return all(error_signature(f) == first for f in failures)
 
 
 @dataclass(frozen=True)
