@@ -21,7 +21,7 @@ from raylight.declarative.config import (
     ProcessorConfig,
 )
 from raylight.declarative.features import FEATURES
-from raylight.declarative.ludwig import ANY, FC_LAYER_KEYS, FEATURE_KEYS, LUDWIG_KEYS, LUDWIG_VALUES
+from raylight.declarative.ludwig.keys import ANY, FC_LAYER_KEYS, FEATURE_KEYS, LUDWIG_KEYS, LUDWIG_VALUES
 from raylight.declarative.preprocess import split_rows
 
 MB = 1024**2

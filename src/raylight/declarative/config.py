@@ -43,7 +43,7 @@ from raylight.declarative.features.base import MAX_WIDTH, FeatureModel
 from raylight.declarative.hyperopt_config import HyperoptConfig
 from raylight.declarative.keypath import KeyPathError, assign
 from raylight.declarative.layers import FCLayer, FCStackConfig
-from raylight.declarative.ludwig import check_ludwig_keys, own_settings
+from raylight.declarative.ludwig.check import check_ludwig_keys, own_settings
 from raylight.declarative.metrics import COMBINED, field_metrics, metric_name, metrics_measured
 
 # Upper bounds: far beyond any real use, low enough that a typo fails here and not as an
