@@ -412,7 +412,7 @@ def test_hits_at_k_is_measured_with_more_classes_than_top_k(tmp_path):
 
 
 def test_top_k_is_a_category_output_s_setting():
-    from raylight.declarative.config import ModelConfig
+    from raylight.declarative.config.model import ModelConfig
 
     def config(out):
         return {"input_features": [{"name": "a", "type": "number"}], "output_features": [out]}
@@ -430,7 +430,7 @@ def test_ludwig_s_optimizers_and_their_settings_build_torch_s():
     import inspect
 
     from raylight.declarative.api import DEFAULT_LR
-    from raylight.declarative.config import OPTIMIZER_SETTINGS, OptimizerConfig
+    from raylight.declarative.config.trainer import OPTIMIZER_SETTINGS, OptimizerConfig
     from raylight.declarative.train import OPTIMIZERS
 
     param = [torch.nn.Parameter(torch.zeros(2))]
@@ -554,7 +554,7 @@ def test_ludwig_s_fixed_split_takes_each_row_s_split_from_its_column(tmp_path):
     (numbers or their strings) go to train, validation and test, in file order; other
     values, a missing column, settings of the other type, and a run that needs validation
     rows the column does not give are errors that say so."""
-    from raylight.declarative.config import SplitConfig
+    from raylight.declarative.config.preprocessing import SplitConfig
     from raylight.declarative.preprocess import coded_split_rows
 
     df = frame()

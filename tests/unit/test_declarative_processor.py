@@ -13,15 +13,18 @@ from pydantic import BaseModel
 from raylight.base.exceptions import ConfigError
 from raylight.config.validation import validate
 from raylight.declarative import processor
-from raylight.declarative.config import (
-    OUTPUT_TYPES,
-    FCLayer,
-    ModelConfig,
-    OutputFeature,
-    ProcessorConfig,
-)
+from raylight.declarative.config.backend import ProcessorConfig
+from raylight.declarative.config.features import OUTPUT_TYPES, OutputFeature
+from raylight.declarative.config.model import ModelConfig
 from raylight.declarative.features import FEATURES
-from raylight.declarative.ludwig.keys import ANY, FC_LAYER_KEYS, FEATURE_KEYS, LUDWIG_KEYS, LUDWIG_VALUES
+from raylight.declarative.layers import FCLayer
+from raylight.declarative.ludwig.keys import (
+    ANY,
+    FC_LAYER_KEYS,
+    FEATURE_KEYS,
+    LUDWIG_KEYS,
+    LUDWIG_VALUES,
+)
 from raylight.declarative.preprocess import split_rows
 
 MB = 1024**2

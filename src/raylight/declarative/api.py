@@ -21,7 +21,8 @@ import pandas as pd
 
 from raylight.base.exceptions import ConfigError, TrainingDivergedError
 from raylight.declarative import processor
-from raylight.declarative.config import OUTPUT_TYPES, ModelConfig
+from raylight.declarative.config.features import OUTPUT_TYPES
+from raylight.declarative.config.model import ModelConfig
 from raylight.declarative.dataset import expand, read_pandas
 from raylight.declarative.features import infer_type
 from raylight.declarative.loading import render_config

@@ -10,7 +10,7 @@ import yaml
 
 from raylight.base.exceptions import ConfigError
 from raylight.config.validation import validate
-from raylight.declarative.config import ModelConfig
+from raylight.declarative.config.model import ModelConfig
 from raylight.declarative.keypath import KeyPathError, assign
 
 

@@ -31,7 +31,7 @@ def check_model_dir(path: str) -> tuple[Any, dict[str, Any]]:
     """The config (a ``ModelConfig``) and preprocessing metadata of the model directory
     ``path``, after every check that needs no torch; a ConfigError naming the file otherwise."""
     from raylight.config.validation import validate
-    from raylight.declarative.config import ModelConfig
+    from raylight.declarative.config.model import ModelConfig
 
     if not os.path.exists(path):
         raise ConfigError(f"model path {path!r} does not exist; pass <output-directory>/model of a trained run")

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from raylight.base.exceptions import ConfigError
-from raylight.declarative.config import ModelConfig
+from raylight.declarative.config.model import ModelConfig
 from raylight.declarative.features import FEATURES, binary, number, sets, vector
 from raylight.declarative.features.base import present
 

@@ -24,7 +24,8 @@ import numpy as np
 import pandas as pd
 
 from raylight.base.exceptions import ConfigError
-from raylight.declarative.config import ModelConfig, SplitConfig
+from raylight.declarative.config.model import ModelConfig
+from raylight.declarative.config.preprocessing import SplitConfig
 from raylight.declarative.dataset import dataset_format, expand, refuse_pickled_columns
 from raylight.declarative.features import FEATURES, sets
 from raylight.declarative.preprocess import (

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from raylight.declarative.config import ModelConfig
+from raylight.declarative.config.model import ModelConfig
 from raylight.declarative.lr_schedule import Plateau, Schedule, schedule_clock
 from raylight.declarative.metrics import MINIMIZED, metric_key
 from raylight.declarative.model_dir import (

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from raylight.declarative.config import ModelConfig
+from raylight.declarative.config.model import ModelConfig
 from raylight.declarative.features import FEATURES
 
 _RESERVED = frozenset(dir(nn.ModuleDict()))  # names a ModuleDict cannot hold as keys
