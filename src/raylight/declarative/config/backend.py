@@ -17,8 +17,8 @@ from raylight.config.schema import (
     MAX_WORKERS,
     StrategySetting,
     check_resources,
-    check_strategy_name,
 )
+from raylight.declarative.ludwig.spellings import strategy_from_ludwig
 
 
 class ProcessorConfig(ConfigModel):
@@ -41,55 +41,6 @@ class ProcessorConfig(ConfigModel):
         if isinstance(value, int) and not 0 <= value <= 2**40:
             raise ValueError(f"must be between 0 and {2**40} MB or 'auto', got {value}")
         return value
-
-
-def strategy_from_ludwig(value: Any) -> Any:
-    """``backend.trainer.strategy`` in raylight's terms: Ludwig names the strategy of a
-    mapping with ``type:`` (``{type: fsdp}``), raylight's options models with ``name:``;
-    a mapping with no options is the name alone."""
-    if not isinstance(value, dict) or "type" not in value:
-        return check_strategy_name(value)
-    if "name" in value:
-        raise ValueError("give the strategy's name once: `type:` (Ludwig's spelling) or `name:`, not both")
-    options = {k: v for k, v in value.items() if k != "type"}
-    name = value["type"]
-    check_strategy_name(name)
-    if not options:
-        return name
-    if name == "deepspeed":
-        options = _deepspeed_from_ludwig(options)
-    return {"name": name, **options}
-
-
-# Ludwig's DeepSpeedStrategy takes these DeepSpeed JSON sections as its options.
-LUDWIG_DEEPSPEED_SECTIONS = ("zero_optimization", "fp16", "bf16", "compression_training")
-
-
-def _deepspeed_from_ludwig(options: dict[str, Any]) -> dict[str, Any]:
-    """Ludwig's ``{type: deepspeed, zero_optimization: {...}, fp16: {...}}`` as
-    ``raylight.DeepSpeed`` options: its DeepSpeed JSON sections become ``config``. A ZeRO
-    value Ludwig leaves ``auto`` (stage, offload devices) takes raylight's default
-    (stage 2, no offload): Ludwig resolves those from the model it trains."""
-    sections = {k: options.pop(k) for k in LUDWIG_DEEPSPEED_SECTIONS if k in options}
-    if not sections:
-        return options
-    given = options.get("config")
-    if given is not None and not isinstance(given, dict):
-        raise ValueError(
-            f"give the DeepSpeed JSON one way: {sorted(sections)} (Ludwig's spelling) or "
-            "config: a path, not both"
-        )
-    zero = sections.get("zero_optimization")
-    if isinstance(zero, dict):
-        zero = {k: v for k, v in zero.items() if v != "auto"}
-        for part in ("offload_optimizer", "offload_param"):
-            if isinstance(zero.get(part), dict) and zero[part].get("device") == "auto":
-                del zero[part]
-        sections["zero_optimization"] = zero
-    clash = sorted(set(sections) & set(given or {}))
-    if clash:
-        raise ValueError(f"{clash} given both as strategy options and inside config; give them once")
-    return {**options, "config": {**(given or {}), **sections}}
 
 
 # Restarts a declarative run allows by default: a worker lost to a flaky node or an OOM

@@ -25,14 +25,15 @@ from pydantic_core import to_jsonable_python
 from raylight.config.base import ConfigModel
 from raylight.config.loggers import LoggerSetting, parse_loggers
 from raylight.declarative.config.backend import BackendConfig
-from raylight.declarative.config.features import OUTPUT_TYPES, InputFeature, OutputFeature
+from raylight.declarative.config.features import InputFeature, OutputFeature
 from raylight.declarative.config.hyperopt import HyperoptConfig
 from raylight.declarative.config.parameters import check_parameter, space_values
 from raylight.declarative.config.preprocessing import PreprocessingSection
 from raylight.declarative.config.trainer import TrainerSection
 from raylight.declarative.layers import FCLayer, FCStackConfig
 from raylight.declarative.ludwig.check import check_ludwig_keys, own_settings
-from raylight.declarative.metrics import COMBINED, field_metrics, metric_name, metrics_measured
+from raylight.declarative.ludwig.spellings import inferred_validation_field
+from raylight.declarative.metrics import COMBINED, field_metrics
 
 
 # -- model and training ----------------------------------------------------------------
@@ -50,29 +51,6 @@ class CombinerConfig(FCStackConfig):
 # At most this many preprocessings of the dataset for one search (hyperopt.preprocessing_variants).
 MAX_PREPROCESSINGS = 8
 _OWN: ContextVar[dict[str, dict[str, Any]] | None] = ContextVar("raylight_own_settings", default=None)
-
-
-def _inferred_validation_field(data: Any) -> Any:
-    """Ludwig's rule for a model of several outputs whose ``trainer.validation_metric`` (not
-    the loss) comes without a ``validation_field``: the field is the one output that
-    measures that metric; two or more is an error that names them."""
-    trainer, outputs = (data.get("trainer"), data.get("output_features")) if isinstance(data, dict) else (None, None)
-    if not isinstance(trainer, dict) or not isinstance(outputs, list) or len(outputs) < 2:
-        return data
-    metric = trainer.get("validation_metric")
-    if trainer.get("validation_field") is not None or not isinstance(metric, str) or metric_name(metric) == "loss":
-        return data
-    owners = [
-        out["name"] for out in outputs
-        if isinstance(out, dict) and out.get("type") in OUTPUT_TYPES
-        and metric_name(metric) in metrics_measured(out["type"], "validation")
-    ]
-    if len(owners) > 1:
-        raise ValueError(
-            f"trainer.validation_metric: {metric!r} is measured on the outputs {owners}; set "
-            "trainer.validation_field to the one it follows"
-        )
-    return {**data, "trainer": {**trainer, "validation_field": owners[0]}} if owners else data
 
 
 def _fields(kinds: Mapping[str, str]) -> str:
@@ -136,7 +114,7 @@ class ModelConfig(ConfigModel):
     def _ludwig_keys(cls, data: Any) -> Any:
         # Ludwig's keys with no raylight counterpart, each with its fix; then the output a
         # validation_metric given alone follows
-        return _inferred_validation_field(check_ludwig_keys(data))
+        return inferred_validation_field(check_ludwig_keys(data))
 
     @field_validator("hyperopt")
     @classmethod

@@ -15,6 +15,12 @@ from pydantic import (
 
 from raylight.declarative.features import FEATURES
 from raylight.declarative.keypath import KeyPathError, assign
+from raylight.declarative.ludwig.spellings import (
+    combiner_layers,
+    feature_level_paths,
+    feature_paths,
+    raylight_key,
+)
 
 
 def representatives(space: Any) -> list[Any]:
@@ -25,23 +31,6 @@ def representatives(space: Any) -> list[Any]:
     if space.space == "randint":
         return [space.lower, space.upper - 1]
     return [space.lower, space.upper]
-
-
-# Ludwig's searchable spellings of the combiner's layers (its hyperopt examples tune them).
-LUDWIG_LAYER_KEYS = ("combiner.num_fc_layers", "combiner.output_size")
-# Ludwig's feature-level hyperopt parameters, defaults.<type>.<section>.<key>: the side
-# each section is set on.
-FEATURE_LEVEL = {"preprocessing": "input_features", "encoder": "input_features", "decoder": "output_features", "loss": "output_features"}
-
-
-def _feature_names(data: dict[str, Any]) -> dict[str, str]:
-    """Each feature's name -> its path (``input_features.<i>`` / ``output_features.<i>``)."""
-    return {
-        feat["name"]: f"{section}.{i}"
-        for section in ("input_features", "output_features")
-        for i, feat in enumerate(data.get(section) or [])
-        if isinstance(feat, dict) and isinstance(feat.get("name"), str)
-    }
 
 
 def _retyped_encoder(data: dict[str, Any], parts: list[str], kind: Any) -> dict[str, Any] | None:
@@ -71,32 +60,22 @@ def set_path(data: dict[str, Any], key: str, value: Any, own: Mapping[str, Mappi
     ``combiner.fc_layers`` (copies of the first, or of 256 units) or every layer's size.
     Ludwig's feature-level ``defaults.<type>.<section>.<key>`` sets the key on every feature
     of that type that leaves it to its defaults (``own``: what the config as written set,
-    ``ModelConfig._own``; ``_feature_level``)."""
+    ``ModelConfig._own``). Ludwig's spellings are ``ludwig.spellings``'."""
     if key.startswith("defaults."):
-        return _feature_level(data, key, value, own or {})
-    head, _, rest = key.partition(".")
-    features = _feature_names(data)
-    if head not in data and head in features and rest:
-        key = f"{features[head]}.{rest}"
+        out = data
+        for path in feature_level_paths(data, key, own or {}):
+            out = set_path(out, path, value, own)
+        return out
+    features = feature_paths(data)
+    key = raylight_key(data, key, features)
     parts = key.split(".")
-    if len(parts) == 4 and parts[0] == "output_features" and parts[2:] == ["loss", "weight"]:
-        parts[2:] = ["loss_weight"]  # Ludwig's loss.weight
-        key = ".".join(parts)
     if len(parts) == 4 and parts[2:] == ["encoder", "type"] and parts[0] in ("input_features", "output_features"):
         retyped = _retyped_encoder(data, parts, value)
         if retyped is not None:
             return set_path(data, ".".join(parts[:3]), retyped)
+    if (layered := combiner_layers(data, key, value)) is not None:
+        return layered
     out = copy.deepcopy(data)
-    if key in LUDWIG_LAYER_KEYS and isinstance(out.get("combiner"), dict):
-        layers = list(out["combiner"].get("fc_layers") or [])
-        first = dict(layers[0]) if layers else {"output_size": 256}
-        if key.endswith("num_fc_layers"):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise KeyError(f"combiner.num_fc_layers takes a whole number of layers from 0, got {value!r}")
-            out["combiner"]["fc_layers"] = [dict(first) for _ in range(value)]
-        else:
-            out["combiner"]["fc_layers"] = [{**layer, "output_size": value} for layer in layers]
-        return out
     try:
         assign(out, key.split("."), value, create=False)
     except KeyPathError as err:
@@ -112,55 +91,6 @@ def set_path(data: dict[str, Any], key: str, value: Any, own: Mapping[str, Mappi
             ) from None
         raise KeyError(f"{err.parent} is a value, not a section") from None
     return out
-
-
-def _feature_level(data: dict[str, Any], key: str, value: Any, own: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """Ludwig's feature-level hyperopt parameter ``defaults.<type>.<section>.<key>``, as
-    Ludwig applies it (its value goes into the ``defaults`` section, which fills in what
-    each feature leaves out): ``<section>.<key>`` on each input (``preprocessing``,
-    ``encoder``) or output (``decoder``, ``loss``) feature of that type, but those that
-    set it themselves, and, for an encoder's or decoder's settings, those that name a
-    ``type`` of their own other than the defaults' ("the default encoder"). KeyError when
-    it reaches no feature."""
-    parts = key.split(".")
-    if len(parts) < 4 or parts[2] not in FEATURE_LEVEL:
-        raise KeyError(
-            "Ludwig's feature-level parameters are defaults.<feature type>.<section>.<key>, "
-            f"the section one of {', '.join(FEATURE_LEVEL)}"
-        )
-    kind, section, setting = parts[1], parts[2], ".".join(parts[3:])
-    side = FEATURE_LEVEL[section]
-    features = [f for f in data.get(side) or [] if isinstance(f, dict)]
-    of_kind = [i for i, f in enumerate(data.get(side) or []) if isinstance(f, dict) and f.get("type") == kind]
-    if not of_kind:
-        types = sorted({str(f.get("type")) for f in features})
-        raise KeyError(f"no {side.removesuffix('_features')} feature has type {kind!r} (their types: {types})")
-    default_type = own.get("defaults", {}).get(f"{kind}.{section}.type", _builtin_encoder_type(kind) if section == "encoder" else None)
-    out, reached = data, 0
-    for i in of_kind:
-        mine = own.get(f"{side}.{i}", {})
-        if f"{section}.{setting}" in mine:
-            continue  # the feature's own setting wins over its defaults
-        if setting != "type" and f"{section}.type" in mine and mine[f"{section}.type"] != default_type:
-            continue  # not the default encoder (decoder)
-        out = set_path(out, f"{side}.{i}.{section}.{setting}", value, own)
-        reached += 1
-    if not reached:
-        raise KeyError(
-            f"every {kind} {side.removesuffix('_features')} feature sets {section}.{setting} itself, or names "
-            f"another {section} type than the defaults', so the parameter would change nothing; "
-            f"search <feature name>.{section}.{setting} instead"
-        )
-    return out
-
-
-def _builtin_encoder_type(kind: str) -> Any:
-    """The encoder type a ``kind`` input feature has when nothing names one."""
-    try:
-        feature = FEATURES[kind].Input.model_validate({"name": "x", "type": kind})
-    except (KeyError, ValidationError):
-        return None
-    return getattr(getattr(feature, "encoder", None), "type", None)
 
 
 def preprocessing_sections(data: dict[str, Any]) -> dict[str, Any]:
