@@ -21,12 +21,12 @@ import pandas as pd
 
 from raylight.base.exceptions import ConfigError, TrainingDivergedError
 from raylight.declarative import processor
-from raylight.declarative.config.features import OUTPUT_TYPES
 from raylight.declarative.config.model import ModelConfig
 from raylight.declarative.dataset import expand, read_pandas
 from raylight.declarative.features import infer_type
 from raylight.declarative.loading import render_config
 from raylight.declarative.model_dir import check_model_dir
+from raylight.declarative.outputs import OUTPUTS
 from raylight.declarative.preprocess import (
     balance_block,
     balance_quotas,
@@ -661,7 +661,7 @@ def init_config(dataset: str, target: str, output: str | None = None) -> dict[st
 
     inputs = [{"name": str(c), "type": infer_type(df[c].dropna())} for c in df.columns if c != target and not df[c].isna().all()]
     out_type = infer_type(df[target].dropna())
-    if out_type not in OUTPUT_TYPES:  # text, say: its values as classes
+    if out_type not in OUTPUTS:  # text, say: its values as classes
         out_type = "category"
     return {
         "input_features": inputs,

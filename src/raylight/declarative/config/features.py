@@ -1,23 +1,26 @@
 """The features' sections of the declarative config: each input feature as the model of
-its type (``raylight.declarative.features``), and the output features.
+its type (``raylight.declarative.features``), and each output feature as the model of its
+type (``raylight.declarative.outputs``).
 """
 
 from __future__ import annotations
 
 import functools
 import operator
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    BaseModel,
     Field,
     PlainValidator,
     SerializeAsAny,
     TypeAdapter,
-    model_validator,
+    create_model,
 )
 
 from raylight.declarative.features import FEATURES
-from raylight.declarative.features.base import MAX_WIDTH, FeatureModel
+from raylight.declarative.features.base import FeatureModel
+from raylight.declarative.outputs import OUTPUTS, OutputModel
 
 
 # -- features ------------------------------------------------------------------------
@@ -39,37 +42,37 @@ def _input_feature(value: Any) -> FeatureModel:
 InputFeature = Annotated[SerializeAsAny[FeatureModel], PlainValidator(_input_feature)]
 
 
-OutputType = Literal["binary", "category", "number", "set", "vector"]
-OUTPUT_TYPES: tuple[str, ...] = get_args(OutputType)
+@functools.lru_cache(maxsize=8)
+def _output_type(names: tuple[str, ...]) -> type[BaseModel]:
+    """A model of an output's ``type`` alone, one of ``names``: pydantic's error for a
+    missing or unknown type, at ``output_features.<i>.type``."""
+    kind = Literal[names]  # type: ignore[valid-type]  # built at run time
+    return create_model("OutputType", type=(kind, Field(description="Target type; sets loss and metrics.")))
 
 
-class OutputFeature(FeatureModel):
-    type: OutputType = Field(description="Target type; sets loss and metrics.")
-    loss_weight: float = Field(
-        1.0, gt=0, le=1e6,
-        description="Multiplies this output's loss in training (Ludwig's loss.weight); the reported losses are unweighted.",
-    )
-    threshold: float = Field(
-        0.5, gt=0, lt=1,
-        description="binary, set: predict true (a label) at this probability and above (Ludwig's); accuracy and "
-        "jaccard count those predictions, roc_auc does not depend on it.",
-    )
+def _output_feature(value: Any) -> OutputModel:
+    """``value`` as the model of the output type it names, one of OUTPUTS as they are now
+    (so a type added to OUTPUTS is accepted). Errors keep the key paths of the output
+    (``output_features.0.loss_weight``). A setting of another output type is dropped at
+    its default (a config rendered before the types had models of their own loads) and an
+    error otherwise."""
+    if isinstance(value, OutputModel):
+        return value
+    if not isinstance(value, dict):
+        return OutputModel.model_validate(value)  # pydantic's error for a value that is no mapping
+    _output_type(tuple(OUTPUTS)).model_validate({k: v for k, v in value.items() if k == "type"})
+    kind = value["type"]
+    model = OUTPUTS[kind].Output
+    mine = dict(value)
+    for key in value:
+        owners = [t for t, o in OUTPUTS.items() if t != kind and key in o.Output.model_fields and key not in model.model_fields]
+        if not owners:
+            continue
+        if value[key] != OUTPUTS[owners[0]].Output.model_fields[key].default:
+            raise ValueError(f"{key}: a {' or '.join(owners)} output's setting; a {kind} output has none; remove it")
+        del mine[key]
+    return model.model_validate(mine)
 
-    vector_size: int | None = Field(
-        None, ge=1, le=MAX_WIDTH,
-        description="vector: the floats in each row (Ludwig's); null: the length the training rows share.",
-    )
-    top_k: int = Field(
-        3, ge=1, le=MAX_WIDTH,
-        description="category: hits_at_k counts a row right when its class is among the k most likely (Ludwig's).",
-    )
 
-    @model_validator(mode="after")
-    def _threshold_of_a_classifier(self) -> OutputFeature:
-        if self.threshold != 0.5 and self.type not in ("binary", "set"):
-            raise ValueError(f"threshold: a binary or set output's setting; a {self.type} output has none; remove it")
-        if self.vector_size is not None and self.type != "vector":
-            raise ValueError(f"vector_size: a vector output's setting; a {self.type} output has none; remove it")
-        if self.top_k != 3 and self.type != "category":
-            raise ValueError(f"top_k: a category output's setting; a {self.type} output has none; remove it")
-        return self
+# Serialised as the type's model, not as the OutputModel base.
+OutputFeature = Annotated[SerializeAsAny[OutputModel], PlainValidator(_output_feature)]

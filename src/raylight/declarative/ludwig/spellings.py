@@ -14,9 +14,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from raylight.config.schema import check_strategy_name
-from raylight.declarative.config.features import OUTPUT_TYPES
 from raylight.declarative.features import FEATURES
 from raylight.declarative.metrics import metric_name, metrics_measured
+from raylight.declarative.outputs import OUTPUTS
 
 
 # -- backend.trainer.strategy ---------------------------------------------------------
@@ -82,7 +82,7 @@ def inferred_validation_field(data: Any) -> Any:
         return data
     owners = [
         out["name"] for out in outputs
-        if isinstance(out, dict) and out.get("type") in OUTPUT_TYPES
+        if isinstance(out, dict) and out.get("type") in OUTPUTS
         and metric_name(metric) in metrics_measured(out["type"], "validation")
     ]
     if len(owners) > 1:
