@@ -348,6 +348,7 @@ def test_roc_auc_is_the_share_of_positive_negative_pairs_ranked_right(seed):
     from types import SimpleNamespace
 
     from raylight.declarative import train as dtrain
+    from raylight.declarative.outputs.binary import roc_auc
 
     rng = np.random.default_rng(seed)
     n = 301
@@ -355,7 +356,7 @@ def test_roc_auc_is_the_share_of_positive_negative_pairs_ranked_right(seed):
     y = (rng.random(n) < 1 / (1 + np.exp(-x / 2))).astype(np.float32)
     pos, neg = x[y == 1], x[y == 0]
     expected = float(((pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])).mean())
-    assert dtrain.roc_auc(x, y) == pytest.approx(expected, abs=1e-12)
+    assert roc_auc(x, y) == pytest.approx(expected, abs=1e-12)
     output, meta = SimpleNamespace(name="y", type="binary", threshold=0.5), {"y": {}}
     model = _Passthrough()
     metrics = dtrain.evaluate_data(model, {"x": x, "y": y}, output, meta, torch.device("cpu"), chunk_rows=50)
@@ -364,7 +365,7 @@ def test_roc_auc_is_the_share_of_positive_negative_pairs_ranked_right(seed):
                                    gather=lambda rows, other=other: np.concatenate([rows, other]))
               for s, other in ((slice(0, 150), np.stack([x[150:], y[150:]], 1)), (slice(150, None), np.stack([x[:150], y[:150]], 1)))]
     assert [h["roc_auc"] for h in halves] == pytest.approx([expected, expected], abs=1e-12)
-    assert dtrain.roc_auc(x, np.ones_like(y)) == 0.5  # one class: undefined
+    assert roc_auc(x, np.ones_like(y)) == 0.5  # one class: undefined
 
 
 @pytest.mark.parametrize("threshold", [0.5, 0.7])
@@ -412,7 +413,7 @@ def test_hits_at_k_is_measured_with_more_classes_than_top_k(tmp_path):
 
 
 def test_top_k_is_a_category_output_s_setting():
-    from raylight.declarative.config import ModelConfig
+    from raylight.declarative.config.model import ModelConfig
 
     def config(out):
         return {"input_features": [{"name": "a", "type": "number"}], "output_features": [out]}
@@ -430,7 +431,7 @@ def test_ludwig_s_optimizers_and_their_settings_build_torch_s():
     import inspect
 
     from raylight.declarative.api import DEFAULT_LR
-    from raylight.declarative.config import OPTIMIZER_SETTINGS, OptimizerConfig
+    from raylight.declarative.config.trainer import OPTIMIZER_SETTINGS, OptimizerConfig
     from raylight.declarative.train import OPTIMIZERS
 
     param = [torch.nn.Parameter(torch.zeros(2))]
@@ -554,7 +555,7 @@ def test_ludwig_s_fixed_split_takes_each_row_s_split_from_its_column(tmp_path):
     (numbers or their strings) go to train, validation and test, in file order; other
     values, a missing column, settings of the other type, and a run that needs validation
     rows the column does not give are errors that say so."""
-    from raylight.declarative.config import SplitConfig
+    from raylight.declarative.config.preprocessing import SplitConfig
     from raylight.declarative.preprocess import coded_split_rows
 
     df = frame()
@@ -789,10 +790,13 @@ def test_an_output_s_threshold_decides_its_predictions_and_the_accuracy_counting
     strict = model.evaluate(df)
     assert strict["accuracy"] == pytest.approx((labels == df["income"].to_numpy()).mean())
     assert strict["accuracy"] != at_half["accuracy"] and strict["roc_auc"] == pytest.approx(at_half["roc_auc"])
-    from raylight.declarative.models.ecd import predictions
+    from types import SimpleNamespace
+
+    from raylight.declarative.outputs import sets
 
     logits = torch.tensor([[0.0, 2.0]])  # a set output's labels at probabilities 0.5 and 0.88
-    assert predictions("set", logits)[0].tolist() == [[1, 1]] and predictions("set", logits, 0.9)[0].tolist() == [[0, 0]]
+    at = [sets.predictions(SimpleNamespace(threshold=t), logits)[0].tolist() for t in (0.5, 0.9)]
+    assert at == [[[1, 1]], [[0, 0]]]
     saved = load_config(cfg, ["output_features.0.threshold=0.9"])
     assert saved.output_features[0].threshold == 0.9
     with pytest.raises(ConfigError, match="threshold: a binary or set output's setting; a number output has none"):

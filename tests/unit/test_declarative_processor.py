@@ -13,15 +13,18 @@ from pydantic import BaseModel
 from raylight.base.exceptions import ConfigError
 from raylight.config.validation import validate
 from raylight.declarative import processor
-from raylight.declarative.config import (
-    OUTPUT_TYPES,
-    FCLayer,
-    ModelConfig,
-    OutputFeature,
-    ProcessorConfig,
-)
+from raylight.declarative.config.backend import ProcessorConfig
+from raylight.declarative.config.model import ModelConfig
 from raylight.declarative.features import FEATURES
-from raylight.declarative.ludwig import ANY, FC_LAYER_KEYS, FEATURE_KEYS, LUDWIG_KEYS, LUDWIG_VALUES
+from raylight.declarative.layers import FCLayer
+from raylight.declarative.ludwig.keys import (
+    ANY,
+    FC_LAYER_KEYS,
+    FEATURE_KEYS,
+    LUDWIG_KEYS,
+    LUDWIG_VALUES,
+)
+from raylight.declarative.outputs import OUTPUTS
 from raylight.declarative.preprocess import split_rows
 
 MB = 1024**2
@@ -200,7 +203,7 @@ def test_ludwig_s_feature_sections_load_where_they_are_raylight_s_and_name_the_r
     [(side, kind, path) for (side, kind), rules in FEATURE_KEYS.items() for path, (_, neutral) in rules.items() if ANY not in neutral],
 )
 def test_each_ludwig_feature_key_raylight_lacks_names_its_path_and_the_fix(side, kind, path):
-    kinds = set(FEATURES) if side == "input" else set(OUTPUT_TYPES)
+    kinds = set(FEATURES) if side == "input" else set(OUTPUTS)
     feature = {"name": "f", "type": "number" if kind == "*" else kind}
     node = feature
     parts = path.split(".")
@@ -307,9 +310,9 @@ def test_no_ludwig_key_is_one_raylight_has():
     config: one that raylight's models have too would never be read."""
     assert not [p for p in LUDWIG_KEYS if _raylight_key(ModelConfig, p)]
     for (side, kind), rules in FEATURE_KEYS.items():
-        kinds = (["number", "binary", "category", "text"] if side == "input" else list(OUTPUT_TYPES)) if kind == "*" else [kind]
+        kinds = (["number", "binary", "category", "text"] if side == "input" else list(OUTPUTS)) if kind == "*" else [kind]
         for k in kinds:
-            model = FEATURES[k].Input if side == "input" else OutputFeature
+            model = FEATURES[k].Input if side == "input" else OUTPUTS[k].Output
             assert not [p for p in rules if _raylight_key(model, p)], (side, k)
     assert not [p for p in FC_LAYER_KEYS if _raylight_key(FCLayer, p)]
     assert _raylight_key(ModelConfig, "trainer.learning_rate_scheduler.decay")  # the check can fail

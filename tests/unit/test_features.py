@@ -140,7 +140,7 @@ def test_the_combiner_s_layers_are_ludwig_s_fc_stack():
     """Each layer: linear (bias per use_bias), normalisation, activation, dropout, each
     overridable per layer; norm also normalises the inputs; residual adds a layer's input
     where the widths match. The default combiner's weights keep their names."""
-    from raylight.declarative.config import CombinerConfig
+    from raylight.declarative.config.model import CombinerConfig
     from raylight.declarative.models.ecd import FCStack
 
     default = FCStack(CombinerConfig(fc_layers=[{"output_size": 8}, {"output_size": 4}], dropout=0.1), 6)

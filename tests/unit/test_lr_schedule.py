@@ -19,7 +19,8 @@ from torch.optim.lr_scheduler import (
     SequentialLR,
 )
 
-from raylight.declarative.config import LRSchedulerConfig, ModelConfig
+from raylight.declarative.config.model import ModelConfig
+from raylight.declarative.config.trainer import LRSchedulerConfig
 from raylight.declarative.lr_schedule import Plateau, Schedule, schedule_clock
 
 BASE_LR = 0.01

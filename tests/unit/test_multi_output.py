@@ -12,7 +12,7 @@ import yaml
 
 from raylight.base.exceptions import ConfigError
 from raylight.declarative import api
-from raylight.declarative.config import ModelConfig
+from raylight.declarative.config.model import ModelConfig
 from raylight.declarative.loading import load_config
 from tests.declarative_data import MULTI, multi, write
 

@@ -18,7 +18,7 @@ from raylight.config import (
     TrainerConfig,
     validate,
 )
-from raylight.declarative.config import ModelConfig
+from raylight.declarative.config.model import ModelConfig
 from raylight.worker.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, build_strategy
 from raylight.worker.strategies.fsdp import shard_blocks
 from tests.helpers import run_gloo_ranks

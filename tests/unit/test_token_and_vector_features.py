@@ -292,7 +292,7 @@ def test_a_vector_target_is_regression_of_each_float_measured_as_ludwig_s(tmp_pa
 def test_a_vector_target_s_length_is_checked_and_named():
     """Rows of another length than the others, or than vector_size, are errors naming the
     output's key; vector_size belongs to vector outputs."""
-    from raylight.declarative.config import ModelConfig
+    from raylight.declarative.config.model import ModelConfig
 
     out = ModelConfig.model_validate({
         "input_features": [{"name": "a", "type": "number"}], "output_features": [{"name": "v", "type": "vector", "vector_size": 2}],

@@ -9,7 +9,8 @@ import pytest
 
 from raylight.base.exceptions import ConfigError, InsufficientResourcesError
 from raylight.config.validation import validate
-from raylight.declarative.config import ModelConfig, set_path
+from raylight.declarative.config.model import ModelConfig
+from raylight.declarative.config.parameters import set_path
 from raylight.tune.resources import check_bundles_fit, plan_concurrency, total, trial_bundles
 from raylight.worker_group.ray_group import worker_bundles
 

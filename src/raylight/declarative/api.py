@@ -7,13 +7,10 @@ nothing half-written.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import threading
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,11 +18,20 @@ import pandas as pd
 
 from raylight.base.exceptions import ConfigError, TrainingDivergedError
 from raylight.declarative import processor
-from raylight.declarative.config import OUTPUT_TYPES, ModelConfig
+from raylight.declarative.backends import (
+    Backend,
+    backend_kind,
+    connect_while,
+    launched_group,
+    prestart,
+    resolve_backend,
+)
+from raylight.declarative.config.model import ModelConfig
 from raylight.declarative.dataset import expand, read_pandas
 from raylight.declarative.features import infer_type
 from raylight.declarative.loading import render_config
 from raylight.declarative.model_dir import check_model_dir
+from raylight.declarative.outputs import OUTPUTS
 from raylight.declarative.preprocess import (
     balance_block,
     balance_quotas,
@@ -52,143 +58,6 @@ log = logging.getLogger("raylight")
 DEFAULT_LR = {
     "adam": 1e-3, "adamw": 1e-3, "sgd": 0.05, "adadelta": 1.0, "adagrad": 0.01, "adamax": 2e-3, "nadam": 2e-3, "rmsprop": 0.01,
 }
-
-
-LAUNCHED = ("launcher", "horovod", "deepspeed")  # backend types that run under an external launcher
-
-
-@dataclass
-class Backend:
-    kind: str  # "local", "ray" or "launcher"
-    num_workers: int | tuple[int, int]
-    use_gpu: bool
-    resources: dict[str, float] | None
-    rank: int = 0  # this process's rank under a launcher; 0 elsewhere
-
-
-def backend_kind(config: ModelConfig, override: str | None) -> str:
-    """"local", "ray" or "launcher": which backend ``resolve_backend`` gives, without
-    connecting to Ray."""
-    from raylight.worker import process_group
-
-    kind = override or config.backend.type
-    if kind is not None and kind not in ("local", "ray", *LAUNCHED):
-        raise ConfigError(f"backend must be local, ray or launcher, got {kind!r}")
-    if process_group.detect() is not None:
-        return "launcher"
-    if kind in LAUNCHED:
-        where = "--backend" if override else "backend.type"
-        raise ConfigError(
-            f"{where} {kind} trains in the processes a launcher starts, but no launcher started this one; "
-            "run it as `torchrun --nproc-per-node N -m raylight.cli train ...`, `horovodrun -np N raylight train ...` "
-            "or `deepspeed --no_python --num_gpus N raylight train ...`, or use the ray backend"
-        )
-    if kind is None:
-        import ray
-
-        kind = "ray" if (os.environ.get("RAY_ADDRESS") or ray.is_initialized()) else "local"
-    return kind
-
-
-def resolve_backend(config: ModelConfig, override: str | None, *, connecting: Callable[[], None] | None = None) -> Backend:
-    """Which backend runs, with how many workers; connects to Ray for the ray backend and
-    checks the resources it asks for exist. A process torchrun, horovodrun, mpirun or the
-    deepspeed launcher started runs in the launcher's group, whatever the backend says.
-    ``connecting`` is called once the checks that need no Ray passed, before connecting."""
-    from raylight.worker import process_group
-
-    kind, t = backend_kind(config, override), config.backend.trainer
-    if kind == "launcher":
-        launch = process_group.detect()
-        assert launch is not None
-        wanted = override or config.backend.type
-        if launch.rank == 0 and wanted not in (None, *LAUNCHED):
-            log.info("started by %s: its %d processes train (backend %s is not used)", launch.launcher, launch.world_size, wanted)
-        return Backend("launcher", launch.world_size, t.use_gpu, None, rank=launch.rank)
-    if kind == "local":
-        return Backend("local", 0, t.use_gpu, None)
-    import ray
-
-    from raylight.driver import runtime
-
-    per = dict(t.resources_per_worker or {})
-    per.setdefault("CPU", 1.0)
-    if t.use_gpu:
-        per.setdefault("GPU", 1.0)
-    if runtime.would_start_embedded(None):  # what can be checked before starting Ray
-        _check_resources(t, per, runtime.local_capacity(), "this machine", sized_by_ray=True)
-    if connecting is not None:
-        connecting()
-    runtime.connect(None)
-    total = ray.cluster_resources()
-    if t.min_workers is not None or t.max_workers is not None:
-        lo = t.min_workers or 1
-        hi = t.max_workers or max(lo, int(total.get("CPU", 1) // per["CPU"]))
-        workers: int | tuple[int, int] = (lo, hi)
-        need = lo
-    else:
-        fits = int(min(total.get(k, 0.0) // v for k, v in per.items() if v > 0))
-        workers = t.num_workers or max(1, fits)
-        need = workers
-    _check_resources(t, per, total, "the cluster", need=need)
-    return Backend("ray", workers, t.use_gpu, per)
-
-
-def _connect_while(
-    preprocess: Callable[[], Prepared], config: ModelConfig, backend: str | None,
-    connected: Callable[[Backend], None] | None = None,
-) -> tuple[Backend, float, Prepared]:
-    """``resolve_backend`` (Ray's start: seconds on a laptop) in this thread while
-    ``preprocess``, which needs no Ray, runs in another; ``connected`` is called with the
-    backend as soon as it is resolved, still beside preprocessing. Returns the backend, the
-    seconds connecting took, and the preprocessed data. A backend that connects to nothing
-    preprocesses after; an error connecting is raised at once (the thread is a daemon:
-    it ends with the process, and a cache entry it was writing stays uncommitted)."""
-    out: dict[str, Any] = {}
-
-    def side() -> None:
-        try:
-            out["prepared"] = preprocess()
-        except BaseException as exc:  # raised in the caller's thread below
-            out["error"] = exc
-
-    began = time.monotonic()
-    thread = threading.Thread(target=side, name="raylight-preprocess", daemon=True)
-    resolved = resolve_backend(config, backend, connecting=thread.start)
-    connect_s = time.monotonic() - began
-    if connected is not None:
-        connected(resolved)
-    if thread.ident is None:  # nothing to connect to
-        side()
-    else:
-        thread.join()
-    if "error" in out:
-        raise out["error"]
-    return resolved, connect_s, out["prepared"]
-
-
-def _check_resources(
-    t: Any, per: dict[str, float], total: dict[str, float], where: str, *, need: int | None = None, sized_by_ray: bool = False
-) -> None:
-    """The workers backend.trainer asks for fit ``total``. ``sized_by_ray``: ``total`` is
-    what this machine is known to have before Ray starts; resources it does not size
-    (memory, GPUs where a driver exists) are left to Ray."""
-    if need is None:
-        need = t.min_workers or t.num_workers or 1
-    for key, amount in per.items():
-        if sized_by_ray and key not in total and key in ("memory", "object_store_memory", "GPU"):
-            continue
-        have = total.get(key, 0.0)
-        if amount * need > have:
-            fix = "lower backend.trainer.num_workers" + (" (or min_workers)" if t.min_workers else "")
-            if key == "GPU":
-                fix += " or set backend.trainer.use_gpu: false"
-            elif key not in ("CPU", "GPU"):
-                fix = f"remove {key!r} from backend.trainer.resources_per_worker, or run on a cluster that has it"
-            raise ConfigError(
-                f"backend.trainer asks for {need} workers x {key}: {amount:g} = {amount * need:g} {key}, "
-                f"but {where} has {have:g}; {fix}"
-            )
 
 
 @dataclass
@@ -354,53 +223,21 @@ def train(
         connect_s = time.monotonic() - started
         prepared = preprocess()
     else:  # while Ray's processes start, if it starts them
-        resolved, connect_s, prepared = _connect_while(preprocess, config, backend, connected=lambda b: _prestart(b, config))
+        resolved, connect_s, prepared = connect_while(preprocess, config, backend, connected=lambda b: prestart(b, config))
     if resolved.kind == "ray":
         prepared = in_store(prepared)
     preprocessed = time.monotonic()
     # torch only now: the ray backend's start began importing it in a thread while Ray's
     # processes started, and preprocessing overlapped it (an import up front serialises it).
-    from raylight.declarative.train import declarative_loop, evaluate_data, load_model, save_model
-    from raylight.driver.trainer import Trainer, fit_config
+    import raylight.driver.trainer  # noqa: F401  (_fit's, timed here as an import)
+    from raylight.declarative.train import evaluate_data, load_model, save_model
 
     imported = time.monotonic()
-    loop_config, adaptive = loop_settings(config, prepared, on_ray=resolved.kind == "ray")
-    trainer_config = fit_config(
-        num_workers=resolved.num_workers,
-        adaptive=adaptive,
-        use_gpu=resolved.use_gpu,
-        resources_per_worker=resolved.resources,
-        strategy=config.backend.trainer.strategy,
-        storage_path=os.path.dirname(out),
-        name=os.path.basename(out),
-        progress=progress,
-        loggers=list(config.loggers),
-        prices=prices,
-        max_failures=config.backend.trainer.max_failures,
-        resume=resume,
-    )
-    result = Trainer(  # creates the output directory when training starts
-        declarative_loop, train_loop_config=loop_config, config=trainer_config,
-        max_failures_setting="backend.trainer.max_failures",
-    ).fit()
+    result, loop_config = _fit(config, prepared, resolved, out, progress=progress, prices=prices, resume=resume)
     if not leader:
         return {"output_directory": out, "model_path": os.path.join(out, "model"), "backend": resolved.kind, "rank": resolved.rank}
     atomic_write(os.path.join(out, "config.yaml"), render_config(config))
-    assert result.checkpoint is not None, "every epoch reports a checkpoint"
-    best = result.checkpoint.load()["best"]
-    if best["state"] is None:  # no epoch had a finite loss
-        last = result.metrics_history[-1] if result.metrics_history else {}
-        raise TrainingDivergedError(
-            f"training diverged: the {'validation' if 'validation_loss' in last else 'training'} loss "
-            f"was NaN or infinite from epoch {last.get('epoch', 0)} on, so there is no model to save "
-            f"(the run is in {out}). Lower trainer.learning_rate (it was "
-            f"{loop_config['learning_rate']:g}), or check the data for extreme values."
-        )
-    if result.metrics_history and result.metrics_history[-1].get("diverged"):
-        log.warning(
-            "training diverged at epoch %s (loss NaN or infinite) and stopped; the model saved is "
-            "the one of epoch %s, the best before it", result.metrics_history[-1].get("epoch"), best["epoch"],
-        )
+    best = _best(result, out, loop_config["learning_rate"])
     model_dir = os.path.join(out, "model")
     save_model(model_dir, config, prepared.meta, best["state"])
     trained = time.monotonic()
@@ -433,17 +270,56 @@ def train(
     }
 
 
-def _prestart(resolved: Backend, config: ModelConfig) -> None:
-    """The ray backend's workers start (and import torch and the training loop's module)
-    while the driver still preprocesses, rather than after it."""
-    if resolved.kind != "ray":
-        return
-    from raylight.driver.trainer import prestart_workers
+def _fit(
+    config: ModelConfig, prepared: Prepared, resolved: Backend, out: str, *, progress: bool,
+    prices: dict[str, float] | None, resume: bool,
+) -> tuple[Any, dict[str, Any]]:
+    """The training run itself: the declarative loop on the core's Trainer (which creates
+    the output directory when training starts). Its result, and the loop's config."""
+    from raylight.declarative.train import declarative_loop
+    from raylight.driver.trainer import Trainer, fit_config
 
-    prestart_workers(
-        num_workers=resolved.num_workers, use_gpu=resolved.use_gpu, resources_per_worker=resolved.resources,
-        strategy=config.backend.trainer.strategy, modules=("raylight.declarative.train",),
+    loop_config, adaptive = loop_settings(config, prepared, on_ray=resolved.kind == "ray")
+    trainer_config = fit_config(
+        num_workers=resolved.num_workers,
+        adaptive=adaptive,
+        use_gpu=resolved.use_gpu,
+        resources_per_worker=resolved.resources,
+        strategy=config.backend.trainer.strategy,
+        storage_path=os.path.dirname(out),
+        name=os.path.basename(out),
+        progress=progress,
+        loggers=list(config.loggers),
+        prices=prices,
+        max_failures=config.backend.trainer.max_failures,
+        resume=resume,
     )
+    result = Trainer(
+        declarative_loop, train_loop_config=loop_config, config=trainer_config,
+        max_failures_setting="backend.trainer.max_failures",
+    ).fit()
+    return result, loop_config
+
+
+def _best(result: Any, out: str, learning_rate: float) -> dict[str, Any]:
+    """The best epoch's model (its checkpoint's ``best``); a run whose every epoch
+    diverged is a TrainingDivergedError, one that diverged after a best epoch a warning."""
+    assert result.checkpoint is not None, "every epoch reports a checkpoint"
+    best: dict[str, Any] = result.checkpoint.load()["best"]
+    if best["state"] is None:  # no epoch had a finite loss
+        last = result.metrics_history[-1] if result.metrics_history else {}
+        raise TrainingDivergedError(
+            f"training diverged: the {'validation' if 'validation_loss' in last else 'training'} loss "
+            f"was NaN or infinite from epoch {last.get('epoch', 0)} on, so there is no model to save "
+            f"(the run is in {out}). Lower trainer.learning_rate (it was "
+            f"{learning_rate:g}), or check the data for extreme values."
+        )
+    if result.metrics_history and result.metrics_history[-1].get("diverged"):
+        log.warning(
+            "training diverged at epoch %s (loss NaN or infinite) and stopped; the model saved is "
+            "the one of epoch %s, the best before it", result.metrics_history[-1].get("epoch"), best["epoch"],
+        )
+    return best
 
 
 def in_store(prepared: Prepared) -> Prepared:
@@ -531,23 +407,6 @@ def _train_rows(train: Any) -> int:
         return 0
 
 
-@contextlib.contextmanager
-def _launched_group() -> Iterator[Any]:
-    """Under a launcher with more than one process: its group, formed here and destroyed
-    after (the LaunchEnv is yielded); None elsewhere."""
-    from raylight.worker import process_group
-
-    launch = process_group.detect()
-    if launch is None or launch.world_size == 1:
-        yield None
-        return
-    process_group.init_process_group(launch, "gloo")
-    try:
-        yield launch
-    finally:
-        process_group.destroy_process_group()
-
-
 def predict(model_path: str, dataset: str, output: str | None) -> pd.DataFrame | None:
     """Predictions for every row of ``dataset``, in order. Under a launcher each process
     predicts its share of the rows and rank 0 writes (and returns) them all; the other
@@ -560,7 +419,7 @@ def predict(model_path: str, dataset: str, output: str | None) -> pd.DataFrame |
 
     model = load_model(model_path)
     df = read_pandas(dataset)
-    with _launched_group() as launch:
+    with launched_group() as launch:
         if launch is None:
             frame = model.predict(df, source=dataset)
         else:
@@ -605,7 +464,7 @@ def evaluate(model_path: str, dataset: str) -> dict[str, float] | None:
     from raylight.declarative.train import load_model
 
     model, df = load_model(model_path), read_pandas(dataset)
-    with _launched_group() as launch:
+    with launched_group() as launch:
         if launch is None:
             return model.evaluate(df, source=dataset)
         import torch
@@ -660,7 +519,7 @@ def init_config(dataset: str, target: str, output: str | None = None) -> dict[st
 
     inputs = [{"name": str(c), "type": infer_type(df[c].dropna())} for c in df.columns if c != target and not df[c].isna().all()]
     out_type = infer_type(df[target].dropna())
-    if out_type not in OUTPUT_TYPES:  # text, say: its values as classes
+    if out_type not in OUTPUTS:  # text, say: its values as classes
         out_type = "category"
     return {
         "input_features": inputs,

@@ -18,7 +18,7 @@ from typing import Any
 import fsspec
 import numpy as np
 
-from raylight.declarative.config import ModelConfig
+from raylight.declarative.config.model import ModelConfig
 from raylight.declarative.dataset import expand
 from raylight.storage.run_dir import write_committed
 

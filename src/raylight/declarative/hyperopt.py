@@ -21,8 +21,9 @@ from typing import Any
 
 from raylight.base.exceptions import ConfigError, RaylightError
 from raylight.declarative import processor, search
-from raylight.declarative.config import ModelConfig, preprocessing_sections, set_path, space_values
-from raylight.declarative.hyperopt_config import HyperoptConfig
+from raylight.declarative.config.hyperopt import HyperoptConfig
+from raylight.declarative.config.model import ModelConfig
+from raylight.declarative.config.parameters import preprocessing_sections, set_path, space_values
 from raylight.storage.run_dir import atomic_path, atomic_write
 from raylight.tune.resources import (
     ConcurrencyPlan,

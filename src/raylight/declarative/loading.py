@@ -9,9 +9,9 @@ import fsspec
 import yaml
 
 from raylight.base.exceptions import ConfigError
-from raylight.config.validation import validate
-from raylight.declarative.config import ModelConfig
+from raylight.declarative.config.model import ModelConfig
 from raylight.declarative.keypath import KeyPathError, assign
+from raylight.declarative.suggest import validate_config
 
 
 def read_text_file(path: str, what: str) -> str:
@@ -81,7 +81,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def load_config(path: str, overrides: list[str] | None = None) -> ModelConfig:
-    return validate(ModelConfig, apply_overrides(load_yaml(path), overrides or []))
+    return validate_config(apply_overrides(load_yaml(path), overrides or []))
 
 
 def render_config(config: ModelConfig) -> str:

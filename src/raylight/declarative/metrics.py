@@ -1,10 +1,12 @@
-"""The metrics a declarative run measures each epoch, by output type and split, and
-Ludwig's names for them: the one home of metric names for early stopping, the best model,
-reductions on plateau and hyperparameter search."""
+"""The metrics a declarative run measures each epoch, by output type (each type's
+``METRICS``) and split, and Ludwig's names for them: the one home of metric names for
+early stopping, the best model, reductions on plateau and hyperparameter search."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+
+from raylight.declarative.outputs import OUTPUTS
 
 # Ludwig's metric names that are raylight's under another name.
 METRIC_ALIASES = {
@@ -24,11 +26,7 @@ def metrics_measured(kind: str, split: str) -> list[str]:
     """The metrics each epoch measures of a ``kind`` output on ``split``."""
     if split == "training":
         return ["loss"]
-    return {
-        "binary": ["loss", "accuracy", "roc_auc", "precision", "recall", "specificity"],
-        "category": ["loss", "accuracy", "hits_at_k"], "number": ["loss", "mse", "mae", "r2", "rmse", "mape", "rmspe"],
-        "set": ["loss", "jaccard"], "vector": ["loss", "mse", "mae", "r2"],
-    }[kind]
+    return list(OUTPUTS[kind].METRICS)
 
 
 COMBINED = "combined"  # Ludwig's name for all the outputs together (validation_field, hyperopt output_feature)

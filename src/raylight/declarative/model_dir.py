@@ -30,8 +30,7 @@ def damaged_note(path: str) -> str:
 def check_model_dir(path: str) -> tuple[Any, dict[str, Any]]:
     """The config (a ``ModelConfig``) and preprocessing metadata of the model directory
     ``path``, after every check that needs no torch; a ConfigError naming the file otherwise."""
-    from raylight.config.validation import validate
-    from raylight.declarative.config import ModelConfig
+    from raylight.declarative.suggest import validate_config
 
     if not os.path.exists(path):
         raise ConfigError(f"model path {path!r} does not exist; pass <output-directory>/model of a trained run")
@@ -48,7 +47,7 @@ def check_model_dir(path: str) -> tuple[Any, dict[str, Any]]:
             f"{model_json!r} has format {fmt!r}; this raylight reads formats {', '.join(map(str, READ_FORMATS))} "
             "(a model written by a newer raylight needs that version)"
         )
-    config = validate(ModelConfig, saved["config"], prefix=f"{model_json} config")
+    config = validate_config(saved["config"], prefix=f"{model_json} config")
     _check_weights_header(os.path.join(path, WEIGHTS_FILE), damaged)
     return config, saved["meta"]
 

@@ -3,8 +3,7 @@
 ``fit_metadata`` learns what each feature needs (means, ranges, vocabularies) from the
 training split; ``transform`` turns a DataFrame into arrays with the same metadata at
 training and prediction time. Every data problem is a ConfigError naming the column.
-What is particular to a type is its module's in ``features``; an output feature's
-column is checked as an input of its type would be.
+What is particular to a type is its module's in ``features`` (inputs) or ``outputs``.
 """
 
 from __future__ import annotations
@@ -16,9 +15,10 @@ import numpy as np
 import pandas as pd
 
 from raylight.base.exceptions import ConfigError
-from raylight.declarative.config import ModelConfig
-from raylight.declarative.features import FEATURES, binary, number, sets, vector
+from raylight.declarative.config.model import ModelConfig
+from raylight.declarative.features import FEATURES
 from raylight.declarative.features.base import present
+from raylight.declarative.outputs import OUTPUTS
 
 
 # The data errors, one wording for the pandas and the Ray Data checks alike.
@@ -75,7 +75,7 @@ def check_hits_at_k(config: Any, meta: dict[str, Any]) -> None:
     outputs = {out.name: out for out in config.output_features}
     for key, field, metric in asks:
         out = outputs.get(field, config.output_features[0] if len(outputs) == 1 else None)
-        if metric != "hits_at_k" or out is None or out.type != "category":
+        if metric != "hits_at_k" or out is None or not hasattr(out, "top_k"):  # a category output
             continue
         classes = len(meta[out.name]["classes"])
         if classes <= out.top_k:
@@ -165,22 +165,6 @@ def class_counts(arrays: dict[str, np.ndarray], target: str) -> np.ndarray:
     return np.array([len(arrays[target]) - ones, ones], dtype=np.int64)
 
 
-def check_classes(out: Any, classes: list[Any], source: str) -> None:
-    """A classifier's target needs two classes; a binary one at most two."""
-    if out.type not in ("binary", "category"):
-        return
-    if len(classes) < 2:
-        raise ConfigError(
-            f"target column {out.col!r} ({out.type}) of dataset {source!r} has only one class "
-            f"({classes}); a classifier needs at least two"
-        )
-    if out.type == "binary" and len(classes) > 2:
-        raise ConfigError(
-            f"target column {out.col!r} is declared binary but has {len(classes)} classes; "
-            "declare it as category"
-        )
-
-
 def check_columns(df: pd.DataFrame, config: ModelConfig, *, with_outputs: bool, source: str) -> None:
     features = list(config.input_features) + (list(config.output_features) if with_outputs else [])
     for i, feat in enumerate(features):
@@ -190,29 +174,18 @@ def check_columns(df: pd.DataFrame, config: ModelConfig, *, with_outputs: bool, 
         col = df[feat.col]
         if col.isna().all():
             raise all_null(feat, source)
-        FEATURES[feat.type].check(col, feat, kind)
+        (FEATURES[feat.type] if kind == "input_features" else OUTPUTS[feat.type]).check(col, feat, kind)
 
 
 def check_target(df: pd.DataFrame, config: ModelConfig, source: str) -> None:
     for out in config.output_features:
-        check_classes(out, df[out.col].dropna().unique().tolist(), source)
+        OUTPUTS[out.type].check_target(df[out.col], out, source)
 
 
 def fit_metadata(df: pd.DataFrame, config: ModelConfig) -> dict[str, Any]:
     meta = {feat.name: FEATURES[feat.type].fit(df[feat.col], feat) for feat in config.input_features}
     for out in config.output_features:
-        col = df[out.col].dropna()
-        if out.type == "category":
-            meta[out.name] = {"classes": sorted(col.astype(str).unique().tolist())}
-        elif out.type == "binary":
-            meta[out.name] = {}
-        elif out.type == "set":
-            meta[out.name] = sets.fit_target(df[out.col], out)
-        elif out.type == "vector":
-            meta[out.name] = vector.fit(df[out.col], out)
-        else:
-            stats = number.fit(col, out)
-            meta[out.name] = {"mean": stats["mean"], "std": stats["std"]}
+        meta[out.name] = OUTPUTS[out.type].fit(df[out.col], out)
     return meta
 
 
@@ -229,22 +202,8 @@ def transform(
         arrays[feat.name] = array
     # A row lacking any output's target is dropped (Ludwig's drop_row for outputs).
     for out in config.output_features if with_outputs else ():
-        col = df[out.col]
-        keep &= present(col) if out.type == "set" else col.notna().to_numpy()  # a set: "" has no labels either
-        m = meta[out.name]
-        if out.type == "category":
-            index = {v: i for i, v in enumerate(m["classes"])}
-            arrays[out.name] = np.array([index.get(str(v), 0) for v in col.fillna("")], dtype=np.int64)
-        elif out.type == "binary":
-            arrays[out.name] = binary.to_float(col).fillna(0.0).to_numpy(dtype=np.float32)
-        elif out.type == "set":
-            arrays[out.name] = sets.target_array(col, m["classes"])
-        elif out.type == "vector":
-            arrays[out.name], kept = vector.transform(col, out, m)
-            keep &= kept if kept is not None else True
-        else:
-            values = pd.to_numeric(col, errors="coerce").fillna(m["mean"]).to_numpy(dtype=np.float64)
-            arrays[out.name] = ((values - m["mean"]) / m["std"]).astype(np.float32)
+        arrays[out.name], kept = OUTPUTS[out.type].transform(df[out.col], out, meta[out.name])
+        keep &= kept
     return {k: v[keep] for k, v in arrays.items()}, keep
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import fsspec
 
-from raylight.declarative.config import ProcessorConfig
+from raylight.declarative.config.backend import ProcessorConfig
 from raylight.declarative.dataset import dataset_format, expand
 
 log = logging.getLogger("raylight")

@@ -24,15 +24,16 @@ import numpy as np
 import pandas as pd
 
 from raylight.base.exceptions import ConfigError
-from raylight.declarative.config import ModelConfig, SplitConfig
+from raylight.declarative.config.model import ModelConfig
+from raylight.declarative.config.preprocessing import SplitConfig
 from raylight.declarative.dataset import dataset_format, expand, refuse_pickled_columns
-from raylight.declarative.features import FEATURES, sets
+from raylight.declarative.features import FEATURES
+from raylight.declarative.outputs import OUTPUTS
 from raylight.declarative.preprocess import (
     all_null,
     bad_split_values,
     balance_block,
     balance_quotas,
-    check_classes,
     check_dates,
     check_split_rows,
     check_validation_unneeded,
@@ -140,9 +141,11 @@ def _parquet_reader_v1() -> Iterator[None]:
         context.use_datasource_v2 = before
 
 
-def _features(config: ModelConfig) -> list[tuple[str, Any]]:
-    """(kind, feature) for the inputs, then the outputs."""
-    return [("input_features", f) for f in config.input_features] + [("output_features", f) for f in config.output_features]
+def _features(config: ModelConfig) -> list[tuple[str, Any, Any]]:
+    """(kind, feature, its type's module) for the inputs, then the outputs."""
+    return [("input_features", f, FEATURES[f.type]) for f in config.input_features] + [
+        ("output_features", f, OUTPUTS[f.type]) for f in config.output_features
+    ]
 
 
 MIN_BLOCK_ROWS = 20_000  # fewer rows per block than this: more blocks only add task overhead
@@ -185,14 +188,12 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
     rows = int(summary["rows"].sum())
     if rows == 0:
         raise ConfigError(f"dataset {dataset!r} is empty: it has no rows")
-    for i, (kind, feat) in enumerate(_features(config)):
+    for i, (kind, feat, family) in enumerate(_features(config)):
         if int(summary[f"{i}:notnull"].sum()) == 0:
             raise all_null(feat, dataset)
-        keys = {c: c.partition(":")[2] for c in summary.columns if c.startswith(f"{i}:") and c != f"{i}:notnull"}
-        FEATURES[feat.type].check_blocks(summary[list(keys)].rename(columns=keys), feat, kind)
-    for i, out in enumerate(config.output_features):
-        if out.type in ("binary", "category"):
-            check_classes(out, sorted({c for cs in summary[f"classes{i}"] for c in cs}), dataset)
+        family.check_blocks(_keyed(summary, f"{i}:", f"{i}:notnull"), feat, kind)
+    for j, out in enumerate(config.output_features):
+        OUTPUTS[out.type].check_target_blocks(_keyed(summary, f"target{j}:"), out, dataset)
     p = split.probabilities
     if by_row is not None:  # each block's rows of each split, as its column says
         bad = summary[summary["split_bad"].str.len() > 0]
@@ -305,14 +306,20 @@ def _summary(df: pd.DataFrame, config: ModelConfig) -> pd.DataFrame:
     elif split.type == "stratify":  # rows of each value of the column
         row["strata"] = {str(k): int(n) for k, n in strata(df[split.column]).value_counts().items()}
     for j, out in enumerate(config.output_features):
-        if out.type in ("binary", "category"):
-            row[f"classes{j}"] = [str(v) for v in df[out.col].dropna().unique()[:3]]
-    for i, (_, feat) in enumerate(_features(config)):
+        for key, value in OUTPUTS[out.type].target_summary(df[out.col], out).items():
+            row[f"target{j}:{key}"] = value
+    for i, (_, feat, family) in enumerate(_features(config)):
         col = df[feat.col]
         row[f"{i}:notnull"] = int(col.notna().sum())
-        for key, value in FEATURES[feat.type].block_summary(col, feat).items():
+        for key, value in family.block_summary(col, feat).items():
             row[f"{i}:{key}"] = value
     return pd.DataFrame([row])
+
+
+def _keyed(summary: pd.DataFrame, prefix: str, *besides: str) -> pd.DataFrame:
+    """The columns of ``summary`` that start with ``prefix`` (but ``besides``), without it."""
+    keys = {c: c.removeprefix(prefix) for c in summary.columns if c.startswith(prefix) and c not in besides}
+    return summary[list(keys)].rename(columns=keys)
 
 
 @functools.cache
@@ -360,30 +367,20 @@ def _transform_fn(df: pd.DataFrame, config: ModelConfig, meta: dict[str, Any]) -
 
 
 def _fit_metadata(train: Any, config: ModelConfig) -> dict[str, Any]:
-    """Each type fits all its features at once; number and vector targets join the inputs of their type
-    (one aggregation over the split for all number columns)."""
+    """Each input type fits all its features at once (one aggregation over the split for
+    all number columns, say), and each output type its outputs."""
     by_type: dict[str, list[Any]] = {}
     for feat in config.input_features:
         by_type.setdefault(feat.type, []).append(feat)
-    for out in config.output_features:
-        if out.type in ("number", "vector"):
-            by_type.setdefault(out.type, []).append(out)
     fitted: dict[str, dict[str, Any]] = {}
     for kind, feats in by_type.items():
         fitted.update(FEATURES[kind].fit_ray(train, feats))
-    meta = {feat.name: fitted[feat.name] for feat in config.input_features}
+    outs: dict[str, list[Any]] = {}
     for out in config.output_features:
-        if out.type == "category":
-            meta[out.name] = {"classes": _classes(train, out.col)}
-        elif out.type == "binary":
-            meta[out.name] = {}
-        elif out.type == "set":
-            meta[out.name] = sets.fit_target_ray(train, out)
-        elif out.type == "vector":
-            meta[out.name] = fitted[out.name]
-        else:
-            meta[out.name] = {"mean": fitted[out.name]["mean"], "std": fitted[out.name]["std"]}
-    return meta
+        outs.setdefault(out.type, []).append(out)
+    for kind, feats in outs.items():
+        fitted.update(OUTPUTS[kind].fit_ray(train, feats))
+    return {feat.name: fitted[feat.name] for feat in (*config.input_features, *config.output_features)}
 
 
 @dataclass(frozen=True)
@@ -395,14 +392,3 @@ class BlockRefs:
 
     def __len__(self) -> int:
         return sum(self.lengths)
-
-
-def _classes(train: Any, col: str) -> list[str]:
-    """A classifier target's distinct values in the split, as strings, sorted: one task
-    per block (``Dataset.unique`` would run a hash shuffle)."""
-
-    def distinct(df: pd.DataFrame) -> pd.DataFrame:
-        return pd.DataFrame({"value": df[col].dropna().astype(str).unique()})
-
-    values = train.map_batches(distinct, batch_format="pandas", batch_size=None).to_pandas()["value"]
-    return sorted(set(values))

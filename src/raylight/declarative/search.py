@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from raylight.base.exceptions import ConfigError
-from raylight.declarative.hyperopt_config import (
+from raylight.declarative.config.hyperopt import (
     AshaScheduler,
     HyperoptConfig,
     MedianStoppingScheduler,

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from raylight.declarative.config import ModelConfig
+from raylight.declarative.config.model import ModelConfig
 from raylight.declarative.lr_schedule import Plateau, Schedule, schedule_clock
 from raylight.declarative.metrics import MINIMIZED, metric_key
 from raylight.declarative.model_dir import (
@@ -22,6 +22,7 @@ from raylight.declarative.model_dir import (
     check_model_dir,
     damaged_note,
 )
+from raylight.declarative.outputs import OUTPUTS
 from raylight.worker.data.blocks import BlockDataset
 
 if TYPE_CHECKING:
@@ -88,9 +89,10 @@ def evaluate_data(
     and ``loss``, Ludwig's combined loss (each output's loss times its ``loss_weight``,
     summed)."""
     outputs = list(outputs) if isinstance(outputs, list | tuple) else [outputs]
-    names = [_sum_names(out, meta) for out in outputs]
-    sums = {f"{i}:{k}": 0.0 for i, mine in enumerate(names) for k in mine}
-    ranked: dict[int, list[np.ndarray]] = {i: [] for i, out in enumerate(outputs) if out.type == "binary"}
+    types = [OUTPUTS[out.type] for out in outputs]
+    sums = [dict.fromkeys(["n", "loss", *kind.sum_names(out, meta[out.name])], 0.0) for kind, out in zip(types, outputs, strict=True)]
+    ranked: dict[int, list[np.ndarray]] = {i: [] for i, kind in enumerate(types) if kind.RANKS}
+    losses = [kind.loss(out) for kind, out in zip(types, outputs, strict=True)]
     was_training = model.training
     model.eval()
     with torch.no_grad():
@@ -100,132 +102,28 @@ def evaluate_data(
             if len(targets[outputs[0].name]) == 0:
                 continue
             raw = model(batch)
-            for i, out in enumerate(outputs):
-                _add_sums(sums, f"{i}:", out, raw[out.name].cpu(), targets[out.name], meta, ranked.get(i))
+            for i, (kind, out) in enumerate(zip(types, outputs, strict=True)):
+                mine, target, n = raw[out.name].cpu(), targets[out.name], len(targets[out.name])
+                sums[i]["n"] += n
+                sums[i]["loss"] += float(losses[i](mine, target)) * n
+                scored = kind.add_sums(sums[i], out, mine, target, meta[out.name])
+                if i in ranked and scored is not None:
+                    ranked[i].append(scored)
     model.train(was_training)
-    if reduce is not None:
-        sums = reduce(sums)
+    if reduce is not None:  # one flat dict of floats for the processes to add up
+        flat = reduce({f"{i}:{k}": v for i, mine in enumerate(sums) for k, v in mine.items()})
+        sums = [{k: flat[f"{i}:{k}"] for k in mine} for i, mine in enumerate(sums)]
     metrics: dict[str, float] = {}
-    for i, out in enumerate(outputs):
+    for i, (kind, out) in enumerate(zip(types, outputs, strict=True)):
         scored = None
         if i in ranked:
             scored = np.concatenate(ranked[i]) if ranked[i] else np.zeros((0, 2))
             scored = gather(scored) if gather is not None else scored
-        mine = _metrics(out.type, {k: sums[f"{i}:{k}"] for k in names[i]}, scored)
-        if out.type == "category" and len(meta[out.name]["classes"]) <= out.top_k:
-            del mine["hits_at_k"]  # every row's class is among the top k (Ludwig measures it only with more classes)
+        mine = {"loss": sums[i]["loss"] / (sums[i]["n"] or 1.0), **kind.metrics(out, sums[i], scored, meta[out.name])}
         metrics.update(mine if len(outputs) == 1 else {f"{out.name}/{k}": v for k, v in mine.items()})
     if len(outputs) > 1:
         metrics = {"loss": sum(out.loss_weight * metrics[f"{out.name}/loss"] for out in outputs), **metrics}
     return metrics
-
-
-def _add_sums(
-    sums: dict[str, float], at: str, output: Any, out: torch.Tensor, target: torch.Tensor, meta: dict[str, Any],
-    ranked: list[np.ndarray] | None,
-) -> None:
-    """Add one chunk's sums for ``output`` (its keys start with ``at``)."""
-    from raylight.declarative.models import loss_for, predictions
-
-    n = len(target)
-    sums[at + "n"] += n
-    sums[at + "loss"] += float(loss_for(output.type)(out, target)) * n
-    if output.type == "set":  # Ludwig's jaccard: |predicted & true| / |predicted | true| per row
-        pred, _ = predictions(output.type, out, output.threshold)
-        both, either = (pred.bool() & target.bool()).sum(1), (pred.bool() | target.bool()).sum(1)
-        sums[at + "jaccard"] += float(torch.where(either > 0, both / either.clamp(min=1), 1.0).sum())
-    elif output.type in ("binary", "category"):
-        pred, _ = predictions(output.type, out, output.threshold)
-        truth = target.long()
-        sums[at + "correct"] += float((pred == truth).sum())
-        if output.type == "category":  # the class among the top_k most likely
-            top = out.topk(min(output.top_k, out.shape[1]), dim=1).indices
-            sums[at + "hits"] += float((top == truth[:, None]).any(1).sum())
-        else:  # the confusion counts at the threshold
-            sums[at + "tp"] += float(((pred == 1) & (truth == 1)).sum())
-            sums[at + "fp"] += float(((pred == 1) & (truth == 0)).sum())
-            sums[at + "fn"] += float(((pred == 0) & (truth == 1)).sum())
-            sums[at + "tn"] += float(((pred == 0) & (truth == 0)).sum())
-        if ranked is not None:  # binary
-            ranked.append(torch.stack([out.double(), target.double()], dim=1).numpy())
-    elif output.type == "vector":  # every float; and per column, for each one's r2
-        err, value = (out - target).double(), target.double()
-        sums[at + "sse"] += float(err.pow(2).sum())
-        sums[at + "sae"] += float(err.abs().sum())
-        for j, (e2, t, t2) in enumerate(zip(err.pow(2).sum(0), value.sum(0), value.pow(2).sum(0), strict=True)):
-            sums[f"{at}sse.{j}"] += float(e2)
-            sums[f"{at}t.{j}"] += float(t)
-            sums[f"{at}t2.{j}"] += float(t2)
-    else:
-        std = meta[output.name].get("std", 1.0)
-        err = ((out - target) * std).double()
-        scaled = (target * std).double()
-        sums[at + "sse"] += float(err.pow(2).sum())
-        sums[at + "sae"] += float(err.abs().sum())
-        sums[at + "t"] += float(scaled.sum())
-        sums[at + "t2"] += float(scaled.pow(2).sum())
-        # percentage errors: over |target| in its own units, at least torchmetrics' epsilon
-        relative = err / (scaled + meta[output.name].get("mean", 0.0)).abs().clamp(min=PERCENT_EPS)
-        sums[at + "ape"] += float(relative.abs().sum())
-        sums[at + "spe"] += float(relative.pow(2).sum())
-
-
-_SUMS = ("n", "loss", "correct", "hits", "tp", "fp", "fn", "tn", "jaccard", "sse", "sae", "t", "t2", "ape", "spe")
-PERCENT_EPS = 1.17e-06  # torchmetrics' MeanAbsolutePercentageError clamps |target| here (Ludwig's mape)
-
-
-def _sum_names(output: Any, meta: dict[str, Any]) -> list[str]:
-    """The sums ``_add_sums`` keeps for ``output``: a vector's per column too."""
-    if output.type != "vector":
-        return list(_SUMS)
-    return ["n", "loss", "sse", "sae", *(f"{k}.{j}" for j in range(int(meta[output.name]["size"])) for k in ("sse", "t", "t2"))]
-
-
-def _metrics(kind: str, sums: dict[str, float], scored: np.ndarray | None) -> dict[str, float]:
-    """One output's metrics from its sums (and a binary output's (score, label) rows). A
-    vector's mse and mae are over all its floats, its r2 the mean of its columns' (Ludwig's,
-    torchmetrics' uniform average)."""
-    rows = sums["n"] or 1.0
-    loss = sums["loss"] / rows
-    if kind == "vector":
-        size = sum(1 for k in sums if k.startswith("sse."))
-        r2 = [
-            1.0 - (sums[f"sse.{j}"] / rows) / ((sums[f"t2.{j}"] / rows - (sums[f"t.{j}"] / rows) ** 2) or 1.0)
-            for j in range(size)
-        ]
-        return {"loss": loss, "mse": sums["sse"] / (rows * size), "mae": sums["sae"] / (rows * size), "r2": float(np.mean(r2))}
-    if kind == "binary":  # precision, recall and specificity at the threshold; 0 where undefined (torchmetrics')
-        assert scored is not None
-        tp, fp, fn, tn = (sums[k] for k in ("tp", "fp", "fn", "tn"))
-        return {
-            "loss": loss, "accuracy": sums["correct"] / rows, "roc_auc": roc_auc(scored[:, 0], scored[:, 1]),
-            "precision": tp / (tp + fp) if tp + fp else 0.0, "recall": tp / (tp + fn) if tp + fn else 0.0,
-            "specificity": tn / (tn + fp) if tn + fp else 0.0,
-        }
-    if kind == "category":
-        return {"loss": loss, "accuracy": sums["correct"] / rows, "hits_at_k": sums["hits"] / rows}
-    if kind == "set":
-        return {"loss": loss, "jaccard": sums["jaccard"] / rows}
-    mse = sums["sse"] / rows
-    var = (sums["t2"] / rows - (sums["t"] / rows) ** 2) or 1.0
-    return {
-        "loss": loss, "mse": mse, "mae": sums["sae"] / rows, "r2": 1.0 - mse / var, "rmse": math.sqrt(mse),
-        "mape": sums["ape"] / rows, "rmspe": math.sqrt(sums["spe"] / rows),
-    }
-
-
-def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """The area under the ROC curve of ``scores`` for the ``labels`` (1 positive): the
-    chance a positive scores above a negative, ties counting half (Mann-Whitney's U over
-    the counts of both); 0.5 where either class is absent (undefined)."""
-    from scipy.stats import rankdata
-
-    positive = labels == 1
-    pos, neg = int(positive.sum()), int((~positive).sum())
-    if pos == 0 or neg == 0:
-        return 0.5
-    ranks = rankdata(scores)  # ties: their average rank
-    return float((ranks[positive].sum() - pos * (pos + 1) / 2) / (pos * neg))
 
 
 def training_dataset(data: Any) -> ArrayDataset | BlockDataset:
@@ -336,7 +234,7 @@ class RateSchedule:
 
 def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
     """The per-worker loop raylight.fit runs for `raylight train`."""
-    from raylight.declarative.models import build_model, loss_for
+    from raylight.declarative.models import build_model
 
     cfg = ModelConfig.model_validate(config["model_config"])
     assert config["train"] is not None, "the training split is never empty"
@@ -368,7 +266,7 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
         seed=cfg.trainer.seed,
         adaptive=config["adaptive"],
     )
-    loss_fns = {out.name: loss_for(out.type) for out in outs}
+    loss_fns = {out.name: OUTPUTS[out.type].loss(out) for out in outs}
     penalty = regularization(cfg.trainer.regularization_type, cfg.trainer.regularization_lambda)
     stats = ctx.accumulator()
     for epoch in ctx.epochs(rates.epochs):
@@ -539,34 +437,9 @@ class LoadedModel:
 def _predicted(output: Any, raw: torch.Tensor, m: dict[str, Any], keep: np.ndarray) -> dict[str, Any]:
     """One output's prediction columns: ``<output>_predictions`` and, for classifiers,
     probabilities; nulls in the rows ``keep`` leaves out."""
-    from raylight.declarative.models import predictions
-
-    name, kind = output.name, output.type
-    pred, prob = predictions(kind, raw, output.threshold)
-    col = np.full(len(keep), None, dtype=object)
-    if kind == "category":
-        col[keep] = [m["classes"][i] for i in pred.tolist()]
-    elif kind == "binary":
-        col[keep] = [bool(v) for v in pred.tolist()]
-    elif kind == "set":
-        for i, row in zip(np.flatnonzero(keep), pred.numpy(), strict=True):  # one list per row (not a 2-D array)
-            col[i] = [m["classes"][j] for j in np.flatnonzero(row)]
-    elif kind == "vector":
-        for i, row in zip(np.flatnonzero(keep), pred.numpy(), strict=True):
-            col[i] = row.tolist()
-    else:
-        col[keep] = (pred.numpy() * m["std"] + m["mean"]).tolist()
-    columns: dict[str, Any] = {f"{name}_predictions": col}
-    if kind == "binary" and prob is not None:
-        probs = np.full(len(keep), np.nan)
-        probs[keep] = prob.numpy()
-        columns[f"{name}_probabilities"] = probs
-    elif kind in ("category", "set") and prob is not None:
-        for j, cls in enumerate(m["classes"]):
-            probs = np.full(len(keep), np.nan)
-            probs[keep] = prob[:, j].numpy()
-            columns[f"{name}_probability_{cls}"] = probs
-    return columns
+    kind = OUTPUTS[output.type]
+    pred, prob = kind.predictions(output, raw)
+    return kind.predicted(output, pred, prob, m, keep)
 
 
 def load_model(path: str) -> LoadedModel:

@@ -17,8 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from raylight.declarative.config import ModelConfig
+from raylight.declarative.config.model import ModelConfig
 from raylight.declarative.features import FEATURES
+from raylight.declarative.outputs import OUTPUTS
 
 _RESERVED = frozenset(dir(nn.ModuleDict()))  # names a ModuleDict cannot hold as keys
 
@@ -90,17 +91,6 @@ class FCStack(nn.Sequential):
         return x
 
 
-WIDE = ("category", "set", "vector")  # output types with a value per class (label, float) in each row
-
-
-def decoder_size(kind: str, meta: dict[str, Any]) -> int:
-    """The values an output's decoder gives per row: a class's or label's logit each, a
-    vector's floats, or one."""
-    if kind in ("category", "set"):
-        return len(meta["classes"])
-    return int(meta["size"]) if kind == "vector" else 1
-
-
 class DeclarativeModel(nn.Module):
     def __init__(self, config: ModelConfig, meta: dict[str, Any]) -> None:
         super().__init__()
@@ -120,7 +110,7 @@ class DeclarativeModel(nn.Module):
         self.output_types = {out.name: out.type for out in config.output_features}
         self.decoders = nn.ModuleDict()
         for out in config.output_features:
-            self.decoders[module_key(out.name)] = nn.Linear(width, decoder_size(out.type, meta[out.name]))
+            self.decoders[module_key(out.name)] = nn.Linear(width, OUTPUTS[out.type].decoder_size(out, meta[out.name]))
         self.register_load_state_dict_pre_hook(self._one_decoder)
         self._initialise()
 
@@ -163,30 +153,10 @@ class DeclarativeModel(nn.Module):
         outs = {}
         for name, kind in self.output_types.items():
             out = self.decoders[module_key(name)](hidden)
-            outs[name] = out if kind in WIDE else out.squeeze(1)
+            outs[name] = out if OUTPUTS[kind].WIDE else out.squeeze(1)
         return outs
 
 
 def build_model(config: ModelConfig, meta: dict[str, Any]) -> DeclarativeModel:
     torch.manual_seed(config.trainer.seed)
     return DeclarativeModel(config, meta)
-
-
-def loss_for(output_type: str) -> nn.Module:
-    losses = {
-        "binary": nn.BCEWithLogitsLoss, "category": nn.CrossEntropyLoss, "number": nn.MSELoss, "set": nn.BCEWithLogitsLoss,
-        "vector": nn.MSELoss,  # Ludwig's mean_squared_error: over every float of every row
-    }
-    return losses[output_type]()
-
-
-def predictions(output_type: str, out: torch.Tensor, threshold: float = 0.5) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Predicted values and, for classifiers, probabilities. A binary output predicts true,
-    and a set output each label, at probability ``threshold`` and above (Ludwig's)."""
-    if output_type in ("binary", "set"):
-        prob = torch.sigmoid(out)
-        return (prob >= threshold).long(), prob
-    if output_type == "category":
-        prob = torch.softmax(out, dim=1)
-        return prob.argmax(1), prob
-    return out, None

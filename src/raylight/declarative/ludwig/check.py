@@ -1,0 +1,232 @@
+"""Applying ``keys.py``'s tables to a config: each Ludwig key raylight does not take is
+dropped at a neutral value or an error at its key path with the fix, after merging Ludwig's
+``defaults`` section into the features as Ludwig does; and what a config as written set
+itself (``own_settings``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from raylight.declarative.ludwig.keys import (
+    ANY,
+    FC_LAYER_KEYS,
+    FEATURE_KEYS,
+    LUDWIG_KEYS,
+    LUDWIG_VALUES,
+)
+
+
+def _lookup(data: Any, path: str) -> tuple[bool, Any]:
+    node = data
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    if neutral is ANY:
+        return True
+    if isinstance(value, bool) or isinstance(neutral, bool):  # False is not 0 here
+        return value is neutral
+    return bool(value == neutral)
+
+
+def _without(data: dict[str, Any], path: str) -> dict[str, Any]:
+    """A copy of ``data`` without ``path`` (copying only the sections on the way)."""
+    head, _, rest = path.partition(".")
+    out = dict(data)
+    if rest:
+        out[head] = _without(out[head], rest)
+    else:
+        del out[head]
+    return out
+
+
+def _loss_weight(feature: dict[str, Any], loc: tuple[Any, ...], errors: list[InitErrorDetails]) -> dict[str, Any]:
+    """An output's Ludwig ``loss.weight`` as its ``loss_weight`` (the section goes if that
+    leaves it empty); both, at different values, is an error."""
+    found, value = _lookup(feature, "loss.weight")
+    if not found:
+        return feature
+    if "loss_weight" in feature and feature["loss_weight"] != value:
+        fix = f"Ludwig's spelling of loss_weight, which the feature gives too ({feature['loss_weight']!r}); keep one"
+        errors.append(_error((*loc, "loss", "weight"), fix, value))
+        return feature
+    feature = _without(feature, "loss.weight")
+    if feature.get("loss") == {}:
+        feature = _without(feature, "loss")
+    return {**feature, "loss_weight": value}
+
+
+def _feature_rules(side: str, kind: Any) -> dict[str, tuple[str, tuple[Any, ...]]]:
+    rules = dict(FEATURE_KEYS.get((side, "*"), {}))
+    rules.update(FEATURE_KEYS.get((side, kind), {}))
+    return rules
+
+
+def _check_features(data: dict[str, Any], errors: list[InitErrorDetails], inherited: dict[tuple[str, int], set[str]]) -> dict[str, Any]:
+    """``data`` without each feature's neutral Ludwig keys; the others added to ``errors``,
+    at ``defaults.<type>.<key>`` where the feature took the key from there (``inherited``)."""
+    for side in ("input", "output"):
+        key = f"{side}_features"
+        features = data.get(key)
+        if not isinstance(features, list):
+            continue
+        kept = []
+        for i, feature in enumerate(features):
+            if isinstance(feature, dict):
+                own: list[InitErrorDetails] = []
+                if side == "output":
+                    feature = _loss_weight(feature, (key, i), own)
+                feature = _apply(feature, _feature_rules(side, feature.get("type")), (key, i), own)
+                for error in own:
+                    path = ".".join(str(p) for p in error["loc"][2:])
+                    if path in inherited.get((key, i), set()):
+                        error = {**error, "loc": ("defaults", str(feature.get("type")), *error["loc"][2:])}
+                    if not any(e.get("loc") == error["loc"] for e in errors):  # two features may take one default
+                        errors.append(error)
+            kept.append(feature)
+        data = {**data, key: kept}
+    return data
+
+
+def _apply(
+    data: dict[str, Any], rules: dict[str, tuple[str, tuple[Any, ...]]], loc: tuple[Any, ...], errors: list[InitErrorDetails],
+) -> dict[str, Any]:
+    """``data`` (a config, or one feature at ``loc``) without the keys of ``rules`` at their
+    neutral values (and the sections that leaves empty); the others added to ``errors``."""
+    for path, (fix, neutral) in rules.items():
+        found, value = _lookup(data, path)
+        if not found:
+            continue
+        if any(_same(value, v) for v in neutral):
+            data = _without(data, path)
+            parts = path.split(".")
+            for depth in range(len(parts) - 1, 0, -1):  # the sections left empty, innermost first
+                head = ".".join(parts[:depth])
+                if _lookup(data, head)[1] != {}:
+                    break
+                data = _without(data, head)
+        else:
+            errors.append(_error((*loc, *path.split(".")), f"Ludwig's setting, not raylight's: {fix}", value))
+    return data
+
+
+def _with_defaults(
+    data: dict[str, Any], errors: list[InitErrorDetails], inherited: dict[tuple[str, int], set[str]],
+) -> dict[str, Any]:
+    """Ludwig's ``defaults`` section merged into the features, as Ludwig merges it
+    (``merge_with_defaults``): each feature takes its type's preprocessing and encoder
+    (inputs) or decoder and loss (outputs) where it does not set them, a section merged key
+    by key unless the feature names another ``type`` for it; then the section goes.
+    ``inherited`` gets, per feature, the key paths it took from the section."""
+    if "defaults" not in data:
+        return data
+    defaults = data["defaults"]
+    if defaults is None:
+        return {k: v for k, v in data.items() if k != "defaults"}
+    if not isinstance(defaults, dict) or not all(isinstance(v, dict) for v in defaults.values()):
+        errors.append(_error(("defaults",), "Ludwig's defaults: a mapping of feature type to its sections, e.g. {category: {encoder: {embedding_size: 16}}}", defaults))
+        return data
+    out = {k: v for k, v in data.items() if k != "defaults"}
+    for key, excluded in (("input_features", {"decoder", "loss"}), ("output_features", {"encoder", "preprocessing"})):
+        features = out.get(key)
+        if isinstance(features, list):
+            merged = []
+            for i, f in enumerate(features):
+                if isinstance(f, dict):
+                    m = _merged({k: v for k, v in defaults.get(f.get("type"), {}).items() if k not in excluded}, f)
+                    inherited[(key, i)] = _leaves(m) - _leaves(f)
+                    f = m
+                merged.append(f)
+            out[key] = merged
+    return out
+
+
+def own_settings(data: Any) -> dict[str, dict[str, Any]]:
+    """What a config as written sets itself: per feature (``input_features.<i>``,
+    ``output_features.<i>``) its settings by dotted path, before Ludwig's ``defaults``
+    section fills them in, and that section's own (``defaults``: ``<type>.<section>.<key>``).
+    Ludwig's feature-level hyperopt parameters (``defaults.<type>...``, ``set_path``) reach
+    only what a feature leaves to its defaults."""
+    out: dict[str, dict[str, Any]] = {}
+    if not isinstance(data, dict):
+        return out
+    for side in ("input_features", "output_features"):
+        features = data.get(side)
+        for i, feature in enumerate(features if isinstance(features, list) else []):
+            if isinstance(feature, dict):
+                out[f"{side}.{i}"] = _leaf_values(feature)
+    if isinstance(data.get("defaults"), dict):
+        out["defaults"] = _leaf_values(data["defaults"])
+    return out
+
+
+def _leaf_values(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        path = f"{prefix}{k}"
+        out.update(_leaf_values(v, f"{path}.") if isinstance(v, dict) and v else {path: v})
+    return out
+
+
+def _leaves(data: dict[str, Any], prefix: str = "") -> set[str]:
+    """The dotted paths of ``data``'s values that are not sections."""
+    return set(_leaf_values(data, prefix))
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        b = out.get(k)
+        if isinstance(b, dict) and isinstance(v, dict) and v.get("type", b.get("type")) == b.get("type"):
+            out[k] = _merged(b, v)
+        else:
+            out[k] = v
+    return out
+
+
+def check_ludwig_keys(data: Any) -> Any:
+    """``data`` without the Ludwig keys whose values do what raylight does anyway (their
+    neutral values); raise pydantic's ValidationError naming every other Ludwig key (and
+    value) of ``data`` that raylight does not take, each at its key path with the fix."""
+    if not isinstance(data, dict):
+        return data
+    errors: list[InitErrorDetails] = []
+    for (path, given), fix in LUDWIG_VALUES.items():
+        found, value = _lookup(data, path)
+        if found and value == given:
+            errors.append(_error(tuple(path.split(".")), fix, value))
+    inherited: dict[tuple[str, int], set[str]] = {}
+    data = _check_features(_apply(_with_defaults(data, errors, inherited), LUDWIG_KEYS, (), errors), errors, inherited)
+    data = {**data, "combiner": _fc_layers(data.get("combiner"), ("combiner",), errors)} if "combiner" in data else data
+    if isinstance(data.get("input_features"), list):  # an encoder's layers (a date's)
+        data = {**data, "input_features": [
+            {**f, "encoder": _fc_layers(f["encoder"], ("input_features", i, "encoder"), errors)}
+            if isinstance(f, dict) and "encoder" in f else f
+            for i, f in enumerate(data["input_features"])
+        ]}
+    if errors:
+        raise ValidationError.from_exception_data("ModelConfig", errors)
+    return data
+
+
+def _fc_layers(section: Any, loc: tuple[Any, ...], errors: list[InitErrorDetails]) -> Any:
+    """``section`` with FC_LAYER_KEYS applied to each entry of its ``fc_layers``."""
+    if not isinstance(section, dict) or not isinstance(section.get("fc_layers"), list):
+        return section
+    layers = [
+        _apply(layer, FC_LAYER_KEYS, (*loc, "fc_layers", i), errors) if isinstance(layer, dict) else layer
+        for i, layer in enumerate(section["fc_layers"])
+    ]
+    return {**section, "fc_layers": layers}
+
+
+def _error(loc: tuple[Any, ...], message: str, value: Any) -> InitErrorDetails:
+    # No context given: the message is shown as it is, braces included.
+    return InitErrorDetails(type=PydanticCustomError("ludwig_key", message), loc=loc, input=value)

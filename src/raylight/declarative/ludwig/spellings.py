@@ -1,0 +1,192 @@
+"""Ludwig's spellings of settings raylight has, translated to raylight's: the strategy as
+``{type: ...}`` and DeepSpeed's JSON sections, a ``validation_metric`` given without its
+output, and the hyperparameter search's key paths (a feature's name first, an output's
+``loss.weight``, the combiner's ``num_fc_layers`` / ``output_size``, the feature-level
+``defaults.<type>.<section>.<key>``). The schema (``raylight.declarative.config``) calls
+these; they read and return plain data."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from raylight.config.schema import check_strategy_name
+from raylight.declarative.features import FEATURES
+from raylight.declarative.metrics import metric_name, metrics_measured
+from raylight.declarative.outputs import OUTPUTS
+
+
+# -- backend.trainer.strategy ---------------------------------------------------------
+def strategy_from_ludwig(value: Any) -> Any:
+    """``backend.trainer.strategy`` in raylight's terms: Ludwig names the strategy of a
+    mapping with ``type:`` (``{type: fsdp}``), raylight's options models with ``name:``;
+    a mapping with no options is the name alone."""
+    if not isinstance(value, dict) or "type" not in value:
+        return check_strategy_name(value)
+    if "name" in value:
+        raise ValueError("give the strategy's name once: `type:` (Ludwig's spelling) or `name:`, not both")
+    options = {k: v for k, v in value.items() if k != "type"}
+    name = value["type"]
+    check_strategy_name(name)
+    if not options:
+        return name
+    if name == "deepspeed":
+        options = _deepspeed_from_ludwig(options)
+    return {"name": name, **options}
+
+
+# Ludwig's DeepSpeedStrategy takes these DeepSpeed JSON sections as its options.
+LUDWIG_DEEPSPEED_SECTIONS = ("zero_optimization", "fp16", "bf16", "compression_training")
+
+
+def _deepspeed_from_ludwig(options: dict[str, Any]) -> dict[str, Any]:
+    """Ludwig's ``{type: deepspeed, zero_optimization: {...}, fp16: {...}}`` as
+    ``raylight.DeepSpeed`` options: its DeepSpeed JSON sections become ``config``. A ZeRO
+    value Ludwig leaves ``auto`` (stage, offload devices) takes raylight's default
+    (stage 2, no offload): Ludwig resolves those from the model it trains."""
+    sections = {k: options.pop(k) for k in LUDWIG_DEEPSPEED_SECTIONS if k in options}
+    if not sections:
+        return options
+    given = options.get("config")
+    if given is not None and not isinstance(given, dict):
+        raise ValueError(
+            f"give the DeepSpeed JSON one way: {sorted(sections)} (Ludwig's spelling) or "
+            "config: a path, not both"
+        )
+    zero = sections.get("zero_optimization")
+    if isinstance(zero, dict):
+        zero = {k: v for k, v in zero.items() if v != "auto"}
+        for part in ("offload_optimizer", "offload_param"):
+            if isinstance(zero.get(part), dict) and zero[part].get("device") == "auto":
+                del zero[part]
+        sections["zero_optimization"] = zero
+    clash = sorted(set(sections) & set(given or {}))
+    if clash:
+        raise ValueError(f"{clash} given both as strategy options and inside config; give them once")
+    return {**options, "config": {**(given or {}), **sections}}
+
+
+# -- trainer.validation_field ----------------------------------------------------------
+def inferred_validation_field(data: Any) -> Any:
+    """Ludwig's rule for a model of several outputs whose ``trainer.validation_metric`` (not
+    the loss) comes without a ``validation_field``: the field is the one output that
+    measures that metric; two or more is an error that names them."""
+    trainer, outputs = (data.get("trainer"), data.get("output_features")) if isinstance(data, dict) else (None, None)
+    if not isinstance(trainer, dict) or not isinstance(outputs, list) or len(outputs) < 2:
+        return data
+    metric = trainer.get("validation_metric")
+    if trainer.get("validation_field") is not None or not isinstance(metric, str) or metric_name(metric) == "loss":
+        return data
+    owners = [
+        out["name"] for out in outputs
+        if isinstance(out, dict) and out.get("type") in OUTPUTS
+        and metric_name(metric) in metrics_measured(out["type"], "validation")
+    ]
+    if len(owners) > 1:
+        raise ValueError(
+            f"trainer.validation_metric: {metric!r} is measured on the outputs {owners}; set "
+            "trainer.validation_field to the one it follows"
+        )
+    return {**data, "trainer": {**trainer, "validation_field": owners[0]}} if owners else data
+
+
+# -- hyperopt parameters ---------------------------------------------------------------
+# Ludwig's searchable spellings of the combiner's layers (its hyperopt examples tune them).
+LUDWIG_LAYER_KEYS = ("combiner.num_fc_layers", "combiner.output_size")
+# Ludwig's feature-level hyperopt parameters, defaults.<type>.<section>.<key>: the side
+# each section is set on.
+FEATURE_LEVEL = {"preprocessing": "input_features", "encoder": "input_features", "decoder": "output_features", "loss": "output_features"}
+
+
+def feature_paths(data: dict[str, Any]) -> dict[str, str]:
+    """Each feature's name -> its path (``input_features.<i>`` / ``output_features.<i>``):
+    Ludwig's hyperopt parameters start with a feature's name."""
+    return {
+        feat["name"]: f"{section}.{i}"
+        for section in ("input_features", "output_features")
+        for i, feat in enumerate(data.get(section) or [])
+        if isinstance(feat, dict) and isinstance(feat.get("name"), str)
+    }
+
+
+def raylight_key(data: dict[str, Any], key: str, features: Mapping[str, str]) -> str:
+    """``key`` in raylight's spelling: one starting with a feature's name (``review.encoder.type``,
+    ``features``: ``feature_paths``) as that feature's path, unless a config section has the
+    name; an output's ``loss.weight`` as its ``loss_weight``."""
+    head, _, rest = key.partition(".")
+    if head not in data and head in features and rest:
+        key = f"{features[head]}.{rest}"
+    parts = key.split(".")
+    if len(parts) == 4 and parts[0] == "output_features" and parts[2:] == ["loss", "weight"]:
+        parts[2:] = ["loss_weight"]  # Ludwig's loss.weight
+        key = ".".join(parts)
+    return key
+
+
+def combiner_layers(data: dict[str, Any], key: str, value: Any) -> dict[str, Any] | None:
+    """A copy of ``data`` with Ludwig's ``combiner.num_fc_layers`` (copies of the first of
+    ``combiner.fc_layers``, or of 256 units) or ``combiner.output_size`` (every layer's
+    size) set to ``value``; None when ``key`` is neither."""
+    if key not in LUDWIG_LAYER_KEYS or not isinstance(data.get("combiner"), dict):
+        return None
+    out = copy.deepcopy(data)
+    layers = list(out["combiner"].get("fc_layers") or [])
+    first = dict(layers[0]) if layers else {"output_size": 256}
+    if key.endswith("num_fc_layers"):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise KeyError(f"combiner.num_fc_layers takes a whole number of layers from 0, got {value!r}")
+        out["combiner"]["fc_layers"] = [dict(first) for _ in range(value)]
+    else:
+        out["combiner"]["fc_layers"] = [{**layer, "output_size": value} for layer in layers]
+    return out
+
+
+def feature_level_paths(data: dict[str, Any], key: str, own: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Ludwig's feature-level hyperopt parameter ``defaults.<type>.<section>.<key>``, as
+    Ludwig applies it (its value goes into the ``defaults`` section, which fills in what
+    each feature leaves out): ``<section>.<key>`` on each input (``preprocessing``,
+    ``encoder``) or output (``decoder``, ``loss``) feature of that type, but those that
+    set it themselves, and, for an encoder's or decoder's settings, those that name a
+    ``type`` of their own other than the defaults' ("the default encoder"). KeyError when
+    it reaches no feature. The paths (``<side>.<i>.<section>.<key>``) the parameter sets."""
+    parts = key.split(".")
+    if len(parts) < 4 or parts[2] not in FEATURE_LEVEL:
+        raise KeyError(
+            "Ludwig's feature-level parameters are defaults.<feature type>.<section>.<key>, "
+            f"the section one of {', '.join(FEATURE_LEVEL)}"
+        )
+    kind, section, setting = parts[1], parts[2], ".".join(parts[3:])
+    side = FEATURE_LEVEL[section]
+    features = [f for f in data.get(side) or [] if isinstance(f, dict)]
+    of_kind = [i for i, f in enumerate(data.get(side) or []) if isinstance(f, dict) and f.get("type") == kind]
+    if not of_kind:
+        types = sorted({str(f.get("type")) for f in features})
+        raise KeyError(f"no {side.removesuffix('_features')} feature has type {kind!r} (their types: {types})")
+    default_type = own.get("defaults", {}).get(f"{kind}.{section}.type", _builtin_encoder_type(kind) if section == "encoder" else None)
+    paths = []
+    for i in of_kind:
+        mine = own.get(f"{side}.{i}", {})
+        if f"{section}.{setting}" in mine:
+            continue  # the feature's own setting wins over its defaults
+        if setting != "type" and f"{section}.type" in mine and mine[f"{section}.type"] != default_type:
+            continue  # not the default encoder (decoder)
+        paths.append(f"{side}.{i}.{section}.{setting}")
+    if not paths:
+        raise KeyError(
+            f"every {kind} {side.removesuffix('_features')} feature sets {section}.{setting} itself, or names "
+            f"another {section} type than the defaults', so the parameter would change nothing; "
+            f"search <feature name>.{section}.{setting} instead"
+        )
+    return paths
+
+
+def _builtin_encoder_type(kind: str) -> Any:
+    """The encoder type a ``kind`` input feature has when nothing names one."""
+    try:
+        feature = FEATURES[kind].Input.model_validate({"name": "x", "type": kind})
+    except (KeyError, ValidationError):
+        return None
+    return getattr(getattr(feature, "encoder", None), "type", None)
