@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from raylight.base.exceptions import ConfigError
-from raylight.launch import agent, client
+from raylight.launch import agent
 from raylight.launch.agent import LaunchSpec, ScriptExitError, _Channel, child_command, child_env
 from raylight.launch.bootstrap import ChannelRefused
 from raylight.launch.driver import (
@@ -23,6 +23,7 @@ from raylight.launch.driver import (
     launch,
     parse_size,
 )
+from raylight.worker import run_channel as client
 from raylight.worker.protocol import GroupPoll, WorkerFailure, WorkerPoll
 
 SPEC = LaunchSpec(target="/x/train.py", args=("--lr", "0.1"), module=False, cwd="/x", run_name="r", max_restarts=2)

@@ -176,7 +176,7 @@ def test_boundaries():
     hvd = {d for path in hvd_files for d in _all_imports(path)}
     assert not {d for d in hvd if d.split(".")[0] == "ray"}, hvd
     assert {d for d in hvd if d.startswith("raylight.") and not d.startswith(("raylight.horovod", "raylight.worker.hvd"))} <= {
-        "raylight.worker.process_group", "raylight.base.exceptions", "raylight.launch.client", "raylight.base.net",
+        "raylight.worker.process_group", "raylight.base.exceptions", "raylight.worker.run_channel", "raylight.base.net",
         "raylight.worker.wrapped_optimizer",
     }, hvd
     wrapper = {d.split(".")[0] for d in _all_imports(SRC / "worker" / "wrapped_optimizer.py")}

@@ -17,9 +17,10 @@ import pytest
 import torch
 
 from raylight.base.net import interface_for, listen_socket, loopback_interface
-from raylight.launch import bootstrap, client
+from raylight.launch import bootstrap
 from raylight.launch.agent import _Channel
 from raylight.tune.trial import DEFAULT_CKPT_NAME, safe_filename
+from raylight.worker import run_channel as client
 from raylight.worker_group.worker import RankInfo, RaylightWorker
 from tests.helpers import listening_sockets
 from tests.hostile import as_torch_file, hostile_pickles

@@ -47,7 +47,7 @@ def _run_context() -> Any:
     """``raylight run``'s context (``report(metrics, checkpoint=)``, ``load_checkpoint()``),
     or None outside ``raylight run``."""
     try:
-        from raylight.launch.client import run_context  # type: ignore[import-not-found,unused-ignore]
+        from raylight.worker.run_channel import run_context  # type: ignore[import-not-found,unused-ignore]
     except ImportError:  # a raylight without `raylight run`
         return None
     try:
