@@ -145,18 +145,6 @@ def _force_loopback() -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
-def client_driver() -> bool:
-    """Whether this driver reaches its cluster through Ray Client (``ray://``): it then has
-    no GCS connection of its own (which Ray's state and autoscaler APIs need), and its
-    machine's files are not on the cluster."""
-    try:
-        from ray.util.client import ray as client
-
-        return bool(client.is_connected())
-    except Exception:
-        return False
-
-
 def start_embedded(
     *,
     num_cpus: int | None = None,
