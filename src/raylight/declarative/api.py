@@ -21,7 +21,7 @@ import pandas as pd
 
 from raylight.base.exceptions import ConfigError, TrainingDivergedError
 from raylight.declarative import processor
-from raylight.declarative.config import OUTPUT_TYPES, ModelConfig
+from raylight.declarative.config import AUTO_BATCH_SIZE, OUTPUT_TYPES, ModelConfig
 from raylight.declarative.dataset import expand, read_pandas
 from raylight.declarative.features import infer_type
 from raylight.declarative.loading import render_config
@@ -109,12 +109,10 @@ def resolve_backend(config: ModelConfig, override: str | None, *, connecting: Ca
         return Backend("local", 0, t.use_gpu, None)
     import ray
 
+    from raylight.config.schema import default_worker_resources
     from raylight.driver import runtime
 
-    per = dict(t.resources_per_worker or {})
-    per.setdefault("CPU", 1.0)
-    if t.use_gpu:
-        per.setdefault("GPU", 1.0)
+    per = default_worker_resources(t.resources_per_worker, use_gpu=t.use_gpu)
     if runtime.would_start_embedded(None):  # what can be checked before starting Ray
         _check_resources(t, per, runtime.local_capacity(), "this machine", sized_by_ray=True)
     if connecting is not None:
@@ -473,10 +471,10 @@ def loop_settings(config: ModelConfig, prepared: Prepared, *, on_ray: bool) -> t
     if not on_ray and adaptive is not None:
         log.warning(
             "trainer: the adaptive engine runs on the ray backend only; training here keeps batch %s",
-            64 if auto_batch else t.batch_size,
+            AUTO_BATCH_SIZE if auto_batch else t.batch_size,
         )
         adaptive = None
-    batch = 64 if auto_batch else int(t.batch_size)
+    batch = AUTO_BATCH_SIZE if auto_batch else int(t.batch_size)
     rows = _train_rows(prepared.train)
     if not auto_batch and 0 < rows < batch:  # a valid input: one batch of every row
         log.warning(

@@ -33,6 +33,7 @@ import ray
 from raylight.base import ray_token, verbosity
 from raylight.base.exceptions import ClusterConnectionError
 from raylight.base.net import is_loopback
+from raylight.config.schema import CONNECT_TIMEOUT_S
 from raylight.driver import _reaper, termination
 
 log = logging.getLogger("raylight")
@@ -390,7 +391,7 @@ def _host_port(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-def connect(address: str | None, *, connect_timeout_s: float = 15.0) -> RayRuntime:
+def connect(address: str | None, *, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> RayRuntime:
     """Use the running Ray of this process (a Ray Client driver's too), the cluster at
     ``address`` (or ``default_address()``: RAY_ADDRESS, as in a Ray Job's driver, or a
     cluster launcher's head node), or else start the embedded local one."""
