@@ -32,15 +32,15 @@ from raylight.storage.checkpoint import Checkpoint
 
 if TYPE_CHECKING:
     from raylight.driver.trainer import Result, Trainer, fit, prestart_workers
-    from raylight.launch.client import run_context
     from raylight.worker.context import TrainContext
+    from raylight.worker.run_channel import run_context
 
 # torch and the engine load on first use, so that `import raylight` (and the CLI's
 # start-up, and its error messages) does not pay seconds for them.
 _LAZY = {
     "TrainContext": "raylight.worker.context", "Result": "raylight.driver.trainer", "Trainer": "raylight.driver.trainer", "fit": "raylight.driver.trainer",
     "prestart_workers": "raylight.driver.trainer",
-    "run_context": "raylight.launch.client",
+    "run_context": "raylight.worker.run_channel",
 }
 
 

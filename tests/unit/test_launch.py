@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from raylight.base.exceptions import ConfigError
-from raylight.launch import agent, client
+from raylight.launch import agent
 from raylight.launch.agent import LaunchSpec, ScriptExitError, _Channel, child_command, child_env
-from raylight.launch.bootstrap import ChannelRefused
 from raylight.launch.driver import (
     InitTimeoutError,
     InitWatch,
@@ -23,7 +22,9 @@ from raylight.launch.driver import (
     launch,
     parse_size,
 )
+from raylight.worker import run_channel as client
 from raylight.worker.protocol import GroupPoll, WorkerFailure, WorkerPoll
+from raylight.worker.run_wire import ChannelRefused
 
 SPEC = LaunchSpec(target="/x/train.py", args=("--lr", "0.1"), module=False, cwd="/x", run_name="r", max_restarts=2)
 
@@ -135,6 +136,52 @@ def test_bootstrap_runs_a_script_as_main(tmp_path):
         cwd=tmp_path, timeout=60,
     )
     assert (done.returncode, done.stdout.strip()) == (0, "module ['-v']")
+
+
+def test_bootstrap_tells_the_agent_over_the_core_s_wire_and_imports_nothing_of_raylight(tmp_path):
+    """The child's first code loads the channel's wire (``raylight.worker.run_wire``) by its
+    file path: the events of ``init_process_group`` reach the agent, and the script finds
+    nothing of raylight imported."""
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import sys\n"
+        "import torch.distributed as dist\n"
+        "dist.init_process_group('gloo', init_method='file://' + sys.argv[1], rank=0, world_size=1)\n"
+        "dist.destroy_process_group()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'raylight'))\n"
+    )
+    ctx = _FakeContext()
+    with _Channel(ctx) as channel:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAYLIGHT_RUN")}
+        env.update({client.CHANNEL_ENV: channel.address, client.KEY_ENV: channel.key.hex()})
+        done = subprocess.run(
+            [sys.executable, agent.BOOTSTRAP, str(script), str(tmp_path / "group")], capture_output=True, text=True,
+            env=env, timeout=120,
+        )
+    assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr
+    assert [text for stream, text in ctx.lines if stream == agent.EVENT] == ["init_entered", "init_done"]
+    assert ctx.starts == 1
+
+
+def test_bootstrap_runs_where_raylight_cannot_be_imported(tmp_path):
+    """The bootstrap and its wire, copied as raylight lays them out, start a script in an
+    interpreter with no site-packages (no raylight, no torch) and no PYTHONPATH."""
+    import shutil
+
+    from raylight.worker import run_wire
+
+    (tmp_path / "pkg" / "launch").mkdir(parents=True)
+    (tmp_path / "pkg" / "worker").mkdir()
+    shutil.copy(agent.BOOTSTRAP, tmp_path / "pkg" / "launch" / "bootstrap.py")
+    shutil.copy(run_wire.__file__, tmp_path / "pkg" / "worker" / "run_wire.py")
+    script = tmp_path / "s.py"
+    script.write_text("import sys\nprint('ran', [m for m in sys.modules if m.split('.')[0] in ('raylight', 'torch')])\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAYLIGHT_RUN", "PYTHON"))}
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", str(tmp_path / "pkg" / "launch" / "bootstrap.py"), str(script)],
+        capture_output=True, text=True, env=env, timeout=60,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "ran []"), done.stderr
 
 
 HELD_IN_A_CYCLE = (

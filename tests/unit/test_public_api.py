@@ -3,6 +3,7 @@
 import ast
 import inspect
 import pathlib
+import sys
 
 import raylight
 
@@ -164,19 +165,19 @@ def test_boundaries():
         "raylight.config.base", "raylight.config.loggers", "raylight.config.schema", "raylight.config.validation",
         "raylight.base.exceptions",
     }
-    # Tune's integration is used by products only (see test_products_stand_side_by_side).
+    # Tune's integration is used by products only (see PRODUCT_USES) and the CLI.
     users = {m for m, deps in MODULES.items() if not m.startswith("raylight.tune") and any(d.startswith("raylight.tune") for d in deps)}
     assert all(m.startswith(("raylight.declarative", "raylight.lightning", "raylight.cli")) for m in users), users
     # Horovod's API is a library on torch.distributed and the launcher's environment: no Ray,
     # and of raylight only the launcher's environment, the error types, (hvd.elastic's
-    # persistence) raylight run's context and (real Horovod's rendezvous server) where
+    # persistence) the core's run_context() and (real Horovod's rendezvous server) where
     # listeners bind, which is the standard library alone, and the optimizer wrapper its
     # DistributedOptimizer shares with raylight's own (torch alone).
     hvd_files = [*(SRC / "horovod").rglob("*.py"), *(SRC / "worker" / "hvd").rglob("*.py")]
     hvd = {d for path in hvd_files for d in _all_imports(path)}
     assert not {d for d in hvd if d.split(".")[0] == "ray"}, hvd
     assert {d for d in hvd if d.startswith("raylight.") and not d.startswith(("raylight.horovod", "raylight.worker.hvd"))} <= {
-        "raylight.worker.process_group", "raylight.base.exceptions", "raylight.launch.client", "raylight.base.net",
+        "raylight.worker.process_group", "raylight.base.exceptions", "raylight.worker.run_channel", "raylight.base.net",
         "raylight.worker.wrapped_optimizer",
     }, hvd
     wrapper = {d.split(".")[0] for d in _all_imports(SRC / "worker" / "wrapped_optimizer.py")}
@@ -184,6 +185,13 @@ def test_boundaries():
     # Preemption notice watchers are the standard library alone: no raylight, Ray or torch.
     notices = {d.split(".")[0] for d in _all_imports(SRC / "worker" / "notices.py")}
     assert not notices & {"raylight", "ray", "torch", "requests", "urllib3"}, notices
+    # The agent channel's wire is the standard library alone: launch/bootstrap.py (the child's
+    # first code, run by its path) loads it by its path, and imports nothing else but the
+    # standard library before the script (torch and raylight's Horovod hook inside functions).
+    wire = {d.split(".")[0] for d in _all_imports(SRC / "worker" / "run_wire.py")}
+    assert wire <= set(sys.stdlib_module_names), wire
+    boot = {d.split(".")[0] for d in _imports(SRC / "launch" / "bootstrap.py")}
+    assert boot <= set(sys.stdlib_module_names), boot
     # Strategies know torch.distributed, not Ray.
     assert not {d for d in _deps("raylight.worker.strategies") if d.startswith("ray.") or d == "ray"}
 
@@ -211,97 +219,120 @@ def test_nothing_from_a_worker_is_unpickled_outside_ray():
     assert not calls, calls
 
 
-# The layers, bottom first. A module imports its own layer and those below, never above,
-# wherever the import statement is (module level, inside a function, for type checking).
-LAYERS = [
-    ("base", [
-        "raylight.base.clock", "raylight.base.exceptions", "raylight.base.exit_codes", "raylight.config", "raylight.base.verbosity",
-        "raylight.driver._embedded_agent",  # a script Ray's raylet runs; it imports no raylight module
-        "raylight.driver._reaper",  # a script the embedded cluster starts; it imports no raylight module
-        "raylight.driver.termination",
-        # the wings' packages: their __init__ only says what the wing owns
-        "raylight.base", "raylight.storage", "raylight.worker", "raylight.worker.hvd", "raylight.driver",
-    ]),
-    ("pure and storage", [
-        "raylight.adaptive", "raylight.storage.run_dir", "raylight.storage.checkpoint", "raylight.storage.sharded", "raylight.storage.lease",
-        "raylight.driver.plots", "raylight.worker.notices", "raylight.base.cost",
-    ]),
-    ("worker pieces and records", [
-        "raylight.worker.protocol", "raylight.base.net", "raylight.worker.strategies", "raylight.worker.data",
-        "raylight.worker.adaptive", "raylight.driver.recorder", "raylight.driver.loggers", "raylight.driver.progress", "raylight.driver.runtime",
-        "raylight.driver.report", "raylight.worker.process_group", "raylight.worker.wrapped_optimizer",
-        # raylight.horovod's API on torch.distributed and real Horovod's start in a group:
-        # libraries the horovod strategy uses (its script runner and elastic stay products)
-        "raylight.worker.hvd.basics", "raylight.worker.hvd.ops", "raylight.worker.hvd.optimizer",
-        "raylight.worker.hvd.compat", "raylight.worker.hvd.real",
-    ]),
-    ("context and control", ["raylight.worker.context", "raylight.driver.controller", "raylight.worker.session"]),
-    ("worker group", ["raylight.worker_group"]),
-    ("trainer", ["raylight.driver.trainer", "raylight.driver.job_env"]),
-    ("products", [
-        "raylight.declarative", "raylight.declarative.models", "raylight.lightning", "raylight.tune", "raylight.jobs",
-        "raylight.launch", "raylight.cli", "raylight.horovod",
-    ]),
+# The wings, bottom first: the package's folders by where their code runs. A module
+# imports its own wing and those below, never above, wherever the import statement is
+# (module level, inside a function, for type checking).
+WINGS = [
+    ("base", "raylight.base"),
+    ("config", "raylight.config"),
+    ("adaptive", "raylight.adaptive"),
+    ("storage", "raylight.storage"),
+    ("worker", "raylight.worker"),
+    ("worker_group", "raylight.worker_group"),
+    ("driver", "raylight.driver"),
 ]
-FACADE = "raylight"  # the package's __init__: the public surface over every layer
-# Products stand side by side on the core; Ray Tune's integration is a library any may use.
-PRODUCTS = {
-    "declarative": ["raylight.declarative", "raylight.declarative.models"],
-    "lightning": ["raylight.lightning"],
-    "tune": ["raylight.tune"],
-    "horovod": ["raylight.horovod"],
-    "jobs": ["raylight.jobs"],
-    "launch": ["raylight.launch"],
-    "cli": ["raylight.cli"],
-}
-PRODUCT_USES = {
-    "declarative": {"tune"}, "lightning": {"tune", "horovod"}, "cli": {"declarative", "tune", "jobs", "launch"},
-    "tune": set(), "jobs": set(),
-    "launch": {"horovod"},  # the scripts' bootstrap installs the `import horovod` hook when asked
-    "horovod": {"launch"},  # hvd.elastic: raylight run's client
-}
+# The products stand side by side on the core (every wing): none imports another, but the
+# declarative and Lightning products use Tune's integration.
+PRODUCTS = [
+    ("declarative", "raylight.declarative"),
+    ("lightning", "raylight.lightning"),
+    ("tune", "raylight.tune"),
+    ("launch", "raylight.launch"),
+    ("jobs", "raylight.jobs"),
+    ("horovod", "raylight.horovod"),
+]
+PRODUCT_USES = {("declarative", "tune"), ("lightning", "tune")}
+# The faces, above the products: the package's __init__ (the public surface) and the CLI
+# (a command for each product) may use every product.
+FACES = [("facade", "raylight"), ("cli", "raylight.cli")]
 
 
-def _owner(name: str, groups: list[tuple[str, list[str]]]) -> int | None:
-    best = None
-    for i, (_, prefixes) in enumerate(groups):
-        for prefix in prefixes:
-            if (name == prefix or name.startswith(prefix + ".")) and (best is None or len(prefix) > best[1]):
-                best = (i, len(prefix))
-    return None if best is None else best[0]
+def _folder(module: str) -> tuple[str, int] | None:
+    """The wing, product or face a module's folder is (its name and level: a wing's
+    place, the products' above the wings, the faces' above those); None for no such folder."""
+    parts = module.split(".")
+    if parts[0] != "raylight":
+        return None
+    if len(parts) == 1:
+        return "facade", len(WINGS) + 1
+    for level, places in ((None, WINGS), (len(WINGS), PRODUCTS), (len(WINGS) + 1, FACES)):
+        for i, (name, package) in enumerate(places):
+            if package == ".".join(parts[:2]):
+                return name, i if level is None else level
+    return None
 
 
-def test_no_layer_imports_upward():
-    upward = []
-    for path in SRC.rglob("*.py"):
-        module = _module_name(path)
-        if module == FACADE:
-            continue
-        mine = _owner(module, LAYERS)
-        assert mine is not None, f"{module} belongs to no layer: add it to LAYERS"
-        for dep in _all_imports(path):
-            theirs = _owner(dep, LAYERS) if dep.startswith("raylight") else None
-            if dep == FACADE:
-                theirs = len(LAYERS)  # the facade is above everything
-            if theirs is not None and theirs > mine:
-                upward.append(f"{module} ({LAYERS[mine][0]}) imports {dep} ({LAYERS[theirs][0] if theirs < len(LAYERS) else 'facade'})")
-    assert not upward, "\n".join(upward)
-
-
-def test_products_stand_side_by_side():
-    groups = list(PRODUCTS.items())
-    crossing = []
-    for path in SRC.rglob("*.py"):
-        module = _module_name(path)
-        mine = _owner(module, groups)
+def layer_violations(imports: dict[str, set[str]]) -> list[str]:
+    """What breaks the floor plan in ``imports`` (a module -> the modules it imports): an
+    import up the wings (a product or face from the core included), one product importing
+    another (but PRODUCT_USES), and a module whose folder is no wing, product or face."""
+    found = []
+    for module, deps in sorted(imports.items()):
+        mine = _folder(module)
         if mine is None:
+            found.append(f"{module} is in no wing, product or face: add its folder to WINGS, PRODUCTS or FACES")
             continue
-        name = groups[mine][0]
-        for dep in _all_imports(path):
-            theirs = _owner(dep, groups)
-            if theirs is not None and theirs != mine and groups[theirs][0] not in PRODUCT_USES[name]:
-                crossing.append(f"{module} ({name}) imports {dep} ({groups[theirs][0]})")
-    assert not crossing, "\n".join(crossing)
+        for dep in sorted(d for d in deps if d.split(".")[0] == "raylight"):
+            theirs = _folder(dep)
+            if theirs is None:
+                found.append(f"{module} ({mine[0]}) imports {dep}, which is in no wing, product or face")
+            elif theirs[0] == mine[0]:
+                continue
+            elif theirs[1] > mine[1] or (theirs[1] == mine[1] == len(WINGS) and (mine[0], theirs[0]) not in PRODUCT_USES):
+                found.append(f"{module} ({mine[0]}) imports {dep} ({theirs[0]})")
+    return found
+
+
+def test_no_wing_imports_upward_and_products_stand_side_by_side():
+    # The checker reads absolute imports; the package has no others.
+    relative = [
+        f"{p.relative_to(SRC)}:{n.lineno}" for p in SRC.rglob("*.py") for n in ast.walk(ast.parse(p.read_text()))
+        if isinstance(n, ast.ImportFrom) and n.level
+    ]
+    assert not relative, relative
+    imports = {_module_name(p): _all_imports(p) for p in SRC.rglob("*.py")}
+    assert imports.keys() == MODULES.keys()
+    assert not layer_violations(imports), "\n".join(layer_violations(imports))
+
+
+def test_the_layer_check_catches_what_breaks_the_floor_plan(tmp_path):
+    """The same checker, on imports made up for it: each kind of crossing is named, and
+    what the floor plan allows is not."""
+    assert layer_violations({"raylight.storage.run_dir": {"raylight.driver.plots"}}) == [
+        "raylight.storage.run_dir (storage) imports raylight.driver.plots (driver)"
+    ]
+    for module, dep in [
+        ("raylight.worker_group.ray_group", "raylight.driver.runtime"),  # a wing above
+        ("raylight.driver.trainer", "raylight.tune.trial"),  # core -> product
+        ("raylight.worker.context", "raylight"),  # core -> the facade
+        ("raylight.horovod.elastic", "raylight.launch.driver"),  # product -> product
+        ("raylight.launch.bootstrap", "raylight.horovod"),
+        ("raylight.lightning.horovod", "raylight.horovod.elastic"),
+        ("raylight.tune.trial", "raylight.declarative.api"),  # the allowed uses go one way
+        ("raylight.jobs.submission", "raylight.cli.main"),  # product -> face
+        ("raylight.driver.trainer", "raylight.elsewhere.x"),  # a folder of no wing
+        ("raylight.elsewhere.x", "raylight.base.clock"),
+    ]:
+        assert len(layer_violations({module: {dep}})) == 1, (module, dep)
+    assert not layer_violations({
+        "raylight.declarative.hyperopt": {"raylight.tune.trial", "raylight.driver.trainer", "raylight.base.clock", "torch"},
+        "raylight.lightning._launcher": {"raylight.tune.trial", "raylight.worker.hvd.basics"},
+        "raylight.horovod.elastic": {"raylight.worker.run_channel"},
+        "raylight.cli.main": {"raylight.declarative.api", "raylight.launch.driver", "raylight.jobs.submission", "raylight"},
+        "raylight": {"raylight.cli", "raylight.declarative.train"},
+        "raylight.worker_group.ray_group": {"raylight.worker.session", "raylight.config", "raylight.worker_group.pool"},
+    })
+    # ... and it reads imports wherever they are: for type checking, inside a function.
+    module = tmp_path / "fake.py"
+    module.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from raylight.driver.recorder import RunRecorder\n"
+        "def f():\n    import raylight.tune.trial\n"
+    )
+    assert layer_violations({"raylight.storage.fake": _all_imports(module)}) == [
+        "raylight.storage.fake (storage) imports raylight.driver.recorder (driver)",
+        "raylight.storage.fake (storage) imports raylight.tune.trial (tune)",
+    ]
 
 
 def test_the_driver_s_path_to_a_run_does_not_import_the_fitter():
@@ -309,7 +340,6 @@ def test_the_driver_s_path_to_a_run_does_not_import_the_fitter():
     fits its performance model; every run's driver imports the controller before it asks
     for workers."""
     import subprocess
-    import sys
 
     code = (
         "import sys, raylight.driver.trainer, raylight.driver.controller, raylight.worker_group.ray_group; "

@@ -17,9 +17,10 @@ import pytest
 import torch
 
 from raylight.base.net import interface_for, listen_socket, loopback_interface
-from raylight.launch import bootstrap, client
 from raylight.launch.agent import _Channel
 from raylight.tune.trial import DEFAULT_CKPT_NAME, safe_filename
+from raylight.worker import run_channel as client
+from raylight.worker import run_wire
 from raylight.worker_group.worker import RankInfo, RaylightWorker
 from tests.helpers import listening_sockets
 from tests.hostile import as_torch_file, hostile_pickles
@@ -181,7 +182,7 @@ def test_a_connection_silent_past_the_channel_timeout_is_closed_with_the_setting
         host, port = channel.address.rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=20) as sock:
             start = time.monotonic()
-            assert _frame(sock).startswith(bootstrap.HELLO)
+            assert _frame(sock).startswith(run_wire.HELLO)
             answer = _frame(sock)  # the channel's own word, once the timeout has passed
             assert time.monotonic() - start >= 0.5
             assert answer.startswith(b"no") and b"--channel-timeout=0.5s" in answer
@@ -193,7 +194,7 @@ def test_a_connection_silent_past_the_channel_timeout_is_closed_with_the_setting
 def test_a_connection_without_the_run_s_key_is_refused_and_gets_nothing(caplog):
     ctx = _ChannelContext()
     with caplog.at_level(logging.WARNING, logger="raylight"), _Channel(ctx) as channel:
-        with pytest.raises(bootstrap.ChannelRefused, match="not this run's"):
+        with pytest.raises(run_wire.ChannelRefused, match="not this run's"):
             client.RunContext(channel.address, b"k" * 32)
         host, port = channel.address.rsplit(":", 1)
         # no key at all: a client that skips the handshake and asks for the checkpoint
@@ -205,9 +206,9 @@ def test_a_connection_without_the_run_s_key_is_refused_and_gets_nothing(caplog):
             assert sock.recv(1) == b""
         # a replayed answer from another connection's challenge does not pass either
         with socket.create_connection((host, int(port)), timeout=20) as a, socket.create_connection((host, int(port)), timeout=20) as b:
-            nonce_a = _frame(a)[len(bootstrap.HELLO):]
+            nonce_a = _frame(a)[len(run_wire.HELLO):]
             _frame(b)
-            b.sendall((64).to_bytes(8, "big") + bootstrap.proof(channel.key, b"script", nonce_a) + b"\0" * 32)
+            b.sendall((64).to_bytes(8, "big") + run_wire.proof(channel.key, b"script", nonce_a) + b"\0" * 32)
             assert _frame(b).startswith(b"no")
         assert ctx.loads == 0 and ctx.reports == []
         assert channel.key.hex() not in caplog.text
@@ -223,7 +224,7 @@ def test_run_context_refuses_an_agent_that_does_not_hold_the_key():
         def impostor():
             conn, _ = server.accept()
             with conn:
-                hello = bootstrap.HELLO + b"\1" * 32
+                hello = run_wire.HELLO + b"\1" * 32
                 conn.sendall(len(hello).to_bytes(8, "big") + hello)
                 _frame(conn)
                 ok = b"ok" + b"\0" * 32
@@ -231,7 +232,7 @@ def test_run_context_refuses_an_agent_that_does_not_hold_the_key():
 
         thread = threading.Thread(target=impostor, daemon=True)
         thread.start()
-        with pytest.raises(bootstrap.ChannelRefused, match="not the run's agent"):
+        with pytest.raises(run_wire.ChannelRefused, match="not the run's agent"):
             client.RunContext(f"127.0.0.1:{port}", b"k" * 32)
         thread.join(10)
 
@@ -332,9 +333,9 @@ def test_a_hostile_checkpoint_on_the_agent_channel_runs_nothing_at_either_end(tm
         run = client.RunContext(channel.address, channel.key)
         # the script's end sends it (an authenticated script, tampered with): the agent refuses it
         request = json.dumps({"op": "report", "metrics": {}, "checkpoint": True}).encode()
-        bootstrap.send_frame(run._conn, request)
-        bootstrap.send_frame(run._conn, payload)
-        reply = json.loads(bootstrap.recv_frame(run._conn))
+        run_wire.send_frame(run._conn, request)
+        run_wire.send_frame(run._conn, payload)
+        reply = json.loads(run_wire.recv_frame(run._conn))
         assert reply["ok"] is False and "the checkpoint this rank's script reported" in reply["error"]
         assert ctx.reports == []
         run._conn.close()
@@ -347,12 +348,12 @@ def test_a_hostile_checkpoint_on_the_agent_channel_runs_nothing_at_either_end(tm
                 conn, _ = server.accept()
                 with conn:
                     nonce = b"\2" * 32
-                    bootstrap.send_frame(conn, bootstrap.HELLO + nonce)
-                    answer = bootstrap.recv_frame(conn)
-                    bootstrap.send_frame(conn, b"ok" + bootstrap.proof(b"k" * 32, b"agent", answer[32:]))
-                    bootstrap.recv_frame(conn)
-                    bootstrap.send_frame(conn, json.dumps({"ok": True, "checkpoint": True, "payload": True}).encode())
-                    bootstrap.send_frame(conn, payload)
+                    run_wire.send_frame(conn, run_wire.HELLO + nonce)
+                    answer = run_wire.recv_frame(conn)
+                    run_wire.send_frame(conn, b"ok" + run_wire.proof(b"k" * 32, b"agent", answer[32:]))
+                    run_wire.recv_frame(conn)
+                    run_wire.send_frame(conn, json.dumps({"ok": True, "checkpoint": True, "payload": True}).encode())
+                    run_wire.send_frame(conn, payload)
 
             thread = threading.Thread(target=agent, daemon=True)
             thread.start()

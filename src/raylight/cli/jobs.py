@@ -16,6 +16,7 @@ from rich.console import Console
 from raylight.base.exceptions import ClusterConnectionError, ConfigError
 from raylight.cli.options import finite_float
 from raylight.cli.prices import PriceOpt, PricesOpt, price_table
+from raylight.config.schema import CONNECT_TIMEOUT_S
 from raylight.jobs import submission
 
 console = Console(stderr=True)
@@ -68,7 +69,7 @@ def submit(
     retries: Annotated[int, typer.Option(help="Resubmit a preempted job (or one whose node died) up to this many times.")] = 0,
     resume: Annotated[bool, typer.Option(help="Continue the run NAME from its last committed checkpoint.")] = False,
     no_wait: Annotated[bool, typer.Option("--no-wait", help="Return once submitted.")] = False,
-    connect_timeout: TimeoutOpt = 10.0,
+    connect_timeout: TimeoutOpt = CONNECT_TIMEOUT_S,
     price: PriceOpt = None,
     prices: PricesOpt = None,
 ) -> None:
@@ -108,7 +109,7 @@ def submit(
 
 
 @jobs_app.command("list")
-def list_jobs(address: AddressOpt = None, connect_timeout: TimeoutOpt = 10.0) -> None:
+def list_jobs(address: AddressOpt = None, connect_timeout: TimeoutOpt = CONNECT_TIMEOUT_S) -> None:
     """Every Ray Job on the cluster, oldest first, with its run and attempt."""
     try:
         found = _client(address, connect_timeout).list()
@@ -122,7 +123,7 @@ def list_jobs(address: AddressOpt = None, connect_timeout: TimeoutOpt = 10.0) ->
 
 
 @jobs_app.command()
-def status(name: NameArg, address: AddressOpt = None, connect_timeout: TimeoutOpt = 10.0) -> None:
+def status(name: NameArg, address: AddressOpt = None, connect_timeout: TimeoutOpt = CONNECT_TIMEOUT_S) -> None:
     """The latest attempt of run NAME: status, exit code, message."""
     try:
         attempts = _client(address, connect_timeout).attempts(name)
@@ -142,7 +143,7 @@ def logs(
     name: NameArg,
     follow: Annotated[bool, typer.Option("--follow", help="Stream until the job ends.")] = False,
     address: AddressOpt = None,
-    connect_timeout: TimeoutOpt = 10.0,
+    connect_timeout: TimeoutOpt = CONNECT_TIMEOUT_S,
 ) -> None:
     """The logs of run NAME's latest attempt."""
     try:
@@ -159,7 +160,7 @@ def logs(
 
 
 @jobs_app.command()
-def stop(name: NameArg, address: AddressOpt = None, connect_timeout: TimeoutOpt = 10.0) -> None:
+def stop(name: NameArg, address: AddressOpt = None, connect_timeout: TimeoutOpt = CONNECT_TIMEOUT_S) -> None:
     """Stop run NAME's latest attempt (it ends as STOPPED and is not retried)."""
     try:
         client = _client(address, connect_timeout)

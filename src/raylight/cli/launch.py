@@ -21,6 +21,7 @@ from raylight.base.exceptions import (
     RaylightError,
 )
 from raylight.cli.options import finite_float
+from raylight.config.schema import WORKER_CPUS
 from raylight.launch.agent import CHANNEL_TIMEOUT_S
 from raylight.launch.driver import INIT_TIMEOUT_S, launch, parse_size
 
@@ -40,7 +41,7 @@ def run(
     ctx: typer.Context,
     nproc: Annotated[str, typer.Option("--nproc", "-n", help="Workers: N, or MIN:MAX for an elastic run.")] = "1",
     module: Annotated[str | None, typer.Option("--module", "-m", help="Run a module as `python -m MODULE` does.")] = None,
-    cpus: Annotated[float, typer.Option(help="CPUs per worker.", parser=finite_float)] = 1.0,
+    cpus: Annotated[float, typer.Option(help="CPUs per worker.", parser=finite_float)] = WORKER_CPUS,
     gpus: Annotated[float, typer.Option(help="GPUs per worker (NCCL where the script asks for it).", parser=finite_float)] = 0.0,
     address: Annotated[str | None, typer.Option(help="A Ray cluster's address; default: RAY_ADDRESS, else an embedded local Ray.")] = None,
     max_failures: Annotated[int, typer.Option(help="Restart the whole group this many times after a rank fails (-1: always), as torchrun's --max-restarts.")] = 0,

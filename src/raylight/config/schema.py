@@ -333,6 +333,18 @@ def check_strategy_name(value: object) -> object:
 
 MAX_WORKERS = 100_000
 MAX_RESOURCE = 1_000_000.0  # of one resource for one worker
+WORKER_CPUS = 1.0  # one worker's CPUs where its resources name none (every product's default)
+WORKER_GPUS = 1.0  # ... and its GPUs where it uses GPUs and its resources name none
+
+
+def default_worker_resources(resources: dict[str, float] | None, *, use_gpu: bool) -> dict[str, float]:
+    """One worker's resources: ``resources`` with the defaults filled in (WORKER_CPUS, and
+    WORKER_GPUS when ``use_gpu``), as floats; amounts of 0 kept."""
+    res = {k: float(v) for k, v in (resources or {}).items()}
+    res.setdefault("CPU", WORKER_CPUS)
+    if use_gpu:
+        res.setdefault("GPU", WORKER_GPUS)
+    return res
 
 
 def check_resources(value: dict[str, float] | None) -> dict[str, float] | None:
@@ -345,7 +357,7 @@ def check_resources(value: dict[str, float] | None) -> dict[str, float] | None:
             raise ValueError("resource names must not be empty")
         if not 0 <= amount <= MAX_RESOURCE:
             raise ValueError(f"resource {key!r} must be between 0 and {MAX_RESOURCE:g}, got {amount}")
-    if value.get("CPU", 1) == 0 and value.get("GPU", 0) == 0:
+    if value.get("CPU", WORKER_CPUS) == 0 and value.get("GPU", 0) == 0:
         raise ValueError("a worker needs at least some CPU or GPU, got CPU: 0")
     return value
 
@@ -362,8 +374,8 @@ class ScalingConfig(ConfigModel):
     use_gpu: bool = Field(False, description="Give each worker one GPU and use NCCL.")
     resources_per_worker: dict[str, float] | None = Field(
         None,
-        description="Ray resources per worker, e.g. {'CPU': 2}. Default: 1 CPU, plus 1 GPU "
-        "when use_gpu.",
+        description=f"Ray resources per worker, e.g. {{'CPU': 2}}. Default: {WORKER_CPUS:g} CPU, plus "
+        f"{WORKER_GPUS:g} GPU when use_gpu.",
     )
     placement: Placement = Field(
         "PACK", description="Placement-group strategy for the workers' bundles."
@@ -568,11 +580,8 @@ class ScalingConfig(ConfigModel):
 
     def worker_resources(self) -> dict[str, float]:
         """Resources of one worker's bundle, defaults filled in."""
-        res = dict(self.resources_per_worker or {})
-        res.setdefault("CPU", 1.0)
-        if self.use_gpu:
-            res.setdefault("GPU", 1.0)
-        return {k: float(v) for k, v in res.items() if v > 0}
+        res = default_worker_resources(self.resources_per_worker, use_gpu=self.use_gpu)
+        return {k: v for k, v in res.items() if v > 0}
 
     def worker_threads(self) -> int:
         if self.threads_per_worker is not None:
@@ -639,6 +648,9 @@ class AdaptiveConfig(ConfigModel):
         return value
 
 
+LEASE_TIMEOUT_S = 60.0  # RunConfig.lease_timeout_s's default (and the run recorder's)
+
+
 class RunConfig(ConfigModel):
     """Where a run lives and how it reports."""
 
@@ -673,7 +685,7 @@ class RunConfig(ConfigModel):
         "`raylight --verbose` sets), else off: raylight's display, warnings and errors only.",
     )
     lease_timeout_s: float = Field(
-        60.0,
+        LEASE_TIMEOUT_S,
         gt=0,
         le=86_400,
         description="Run directories on object stores: a driver holding a run (its lease) "
@@ -721,6 +733,11 @@ class RunConfig(ConfigModel):
         return self
 
 
+# How long an address has to answer (FailureConfig.connect_timeout_s, raylight submit's and
+# raylight jobs' --connect-timeout).
+CONNECT_TIMEOUT_S = 15.0
+
+
 class FailureConfig(ConfigModel):
     """Fault tolerance, and the timeout of every wait on a remote thing."""
 
@@ -744,7 +761,7 @@ class FailureConfig(ConfigModel):
         0.2, gt=0, description="How often the driver polls workers for status."
     )
     connect_timeout_s: float = Field(
-        15.0, gt=0, description="How long to try reaching a Ray cluster given by address."
+        CONNECT_TIMEOUT_S, gt=0, description="How long to try reaching a Ray cluster given by address."
     )
     placement_timeout_s: float = Field(
         120.0,

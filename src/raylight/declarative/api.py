@@ -27,6 +27,7 @@ from raylight.declarative.backends import (
     resolve_backend,
 )
 from raylight.declarative.config.model import ModelConfig
+from raylight.declarative.config.trainer import AUTO_BATCH_SIZE
 from raylight.declarative.dataset import expand, read_pandas
 from raylight.declarative.features import infer_type
 from raylight.declarative.loading import render_config
@@ -349,10 +350,10 @@ def loop_settings(config: ModelConfig, prepared: Prepared, *, on_ray: bool) -> t
     if not on_ray and adaptive is not None:
         log.warning(
             "trainer: the adaptive engine runs on the ray backend only; training here keeps batch %s",
-            64 if auto_batch else t.batch_size,
+            AUTO_BATCH_SIZE if auto_batch else t.batch_size,
         )
         adaptive = None
-    batch = 64 if auto_batch else int(t.batch_size)
+    batch = AUTO_BATCH_SIZE if auto_batch else int(t.batch_size)
     rows = _train_rows(prepared.train)
     if not auto_batch and 0 < rows < batch:  # a valid input: one batch of every row
         log.warning(

@@ -74,12 +74,10 @@ def resolve_backend(config: ModelConfig, override: str | None, *, connecting: Ca
         return Backend("local", 0, t.use_gpu, None)
     import ray
 
+    from raylight.config.schema import default_worker_resources
     from raylight.driver import runtime
 
-    per = dict(t.resources_per_worker or {})
-    per.setdefault("CPU", 1.0)
-    if t.use_gpu:
-        per.setdefault("GPU", 1.0)
+    per = default_worker_resources(t.resources_per_worker, use_gpu=t.use_gpu)
     if runtime.would_start_embedded(None):  # what can be checked before starting Ray
         check_resources(t, per, runtime.local_capacity(), "this machine", sized_by_ray=True)
     if connecting is not None:

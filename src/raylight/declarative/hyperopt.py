@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raylight.base.exceptions import ConfigError, RaylightError
+from raylight.config.schema import default_worker_resources
 from raylight.declarative import processor, search
 from raylight.declarative.config.hyperopt import HyperoptConfig
 from raylight.declarative.config.model import ModelConfig
@@ -55,8 +56,8 @@ def trial_shape(config: ModelConfig) -> TrialShape:
     assert h is not None
     t = config.backend.trainer
     ex = h.executor
-    per = {k: float(v) for k, v in (t.resources_per_worker or {}).items()}
-    per.setdefault("CPU", 1.0)
+    use_gpu = t.use_gpu or ex.gpu_resources_per_trial > 0
+    per = default_worker_resources(t.resources_per_worker, use_gpu=use_gpu)
     cpw = per["CPU"]
     if t.num_workers is not None:
         workers = t.num_workers
@@ -75,11 +76,8 @@ def trial_shape(config: ModelConfig) -> TrialShape:
         workers = int(ex.cpu_resources_per_trial // cpw)
     else:
         workers = 1
-    use_gpu = t.use_gpu or ex.gpu_resources_per_trial > 0
     if ex.gpu_resources_per_trial > 0:
         per["GPU"] = ex.gpu_resources_per_trial / workers
-    elif use_gpu:
-        per.setdefault("GPU", 1.0)
     per = {k: v for k, v in per.items() if v > 0}
     bundles = trial_bundles(num_workers=workers, resources_per_worker=per, cpus_per_worker=cpw)
     setting = "backend.trainer.num_workers, backend.trainer.resources_per_worker or hyperopt.executor.cpu_resources_per_trial"

@@ -82,7 +82,7 @@ def _where_local_files_are_read(path: str) -> dict[str, Any]:
     """Ray Data's read arguments for files on a local path, from this cluster's shape."""
     import ray
 
-    from raylight.driver.runtime import client_driver
+    from raylight.worker_group.ray_client import client_driver
 
     try:
         alive = sum(1 for node in ray.nodes() if node.get("Alive"))

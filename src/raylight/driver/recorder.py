@@ -25,6 +25,7 @@ from typing import Any
 
 from raylight.base.clock import wall
 from raylight.base.exceptions import ConfigError
+from raylight.config.schema import LEASE_TIMEOUT_S
 from raylight.driver.loggers import RunLoggers
 from raylight.storage.checkpoint import Checkpoint, deserialize_state
 from raylight.storage.lease import LEASE_FILE, RunLease
@@ -48,7 +49,7 @@ class RunRecorder:
         *,
         checkpoints_to_keep: int,
         on_record: Callable[[dict[str, Any], Checkpoint | None], None] | None = None,
-        lease_timeout_s: float = 60.0,
+        lease_timeout_s: float = LEASE_TIMEOUT_S,
         loggers: RunLoggers | None = None,
     ) -> None:
         self.storage = storage

@@ -33,6 +33,7 @@ import ray
 from raylight.base import ray_token, verbosity
 from raylight.base.exceptions import ClusterConnectionError
 from raylight.base.net import is_loopback
+from raylight.config.schema import CONNECT_TIMEOUT_S
 from raylight.driver import _reaper, termination
 
 log = logging.getLogger("raylight")
@@ -143,18 +144,6 @@ def _force_loopback() -> None:
     from ray._private import ray_constants
 
     ray_constants.ENABLE_RAY_CLUSTER = False
-
-
-def client_driver() -> bool:
-    """Whether this driver reaches its cluster through Ray Client (``ray://``): it then has
-    no GCS connection of its own (which Ray's state and autoscaler APIs need), and its
-    machine's files are not on the cluster."""
-    try:
-        from ray.util.client import ray as client
-
-        return bool(client.is_connected())
-    except Exception:
-        return False
 
 
 def start_embedded(
@@ -402,7 +391,7 @@ def _host_port(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-def connect(address: str | None, *, connect_timeout_s: float = 15.0) -> RayRuntime:
+def connect(address: str | None, *, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> RayRuntime:
     """Use the running Ray of this process (a Ray Client driver's too), the cluster at
     ``address`` (or ``default_address()``: RAY_ADDRESS, as in a Ray Job's driver, or a
     cluster launcher's head node), or else start the embedded local one."""

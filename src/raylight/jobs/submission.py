@@ -27,6 +27,7 @@ from raylight.base import ray_token
 from raylight.base.clock import monotonic
 from raylight.base.exceptions import ClusterConnectionError, ConfigError
 from raylight.base.exit_codes import KILLED_EXIT_CODE, PREEMPTED_EXIT_CODE, TERMINATED_EXIT_CODE
+from raylight.config.schema import CONNECT_TIMEOUT_S
 from raylight.driver.job_env import (
     CPUS_ENV,
     GPUS_ENV,
@@ -280,7 +281,7 @@ class JobsClient:
     """The one place that talks to Ray Jobs, over ``JobSubmissionClient``."""
 
     def __init__(
-        self, url: str, *, source: str = "--address", connect_timeout_s: float = 10.0,
+        self, url: str, *, source: str = "--address", connect_timeout_s: float = CONNECT_TIMEOUT_S,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         probe(url, source, connect_timeout_s)

@@ -28,15 +28,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from raylight.base.exceptions import ConfigError
-from raylight.launch.bootstrap import (
-    CHANNEL_ENV,
-    HELLO,
-    KEY_ENV,
-    PARENT_ENV,
-    proof,
-    recv_frame,
-    send_frame,
-)
+from raylight.launch.bootstrap import PARENT_ENV
+from raylight.worker.run_wire import CHANNEL_ENV, HELLO, KEY_ENV, proof, recv_frame, send_frame
 
 BOOTSTRAP = str(Path(__file__).with_name("bootstrap.py"))
 STORE_TIMEOUT_S = 1800.0  # the agent store's own operations (torch's default process-group timeout)
@@ -225,7 +218,7 @@ class _Channel:
     """The agent's listener for its child (``bootstrap`` events and ``run_context``
     calls): 127.0.0.1 unless told otherwise, an ephemeral port, a random key. Each
     connection is served in its own thread, so one that stays silent never holds up the
-    others; it must prove it holds the key (``bootstrap.connect``) within ``timeout_s``
+    others; it must prove it holds the key (``run_wire.connect``) within ``timeout_s``
     (``--channel-timeout``), and once a request has begun, each part of it must come
     within that time too. Between requests an authenticated connection may stay idle
     (the script's own, between two reports)."""
@@ -266,7 +259,7 @@ class _Channel:
             threading.Thread(target=self._serve, args=(sock, peer), name="raylight-run-client", daemon=True).start()
 
     def _authenticate(self, sock: socket.socket) -> bool:
-        """The challenge and response (``bootstrap.connect`` is the other side); False,
+        """The challenge and response (``run_wire.connect`` is the other side); False,
         with the reason sent, for a connection that does not hold the key."""
         nonce = secrets.token_bytes(32)
         send_frame(sock, HELLO + nonce)

@@ -11,10 +11,9 @@ collects garbage at exit (see ``raylight.worker.process_group.collect_at_exit``)
 ``RAYLIGHT_HOROVOD_COMPAT=1`` serves ``raylight.horovod``, guards a Horovod script (see
 ``_HorovodGuard``). Standard library only, apart from torch where it is installed.
 
-It also holds the script's end of the agent channel (``connect``, ``send_frame``,
-``recv_frame``), which ``raylight.run_context()`` uses too: length-prefixed frames on a TCP
-connection to the agent, opened by a challenge and response on the run's key (HMAC-SHA256,
-each side proving it holds the key; the key itself never travels).
+It tells the agent of those two events over the agent channel, whose wire is the core's
+``raylight.worker.run_wire`` (as ``raylight.run_context()``'s): loaded by its file path, so
+that it stays standard library only and imports nothing of raylight.
 """
 
 from __future__ import annotations
@@ -22,85 +21,38 @@ from __future__ import annotations
 import atexit
 import functools
 import gc
-import hashlib
-import hmac
 import importlib.abc
 import importlib.machinery
 import json
 import os
 import runpy
 import signal
-import socket
 import sys
 from typing import Any
 
-CHANNEL_ENV = "RAYLIGHT_RUN_CHANNEL"  # host:port of the agent's listener
-KEY_ENV = "RAYLIGHT_RUN_AUTHKEY"  # hex; the listener's authentication key
 PARENT_ENV = "RAYLIGHT_RUN_PARENT"  # the agent's pid
 PR_SET_PDEATHSIG = 1
-HELLO = b"raylight-run-channel/1 "  # the agent's challenge: this, then a 32-byte nonce
-CONNECT_TIMEOUT_S = 60.0  # the script's wait for the agent's part of the handshake
-_HANDSHAKE_LIMIT = 4096  # the most a frame may hold before a connection is authenticated
 
 
-class ChannelRefused(ConnectionError):
-    """The agent channel refused this connection (a wrong or missing key), or what
-    answered is not the run's agent."""
+def _load_wire() -> Any:
+    """The agent channel's wire (``raylight.worker.run_wire``): imported as a module where
+    this file is (the agent imports it), loaded by its path where this file runs as the
+    child's first code, so that nothing of raylight is imported before the script."""
+    if __name__ != "__main__":
+        from raylight.worker import run_wire
+
+        return run_wire
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "worker", "run_wire.py")
+    spec = importlib.util.spec_from_file_location("_raylight_run_wire", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def proof(key: bytes, role: bytes, nonce: bytes) -> bytes:
-    """What a side holding ``key`` answers to ``nonce`` (``role``: b"script" or b"agent",
-    so neither answer can be replayed as the other)."""
-    return hmac.new(key, HELLO + role + nonce, hashlib.sha256).digest()
-
-
-def send_frame(sock: socket.socket, data: bytes) -> None:
-    sock.sendall(len(data).to_bytes(8, "big"))
-    sock.sendall(data)
-
-
-def recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise EOFError("the agent channel's other end closed the connection")
-        got += k
-    return bytes(buf)
-
-
-def recv_frame(sock: socket.socket, limit: int | None = None) -> bytes:
-    size = int.from_bytes(recv_exact(sock, 8), "big")
-    if limit is not None and size > limit:
-        raise ChannelRefused(f"a frame of {size} bytes where at most {limit} may come")
-    return recv_exact(sock, size)
-
-
-def connect(address: str, key: bytes, timeout_s: float = CONNECT_TIMEOUT_S) -> socket.socket:
-    """A connection to the agent channel at ``host:port``, authenticated both ways with
-    ``key``. Raises ChannelRefused (a wrong key, or not the run's agent), TimeoutError."""
-    host, port = address.rsplit(":", 1)
-    sock = socket.create_connection((host, int(port)), timeout=timeout_s)
-    try:
-        challenge = recv_frame(sock, _HANDSHAKE_LIMIT)
-        if not challenge.startswith(HELLO) or len(challenge) != len(HELLO) + 32:
-            raise ChannelRefused(f"{address} is not a raylight run agent channel")
-        mine = os.urandom(32)
-        send_frame(sock, proof(key, b"script", challenge[len(HELLO):]) + mine)
-        answer = recv_frame(sock, _HANDSHAKE_LIMIT)
-        if answer[:2] == b"no":
-            raise ChannelRefused(f"the agent channel at {address} refused this connection: {answer[2:].decode(errors='replace')}")
-        if answer[:2] != b"ok" or not hmac.compare_digest(answer[2:], proof(key, b"agent", mine)):
-            raise ChannelRefused(f"what answers at {address} does not hold this run's key: not the run's agent")
-    except TimeoutError:
-        sock.close()
-        raise TimeoutError(f"the agent channel at {address} did not answer within {timeout_s:g} s") from None
-    except BaseException:
-        sock.close()
-        raise
-    sock.settimeout(None)  # the agent's replies take as long as the driver's work
-    return sock
+_wire = _load_wire()
 
 
 def _die_with_parent() -> None:
@@ -121,13 +73,13 @@ def _die_with_parent() -> None:
 
 def _tell(event: str) -> None:
     """One event for the agent on a connection of its own (never fails the script)."""
-    address, key = os.environ.get(CHANNEL_ENV), os.environ.get(KEY_ENV)
+    address, key = os.environ.get(_wire.CHANNEL_ENV), os.environ.get(_wire.KEY_ENV)
     if not address or not key:
         return
     try:
-        with connect(address, bytes.fromhex(key)) as sock:
-            send_frame(sock, json.dumps({"op": "event", "event": event}).encode())
-            recv_frame(sock)
+        with _wire.connect(address, bytes.fromhex(key)) as sock:
+            _wire.send_frame(sock, json.dumps({"op": "event", "event": event}).encode())
+            _wire.recv_frame(sock)
     except (OSError, EOFError, ValueError):
         pass
 

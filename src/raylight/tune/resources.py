@@ -13,23 +13,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from raylight.base.exceptions import InsufficientResourcesError
+from raylight.config.schema import WORKER_CPUS, default_worker_resources
 
 
 def trial_bundles(
     *,
     num_workers: int,
     use_gpu: bool = False,
-    cpus_per_worker: float = 1.0,
+    cpus_per_worker: float = WORKER_CPUS,
     resources_per_worker: dict[str, float] | None = None,
     head_cpus: float = 0.0,
 ) -> list[dict[str, float]]:
     """The bundles of one trial: ``[head, worker, worker, ...]``."""
     if num_workers < 1:
         raise ValueError(f"num_workers must be >= 1, got {num_workers}")
-    worker = {k: float(v) for k, v in (resources_per_worker or {}).items()}
-    worker.setdefault("CPU", float(cpus_per_worker))
-    if use_gpu:
-        worker.setdefault("GPU", 1.0)
+    worker = default_worker_resources({"CPU": cpus_per_worker, **(resources_per_worker or {})}, use_gpu=use_gpu)
     if worker.get("CPU", 0) <= 0 and worker.get("GPU", 0) <= 0:
         raise ValueError(f"a worker needs some CPU or GPU, got {worker}")
     head = {"CPU": float(head_cpus)} if head_cpus > 0 else {}
@@ -116,7 +114,7 @@ def get_tune_resources(
     num_workers: int = 1,
     *,
     use_gpu: bool = False,
-    cpus_per_worker: float = 1.0,
+    cpus_per_worker: float = WORKER_CPUS,
     resources_per_worker: dict[str, float] | None = None,
     head_cpus: float = 0.0,
 ) -> Any:

@@ -46,7 +46,6 @@ from raylight.base.exceptions import (
     WorkerStartError,
 )
 from raylight.config import FailureConfig, ScalingConfig
-from raylight.driver.runtime import client_driver
 from raylight.storage.run_dir import checkpoint_name
 from raylight.worker.protocol import (
     CheckpointTarget,
@@ -62,6 +61,7 @@ from raylight.worker.strategies import build_strategy
 from raylight.worker.strategies.base import worker_env
 from raylight.worker_group.gpus import node_visible_devices
 from raylight.worker_group.pool import POOL, kill_quietly, pool_key
+from raylight.worker_group.ray_client import client_driver
 from raylight.worker_group.user_code import (
     driver_sys_path,
     import_error_message,

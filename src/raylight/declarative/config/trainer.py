@@ -184,6 +184,9 @@ class LRSchedulerConfig(ConfigModel):
         return self
 
 
+AUTO_BATCH_SIZE = 64  # trainer.batch_size: auto's first global batch (the adaptive engine chooses the next)
+
+
 class TrainerSection(ConfigModel):
     epochs: int = Field(10, ge=1, le=MAX_EPOCHS, description="Passes over the training split.")
     train_steps: int | None = Field(
@@ -192,7 +195,7 @@ class TrainerSection(ConfigModel):
         "epochs; the last epoch stops part way. null: epochs decides.",
     )
     batch_size: int | Literal["auto"] = Field(
-        128, description="Global batch size, or 'auto': start at 64 and let the adaptive engine choose."
+        128, description=f"Global batch size, or 'auto': start at {AUTO_BATCH_SIZE} and let the adaptive engine choose."
     )
     learning_rate: float | Literal["auto"] = Field(
         "auto", description="Base LR, or 'auto': the optimizer's default in torch (adam 1e-3), but sgd's 0.05."

@@ -3,7 +3,7 @@ commits checkpoints through its agent (the raylight worker that started it) to t
 driver's run directory, and loads the last committed checkpoint after a restart.
 
 The channel is a local TCP connection to the agent, authenticated both ways with the
-run's key (its address and key are in the child's environment; ``bootstrap.connect``). Messages are JSON; a checkpoint
+run's key (its address and key are in the child's environment; ``run_wire.connect``). Messages are JSON; a checkpoint
 travels as ``torch.save`` bytes and is loaded with ``weights_only=True`` at either end:
 nothing is unpickled.
 """
@@ -17,7 +17,7 @@ import pickle
 import threading
 from typing import Any
 
-from raylight.launch.bootstrap import CHANNEL_ENV, KEY_ENV, connect, recv_frame, send_frame
+from raylight.worker.run_wire import CHANNEL_ENV, KEY_ENV, connect, recv_frame, send_frame
 
 
 class RunContext:
