@@ -11,7 +11,7 @@ from raylight.base.exceptions import ConfigError, InsufficientResourcesError
 from raylight.config.validation import validate
 from raylight.declarative.config import ModelConfig, set_path
 from raylight.tune.resources import check_bundles_fit, plan_concurrency, total, trial_bundles
-from raylight.worker_group.ray_group import worker_bundles
+from raylight.worker_group.placement import worker_bundles
 
 BASE = {
     "input_features": [{"name": "x", "type": "number"}, {"name": "c", "type": "category"}],

@@ -14,7 +14,7 @@ from raylight.worker.protocol import (
     with_finished_peers,
 )
 from raylight.worker_group import worker as worker_module
-from raylight.worker_group.ray_group import assign_ranks, check_feasible
+from raylight.worker_group.placement import assign_ranks, check_feasible
 from raylight.worker_group.worker import RankInfo, RaylightWorker, StartSpec
 from tests.helpers import wait_until
 

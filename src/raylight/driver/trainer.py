@@ -158,7 +158,7 @@ class Trainer:
             from raylight.driver import runtime
 
             if runtime.would_start_embedded(self.config.address):  # before starting Ray
-                from raylight.worker_group.ray_group import check_embedded
+                from raylight.worker_group.placement import check_embedded
 
                 scaling = self.config.scaling
                 check_embedded(scaling.min_workers, scaling.worker_resources(), scaling.placement, runtime.local_capacity())

@@ -13,10 +13,8 @@ actor and removes the placement group.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -26,13 +24,10 @@ from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError, RayE
 from ray.util.placement_group import (
     PlacementGroup,
     get_current_placement_group,
-    placement_group,
     placement_group_table,
-    remove_placement_group,
 )
 from ray.util.scheduling_strategies import (
     NodeAffinitySchedulingStrategy,
-    PlacementGroupSchedulingStrategy,
 )
 
 from raylight.adaptive.plan import AdaptiveSpec, BatchPlan
@@ -46,7 +41,6 @@ from raylight.base.exceptions import (
     WorkerStartError,
 )
 from raylight.config import FailureConfig, ScalingConfig
-from raylight.driver.runtime import client_driver
 from raylight.storage.run_dir import checkpoint_name
 from raylight.worker.protocol import (
     CheckpointTarget,
@@ -61,6 +55,23 @@ from raylight.worker.protocol import (
 from raylight.worker.strategies import build_strategy
 from raylight.worker.strategies.base import worker_env
 from raylight.worker_group.gpus import node_visible_devices
+from raylight.worker_group.placement import (
+    DRAIN_CHECK_S,
+    ELASTIC_PLACEMENT_WAIT_S,
+    RemoteWorker,
+    _request_resources,
+    assign_ranks,
+    bundle_worker,
+    draining_nodes,
+    driver_node,
+    fmt_resources,
+    on_cluster,
+    pinned_worker,
+    remove_group,
+    reserve_group,
+    slot_nodes,
+    worker_bundles,
+)
 from raylight.worker_group.pool import POOL, kill_quietly, pool_key
 from raylight.worker_group.user_code import (
     driver_sys_path,
@@ -70,167 +81,13 @@ from raylight.worker_group.user_code import (
     unpicklable_parts,
     user_modules,
 )
-from raylight.worker_group.worker import RankInfo, RaylightWorker, StartSpec, WorkerSetup
+from raylight.worker_group.worker import RankInfo, StartSpec, WorkerSetup
 
 log = logging.getLogger("raylight")
-
-_RemoteWorker = ray.remote(RaylightWorker)
 
 
 RELEASE_WAIT_S = 5.0  # how long a clean shutdown waits for workers to say they can be reused
 STOP_POLL_S = 0.02  # how often a resize checks whether every worker has stopped
-# An elastic start waits this long for a size above its minimum before trying fewer: a
-# healthy cluster places a group in milliseconds; free resources read a moment earlier
-# can already be taken.
-ELASTIC_PLACEMENT_WAIT_S = 2.0
-
-
-# How often the group asks Ray which nodes are being drained (a GCS call, answered in
-# about a millisecond): a drain's deadline can be a few seconds, so it is seen within a
-# quarter of one. The call's own timeout (a Ray Client driver's task) is longer.
-DRAIN_CHECK_S = 0.25
-DRAIN_CHECK_TIMEOUT_S = 1.0
-
-
-def on_cluster(fn: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
-    """``fn(*args)`` here or, on a Ray Client driver, in a zero-CPU task on the cluster,
-    waited for at most ``timeout_s`` (``GetTimeoutError`` after)."""
-    if not client_driver():
-        return fn(*args)
-    return ray.get(_as_task(fn).remote(*args), timeout=timeout_s)
-
-
-@functools.cache
-def _as_task(fn: Callable[..., Any]) -> Any:
-    """``fn`` as a zero-CPU remote function, made once per process (as Ray Data's
-    ``cached_remote_fn``): the drain check calls it every second."""
-    return ray.remote(num_cpus=0)(fn)
-
-
-def _draining() -> dict[Any, int]:
-    from ray._private.state import state
-
-    return dict(state.get_draining_nodes())
-
-
-def draining_nodes() -> dict[str, float | None]:
-    """Nodes Ray is draining (``ray drain-node``, the autoscaler, a cloud's preemption
-    through KubeRay): node id -> the wall-clock deadline (None: none given). Empty where
-    Ray cannot say."""
-    try:
-        found = on_cluster(_draining, timeout_s=DRAIN_CHECK_TIMEOUT_S)
-    except Exception:  # Ray's private API moved, or the cluster did not answer: no notices now
-        return {}
-    return {str(node): (ms / 1000.0 if ms else None) for node, ms in found.items()}
-
-
-def _request_resources(bundles: list[dict[str, float]]) -> None:
-    from ray.autoscaler.sdk import request_resources
-
-    request_resources(bundles=bundles)
-
-
-# A placement group asked for while the resources of one just removed are still being
-# freed waits for Ray's retry of pending groups (0.3-0.9 s here); one asked for once they
-# are free is placed in milliseconds. So a new group first waits, at most this long, for
-# what this process removed lately to show up as available.
-REMOVAL_WAIT_S = 1.0
-_removed_at = [-1e9]
-
-
-def _remove(pg: PlacementGroup) -> None:
-    remove_placement_group(pg)
-    _removed_at[0] = monotonic()
-
-
-def _await_removals(need: dict[str, float]) -> None:
-    deadline = _removed_at[0] + REMOVAL_WAIT_S
-    while monotonic() < deadline:
-        free = ray.available_resources()
-        if all(free.get(k, 0.0) >= v for k, v in need.items()):
-            return
-        time.sleep(0.01)
-
-
-def _fmt(resources: dict[str, float]) -> str:
-    return ", ".join(f"{k}: {v:g}" for k, v in sorted(resources.items()))
-
-
-def _node_capacities() -> list[dict[str, float]]:
-    return [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-
-
-def check_feasible(
-    num_workers: int, per_worker: dict[str, float], placement: str, nodes: list[dict[str, float]]
-) -> str | None:
-    """Why ``num_workers`` bundles of ``per_worker`` can never fit on ``nodes``, or None."""
-    total: dict[str, float] = defaultdict(float)
-    for node in nodes:
-        for key, amount in node.items():
-            total[key] += amount
-    need = {k: v * num_workers for k, v in per_worker.items()}
-    short = {k: v for k, v in need.items() if total.get(k, 0.0) < v}
-    if short:
-        have = {k: total.get(k, 0.0) for k in short}
-        return f"{num_workers} workers x {{{_fmt(per_worker)}}} need {{{_fmt(need)}}}; the cluster has {{{_fmt(have)}}} in all"
-    if not any(all(node.get(k, 0.0) >= v for k, v in per_worker.items()) for node in nodes):
-        return f"no node can hold one worker's {{{_fmt(per_worker)}}}"
-    if placement == "STRICT_PACK" and not any(
-        all(node.get(k, 0.0) >= v for k, v in need.items()) for node in nodes
-    ):
-        return f"STRICT_PACK needs {{{_fmt(need)}}} on one node; no node has that much"
-    if placement == "STRICT_SPREAD" and len(nodes) < num_workers:
-        return f"STRICT_SPREAD needs {num_workers} nodes; the cluster has {len(nodes)}"
-    return None
-
-
-def embedded_shortfall(reason: str) -> InsufficientResourcesError:
-    return InsufficientResourcesError(
-        f"cannot place the workers: {reason}. The embedded local Ray has no autoscaler; "
-        "lower num_workers or resources_per_worker, or connect to a larger cluster with "
-        "address=."
-    )
-
-
-def check_embedded(num_workers: int, per_worker: dict[str, float], placement: str, capacity: dict[str, float]) -> None:
-    """Before starting the embedded local Ray: fail at once when ``capacity`` (what it
-    would have, ``runtime.local_capacity``) can never place the workers. Resources whose
-    amount is not known without starting Ray (memory; GPUs where a driver exists) are
-    left to Ray."""
-    known = {k: v for k, v in per_worker.items() if k in capacity or k not in _RAY_SIZED}
-    reason = check_feasible(num_workers, known, placement, [capacity])
-    if reason:
-        raise embedded_shortfall(reason)
-
-
-_RAY_SIZED = {"memory", "object_store_memory", "GPU"}  # sized by Ray when it starts
-
-
-def worker_bundles(bundles: list[dict[str, float]], per_worker: dict[str, float], max_workers: int) -> list[int]:
-    """Indices of the bundles of an existing placement group that hold workers: those
-    big enough for one worker, the last ``max_workers`` of them (a trial's head bundle,
-    where its driver runs, comes first, as in Ray Tune's layout)."""
-    fits = [i for i, b in enumerate(bundles) if all(b.get(k, 0.0) >= v for k, v in per_worker.items())]
-    return fits[-max_workers:] if max_workers > 0 else []
-
-
-def assign_ranks(bundle_nodes: list[str]) -> list[RankInfo]:
-    """Ranks for bundles placed on ``bundle_nodes``: contiguous per node, nodes in the
-    order they first appear. Returns one RankInfo per bundle, in bundle order."""
-    order: list[str] = []
-    for node in bundle_nodes:
-        if node not in order:
-            order.append(node)
-    per_node = {node: [i for i, n in enumerate(bundle_nodes) if n == node] for node in order}
-    infos: dict[int, RankInfo] = {}
-    rank = 0
-    for node_rank, node in enumerate(order):
-        bundles = per_node[node]
-        for local_rank, bundle in enumerate(bundles):
-            infos[bundle] = RankInfo(rank, local_rank, len(bundle_nodes), len(bundles), node_rank)
-            rank += 1
-    return [infos[i] for i in range(len(bundle_nodes))]
-
 
 class MembersLostError(WorkerStartError):
     """Workers of a group being formed died before it met (``members``: those lost)."""
@@ -361,33 +218,7 @@ class RayWorkerGroup:
             want = max(at_least, min(want - 1, self.capacity()))
 
     def _reserve(self, num_workers: int, *, wait_s: float | None = None, fail_fast: bool = True) -> PlacementGroup | None:
-        """A placement group for ``num_workers`` workers, placed within ``wait_s``
-        (None: FailureConfig.placement_timeout_s, then InsufficientResourcesError);
-        None where ``wait_s`` was given and it was not placed, or could never be."""
-        per_worker = self._scaling.worker_resources()
-        placement = self._scaling.placement
-        reason = check_feasible(num_workers, per_worker, placement, _node_capacities())
-        if reason and self._embedded and fail_fast:
-            raise embedded_shortfall(reason)
-        if reason and self._embedded:  # never here: let the caller try fewer
-            return None
-        _await_removals({k: v * num_workers for k, v in per_worker.items()})
-        pg = placement_group([dict(per_worker)] * num_workers, strategy=placement)
-        timeout = self._failure.placement_timeout_s
-        ready, _ = ray.wait([pg.ready()], timeout=timeout if wait_s is None else wait_s)
-        if ready:
-            return pg
-        remove_placement_group(pg)
-        if wait_s is not None:
-            return None
-        available = {k: v for k, v in ray.available_resources().items() if k in per_worker}
-        why = f" ({reason})" if reason else ""
-        raise InsufficientResourcesError(
-            f"the cluster did not place {num_workers} workers x {{{_fmt(per_worker)}}} "
-            f"within FailureConfig.placement_timeout_s={timeout:g}s{why}; available now: "
-            f"{{{_fmt(available)}}}. Lower num_workers or resources_per_worker, free "
-            "resources, or raise placement_timeout_s for an autoscaling cluster."
-        )
+        return reserve_group(num_workers, self._scaling, self._failure, embedded=self._embedded, wait_s=wait_s, fail_fast=fail_fast)
 
     def _free_slots(self) -> list[tuple[PlacementGroup, int]]:
         """Bundles this group reserved that no live worker uses and Ray has placed (after
@@ -418,7 +249,7 @@ class RayWorkerGroup:
         if len(slots) < count and self._outer is not None:
             raise InsufficientResourcesError(
                 f"this runs inside a placement group (e.g. a Ray Tune trial's) whose bundles "
-                f"hold {len(self._outer_bundles)} workers x {{{_fmt(self._scaling.worker_resources())}}}, "
+                f"hold {len(self._outer_bundles)} workers x {{{fmt_resources(self._scaling.worker_resources())}}}, "
                 f"but {count + len(self._members)} are needed; give the trial one bundle per "
                 "worker (raylight.tune.get_tune_resources(num_workers=...)) or lower num_workers"
             )
@@ -432,7 +263,7 @@ class RayWorkerGroup:
             else:
                 log.info("started %d of %d new workers: the cluster placed no more within %gs", len(slots), count, wait_s)
         spare_at, spare = self._take_spare(slots)
-        bundle_nodes: list[str | None] = self._bundle_nodes(slots) if self._pooled else [None] * len(slots)
+        bundle_nodes: list[str | None] = slot_nodes(slots) if self._pooled else [None] * len(slots)
         actors: list[Any] = []
         reused: list[bool] = []
         refs: list[Any] = []
@@ -468,18 +299,8 @@ class RayWorkerGroup:
         reservation the bundle holds."""
         args = (info, self._run_name, self._setup())
         if node_id is not None:
-            return _pinned_worker(node_id, self._runtime_env(), *args)
-        pg, bundle = slot
-        per_worker = self._scaling.worker_resources()
-        custom = {k: v for k, v in per_worker.items() if k not in ("CPU", "GPU")}
-        return _RemoteWorker.options(
-            max_restarts=0,
-            runtime_env=self._runtime_env(),
-            num_cpus=per_worker.get("CPU", 0),
-            num_gpus=per_worker.get("GPU", 0),
-            resources=custom or None,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle),
-        ).remote(*args)
+            return pinned_worker(node_id, self._runtime_env(), *args)
+        return bundle_worker(slot, self._scaling, self._runtime_env(), *args)
 
     def _started(
         self,
@@ -521,20 +342,6 @@ class RayWorkerGroup:
     @property
     def _pool_key(self) -> str:
         return pool_key(self._runtime_env(), self._scaling.process_kind)
-
-    @staticmethod
-    def _bundle_nodes(slots: list[tuple[PlacementGroup, int]]) -> list[str | None]:
-        """Each slot's node where it is this driver's node (pooled workers live only
-        there), else None (a worker inside the bundle, killed when its run ends)."""
-        home = _driver_node()
-        tables: dict[int, dict[int, str]] = {}
-        nodes: list[str | None] = []
-        for pg, bundle in slots:
-            if id(pg) not in tables:
-                tables[id(pg)] = placement_group_table(pg).get("bundles_to_node_id", {})
-            node = tables[id(pg)].get(bundle)
-            nodes.append(node if node is not None and node == home else None)
-        return nodes
 
     def _setup(self, *, rejoining: bool = False) -> WorkerSetup:
         """What a worker of this run is given (``RaylightWorker``'s and ``begin_run``'s last
@@ -578,7 +385,7 @@ class RayWorkerGroup:
         if spare is not None or rank0 is None or rank0.progress.batches_since_start == 0:
             return
         node_id = self._members[0].node["node_id"]
-        actor: Any = _RemoteWorker.options(
+        actor: Any = RemoteWorker.options(
             num_cpus=0,
             max_restarts=0,
             runtime_env=self._runtime_env(),
@@ -971,7 +778,7 @@ class RayWorkerGroup:
         for pg in self._pgs:  # never the outer group: it is not in self._pgs
             if id(pg) not in used:
                 with contextlib.suppress(Exception):
-                    _remove(pg)
+                    remove_group(pg)
         self._pgs = [pg for pg in self._pgs if id(pg) in used]
 
     # -- poll -----------------------------------------------------------------------
@@ -1107,14 +914,14 @@ class RayWorkerGroup:
         self._loop_ref = None
         for pg in pgs:
             with contextlib.suppress(Exception):
-                _remove(pg)
+                remove_group(pg)
 
     def _pool_members(self) -> set[int]:
         """Hand the workers whose loops finished (and a ready spare) to the pool, where
         each one says it can serve another run; returns the ids of the actors pooled."""
         if not self._pooled or not ray.is_initialized():
             return set()
-        home = _driver_node()
+        home = driver_node()
         reusable = build_strategy(self._scaling.strategy).reuses_process
         candidates = [
             (m.actor, m.node)
@@ -1152,18 +959,6 @@ def worker_runtime_env(scaling: ScalingConfig) -> dict[str, Any] | None:
     return {"env_vars": env} if env else None
 
 
-def _pinned_worker(node_id: str, runtime_env: dict[str, Any] | None, *args: Any) -> Any:
-    """A new worker process on ``node_id`` that holds no Ray resources: a pooled worker,
-    which outlives its run's placement group (whose bundle holds its reservation while it
-    trains)."""
-    return _RemoteWorker.options(
-        max_restarts=0,
-        runtime_env=runtime_env,
-        num_cpus=0,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-    ).remote(*args)
-
-
 def prestart_workers(scaling: ScalingConfig, *, modules: tuple[str, ...] = ()) -> int:
     """Start the first workers of a run of ``scaling``'s shape now, as idle pooled workers
     on this driver's node, and return at once; the run's start takes them from the pool.
@@ -1172,7 +967,7 @@ def prestart_workers(scaling: ScalingConfig, *, modules: tuple[str, ...] = ()) -
     where workers are not pooled (GPU workers, ``reuse_workers=False``), where the pool
     already holds them, or where this node cannot hold the run's first workers (they would
     be placed elsewhere and sit idle until ``idle_worker_timeout_s``)."""
-    node_id = _driver_node()
+    node_id = driver_node()
     if not scaling.reuse_workers or scaling.use_gpu or node_id is None or get_current_placement_group() is not None:
         return 0
     count = scaling.min_workers
@@ -1184,22 +979,12 @@ def prestart_workers(scaling: ScalingConfig, *, modules: tuple[str, ...] = ()) -
     key = pool_key(runtime_env, scaling.process_kind)
     started = 0
     for _ in range(count - POOL.count(node_id, key)):
-        actor = _pinned_worker(node_id, runtime_env, RankInfo(0, 0, count, 1, 0), "prestarted")  # begin_run gives it its run's
+        actor = pinned_worker(node_id, runtime_env, RankInfo(0, 0, count, 1, 0), "prestarted")  # begin_run gives it its run's
         if modules:
             actor.warm.remote(None, list(modules))
         POOL.put(actor, {"node_id": node_id}, key, scaling.idle_worker_timeout_s)
         started += 1
     return started
-
-
-def _driver_node() -> str | None:
-    """The node this driver runs on; None where Ray cannot say (a Ray Client driver).
-    Only its workers are pooled: an idle worker elsewhere would keep an autoscaled node
-    (and its bill) alive, and one in the bundle dies with its node as Ray expects."""
-    try:
-        return str(ray.get_runtime_context().get_node_id())
-    except Exception:
-        return None
 
 
 def _death_reason(exc: RayError) -> str:
