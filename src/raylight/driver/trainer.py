@@ -680,7 +680,7 @@ def prestart_workers(
     are idle workers (``ScalingConfig.reuse_workers``): no Ray resources, gone after
     ``idle_worker_timeout_s`` if no fit takes them."""
     from raylight.driver import runtime
-    from raylight.worker_group.ray_group import prestart_workers as prestart
+    from raylight.worker_group.warm import prestart_workers as prestart
 
     scaling = _scaling(num_workers, use_gpu, resources_per_worker, placement, strategy)
     runtime.connect(address)

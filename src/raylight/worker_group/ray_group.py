@@ -26,9 +26,6 @@ from ray.util.placement_group import (
     get_current_placement_group,
     placement_group_table,
 )
-from ray.util.scheduling_strategies import (
-    NodeAffinitySchedulingStrategy,
-)
 
 from raylight.adaptive.plan import AdaptiveSpec, BatchPlan
 from raylight.base import verbosity
@@ -53,12 +50,10 @@ from raylight.worker.protocol import (
     with_finished_peers,
 )
 from raylight.worker.strategies import build_strategy
-from raylight.worker.strategies.base import worker_env
 from raylight.worker_group.gpus import node_visible_devices
 from raylight.worker_group.placement import (
     DRAIN_CHECK_S,
     ELASTIC_PLACEMENT_WAIT_S,
-    RemoteWorker,
     _request_resources,
     assign_ranks,
     bundle_worker,
@@ -81,12 +76,18 @@ from raylight.worker_group.user_code import (
     unpicklable_parts,
     user_modules,
 )
+from raylight.worker_group.warm import (
+    RELEASE_WAIT_S,
+    Spare,
+    WarmSpare,
+    hand_to_pool,
+    worker_runtime_env,
+)
 from raylight.worker_group.worker import RankInfo, StartSpec, WorkerSetup
 
 log = logging.getLogger("raylight")
 
 
-RELEASE_WAIT_S = 5.0  # how long a clean shutdown waits for workers to say they can be reused
 STOP_POLL_S = 0.02  # how often a resize checks whether every worker has stopped
 
 class MembersLostError(WorkerStartError):
@@ -104,18 +105,6 @@ class _Member:
     pg: PlacementGroup
     bundle: int
     warm: bool = False  # already imported what the running workers have (a spare)
-
-
-@dataclass
-class _Spare:
-    """A pre-started worker process beside rank 0, with no Ray resources of its own: when
-    the group grows and a bundle it reserves lands on this node, the spare joins in that
-    bundle's place (the bundle's reservation accounts for it) instead of a new process."""
-
-    actor: Any
-    node_id: str
-    refs: list[Any]  # [node_info, warm]
-    ready: bool = False
 
 
 class RayWorkerGroup:
@@ -144,7 +133,7 @@ class RayWorkerGroup:
         self._adaptive = adaptive
         self._members: list[_Member] = []  # index = rank
         self._pgs: list[PlacementGroup] = []
-        self._spare: _Spare | None = None
+        self._spare = WarmSpare()
         self._last_states: list[str] = []  # each rank's state at the last poll
         self._resizing = False
         self._draining: dict[str, float | None] = {}
@@ -262,7 +251,7 @@ class RayWorkerGroup:
                 return []
             else:
                 log.info("started %d of %d new workers: the cluster placed no more within %gs", len(slots), count, wait_s)
-        spare_at, spare = self._take_spare(slots)
+        spare_at, spare = self._spare.take(slots, lambda refs: self._get(refs, self._failure.worker_start_timeout_s, "warm up (the spare)"))
         bundle_nodes: list[str | None] = slot_nodes(slots) if self._pooled else [None] * len(slots)
         actors: list[Any] = []
         reused: list[bool] = []
@@ -369,63 +358,17 @@ class RayWorkerGroup:
         )
 
     def _tend_spare(self, polls: list[WorkerPoll]) -> None:
-        """Start the spare once rank 0 trains (so it has imported what the loop needs);
-        drop it when the group can no longer grow."""
         if self._resizing:
             return
-        if not self._spare_wanted():
-            if self._spare is None or self._spare_created():
-                self._drop_spare()
-            return  # else dropped on a later poll, once Ray has created it
-        spare = self._spare
-        if spare is not None and not spare.ready:
-            done, _ = ray.wait(spare.refs, num_returns=len(spare.refs), timeout=0)
-            spare.ready = len(done) == len(spare.refs)
         rank0 = next((p for p in polls if p.rank == 0), None)
-        if spare is not None or rank0 is None or rank0.progress.batches_since_start == 0:
-            return
+        trains = rank0 is not None and rank0.progress.batches_since_start > 0
+        self._spare.tend(wanted=self._spare_wanted(), rank0_trains=trains, start=self._start_spare)
+
+    def _start_spare(self) -> Spare:
+        """A new process on rank 0's node, warming with rank 0's modules."""
         node_id = self._members[0].node["node_id"]
-        actor: Any = RemoteWorker.options(
-            num_cpus=0,
-            max_restarts=0,
-            runtime_env=self._runtime_env(),
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-        ).remote(RankInfo(0, 0, 1, 1, 0), self._run_name, self._setup())
-        self._spare = _Spare(actor, node_id, [actor.node_info.remote(), *self._warm_refs([actor])])
-
-    def _take_spare(self, slots: list[tuple[PlacementGroup, int]]) -> tuple[int, _Spare | None]:
-        """The slot (index into ``slots``) on the spare's node, and the spare, ready;
-        (-1, None) when there is no usable spare."""
-        spare = self._spare
-        if spare is None:
-            return -1, None
-        nodes = [placement_group_table(pg).get("bundles_to_node_id", {}).get(b) for pg, b in slots]
-        if spare.node_id not in nodes:
-            return -1, None
-        at = nodes.index(spare.node_id)
-        self._spare = None
-        try:  # normally long ready; if not, it is still ahead of a new process
-            self._get(spare.refs, self._failure.worker_start_timeout_s, "warm up (the spare)")
-        except WorkerStartError as exc:
-            log.warning("the warm spare is not usable (%s); starting a new worker", exc)
-            kill_quietly(spare.actor)
-            return -1, None
-        return at, spare
-
-    def _spare_created(self, timeout: float = 0.0) -> bool:
-        """Whether Ray has done creating the spare (its first call answered, or failed),
-        waiting up to ``timeout`` s. Killing an actor while Ray still grants it a worker
-        makes Ray's GCS log "Failed to kill actor NIL_ID", a line Ray forwards to the
-        driver's console. A spare holds no resources, so it can wait a poll or two for its
-        process."""
-        assert self._spare is not None
-        done, _ = ray.wait(self._spare.refs[:1], timeout=timeout)
-        return bool(done)
-
-    def _drop_spare(self) -> None:
-        if self._spare is not None:
-            kill_quietly(self._spare.actor)
-            self._spare = None
+        actor = pinned_worker(node_id, self._runtime_env(), RankInfo(0, 0, 1, 1, 0), self._run_name, self._setup())
+        return Spare(actor, node_id, [actor.node_info.remote(), *self._warm_refs([actor])])
 
     def _launch(
         self,
@@ -851,7 +794,7 @@ class RayWorkerGroup:
         self._last_states = [p.state for p in polls] if not failures else []
         if not failures:
             self._tend_spare(polls)
-        spare_ready = self._spare is not None and self._spare.ready
+        spare_ready = self._spare.ready
         placement = self._placement()
         ranks_on = {p.node_id for p in placement}
         return GroupPoll(
@@ -901,10 +844,10 @@ class RayWorkerGroup:
 
             with contextlib.suppress(Exception):
                 request_resources(bundles=[])
-        if self._spare is not None and not self._spare.ready:
-            self._spare_created(timeout=RELEASE_WAIT_S)  # a spare is seconds from ready
+        if self._spare.spare is not None and not self._spare.ready:
+            self._spare.created(timeout=RELEASE_WAIT_S)  # a spare is seconds from ready
         pooled = self._pool_members()
-        self._drop_spare()
+        self._spare.drop()
         pgs = self._pgs
         for m in self._members:
             if id(m.actor) not in pooled:
@@ -923,68 +866,12 @@ class RayWorkerGroup:
             return set()
         home = driver_node()
         reusable = build_strategy(self._scaling.strategy).reuses_process
-        candidates = [
+        finished = [
             (m.actor, m.node)
             for m, s in zip(self._members, self._last_states, strict=False)
             if reusable and s == "finished" and m.node.get("node_id") == home
         ]
-        spare = self._spare
-        if spare is not None and spare.node_id == home:  # started, perhaps still importing: it never ran a loop
-            with contextlib.suppress(Exception):
-                candidates.append((spare.actor, ray.get(spare.refs[0], timeout=0)))
-        if not candidates:
-            return set()
-        refs = [actor.release.remote() for actor, _ in candidates]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=RELEASE_WAIT_S)
-        pooled: set[int] = set()
-        for (actor, node), ref in zip(candidates, refs, strict=True):
-            try:
-                why = ray.get(ref, timeout=0) if ref in ready else "it did not answer"
-            except RayError as exc:
-                why = str(exc).splitlines()[0]
-            if why is None:
-                POOL.put(actor, node, self._pool_key, self._scaling.idle_worker_timeout_s)
-                pooled.add(id(actor))
-                if spare is not None and actor is spare.actor:
-                    self._spare = None
-            else:
-                log.debug("not keeping worker %s for the next run: %s", node.get("pid"), why)
-        return pooled
-
-
-def worker_runtime_env(scaling: ScalingConfig) -> dict[str, Any] | None:
-    """The workers' own runtime_env: environment variables their strategy wants at
-    process start (merged by Ray into the job's ``env_vars``), else None."""
-    env = worker_env(scaling.process_kind, scaling.use_gpu)
-    return {"env_vars": env} if env else None
-
-
-def prestart_workers(scaling: ScalingConfig, *, modules: tuple[str, ...] = ()) -> int:
-    """Start the first workers of a run of ``scaling``'s shape now, as idle pooled workers
-    on this driver's node, and return at once; the run's start takes them from the pool.
-    Their processes start and import torch (and ``modules``) while the driver is still
-    busy (the declarative backend's preprocessing). Returns how many it started: none
-    where workers are not pooled (GPU workers, ``reuse_workers=False``), where the pool
-    already holds them, or where this node cannot hold the run's first workers (they would
-    be placed elsewhere and sit idle until ``idle_worker_timeout_s``)."""
-    node_id = driver_node()
-    if not scaling.reuse_workers or scaling.use_gpu or node_id is None or get_current_placement_group() is not None:
-        return 0
-    count = scaling.min_workers
-    per_worker = scaling.worker_resources()
-    here: dict[str, float] = next((n.get("Resources", {}) for n in ray.nodes() if n.get("NodeID") == node_id and n.get("Alive")), {})
-    if any(here.get(k, 0.0) < v * count for k, v in per_worker.items()):
-        return 0
-    runtime_env = worker_runtime_env(scaling)
-    key = pool_key(runtime_env, scaling.process_kind)
-    started = 0
-    for _ in range(count - POOL.count(node_id, key)):
-        actor = pinned_worker(node_id, runtime_env, RankInfo(0, 0, count, 1, 0), "prestarted")  # begin_run gives it its run's
-        if modules:
-            actor.warm.remote(None, list(modules))
-        POOL.put(actor, {"node_id": node_id}, key, scaling.idle_worker_timeout_s)
-        started += 1
-    return started
+        return hand_to_pool(finished, self._spare, home=home, key=self._pool_key, idle_s=self._scaling.idle_worker_timeout_s)
 
 
 def _death_reason(exc: RayError) -> str:
