@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -29,7 +28,7 @@ from ray.util.placement_group import (
 
 from raylight.adaptive.plan import AdaptiveSpec, BatchPlan
 from raylight.base import verbosity
-from raylight.base.clock import monotonic, wall
+from raylight.base.clock import monotonic
 from raylight.base.cost import WorkerPlace
 from raylight.base.exceptions import (
     ConfigError,
@@ -68,6 +67,7 @@ from raylight.worker_group.placement import (
     worker_bundles,
 )
 from raylight.worker_group.pool import POOL, kill_quietly, pool_key
+from raylight.worker_group.resize import InPlaceResize, MembersLostError
 from raylight.worker_group.user_code import (
     driver_sys_path,
     import_error_message,
@@ -86,16 +86,6 @@ from raylight.worker_group.warm import (
 from raylight.worker_group.worker import RankInfo, StartSpec, WorkerSetup
 
 log = logging.getLogger("raylight")
-
-
-STOP_POLL_S = 0.02  # how often a resize checks whether every worker has stopped
-
-class MembersLostError(WorkerStartError):
-    """Workers of a group being formed died before it met (``members``: those lost)."""
-
-    def __init__(self, message: str, members: list[_Member]) -> None:
-        super().__init__(message)
-        self.members = members
 
 
 @dataclass
@@ -524,174 +514,12 @@ class RayWorkerGroup:
         still up); those reports are then not in the outcome."""
         self._resizing = True
         try:
-            return self._resize(
-                num_workers=num_workers, threads=threads, plan=plan, commit=commit, target=target,
+            return InPlaceResize(
+                self, num_workers=num_workers, threads=threads, plan=plan, commit=commit, target=target,
                 leaving=leaving, snapshot=snapshot, on_stopped=on_stopped,
-            )
+            ).run()
         finally:
             self._resizing = False
-
-    def _resize(
-        self,
-        *,
-        num_workers: int,
-        threads: int | None,
-        plan: BatchPlan | None,
-        commit: int,
-        target: CheckpointTarget | None,
-        leaving: frozenset[int],
-        snapshot: bool,
-        on_stopped: Callable[[list[Report]], None] | None = None,
-    ) -> ResizeOutcome:
-        reports: list[Report] = []
-        shadow: list[Report] = []
-        began = monotonic()
-        # New workers start (and import torch) while the others still train.
-        try:
-            grow = num_workers - len(self._members)
-            added = self._spawn(grow, wait_s=self._grow_wait_s()) if grow > 0 else []
-        except (InsufficientResourcesError, WorkerStartError) as exc:
-            log.warning("could not add workers (%s); keeping %d", exc, len(self._members))
-            added = []
-        if grow > 0 and not added and not leaving:  # nothing to grow into: no pause
-            return ResizeOutcome("unchanged", reason="the cluster placed no new worker")
-        warm_s = self._warm(added)
-        stopped_at, stopped_wall = monotonic(), wall()
-        phases = {"spawn_s": stopped_at - began - warm_s, "warm_s": warm_s, "spares": sum(m.warm for m in added)}
-        for m in self._members:
-            m.actor.interrupt.remote(snapshot)
-        # Live workers stop at their next control step. With a dead peer, one may instead
-        # sit in a collective that never completes: past a health-check period it is
-        # treated as hung and replaced.
-        wait_s = self._failure.worker_start_timeout_s
-        deadline = None
-        while True:
-            poll = self.poll()
-            if deadline is None:
-                if any(f.kind == "died" for f in poll.failures):
-                    wait_s = self._failure.health_check_timeout_s
-                deadline = stopped_at + wait_s
-            reports.extend(poll.reports)
-            shadow.extend(poll.shadow_reports)
-            if any(p.state == "finished" for p in poll.polls):
-                for m in added:
-                    ray.kill(m.actor, no_restart=True)
-                return ResizeOutcome("finished", reports, shadow=shadow)
-            if all(p.state != "running" for p in poll.polls) or monotonic() > deadline:
-                break
-            time.sleep(min(self._failure.poll_interval_s, STOP_POLL_S))  # training is paused
-        phases["stop_s"] = monotonic() - stopped_at
-        # Checkpoints rank 0 reported while stopping are committed by the driver after
-        # this returns; the state to restore is the newest of them.
-        stopped_with = sum(1 for r in reports if r.checkpoint is not None)
-        commit += stopped_with
-        if target is not None:
-            target = replace(target, next_index=target.next_index + stopped_with)
-        if on_stopped is not None and reports:  # committed now: the leaving workers are still up
-            delivered, reports = reports, []
-            on_stopped(delivered)
-            phases["committed_s"] = monotonic() - stopped_at
-        dead = {f.rank for f in poll.failures if f.kind in ("died", "hang")}
-        # Workers on a node given notice stop like the others (and deliver their part of
-        # the snapshot), then go.
-        dead |= set(leaving)
-        live = {p.rank: p for p in poll.polls if p.rank not in dead and p.state in ("paused", "errored")}
-        log.info(
-            "resize: workers %s; dead %s; holding %s",
-            {p.rank: p.state for p in poll.polls}, sorted(dead), {r: p.commit for r, p in live.items()},
-        )
-        for rank in dead | {p.rank for p in poll.polls if p.rank not in live}:
-            ray.kill(self._members[rank].actor, no_restart=True)
-        adopted = None
-        newest = max((p.commit for p in live.values()), default=-1)
-        if newest > commit:  # rank 0 died between keeping a checkpoint and reporting it
-            holder = next(r for r, p in live.items() if p.commit == newest)
-            adopted = self._get([self._members[holder].actor.held_commit.remote()], self._failure.worker_start_timeout_s, "hand over their checkpoint")[0]
-            commit = newest
-            if target is not None:  # the driver commits it next
-                target = replace(target, next_index=newest + 1)
-        holders = [r for r, p in live.items() if p.commit == commit]
-        if commit >= 0 and not holders:
-            return ResizeOutcome("fallback", reports, f"no live worker holds checkpoint {commit}", shadow, None, stopped_at, stopped_wall, phases)
-        keep_ranks = ([holders[0]] if holders else []) + [r for r in sorted(live) if r not in holders[:1]]
-        if not keep_ranks:
-            return ResizeOutcome("fallback", reports, "no live worker left", shadow, None, stopped_at, stopped_wall, phases)
-        # Live workers beyond the new size that could stand in for a kept one (they hold
-        # the state, where there is one) go only once the group has re-formed: a kept one
-        # can still die before taking its rank.
-        reserve_ranks = [r for r in keep_ranks[num_workers:] if commit < 0 or r in holders]
-        reserves = [self._members[r] for r in reserve_ranks]
-        keep_ranks = keep_ranks[:num_workers]
-        for rank in sorted(live):
-            if rank not in keep_ranks and rank not in reserve_ranks:
-                ray.kill(self._members[rank].actor, no_restart=True)
-        with self._killed_unless_members(list(reserves)):
-            survivors = [self._members[r] for r in keep_ranks]
-            holding = {id(self._members[r]) for r in holders}  # each rank of an elastic run keeps its copy
-            for extra in added[max(0, num_workers - len(survivors)) :]:
-                ray.kill(extra.actor, no_restart=True)
-            added = added[: max(0, num_workers - len(survivors))]
-            short = num_workers - len(survivors) - len(added)
-            self._members = survivors + added  # the bundles of those removed are free again
-            if short > 0:  # replace workers lost or hung while stopping (their bundles are free)
-                try:
-                    added += self._spawn(short, wait_s=self._grow_wait_s())
-                except (InsufficientResourcesError, WorkerStartError) as exc:
-                    log.warning("could not replace %d worker(s) (%s); continuing with %d", short, exc, len(survivors) + len(added))
-            launch_began = monotonic()
-            members = survivors + added
-            while True:
-                try:
-                    self._launch(members, broadcast=commit if commit >= 0 else None, threads=threads, plan=plan, target=target)
-                    break
-                except MembersLostError as exc:
-                    # A survivor that was paused a moment ago can still die (its node went
-                    # too): go on without it, from another that holds the state if it held it.
-                    wanted = len(members)
-                    members = [m for m in members if m not in exc.members]
-                    while reserves and len(members) < wanted:  # a reserve takes a lost one's place
-                        members.append(reserves.pop(0))
-                    members.sort(key=lambda m: id(m) not in holding)  # stable: a holder first
-                    if not members or (commit >= 0 and id(members[0]) not in holding):
-                        return ResizeOutcome("fallback", reports, str(exc), shadow, adopted, stopped_at, stopped_wall, phases)
-                    log.warning("%s; resizing in place without them", exc)
-                    for m in exc.members:
-                        kill_quietly(m.actor)
-                except WorkerStartError as exc:
-                    return ResizeOutcome("fallback", reports, str(exc), shadow, adopted, stopped_at, stopped_wall, phases)
-            phases["launch_s"] = monotonic() - launch_began
-            self._release_unused_groups()
-            return ResizeOutcome(
-                "in_place", reports, shadow=shadow, adopted=adopted, stopped_at=stopped_at, stopped_wall=stopped_wall, phases=phases
-            )
-
-    @contextlib.contextmanager
-    def _killed_unless_members(self, workers: list[_Member]) -> Iterator[None]:
-        """On the way out, kill those of ``workers`` that did not become members."""
-        try:
-            yield
-        finally:
-            kept = {id(m) for m in self._members}
-            for m in workers:
-                if id(m) not in kept:
-                    kill_quietly(m.actor)
-
-    def _grow_wait_s(self) -> float:
-        """How long a resize waits for a new placement group before going on with what
-        it has (the run asks again at its next resize interval)."""
-        return min(self._failure.placement_timeout_s, ELASTIC_PLACEMENT_WAIT_S)
-
-    def _warm(self, added: list[_Member]) -> float:
-        """New workers import what a running one has imported, while training goes on."""
-        added = [m for m in added if not m.warm]
-        if not added or not self._members:
-            return 0.0
-        began = monotonic()
-        try:
-            self._get(self._warm_refs([m.actor for m in added]), self._failure.worker_start_timeout_s, "warm up")
-        except WorkerStartError as exc:  # only slower: the loop imports what it needs
-            log.warning("warming new workers failed (%s); continuing", exc)
-        return monotonic() - began
 
     def _warm_refs(self, actors: list[Any]) -> list[Any]:
         """Start ``actors`` importing what rank 0 has imported (its module list is passed
