@@ -8,6 +8,12 @@ bundle, open the rendezvous store on rank 0's node, start the loops. Polling: on
 ``poll`` call per worker, bounded by ``health_check_timeout_s``; dead actors and
 workers without progress for ``hang_timeout_s`` become failures. Shutdown kills every
 actor and removes the placement group.
+
+This module is the core: the group's members and their start, launch, poll and
+shutdown. Its roles live beside it, as Ray Train V2 splits its worker group:
+``placement.py`` (placement groups, bundles, nodes), ``warm.py`` (the warm spare, the
+pool's hand-off and prestarted workers), ``resize.py`` (the in-place resize, a sequence
+of named steps) and ``poll.py`` (judging each worker's answer, node notices).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError, RayError
+from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.placement_group import (
     PlacementGroup,
     get_current_placement_group,
@@ -28,7 +34,6 @@ from ray.util.placement_group import (
 
 from raylight.adaptive.plan import AdaptiveSpec, BatchPlan
 from raylight.base import verbosity
-from raylight.base.clock import monotonic
 from raylight.base.cost import WorkerPlace
 from raylight.base.exceptions import (
     ConfigError,
@@ -41,22 +46,18 @@ from raylight.storage.run_dir import checkpoint_name
 from raylight.worker.protocol import (
     CheckpointTarget,
     GroupPoll,
-    NodeNotice,
     Report,
     ResizeOutcome,
-    WorkerFailure,
     WorkerPoll,
     with_finished_peers,
 )
 from raylight.worker.strategies import build_strategy
 from raylight.worker_group.gpus import node_visible_devices
 from raylight.worker_group.placement import (
-    DRAIN_CHECK_S,
     ELASTIC_PLACEMENT_WAIT_S,
     _request_resources,
     assign_ranks,
     bundle_worker,
-    draining_nodes,
     driver_node,
     fmt_resources,
     on_cluster,
@@ -66,6 +67,7 @@ from raylight.worker_group.placement import (
     slot_nodes,
     worker_bundles,
 )
+from raylight.worker_group.poll import NoticeWatch, death_reason, judge
 from raylight.worker_group.pool import POOL, kill_quietly, pool_key
 from raylight.worker_group.resize import InPlaceResize, MembersLostError
 from raylight.worker_group.user_code import (
@@ -126,11 +128,10 @@ class RayWorkerGroup:
         self._spare = WarmSpare()
         self._last_states: list[str] = []  # each rank's state at the last poll
         self._resizing = False
-        self._draining: dict[str, float | None] = {}
+        self._watch = NoticeWatch()  # the nodes Ray is draining
         # Workers asked of the autoscaler: withdrawn at shutdown (the nodes it brought may
         # go once idle), asked again when the group starts again (a restart).
         self._requested = 0
-        self._drain_checked = -DRAIN_CHECK_S
         # Running inside a placement group (a Tune trial): workers go into its bundles,
         # which this group never removes.
         self._outer = get_current_placement_group() if ray.is_initialized() else None
@@ -205,7 +206,7 @@ class RayWorkerGroup:
         used = {(id(m.pg), m.bundle) for m in self._members}
         if self._outer is not None:
             return [(self._outer, b) for b in self._outer_bundles if (id(self._outer), b) not in used]
-        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")} - set(self._draining)
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")} - set(self._watch.draining)
         slots = []
         for pg in self._pgs:
             placed = placement_group_table(pg).get("bundles_to_node_id", {})
@@ -300,7 +301,7 @@ class RayWorkerGroup:
             except RayActorError as exc:
                 if not reused[i]:
                     raise self._start_error(exc, "start") from None
-                found = f"it died while idle ({_death_reason(exc)})"
+                found = f"it died while idle ({death_reason(exc)})"
             except RayError as exc:
                 raise self._start_error(exc, "start") from None
             if isinstance(found, str):  # reused, but it cannot serve: a new one instead
@@ -555,69 +556,7 @@ class RayWorkerGroup:
     # -- poll -----------------------------------------------------------------------
     def poll(self) -> GroupPoll:
         refs = [m.actor.poll.remote() for m in self._members]
-        timeout = self._failure.health_check_timeout_s
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
-        ready_set = set(ready)
-        polls: list[WorkerPoll] = []
-        failures: list[WorkerFailure] = []
-        for rank, ref in enumerate(refs):
-            node = self._members[rank].node
-            where: dict[str, Any] = {"node": node.get("ip"), "pid": node.get("pid"), "node_id": node.get("node_id")}
-            if ref not in ready_set:
-                failures.append(
-                    WorkerFailure(
-                        rank,
-                        "hang",
-                        f"did not answer a health check within "
-                        f"FailureConfig.health_check_timeout_s={timeout:g}s",
-                        **where,
-                    )
-                )
-                continue
-            try:
-                poll: WorkerPoll = ray.get(ref)
-            except (RayActorError, ObjectLostError) as exc:  # lost: its node died with the answer
-                failures.append(WorkerFailure(rank, "died", _death_reason(exc), **where))
-                continue
-            except RayError as exc:  # the poll itself failed (its answer did not serialise)
-                cause = getattr(exc, "cause", None) or exc
-                failures.append(WorkerFailure(rank, "error", f"could not be polled: {type(cause).__name__}: {cause}", **where))
-                continue
-            polls.append(poll)
-            if poll.state == "errored" and poll.error is not None:
-                failures.append(
-                    WorkerFailure(
-                        rank,
-                        "error",
-                        f"raised {poll.error.exc_type}: {poll.error.message}",
-                        error=poll.error,
-                        cause=self._fetch_exception(poll.error.exception),
-                        **where,
-                    )
-                )
-            elif poll.state == "running" and not poll.joined:
-                if poll.seconds_since_progress > self._failure.worker_start_timeout_s:
-                    failures.append(
-                        WorkerFailure(
-                            rank,
-                            "hang",
-                            f"did not join its process group within "
-                            f"FailureConfig.worker_start_timeout_s={self._failure.worker_start_timeout_s:g}s",
-                            seconds_since_progress=poll.seconds_since_progress,
-                            **where,
-                        )
-                    )
-            elif poll.state == "running" and poll.seconds_since_progress > self._failure.hang_timeout_s:
-                failures.append(
-                    WorkerFailure(
-                        rank,
-                        "hang",
-                        f"made no progress for {poll.seconds_since_progress:.0f}s "
-                        f"(FailureConfig.hang_timeout_s={self._failure.hang_timeout_s:g}s)",
-                        seconds_since_progress=poll.seconds_since_progress,
-                        **where,
-                    )
-                )
+        polls, failures = judge(refs, self._nodes, self._failure)
         failures = with_finished_peers(failures, polls)
         self._last_states = [p.state for p in polls] if not failures else []
         if not failures:
@@ -627,7 +566,7 @@ class RayWorkerGroup:
         ranks_on = {p.node_id for p in placement}
         return GroupPoll(
             polls, GroupPoll.root_cause_first(failures), spare_ready=spare_ready,
-            notices=self._notices(polls, ranks_on), placement=placement,
+            notices=self._watch.notices(polls, ranks_on), placement=placement,
         )
 
     def _placement(self) -> tuple[WorkerPlace, ...]:
@@ -636,34 +575,6 @@ class RayWorkerGroup:
             WorkerPlace(rank, str(m.node.get("node_id", "?")), m.node.get("node_type", "unknown"), resources)
             for rank, m in enumerate(self._members)
         )
-
-    def _notices(self, polls: list[WorkerPoll], nodes: set[str]) -> list[NodeNotice]:
-        """Notices for the nodes this group runs on: Ray draining them (checked every
-        DRAIN_CHECK_S), and what the workers were told (a SIGTERM, a cloud's notice)."""
-        now = monotonic()
-        if now - self._drain_checked >= DRAIN_CHECK_S:
-            self._drain_checked = now
-            self._draining = draining_nodes()
-        found = {
-            node: NodeNotice(node, "drain", "Ray is draining the node (ray drain-node, the autoscaler or the cloud)", deadline)
-            for node, deadline in self._draining.items()
-            if node in nodes
-        }
-        for p in polls:
-            if p.notice is not None and p.notice.node_id not in found:
-                found[p.notice.node_id] = p.notice
-        return list(found.values())
-
-    def _fetch_exception(self, ref: Any) -> BaseException | None:
-        """A worker's exception, deserialised by Ray from the object the worker put; None
-        where it cannot be (its class does not exist here, the worker is gone)."""
-        if ref is None:
-            return None
-        try:
-            value = ray.get(ref, timeout=self._failure.health_check_timeout_s)
-        except Exception:  # the text, type and traceback still reach the user
-            return None
-        return value if isinstance(value, BaseException) else None
 
     # -- shutdown -------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -700,13 +611,3 @@ class RayWorkerGroup:
             if reusable and s == "finished" and m.node.get("node_id") == home
         ]
         return hand_to_pool(finished, self._spare, home=home, key=self._pool_key, idle_s=self._scaling.idle_worker_timeout_s)
-
-
-def _death_reason(exc: RayError) -> str:
-    text = str(exc).strip()
-    for marker in ("SIGKILL", "out of memory", "OOM", "node", "exit"):
-        for line in text.splitlines():
-            if marker.lower() in line.lower():
-                return f"died: {line.strip()}"
-    first = text.splitlines()[0] if text else type(exc).__name__
-    return f"died: {first}"
