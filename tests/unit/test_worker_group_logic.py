@@ -13,6 +13,7 @@ from raylight.worker.protocol import (
     WorkerPoll,
     with_finished_peers,
 )
+from raylight.worker_group import reuse
 from raylight.worker_group import worker as worker_module
 from raylight.worker_group.placement import assign_ranks, check_feasible
 from raylight.worker_group.worker import RankInfo, RaylightWorker, StartSpec
@@ -202,7 +203,7 @@ def test_a_released_process_sets_deterministic_mode_back_only_where_the_loop_cha
 
     setter = torch.use_deterministic_algorithms
     setter(False)  # as a new process has it
-    state = worker_module._ProcessState.now()
+    state = reuse.ProcessState.now()
     calls: list[tuple] = []
     monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda *a, **kw: (calls.append((a, kw)), setter(*a, **kw))[1])
     state.restore()
