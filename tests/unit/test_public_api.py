@@ -235,9 +235,9 @@ LAYERS = [
         "raylight.worker.hvd.basics", "raylight.worker.hvd.ops", "raylight.worker.hvd.optimizer",
         "raylight.worker.hvd.compat", "raylight.worker.hvd.real",
     ]),
-    ("context and control", ["raylight.worker.context", "raylight.driver.controller", "raylight.worker.session"]),
+    ("context and control", ["raylight.worker.context", "raylight.worker.checkpoints", "raylight.driver.controller", "raylight.worker.session"]),
     ("worker group", ["raylight.worker_group"]),
-    ("trainer", ["raylight.driver.trainer", "raylight.driver.job_env"]),
+    ("trainer", ["raylight.driver.trainer", "raylight.driver.local", "raylight.driver.job_env"]),
     ("products", [
         "raylight.declarative", "raylight.declarative.models", "raylight.lightning", "raylight.tune", "raylight.jobs",
         "raylight.launch", "raylight.cli", "raylight.horovod",
