@@ -262,7 +262,7 @@ def test_a_raylight_driver_sigtermed_as_a_job_exits_143_and_is_resubmitted(head,
 
 RAY_CLIENT_DRIVER = """
 import sys, torch, ray, raylight
-from raylight.worker_group.ray_group import _draining, _request_resources, on_cluster
+from raylight.worker_group.placement import _draining, _request_resources, on_cluster
 
 def loop(ctx, config):
     model = ctx.prepare_model(torch.nn.Linear(4, 1))

@@ -381,9 +381,9 @@ def test_a_checkpoint_being_gathered_or_written_counts_as_progress(monkeypatch):
     until three beats arrived: without them it would give up."""
     import threading
 
-    from raylight.worker import context
+    from raylight.worker import checkpoints
 
-    monkeypatch.setattr(context, "CHECKPOINT_BEAT_S", 0.01)
+    monkeypatch.setattr(checkpoints, "CHECKPOINT_BEAT_S", 0.01)
     beats = threading.Semaphore(0)
 
     class Beating(Sink):

@@ -123,14 +123,14 @@ def test_atomic_file_write_leaves_no_temp(tmp_path):
 def test_restart_deserializes_the_checkpoint_once_and_load_returns_fresh_objects(monkeypatch):
     import raylight.storage.checkpoint as ckpt_mod
     from raylight.storage.checkpoint import RAYLIGHT_KEY
-    from raylight.worker.context import _raylight_state
+    from raylight.worker.checkpoints import raylight_state
 
     data = serialize_state({"w": torch.ones(2), RAYLIGHT_KEY: {"commit": 3}})
     calls = []
     real = ckpt_mod.deserialize_state
     monkeypatch.setattr(ckpt_mod, "deserialize_state", lambda b, *source: calls.append(1) or real(b, *source))
     ckpt = Checkpoint(None, data=data)
-    assert _raylight_state(ckpt) == {"commit": 3}  # what a worker's context reads first
+    assert raylight_state(ckpt) == {"commit": 3}  # what a worker's context reads first
     first = ckpt.load()
     assert len(calls) == 1 and set(first) == {"w"}
     first["w"].add_(1)

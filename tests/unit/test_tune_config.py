@@ -12,7 +12,7 @@ from raylight.config.validation import validate
 from raylight.declarative.config.model import ModelConfig
 from raylight.declarative.config.parameters import set_path
 from raylight.tune.resources import check_bundles_fit, plan_concurrency, total, trial_bundles
-from raylight.worker_group.ray_group import worker_bundles
+from raylight.worker_group.placement import worker_bundles
 
 BASE = {
     "input_features": [{"name": "x", "type": "number"}, {"name": "c", "type": "category"}],

@@ -13,8 +13,9 @@ from raylight.worker.protocol import (
     WorkerPoll,
     with_finished_peers,
 )
+from raylight.worker_group import reuse
 from raylight.worker_group import worker as worker_module
-from raylight.worker_group.ray_group import assign_ranks, check_feasible
+from raylight.worker_group.placement import assign_ranks, check_feasible
 from raylight.worker_group.worker import RankInfo, RaylightWorker, StartSpec
 from tests.helpers import wait_until
 
@@ -202,7 +203,7 @@ def test_a_released_process_sets_deterministic_mode_back_only_where_the_loop_cha
 
     setter = torch.use_deterministic_algorithms
     setter(False)  # as a new process has it
-    state = worker_module._ProcessState.now()
+    state = reuse.ProcessState.now()
     calls: list[tuple] = []
     monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda *a, **kw: (calls.append((a, kw)), setter(*a, **kw))[1])
     state.restore()
@@ -220,21 +221,23 @@ def test_a_spare_no_longer_wanted_is_killed_only_once_ray_has_created_it(monkeyp
     """Killing an actor Ray is still creating makes Ray's GCS log "Failed to kill actor
     NIL_ID" on the driver's console; a spare no longer wanted waits for its first call to
     answer (or fail), then goes. ``ray.wait`` and the kill are replaced: the decision only."""
-    from raylight.worker_group import ray_group
+    from raylight.worker_group import warm
 
     killed, created = [], {"yes": False}
-    monkeypatch.setattr(ray_group, "kill_quietly", killed.append)
-    monkeypatch.setattr(ray_group.ray, "wait", lambda refs, timeout=None, **kw: (list(refs), []) if created["yes"] else ([], list(refs)))
-    group = ray_group.RayWorkerGroup.__new__(ray_group.RayWorkerGroup)
-    group._resizing = False
-    group._spare = ray_group._Spare("spare-actor", "node-1", ["node_info-ref", "warm-ref"])
-    monkeypatch.setattr(group, "_spare_wanted", lambda: False)
-    group._tend_spare([])
-    assert killed == [] and group._spare is not None, "kept while Ray creates it"
+    monkeypatch.setattr(warm, "kill_quietly", killed.append)
+    monkeypatch.setattr(warm.ray, "wait", lambda refs, timeout=None, **kw: (list(refs), []) if created["yes"] else ([], list(refs)))
+    spare = warm.WarmSpare()
+    spare.spare = warm.Spare("spare-actor", "node-1", ["node_info-ref", "warm-ref"])
+
+    def unwanted() -> None:
+        spare.tend(wanted=False, rank0_trains=True, start=lambda: pytest.fail("no spare is started when none is wanted"))
+
+    unwanted()
+    assert killed == [] and spare.spare is not None, "kept while Ray creates it"
     created["yes"] = True
-    group._tend_spare([])
-    assert killed == ["spare-actor"] and group._spare is None
-    group._tend_spare([])  # nothing left to drop
+    unwanted()
+    assert killed == ["spare-actor"] and spare.spare is None
+    unwanted()  # nothing left to drop
     assert killed == ["spare-actor"]
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import os
-import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,18 +26,17 @@ from raylight.config import (
     TrainerConfig,
     validate,
 )
-from raylight.driver import termination
+from raylight.driver import local, termination
 from raylight.driver.job_env import apply_job_env
 from raylight.driver.loggers import RunLoggers
 from raylight.driver.progress import ProgressDisplay
 from raylight.driver.recorder import RunRecorder
 from raylight.storage.checkpoint import Checkpoint
 from raylight.storage.run_dir import RunStorage, default_storage_path
-from raylight.worker import process_group, session
+from raylight.worker import process_group
 from raylight.worker.notices import build_watchers
-from raylight.worker.process_group import GPU_BACKEND, LaunchEnv
-from raylight.worker.protocol import GroupPoll, Progress, Report, WorkerPoll
-from raylight.worker.session import RankInfo
+from raylight.worker.process_group import LaunchEnv
+from raylight.worker.protocol import GroupPoll
 
 log = logging.getLogger("raylight")
 
@@ -158,7 +156,7 @@ class Trainer:
             from raylight.driver import runtime
 
             if runtime.would_start_embedded(self.config.address):  # before starting Ray
-                from raylight.worker_group.ray_group import check_embedded
+                from raylight.worker_group.placement import check_embedded
 
                 scaling = self.config.scaling
                 check_embedded(scaling.min_workers, scaling.worker_resources(), scaling.placement, runtime.local_capacity())
@@ -182,12 +180,13 @@ class Trainer:
             in_driver = launch is not None or self.config.scaling.num_workers == 0
             with ProgressDisplay(enabled=run.progress, live=not in_driver) as display:
                 if launch is not None:
-                    meter.observe(monotonic(), _launcher_places(launch))
+                    meter.observe(monotonic(), local.launcher_places(launch))
                     launched = self._fit_launched(launch, recorder, storage, display)
                     num_failures, num_preemptions = launched.num_failures, 0
                 elif self.config.scaling.num_workers == 0:
                     meter.observe(monotonic(), [WorkerPlace(0, "local", "local", {"CPU": 1.0})])
-                    num_failures, num_preemptions = self._fit_in_process(recorder, display), 0
+                    local.fit_in_process(self.train_loop, self.train_loop_config, self.config, recorder, display)
+                    num_failures, num_preemptions = 0, 0
                 else:
                     num_failures, num_preemptions = self._fit_on_ray(
                         recorder, name, display, embedded=embedded, resizes=resizes, meter=meter
@@ -313,146 +312,10 @@ class Trainer:
     def _fit_launched(
         self, launch: LaunchEnv, recorder: RunRecorder | None, storage: RunStorage, display: ProgressDisplay | None = None
     ) -> Result:
-        """Every process an external launcher started runs the loop in its group; rank 0
-        (``recorder`` given) records reports and commits checkpoints as a Ray run's driver
-        does, and at the end every rank returns rank 0's result."""
-        scaling = self.config.scaling
-        formed = process_group.formed()
-        if formed is not None and formed != (launch.rank, launch.world_size):
-            raise ConfigError(
-                f"the process group already formed (rank {formed[0]} of {formed[1]}) is not "
-                f"the launcher's ({launch.describe()}); destroy it before fit, or let raylight form it"
-            )
-        if formed is not None and "cpu:" not in process_group.backend_config():
-            raise ConfigError(
-                f"the process group already formed ({process_group.backend_config()}) has no backend for CPU "
-                "tensors, which raylight's "
-                "bookkeeping reduces (metric sums, data positions); form it with "
-                f"init_process_group(backend={GPU_BACKEND!r}) (torch's default where CUDA is), or let "
-                "raylight form it"
-            )
-
-        def form_group(strategy: Any) -> None:
-            process_group.init_process_group(
-                launch, strategy.backend(scaling.use_gpu), timeout_s=self.config.failure.collective_timeout_s
-            )
-
-        def start() -> dict[str, Any]:
-            # Rank 0 knows where the run resumes from and where shards go; the others hear it.
-            begin: dict[str, Any] | None = None
-            if recorder is not None:
-                recorder.begin()
-                target = recorder.checkpoint_target() if scaling.sharded_checkpoints else None
-                begin = {
-                    "checkpoint": _checkpoint_parts(recorder.latest),
-                    "checkpoint_dir": target.directory if target is not None else None,
-                    "next_checkpoint": target.next_index if target is not None else None,
-                }
-            begin = process_group.from_rank_zero(begin)
-            return {**begin, "checkpoint": _checkpoint_of(begin["checkpoint"])}
-
-        ended: dict[str, Any] = {}
-
-        def finish() -> None:
-            mine = None
-            if recorder is not None:  # the checkpoint's bytes too: another machine's rank cannot read rank 0's disk
-                mine = {"history": list(recorder.history), "checkpoint": _checkpoint_parts(recorder.latest)}
-            ended.update(process_group.from_rank_zero(mine))
-
-        session.run(
-            self.train_loop,
-            self.train_loop_config,
-            place=RankInfo(launch.rank, launch.local_rank, launch.world_size, launch.local_world_size, launch.cross_rank),
-            device=session.choose_device(scaling.use_gpu, launch.local_rank),
-            sink=_InProcessSink(recorder, num_workers=launch.world_size, display=display),
-            strategy=scaling.strategy,
-            form_group=form_group if formed is None else None,
-            start=start,
-            finish=finish,
+        history, checkpoint = local.fit_launched(
+            self.train_loop, self.train_loop_config, self.config, launch, recorder, display
         )
-        history = ended["history"]
-        return Result(
-            metrics=history[-1] if history else {},
-            metrics_history=history,
-            checkpoint=_checkpoint_of(ended["checkpoint"]),
-            path=storage.uri,
-        )
-
-    def _fit_in_process(self, recorder: RunRecorder, display: ProgressDisplay | None = None) -> int:
-        recorder.begin()
-        session.run(
-            self.train_loop,
-            self.train_loop_config,
-            place=session.SOLO,
-            device=session.choose_device(self.config.scaling.use_gpu),
-            sink=_InProcessSink(recorder, display=display),
-            strategy=self.config.scaling.strategy,
-            checkpoint=recorder.latest,
-        )
-        return 0
-
-
-def _checkpoint_parts(ckpt: Checkpoint | None) -> tuple[Any, ...] | None:
-    """A checkpoint as plain parts another rank can rebuild (its bytes included)."""
-    return (ckpt.path, ckpt.metadata, ckpt.to_bytes()) if ckpt is not None else None
-
-
-def _checkpoint_of(parts: tuple[Any, ...] | None) -> Checkpoint | None:
-    if parts is None:
-        return None
-    path, metadata, data = parts
-    return Checkpoint(path, metadata=metadata, data=data)
-
-
-class _InProcessSink:
-    """ReportSink for num_workers=0 and a launcher's ranks: reports go straight to the
-    recorder (rank 0's; the other ranks have none, rank 0 records the run), and to the
-    progress display as a worker's poll would (``SHOW_EVERY_S`` at most between batches)."""
-
-    SHOW_EVERY_S = 0.1
-
-    def __init__(self, recorder: RunRecorder | None, num_workers: int = 1, display: ProgressDisplay | None = None) -> None:
-        self.recorder = recorder
-        self.num_workers = num_workers
-        self._display = display if display is not None and display.enabled else None
-        self._progress = Progress()
-        self._shown = -1e9
-
-    def report(self, report: Report) -> None:
-        if self.recorder is not None:
-            self.recorder.record(report, num_workers=self.num_workers)
-        self._show([report])
-
-    def progress(self, epoch: int, step: int, steps_per_epoch: int, samples: int) -> None:
-        if self._display is None:
-            return  # called at every batch: nothing to do without a display
-        # every rank loads an equal share: this rank's samples times the ranks are the run's
-        done = self._progress.samples + samples * self.num_workers
-        self._progress = Progress(epoch, step + 1, steps_per_epoch, done)
-        if monotonic() - self._shown >= self.SHOW_EVERY_S:
-            self._show([])
-
-    def _show(self, reports: list[Report]) -> None:
-        if self._display is None:
-            return
-        self._shown = monotonic()
-        poll = GroupPoll([WorkerPoll(0, "running", reports=reports, progress=self._progress)])
-        self._display.update(poll, num_workers=self.num_workers, num_restarts=0)
-
-    def heartbeat(self) -> None:
-        pass
-
-    def output(self, stream: str, text: str) -> None:
-        print(text, file=sys.stderr if stream == "stderr" else sys.stdout, flush=True)
-
-    def keep_commit(self, index: int, data: bytes, seq: int) -> None:
-        pass
-
-
-def _launcher_places(launch: LaunchEnv) -> list[WorkerPlace]:
-    per_node = max(launch.local_world_size, 1)
-    return [WorkerPlace(r, f"{launch.launcher}-node{r // per_node}", launch.launcher, {"CPU": 1.0}) for r in range(launch.world_size)]
-
+        return Result(metrics=history[-1] if history else {}, metrics_history=history, checkpoint=checkpoint, path=storage.uri)
 
 def check_strategy_config(strategy: Any) -> None:
     """What the driver can check of the strategy before Ray starts: a DeepSpeed JSON
@@ -680,7 +543,7 @@ def prestart_workers(
     are idle workers (``ScalingConfig.reuse_workers``): no Ray resources, gone after
     ``idle_worker_timeout_s`` if no fit takes them."""
     from raylight.driver import runtime
-    from raylight.worker_group.ray_group import prestart_workers as prestart
+    from raylight.worker_group.warm import prestart_workers as prestart
 
     scaling = _scaling(num_workers, use_gpu, resources_per_worker, placement, strategy)
     runtime.connect(address)

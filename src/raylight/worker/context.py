@@ -12,7 +12,6 @@ import inspect
 import logging
 import math
 import numbers
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, Protocol
 
@@ -23,12 +22,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from raylight.adaptive.plan import AdaptiveSpec, BatchPlan
 from raylight.base.clock import wall
-from raylight.storage import sharded
-from raylight.storage.checkpoint import RAYLIGHT_KEY, SHARDED, Checkpoint, serialize_state
-from raylight.storage.run_dir import checkpoint_name
+from raylight.storage.checkpoint import Checkpoint
 from raylight.worker.adaptive.optimizer import AdaptiveOptimizer
 from raylight.worker.adaptive.state import Accumulator
 from raylight.worker.adaptive.sync import ResizeInterrupt, StepSync
+from raylight.worker.checkpoints import WorkerCheckpoints
 from raylight.worker.data.loader import ElasticLoader, prepare_loader
 from raylight.worker.protocol import Report
 from raylight.worker.strategies import DDPStrategy, Strategy
@@ -92,7 +90,6 @@ def _plain_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
 
 
 _JSON_SCALARS = (str, int, float, bool, type(None))
-CHECKPOINT_BEAT_S = 5.0  # how often a checkpoint being written or read counts as progress
 
 
 def _plain(value: Any, where: str) -> Any:
@@ -162,23 +159,19 @@ class TrainContext:
         self.config = dict(config or {})
         self.logger = _make_logger(rank)
         self._sink = sink
-        self._checkpoint = checkpoint
         self._strategy = strategy or DDPStrategy()
         self._elastic = elastic
-        self._restored = _raylight_state(checkpoint)
-        # Checkpoints are numbered as the driver commits them: from next_checkpoint (the
-        # driver's next index) when it is given; sharded ones are written under that number.
-        self._commit = int(self._restored.get("commit", -1)) if next_checkpoint is None else next_checkpoint - 1
-        self._checkpoint_dir = checkpoint_dir
+        self._ckpt = WorkerCheckpoints(
+            rank=rank, world_size=world_size, strategy=self._strategy, sink=sink, checkpoint=checkpoint,
+            checkpoint_dir=checkpoint_dir, next_checkpoint=next_checkpoint, elastic=elastic,
+        )
+        self._restored = self._ckpt.restored
         self._seq = int(self._restored.get("seq", -1))  # of the last report
         self._loaders: list[ElasticLoader] = []
         self._accumulators: list[Accumulator] = []
         self._models: list[nn.Module] = []
         self._optimizer: AdaptiveOptimizer | None = None
         self._epoch: int | None = None
-        # What a checkpoint of this loop holds (the entries of its last checkpoint, or the
-        # objects it loads into): what a preemption's just-in-time checkpoint saves.
-        self._entries: dict[str, Any] | None = None
         self._plan_given = adaptive is not None and adaptive.plan is not None
         self.sync: StepSync | None = None
         if adaptive is not None or elastic:
@@ -388,32 +381,7 @@ class TrainContext:
         data = None
         sharded_index = None
         if checkpoint is not None:
-            if not isinstance(checkpoint, dict):
-                raise TypeError(
-                    f"a checkpoint must be a dict (e.g. {{'model': model, 'opt': opt}}), got "
-                    f"{type(checkpoint).__name__}"
-                )
-            if RAYLIGHT_KEY in checkpoint:
-                raise ValueError(f"the checkpoint key {RAYLIGHT_KEY!r} is reserved for raylight")
-            self._entries = dict(checkpoint)
-            objects = self._objects(checkpoint)
-            state = {**checkpoint, **self._strategy.objects_state(objects)} if objects else dict(checkpoint)
-            own = self._collect_state()
-            own["objects"] = {k: "module" if isinstance(v, nn.Module) else "optimizer" for k, v in objects.items()}
-            self._commit = own["commit"]
-            if self._strategy.checkpoint_format(self.world_size) == SHARDED:
-                own["format"] = SHARDED
-                state, tensors = sharded.split(state)
-                with self._checkpoint_io():
-                    sharded.save(tensors, self._shard_dir(self._commit))  # a collective
-                sharded_index = self._commit
-            else:
-                with self._checkpoint_io():
-                    state = self._strategy.full_state(state)  # a collective when sharded
-            if self.rank == 0 or self._elastic:
-                data = serialize_state({**state, RAYLIGHT_KEY: own})
-                if self._elastic:
-                    self._sink.keep_commit(self._commit, data, self._seq)
+            data, sharded_index = self._ckpt.save(checkpoint, self._collect_state, seq=self._seq)
         if self.rank == 0:
             self._sink.report(
                 Report(
@@ -435,55 +403,15 @@ class TrainContext:
         are now, its plain values as it last reported them) or the objects it loads into,
         with raylight's own state (the loaders' positions now). Called on every rank.
         False when the loop never named what its checkpoint holds."""
-        if self._entries is None:
+        if self._ckpt.entries is None:
             self.logger.warning(
                 "preemption notice: no just-in-time checkpoint (the loop has neither "
                 "reported a checkpoint nor called ctx.load_checkpoint(objects)); the run "
                 "resumes from its last committed checkpoint"
             )
             return False
-        self._report({}, self._entries, snapshot=True)
+        self._report({}, self._ckpt.entries, snapshot=True)
         return True
-
-    @contextlib.contextmanager
-    def _checkpoint_io(self) -> Iterator[None]:
-        """A checkpoint's writing, reading or gathering counts as progress while it lasts:
-        a side thread beats every ``CHECKPOINT_BEAT_S``, so a large model on slow storage
-        is not declared hung after ``FailureConfig.hang_timeout_s``. Its collectives still
-        fail after ``collective_timeout_s`` when a peer stops answering."""
-        stop = threading.Event()
-
-        def beat() -> None:
-            while not stop.wait(CHECKPOINT_BEAT_S):
-                self._sink.heartbeat()
-
-        beating = threading.Thread(target=beat, name="raylight-checkpoint-io", daemon=True)
-        beating.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            beating.join()
-        self._sink.heartbeat()
-
-    def _shard_dir(self, index: int) -> str:
-        if self._checkpoint_dir is None:
-            raise RuntimeError(
-                f"strategy {self._strategy.name!r} writes sharded checkpoints into the run's "
-                "storage, which this worker was not given"
-            )
-        return f"{self._checkpoint_dir.rstrip('/')}/{checkpoint_name(index)}"
-
-    def _objects(self, state: dict[str, Any]) -> dict[str, Any]:
-        """The modules and optimizers among ``state``'s values (prepared optimizers seen
-        through to the user's)."""
-        found: dict[str, Any] = {}
-        for key, value in state.items():
-            if isinstance(value, AdaptiveOptimizer):
-                value = value.optimizer
-            if isinstance(value, nn.Module | torch.optim.Optimizer):
-                found[key] = value
-        return found
 
     def load_checkpoint(self, objects: dict[str, Any] | None = None) -> dict[str, Any] | None:
         """Load the checkpoint this (re)start resumes from into ``objects`` and return the
@@ -497,59 +425,7 @@ class TrainContext:
         strategy, sharded locally. Call it on every rank, after ``prepare_model`` and
         ``prepare_optimizer``.
         """
-        ckpt = self._checkpoint
-        objects = dict(objects or {})
-        if self._entries is None and objects:
-            self._entries = dict(objects)
-        if ckpt is None:
-            return None
-        stored = ckpt.full_state()
-        entries = sorted(k for k in stored if k != RAYLIGHT_KEY)
-        unknown = sorted(k for k in objects if k not in entries)
-        if unknown:
-            raise KeyError(f"the checkpoint has no {unknown}; its entries are {entries}")
-        resolved = self._objects(objects)
-        others = sorted(k for k in objects if k not in resolved)
-        if others:
-            raise TypeError(
-                f"ctx.load_checkpoint loads into modules and optimizers; {others} are not. "
-                "Take plain values from what it returns instead"
-            )
-        saved_objects = stored.get(RAYLIGHT_KEY, {}).get("objects", {})
-        as_saved = {k: v for k, v in resolved.items() if k in saved_objects}
-        raw = {k: v for k, v in resolved.items() if k not in saved_objects}
-        rest = [k for k in entries if k not in objects]
-        if ckpt.sharded:
-            path = ckpt._shard_path()
-            with self._checkpoint_io():
-                if as_saved:
-                    self._load_shards(as_saved, {k: stored[k] for k in as_saved}, path)
-                full = sharded.load_full({k: stored[k] for k in (*raw, *rest)}, path)
-        else:
-            full = ckpt.load()
-            if as_saved:
-                self._strategy.load_objects(as_saved, {k: full[k] for k in as_saved}, full=True)
-        for key, obj in raw.items():  # a state dict reported as such: loaded whole
-            target = self.unwrap_model(obj) if isinstance(obj, nn.Module) else obj
-            target.load_state_dict(full[key])
-        self._sink.heartbeat()
-        if self._entries is not None and set(self._entries) == set(objects):
-            self._entries.update({k: full[k] for k in rest})
-        return {k: full[k] for k in rest}
-
-    def _load_shards(self, objects: dict[str, Any], stored: dict[str, Any], path: str) -> None:
-        """Read into ``objects`` the shards this rank holds now (DCP reshards)."""
-        _, template = sharded.split(self._strategy.objects_state(objects))
-        wanted = set(sharded.tensor_keys(stored))
-        if set(template) != wanted:
-            only_ckpt, only_here = sorted(wanted - set(template)), sorted(set(template) - wanted)
-            raise ValueError(
-                f"checkpoint entries {sorted(objects)} do not match the objects given: "
-                f"only in the checkpoint: {only_ckpt[:5]}{' ...' if len(only_ckpt) > 5 else ''}; "
-                f"only in the objects: {only_here[:5]}{' ...' if len(only_here) > 5 else ''}"
-            )
-        sharded.load_into(template, path, collective=self.world_size > 1)
-        self._strategy.load_objects(objects, sharded.join(stored, template), full=False)
+        return self._ckpt.load(objects, unwrap=self.unwrap_model)
 
     def _collect_state(self) -> dict[str, Any]:
         """raylight's own part of a checkpoint. Synchronises accumulators: a collective."""
@@ -557,7 +433,7 @@ class TrainContext:
         state: dict[str, Any] = {
             "loaders": [ld.state_dict() for ld in self._loaders],
             "accumulators": [acc.state_dict() for acc in self._accumulators],
-            "commit": self._commit + 1,
+            "commit": self._ckpt.commit + 1,
             "seq": self._seq,
         }
         if self._epoch is not None:
@@ -573,7 +449,7 @@ class TrainContext:
 
     def get_checkpoint(self) -> Checkpoint | None:
         """The last committed checkpoint when this run (re)started, else None."""
-        return self._checkpoint
+        return self._ckpt.checkpoint
 
     def heartbeat(self) -> None:
         """Tell the driver this worker is alive; call it inside very long steps."""
@@ -670,13 +546,6 @@ def run_worker_loop(
     finally:
         ctx._strategy.close()  # before the worker destroys the process group
     return "finished"
-
-
-def _raylight_state(checkpoint: Checkpoint | None) -> dict[str, Any]:
-    if checkpoint is None:
-        return {}
-    state = checkpoint.full_state().get(RAYLIGHT_KEY)
-    return state if isinstance(state, dict) else {}
 
 
 TrainLoop = Callable[..., Any]

@@ -8,7 +8,7 @@ few lines of its own:
   the driver placed, and hears errors before the group is torn down (tearing down a group
   a dead peer broke may take long);
 - processes an external launcher started (``torchrun``, ``horovodrun``, ``deepspeed``;
-  ``driver/trainer.py``): the launcher's group, formed here unless the script already did;
+  ``driver/local.py``): the launcher's group, formed here unless the script already did;
   rank 0 records the run, and says where it resumes from once the group is formed;
 - the driver's own process (``num_workers=0``): no group.
 

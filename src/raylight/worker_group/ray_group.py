@@ -8,36 +8,32 @@ bundle, open the rendezvous store on rank 0's node, start the loops. Polling: on
 ``poll`` call per worker, bounded by ``health_check_timeout_s``; dead actors and
 workers without progress for ``hang_timeout_s`` become failures. Shutdown kills every
 actor and removes the placement group.
+
+This module is the core: the group's members and their start, launch, poll and
+shutdown. Its roles live beside it, as Ray Train V2 splits its worker group:
+``placement.py`` (placement groups, bundles, nodes), ``warm.py`` (the warm spare, the
+pool's hand-off and prestarted workers), ``resize.py`` (the in-place resize, a sequence
+of named steps) and ``poll.py`` (judging each worker's answer, node notices).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
-import time
-from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError, RayError
+from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.placement_group import (
     PlacementGroup,
     get_current_placement_group,
-    placement_group,
     placement_group_table,
-    remove_placement_group,
-)
-from ray.util.scheduling_strategies import (
-    NodeAffinitySchedulingStrategy,
-    PlacementGroupSchedulingStrategy,
 )
 
 from raylight.adaptive.plan import AdaptiveSpec, BatchPlan
 from raylight.base import verbosity
-from raylight.base.clock import monotonic, wall
 from raylight.base.cost import WorkerPlace
 from raylight.base.exceptions import (
     ConfigError,
@@ -50,18 +46,30 @@ from raylight.storage.run_dir import checkpoint_name
 from raylight.worker.protocol import (
     CheckpointTarget,
     GroupPoll,
-    NodeNotice,
     Report,
     ResizeOutcome,
-    WorkerFailure,
     WorkerPoll,
     with_finished_peers,
 )
 from raylight.worker.strategies import build_strategy
-from raylight.worker.strategies.base import worker_env
 from raylight.worker_group.gpus import node_visible_devices
+from raylight.worker_group.placement import (
+    ELASTIC_PLACEMENT_WAIT_S,
+    _request_resources,
+    assign_ranks,
+    bundle_worker,
+    driver_node,
+    fmt_resources,
+    on_cluster,
+    pinned_worker,
+    remove_group,
+    reserve_group,
+    slot_nodes,
+    worker_bundles,
+)
+from raylight.worker_group.poll import NoticeWatch, death_reason, judge
 from raylight.worker_group.pool import POOL, kill_quietly, pool_key
-from raylight.worker_group.ray_client import client_driver
+from raylight.worker_group.resize import InPlaceResize, MembersLostError
 from raylight.worker_group.user_code import (
     driver_sys_path,
     import_error_message,
@@ -70,174 +78,16 @@ from raylight.worker_group.user_code import (
     unpicklable_parts,
     user_modules,
 )
-from raylight.worker_group.worker import RankInfo, RaylightWorker, StartSpec, WorkerSetup
+from raylight.worker_group.warm import (
+    RELEASE_WAIT_S,
+    Spare,
+    WarmSpare,
+    hand_to_pool,
+    worker_runtime_env,
+)
+from raylight.worker_group.worker import RankInfo, StartSpec, WorkerSetup
 
 log = logging.getLogger("raylight")
-
-_RemoteWorker = ray.remote(RaylightWorker)
-
-
-RELEASE_WAIT_S = 5.0  # how long a clean shutdown waits for workers to say they can be reused
-STOP_POLL_S = 0.02  # how often a resize checks whether every worker has stopped
-# An elastic start waits this long for a size above its minimum before trying fewer: a
-# healthy cluster places a group in milliseconds; free resources read a moment earlier
-# can already be taken.
-ELASTIC_PLACEMENT_WAIT_S = 2.0
-
-
-# How often the group asks Ray which nodes are being drained (a GCS call, answered in
-# about a millisecond): a drain's deadline can be a few seconds, so it is seen within a
-# quarter of one. The call's own timeout (a Ray Client driver's task) is longer.
-DRAIN_CHECK_S = 0.25
-DRAIN_CHECK_TIMEOUT_S = 1.0
-
-
-def on_cluster(fn: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
-    """``fn(*args)`` here or, on a Ray Client driver, in a zero-CPU task on the cluster,
-    waited for at most ``timeout_s`` (``GetTimeoutError`` after)."""
-    if not client_driver():
-        return fn(*args)
-    return ray.get(_as_task(fn).remote(*args), timeout=timeout_s)
-
-
-@functools.cache
-def _as_task(fn: Callable[..., Any]) -> Any:
-    """``fn`` as a zero-CPU remote function, made once per process (as Ray Data's
-    ``cached_remote_fn``): the drain check calls it every second."""
-    return ray.remote(num_cpus=0)(fn)
-
-
-def _draining() -> dict[Any, int]:
-    from ray._private.state import state
-
-    return dict(state.get_draining_nodes())
-
-
-def draining_nodes() -> dict[str, float | None]:
-    """Nodes Ray is draining (``ray drain-node``, the autoscaler, a cloud's preemption
-    through KubeRay): node id -> the wall-clock deadline (None: none given). Empty where
-    Ray cannot say."""
-    try:
-        found = on_cluster(_draining, timeout_s=DRAIN_CHECK_TIMEOUT_S)
-    except Exception:  # Ray's private API moved, or the cluster did not answer: no notices now
-        return {}
-    return {str(node): (ms / 1000.0 if ms else None) for node, ms in found.items()}
-
-
-def _request_resources(bundles: list[dict[str, float]]) -> None:
-    from ray.autoscaler.sdk import request_resources
-
-    request_resources(bundles=bundles)
-
-
-# A placement group asked for while the resources of one just removed are still being
-# freed waits for Ray's retry of pending groups (0.3-0.9 s here); one asked for once they
-# are free is placed in milliseconds. So a new group first waits, at most this long, for
-# what this process removed lately to show up as available.
-REMOVAL_WAIT_S = 1.0
-_removed_at = [-1e9]
-
-
-def _remove(pg: PlacementGroup) -> None:
-    remove_placement_group(pg)
-    _removed_at[0] = monotonic()
-
-
-def _await_removals(need: dict[str, float]) -> None:
-    deadline = _removed_at[0] + REMOVAL_WAIT_S
-    while monotonic() < deadline:
-        free = ray.available_resources()
-        if all(free.get(k, 0.0) >= v for k, v in need.items()):
-            return
-        time.sleep(0.01)
-
-
-def _fmt(resources: dict[str, float]) -> str:
-    return ", ".join(f"{k}: {v:g}" for k, v in sorted(resources.items()))
-
-
-def _node_capacities() -> list[dict[str, float]]:
-    return [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-
-
-def check_feasible(
-    num_workers: int, per_worker: dict[str, float], placement: str, nodes: list[dict[str, float]]
-) -> str | None:
-    """Why ``num_workers`` bundles of ``per_worker`` can never fit on ``nodes``, or None."""
-    total: dict[str, float] = defaultdict(float)
-    for node in nodes:
-        for key, amount in node.items():
-            total[key] += amount
-    need = {k: v * num_workers for k, v in per_worker.items()}
-    short = {k: v for k, v in need.items() if total.get(k, 0.0) < v}
-    if short:
-        have = {k: total.get(k, 0.0) for k in short}
-        return f"{num_workers} workers x {{{_fmt(per_worker)}}} need {{{_fmt(need)}}}; the cluster has {{{_fmt(have)}}} in all"
-    if not any(all(node.get(k, 0.0) >= v for k, v in per_worker.items()) for node in nodes):
-        return f"no node can hold one worker's {{{_fmt(per_worker)}}}"
-    if placement == "STRICT_PACK" and not any(
-        all(node.get(k, 0.0) >= v for k, v in need.items()) for node in nodes
-    ):
-        return f"STRICT_PACK needs {{{_fmt(need)}}} on one node; no node has that much"
-    if placement == "STRICT_SPREAD" and len(nodes) < num_workers:
-        return f"STRICT_SPREAD needs {num_workers} nodes; the cluster has {len(nodes)}"
-    return None
-
-
-def embedded_shortfall(reason: str) -> InsufficientResourcesError:
-    return InsufficientResourcesError(
-        f"cannot place the workers: {reason}. The embedded local Ray has no autoscaler; "
-        "lower num_workers or resources_per_worker, or connect to a larger cluster with "
-        "address=."
-    )
-
-
-def check_embedded(num_workers: int, per_worker: dict[str, float], placement: str, capacity: dict[str, float]) -> None:
-    """Before starting the embedded local Ray: fail at once when ``capacity`` (what it
-    would have, ``runtime.local_capacity``) can never place the workers. Resources whose
-    amount is not known without starting Ray (memory; GPUs where a driver exists) are
-    left to Ray."""
-    known = {k: v for k, v in per_worker.items() if k in capacity or k not in _RAY_SIZED}
-    reason = check_feasible(num_workers, known, placement, [capacity])
-    if reason:
-        raise embedded_shortfall(reason)
-
-
-_RAY_SIZED = {"memory", "object_store_memory", "GPU"}  # sized by Ray when it starts
-
-
-def worker_bundles(bundles: list[dict[str, float]], per_worker: dict[str, float], max_workers: int) -> list[int]:
-    """Indices of the bundles of an existing placement group that hold workers: those
-    big enough for one worker, the last ``max_workers`` of them (a trial's head bundle,
-    where its driver runs, comes first, as in Ray Tune's layout)."""
-    fits = [i for i, b in enumerate(bundles) if all(b.get(k, 0.0) >= v for k, v in per_worker.items())]
-    return fits[-max_workers:] if max_workers > 0 else []
-
-
-def assign_ranks(bundle_nodes: list[str]) -> list[RankInfo]:
-    """Ranks for bundles placed on ``bundle_nodes``: contiguous per node, nodes in the
-    order they first appear. Returns one RankInfo per bundle, in bundle order."""
-    order: list[str] = []
-    for node in bundle_nodes:
-        if node not in order:
-            order.append(node)
-    per_node = {node: [i for i, n in enumerate(bundle_nodes) if n == node] for node in order}
-    infos: dict[int, RankInfo] = {}
-    rank = 0
-    for node_rank, node in enumerate(order):
-        bundles = per_node[node]
-        for local_rank, bundle in enumerate(bundles):
-            infos[bundle] = RankInfo(rank, local_rank, len(bundle_nodes), len(bundles), node_rank)
-            rank += 1
-    return [infos[i] for i in range(len(bundle_nodes))]
-
-
-class MembersLostError(WorkerStartError):
-    """Workers of a group being formed died before it met (``members``: those lost)."""
-
-    def __init__(self, message: str, members: list[_Member]) -> None:
-        super().__init__(message)
-        self.members = members
 
 
 @dataclass
@@ -247,18 +97,6 @@ class _Member:
     pg: PlacementGroup
     bundle: int
     warm: bool = False  # already imported what the running workers have (a spare)
-
-
-@dataclass
-class _Spare:
-    """A pre-started worker process beside rank 0, with no Ray resources of its own: when
-    the group grows and a bundle it reserves lands on this node, the spare joins in that
-    bundle's place (the bundle's reservation accounts for it) instead of a new process."""
-
-    actor: Any
-    node_id: str
-    refs: list[Any]  # [node_info, warm]
-    ready: bool = False
 
 
 class RayWorkerGroup:
@@ -287,14 +125,13 @@ class RayWorkerGroup:
         self._adaptive = adaptive
         self._members: list[_Member] = []  # index = rank
         self._pgs: list[PlacementGroup] = []
-        self._spare: _Spare | None = None
+        self._spare = WarmSpare()
         self._last_states: list[str] = []  # each rank's state at the last poll
         self._resizing = False
-        self._draining: dict[str, float | None] = {}
+        self._watch = NoticeWatch()  # the nodes Ray is draining
         # Workers asked of the autoscaler: withdrawn at shutdown (the nodes it brought may
         # go once idle), asked again when the group starts again (a restart).
         self._requested = 0
-        self._drain_checked = -DRAIN_CHECK_S
         # Running inside a placement group (a Tune trial): workers go into its bundles,
         # which this group never removes.
         self._outer = get_current_placement_group() if ray.is_initialized() else None
@@ -361,33 +198,7 @@ class RayWorkerGroup:
             want = max(at_least, min(want - 1, self.capacity()))
 
     def _reserve(self, num_workers: int, *, wait_s: float | None = None, fail_fast: bool = True) -> PlacementGroup | None:
-        """A placement group for ``num_workers`` workers, placed within ``wait_s``
-        (None: FailureConfig.placement_timeout_s, then InsufficientResourcesError);
-        None where ``wait_s`` was given and it was not placed, or could never be."""
-        per_worker = self._scaling.worker_resources()
-        placement = self._scaling.placement
-        reason = check_feasible(num_workers, per_worker, placement, _node_capacities())
-        if reason and self._embedded and fail_fast:
-            raise embedded_shortfall(reason)
-        if reason and self._embedded:  # never here: let the caller try fewer
-            return None
-        _await_removals({k: v * num_workers for k, v in per_worker.items()})
-        pg = placement_group([dict(per_worker)] * num_workers, strategy=placement)
-        timeout = self._failure.placement_timeout_s
-        ready, _ = ray.wait([pg.ready()], timeout=timeout if wait_s is None else wait_s)
-        if ready:
-            return pg
-        remove_placement_group(pg)
-        if wait_s is not None:
-            return None
-        available = {k: v for k, v in ray.available_resources().items() if k in per_worker}
-        why = f" ({reason})" if reason else ""
-        raise InsufficientResourcesError(
-            f"the cluster did not place {num_workers} workers x {{{_fmt(per_worker)}}} "
-            f"within FailureConfig.placement_timeout_s={timeout:g}s{why}; available now: "
-            f"{{{_fmt(available)}}}. Lower num_workers or resources_per_worker, free "
-            "resources, or raise placement_timeout_s for an autoscaling cluster."
-        )
+        return reserve_group(num_workers, self._scaling, self._failure, embedded=self._embedded, wait_s=wait_s, fail_fast=fail_fast)
 
     def _free_slots(self) -> list[tuple[PlacementGroup, int]]:
         """Bundles this group reserved that no live worker uses and Ray has placed (after
@@ -395,7 +206,7 @@ class RayWorkerGroup:
         used = {(id(m.pg), m.bundle) for m in self._members}
         if self._outer is not None:
             return [(self._outer, b) for b in self._outer_bundles if (id(self._outer), b) not in used]
-        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")} - set(self._draining)
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")} - set(self._watch.draining)
         slots = []
         for pg in self._pgs:
             placed = placement_group_table(pg).get("bundles_to_node_id", {})
@@ -418,7 +229,7 @@ class RayWorkerGroup:
         if len(slots) < count and self._outer is not None:
             raise InsufficientResourcesError(
                 f"this runs inside a placement group (e.g. a Ray Tune trial's) whose bundles "
-                f"hold {len(self._outer_bundles)} workers x {{{_fmt(self._scaling.worker_resources())}}}, "
+                f"hold {len(self._outer_bundles)} workers x {{{fmt_resources(self._scaling.worker_resources())}}}, "
                 f"but {count + len(self._members)} are needed; give the trial one bundle per "
                 "worker (raylight.tune.get_tune_resources(num_workers=...)) or lower num_workers"
             )
@@ -431,8 +242,8 @@ class RayWorkerGroup:
                 return []
             else:
                 log.info("started %d of %d new workers: the cluster placed no more within %gs", len(slots), count, wait_s)
-        spare_at, spare = self._take_spare(slots)
-        bundle_nodes: list[str | None] = self._bundle_nodes(slots) if self._pooled else [None] * len(slots)
+        spare_at, spare = self._spare.take(slots, lambda refs: self._get(refs, self._failure.worker_start_timeout_s, "warm up (the spare)"))
+        bundle_nodes: list[str | None] = slot_nodes(slots) if self._pooled else [None] * len(slots)
         actors: list[Any] = []
         reused: list[bool] = []
         refs: list[Any] = []
@@ -468,18 +279,8 @@ class RayWorkerGroup:
         reservation the bundle holds."""
         args = (info, self._run_name, self._setup())
         if node_id is not None:
-            return _pinned_worker(node_id, self._runtime_env(), *args)
-        pg, bundle = slot
-        per_worker = self._scaling.worker_resources()
-        custom = {k: v for k, v in per_worker.items() if k not in ("CPU", "GPU")}
-        return _RemoteWorker.options(
-            max_restarts=0,
-            runtime_env=self._runtime_env(),
-            num_cpus=per_worker.get("CPU", 0),
-            num_gpus=per_worker.get("GPU", 0),
-            resources=custom or None,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle),
-        ).remote(*args)
+            return pinned_worker(node_id, self._runtime_env(), *args)
+        return bundle_worker(slot, self._scaling, self._runtime_env(), *args)
 
     def _started(
         self,
@@ -500,7 +301,7 @@ class RayWorkerGroup:
             except RayActorError as exc:
                 if not reused[i]:
                     raise self._start_error(exc, "start") from None
-                found = f"it died while idle ({_death_reason(exc)})"
+                found = f"it died while idle ({death_reason(exc)})"
             except RayError as exc:
                 raise self._start_error(exc, "start") from None
             if isinstance(found, str):  # reused, but it cannot serve: a new one instead
@@ -521,20 +322,6 @@ class RayWorkerGroup:
     @property
     def _pool_key(self) -> str:
         return pool_key(self._runtime_env(), self._scaling.process_kind)
-
-    @staticmethod
-    def _bundle_nodes(slots: list[tuple[PlacementGroup, int]]) -> list[str | None]:
-        """Each slot's node where it is this driver's node (pooled workers live only
-        there), else None (a worker inside the bundle, killed when its run ends)."""
-        home = _driver_node()
-        tables: dict[int, dict[int, str]] = {}
-        nodes: list[str | None] = []
-        for pg, bundle in slots:
-            if id(pg) not in tables:
-                tables[id(pg)] = placement_group_table(pg).get("bundles_to_node_id", {})
-            node = tables[id(pg)].get(bundle)
-            nodes.append(node if node is not None and node == home else None)
-        return nodes
 
     def _setup(self, *, rejoining: bool = False) -> WorkerSetup:
         """What a worker of this run is given (``RaylightWorker``'s and ``begin_run``'s last
@@ -562,63 +349,17 @@ class RayWorkerGroup:
         )
 
     def _tend_spare(self, polls: list[WorkerPoll]) -> None:
-        """Start the spare once rank 0 trains (so it has imported what the loop needs);
-        drop it when the group can no longer grow."""
         if self._resizing:
             return
-        if not self._spare_wanted():
-            if self._spare is None or self._spare_created():
-                self._drop_spare()
-            return  # else dropped on a later poll, once Ray has created it
-        spare = self._spare
-        if spare is not None and not spare.ready:
-            done, _ = ray.wait(spare.refs, num_returns=len(spare.refs), timeout=0)
-            spare.ready = len(done) == len(spare.refs)
         rank0 = next((p for p in polls if p.rank == 0), None)
-        if spare is not None or rank0 is None or rank0.progress.batches_since_start == 0:
-            return
+        trains = rank0 is not None and rank0.progress.batches_since_start > 0
+        self._spare.tend(wanted=self._spare_wanted(), rank0_trains=trains, start=self._start_spare)
+
+    def _start_spare(self) -> Spare:
+        """A new process on rank 0's node, warming with rank 0's modules."""
         node_id = self._members[0].node["node_id"]
-        actor: Any = _RemoteWorker.options(
-            num_cpus=0,
-            max_restarts=0,
-            runtime_env=self._runtime_env(),
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-        ).remote(RankInfo(0, 0, 1, 1, 0), self._run_name, self._setup())
-        self._spare = _Spare(actor, node_id, [actor.node_info.remote(), *self._warm_refs([actor])])
-
-    def _take_spare(self, slots: list[tuple[PlacementGroup, int]]) -> tuple[int, _Spare | None]:
-        """The slot (index into ``slots``) on the spare's node, and the spare, ready;
-        (-1, None) when there is no usable spare."""
-        spare = self._spare
-        if spare is None:
-            return -1, None
-        nodes = [placement_group_table(pg).get("bundles_to_node_id", {}).get(b) for pg, b in slots]
-        if spare.node_id not in nodes:
-            return -1, None
-        at = nodes.index(spare.node_id)
-        self._spare = None
-        try:  # normally long ready; if not, it is still ahead of a new process
-            self._get(spare.refs, self._failure.worker_start_timeout_s, "warm up (the spare)")
-        except WorkerStartError as exc:
-            log.warning("the warm spare is not usable (%s); starting a new worker", exc)
-            kill_quietly(spare.actor)
-            return -1, None
-        return at, spare
-
-    def _spare_created(self, timeout: float = 0.0) -> bool:
-        """Whether Ray has done creating the spare (its first call answered, or failed),
-        waiting up to ``timeout`` s. Killing an actor while Ray still grants it a worker
-        makes Ray's GCS log "Failed to kill actor NIL_ID", a line Ray forwards to the
-        driver's console. A spare holds no resources, so it can wait a poll or two for its
-        process."""
-        assert self._spare is not None
-        done, _ = ray.wait(self._spare.refs[:1], timeout=timeout)
-        return bool(done)
-
-    def _drop_spare(self) -> None:
-        if self._spare is not None:
-            kill_quietly(self._spare.actor)
-            self._spare = None
+        actor = pinned_worker(node_id, self._runtime_env(), RankInfo(0, 0, 1, 1, 0), self._run_name, self._setup())
+        return Spare(actor, node_id, [actor.node_info.remote(), *self._warm_refs([actor])])
 
     def _launch(
         self,
@@ -774,174 +515,12 @@ class RayWorkerGroup:
         still up); those reports are then not in the outcome."""
         self._resizing = True
         try:
-            return self._resize(
-                num_workers=num_workers, threads=threads, plan=plan, commit=commit, target=target,
+            return InPlaceResize(
+                self, num_workers=num_workers, threads=threads, plan=plan, commit=commit, target=target,
                 leaving=leaving, snapshot=snapshot, on_stopped=on_stopped,
-            )
+            ).run()
         finally:
             self._resizing = False
-
-    def _resize(
-        self,
-        *,
-        num_workers: int,
-        threads: int | None,
-        plan: BatchPlan | None,
-        commit: int,
-        target: CheckpointTarget | None,
-        leaving: frozenset[int],
-        snapshot: bool,
-        on_stopped: Callable[[list[Report]], None] | None = None,
-    ) -> ResizeOutcome:
-        reports: list[Report] = []
-        shadow: list[Report] = []
-        began = monotonic()
-        # New workers start (and import torch) while the others still train.
-        try:
-            grow = num_workers - len(self._members)
-            added = self._spawn(grow, wait_s=self._grow_wait_s()) if grow > 0 else []
-        except (InsufficientResourcesError, WorkerStartError) as exc:
-            log.warning("could not add workers (%s); keeping %d", exc, len(self._members))
-            added = []
-        if grow > 0 and not added and not leaving:  # nothing to grow into: no pause
-            return ResizeOutcome("unchanged", reason="the cluster placed no new worker")
-        warm_s = self._warm(added)
-        stopped_at, stopped_wall = monotonic(), wall()
-        phases = {"spawn_s": stopped_at - began - warm_s, "warm_s": warm_s, "spares": sum(m.warm for m in added)}
-        for m in self._members:
-            m.actor.interrupt.remote(snapshot)
-        # Live workers stop at their next control step. With a dead peer, one may instead
-        # sit in a collective that never completes: past a health-check period it is
-        # treated as hung and replaced.
-        wait_s = self._failure.worker_start_timeout_s
-        deadline = None
-        while True:
-            poll = self.poll()
-            if deadline is None:
-                if any(f.kind == "died" for f in poll.failures):
-                    wait_s = self._failure.health_check_timeout_s
-                deadline = stopped_at + wait_s
-            reports.extend(poll.reports)
-            shadow.extend(poll.shadow_reports)
-            if any(p.state == "finished" for p in poll.polls):
-                for m in added:
-                    ray.kill(m.actor, no_restart=True)
-                return ResizeOutcome("finished", reports, shadow=shadow)
-            if all(p.state != "running" for p in poll.polls) or monotonic() > deadline:
-                break
-            time.sleep(min(self._failure.poll_interval_s, STOP_POLL_S))  # training is paused
-        phases["stop_s"] = monotonic() - stopped_at
-        # Checkpoints rank 0 reported while stopping are committed by the driver after
-        # this returns; the state to restore is the newest of them.
-        stopped_with = sum(1 for r in reports if r.checkpoint is not None)
-        commit += stopped_with
-        if target is not None:
-            target = replace(target, next_index=target.next_index + stopped_with)
-        if on_stopped is not None and reports:  # committed now: the leaving workers are still up
-            delivered, reports = reports, []
-            on_stopped(delivered)
-            phases["committed_s"] = monotonic() - stopped_at
-        dead = {f.rank for f in poll.failures if f.kind in ("died", "hang")}
-        # Workers on a node given notice stop like the others (and deliver their part of
-        # the snapshot), then go.
-        dead |= set(leaving)
-        live = {p.rank: p for p in poll.polls if p.rank not in dead and p.state in ("paused", "errored")}
-        log.info(
-            "resize: workers %s; dead %s; holding %s",
-            {p.rank: p.state for p in poll.polls}, sorted(dead), {r: p.commit for r, p in live.items()},
-        )
-        for rank in dead | {p.rank for p in poll.polls if p.rank not in live}:
-            ray.kill(self._members[rank].actor, no_restart=True)
-        adopted = None
-        newest = max((p.commit for p in live.values()), default=-1)
-        if newest > commit:  # rank 0 died between keeping a checkpoint and reporting it
-            holder = next(r for r, p in live.items() if p.commit == newest)
-            adopted = self._get([self._members[holder].actor.held_commit.remote()], self._failure.worker_start_timeout_s, "hand over their checkpoint")[0]
-            commit = newest
-            if target is not None:  # the driver commits it next
-                target = replace(target, next_index=newest + 1)
-        holders = [r for r, p in live.items() if p.commit == commit]
-        if commit >= 0 and not holders:
-            return ResizeOutcome("fallback", reports, f"no live worker holds checkpoint {commit}", shadow, None, stopped_at, stopped_wall, phases)
-        keep_ranks = ([holders[0]] if holders else []) + [r for r in sorted(live) if r not in holders[:1]]
-        if not keep_ranks:
-            return ResizeOutcome("fallback", reports, "no live worker left", shadow, None, stopped_at, stopped_wall, phases)
-        # Live workers beyond the new size that could stand in for a kept one (they hold
-        # the state, where there is one) go only once the group has re-formed: a kept one
-        # can still die before taking its rank.
-        reserve_ranks = [r for r in keep_ranks[num_workers:] if commit < 0 or r in holders]
-        reserves = [self._members[r] for r in reserve_ranks]
-        keep_ranks = keep_ranks[:num_workers]
-        for rank in sorted(live):
-            if rank not in keep_ranks and rank not in reserve_ranks:
-                ray.kill(self._members[rank].actor, no_restart=True)
-        with self._killed_unless_members(list(reserves)):
-            survivors = [self._members[r] for r in keep_ranks]
-            holding = {id(self._members[r]) for r in holders}  # each rank of an elastic run keeps its copy
-            for extra in added[max(0, num_workers - len(survivors)) :]:
-                ray.kill(extra.actor, no_restart=True)
-            added = added[: max(0, num_workers - len(survivors))]
-            short = num_workers - len(survivors) - len(added)
-            self._members = survivors + added  # the bundles of those removed are free again
-            if short > 0:  # replace workers lost or hung while stopping (their bundles are free)
-                try:
-                    added += self._spawn(short, wait_s=self._grow_wait_s())
-                except (InsufficientResourcesError, WorkerStartError) as exc:
-                    log.warning("could not replace %d worker(s) (%s); continuing with %d", short, exc, len(survivors) + len(added))
-            launch_began = monotonic()
-            members = survivors + added
-            while True:
-                try:
-                    self._launch(members, broadcast=commit if commit >= 0 else None, threads=threads, plan=plan, target=target)
-                    break
-                except MembersLostError as exc:
-                    # A survivor that was paused a moment ago can still die (its node went
-                    # too): go on without it, from another that holds the state if it held it.
-                    wanted = len(members)
-                    members = [m for m in members if m not in exc.members]
-                    while reserves and len(members) < wanted:  # a reserve takes a lost one's place
-                        members.append(reserves.pop(0))
-                    members.sort(key=lambda m: id(m) not in holding)  # stable: a holder first
-                    if not members or (commit >= 0 and id(members[0]) not in holding):
-                        return ResizeOutcome("fallback", reports, str(exc), shadow, adopted, stopped_at, stopped_wall, phases)
-                    log.warning("%s; resizing in place without them", exc)
-                    for m in exc.members:
-                        kill_quietly(m.actor)
-                except WorkerStartError as exc:
-                    return ResizeOutcome("fallback", reports, str(exc), shadow, adopted, stopped_at, stopped_wall, phases)
-            phases["launch_s"] = monotonic() - launch_began
-            self._release_unused_groups()
-            return ResizeOutcome(
-                "in_place", reports, shadow=shadow, adopted=adopted, stopped_at=stopped_at, stopped_wall=stopped_wall, phases=phases
-            )
-
-    @contextlib.contextmanager
-    def _killed_unless_members(self, workers: list[_Member]) -> Iterator[None]:
-        """On the way out, kill those of ``workers`` that did not become members."""
-        try:
-            yield
-        finally:
-            kept = {id(m) for m in self._members}
-            for m in workers:
-                if id(m) not in kept:
-                    kill_quietly(m.actor)
-
-    def _grow_wait_s(self) -> float:
-        """How long a resize waits for a new placement group before going on with what
-        it has (the run asks again at its next resize interval)."""
-        return min(self._failure.placement_timeout_s, ELASTIC_PLACEMENT_WAIT_S)
-
-    def _warm(self, added: list[_Member]) -> float:
-        """New workers import what a running one has imported, while training goes on."""
-        added = [m for m in added if not m.warm]
-        if not added or not self._members:
-            return 0.0
-        began = monotonic()
-        try:
-            self._get(self._warm_refs([m.actor for m in added]), self._failure.worker_start_timeout_s, "warm up")
-        except WorkerStartError as exc:  # only slower: the loop imports what it needs
-            log.warning("warming new workers failed (%s); continuing", exc)
-        return monotonic() - began
 
     def _warm_refs(self, actors: list[Any]) -> list[Any]:
         """Start ``actors`` importing what rank 0 has imported (its module list is passed
@@ -971,85 +550,23 @@ class RayWorkerGroup:
         for pg in self._pgs:  # never the outer group: it is not in self._pgs
             if id(pg) not in used:
                 with contextlib.suppress(Exception):
-                    _remove(pg)
+                    remove_group(pg)
         self._pgs = [pg for pg in self._pgs if id(pg) in used]
 
     # -- poll -----------------------------------------------------------------------
     def poll(self) -> GroupPoll:
         refs = [m.actor.poll.remote() for m in self._members]
-        timeout = self._failure.health_check_timeout_s
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
-        ready_set = set(ready)
-        polls: list[WorkerPoll] = []
-        failures: list[WorkerFailure] = []
-        for rank, ref in enumerate(refs):
-            node = self._members[rank].node
-            where: dict[str, Any] = {"node": node.get("ip"), "pid": node.get("pid"), "node_id": node.get("node_id")}
-            if ref not in ready_set:
-                failures.append(
-                    WorkerFailure(
-                        rank,
-                        "hang",
-                        f"did not answer a health check within "
-                        f"FailureConfig.health_check_timeout_s={timeout:g}s",
-                        **where,
-                    )
-                )
-                continue
-            try:
-                poll: WorkerPoll = ray.get(ref)
-            except (RayActorError, ObjectLostError) as exc:  # lost: its node died with the answer
-                failures.append(WorkerFailure(rank, "died", _death_reason(exc), **where))
-                continue
-            except RayError as exc:  # the poll itself failed (its answer did not serialise)
-                cause = getattr(exc, "cause", None) or exc
-                failures.append(WorkerFailure(rank, "error", f"could not be polled: {type(cause).__name__}: {cause}", **where))
-                continue
-            polls.append(poll)
-            if poll.state == "errored" and poll.error is not None:
-                failures.append(
-                    WorkerFailure(
-                        rank,
-                        "error",
-                        f"raised {poll.error.exc_type}: {poll.error.message}",
-                        error=poll.error,
-                        cause=self._fetch_exception(poll.error.exception),
-                        **where,
-                    )
-                )
-            elif poll.state == "running" and not poll.joined:
-                if poll.seconds_since_progress > self._failure.worker_start_timeout_s:
-                    failures.append(
-                        WorkerFailure(
-                            rank,
-                            "hang",
-                            f"did not join its process group within "
-                            f"FailureConfig.worker_start_timeout_s={self._failure.worker_start_timeout_s:g}s",
-                            seconds_since_progress=poll.seconds_since_progress,
-                            **where,
-                        )
-                    )
-            elif poll.state == "running" and poll.seconds_since_progress > self._failure.hang_timeout_s:
-                failures.append(
-                    WorkerFailure(
-                        rank,
-                        "hang",
-                        f"made no progress for {poll.seconds_since_progress:.0f}s "
-                        f"(FailureConfig.hang_timeout_s={self._failure.hang_timeout_s:g}s)",
-                        seconds_since_progress=poll.seconds_since_progress,
-                        **where,
-                    )
-                )
+        polls, failures = judge(refs, self._nodes, self._failure)
         failures = with_finished_peers(failures, polls)
         self._last_states = [p.state for p in polls] if not failures else []
         if not failures:
             self._tend_spare(polls)
-        spare_ready = self._spare is not None and self._spare.ready
+        spare_ready = self._spare.ready
         placement = self._placement()
         ranks_on = {p.node_id for p in placement}
         return GroupPoll(
             polls, GroupPoll.root_cause_first(failures), spare_ready=spare_ready,
-            notices=self._notices(polls, ranks_on), placement=placement,
+            notices=self._watch.notices(polls, ranks_on), placement=placement,
         )
 
     def _placement(self) -> tuple[WorkerPlace, ...]:
@@ -1059,34 +576,6 @@ class RayWorkerGroup:
             for rank, m in enumerate(self._members)
         )
 
-    def _notices(self, polls: list[WorkerPoll], nodes: set[str]) -> list[NodeNotice]:
-        """Notices for the nodes this group runs on: Ray draining them (checked every
-        DRAIN_CHECK_S), and what the workers were told (a SIGTERM, a cloud's notice)."""
-        now = monotonic()
-        if now - self._drain_checked >= DRAIN_CHECK_S:
-            self._drain_checked = now
-            self._draining = draining_nodes()
-        found = {
-            node: NodeNotice(node, "drain", "Ray is draining the node (ray drain-node, the autoscaler or the cloud)", deadline)
-            for node, deadline in self._draining.items()
-            if node in nodes
-        }
-        for p in polls:
-            if p.notice is not None and p.notice.node_id not in found:
-                found[p.notice.node_id] = p.notice
-        return list(found.values())
-
-    def _fetch_exception(self, ref: Any) -> BaseException | None:
-        """A worker's exception, deserialised by Ray from the object the worker put; None
-        where it cannot be (its class does not exist here, the worker is gone)."""
-        if ref is None:
-            return None
-        try:
-            value = ray.get(ref, timeout=self._failure.health_check_timeout_s)
-        except Exception:  # the text, type and traceback still reach the user
-            return None
-        return value if isinstance(value, BaseException) else None
-
     # -- shutdown -------------------------------------------------------------------
     def shutdown(self) -> None:
         if self._requested:
@@ -1094,10 +583,10 @@ class RayWorkerGroup:
 
             with contextlib.suppress(Exception):
                 request_resources(bundles=[])
-        if self._spare is not None and not self._spare.ready:
-            self._spare_created(timeout=RELEASE_WAIT_S)  # a spare is seconds from ready
+        if self._spare.spare is not None and not self._spare.ready:
+            self._spare.created(timeout=RELEASE_WAIT_S)  # a spare is seconds from ready
         pooled = self._pool_members()
-        self._drop_spare()
+        self._spare.drop()
         pgs = self._pgs
         for m in self._members:
             if id(m.actor) not in pooled:
@@ -1107,106 +596,18 @@ class RayWorkerGroup:
         self._loop_ref = None
         for pg in pgs:
             with contextlib.suppress(Exception):
-                _remove(pg)
+                remove_group(pg)
 
     def _pool_members(self) -> set[int]:
         """Hand the workers whose loops finished (and a ready spare) to the pool, where
         each one says it can serve another run; returns the ids of the actors pooled."""
         if not self._pooled or not ray.is_initialized():
             return set()
-        home = _driver_node()
+        home = driver_node()
         reusable = build_strategy(self._scaling.strategy).reuses_process
-        candidates = [
+        finished = [
             (m.actor, m.node)
             for m, s in zip(self._members, self._last_states, strict=False)
             if reusable and s == "finished" and m.node.get("node_id") == home
         ]
-        spare = self._spare
-        if spare is not None and spare.node_id == home:  # started, perhaps still importing: it never ran a loop
-            with contextlib.suppress(Exception):
-                candidates.append((spare.actor, ray.get(spare.refs[0], timeout=0)))
-        if not candidates:
-            return set()
-        refs = [actor.release.remote() for actor, _ in candidates]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=RELEASE_WAIT_S)
-        pooled: set[int] = set()
-        for (actor, node), ref in zip(candidates, refs, strict=True):
-            try:
-                why = ray.get(ref, timeout=0) if ref in ready else "it did not answer"
-            except RayError as exc:
-                why = str(exc).splitlines()[0]
-            if why is None:
-                POOL.put(actor, node, self._pool_key, self._scaling.idle_worker_timeout_s)
-                pooled.add(id(actor))
-                if spare is not None and actor is spare.actor:
-                    self._spare = None
-            else:
-                log.debug("not keeping worker %s for the next run: %s", node.get("pid"), why)
-        return pooled
-
-
-def worker_runtime_env(scaling: ScalingConfig) -> dict[str, Any] | None:
-    """The workers' own runtime_env: environment variables their strategy wants at
-    process start (merged by Ray into the job's ``env_vars``), else None."""
-    env = worker_env(scaling.process_kind, scaling.use_gpu)
-    return {"env_vars": env} if env else None
-
-
-def _pinned_worker(node_id: str, runtime_env: dict[str, Any] | None, *args: Any) -> Any:
-    """A new worker process on ``node_id`` that holds no Ray resources: a pooled worker,
-    which outlives its run's placement group (whose bundle holds its reservation while it
-    trains)."""
-    return _RemoteWorker.options(
-        max_restarts=0,
-        runtime_env=runtime_env,
-        num_cpus=0,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-    ).remote(*args)
-
-
-def prestart_workers(scaling: ScalingConfig, *, modules: tuple[str, ...] = ()) -> int:
-    """Start the first workers of a run of ``scaling``'s shape now, as idle pooled workers
-    on this driver's node, and return at once; the run's start takes them from the pool.
-    Their processes start and import torch (and ``modules``) while the driver is still
-    busy (the declarative backend's preprocessing). Returns how many it started: none
-    where workers are not pooled (GPU workers, ``reuse_workers=False``), where the pool
-    already holds them, or where this node cannot hold the run's first workers (they would
-    be placed elsewhere and sit idle until ``idle_worker_timeout_s``)."""
-    node_id = _driver_node()
-    if not scaling.reuse_workers or scaling.use_gpu or node_id is None or get_current_placement_group() is not None:
-        return 0
-    count = scaling.min_workers
-    per_worker = scaling.worker_resources()
-    here: dict[str, float] = next((n.get("Resources", {}) for n in ray.nodes() if n.get("NodeID") == node_id and n.get("Alive")), {})
-    if any(here.get(k, 0.0) < v * count for k, v in per_worker.items()):
-        return 0
-    runtime_env = worker_runtime_env(scaling)
-    key = pool_key(runtime_env, scaling.process_kind)
-    started = 0
-    for _ in range(count - POOL.count(node_id, key)):
-        actor = _pinned_worker(node_id, runtime_env, RankInfo(0, 0, count, 1, 0), "prestarted")  # begin_run gives it its run's
-        if modules:
-            actor.warm.remote(None, list(modules))
-        POOL.put(actor, {"node_id": node_id}, key, scaling.idle_worker_timeout_s)
-        started += 1
-    return started
-
-
-def _driver_node() -> str | None:
-    """The node this driver runs on; None where Ray cannot say (a Ray Client driver).
-    Only its workers are pooled: an idle worker elsewhere would keep an autoscaled node
-    (and its bill) alive, and one in the bundle dies with its node as Ray expects."""
-    try:
-        return str(ray.get_runtime_context().get_node_id())
-    except Exception:
-        return None
-
-
-def _death_reason(exc: RayError) -> str:
-    text = str(exc).strip()
-    for marker in ("SIGKILL", "out of memory", "OOM", "node", "exit"):
-        for line in text.splitlines():
-            if marker.lower() in line.lower():
-                return f"died: {line.strip()}"
-    first = text.splitlines()[0] if text else type(exc).__name__
-    return f"died: {first}"
+        return hand_to_pool(finished, self._spare, home=home, key=self._pool_key, idle_s=self._scaling.idle_worker_timeout_s)

@@ -6,7 +6,6 @@ The loop runs in its own thread so the actor's main thread stays free to answer
 
 from __future__ import annotations
 
-import gc
 import importlib
 import logging
 import os
@@ -35,7 +34,8 @@ from raylight.worker.protocol import (
 )
 from raylight.worker.session import RankInfo
 from raylight.worker_group.gpus import cuda_index
-from raylight.worker_group.user_code import moved_modules, use_driver_sys_path, user_modules
+from raylight.worker_group.reuse import ProcessReuse, freeze_long_lived
+from raylight.worker_group.user_code import use_driver_sys_path
 
 
 @dataclass(frozen=True)
@@ -74,25 +74,6 @@ MAX_PENDING_CHECKPOINT_BYTES = 256 * 1024**2
 def _carries_checkpoint(report: Report) -> bool:
     """Rank 0's report with its checkpoint's bytes, or another rank's copy of one."""
     return report.checkpoint is not None or report.has_checkpoint
-
-
-def freeze_long_lived(point: str) -> None:
-    """Move every object alive now out of the garbage collector's reach, once per worker
-    process for each ``point``: "start" (torch, Ray and the user's module imported) and
-    "first batch" (the loop's own setup done: imports inside it, dataset, model).
-
-    A full (generation 2) collection walks every tracked object: with torch and Ray
-    imported that is about 290,000 of them and takes 130-200 ms. It comes every few
-    thousand steps of a small model, and in data-parallel training a pause on one rank
-    stalls every rank at the next all-reduce. Objects alive at these two points are
-    long-lived anyway; those the loop makes later are collected as before.
-    """
-    if point not in _FROZEN:
-        _FROZEN.add(point)
-        gc.freeze()
-
-
-_FROZEN: set[str] = set()
 
 
 def error_info(exc: BaseException) -> ErrorInfo:
@@ -167,11 +148,7 @@ class RaylightWorker:
         self._watch_stop = threading.Event()
         self._start_watchers(setup.notice_sources)
         # What a reused process puts back between runs (see ``release``): as it is now.
-        self._fresh = _ProcessState.now()
-        self._threads = {t.ident for t in threading.enumerate()}
-        self._tidying: threading.Thread | None = None
-        self._imported: dict[str, float] = {}  # user module file -> mtime, at release
-        self._held: dict[str, str] = {}  # user module name -> file, at release
+        self._reuse = ProcessReuse()
 
     def _start_watchers(self, notice_sources: tuple[str, ...]) -> None:
         self._watch_stop.set()
@@ -252,56 +229,22 @@ class RaylightWorker:
             return "its training loop is still running"
         if self._state not in ("finished", "starting") or self._error is not None:
             return f"its loop ended {self._state}"
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return "a process group is still initialised"
-        from raylight.worker.strategies.deepspeed import holds_process_groups
-
-        if holds_process_groups():  # the loop destroyed the group itself, past deepspeed.comm
-            return "DeepSpeed keeps process-wide state bound to the old process group"
-        left = [
-            t.name for t in threading.enumerate()
-            if t.is_alive() and t.ident not in self._threads and not t.name.startswith("raylight-")
-        ]
-        if left:
-            return f"the loop left threads running: {left[:3]}"
-        children = _child_processes()
-        if children:
-            return f"the loop left child processes running: {children[:3]}"
+        why = self._reuse.refusal()
+        if why is not None:
+            return why
         self._watch_stop.set()
         self._state = "starting"
-        self._note_imports()  # before the driver returns: the user may edit them next
-        self._tidying = threading.Thread(target=self._tidy, name="raylight-tidy", daemon=True)
-        self._tidying.start()
+        self._reuse.tidy()  # notes the imports before the driver returns: the user may edit them next
         return None
-
-    def _tidy(self) -> None:
-        self._fresh.restore()
-        _FROZEN.clear()
-        gc.unfreeze()
-        gc.collect()
-
-    def _note_imports(self) -> None:
-        """The user's modules this process holds (name -> file) and their files'
-        modification times, which ``begin_run`` checks before it serves another run."""
-        self._held = user_modules()
-        self._imported = {path: mtime for path in self._held.values() if (mtime := _mtime(path)) is not None}
 
     def begin_run(self, rank_info: RankInfo, run_name: str, setup: WorkerSetup) -> dict[str, Any] | str:
         """A pooled worker joins a new run with the state a new worker has. Returns its
         ``node_info``, or why it cannot serve (a module it imported changed on disk, or
         the driver now has that module from another file)."""
         setup.apply()
-        if self._tidying is not None:
-            self._tidying.join()
-            self._tidying = None
-        changed = [f for f, mtime in self._imported.items() if _mtime(f) != mtime]
-        if changed:
-            return f"modules it imported changed on disk: {changed[:3]}"
-        moved = moved_modules(self._held, dict(setup.driver_modules))
-        if moved:
-            return f"the driver now imports modules it holds from other files: {moved[:3]}"
+        why = self._reuse.refusal_to_join(dict(setup.driver_modules))
+        if why is not None:
+            return why
         self.info = rank_info
         self.run_name = run_name
         with self._lock:
@@ -360,7 +303,7 @@ class RaylightWorker:
                         importlib.import_module(name)
                     except Exception:  # best effort, see above
                         continue
-        self._note_imports()
+        self._reuse.note_imports()
         return monotonic() - began
 
     def held_commit(self) -> tuple[int, bytes, int] | None:
@@ -578,67 +521,6 @@ class RaylightWorker:
             if ended is not None:
                 with self._lock:
                     self._state = ended  # "finished", or "paused" by an in-place resize
-
-
-@dataclass
-class _ProcessState:
-    """Process-wide state a training loop may change, as a new process has it:
-    environment variables, torch's default dtype and deterministic mode as now, and
-    random generators seeded afresh from the OS (torch, numpy's global one, Python's), as
-    a new worker's are: an unseeded loop draws differently in every run either way.
-
-    Deterministic mode is set back only where the loop changed it: the setter imports
-    torch's compiler stack (about 800 modules, 1.0-1.4 CPU-s on this project's 2 cores),
-    which every pooled worker paid after every run before."""
-
-    env: dict[str, str]
-    dtype: Any
-    deterministic: tuple[bool, bool]  # (enabled, warn only)
-
-    @classmethod
-    def now(cls) -> _ProcessState:
-        import torch
-
-        return cls(dict(os.environ), torch.get_default_dtype(), _deterministic_mode())
-
-    def restore(self) -> None:
-        import random
-
-        import torch
-
-        for key in [k for k in os.environ if k not in self.env]:
-            del os.environ[key]
-        os.environ.update(self.env)
-        torch.set_default_dtype(self.dtype)
-        if _deterministic_mode() != self.deterministic:
-            enabled, warn_only = self.deterministic
-            torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
-        torch.seed()
-        random.seed()
-        if "numpy" in sys.modules:
-            sys.modules["numpy"].random.seed()
-
-
-def _deterministic_mode() -> tuple[bool, bool]:
-    """torch's deterministic-algorithms mode now: (enabled, warn only)."""
-    import torch
-
-    return torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-
-
-def _child_processes() -> list[int]:
-    try:
-        import psutil
-    except ImportError:  # Ray depends on psutil; without it, assume none
-        return []
-    return [c.pid for c in psutil.Process().children() if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
-
-
-def _mtime(path: str) -> float | None:
-    try:
-        return os.stat(path).st_mtime
-    except OSError:
-        return None
 
 
 def _node_type(node_id: str) -> str:
