@@ -237,7 +237,7 @@ class Trainer:
         meter: CostMeter,
     ) -> tuple[int, int]:
         from raylight.driver.controller import Controller, FailurePolicy, RunTelemetry, State
-        from raylight.driver.plots import plot_adaptive
+        from raylight.driver.plots import plot_adaptive, why_no_plot
         from raylight.worker.context import run_worker_loop
         from raylight.worker_group.ray_group import RayWorkerGroup
 
@@ -284,6 +284,9 @@ class Trainer:
             resizes.extend(controller.resizes)
             if adaptive_run and (png := plot_adaptive(recorder.trace_rows)) is not None:
                 recorder.storage.write_bytes("adaptive.png", png)
+            elif adaptive_run and controller.state is State.FINISHED and (why := why_no_plot(recorder.trace_rows)):
+                display.message(why)
+                log.debug(why)
         if controller.state is State.ERRORED:
             assert controller.error is not None
             raise controller.error
