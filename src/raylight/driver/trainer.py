@@ -30,7 +30,7 @@ from raylight.config import (
 from raylight.driver import termination
 from raylight.driver.job_env import apply_job_env
 from raylight.driver.loggers import RunLoggers
-from raylight.driver.progress import ProgressDisplay
+from raylight.driver.progress import ProgressDisplay, announce
 from raylight.driver.recorder import RunRecorder
 from raylight.storage.checkpoint import Checkpoint
 from raylight.storage.run_dir import RunStorage, default_storage_path
@@ -174,6 +174,8 @@ class Trainer:
         try:
             embedded = False
             if on_ray:
+                if runtime.would_start_embedded(self.config.address):
+                    announce("starting Ray (a local cluster on this machine)...", enabled=run.progress)
                 embedded = runtime.connect(
                     self.config.address, connect_timeout_s=self.config.failure.connect_timeout_s
                 ).embedded
@@ -278,6 +280,8 @@ class Trainer:
             group=group, recorder=recorder, failure_policy=failure, scaling_policy=policy,
             telemetry=telemetry, poll_interval_s=cfg.failure.poll_interval_s,
         )
+        low, high = cfg.scaling.min_workers, cfg.scaling.max_workers
+        display.phase(f"starting {high if low == high else f'{low} to {high}'} workers...")
         try:
             controller.run()  # shuts the group down however it ends, Ctrl-C included
         finally:
