@@ -42,6 +42,11 @@ def plot_adaptive(rows: list[dict[str, Any]]) -> bytes | None:
     if why_no_plot(rows) is not None:
         return None
     points = [r for r in rows if "time" in r and "global_batch" in r]
+    # The first point's interval starts at the row before it (the engine's first look):
+    # drawn from there, the starting batch shows as a step, not a lone dot.
+    before = [r["time"] for r in rows if "time" in r and r["time"] < points[0]["time"]]
+    if before:
+        points = [{**points[0], "time": before[-1]}, *points]
     import matplotlib
 
     matplotlib.use("Agg")
