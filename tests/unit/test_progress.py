@@ -190,8 +190,11 @@ def test_a_terminal_keeps_a_line_per_epoch_above_the_live_bar_and_says_what_star
     assert screen[:2] == ["starting Ray (a local cluster on this machine)...", "starting 2 workers..."], screen
     epochs = screen[2:]
     assert [line.split("  ")[:2] for line in epochs] == [[f"epoch {e}", f"loss={1 / (e + 1):.4g}"] for e in range(3)], screen
-    for e, line in enumerate(epochs):
-        assert "samples/s" in line and f"batch={64 * 2 ** e}" in line and f"lr_factor={2 ** (e / 2):.2f}" in line, line
+    # each epoch's batch and LR factor: from the end of the epoch before to its own end
+    assert "  batch=64  lr_factor=1.00  " in epochs[0], epochs[0]
+    for e, line in enumerate(epochs[1:], start=1):
+        batch, lr = f"batch={64 * 2 ** (e - 1)}->{64 * 2 ** e}", f"lr_factor={2 ** ((e - 1) / 2):.2f}->{2 ** (e / 2):.2f}"
+        assert "samples/s" in line and batch in line and lr in line, line
 
 
 def test_starting_lines_are_for_a_terminal_only():

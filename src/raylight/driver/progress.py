@@ -51,6 +51,18 @@ def format_metrics(metrics: dict[str, Any], limit: int = 4) -> str:
     return " ".join(parts)
 
 
+_Plan = tuple[int | None, str | None]  # (global batch, LR factor as shown)
+
+
+def _plan_text(start: _Plan, now: _Plan) -> str:
+    """``  batch=64  lr_factor=1.00``, with ``start->now`` for what changed between them."""
+    text = ""
+    for key, a, b in (("batch", start[0], now[0]), ("lr_factor", start[1], now[1])):
+        if b is not None:
+            text += f"  {key}={b}" if a is None or a == b else f"  {key}={a}->{b}"
+    return text
+
+
 def _terminal(console: Console) -> bool:
     """Whether the live view runs: a terminal, not a pipe that FORCE_COLOR made look like one."""
     return console.is_terminal and sys.stderr.isatty()
@@ -96,6 +108,8 @@ class ProgressDisplay:
         self._epoch_mark: tuple[float, int] | None = None
         self._report_mark: tuple[float, int] | None = None
         self._report_epoch: int | None = None
+        self._report_plan: _Plan | None = None  # (batch, LR factor) at the last report
+        self._plan_from: _Plan | None = None  # ... where the current epoch began
         self._started = False  # a poll with progress came: the workers are training
 
     def __enter__(self) -> ProgressDisplay:
@@ -163,17 +177,15 @@ class ProgressDisplay:
         window = self._rate.update(samples, monotonic())
         rank0 = next((p for p in poll.polls if p.rank == 0), None)
         at = rank0.progress.epoch if rank0 is not None else None
-        info = f"workers={num_workers}"
-        if batch_size is not None:
-            info += f"  batch={batch_size}"
-        if lr_factor is not None:
-            info += f"  lr_factor={lr_factor:.2f}"
+        plan = (batch_size, None if lr_factor is None else f"{lr_factor:.2f}")
+        tail = ""
         if efficiency is not None:
-            info += f"  efficiency={efficiency:.2f}"
+            tail += f"  efficiency={efficiency:.2f}"
         if num_restarts:
-            info += f"  restarts={num_restarts}"
+            tail += f"  restarts={num_restarts}"
         changed = self._change(num_workers, num_restarts)
-        self._lines(poll, at, info, changed)
+        self._lines(poll, at, f"workers={num_workers}", plan, tail, changed)
+        info = f"workers={num_workers}{_plan_text(plan, plan)}{tail}"
         if self._progress is not None:
             for report in poll.reports:
                 self._metrics = report.metrics
@@ -201,22 +213,31 @@ class ProgressDisplay:
         self._restarts, self._workers = num_restarts, num_workers
         return line
 
-    def _lines(self, poll: GroupPoll, at: int | None, info: str, changed: str | None) -> None:
+    def _lines(
+        self, poll: GroupPoll, at: int | None, workers: str, plan: _Plan, tail: str, changed: str | None
+    ) -> None:
         """The line of an epoch once its last report is in (a report of a later epoch
-        arrives, the loader moves on, or the run ends), with the epoch's mean samples/s."""
+        arrives, the loader moves on, or the run ends), with the epoch's mean samples/s and
+        its batch and LR factor (``64->2048`` where they changed during it)."""
         mark = self._rate.mark()
+        # the first plan known is where the first epoch began (none exists before the workers start)
+        start = self._plan_from or (None, None)
+        self._plan_from = (start[0] if start[0] is not None else plan[0], start[1] if start[1] is not None else plan[1])
         for report in poll.reports:
             epoch = _epoch_of(report.metrics, at)
             if self._pending is not None and self._pending[0] != epoch:
                 self._flush()
-            # the previous epoch (report, without epochs) ended at its last report; epochs
-            # whose reports came in one poll share the interval up to it
-            ended = self._report_mark is not None and mark is not None and self._report_mark[0] < mark[0]
-            if ended and (epoch is None or epoch != self._report_epoch):
-                self._epoch_mark = self._report_mark
-            self._report_mark, self._report_epoch = mark, epoch
+            if epoch is None or epoch != self._report_epoch:
+                if self._report_plan is not None:  # this epoch began where the last one ended
+                    self._plan_from = self._report_plan
+                # the previous epoch (report, without epochs) ended at its last report;
+                # epochs whose reports came in one poll share the interval up to it
+                if self._report_mark is not None and mark is not None and self._report_mark[0] < mark[0]:
+                    self._epoch_mark = self._report_mark
+            self._report_mark, self._report_epoch, self._report_plan = mark, epoch, plan
             rate = self._rate.since(self._epoch_mark)
             where = f"epoch {epoch}" if epoch is not None else "report"
+            info = f"{workers}{_plan_text(self._plan_from, plan)}{tail}"
             self._pending = (epoch, f"{where}  {format_metrics(report.metrics)}  {rate:,.0f} samples/s  {info}")
         if self._pending is not None:
             epoch = self._pending[0]
