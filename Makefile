@@ -3,7 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+# The dev extra (make test, lint, unit, bench*), and the demo extra alone (make run).
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: run run-digits test lint unit bench bench-adaptive bench-declarative bench-lightning bench-adversarial bench-strategies bench-cluster bench-launch bench-tune bench-allreduce clean
 
@@ -11,13 +13,19 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-# Reinstall when the dependency list or the pins change.
+# Reinstall when the dependency list or the pins change. Each stamp says what its own
+# install gave: make run's (the demo extra) never stands for make test's (dev).
 $(STAMP): $(PY) pyproject.toml constraints.txt
 	$(PIP) install -q -c constraints.txt torch==2.13.0
 	$(PIP) install -q -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
-run: $(STAMP)
+$(DEMO_STAMP): $(PY) pyproject.toml constraints.txt
+	$(PIP) install -q -c constraints.txt torch==2.13.0
+	$(PIP) install -q -c constraints.txt -e ".[demo]"
+	touch $(DEMO_STAMP)
+
+run: $(DEMO_STAMP)
 	$(PY) examples/declarative/demo.py
 
 run-digits: $(STAMP)

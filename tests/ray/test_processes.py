@@ -84,7 +84,11 @@ def test_digits_example_runs(tmp_path, ray_cluster, mode):
     run = tmp_path / "digits"
     assert (run / "metrics.jsonl").exists() and (run / "config.json").exists()
     if mode == "adaptive":
-        assert (run / "adaptive.jsonl").exists() and (run / "adaptive.png").exists()
+        from raylight.driver.plots import why_no_plot
+
+        rows = [json.loads(line) for line in (run / "adaptive.jsonl").read_text().splitlines() if line.strip()]
+        # a plot only from two decisions on (4 short epochs may make fewer)
+        assert (run / "adaptive.png").exists() == (why_no_plot(rows) is None), rows
     else:
         assert "2 fsdp workers" in line
         metas = [json.loads(m.read_text()) for m in (run / "checkpoints").glob("*/meta.json")]

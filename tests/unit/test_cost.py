@@ -163,7 +163,8 @@ def _fake_run(path, *, cost: bool = True) -> None:
     (path / "metrics.jsonl").write_text('{"_report": 0, "loss": 1}\n{"_report": 1, "loss": 0.5}\n')
     rows = [
         {"time": 100.0, "workers": 2, "global_batch": 64},
-        {"time": 103.0, "workers": 2, "global_batch": 128, "decision": "batch", "reason": "noise scale grew"},
+        {"time": 103.0, "workers": 2, "global_batch": 64, "decision": "batch", "reason": "noise scale grew",
+         "decided_batch": 128},
         {"time": 110.5, "event": "resized", "kind": "in_place", "from": 2, "to": 3, "reason": "goodput +12%",
          "first_step_s": 0.04},
         {"time": 111.0, "event": "spare_ready", "workers": 3},
@@ -209,6 +210,43 @@ def test_report_renders_time_cost_and_decisions(tmp_path):
     assert priced["cost_usd"] == pytest.approx(20 / 3600 * 0.36 + 2.0)
     run.cost = priced
     assert "2.0020" in _render(run)
+
+
+def _decision_rows(text: str) -> list[tuple[str, str]]:
+    """(batch column, reason column) of each batch decision in a rendered report."""
+    out = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split("\u2502")]
+        if len(cells) > 5 and cells[2] == "batch":
+            out.append((cells[4], cells[5]))
+    return out
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["decided_batch", "older-trace"])
+def test_report_batch_column_is_the_change_its_reason_names(tmp_path, recorded):
+    """The trace rows of a real demo run (adaptive.jsonl): a decision row's global_batch is
+    the plan that ran up to it, and the batch it chose runs from the next row on. The
+    batch column shows that change on the decision's own row, as its reason says it,
+    also for a trace written before decision rows carried decided_batch."""
+    path = tmp_path / "run"
+    path.mkdir()
+    (path / "status.json").write_text(json.dumps({"state": "finished"}))
+    chosen = {64: 164, 164: 374, 374: 1320}
+    rows = [{"time": 0.0, "workers": 2, "lr_factor": 1.0}]
+    for t, batch in ((7.4, 64), (9.4, 164), (12.6, 164), (15.7, 374), (16.4, 1320)):
+        row: dict = {"time": t, "workers": 2, "global_batch": batch}
+        if t in (7.4, 12.6, 15.7):
+            row.update(decision="batch", reason=f"global batch {batch} -> {chosen[batch]}: predicted goodput")
+            if recorded:
+                row["decided_batch"] = chosen[batch]
+        rows.append(row)
+    (path / "adaptive.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    from raylight.driver.report import load_report
+
+    shown = _decision_rows(_render(load_report(str(path))))
+    assert [batch for batch, _ in shown] == ["64->164", "164->374", "374->1320"]
+    for batch, reason in shown:
+        assert reason.startswith("global batch " + batch.replace("->", " -> ")), (batch, reason)
 
 
 def test_report_falls_back_to_the_trace_cost_row(tmp_path):

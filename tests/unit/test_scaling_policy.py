@@ -103,6 +103,8 @@ def test_decisions_wait_for_their_intervals_and_trace_what_was_considered():
     assert "2 fit now" in asked[0].reason
     assert not any(isinstance(d, Resize) for d in decisions), "2 workers is all that fits"
     assert rows[-1]["decision"] == "batch" and rows[-1]["workers"] == 2
+    # the row is the interval that ran (batch 16); the batch it chose runs from here on
+    assert rows[-1]["global_batch"] == 16 and rows[-1]["decided_batch"] == plan.plan.global_batch(2)
     assert p.decide(view(5.5, poll)) == [], "the timers restarted"
 
 

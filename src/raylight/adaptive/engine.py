@@ -234,12 +234,15 @@ class AdaptiveEngine:
 
     # -- observability ------------------------------------------------------------------
     def display_fields(self, num_workers: int, threads: int) -> dict[str, Any]:
-        """Global batch and statistical efficiency now, for the progress display."""
+        """Global batch, LR factor (rank 0's, of its last control step) and statistical
+        efficiency now, for the progress display."""
         plan = self.state.plan
         if plan is None or self.state.init_batch_size is None:
             return {}
         batch = plan.global_batch(num_workers)
         fields: dict[str, Any] = {"batch_size": batch}
+        if self.settings.adaptive:
+            fields["lr_factor"] = self.state.lr_factor
         if self.settings.adaptive and self.noise_measured:
             scale = batch / self.state.init_batch_size
             fields["efficiency"] = float(gain(scale, self.grad_params())) / scale

@@ -176,13 +176,20 @@ class StepProfile:
 
 
 class SampleRate:
-    """Global samples/s over a sliding window of polls, robust to restarts."""
+    """Global samples/s over a sliding window of polls, robust to restarts.
+
+    ``since(mark)`` is the figure people read, in the progress lines (each epoch's) and in
+    adaptive.jsonl and its plot (each row's interval): the samples counted from a
+    ``mark()`` to the last update over the wall seconds between them, training only (the
+    time before the first samples, worker start-up, is not counted). The window's rate,
+    what ``update`` returns, lags a change by its whole width: a live gauge only."""
 
     def __init__(self, window_s: float = 5.0) -> None:
         self.window_s = window_s
         self._points: deque[tuple[float, int]] = deque()
         self._total = 0
         self._last_sum = 0
+        self._first: tuple[float, int] | None = None  # the first update that counted samples
 
     def update(self, samples_now: int, now: float) -> float:
         delta = samples_now - self._last_sum
@@ -190,6 +197,8 @@ class SampleRate:
             delta = samples_now
         self._last_sum = samples_now
         self._total += delta
+        if self._first is None and self._total > 0:
+            self._first = (now, self._total)
         self._points.append((now, self._total))
         while len(self._points) > 2 and now - self._points[0][0] > self.window_s:
             self._points.popleft()
@@ -200,3 +209,19 @@ class SampleRate:
     def total(self) -> int:
         """Samples counted since the first update, across restarts."""
         return self._total
+
+    def mark(self) -> tuple[float, int] | None:
+        """(time, total) at the last update, for ``since``; None before any."""
+        return self._points[-1] if self._points else None
+
+    def since(self, mark: tuple[float, int] | None) -> float:
+        """Mean global samples/s from ``mark`` (None: the start) to the last update. A mark
+        taken before the first samples were counted counts from the first update that
+        counted some (the samples it brought are left out with the time they took)."""
+        end = self.mark()
+        if end is None or self._first is None:
+            return 0.0
+        start = mark if mark is not None and mark[1] >= self._first[1] else self._first
+        if end[0] <= start[0]:
+            return 0.0
+        return (end[1] - start[1]) / (end[0] - start[0])

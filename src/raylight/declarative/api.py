@@ -219,6 +219,7 @@ def train(
     def preprocess() -> Prepared:
         return prepare(config, dataset, processor=choice.processor, progress=progress, write_cache=leader)
 
+    _announce_start(config, backend, choice.processor, dataset, progress=progress)
     if choice.processor == "ray_data":  # on Ray: after connecting
         resolved = resolve_backend(config, backend)
         connect_s = time.monotonic() - started
@@ -269,6 +270,19 @@ def train(
         "output_directory": out, "model_path": model_dir, "evaluation": evaluation, "backend": resolved.kind,
         "cost": result.cost,
     }
+
+
+def _announce_start(config: ModelConfig, backend: str | None, processor: str, dataset: str, *, progress: bool) -> None:
+    """On a terminal, the line for the seconds before the first epoch: Ray starting (and
+    the preprocessing beside it)."""
+    if not progress or backend_kind(config, backend) != "ray":
+        return
+    from raylight.driver import runtime
+    from raylight.driver.progress import announce
+
+    if runtime.would_start_embedded(None):
+        beside = f" while preprocessing {os.path.basename(dataset.rstrip('/'))}" if processor != "ray_data" else ""
+        announce(f"starting Ray (a local cluster on this machine){beside}...")
 
 
 def _fit(

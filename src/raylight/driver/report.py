@@ -49,7 +49,8 @@ def load_report(path: str) -> RunReport:
     report.status = _json(storage, STATUS_FILE) or {}
     report.cost = _json(storage, COST_FILE)
     if TRACE_FILE in names:
-        batch = None  # the global batch before each row
+        batch = None  # the global batch that ran up to each row
+        undecided: list[dict[str, Any]] = []  # decision rows waiting for the batch they chose
         for line in storage.read_text(TRACE_FILE).splitlines():
             try:
                 row = json.loads(line)
@@ -59,11 +60,19 @@ def load_report(path: str) -> RunReport:
                 continue
             if report.start is None and isinstance(row.get("time"), int | float):
                 report.start = float(row["time"])
-            if row.get("decision") or row.get("event") in ("resized", "notice", "autoscale_request"):
-                report.decisions.append({**row, "batch_before": batch})
             if row.get("global_batch") is not None:
                 batch = row["global_batch"]
-            elif isinstance(row, dict) and row.get("event") == "cost" and report.cost is None:
+                for waiting in undecided:  # a trace written before decided_batch: the next plan's
+                    waiting["decided_batch"] = batch
+                undecided.clear()
+            if row.get("decision") or row.get("event") in ("resized", "notice", "autoscale_request"):
+                # A decision row's global_batch is the plan that ran up to it; the batch it
+                # chose is its decided_batch (the next row's global_batch in older traces).
+                entry = {**row, "batch_before": batch}
+                report.decisions.append(entry)
+                if row.get("decision") == "batch" and row.get("decided_batch") is None:
+                    undecided.append(entry)
+            elif row.get("event") == "cost" and report.cost is None:
                 report.cost = {k: v for k, v in row.items() if k not in ("event", "time")}
     if METRICS_FILE in names:
         report.num_reports = sum(1 for ln in storage.read_text(METRICS_FILE).splitlines() if ln.strip())
@@ -149,7 +158,10 @@ def _decisions_table(rows: list[dict[str, Any]], start: float | None) -> Table |
             workers = f"{r.get('from', '?')}->{r.get('to', '?')}"
             table.add_row(when, "resize", workers, "" if before is None else str(before), f"{r.get('reason', '')}{extra}")
             continue
-        new = r.get("global_batch")
-        shown = f"{before}->{new}" if before is not None and new != before else str(new if new is not None else "")
+        new = r.get("decided_batch")  # None: the run ended before another row said what ran
+        if before is not None and new is not None and new != before:
+            shown = f"{before}->{new}"
+        else:
+            shown = str(next((b for b in (new, before) if b is not None), ""))
         table.add_row(when, str(r.get("decision")), str(r.get("workers", "")), shown, str(r.get("reason", "")))
     return table

@@ -29,7 +29,7 @@ from raylight.config import (
 from raylight.driver import local, termination
 from raylight.driver.job_env import apply_job_env
 from raylight.driver.loggers import RunLoggers
-from raylight.driver.progress import ProgressDisplay
+from raylight.driver.progress import ProgressDisplay, announce
 from raylight.driver.recorder import RunRecorder
 from raylight.storage.checkpoint import Checkpoint
 from raylight.storage.run_dir import RunStorage, default_storage_path
@@ -172,6 +172,8 @@ class Trainer:
         try:
             embedded = False
             if on_ray:
+                if runtime.would_start_embedded(self.config.address):
+                    announce("starting Ray (a local cluster on this machine)...", enabled=run.progress)
                 embedded = runtime.connect(
                     self.config.address, connect_timeout_s=self.config.failure.connect_timeout_s
                 ).embedded
@@ -236,7 +238,7 @@ class Trainer:
         meter: CostMeter,
     ) -> tuple[int, int]:
         from raylight.driver.controller import Controller, FailurePolicy, RunTelemetry, State
-        from raylight.driver.plots import plot_adaptive
+        from raylight.driver.plots import plot_adaptive, why_no_plot
         from raylight.worker.context import run_worker_loop
         from raylight.worker_group.ray_group import RayWorkerGroup
 
@@ -277,12 +279,17 @@ class Trainer:
             group=group, recorder=recorder, failure_policy=failure, scaling_policy=policy,
             telemetry=telemetry, poll_interval_s=cfg.failure.poll_interval_s,
         )
+        low, high = cfg.scaling.min_workers, cfg.scaling.max_workers
+        display.phase(f"starting {high if low == high else f'{low} to {high}'} workers...")
         try:
             controller.run()  # shuts the group down however it ends, Ctrl-C included
         finally:
             resizes.extend(controller.resizes)
             if adaptive_run and (png := plot_adaptive(recorder.trace_rows)) is not None:
                 recorder.storage.write_bytes("adaptive.png", png)
+            elif adaptive_run and controller.state is State.FINISHED and (why := why_no_plot(recorder.trace_rows)):
+                display.message(why)
+                log.debug(why)
         if controller.state is State.ERRORED:
             assert controller.error is not None
             raise controller.error

@@ -109,7 +109,9 @@ class GoodputScalingPolicy:
             row = engine.trace_row(num_workers=view.num_workers, threads=view.threads)
             if plan is not None:
                 decisions.append(SetPlan(plan, engine.last_batch_reason))
-                row.update(decision="batch", reason=engine.last_batch_reason)
+                # The row's global_batch is the plan that ran up to now; the decided one
+                # runs from here on (`raylight report` shows the change on this row).
+                row.update(decision="batch", reason=engine.last_batch_reason, decided_batch=plan.global_batch(view.num_workers))
             self._trace(row)
         if s.elastic and view.now - self._last_layout >= s.resize_interval_s:
             self._last_layout = view.now

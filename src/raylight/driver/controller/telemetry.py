@@ -41,22 +41,25 @@ class RunTelemetry:
         self.resizes: list[dict[str, Any]] = []  # each resize, once its first step ran
         self.watch: dict[str, Any] | None = None  # a resize waiting for its first step
         self._row_mark: tuple[float, int] | None = None  # (time, samples) at the last row
+        self._row_rate = 0.0  # the samples/s the last row gave
         self._spare_ready = False
         self.cost = cost or CostMeter(clock())  # worker- and node-seconds, poll to poll
 
     # -- the trace ----------------------------------------------------------------------
     def trace_row(self, row: dict[str, Any]) -> None:
         """Write a trace row of the adaptive engine, with the samples/s since the
-        previous one (the window's rate for the first): the same interval as the row's
-        measured step time; the window's rate lags a batch change by its whole width."""
+        previous one (``SampleRate.since``, the progress lines' figure; from the first
+        samples for the first row): the same interval as the row's measured step time;
+        the window's rate lags a batch change by its whole width. Rows of one poll share
+        the interval of the first."""
         if self._trace is None:
             return
-        now, total = self.clock(), self.rate.total
-        mark, self._row_mark = self._row_mark, (now, total)
-        if mark is None or now <= mark[0]:
-            rate = self.throughput
+        mark, now = self._row_mark, self.rate.mark()
+        if mark is not None and now is not None and now[0] <= mark[0]:
+            rate = self._row_rate
         else:
-            rate = (total - mark[1]) / (now - mark[0])
+            rate = self.rate.since(mark)
+            self._row_mark, self._row_rate = now, rate
         self._trace({**row, "throughput": rate})
 
     def event(self, row: dict[str, Any]) -> None:
