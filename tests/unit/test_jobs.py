@@ -253,7 +253,7 @@ def _closed_port() -> int:
     [
         (["--address", "http://127.0.0.1:1"], "no command to run"),
         (["--address", "http://127.0.0.1:1", "--env", "bad", "--", "python", "t.py"], "--env 'bad'"),
-        (["--address", "http://127.0.0.1:1", "-d", "/no/such/dir", "--", "python", "t.py"], "--working-dir"),
+        (["--address", "http://127.0.0.1:1", "--working-dir", "/no/such/dir", "--", "python", "t.py"], "--working-dir"),
         (["--address", "http://127.0.0.1:1", "--no-wait", "--retries", "1", "--", "python", "t.py"], "--no-wait"),
         (["--", "python", "t.py"], "no cluster to submit to"),
         (["--address", "http://127.0.0.1:1", "--price", "spot=cheap", "--", "python", "t.py"], "spot=cheap"),
