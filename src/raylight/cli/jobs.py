@@ -71,10 +71,18 @@ def submit(
     connect_timeout: TimeoutOpt = 10.0,
     price: PriceOpt = None,
     prices: PricesOpt = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", help="Show Ray's own logs too: the Jobs client's (the upload), and the job's (RAYLIGHT_VERBOSE=1 in it).", metavar=NO_VALUE)
+    ] = False,
 ) -> None:
     """Run COMMAND on a Ray cluster as a Ray Job; wait, streaming its logs, and exit with its exit code."""
     sub: submission.Submission | None = None
     client: submission.JobsClient | None = None
+    if verbose:  # this process (raylight.base.verbosity) and the job's raylight runs
+        from raylight.base import verbosity
+
+        verbosity.apply(True)
+        env = [*(env or []), f"{verbosity.ENV}=1"]
     try:
         if no_wait and retries:
             raise ConfigError("--retries needs a client that waits to resubmit the job: drop --no-wait or --retries")
