@@ -85,8 +85,9 @@ def main(argv: list[str] | None = None) -> dict:
             metric="loss",
             mode="min",
             num_samples=args.num_samples,
-            search_alg=tune.search.BasicVariantGenerator(random_state=args.seed),
-            max_concurrent_trials=plan.max_concurrent,
+            # The seeded generator holds the plan's trials-at-once itself: Tune ignores
+            # max_concurrent_trials (with a warning) for a search algorithm like this one.
+            search_alg=tune.search.BasicVariantGenerator(random_state=args.seed, max_concurrent=plan.max_concurrent),
             scheduler=tune.schedulers.ASHAScheduler(max_t=args.epochs, grace_period=1, reduction_factor=2),
             reuse_actors=True,  # the next trial runs in this trial's process, on its warm workers
         ),

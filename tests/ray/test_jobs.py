@@ -188,7 +188,7 @@ def test_no_wait_then_status_logs_list_and_stop(head):
 
 def test_a_preempted_job_is_resubmitted_and_resumes_its_run(head, tmp_path):
     out = cli(
-        head, "submit", "-d", JOB_CODE, "--env", f"STORE={tmp_path}", "--env", "PREEMPT_AT=2", "--name", "pre1",
+        head, "submit", "--working-dir", JOB_CODE, "--env", f"STORE={tmp_path}", "--env", "PREEMPT_AT=2", "--name", "pre1",
         "--retries", "1", "--", "python", "train_job.py", "4",
     )
     assert out.returncode == 0, out.stdout + out.stderr

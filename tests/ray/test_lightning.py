@@ -298,6 +298,27 @@ def test_example_runs(ray_cluster, tmp_path):
     assert glob.glob(str(tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "*.ckpt"))
 
 
+@pytest.mark.timeout(480)
+def test_example_in_a_pipe_is_quiet(tmp_path):
+    """The example as a user runs it, its output piped: the results and raylight's lines,
+    not Lightning's tips (GPU/TPU lines, litlogger, the logging interval), its deprecation
+    warnings or model summary, and no colour codes (Ray's "(name pid=N)" prefix)."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RAYLIGHT_VERBOSE", "RAY_COLOR_PREFIX", "RAY_ADDRESS")}
+    done = subprocess.run(
+        [sys.executable, os.path.join(EXAMPLES, "ddp_digits.py"), "--epochs", "1", "--root-dir", str(tmp_path)],
+        capture_output=True, timeout=450, env=env, cwd=tmp_path,
+    )
+    out = (done.stdout + done.stderr).decode()
+    assert done.returncode == 0, out
+    assert "test_acc 0.769 after 1 epochs" in out, out
+    assert "\x1b" not in out, out
+    for noise in ("GPU available", "TPU available", "Tip:", "litlogger", "deprecated", "Warning", "logging interval",
+                  "DistributedSampler", "Trainable params", "`Trainer.fit` stopped"):
+        assert noise not in out, (noise, out)
+
+
 @pytest.mark.timeout(240)
 def test_notebook_runs_in_a_real_kernel(tmp_path):
     # The kernel is its own driver process with its own embedded Ray; the model is

@@ -309,3 +309,59 @@ def test_worker_group_too_small_placement_group_fails_fast(ray_cluster):
         remove_placement_group(pg)
     assert message is not None and "hold 1 workers x {CPU: 1}, but 2 are needed" in message
     assert "get_tune_resources(num_workers=...)" in message
+
+
+def _overlap_trial(config):
+    """Holds its marker in ``config["dir"]`` until it sees another trial's, for at most
+    ``config["window_s"]``; reports how many it saw at most (itself included)."""
+    import uuid
+
+    me = os.path.join(config["dir"], uuid.uuid4().hex)
+    open(me, "w").close()
+    seen, deadline = 1, time.monotonic() + config["window_s"]
+    while seen < 2 and time.monotonic() < deadline:
+        seen = max(seen, len(os.listdir(config["dir"])))
+        time.sleep(0.05)
+    os.remove(me)
+    tune.report({config["metric"]: float(seen), "seen": seen})
+
+
+def test_a_seeded_search_runs_the_planned_trials_at_once(ray_cluster, tmp_path):
+    """`raylight hyperopt`'s Tuner with a seeded random search and a plan of one trial at
+    a time: no two trials run together (each would see the other's marker), and Tune says
+    nothing of max_concurrent_trials being ignored. Before the plan moved into the search
+    algorithm, Tune ignored it for a seeded search and ran both small trials at once."""
+    import logging
+
+    from raylight.declarative import hyperopt
+    from raylight.tune.resources import ConcurrencyPlan
+
+    h = load_config(HYPEROPT_YAML, [
+        "hyperopt.parameters={trainer.learning_rate: {space: uniform, lower: 0.01, upper: 0.1}}",
+        "hyperopt.search_alg={type: random, seed: 3}",
+        "hyperopt.executor={num_samples: 2, scheduler: {type: fifo}}",
+    ]).hyperopt
+    said: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    trial = tune.with_resources(
+        tune.with_parameters(_overlap_trial_wrapper, dir=str(marks), window_s=5.0, metric=h.metric_name), {"CPU": 0.1}
+    )
+    keep = Keep(logging.WARNING)
+    logging.getLogger("ray.tune").addHandler(keep)
+    try:
+        tuner = hyperopt._new_tuner(trial, h, str(tmp_path / "out"), ConcurrencyPlan(1, "one at a time"), progress=False)
+        grid = tuner.fit()
+    finally:
+        logging.getLogger("ray.tune").removeHandler(keep)
+    assert [r.metrics["seen"] for r in grid] == [1, 1]
+    assert not [m for m in said if "max_concurrent_trials" in m], said
+
+
+def _overlap_trial_wrapper(config, dir, window_s, metric):
+    _overlap_trial({**config, "dir": dir, "window_s": window_s, "metric": metric})

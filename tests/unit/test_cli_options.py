@@ -66,3 +66,36 @@ def test_a_non_finite_price_is_a_usage_error(tmp_path, flag):
     result = CliRunner().invoke(app, ["report", str(tmp_path), "--price", flag])
     assert result.exit_code == 2, result.output
     assert "finite number of USD per hour" in " ".join(result.output.split())
+
+
+def _commands() -> list[tuple[list[str], Any]]:
+    """(argv prefix, click command) for `raylight` and every verb, `jobs` verbs included."""
+    found = []
+
+    def walk(cmd: Any, path: list[str]) -> None:
+        found.append((path, cmd))
+        for name, sub in getattr(cmd, "commands", {}).items():
+            walk(sub, [*path, name])
+
+    walk(typer.main.get_command(app), [])
+    return found
+
+
+@pytest.mark.parametrize("path,cmd", _commands(), ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_help_shows_no_type_tag_on_a_flag_that_takes_no_value(path, cmd):
+    """`raylight VERB --help`: a flag's row (--help's too) names no type such as <bool>;
+    a repeatable option says what one value looks like, not <list[str]>."""
+    result = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "250"}, terminal_width=250)
+    assert result.exit_code == 0, result.output
+    rows = {}  # an option's first name -> its row (a required one's starts with "*")
+    for line in result.output.splitlines():
+        names = [w for w in line.strip("│ ").split() if w.startswith("-")]
+        if line.startswith("│ ") and names:
+            rows.setdefault(names[0], line)
+    flags = [p.opts[0] for p in cmd.params if getattr(p, "is_flag", False) and not p.hidden] + ["--help"]
+    assert len(flags) > 0
+    for flag in flags:
+        assert flag in rows, (flag, result.output)
+        assert "<" not in rows[flag], rows[flag]
+    for opt in (p for p in cmd.params if p.param_type_name == "option" and not p.hidden):
+        assert "<list[" not in rows[opt.opts[0]], rows[opt.opts[0]]

@@ -253,7 +253,7 @@ def _closed_port() -> int:
     [
         (["--address", "http://127.0.0.1:1"], "no command to run"),
         (["--address", "http://127.0.0.1:1", "--env", "bad", "--", "python", "t.py"], "--env 'bad'"),
-        (["--address", "http://127.0.0.1:1", "-d", "/no/such/dir", "--", "python", "t.py"], "--working-dir"),
+        (["--address", "http://127.0.0.1:1", "--working-dir", "/no/such/dir", "--", "python", "t.py"], "--working-dir"),
         (["--address", "http://127.0.0.1:1", "--no-wait", "--retries", "1", "--", "python", "t.py"], "--no-wait"),
         (["--", "python", "t.py"], "no cluster to submit to"),
         (["--address", "http://127.0.0.1:1", "--price", "spot=cheap", "--", "python", "t.py"], "spot=cheap"),
@@ -402,3 +402,44 @@ def test_run_resubmits_preempted_attempts_with_resume_until_retries_run_out():
     assert code == 2 and len(submitted) == 1  # a normal failure is not retried
     code, submitted, _, _ = _run([_Info("FAILED", None, "JOB_SUPERVISOR_ACTOR_DIED"), _Info("SUCCEEDED", 0)], retries=1)
     assert code == 0 and len(submitted) == 2  # the driver's node died
+
+
+@pytest.mark.parametrize("jobs_api", [0], indirect=True)
+@pytest.mark.parametrize("verbose", [False, True])
+def test_the_jobs_client_makes_no_ray_info_lines_unless_verbose(jobs_api, monkeypatch, verbose):
+    """`raylight submit` is quiet as raylight is: Ray's Jobs client logs the working
+    directory's packaging and upload at INFO ("Uploading package gcs://..."); quiet, those
+    lines are not made, verbose (--verbose, RAYLIGHT_VERBOSE=1) they are."""
+    import logging
+
+    from raylight.base import verbosity
+
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.setattr(verbosity, "_current", [verbose])
+    ray_logger = logging.getLogger("ray")
+    level = ray_logger.level
+    try:
+        submission.JobsClient(jobs_api.url, connect_timeout_s=30)
+        for name in ("ray.dashboard.modules.dashboard_sdk", "ray._private.runtime_env.packaging"):
+            assert logging.getLogger(name).isEnabledFor(logging.INFO) is verbose, name
+    finally:
+        ray_logger.setLevel(level)
+
+
+def test_submit_verbose_makes_the_job_verbose_too(monkeypatch):
+    """--verbose reaches the job: RAYLIGHT_VERBOSE=1 in its environment."""
+    from raylight.base import verbosity
+
+    seen = {}
+
+    def fake_run(client, sub, **kwargs):
+        seen["env"] = sub.runtime_env["env_vars"]
+        return 0
+
+    monkeypatch.setattr(verbosity, "_current", [])
+    monkeypatch.setattr(submission, "JobsClient", lambda *a, **k: object())
+    monkeypatch.setattr(submission, "run", fake_run)
+    out = _submit("--address", "http://127.0.0.1:1", "--verbose", "--name", "v1", "--", "python", "t.py")
+    assert out.exit_code == 0, out.output
+    assert seen["env"]["RAYLIGHT_VERBOSE"] == "1"
+    monkeypatch.setenv(verbosity.ENV, "")  # what apply(True) set stays in this test's process only

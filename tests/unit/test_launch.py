@@ -400,7 +400,7 @@ def test_a_script_missing_on_a_worker_s_node_is_named_with_the_fix(tmp_path):
     agent.check_on_this_node(spec)  # there: nothing to say
     agent.check_on_this_node(agent.LaunchSpec("pkg.train", (), True, str(tmp_path), "r", 0))  # a module: sys.path decides
     elsewhere = agent.LaunchSpec(str(tmp_path / "on-the-laptop" / "train.py"), (), False, str(tmp_path), "r", 0)
-    with pytest.raises(ConfigError, match=r"script .*on-the-laptop/train.py is not on this node \(.*\).*raylight submit -d DIR"):
+    with pytest.raises(ConfigError, match=r"script .*on-the-laptop/train.py is not on this node \(.*\).*raylight submit --working-dir DIR"):
         agent.check_on_this_node(elsewhere)
 
 

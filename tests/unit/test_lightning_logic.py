@@ -346,3 +346,65 @@ def test_a_hostile_lightning_checkpoint_runs_nothing_and_is_refused_naming_the_f
     with pytest.raises(pickle.UnpicklingError, match=rf"checkpoint {path} holds objects .*nsupported"):
         AtomicCheckpointIO().load_checkpoint(str(path))
     assert not marker.exists()
+
+
+def _lightning_says(monkeypatch, verbose: bool) -> tuple[list[str], list[str]]:
+    """(log lines, warnings) Lightning makes after a strategy is built, quiet or verbose."""
+    import logging
+    import warnings
+
+    from lightning.fabric.utilities.rank_zero import rank_zero_deprecation, rank_zero_info
+    from lightning.fabric.utilities.warnings import PossibleUserWarning
+
+    from raylight.base import verbosity
+
+    monkeypatch.setattr(verbosity, "_current", [verbose])
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    levels = [logger.level for logger in loggers]
+    keep = Keep()
+    for logger in loggers:
+        logger.setLevel(logging.INFO)  # as Lightning's import leaves them
+        logger.addHandler(keep)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            RayStrategy(num_workers=2)
+            logging.getLogger("lightning.pytorch.utilities.rank_zero").info("GPU available: False, used: False")
+            rank_zero_info("Tip: install litlogger")
+            warnings.warn("fewer batches than the logging interval", PossibleUserWarning, stacklevel=1)
+            rank_zero_deprecation("an old argument")
+            warnings.warn("a user's own warning", UserWarning, stacklevel=1)
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.removeHandler(keep)
+            logger.setLevel(level)
+    return lines, [str(w.message) for w in caught]
+
+
+def test_lightning_is_quiet_unless_verbose(monkeypatch):
+    """Quiet (the default): Lightning's INFO lines, PossibleUserWarning tips and deprecation
+    warnings are not made; other warnings stay. Verbose: all of them, as Lightning says."""
+    lines, warned = _lightning_says(monkeypatch, verbose=False)
+    assert lines == [] and warned == ["a user's own warning"]
+    lines, warned = _lightning_says(monkeypatch, verbose=True)
+    assert "GPU available: False, used: False" in lines and "Tip: install litlogger" in lines
+    assert {"fewer batches than the logging interval", "an old argument", "a user's own warning"} <= set(warned)
+
+
+def test_a_quiet_worker_drops_the_model_summary(monkeypatch):
+    from lightning.pytorch.callbacks import EarlyStopping, RichModelSummary
+
+    from raylight.base import verbosity
+    from raylight.lightning._quiet import quiet_worker
+
+    for verbose, kept in ((False, 1), (True, 2)):
+        monkeypatch.setattr(verbosity, "_current", [verbose])
+        trainer = SimpleNamespace(callbacks=[RichModelSummary(), EarlyStopping("val_loss")])
+        quiet_worker(trainer)
+        assert len(trainer.callbacks) == kept and isinstance(trainer.callbacks[-1], EarlyStopping)

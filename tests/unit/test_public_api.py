@@ -50,6 +50,33 @@ def test_cli_flags_of_the_commands_that_resume_snapshot():
                             "--resize-interval", "--name", "--storage-path", "--resume", "--verbose"]
 
 
+def test_short_flags_mean_one_thing_snapshot():
+    """A short flag means the same in every command that has it (issue 55): ``-m`` is
+    ``--module`` (``raylight run -m pkg.mod``, as ``python -m``), ``-d`` is ``--dataset``;
+    ``submit`` spells out ``--working-dir`` and ``--max-workers``."""
+    import typer
+
+    from raylight.cli import app
+
+    meaning: dict[str, set[str]] = {}
+
+    def walk(cmd):
+        for p in cmd.params:
+            for short in (o for o in p.opts if o.startswith("-") and not o.startswith("--")):
+                meaning.setdefault(short, set()).update(o for o in p.opts if o.startswith("--"))
+        for sub in getattr(cmd, "commands", {}).values():
+            walk(sub)
+
+    root = typer.main.get_command(app)
+    walk(root)
+    assert meaning == {"-c": {"--config"}, "-d": {"--dataset"}, "-n": {"--nproc"}, "-m": {"--module"},
+                       "-u": {"--address"}, "-f": {"--file"}}
+    submit = [o for p in root.commands["submit"].params for o in p.opts]
+    assert submit == ["command", "--address", "-u", "--working-dir", "--file", "-f", "--requirements", "--pip", "--env",
+                      "--name", "--max-workers", "--cpus", "--gpus", "--retries", "--resume", "--no-wait", "--connect-timeout",
+                      "--price", "--prices", "--verbose"]
+
+
 def test_horovod_surface():
     """Horovod's torch API names raylight.horovod serves (docs/horovod.md lists them)."""
     import raylight.horovod as hvd

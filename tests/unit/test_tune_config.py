@@ -114,7 +114,7 @@ def test_search_space_translation():
     assert isinstance(space["trainer.batch_size"], Integer) and (space["trainer.batch_size"].lower, space["trainer.batch_size"].upper) == (16, 65)
     assert space["combiner.fc_layers.0.output_size"] == {"grid_search": [8, 16, 32]}
     assert search.num_trials(h) == 6  # 2 samples x a grid of 3
-    assert search.mode(h) == "min" and search.search_algorithm(h) is None
+    assert search.mode(h) == "min" and type(search.search_algorithm(h)).__name__ == "BasicVariantGenerator"
 
 
 def test_grid_search_alg_crosses_choices():
@@ -552,3 +552,54 @@ def test_trials_that_ended_in_an_error_are_counted_and_the_first_error_shown():
     assert said is not None and said.startswith("hyperopt: 2 of 4 trials ended in an error")
     assert "(trial b): RuntimeError: Unable to set up cluster storage" in said
     assert errored_trials([r for r in rows if r["status"] != "ERROR"]) is None
+
+
+@pytest.mark.parametrize(
+    "search_alg", [{"type": "random", "seed": 7}, {"type": "random"}, {"type": "grid"}, {"type": "optuna", "seed": 1}]
+)
+def test_the_search_algorithm_holds_the_planned_trials_at_once(search_alg, tmp_path):
+    """The plan's trials-at-once is held by the search algorithm, and the TuneConfig's
+    max_concurrent_trials stays unset: given a seeded generator, Tune ignored that one
+    (with a warning) and ran as many trials as the cluster could place."""
+    pytest.importorskip("ray.tune")
+    if search_alg["type"] == "optuna":
+        pytest.importorskip("optuna")
+    from ray.tune.search import ConcurrencyLimiter
+
+    from raylight.declarative import hyperopt, search
+    from raylight.tune.resources import ConcurrencyPlan
+
+    space = {"space": "grid", "values": [0.1, 0.01, 0.001]} if search_alg["type"] == "grid" else LR
+    h = config({"parameters": {"trainer.learning_rate": space}, "search_alg": search_alg, "executor": {"num_samples": 4}}).hyperopt
+    alg = search.search_algorithm(h, 2)
+    assert alg.max_concurrent == 2
+    if search_alg["type"] == "optuna":
+        assert isinstance(alg, ConcurrencyLimiter)
+    tuner = hyperopt._new_tuner(lambda c: None, h, str(tmp_path), ConcurrencyPlan(2, "test"), progress=True)
+    tune_config = tuner._local_tuner._tune_config
+    assert tune_config.max_concurrent_trials is None and tune_config.search_alg.max_concurrent == 2
+
+
+def test_trial_lines_say_each_trial_event_in_one_line():
+    pytest.importorskip("ray.tune")
+    from types import SimpleNamespace
+
+    from raylight.tune.progress import TrialLines
+
+    said: list[str] = []
+    lines = TrialLines("validation_loss", num_trials=2, write=said.append)
+    a = SimpleNamespace(trial_id="ab_00000", status="RUNNING", config={"trainer.learning_rate": 0.012345})
+    b = SimpleNamespace(trial_id="ab_00001", status="PENDING", config={"trainer.learning_rate": 0.1})
+    lines.on_trial_start(0, [a, b], a)
+    lines.on_trial_result(1, [a, b], a, {"validation_loss": 0.5, "training_iteration": 1})
+    lines.on_trial_result(1, [a, b], a, {"training_iteration": 1})  # the driver's own results: no metric
+    a.status = "TERMINATED"
+    lines.on_trial_complete(2, [a, b], a)
+    b.status = "ERROR"
+    lines.on_trial_error(3, [a, b], b)
+    assert said == [
+        "hyperopt: trial ab_00000 started: trainer.learning_rate=0.01235 (1 running, 0/2 done)",
+        "hyperopt: trial ab_00000 iteration 1: validation_loss=0.5 (1 running, 0/2 done)",
+        "hyperopt: trial ab_00000 finished (0 running, 1/2 done)",
+        "hyperopt: trial ab_00001 failed (0 running, 2/2 done)",
+    ]

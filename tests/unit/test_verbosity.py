@@ -15,12 +15,12 @@ def restore():
     """Logging is process-wide: leave Ray's loggers and Ray Data's context as found."""
     from ray.data import DataContext
 
-    names = ["ray", verbosity._AUTH_LOGGER, "ray.data._internal.progress"]
+    names = ["ray", verbosity._AUTH_LOGGER, "ray.data._internal.progress", *verbosity._JOBS_CLIENT_LOGGERS]
     levels = {n: logging.getLogger(n).level for n in names}
     handlers = {h: h.level for h in logging.getLogger("ray.data").handlers}
     bars = DataContext.get_current().enable_progress_bars
     current = list(verbosity._current)
-    env = {n: os.environ.get(n) for n in verbosity._RAY_DATA_ENV}
+    env = {n: os.environ.get(n) for n in [*verbosity._RAY_DATA_ENV, verbosity._COLOR_PREFIX_ENV]}
     yield DataContext
     for n, value in env.items():
         os.environ.pop(n, None)
@@ -79,3 +79,28 @@ def test_the_ray_data_logging_config_is_ray_datas_default_with_a_quiet_console()
     assert ours["loggers"]["ray.data"] == DEFAULT_CONFIG["loggers"]["ray.data"]
     for name in ("file", "console"):
         assert ours["handlers"][name]["class"] == DEFAULT_CONFIG["handlers"][name]["class"]
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_ray_colours_worker_prefixes_only_on_a_terminal(restore, monkeypatch, terminal):
+    """Ray wraps each worker line's "(name pid=N)" in colour codes: where the driver's
+    output is a pipe or a file, raylight asks it not to (RAY_COLOR_PREFIX=0), in both modes;
+    a user's own value stays."""
+    monkeypatch.delenv(verbosity._COLOR_PREFIX_ENV, raising=False)
+    monkeypatch.setattr(verbosity, "_terminal", lambda: terminal)
+    for verbose in (False, True):
+        verbosity.apply(verbose)
+        verbosity.before_ray_starts()
+        assert os.environ.get(verbosity._COLOR_PREFIX_ENV) == (None if terminal else "0")
+    os.environ[verbosity._COLOR_PREFIX_ENV] = "1"
+    verbosity.before_ray_starts()
+    assert os.environ[verbosity._COLOR_PREFIX_ENV] == "1"
+
+
+def test_the_ray_jobs_clients_info_lines_are_made_only_when_verbose(restore):
+    import ray.job_submission  # noqa: F401  # its modules set their loggers to INFO when imported
+
+    for verbose in (False, True):
+        verbosity.apply(verbose)
+        for name in verbosity._JOBS_CLIENT_LOGGERS:
+            assert logging.getLogger(name).isEnabledFor(logging.INFO) is verbose

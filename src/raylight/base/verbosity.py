@@ -8,6 +8,9 @@ prints it. Each kind of noise is turned off where it is made, never filtered aft
 - Ray Core's driver logger ``ray`` (``ray.init(logging_level=...)``): WARNING, not INFO.
 - Ray's note that token authentication is on (a WARNING at every embedded start, though
   it reports the safe default; raylight warns itself when authentication is off).
+- Ray's Jobs client (``raylight submit``): its INFO lines (the working directory packaged
+  and uploaded, a WebSocket closed), on two loggers that set their own level to INFO when
+  imported, so ``apply`` is called after importing it.
 - The experiment loggers' libraries: MLflow's (and alembic's) INFO lines, W&B's banner
   (``raylight.driver.loggers`` starts W&B quiet unless verbose).
 - Ray Data: its progress bars (``DataContext.enable_progress_bars``, or
@@ -18,7 +21,9 @@ prints it. Each kind of noise is turned off where it is made, never filtered aft
   writing all of it to ``ray-data.log`` in the session's log directory.
 
 Worker output (a loop's ``print``, tracebacks) still reaches the driver: Ray's
-``log_to_driver`` stays on in both modes. In the workers, quiet turns off Ray's log of a
+``log_to_driver`` stays on in both modes. Ray colours the ``(name pid=...)`` prefix of each
+such line; where the driver's output is not a terminal (a pipe, a file) it prints no colour
+codes (``RAY_COLOR_PREFIX=0``, read as each line is printed; a user's own value stays). In the workers, quiet turns off Ray's log of a
 call argument a worker cannot unpickle (``worker_loggers``): the driver reports that error.
 
 Logging is process-wide, so the setting is too: ``apply`` sets it (``Trainer.fit`` with
@@ -42,8 +47,12 @@ _AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 _TRUE = {"1", "true", "yes", "on"}
 # In a worker, Ray logs a call argument it cannot unpickle here, with its traceback.
 _RAY_UNPICKLING_LOGGER = "ray._private.serialization"
+# Ray's driver wraps the "(name pid=N)" prefix of each worker line in colour codes unless "0".
+_COLOR_PREFIX_ENV = "RAY_COLOR_PREFIX"
 # Experiment loggers' libraries log INFO lines too (MLflow creating its database).
 _LIBRARY_LOGGERS = ("mlflow", "alembic", "wandb")
+# Ray's Jobs client logs its INFO lines here (each logger set to INFO by its module).
+_JOBS_CLIENT_LOGGERS = ("ray.dashboard.modules.dashboard_sdk", "ray.dashboard.modules.job.sdk")
 
 _current: list[bool] = []  # what apply() last set (logging is process-wide)
 
@@ -64,6 +73,8 @@ def apply(verbose: bool | None = None) -> bool:
     on = resolve(verbose)
     logging.getLogger("ray").setLevel(logging.INFO if on else logging.WARNING)
     logging.getLogger(_AUTH_LOGGER).setLevel(logging.NOTSET if on else logging.ERROR)
+    for name in _JOBS_CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.INFO if on else logging.WARNING)
     _current[:] = [on]
     library_loggers()
     if on:  # a Ray Data imported from now on prints as Ray's default says
@@ -87,7 +98,9 @@ def worker_loggers(on: bool) -> None:
     """In a worker process (verbose or not, as its driver): Ray's log of a call argument
     the worker cannot unpickle (a page of traceback per rank; the driver gets the same
     error with the call's result and says it once, ``WorkerImportError``) only when
-    verbose."""
+    verbose. ``is_verbose()`` in the worker says the driver's setting from now on (the
+    Lightning strategies' workers read it)."""
+    _current[:] = [on]
     logging.getLogger(_RAY_UNPICKLING_LOGGER).setLevel(logging.NOTSET if on else logging.CRITICAL)
 
 
@@ -105,7 +118,17 @@ def before_ray_starts() -> int:
     if not on:
         for name, value in _RAY_DATA_ENV.items():
             os.environ.setdefault(name, value)
+    if not _terminal():
+        os.environ.setdefault(_COLOR_PREFIX_ENV, "0")
     return logging.INFO if on else logging.WARNING
+
+
+def _terminal() -> bool:
+    """Whether both of this process's output streams are terminals (colour is read there)."""
+    try:
+        return sys.stdout.isatty() and sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed streams
+        return False
 
 
 def _ray_data(on: bool) -> None:

@@ -14,13 +14,13 @@ import typer
 from rich.console import Console
 
 from raylight.base.exceptions import ClusterConnectionError, ConfigError
-from raylight.cli.options import finite_float
+from raylight.cli.options import NO_VALUE, Command, Group, finite_float
 from raylight.cli.prices import PriceOpt, PricesOpt, price_table
 from raylight.config.schema import CONNECT_TIMEOUT_S
 from raylight.jobs import submission
 
 console = Console(stderr=True)
-jobs_app = typer.Typer(no_args_is_help=True, help="Ray Jobs of raylight runs on a cluster: list, status, logs, stop.")
+jobs_app = typer.Typer(cls=Group, no_args_is_help=True, help="Ray Jobs of raylight runs on a cluster: list, status, logs, stop.")
 
 AddressOpt = Annotated[
     str | None,
@@ -55,27 +55,35 @@ def _usage(exc: Exception) -> None:
 
 
 def submit(
-    command: Annotated[list[str] | None, typer.Argument(help="After --: the command, e.g. python train.py --epochs 3.")] = None,
+    command: Annotated[list[str] | None, typer.Argument(help="After --: the command, e.g. python train.py --epochs 3.", metavar="COMMAND")] = None,
     address: AddressOpt = None,
-    working_dir: Annotated[str | None, typer.Option("--working-dir", "-d", help="Directory uploaded and run in.")] = None,
+    working_dir: Annotated[str | None, typer.Option("--working-dir", help="Directory uploaded and run in.")] = None,
     file: Annotated[str | None, typer.Option("--file", "-f", help="Run `python FILE` (AdaptDL's -f); the command becomes its arguments.")] = None,
     requirements: Annotated[str | None, typer.Option(help="pip requirements file installed for the job.")] = None,
-    pip: Annotated[list[str] | None, typer.Option("--pip", help="A pip package for the job (repeatable).")] = None,
-    env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE for the job's processes (repeatable).")] = None,
+    pip: Annotated[list[str] | None, typer.Option("--pip", help="A pip package for the job (repeatable).", metavar="PACKAGE")] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE for the job's processes (repeatable).", metavar="KEY=VALUE")] = None,
     name: Annotated[str | None, typer.Option(help="The run's name and job id. Default: run-<time>-<hex>.")] = None,
-    max_workers: Annotated[int | None, typer.Option("--max-workers", "-m", help="Most workers the run may use (an elastic run's max).")] = None,
+    max_workers: Annotated[int | None, typer.Option("--max-workers", help="Most workers the run may use (an elastic run's max).")] = None,
     cpus: Annotated[float | None, typer.Option(help="CPUs per worker.", parser=finite_float)] = None,
     gpus: Annotated[float | None, typer.Option(help="GPUs per worker.", parser=finite_float)] = None,
     retries: Annotated[int, typer.Option(help="Resubmit a preempted job (or one whose node died) up to this many times.")] = 0,
-    resume: Annotated[bool, typer.Option(help="Continue the run NAME from its last committed checkpoint.")] = False,
-    no_wait: Annotated[bool, typer.Option("--no-wait", help="Return once submitted.")] = False,
+    resume: Annotated[bool, typer.Option(help="Continue the run NAME from its last committed checkpoint.", metavar=NO_VALUE)] = False,
+    no_wait: Annotated[bool, typer.Option("--no-wait", help="Return once submitted.", metavar=NO_VALUE)] = False,
     connect_timeout: TimeoutOpt = CONNECT_TIMEOUT_S,
     price: PriceOpt = None,
     prices: PricesOpt = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", help="Show Ray's own logs too: the Jobs client's (the upload), and the job's (RAYLIGHT_VERBOSE=1 in it).", metavar=NO_VALUE)
+    ] = False,
 ) -> None:
     """Run COMMAND on a Ray cluster as a Ray Job; wait, streaming its logs, and exit with its exit code."""
     sub: submission.Submission | None = None
     client: submission.JobsClient | None = None
+    if verbose:  # this process (raylight.base.verbosity) and the job's raylight runs
+        from raylight.base import verbosity
+
+        verbosity.apply(True)
+        env = [*(env or []), f"{verbosity.ENV}=1"]
     try:
         if no_wait and retries:
             raise ConfigError("--retries needs a client that waits to resubmit the job: drop --no-wait or --retries")
@@ -108,7 +116,7 @@ def submit(
     raise typer.Exit(code)
 
 
-@jobs_app.command("list")
+@jobs_app.command("list", cls=Command)
 def list_jobs(address: AddressOpt = None, connect_timeout: TimeoutOpt = CONNECT_TIMEOUT_S) -> None:
     """Every Ray Job on the cluster, oldest first, with its run and attempt."""
     try:
@@ -122,7 +130,7 @@ def list_jobs(address: AddressOpt = None, connect_timeout: TimeoutOpt = CONNECT_
               f"{j.status.value:10} {j.entrypoint[:60]}")
 
 
-@jobs_app.command()
+@jobs_app.command(cls=Command)
 def status(name: NameArg, address: AddressOpt = None, connect_timeout: TimeoutOpt = CONNECT_TIMEOUT_S) -> None:
     """The latest attempt of run NAME: status, exit code, message."""
     try:
@@ -138,10 +146,10 @@ def status(name: NameArg, address: AddressOpt = None, connect_timeout: TimeoutOp
     print(f"attempts: {', '.join(f'{j.submission_id} ({j.status.value})' for j in attempts)}")
 
 
-@jobs_app.command()
+@jobs_app.command(cls=Command)
 def logs(
     name: NameArg,
-    follow: Annotated[bool, typer.Option("--follow", help="Stream until the job ends.")] = False,
+    follow: Annotated[bool, typer.Option("--follow", help="Stream until the job ends.", metavar=NO_VALUE)] = False,
     address: AddressOpt = None,
     connect_timeout: TimeoutOpt = CONNECT_TIMEOUT_S,
 ) -> None:
@@ -159,7 +167,7 @@ def logs(
         raise typer.Exit(130) from None
 
 
-@jobs_app.command()
+@jobs_app.command(cls=Command)
 def stop(name: NameArg, address: AddressOpt = None, connect_timeout: TimeoutOpt = CONNECT_TIMEOUT_S) -> None:
     """Stop run NAME's latest attempt (it ends as STOPPED and is not retried)."""
     try:

@@ -20,7 +20,7 @@ from raylight.base.exceptions import (
     InsufficientResourcesError,
     RaylightError,
 )
-from raylight.cli.options import finite_float
+from raylight.cli.options import NO_VALUE, finite_float
 from raylight.config.schema import WORKER_CPUS
 from raylight.launch.agent import CHANNEL_TIMEOUT_S
 from raylight.launch.driver import INIT_TIMEOUT_S, launch, parse_size
@@ -50,8 +50,8 @@ def run(
     resize_interval: Annotated[float | None, typer.Option(help="An elastic run (-n MIN:MAX): seconds between looks for room to grow (default: ScalingConfig.resize_interval_s, 5).", parser=finite_float)] = None,
     name: Annotated[str | None, typer.Option(help="The run's name (its directory under the storage path).")] = None,
     storage_path: Annotated[str | None, typer.Option(help="Where run directories go (reports and checkpoints of raylight.run_context()).")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue run --name from its last committed checkpoint (raylight.run_context().load_checkpoint() returns it); without one it starts from scratch.")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", help="Show Ray's own logs too.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue run --name from its last committed checkpoint (raylight.run_context().load_checkpoint() returns it); without one it starts from scratch.", metavar=NO_VALUE)] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Show Ray's own logs too.", metavar=NO_VALUE)] = False,
 ) -> None:
     """Run SCRIPT [ARGS...] (or -m MODULE [ARGS...]) on N Ray workers, as torchrun would.
 

@@ -28,10 +28,12 @@ from raylight.base.exceptions import (
 from raylight.cli.jobs import jobs_app, submit
 from raylight.cli.launch import CONTEXT as RUN_CONTEXT
 from raylight.cli.launch import run
+from raylight.cli.options import NO_VALUE, Command, Group
 from raylight.cli.prices import PriceOpt, PricesOpt, price_table
 
 # Tracebacks of genuine failures never print local variables (they may hold secrets).
 app = typer.Typer(
+    cls=Group,
     add_completion=False,
     no_args_is_help=True,
     help="Distributed, adaptive training on Ray.",
@@ -42,15 +44,15 @@ console = Console(stderr=True)
 
 ConfigOpt = Annotated[str, typer.Option("--config", "-c", help="YAML config: local path or fsspec URI.")]
 DatasetOpt = Annotated[str, typer.Option("--dataset", "-d", help="CSV, Parquet or JSON-lines file, glob or URI.")]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a config key: trainer.epochs=5 (repeatable).")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a config key: trainer.epochs=5 (repeatable).", metavar="KEY=VALUE")]
 BackendOpt = Annotated[str | None, typer.Option(help="local, ray or launcher (overrides backend.type).")]
-QuietOpt = Annotated[bool, typer.Option(help="No progress display.")]
+QuietOpt = Annotated[bool, typer.Option(help="No progress display.", metavar=NO_VALUE)]
 VerboseOpt = Annotated[
-    bool, typer.Option("--verbose", help="Show Ray's own logs too (Ray Data's progress, Ray's INFO lines); RAYLIGHT_VERBOSE=1 does the same.")
+    bool, typer.Option("--verbose", help="Show Ray's own logs too (Ray Data's progress, Ray's INFO lines); RAYLIGHT_VERBOSE=1 does the same.", metavar=NO_VALUE)
 ]
 ModelPathOpt = Annotated[str, typer.Option(help="<output-directory>/model of a trained run.")]
 ResumeOpt = Annotated[
-    bool, typer.Option("--resume", help="Continue the unfinished (killed) run in --output-directory from its last checkpoint, with the same config and dataset.")
+    bool, typer.Option("--resume", help="Continue the unfinished (killed) run in --output-directory from its last checkpoint, with the same config and dataset.", metavar=NO_VALUE)
 ]
 
 
@@ -93,7 +95,7 @@ def _config(path: str, overrides: list[str] | None):
     return load_config(path, overrides or [])
 
 
-@app.command()
+@app.command(cls=Command)
 def train(
     config: ConfigOpt,
     dataset: DatasetOpt,
@@ -127,7 +129,7 @@ def train(
         console.print(f"cost: {format_cost(out['cost'])}", highlight=False, markup=False, soft_wrap=True)
 
 
-@app.command()
+@app.command(cls=Command)
 def experiment(
     config: ConfigOpt,
     dataset: DatasetOpt,
@@ -144,16 +146,16 @@ def experiment(
     train(config, dataset, output_directory, backend, set_, quiet, price, prices, verbose, resume)
 
 
-@app.command()
+@app.command(cls=Command)
 def hyperopt(
     config: ConfigOpt,
     dataset: DatasetOpt,
     output_directory: Annotated[str, typer.Option(help="Where the search is written.")] = "results/hyperopt",
     set_: SetOpt = None,
-    quiet: Annotated[bool, typer.Option(help="No progress display or results table.")] = False,
+    quiet: Annotated[bool, typer.Option(help="No progress display or results table.", metavar=NO_VALUE)] = False,
     verbose: VerboseOpt = False,
     resume: Annotated[
-        bool, typer.Option("--resume", help="Continue the search in --output-directory that was cut short: finished trials are kept, the others continue from their last checkpoint.")
+        bool, typer.Option("--resume", help="Continue the search in --output-directory that was cut short: finished trials are kept, the others continue from their last checkpoint.", metavar=NO_VALUE)
     ] = False,
 ) -> None:
     """Search the hyperopt: section's parameters on Ray Tune; each trial trains on raylight workers."""
@@ -170,7 +172,7 @@ def hyperopt(
     console.print(f"best config: {out['best_config']}")
 
 
-@app.command()
+@app.command(cls=Command)
 def evaluate(
     model_path: ModelPathOpt,
     dataset: DatasetOpt,
@@ -188,7 +190,7 @@ def evaluate(
         print(json.dumps(metrics, indent=2))
 
 
-@app.command()
+@app.command(cls=Command)
 def predict(
     model_path: ModelPathOpt,
     dataset: DatasetOpt,
@@ -207,7 +209,7 @@ def predict(
         api.csv_ready(frame).to_csv(sys.stdout, index=False)
 
 
-@app.command("init-config")
+@app.command("init-config", cls=Command)
 def init_config(
     dataset: DatasetOpt,
     target: Annotated[str, typer.Option(help="The column to predict.")],
@@ -228,7 +230,7 @@ def init_config(
         print(text, end="")
 
 
-@app.command("render-config")
+@app.command("render-config", cls=Command)
 def render_config(config: ConfigOpt, set_: SetOpt = None) -> None:
     """Print the fully resolved config, every default written out."""
     from raylight.declarative.loading import render_config as render
@@ -239,7 +241,7 @@ def render_config(config: ConfigOpt, set_: SetOpt = None) -> None:
         _fail(exc)
 
 
-@app.command()
+@app.command(cls=Command)
 def check(config: ConfigOpt, dataset: DatasetOpt, set_: SetOpt = None, verbose: VerboseOpt = False) -> None:
     """Validate CONFIG against DATASET without training."""
     from raylight.declarative import api
@@ -255,7 +257,7 @@ def check(config: ConfigOpt, dataset: DatasetOpt, set_: SetOpt = None, verbose: 
     console.print(f"ok: {len(cfg.input_features)} inputs, target{'s' if len(cfg.output_features) > 1 else ''} {targets}, {rows} training rows")
 
 
-@app.command()
+@app.command(cls=Command)
 def report(
     run_dir: Annotated[str, typer.Argument(help="A run directory: <storage_path>/<name> or train's --output-directory.")],
     price: PriceOpt = None,
@@ -277,8 +279,8 @@ def report(
     render_report(run, StdoutConsole())
 
 
-app.command()(submit)
-app.command("run", context_settings=RUN_CONTEXT, options_metavar="[OPTIONS] (SCRIPT | -m MODULE) [ARGS]...")(run)
+app.command(cls=Command)(submit)
+app.command("run", cls=Command, context_settings=RUN_CONTEXT, options_metavar="[OPTIONS] (SCRIPT | -m MODULE) [ARGS]...")(run)
 app.add_typer(jobs_app, name="jobs")
 
 

@@ -8,7 +8,7 @@ import typer
 
 PriceOpt = Annotated[
     list[str] | None,
-    typer.Option("--price", help="Price of a node type in USD per hour: m5.xlarge=0.192, '*=0.1' for the rest (repeatable)."),
+    typer.Option("--price", help="Price of a node type in USD per hour: m5.xlarge=0.192, '*=0.1' for the rest (repeatable).", metavar="TYPE=USD"),
 ]
 PricesOpt = Annotated[str | None, typer.Option("--prices", help="YAML/JSON file {node_type: USD per hour}.")]
 

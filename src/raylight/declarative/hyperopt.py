@@ -283,26 +283,33 @@ def _resumable_dir(path: str) -> str:
 
 
 def _new_tuner(trial_fn: Any, h: HyperoptConfig, out: str, concurrency: ConcurrencyPlan, progress: bool) -> Any:
-    """The Tuner of a new search, written under ``out/tune``."""
+    """The Tuner of a new search, written under ``out/tune``. The search algorithm holds
+    the plan's trials-at-once (``search.search_algorithm``). Tune's own status tables only
+    when verbose; otherwise a line per trial event (``TrialLines``) and raylight's table
+    at the end."""
     from ray import tune
 
+    from raylight.base import verbosity
+    from raylight.tune.progress import TrialLines
+
+    tune_output = progress and verbosity.is_verbose()
+    lines: list[tune.Callback] = [TrialLines(h.metric_name, num_trials=search.num_trials(h))] if progress and not tune_output else []
     return tune.Tuner(
         trial_fn,
         param_space=search.search_space_for(h),
         tune_config=tune.TuneConfig(
             metric=h.metric_name,
             mode=search.mode(h),
-            search_alg=search.search_algorithm(h),
+            search_alg=search.search_algorithm(h, concurrency.max_concurrent),
             scheduler=search.scheduler(h),
             num_samples=h.executor.num_samples,
-            max_concurrent_trials=concurrency.max_concurrent,
             time_budget_s=h.executor.time_budget_s,
             # A trial process serves the next trial, and its idle raylight workers with it
             # (docs/performance.md): trials of one search share a shape.
             reuse_actors=True,
         ),
         run_config=tune.RunConfig(
-            storage_path=out, name=EXPERIMENT, verbose=1 if progress else 0,
+            storage_path=out, name=EXPERIMENT, verbose=1 if tune_output else 0, callbacks=lines,
         ),
     )
 
@@ -364,6 +371,12 @@ def print_table(rows: list[dict[str, Any]], h: HyperoptConfig) -> None:
     Console(stderr=True).print(table)
 
 
+def _short(trial: Any) -> str:
+    """A trial's label in the plot: Tune's id ends with the trial's number (``3f2a1_00004``)."""
+    text = str(trial)
+    return text.rsplit("_", 1)[-1] if "_" in text else text
+
+
 def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
@@ -388,8 +401,9 @@ def write_outputs(out: str, rows: list[dict[str, Any]], best: ModelConfig, h: Hy
 
 
 def plot_search(rows: list[dict[str, Any]], h: HyperoptConfig, path: str) -> None:
-    """Left: the metric per epoch of every trial. Right: each trial's best metric
-    against each numeric parameter (categorical ones by position)."""
+    """Left: the metric per epoch of every trial, each line labelled with its trial (the
+    legend, as in the results table). Right: each trial's best metric against each numeric
+    parameter (categorical ones by position), each point labelled with its trial."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -400,23 +414,29 @@ def plot_search(rows: list[dict[str, Any]], h: HyperoptConfig, path: str) -> Non
     ax = axes[0][0]
     for r in rows:
         if r["history"]:
-            ax.plot(range(1, len(r["history"]) + 1), r["history"], marker=".", alpha=0.8)
+            ax.plot(range(1, len(r["history"]) + 1), r["history"], marker=".", alpha=0.8, label=_short(r["trial"]))
+    if any(r["history"] for r in rows):
+        ax.legend(fontsize="small", title="trial", ncol=2 if len(rows) > 8 else 1)
     ax.set_xlabel("epoch")
     ax.set_ylabel(h.metric_name)
     ax.set_title("trials")
     ax.grid(alpha=0.3)
     for ax, key in zip(axes[0][1:], keys, strict=True):
-        pts = [(r[f"config.{key}"], r["best"]) for r in rows if r["best"] is not None]
-        xs = [p[0] for p in pts]
+        done = [r for r in rows if r["best"] is not None]
+        xs: list[Any] = [r[f"config.{key}"] for r in done]
+        ys = [r["best"] for r in done]
         numeric = all(isinstance(x, int | float) and not isinstance(x, bool) for x in xs)
         if numeric:
-            ax.scatter(xs, [p[1] for p in pts])
+            ax.scatter(xs, ys)
             if h.parameters[key].space == "loguniform":
                 ax.set_xscale("log")
         else:
             labels = sorted({str(x) for x in xs})
-            ax.scatter([labels.index(str(x)) for x in xs], [p[1] for p in pts])
+            xs = [labels.index(str(x)) for x in xs]
+            ax.scatter(xs, ys)
             ax.set_xticks(range(len(labels)), labels)
+        for x, y, r in zip(xs, ys, done, strict=True):
+            ax.annotate(_short(r["trial"]), (x, y), textcoords="offset points", xytext=(4, 4), fontsize="x-small")
         ax.set_xlabel(key)
         ax.set_ylabel(f"best {h.metric_name}")
         ax.grid(alpha=0.3)

@@ -68,14 +68,21 @@ def search_space_for(h: HyperoptConfig) -> dict[str, Any]:
     return space
 
 
-def search_algorithm(h: HyperoptConfig) -> Any:
-    """None (Tune's random/grid variant generator) or an Optuna searcher."""
-    if h.search_alg.type != "optuna":
-        if h.search_alg.type == "random" and h.search_alg.seed is not None:
-            from ray.tune.search.basic_variant import BasicVariantGenerator
+def search_algorithm(h: HyperoptConfig, max_concurrent: int = 0) -> Any:
+    """The search algorithm, holding the trials-at-once limit itself (``max_concurrent``,
+    0: none): Tune's random/grid variant generator (seeded where ``search_alg.seed`` is
+    given) or an Optuna searcher behind a ``ConcurrencyLimiter``.
 
-            return BasicVariantGenerator(random_state=h.search_alg.seed)
-        return None
+    The limit lives here, and the TuneConfig's ``max_concurrent_trials`` stays unset: Tune
+    applies that one only to a ``Searcher`` or where it builds the generator itself; given a
+    seeded generator (a ``SearchAlgorithm``) it warned "max_concurrent_trials will be
+    ignored" and ran every trial the cluster could place, not the resource plan's number."""
+    from ray.tune.search import ConcurrencyLimiter
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    if h.search_alg.type != "optuna":
+        seed = h.search_alg.seed if h.search_alg.type == "random" else None
+        return BasicVariantGenerator(random_state=seed, max_concurrent=max_concurrent)
     try:
         import optuna
         from ray.tune.search.optuna import OptunaSearch
@@ -87,7 +94,8 @@ def search_algorithm(h: HyperoptConfig) -> Any:
     import optuna
 
     sampler = optuna.samplers.TPESampler(seed=h.search_alg.seed)
-    return OptunaSearch(sampler=sampler)  # metric and mode come from the TuneConfig
+    searcher = OptunaSearch(sampler=sampler)  # metric and mode come from the TuneConfig
+    return ConcurrencyLimiter(searcher, max_concurrent=max_concurrent) if max_concurrent > 0 else searcher
 
 
 def scheduler(h: HyperoptConfig) -> Any:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from raylight.base import ray_token
+from raylight.base import ray_token, verbosity
 from raylight.base.clock import monotonic
 from raylight.base.exceptions import ClusterConnectionError, ConfigError
 from raylight.base.exit_codes import KILLED_EXIT_CODE, PREEMPTED_EXIT_CODE, TERMINATED_EXIT_CODE
@@ -291,6 +291,10 @@ class JobsClient:
             from ray.job_submission import JobSubmissionClient
         except ImportError as exc:
             raise ImportError("raylight submit needs Ray's Jobs client: pip install 'raylight[cluster]'") from exc
+        # Quiet unless verbose: the client's INFO lines (the working directory packaged,
+        # uploaded, or found already there) are not made. After importing Ray, which sets
+        # its logger's level at import.
+        verbosity.apply(verbosity.is_verbose())
         try:
             self.client = JobSubmissionClient(url)
         except Exception as exc:

@@ -157,7 +157,7 @@ def check_on_this_node(spec: LaunchSpec) -> None:
     raise ConfigError(
         f"script {spec.target} is not on this node ({socket.gethostname()}): raylight run starts the "
         "script on every worker's node from the driver's path. Put it at that path on every node (a "
-        "shared filesystem, the node image), or send it with the job: raylight submit -d DIR -- "
+        "shared filesystem, the node image), or send it with the job: raylight submit --working-dir DIR -- "
         "raylight run ..."
     )
 

@@ -16,6 +16,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 
+from raylight.lightning._quiet import quiet_worker
 from raylight.storage.checkpoint import INTERNAL_METRIC, to_cpu
 
 log = logging.getLogger("raylight")
@@ -56,6 +57,7 @@ class _Heartbeat(Callback):
 def run_on_worker(ctx: Any, config: dict[str, Any]) -> None:
     """raylight train loop: run the Trainer entry point, then report rank 0's results."""
     trainer, function, args, kwargs = config[CALL_KEY]
+    quiet_worker(trainer)  # Lightning's tips and summary, unless the driver is verbose
     trainer.strategy.attach_worker(ctx, trainer)
     trainer.callbacks.append(_Heartbeat(ctx))
     results = function(*args, **kwargs)

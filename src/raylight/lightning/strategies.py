@@ -36,6 +36,7 @@ from raylight.config import (
     validate,
 )
 from raylight.lightning._launcher import RayLauncher
+from raylight.lightning._quiet import quiet_lightning
 from raylight.lightning.adaptive import AdaptiveSteps, adapt_train_loader, lightning_adaptive
 from raylight.lightning.checkpoint_io import AtomicCheckpointIO
 from raylight.lightning.environment import RaylightEnvironment
@@ -76,7 +77,10 @@ def make_settings(
     address: str | None,
     kwargs: dict[str, Any],
 ) -> RaySettings:
-    """Validate the strategy's arguments; errors name ``owner(argument=...)``."""
+    """Validate the strategy's arguments; errors name ``owner(argument=...)``. Called as
+    the strategy is made, before the Trainer that gets it: Lightning's INFO lines and tips
+    are turned off from here unless verbose (``_quiet``)."""
+    quiet_lightning()
     for key in _RESERVED:
         if key in kwargs:
             raise ConfigError(

@@ -1,6 +1,6 @@
 """A training script submitted as a Ray Job by tests/ray/test_jobs.py (its working dir).
 
-    raylight submit -d tests/ray/job_code --env STORE=/tmp/x -- python train_job.py EPOCHS
+    raylight submit --working-dir tests/ray/job_code --env STORE=/tmp/x -- python train_job.py EPOCHS
 
 Trains a tiny loop on one worker, checkpointing every epoch. With PREEMPT_AT=E, a first
 attempt (no checkpoint to start from) stops at epoch E and exits with raylight's
