@@ -42,7 +42,8 @@ def test_a_types_model_is_named_by_its_key(name):
     ("values", "expected"),
     [
         (pd.Series([1, 2, 1]), "binary"),
-        (pd.Series(["a b c d e", "f g h i j"]), "binary"),  # two values: binary before text
+        (pd.Series(["Yes", "no"]), "binary"),  # two values read as true and false: binary before text
+        (pd.Series(["a b c d e", "f g h i j"]), "text"),  # two values both false as binary: not binary
         (pd.Series([], dtype=float), "binary"),
         (pd.Series(list(range(21))), "number"),
         (pd.Series(list(range(20))), "category"),  # few numbers: classes

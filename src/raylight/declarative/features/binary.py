@@ -1,4 +1,5 @@
-"""Binary features: true-like values (1, true, yes, y, t, on) are 1, anything else 0;
+"""Binary features: true-like values (1, true, yes, y, t, on) are 1, anything else 0 (a column
+whose two values would both be 0 is refused: it is a category);
 the encoder passes them through. ``to_float`` serves a binary target too."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field
 
+from raylight.base.exceptions import ConfigError
 from raylight.config.base import ConfigModel
 from raylight.declarative.features.base import (
     FILL_WITH_MODE,
@@ -37,11 +39,22 @@ class BinaryInput(FeatureModel):
 
 
 Input = BinaryInput
-INFER_RANK = 0  # first: any column of at most two values
+INFER_RANK = 0  # first: any column of at most two values that read as true and false
+
+
+def _merged(values: pd.Series) -> list[str]:
+    """The distinct values of a column when the true/false reading makes them one (benign and
+    malignant are both false; 3 and 5 too); empty when it keeps them apart."""
+    distinct = values.dropna().unique()
+    if len(distinct) < 2 or values.dtype == bool or len(set(to_float(pd.Series(distinct, dtype=object)))) == len(distinct):
+        return []
+    return sorted(str(v) for v in distinct)
 
 
 def infers(values: pd.Series) -> bool:
-    return bool(values.nunique() <= 2)
+    """At most two values that the true/false reading keeps apart (a column of two other
+    words, benign and malignant, is a category: as binary both would be false)."""
+    return bool(values.nunique() <= 2) and not _merged(values)
 
 
 def to_float(col: pd.Series) -> pd.Series:
@@ -52,7 +65,16 @@ def to_float(col: pd.Series) -> pd.Series:
 
 
 def check(col: pd.Series, feat: Any, kind: str) -> None:
-    return None  # any value is true-like or not
+    """Refuses a column whose values the true/false reading makes one (two labels, none
+    true-like): every row would be false, and the feature (or the target) would say nothing."""
+    merged = _merged(col)
+    if merged and (kind == "input_features" or len(merged) == 2):  # a target's 3 classes: check_target says so
+        shown = ", ".join(repr(v) for v in merged[:5]) + (", ..." if len(merged) > 5 else "")
+        raise ConfigError(
+            f"{kind}: {feat.name!r} is type binary, but its values ({shown}) all read as false (true is "
+            f"one of {', '.join(sorted(TRUTHY))}): every row would be false. Use type: category for a "
+            f"column of labels"
+        )
 
 
 def block_summary(col: pd.Series, feat: Any) -> dict[str, Any]:

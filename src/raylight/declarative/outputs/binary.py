@@ -45,7 +45,9 @@ def check_target(col: pd.Series, out: BinaryOutput, source: str) -> None:
 
 
 def check_target_blocks(summary: pd.DataFrame, out: BinaryOutput, source: str) -> None:
-    check_classes(out, block_classes(summary), source, most=2)
+    classes = block_classes(summary)
+    check_classes(out, classes, source, most=2)
+    check(pd.Series(classes, dtype=object), out, "output_features")
 
 
 def fit(col: pd.Series, out: BinaryOutput) -> dict[str, Any]:
