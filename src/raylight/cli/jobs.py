@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 
 from raylight.base.exceptions import ClusterConnectionError, ConfigError
+from raylight.cli.extras import require
 from raylight.cli.options import finite_float
 from raylight.cli.prices import PriceOpt, PricesOpt, price_table
 from raylight.jobs import submission
@@ -73,6 +74,7 @@ def submit(
     prices: PricesOpt = None,
 ) -> None:
     """Run COMMAND on a Ray cluster as a Ray Job; wait, streaming its logs, and exit with its exit code."""
+    require("submit", "cluster")
     sub: submission.Submission | None = None
     client: submission.JobsClient | None = None
     try:
@@ -110,6 +112,7 @@ def submit(
 @jobs_app.command("list")
 def list_jobs(address: AddressOpt = None, connect_timeout: TimeoutOpt = 10.0) -> None:
     """Every Ray Job on the cluster, oldest first, with its run and attempt."""
+    require("jobs list", "cluster")
     try:
         found = _client(address, connect_timeout).list()
     except (ConfigError, ClusterConnectionError) as exc:
@@ -124,6 +127,7 @@ def list_jobs(address: AddressOpt = None, connect_timeout: TimeoutOpt = 10.0) ->
 @jobs_app.command()
 def status(name: NameArg, address: AddressOpt = None, connect_timeout: TimeoutOpt = 10.0) -> None:
     """The latest attempt of run NAME: status, exit code, message."""
+    require("jobs status", "cluster")
     try:
         attempts = _client(address, connect_timeout).attempts(name)
     except (ConfigError, ClusterConnectionError) as exc:
@@ -145,6 +149,7 @@ def logs(
     connect_timeout: TimeoutOpt = 10.0,
 ) -> None:
     """The logs of run NAME's latest attempt."""
+    require("jobs logs", "cluster")
     try:
         client = _client(address, connect_timeout)
         job_id = client.attempts(name)[-1].submission_id
@@ -161,6 +166,7 @@ def logs(
 @jobs_app.command()
 def stop(name: NameArg, address: AddressOpt = None, connect_timeout: TimeoutOpt = 10.0) -> None:
     """Stop run NAME's latest attempt (it ends as STOPPED and is not retried)."""
+    require("jobs stop", "cluster")
     try:
         client = _client(address, connect_timeout)
         last = client.attempts(name)[-1]
