@@ -1,73 +1,27 @@
 """The `raylight` CLI with the core install alone: its help works, and a verb whose extra
 is missing says which `pip install` to run (two lines, exit 2), never a traceback
-(issue 55). tests/unit/test_install.py checks the same from a real core-only venv."""
+(issue 55). tests/ray/test_install.py checks the same from a real core-only venv."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
-import pathlib
 import subprocess
 import sys
 import textwrap
 
 import pytest
-import tomllib
 from packaging.requirements import Requirement
 
 from raylight.cli import extras
+from tests import packaging_meta as meta
 
 pytestmark = pytest.mark.unit
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+PYPROJECT = meta.PYPROJECT
 
 
 def _name(req: str) -> str:
-    return Requirement(req).name.lower().replace("_", "-")
-
-
-def _requires(dist: str, extra: str | None) -> list[Requirement]:
-    """The installed ``dist``'s requirements that apply with ``extra`` (None: the plain install)."""
-    out = []
-    for raw in importlib.metadata.requires(dist) or []:
-        req = Requirement(raw)
-        applies = req.marker is None or req.marker.evaluate({"extra": extra or ""})
-        extra_only = req.marker is not None and not req.marker.evaluate({"extra": ""})
-        if applies and (extra is None or extra_only):
-            out.append(req)
-    return out
-
-
-def _closure(reqs: list[Requirement]) -> set[str]:
-    """Every distribution ``reqs`` install, their extras and dependencies followed (the
-    installed metadata of this venv)."""
-    seen: set[str] = set()
-    todo = [(r.name, None) for r in reqs] + [(r.name, e) for r in reqs for e in r.extras]
-    while todo:
-        dist, extra = todo.pop()
-        key = f"{dist.lower().replace('_', '-')}[{extra or ''}]"
-        if key in seen:
-            continue
-        seen.add(key)
-        try:
-            found = _requires(dist, extra)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        todo += [(r.name, None) for r in found] + [(r.name, e) for r in found for e in r.extras]
-    return {k.split("[")[0] for k in seen}
-
-
-def _modules_of(dists: set[str]) -> set[str]:
-    by_module = importlib.metadata.packages_distributions()
-    return {m for m, ds in by_module.items() if any(d.lower().replace("_", "-") in dists for d in ds)}
-
-
-CORE = _closure([Requirement(r) for r in PYPROJECT["dependencies"]])
-
-
-def _extra_dists(extra: str) -> set[str]:
-    return _closure([Requirement(r) for r in PYPROJECT["optional-dependencies"][extra]]) - CORE
+    return meta.norm(Requirement(req).name)
 
 
 def test_the_console_script_needs_only_core_dependencies():
@@ -77,7 +31,7 @@ def test_the_console_script_needs_only_core_dependencies():
 
 @pytest.mark.parametrize("extra", sorted(extras.EXTRA_MODULES))
 def test_each_probed_module_comes_with_its_extra_and_not_with_the_core(extra):
-    brought = _modules_of(_extra_dists(extra))
+    brought = meta.modules_of(meta.dists(meta.extra(extra)))
     for module in extras.EXTRA_MODULES[extra]:
         assert module in brought, f"{module!r} is not installed by raylight[{extra}] (pyproject.toml)"
 
@@ -100,10 +54,10 @@ def _cli(args: list[str], blocked: set[str]) -> subprocess.CompletedProcess[str]
 
 
 def _not_core() -> set[str]:
-    every = set()
+    every: set[str] = set()
     for extra in PYPROJECT["optional-dependencies"]:
-        every |= _extra_dists(extra)
-    return _modules_of(every) - _modules_of(CORE)
+        every |= meta.dists(meta.extra(extra))
+    return meta.modules_of(every) - meta.modules_of(meta.dists(meta.core()))
 
 
 def test_help_works_with_the_core_alone():
