@@ -1,6 +1,7 @@
 """The main demo (`make run`): declarative, distributed, adaptive training on a real dataset.
 
 Run:  python examples/declarative/demo.py [--epochs N] [--quiet]
+Needs: pip install 'raylight[declarative,examples]'
 
 Writes scikit-learn's breast-cancer data (569 tumours, no download) to a temporary
 directory (removed at the end), then trains examples/declarative/breast_cancer.yaml exactly
