@@ -293,3 +293,22 @@ def test_a_ray_client_driver_trains_sees_drain_notices_and_asks_the_autoscaler(h
     lines = out.stdout.splitlines()
     assert "draining {}" in lines and "metrics 16.0 2 True" in lines, out.stdout
 
+
+def test_a_job_names_its_drivers_runs_not_its_actors(ray_cluster):
+    """driver/job_env._in_ray_actor: False in a driver, True in a Ray actor (where a Tune
+    trial's run keeps the name raylight gives it)."""
+    from raylight.driver import job_env
+
+    @ray_cluster.remote(num_cpus=0)
+    class Probe:
+        def in_actor(self) -> bool:
+            from raylight.driver import job_env
+
+            return job_env._in_ray_actor()
+
+    probe = Probe.remote()
+    try:
+        assert ray_cluster.get(probe.in_actor.remote(), timeout=60)
+    finally:
+        ray_cluster.kill(probe)
+    assert not job_env._in_ray_actor()

@@ -251,6 +251,19 @@ def test_run_name_resolution_for_raylight_run(caplog):
     assert "'mine'" in caplog.text and "job's name is used" in caplog.text
 
 
+def test_a_run_in_a_ray_actor_keeps_its_name(monkeypatch):
+    """Tune trials run in Ray actors of the job, each naming its run (tune/trial.py): the
+    job's name would give every trial one run directory."""
+    from raylight.driver import job_env
+
+    monkeypatch.setattr(job_env, "_in_ray_actor", lambda: True)
+    env = {"RAYLIGHT_RUN_NAME": "r1"}
+    assert job_env.run_name("raylight-0a1b2c3d", env) == "raylight-0a1b2c3d"
+    assert apply_job_env(_config(2, name="raylight-0a1b2c3d"), env).run.name == "raylight-0a1b2c3d"
+    assert job_env.run_name(None, env) == "r1"  # nothing named: the job's name still
+
+
+
 def test_a_cluster_launcher_head_uses_its_cluster(tmp_path, monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(runtime, "LAUNCHER_HEAD_FILE", str(tmp_path / "ray_bootstrap_config.yaml"))

@@ -13,7 +13,8 @@ its config in one place, ``apply_job_env``. The rule:
   warning when it differs); G > 0 turns ``use_gpu`` on.
 - ``RAYLIGHT_RUN_NAME=NAME`` (``--name``): ``RunConfig.name``, over a name the script set
   (with a warning naming both): a retried or resumed job finds its run by the job's name,
-  so that name must win.
+  so that name must win. It names the runs of the job's driver process; a run inside a
+  Ray actor (a Tune trial's, which raylight names per trial) keeps its own name.
 - ``RAYLIGHT_RESUME=1`` (``--resume``, and every retry): ``RunConfig.resume=True`` when
   the run directory exists and holds a committed checkpoint, so a resubmitted job
   continues its run from there; without one the run starts (again) from scratch.
@@ -73,7 +74,7 @@ def run_name(name: str | None, environ: Mapping[str, str] | None = None) -> str 
     both); otherwise ``name``."""
     env = os.environ if environ is None else environ
     job_name = env.get(RUN_NAME_ENV) or None
-    if job_name is None:
+    if job_name is None or (name is not None and _in_ray_actor()):
         return name
     if name is not None and name != job_name:
         log.warning(
@@ -82,6 +83,18 @@ def run_name(name: str | None, environ: Mapping[str, str] | None = None) -> str 
             name, job_name, RUN_NAME_ENV,
         )
     return job_name
+
+
+def _in_ray_actor() -> bool:
+    """Whether this process is a Ray actor: a Tune trial's (its runs are named per trial;
+    the job's name would give every trial the same run), not the job's driver."""
+    import sys
+
+    if "ray" not in sys.modules:  # never imported: not a Ray worker
+        return False
+    import ray
+
+    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
 
 
 def _scaling(scaling: ScalingConfig, env: Mapping[str, str]) -> ScalingConfig:
