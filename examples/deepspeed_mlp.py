@@ -1,8 +1,9 @@
 """Train a digit classifier with DeepSpeed ZeRO-2 on two CPU workers of an embedded Ray.
 
-Run:  python examples/deepspeed_mlp.py              (needs: pip install 'raylight[deepspeed]')
+Run:  python examples/deepspeed_mlp.py
       python examples/deepspeed_mlp.py --stage 3 --epochs 5
       python examples/deepspeed_mlp.py --offload     (optimizer state stepped in CPU memory)
+Needs: pip install 'raylight[deepspeed,examples]'
 
 Data: scikit-learn's bundled 8x8 digits (1,797 images), no download. The loop is the
 README's DDP loop, unchanged: `loss.backward()` and `opt.step()` run through the DeepSpeed

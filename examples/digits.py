@@ -3,6 +3,10 @@
 Run:  python examples/digits.py            (or `make run-digits`)
       python examples/digits.py --workers 2 --epochs 15 --fixed --quiet
       python examples/digits.py --strategy fsdp     (sharded: FSDP2, sharded checkpoints)
+      raylight submit --name d1 --retries 2 -d examples -- python digits.py --storage /shared/runs
+          (on a cluster: the job's name d1 wins over name="digits" below, so a retry resumes
+          run d1; --storage must outlive the attempt, docs/cluster.md)
+Needs: pip install 'raylight[examples]'
 
 Data: scikit-learn's bundled 8x8 digits (1,797 images), no download. Two workers train
 an MLP with DDP over gloo. With the adaptive engine on (the default), the global batch

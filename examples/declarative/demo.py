@@ -2,6 +2,7 @@
 
 Run:  python examples/declarative/demo.py [--epochs N] [--quiet] [--output-directory DIR]
       python examples/declarative/demo.py --dataset-path   (where diamonds.csv is)
+Needs: pip install 'raylight[demo]'
 
 Trains examples/declarative/diamonds.yaml on plotnine's diamonds.csv (53,940 diamonds:
 predict the cut from carat, colour, clarity, price and the measurements), read where

@@ -1,6 +1,7 @@
 """Write the example datasets from data that ships with scikit-learn (no download).
 
 Run:  python examples/declarative/make_datasets.py [OUTPUT_DIR]   (default: examples/declarative/data)
+Needs: pip install 'raylight[declarative,examples]'
 
 - breast_cancer.parquet: 569 tumours, 30 numeric measurements, binary `diagnosis`
 - wine.csv: 178 wines, 13 numeric measurements, 3-class `cultivar`

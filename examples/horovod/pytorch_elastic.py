@@ -3,6 +3,7 @@ state committed every few batches, ``@hvd.elastic.run`` retrying from the last c
 
 Run:  raylight run -n 2 --max-failures 3 -m raylight.horovod examples/horovod/pytorch_elastic.py
       horovodrun --gloo -np 2 python -m raylight.horovod examples/horovod/pytorch_elastic.py
+Needs: pip install raylight (no Horovod: raylight.horovod serves `import horovod.torch`)
 
 ``--fail-at-batch N`` makes every rank raise ``HorovodInternalError`` once, at batch N of
 the first epoch, after uncommitted progress: what a failed collective raises. The run

@@ -8,6 +8,8 @@ Run:  raylight run -n 2 -m raylight.horovod examples/horovod/pytorch_mnist.py
       mpirun -np 2 python -m raylight.horovod examples/horovod/pytorch_mnist.py
       horovodrun --gloo -np 2 python -m raylight.horovod examples/horovod/pytorch_mnist.py
       python -m raylight.horovod examples/horovod/pytorch_mnist.py        (one process)
+
+Needs: pip install raylight (no Horovod: raylight.horovod serves `import horovod.torch`)
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
     raylight run -n 2 examples/launch/ddp_torchrun.py --steps 20 --out /tmp/ddp.pt
     torchrun --nproc-per-node 2 examples/launch/ddp_torchrun.py --steps 20 --out /tmp/ddp.pt
 
+Needs: pip install raylight
+
 Each rank trains a small MLP on its shard of a fixed synthetic regression problem with
 DistributedDataParallel (gloo); rank 0 saves the final parameters to --out. With
 --checkpoint it saves its own checkpoint every step and resumes from it after a restart

@@ -3,6 +3,7 @@ example (an MNIST-like classifier; here scikit-learn's bundled 8x8 digits, no do
 
 Run:  python examples/lightning/ddp_digits.py
       python examples/lightning/ddp_digits.py --num-workers 2 --epochs 5 --address auto
+Needs: pip install 'raylight[lightning,examples]'
 
 The ``pl.Trainer`` stays in this process; ``RayStrategy`` runs fit and test on
 ``num_workers`` Ray actors (an embedded local Ray unless --address is given) and brings

@@ -3,6 +3,7 @@ version of ray_lightning's README Tune example (here scikit-learn's 8x8 digits, 
 
 Run:  python examples/lightning/tune_digits.py
       python examples/lightning/tune_digits.py --num-samples 2 --epochs 2 --num-workers 2
+Needs: pip install 'raylight[lightning,tune,examples]'
 
 Each trial is a Tune trainable that builds a ``pl.Trainer`` with ``RayStrategy``: the
 trial's resources (``get_tune_resources``) are an empty head bundle for the trial's

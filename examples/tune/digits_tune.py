@@ -2,6 +2,7 @@
 
 Run:  python examples/tune/digits_tune.py                       (8 trials, ASHA)
       python examples/tune/digits_tune.py --num-samples 2 --epochs 2 --workers 1
+Needs: pip install 'raylight[tune,examples]'
 
 The raylight version of ray_lightning's README Tune example: a classifier of
 scikit-learn's bundled 8x8 digits (no download), its learning rate and width searched

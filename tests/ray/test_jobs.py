@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import shutil
 import signal
 import socket
@@ -75,7 +76,7 @@ class Head:
         self.log = open(os.path.join(self.temp_dir, "head.log"), "w")  # noqa: SIM115 - open while the head runs
         # TMPDIR: the head's processes make their temporary files in its temp dir, removed at
         # stop(); Ray's dashboard, killed there, left a /tmp/pymp-* dir behind otherwise.
-        env = _env(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", TMPDIR=self.temp_dir)
+        env = _env(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", TMPDIR=self.temp_dir, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT)
 
     def stop(self) -> None:
@@ -100,10 +101,15 @@ def _started_head() -> Head:
     """A private head whose Jobs API answers. Its ports are free when chosen but may be
     taken before the head binds them (the suite's other Ray processes take ports all the
     time): a head that exits before answering is started once more on new ports, and its
-    log is in the error if that one exits too."""
+    log is in the error if that one exits too. So is one whose raylet missed the 30 s `ray
+    start` gives it to register (ray/_private/node.py; seen at a load of 20-26 on 2 cores):
+    its dashboard answers, then the head exits, so the wait is for `ray start`'s own "Ray
+    runtime started" too."""
     for attempt in (1, 2):
         h = Head()
+        log = pathlib.Path(h.temp_dir, "head.log")
         try:
+            wait_until(lambda log=log: "Ray runtime started" in log.read_text(), 180, "the private head's ray start", proc=h.proc)
             wait_until(lambda url=f"{h.url}/api/version": _answers(url), 60, "the private head's Jobs API", proc=h.proc)
             return h
         except AssertionError:
@@ -293,3 +299,22 @@ def test_a_ray_client_driver_trains_sees_drain_notices_and_asks_the_autoscaler(h
     lines = out.stdout.splitlines()
     assert "draining {}" in lines and "metrics 16.0 2 True" in lines, out.stdout
 
+
+def test_a_job_names_its_drivers_runs_not_its_actors(ray_cluster):
+    """driver/job_env._in_ray_actor: False in a driver, True in a Ray actor (where a Tune
+    trial's run keeps the name raylight gives it)."""
+    from raylight.driver import job_env
+
+    @ray_cluster.remote(num_cpus=0)
+    class Probe:
+        def in_actor(self) -> bool:
+            from raylight.driver import job_env
+
+            return job_env._in_ray_actor()
+
+    probe = Probe.remote()
+    try:
+        assert ray_cluster.get(probe.in_actor.remote(), timeout=60)
+    finally:
+        ray_cluster.kill(probe)
+    assert not job_env._in_ray_actor()

@@ -216,8 +216,52 @@ def test_job_env_names_the_run_and_resumes_only_a_run_with_a_checkpoint(tmp_path
     run = apply_job_env(_config(1, storage_path=str(tmp_path)), env).run
     assert run.name == "job1" and run.resume
     with caplog.at_level(logging.WARNING, logger="raylight"):
-        own = apply_job_env(_config(1, storage_path=str(tmp_path), name="mine"), env).run
-    assert own.name == "mine" and "script names it 'mine'" in caplog.text
+        own = apply_job_env(_config(1, storage_path=str(tmp_path), name="job1"), env).run
+    assert own.name == "job1" and own.resume and not caplog.text  # the same name: nothing to say
+
+
+def test_the_jobs_name_wins_over_a_name_in_the_script(tmp_path, caplog):
+    """A script that names its run (examples/digits.py: name="digits") submitted with
+    --name r1 --retries: every attempt must use r1, or a retry (RAYLIGHT_RESUME=1) does not
+    find the run it should resume."""
+    ckpt = tmp_path / "r1" / "checkpoints" / "checkpoint_000000"
+    ckpt.mkdir(parents=True)
+    (ckpt / "state.pt").write_bytes(b"x")
+    (ckpt / "meta.json").write_text(json.dumps({"files": {"state.pt": {"size": 1}}}))  # committed
+    scripted = _config(2, storage_path=str(tmp_path), name="digits")
+    with caplog.at_level(logging.WARNING, logger="raylight"):
+        run = apply_job_env(scripted, {"RAYLIGHT_RUN_NAME": "r1"}).run
+    assert run.name == "r1" and not run.resume
+    assert "script names its run 'digits'" in caplog.text and "'r1'" in caplog.text
+    retried = apply_job_env(scripted, {"RAYLIGHT_RUN_NAME": "r1", "RAYLIGHT_RESUME": "1"}).run
+    assert retried.name == "r1" and retried.resume
+    assert apply_job_env(scripted, {}).run.name == "digits"  # not a job: the script's name
+
+
+def test_run_name_resolution_for_raylight_run(caplog):
+    """`raylight run` resolves its run's name with the same rule (launch.driver.launch)."""
+    from raylight.driver.job_env import run_name
+
+    assert run_name(None, {}) is None and run_name("mine", {}) == "mine"
+    assert run_name(None, {"RAYLIGHT_RUN_NAME": "r1"}) == "r1"
+    with caplog.at_level(logging.WARNING, logger="raylight"):
+        assert run_name("r1", {"RAYLIGHT_RUN_NAME": "r1"}) == "r1"
+        assert not caplog.text
+        assert run_name("mine", {"RAYLIGHT_RUN_NAME": "r1"}) == "r1"
+    assert "'mine'" in caplog.text and "job's name is used" in caplog.text
+
+
+def test_a_run_in_a_ray_actor_keeps_its_name(monkeypatch):
+    """Tune trials run in Ray actors of the job, each naming its run (tune/trial.py): the
+    job's name would give every trial one run directory."""
+    from raylight.driver import job_env
+
+    monkeypatch.setattr(job_env, "_in_ray_actor", lambda: True)
+    env = {"RAYLIGHT_RUN_NAME": "r1"}
+    assert job_env.run_name("raylight-0a1b2c3d", env) == "raylight-0a1b2c3d"
+    assert apply_job_env(_config(2, name="raylight-0a1b2c3d"), env).run.name == "raylight-0a1b2c3d"
+    assert job_env.run_name(None, env) == "r1"  # nothing named: the job's name still
+
 
 
 def test_a_cluster_launcher_head_uses_its_cluster(tmp_path, monkeypatch):

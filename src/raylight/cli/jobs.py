@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 
 from raylight.base.exceptions import ClusterConnectionError, ConfigError
+from raylight.cli.extras import require
 from raylight.cli.options import NO_VALUE, Command, Group, finite_float
 from raylight.cli.prices import PriceOpt, PricesOpt, price_table
 from raylight.config.schema import CONNECT_TIMEOUT_S
@@ -77,6 +78,7 @@ def submit(
     ] = False,
 ) -> None:
     """Run COMMAND on a Ray cluster as a Ray Job; wait, streaming its logs, and exit with its exit code."""
+    require("submit", "cluster")
     sub: submission.Submission | None = None
     client: submission.JobsClient | None = None
     if verbose:  # this process (raylight.base.verbosity) and the job's raylight runs
@@ -119,6 +121,7 @@ def submit(
 @jobs_app.command("list", cls=Command)
 def list_jobs(address: AddressOpt = None, connect_timeout: TimeoutOpt = CONNECT_TIMEOUT_S) -> None:
     """Every Ray Job on the cluster, oldest first, with its run and attempt."""
+    require("jobs list", "cluster")
     try:
         found = _client(address, connect_timeout).list()
     except (ConfigError, ClusterConnectionError) as exc:
@@ -133,6 +136,7 @@ def list_jobs(address: AddressOpt = None, connect_timeout: TimeoutOpt = CONNECT_
 @jobs_app.command(cls=Command)
 def status(name: NameArg, address: AddressOpt = None, connect_timeout: TimeoutOpt = CONNECT_TIMEOUT_S) -> None:
     """The latest attempt of run NAME: status, exit code, message."""
+    require("jobs status", "cluster")
     try:
         attempts = _client(address, connect_timeout).attempts(name)
     except (ConfigError, ClusterConnectionError) as exc:
@@ -154,6 +158,7 @@ def logs(
     connect_timeout: TimeoutOpt = CONNECT_TIMEOUT_S,
 ) -> None:
     """The logs of run NAME's latest attempt."""
+    require("jobs logs", "cluster")
     try:
         client = _client(address, connect_timeout)
         job_id = client.attempts(name)[-1].submission_id
@@ -170,6 +175,7 @@ def logs(
 @jobs_app.command(cls=Command)
 def stop(name: NameArg, address: AddressOpt = None, connect_timeout: TimeoutOpt = CONNECT_TIMEOUT_S) -> None:
     """Stop run NAME's latest attempt (it ends as STOPPED and is not retried)."""
+    require("jobs stop", "cluster")
     try:
         client = _client(address, connect_timeout)
         last = client.attempts(name)[-1]

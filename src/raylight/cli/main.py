@@ -10,10 +10,7 @@ import json
 import sys
 from typing import Annotated, NoReturn
 
-try:
-    import typer
-except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError("the raylight CLI needs the declarative or the cluster extra: pip install 'raylight[declarative]' (or 'raylight[cluster]' for submit and jobs)") from exc
+import typer
 import yaml
 from rich.console import Console
 
@@ -25,6 +22,7 @@ from raylight.base.exceptions import (
     RaylightError,
     RunInUseError,
 )
+from raylight.cli.extras import require
 from raylight.cli.jobs import jobs_app, submit
 from raylight.cli.launch import CONTEXT as RUN_CONTEXT
 from raylight.cli.launch import run
@@ -109,6 +107,7 @@ def train(
     resume: ResumeOpt = False,
 ) -> None:
     """Train a model described by CONFIG on DATASET."""
+    require("train", "declarative")
     from raylight.base.cost import format_cost
     from raylight.declarative import api
 
@@ -143,6 +142,7 @@ def experiment(
     resume: ResumeOpt = False,
 ) -> None:
     """Train, then evaluate on the test split (written to evaluation.json)."""
+    require("experiment", "declarative")
     train(config, dataset, output_directory, backend, set_, quiet, price, prices, verbose, resume)
 
 
@@ -159,6 +159,7 @@ def hyperopt(
     ] = False,
 ) -> None:
     """Search the hyperopt: section's parameters on Ray Tune; each trial trains on raylight workers."""
+    require("hyperopt", "declarative")
     _verbose(verbose)
     try:
         from raylight.declarative.hyperopt import hyperopt as run_search
@@ -179,6 +180,7 @@ def evaluate(
     verbose: VerboseOpt = False,
 ) -> None:
     """Evaluate a trained model on DATASET."""
+    require("evaluate", "declarative")
     from raylight.declarative import api
 
     _verbose(verbose)
@@ -198,6 +200,7 @@ def predict(
     verbose: VerboseOpt = False,
 ) -> None:
     """Predict one row per input row, in order."""
+    require("predict", "declarative")
     from raylight.declarative import api
 
     _verbose(verbose)
@@ -216,6 +219,7 @@ def init_config(
     output: Annotated[str | None, typer.Option(help="Write the config here; default: stdout.")] = None,
 ) -> None:
     """Infer feature types from DATASET and write a config."""
+    require("init-config", "declarative")
     from raylight.declarative import api
 
     try:
@@ -233,6 +237,7 @@ def init_config(
 @app.command("render-config", cls=Command)
 def render_config(config: ConfigOpt, set_: SetOpt = None) -> None:
     """Print the fully resolved config, every default written out."""
+    require("render-config", "declarative")
     from raylight.declarative.loading import render_config as render
 
     try:
@@ -244,6 +249,7 @@ def render_config(config: ConfigOpt, set_: SetOpt = None) -> None:
 @app.command(cls=Command)
 def check(config: ConfigOpt, dataset: DatasetOpt, set_: SetOpt = None, verbose: VerboseOpt = False) -> None:
     """Validate CONFIG against DATASET without training."""
+    require("check", "declarative")
     from raylight.declarative import api
 
     _verbose(verbose)

@@ -11,8 +11,10 @@ its config in one place, ``apply_job_env``. The rule:
 - ``RAYLIGHT_CPUS_PER_WORKER=C`` / ``RAYLIGHT_GPUS_PER_WORKER=G`` (``--cpus`` /
   ``--gpus``): ``resources_per_worker`` CPU / GPU, replacing what the script set (with a
   warning when it differs); G > 0 turns ``use_gpu`` on.
-- ``RAYLIGHT_RUN_NAME=NAME`` (``--name``): ``RunConfig.name`` when the script set none
-  (a script's own name wins, with a warning: a retried job then cannot find its run).
+- ``RAYLIGHT_RUN_NAME=NAME`` (``--name``): ``RunConfig.name``, over a name the script set
+  (with a warning naming both): a retried or resumed job finds its run by the job's name,
+  so that name must win. It names the runs of the job's driver process; a run inside a
+  Ray actor (a Tune trial's, which raylight names per trial) keeps its own name.
 - ``RAYLIGHT_RESUME=1`` (``--resume``, and every retry): ``RunConfig.resume=True`` when
   the run directory exists and holds a committed checkpoint, so a resubmitted job
   continues its run from there; without one the run starts (again) from scratch.
@@ -66,6 +68,35 @@ def apply_job_env(config: TrainerConfig, environ: Mapping[str, str] | None = Non
     return validate(TrainerConfig, {**dict(config), "scaling": scaling, "run": run})
 
 
+def run_name(name: str | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The run's name: the job's (``RAYLIGHT_RUN_NAME``) where there is one, over ``name``
+    (the script's ``RunConfig.name`` or ``raylight run --name``, with a warning naming
+    both); otherwise ``name``."""
+    env = os.environ if environ is None else environ
+    job_name = env.get(RUN_NAME_ENV) or None
+    if job_name is None or (name is not None and _in_ray_actor()):
+        return name
+    if name is not None and name != job_name:
+        log.warning(
+            "the script names its run %r but its job names it %r (raylight submit --name, %s): "
+            "the job's name is used, so that a resubmitted or resumed job finds the run",
+            name, job_name, RUN_NAME_ENV,
+        )
+    return job_name
+
+
+def _in_ray_actor() -> bool:
+    """Whether this process is a Ray actor: a Tune trial's (its runs are named per trial;
+    the job's name would give every trial the same run), not the job's driver."""
+    import sys
+
+    if "ray" not in sys.modules:  # never imported: not a Ray worker
+        return False
+    import ray
+
+    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+
+
 def _scaling(scaling: ScalingConfig, env: Mapping[str, str]) -> ScalingConfig:
     update: dict[str, object] = {}
     limit = _number(env, MAX_WORKERS_ENV, int)
@@ -104,14 +135,9 @@ def _scaling(scaling: ScalingConfig, env: Mapping[str, str]) -> ScalingConfig:
 
 def _run(run: RunConfig, env: Mapping[str, str]) -> RunConfig:
     update: dict[str, object] = {}
-    name = env.get(RUN_NAME_ENV) or None
-    if name is not None and run.name is None:
+    name = run_name(run.name, env)
+    if name != run.name:
         update["name"] = name
-    elif name is not None and run.name != name:
-        log.warning(
-            "the job names its run %r (%s) but the script names it %r; the script's name is used, "
-            "so a resubmitted job does not find this run", name, RUN_NAME_ENV, run.name,
-        )
     if env.get(RESUME_ENV) == "1" and not run.resume and _has_checkpoint(run, update.get("name") or run.name):
         update["resume"] = True
     if not update:

@@ -145,7 +145,9 @@ def launch(
         )
     if resume and not name:
         raise ConfigError("--resume continues the run of that name: give it with --name NAME")
-    name = name or _default_name()
+    from raylight.driver.job_env import run_name
+
+    name = run_name(name) or _default_name()  # a submitted job's name wins (driver/job_env.py)
     config = _config(
         num_workers=num_workers, cpus=cpus, gpus=gpus, address=address, max_failures=max_failures, name=name,
         storage_path=storage_path, verbose=verbose, resize_interval_s=resize_interval_s, resume=resume,
