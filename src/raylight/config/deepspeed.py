@@ -16,7 +16,7 @@ from raylight.config.base import ConfigModel
 DEEPSPEED_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
 # ZeRO's sizes, in elements: (DeepSpeed's default, how many of the model's blocks raylight
-# gives it; raylight.worker.strategies.deepspeed.zero_sizes), filled where a config says "auto"
+# gives it; raylight.worker.strategies.deepspeed_config.zero_sizes), filled where a config says "auto"
 # and, under ZeRO-3, where it says nothing. DeepSpeed's defaults suit billion-parameter
 # models on GPUs; under a smaller model they exceed it, so ZeRO-3 would gather, bucket and
 # step all of it at once and hold as much memory as DDP.
