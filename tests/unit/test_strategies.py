@@ -541,6 +541,7 @@ def _garbage_ddp_then_destroy(rank: int, port: int, queue) -> None:
     queue.put({"rank": 0, **seen})
 
 
+@pytest.mark.distributed
 def test_destroying_the_group_frees_garbage_ddp_models_first():
     """A DDP model caught in a reference cycle holds the process group (its C++ reducer). Freed
     after the group's Python handle, it drops the last reference with the GIL held and
