@@ -41,7 +41,7 @@ test: lint
 	$(PY) -m tests.suite
 
 unit: $(STAMP)
-	$(VENV)/bin/pytest -m unit
+	$(VENV)/bin/pytest -m "unit or distributed"
 
 bench: $(STAMP)
 	$(PIP) install -q -c constraints.txt -e ".[bench]"

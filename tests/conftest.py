@@ -1,6 +1,7 @@
 """Test tiers and the guards every test runs under.
 
-Tiers (markers): unit (no Ray), ray (a real local Ray cluster started once per
+Tiers (markers): unit (no Ray), distributed (real gloo ranks or a launcher's
+processes, no Ray; marked by the module or test), ray (a real local Ray cluster started once per
 session by raylight's embedded runtime, 2 CPUs, its own temp dir; one per pytest
 process: `make test` runs two, see tests/suite.py and ``BESIDE``). Autouse guards
 fail a test that leaks environment variables, a torch process group, threads, or
@@ -19,7 +20,7 @@ import time
 import pytest
 
 from tests.cpu_log import pytest_runtest_protocol  # noqa: F401  (RAYLIGHT_TEST_CPU_LOG: CPU per test)
-from tests.helpers import one_torch_thread, use_venv_torch_extensions
+from tests.helpers import one_torch_thread, set_running_test, use_venv_torch_extensions
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS_DIR)
@@ -52,8 +53,16 @@ def pytest_collection_modifyitems(items):
         tier = "ray" if f"{os.sep}ray{os.sep}" in str(item.fspath) else "unit"
         if not any(item.get_closest_marker(t) for t in ("unit", "ray", "gpu", "distributed")):
             item.add_marker(getattr(pytest.mark, tier))
-        if item.get_closest_marker("unit") or os.path.basename(str(item.fspath)) in BESIDE:
+        # The distributed tier (real gloo ranks and launchers' processes without Ray,
+        # tests.helpers.require_distributed_mark) has no Ray timers: beside, with the unit tier.
+        beside = any(item.get_closest_marker(t) for t in ("unit", "distributed"))
+        if beside or os.path.basename(str(item.fspath)) in BESIDE:
             item.add_marker(pytest.mark.beside)
+
+
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures, which may start gloo ranks too
+def pytest_runtest_setup(item):
+    set_running_test(item)
 
 
 @pytest.fixture(autouse=True)

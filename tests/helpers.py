@@ -39,6 +39,29 @@ def one_torch_thread() -> None:
         sys.modules["torch"].set_num_threads(1)
 
 
+# The test running now (conftest.py sets it), for require_distributed_mark.
+_RUNNING: list[Any] = [None]
+
+
+def set_running_test(item: Any) -> None:
+    _RUNNING[0] = item
+
+
+def require_distributed_mark(what: str) -> None:
+    """A test outside the Ray tier that starts real torch.distributed processes without
+    Ray (gloo ranks, torchrun's, mpirun's) is the distributed tier and carries its marker
+    (its module's ``pytestmark`` or ``@pytest.mark.distributed``); unmarked, it fails here,
+    saying so. Outside a test run (bench/) nothing is checked."""
+    item = _RUNNING[0]
+    if item is None or f"{os.sep}ray{os.sep}" in str(item.fspath):
+        return
+    if item.get_closest_marker("distributed") is None:
+        raise AssertionError(
+            f"{item.nodeid} starts {what} without Ray, the distributed tier: mark it, "
+            "pytestmark = [pytest.mark.distributed, ...] in its module or @pytest.mark.distributed on the test"
+        )
+
+
 def free_loopback_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     import socket
@@ -52,6 +75,7 @@ def torchrun_command(program: str | None = None) -> list[str]:
     """torchrun with 2 processes on this node, meeting on a free loopback port, up to what it
     runs: ``program`` (the ``torchrun`` console script) or ``python -m torch.distributed.run``.
     Run it with ``own_temp_dir``."""
+    require_distributed_mark("torchrun's processes")
     front = [program] if program else [sys.executable, "-m", "torch.distributed.run"]
     return [*front, "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_loopback_port())]
 
@@ -317,6 +341,7 @@ def run_gloo_ranks(target: Callable[..., None], *args: Any, world_size: int = 2,
     import socket
     import tempfile
 
+    require_distributed_mark(f"{world_size} gloo ranks")
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -402,6 +427,8 @@ def mpirun_command(np: int) -> list[str]:
     """OpenMPI's ``mpirun -np N`` kept on this machine: loopback only, as root (containers),
     more ranks than cores, stdin not forwarded."""
     import shutil
+
+    require_distributed_mark("mpirun's processes")
 
     return [
         shutil.which("mpirun") or "mpirun", "-np", str(np), "--allow-run-as-root", "--oversubscribe",

@@ -20,7 +20,7 @@ from raylight.worker.adaptive.sync import StepSync
 from raylight.worker.strategies import DDPStrategy, DeepSpeedStrategy
 from tests.helpers import run_gloo_ranks
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(420)]
 
 EVERY, STEPS, ATOMIC = 4, 16, 8
 # micro-batches of 8 samples per step: 4 (2 ranks x 2 micro-steps), then from step

@@ -24,7 +24,7 @@ from raylight.worker.context import TrainContext
 from raylight.worker.strategies import DDPStrategy, DeepSpeedStrategy
 from tests.helpers import Sink, run_gloo_ranks
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(420)]
 
 GLOBAL_BATCH, SAVE_AT, STEPS = 24, 3, 6
 CLIP = 0.5  # max_grad_norm, below every step's gradient norm (the targets are large)

@@ -40,8 +40,10 @@ def test_a_worker_s_resources_default_has_one_home(monkeypatch):
     for fn in (trial_bundles, get_tune_resources):
         assert inspect.signature(fn).parameters["cpus_per_worker"].default == schema.WORKER_CPUS
     # The places that fill the default in at run time read the one constant.
-    monkeypatch.setattr(schema, "WORKER_CPUS", 3.0)
-    monkeypatch.setattr(schema, "WORKER_GPUS", 0.5)
+    from raylight.config import scaling  # the constants' home (config.schema re-exports them)
+
+    monkeypatch.setattr(scaling, "WORKER_CPUS", 3.0)
+    monkeypatch.setattr(scaling, "WORKER_GPUS", 0.5)
     assert ScalingConfig(use_gpu=True).worker_resources() == {"CPU": 3.0, "GPU": 0.5}
     assert trial_bundles(num_workers=1, cpus_per_worker=2.0, use_gpu=True)[1] == {"CPU": 2.0, "GPU": 0.5}
     config = validate(ModelConfig, {

@@ -15,7 +15,7 @@ from raylight.worker.adaptive.sync import StepSync
 from raylight.worker.strategies import DDPStrategy, FSDPStrategy
 from tests.helpers import run_gloo_ranks
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
 
 EVERY, STEPS, MICRO = 4, 16, 16  # a global micro-batch of 16 samples, 2 micro-steps a step
 

@@ -14,7 +14,7 @@ from raylight.config import FSDP
 from raylight.worker.strategies import DDPStrategy, FSDPStrategy
 from tests.helpers import run_gloo_ranks
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 
 STEPS, RESUME_AT = 6, 3
 # fp32 parameters after 6 Adam steps: DDP all-reduces the gradients, FSDP reduce-scatters

@@ -146,6 +146,7 @@ def _api_rank(rank: int, port: int, queue) -> None:
         hvd.shutdown()
 
 
+@pytest.mark.distributed
 def test_each_op_means_its_torch_distributed_collective():
     got = run_gloo_ranks(_api_rank)
     for r in (0, 1):
@@ -243,6 +244,7 @@ def _optimizer_rank(rank: int, port: int, queue) -> None:
         hvd.shutdown()
 
 
+@pytest.mark.distributed
 def test_distributed_optimizer_trains_as_ddp():
     got = run_gloo_ranks(_optimizer_rank)
     for r in (0, 1):
@@ -376,6 +378,7 @@ def mnist_ddp() -> dict:
     return run_gloo_ranks(_ddp_mnist_rank, {"seed": 42, "samples": 256, "epochs": 2})[0]["state"]
 
 
+@pytest.mark.distributed
 def test_mnist_example_under_mpirun_env_matches_ddp(tmp_path, mnist_ddp):
     save = str(tmp_path / "hvd.pt")
     runs = _launch(os.path.join(EXAMPLES, "pytorch_mnist.py"), ["--epochs", "2", "--save", save], f"hvd{os.getpid()}-{time.time_ns()}")
@@ -385,6 +388,7 @@ def test_mnist_example_under_mpirun_env_matches_ddp(tmp_path, mnist_ddp):
     _assert_same(torch.load(save, weights_only=True), dict(mnist_ddp))
 
 
+@pytest.mark.distributed
 @pytest.mark.skipif(openmpi_missing() is not None, reason=str(openmpi_missing()))
 def test_mnist_example_under_real_mpirun_matches_ddp(tmp_path, mnist_ddp):
     """OpenMPI's own `mpirun -np 2`: the ranks meet through the job-named file store."""
@@ -430,6 +434,7 @@ def _ddp_elastic_rank(rank: int, port: int, queue) -> None:
         destroy_process_group()
 
 
+@pytest.mark.distributed
 def test_elastic_example_restores_the_last_commit_after_a_failure(tmp_path):
     save = str(tmp_path / "elastic.pt")
     job = f"hvdel{os.getpid()}"
@@ -535,6 +540,7 @@ def _sampler_rank(rank: int, port: int, queue) -> None:
         hvd.shutdown()
 
 
+@pytest.mark.distributed
 def test_elastic_sampler_reshards_what_is_left():
     got = run_gloo_ranks(_sampler_rank)
     assert got[0]["first"] == [0, 2, 4, 6, 8] and got[1]["first"] == [1, 3, 5, 7, 9]
@@ -627,6 +633,7 @@ def _horovodrun_rank(rank: int, port: int, kv_port: int, queue) -> None:
         hvd.shutdown()
 
 
+@pytest.mark.distributed
 def test_under_horovodrun_env_and_a_reset_meets_in_a_new_scope():
     import http.server
     import threading

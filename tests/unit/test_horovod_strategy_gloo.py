@@ -16,7 +16,7 @@ from raylight.worker.hvd import compat
 from raylight.worker.strategies import DDPStrategy, HorovodStrategy
 from tests.helpers import run_gloo_ranks
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 
 STEPS, ACCUM = 4, 2
 TOL = 1e-5  # gloo sums in another order under DDP's buckets: the last bits differ

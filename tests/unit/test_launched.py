@@ -26,7 +26,7 @@ from tests.helpers import (
 )
 from tests.ray import loops
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "launched", "fit_script.py")
 

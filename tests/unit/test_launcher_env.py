@@ -136,6 +136,7 @@ def _meet(rank: int, port: int, environ: dict[str, str], queue) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.distributed
 def test_env_rendezvous_forms_a_group():
     got = run_gloo_ranks(_meet, {
         "RANK": "{rank}", "WORLD_SIZE": "2", "LOCAL_RANK": "{rank}", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "{port}",
@@ -143,6 +144,7 @@ def test_env_rendezvous_forms_a_group():
     assert [got[r]["sum"] for r in (0, 1)] == [3.0, 3.0]
 
 
+@pytest.mark.distributed
 def test_file_rendezvous_forms_a_group_for_one_node_mpirun():
     job = f"test{os.getpid()}-{time.time_ns()}"
     path = os.path.join(tempfile.gettempdir(), f"raylight-mpi-{job}")
@@ -183,6 +185,7 @@ class _KeyValue(http.server.BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.distributed
 def test_horovod_rendezvous_publishes_rank_zeros_store():
     handler = type("KeyValue", (_KeyValue,), {"store": {}})  # this server's own keys
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)

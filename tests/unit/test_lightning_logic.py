@@ -48,6 +48,43 @@ def test_reserved_and_invalid_arguments_name_the_setting():
         RayStrategy(num_workers=2, failure={"max_failures": 1})
 
 
+def test_every_strategy_takes_the_worker_arguments_with_their_one_set_of_defaults():
+    """The arguments all three strategies share have one table of defaults; each
+    signature lists them (users pass them by name) with exactly those defaults."""
+    import inspect
+
+    from raylight.lightning import RayDeepSpeedStrategy
+    from raylight.lightning.strategies import WORKER_ARGUMENTS
+
+    for strategy, skipped in ((RayStrategy, ()), (RayFSDPStrategy, ("adaptive",)), (RayDeepSpeedStrategy, ("adaptive",))):
+        params = inspect.signature(strategy.__init__).parameters
+        for name, default in WORKER_ARGUMENTS.items():
+            if name in skipped:
+                assert name not in params, (strategy.__name__, name)
+                continue
+            assert params[name].default == default, (strategy.__name__, name)
+            assert params[name].kind in (params[name].KEYWORD_ONLY, params[name].POSITIONAL_OR_KEYWORD)
+
+
+def test_every_strategy_forwards_the_worker_arguments_into_its_settings():
+    given = {
+        "num_workers": 3, "use_gpu": True, "resources_per_worker": {"CPU": 2, "GPU": 1}, "placement": "SPREAD",
+        "threads_per_worker": 2, "failure": raylight.FailureConfig(max_failures=4), "address": "auto",
+    }
+    settings = [RayStrategy(**given).settings, RayFSDPStrategy(**given).settings, _deepspeed()(**given).settings]
+    for got in settings:
+        scaling = got.scaling
+        assert (scaling.num_workers, scaling.use_gpu, scaling.resources_per_worker, scaling.placement) == (3, True, {"CPU": 2, "GPU": 1}, "SPREAD")
+        assert (scaling.threads_per_worker, got.failure, got.address, got.adaptive) == (2, given["failure"], "auto", None)
+    defaults = [RayStrategy().settings, RayFSDPStrategy().settings, _deepspeed()().settings]
+    assert [(s.scaling.num_workers, s.scaling.placement, s.failure, s.address) for s in defaults] == [(1, "PACK", raylight.FailureConfig(), None)] * 3
+
+
+def test_an_adaptive_setting_of_the_wrong_type_is_named():
+    with pytest.raises(ConfigError, match=r"RayStrategy\(adaptive=\.\.\.\) must be a raylight.AdaptiveConfig, got dict"):
+        RayStrategy(num_workers=2, adaptive={"lr_rule": "sqrt"})
+
+
 def test_package_surface_snapshot():
     assert raylight.lightning.__all__ == [
         "AtomicCheckpointIO", "HorovodRayStrategy", "RayDeepSpeedStrategy", "RayFSDPStrategy", "RayStrategy",

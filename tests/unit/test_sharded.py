@@ -22,7 +22,7 @@ from raylight.worker.context import TrainContext
 from raylight.worker.strategies import DDPStrategy, FSDPStrategy
 from tests.helpers import Sink, run_gloo_ranks
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
 
 GLOBAL_BATCH, SAVE_AT, STEPS = 24, 3, 6
 # fp32 after 3 more Adam steps at another world size: the gradients are reduced in another

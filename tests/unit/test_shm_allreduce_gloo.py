@@ -21,6 +21,7 @@ from raylight.worker.strategies.shm_allreduce import SharedMemoryAllReduce
 from tests.helpers import run_gloo_ranks
 
 pytestmark = [
+    pytest.mark.distributed,
     pytest.mark.timeout(120),
     pytest.mark.skipif(not shm._eligible_here(), reason="the shared-memory all-reduce is for Linux x86-64"),
 ]

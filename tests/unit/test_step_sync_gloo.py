@@ -17,7 +17,7 @@ from raylight.worker.strategies import shm_allreduce
 from raylight.worker.strategies.shm_allreduce import SharedMemoryAllReduce, comm_hook
 from tests.helpers import run_gloo_ranks
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
 
 EVERY = 4
 STOP_BEFORE = 9  # rank 1 is asked to stop before this step

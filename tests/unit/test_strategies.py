@@ -294,7 +294,7 @@ def test_deepspeed_sharded_checkpoints_and_refused_combinations():
 
 
 def test_deepspeed_batch_fields_are_filled_from_the_loader_or_checked_against_it():
-    from raylight.worker.strategies.deepspeed import accumulation_steps, resolve_batch
+    from raylight.worker.strategies.deepspeed_config import accumulation_steps, resolve_batch
 
     auto = {"train_batch_size": "auto"}
     assert accumulation_steps(auto, world_size=2) == 1
@@ -320,7 +320,7 @@ def test_deepspeed_batch_fields_are_filled_from_the_loader_or_checked_against_it
 
 
 def test_deepspeed_engine_config_takes_the_user_json_and_raylight_fields():
-    from raylight.worker.strategies.deepspeed import engine_config
+    from raylight.worker.strategies.deepspeed_config import engine_config
 
     options = DeepSpeed(config={"zero_optimization": {"stage": 3, "overlap_comm": True}, "gradient_clipping": 1.0}, offload_params=True)
     batch = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 32, "gradient_accumulation_steps": 1}
@@ -342,7 +342,7 @@ def test_deepspeed_engine_config_takes_the_user_json_and_raylight_fields():
 
 
 def test_max_grad_norm_is_deepspeeds_gradient_clipping_and_must_agree_with_the_config():
-    from raylight.worker.strategies.deepspeed import engine_config
+    from raylight.worker.strategies.deepspeed_config import engine_config
 
     batch = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 32, "gradient_accumulation_steps": 1}
     assert engine_config(DeepSpeed(), batch, client_cpu_optimizer=False, max_grad_norm=0.5)["gradient_clipping"] == 0.5
@@ -363,7 +363,7 @@ def test_horovod_refuses_max_grad_norm_and_says_how_horovod_clips():
 
 
 def test_zero3_sizes_follow_the_model_and_never_exceed_deepspeeds_defaults():
-    from raylight.worker.strategies.deepspeed import ZERO_SIZES, engine_config, zero_sizes
+    from raylight.worker.strategies.deepspeed_config import ZERO_SIZES, engine_config, zero_sizes
 
     batch = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1}
     blocks = [4_000_000] * 12 + [100]  # the largest parameter is the block
@@ -541,6 +541,7 @@ def _garbage_ddp_then_destroy(rank: int, port: int, queue) -> None:
     queue.put({"rank": 0, **seen})
 
 
+@pytest.mark.distributed
 def test_destroying_the_group_frees_garbage_ddp_models_first():
     """A DDP model caught in a reference cycle holds the process group (its C++ reducer). Freed
     after the group's Python handle, it drops the last reference with the GIL held and

@@ -19,3 +19,15 @@ def test_sources_are_compiled_once_even_where_python_writes_no_bytecode(monkeypa
     for directory in ("src", "tests", "examples"):
         cached = importlib.util.cache_from_source(str(tmp_path / directory / "pkg" / "mod.py"))
         assert os.path.exists(cached), cached
+
+
+def test_a_test_that_starts_gloo_ranks_or_a_launcher_unmarked_fails_saying_how_to_mark_it():
+    """The distributed tier (tests/conftest.py) is marked where its processes start: this
+    test, unmarked, may not start gloo ranks, torchrun's or mpirun's processes (none starts)."""
+    import pytest
+
+    from tests.helpers import mpirun_command, run_gloo_ranks, torchrun_command
+
+    for start in (lambda: run_gloo_ranks(print), torchrun_command, lambda: mpirun_command(2)):
+        with pytest.raises(AssertionError, match=r"test_suite\.py::\S+ starts .* without Ray, the distributed tier: mark it"):
+            start()

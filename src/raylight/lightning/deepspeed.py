@@ -101,7 +101,7 @@ class RayDeepSpeedStrategy(_RayWorkers, DeepSpeedStrategy):
 
     Args:
         num_workers, use_gpu, resources_per_worker, placement, threads_per_worker,
-        failure, address: as for ``RayStrategy``.
+        failure, address: where and how the workers run (``RaySettings``).
         stage: ZeRO stage: 0 (off), 1 (optimizer state partitioned), 2 (and gradients,
             the default), 3 (and parameters).
         offload_optimizer: GPU workers: optimizer state and step in CPU memory (ZeRO-Offload).
@@ -134,18 +134,7 @@ class RayDeepSpeedStrategy(_RayWorkers, DeepSpeedStrategy):
         for key, why in _OURS.items():
             if key in deepspeed_kwargs:
                 raise ConfigError(f"{_OWNER}({key}=...) is not accepted: {why}; remove the argument")
-        self.settings = make_settings(
-            _OWNER,
-            num_workers=num_workers,
-            use_gpu=use_gpu,
-            resources_per_worker=resources_per_worker,
-            placement=placement,
-            threads_per_worker=threads_per_worker,
-            failure=failure,
-            adaptive=None,
-            address=address,
-            kwargs=deepspeed_kwargs,
-        )
+        self.settings = make_settings(_OWNER, locals(), kwargs=deepspeed_kwargs)
         zero = _check_zero(
             stage=stage,
             offload_optimizer=offload_optimizer,

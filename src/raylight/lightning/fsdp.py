@@ -105,7 +105,8 @@ class RayFSDPStrategy(_RayWorkers, ParallelStrategy):
 
     Args:
         num_workers, use_gpu, resources_per_worker, placement, threads_per_worker,
-        failure, address, checkpoint_io: as for ``RayStrategy``.
+        failure, address: where and how the workers run (``RaySettings``).
+        checkpoint_io: as for ``RayStrategy``.
         blocks: class names of the submodules to shard one by one (e.g.
             ``("TransformerBlock",)``); default: every submodule holding at least
             ``min_block_params`` parameters not already in a smaller block. The
@@ -139,18 +140,7 @@ class RayFSDPStrategy(_RayWorkers, ParallelStrategy):
         cpu_offload: bool = False,
         **kwargs: Any,
     ) -> None:
-        settings = make_settings(
-            _OWNER,
-            num_workers=num_workers,
-            use_gpu=use_gpu,
-            resources_per_worker=resources_per_worker,
-            placement=placement,
-            threads_per_worker=threads_per_worker,
-            failure=failure,
-            adaptive=None,
-            address=address,
-            kwargs=kwargs,
-        )
+        settings = make_settings(_OWNER, locals(), kwargs=kwargs)
         # FSDP runs in the workers (raylight's, below): they start as FSDP workers do
         # (malloc's tunables on CPU), and the pool keeps them apart from DDP's, since
         # FSDP tunes their malloc for its buffers (strategies.base.keep_heap_small).

@@ -13,6 +13,7 @@ formed by raylight before Lightning starts, and Lightning reuses it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,10 +44,40 @@ from raylight.lightning.environment import RaylightEnvironment
 
 _RESERVED = ("cluster_environment", "parallel_devices", "start_method", "accelerator")
 
+# The arguments every raylight Lightning strategy takes (``RayFSDPStrategy`` and
+# ``RayDeepSpeedStrategy`` all but ``adaptive``), with their defaults: each strategy's
+# signature lists them, as users pass them by name, with these defaults (a unit test holds
+# the signatures to this table), and hands them over in one call, ``make_settings(owner,
+# locals(), ...)``; ``RaySettings`` documents them.
+WORKER_ARGUMENTS: dict[str, Any] = {
+    "num_workers": 1,
+    "use_gpu": False,
+    "resources_per_worker": None,
+    "placement": "PACK",
+    "threads_per_worker": None,
+    "failure": None,
+    "adaptive": None,
+    "address": None,
+}
+
 
 @dataclass(frozen=True)
 class RaySettings:
-    """Where and how the strategy's workers run (validated raylight configs)."""
+    """Where and how a strategy's workers run: the arguments every raylight Lightning
+    strategy takes (``WORKER_ARGUMENTS``), validated into raylight's configs by
+    ``make_settings``.
+
+    Args:
+        num_workers: number of worker processes (Ray actors), one rank each.
+        use_gpu: give each worker a GPU (NCCL); else CPU with gloo.
+        resources_per_worker: Ray resources per worker, e.g. ``{"CPU": 2}``.
+        placement: placement-group strategy: PACK, SPREAD, STRICT_PACK, STRICT_SPREAD.
+        threads_per_worker: torch threads per worker (default: its CPUs).
+        failure: raylight ``FailureConfig`` (timeouts, ``max_failures``).
+        adaptive: raylight ``AdaptiveConfig`` (``RayStrategy`` only): adapt batch size and
+            LR online (see docs/lightning.md for what is adapted).
+        address: Ray cluster address; default: the running or an embedded local Ray.
+    """
 
     scaling: ScalingConfig
     failure: FailureConfig = field(default_factory=FailureConfig)
@@ -64,23 +95,16 @@ class RaySettings:
 
 
 def make_settings(
-    owner: str,
-    *,
-    strategy: DDP | None = None,
-    num_workers: Any,
-    use_gpu: bool,
-    resources_per_worker: dict[str, float] | None,
-    placement: str,
-    threads_per_worker: int | None,
-    failure: FailureConfig | None,
-    adaptive: AdaptiveConfig | None,
-    address: str | None,
-    kwargs: dict[str, Any],
+    owner: str, arguments: Mapping[str, Any], *, strategy: DDP | None = None, kwargs: dict[str, Any]
 ) -> RaySettings:
-    """Validate the strategy's arguments; errors name ``owner(argument=...)``. Called as
-    the strategy is made, before the Trainer that gets it: Lightning's INFO lines and tips
-    are turned off from here unless verbose (``_quiet``)."""
+    """Validate a strategy's ``WORKER_ARGUMENTS`` (read from ``arguments``, its
+    constructor's ``locals()``; one it does not take has its default) and the ``kwargs``
+    it passes on to Lightning; errors name ``owner(argument=...)``. Called as the strategy
+    is made, before the Trainer that gets it: Lightning's INFO lines and tips are turned off
+    from here unless verbose (``_quiet``)."""
     quiet_lightning()
+    given = {name: arguments.get(name, default) for name, default in WORKER_ARGUMENTS.items()}
+    num_workers, failure, adaptive = given["num_workers"], given["failure"], given["adaptive"]
     for key in _RESERVED:
         if key in kwargs:
             raise ConfigError(
@@ -99,16 +123,14 @@ def make_settings(
     scaling = validate(
         ScalingConfig,
         {
-            "num_workers": num_workers,
-            "use_gpu": use_gpu,
-            "resources_per_worker": resources_per_worker,
-            "placement": placement,
-            "threads_per_worker": threads_per_worker,
+            **{k: given[k] for k in ("num_workers", "use_gpu", "resources_per_worker", "placement", "threads_per_worker")},
             **({"strategy": strategy} if strategy is not None else {}),
         },
         prefix=owner,
     )
-    return RaySettings(scaling=scaling, failure=failure or FailureConfig(), adaptive=adaptive, address=address)
+    return RaySettings(
+        scaling=scaling, failure=failure or FailureConfig(), adaptive=lightning_adaptive(adaptive), address=given["address"]
+    )
 
 
 def _environment(settings: RaySettings) -> RaylightEnvironment:
@@ -209,15 +231,8 @@ class RayStrategy(_RayWorkers, DDPStrategy):
     """DDP over ``num_workers`` raylight workers on Ray; the Trainer stays on the driver.
 
     Args:
-        num_workers: number of worker processes (Ray actors), one rank each.
-        use_gpu: give each worker a GPU (NCCL); else CPU with gloo.
-        resources_per_worker: Ray resources per worker, e.g. ``{"CPU": 2}``.
-        placement: placement-group strategy: PACK, SPREAD, STRICT_PACK, STRICT_SPREAD.
-        threads_per_worker: torch threads per worker (default: its CPUs).
-        failure: raylight ``FailureConfig`` (timeouts, ``max_failures``).
-        adaptive: raylight ``AdaptiveConfig``: adapt batch size and LR online (see
-            docs/lightning.md for what is adapted).
-        address: Ray cluster address; default: the running or an embedded local Ray.
+        num_workers, use_gpu, resources_per_worker, placement, threads_per_worker,
+        failure, adaptive, address: where and how the workers run (``RaySettings``).
         checkpoint_io: default ``AtomicCheckpointIO`` (atomic writes, safe loads).
         shared_memory: CPU workers on one machine average the gradients through shared
             memory (``raylight.DDP(shared_memory=...)``, docs/strategies.md); False: gloo.
@@ -241,19 +256,7 @@ class RayStrategy(_RayWorkers, DDPStrategy):
         shared_memory: bool = True,
         **ddp_kwargs: Any,
     ) -> None:
-        self.settings = make_settings(
-            "RayStrategy",
-            strategy=DDP(shared_memory=shared_memory),
-            num_workers=num_workers,
-            use_gpu=use_gpu,
-            resources_per_worker=resources_per_worker,
-            placement=placement,
-            threads_per_worker=threads_per_worker,
-            failure=failure,
-            adaptive=lightning_adaptive(adaptive),
-            address=address,
-            kwargs=ddp_kwargs,
-        )
+        self.settings = make_settings("RayStrategy", locals(), strategy=DDP(shared_memory=shared_memory), kwargs=ddp_kwargs)
         self._raylight_ctx: Any = None  # the worker's TrainContext, set on the worker
         super().__init__(
             cluster_environment=_environment(self.settings),

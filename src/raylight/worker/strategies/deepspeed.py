@@ -27,37 +27,20 @@ illegal with ZeRO-2/3): when raylight's loader runs accumulation micro-steps und
 ``ctx``'s ``no_sync``, DeepSpeed's count agrees with the loader's as long as both say the
 same number of micro-steps (``resolve_batch`` insists).
 
-**Checkpoints** are torch's layouts (``objects_state``): model state keyed by parameter
-name, optimizer state as ``get_optimizer_state_dict`` gives it, so a DeepSpeed checkpoint
-loads under DDP and FSDP and theirs load here. Each parameter's full fp32 value and
-optimizer moments are gathered one parameter at a time (DeepSpeed's public
-``safe_get_full_*`` helpers, collectives) and this rank keeps its ``Shard(0)`` slice as a
-``DTensor``: DCP writes 1/N per rank and reshards on load, and a worker holds about one
-full parameter more than its shards while it does. Loading gathers each parameter back
-and sets it (``safe_set_full_*``; ZeRO-3's partitions through its ``safe_set_local_*``
-helpers, cut the way ZeRO-3 partitions). A fresh engine has no optimizer state until its
-first step, so before the first load (or checkpoint) it takes one step with zero
-gradients at learning rate 0 and then resets the step counters, as torch's
-``_init_optim_state`` does for DDP and FSDP.
-
-Raw state dicts: under ZeRO-1/2 the module holds its whole parameters, so
-``ctx.unwrap_model(model).state_dict()`` is the model (and loading one is pushed into
-DeepSpeed's fp32 master weights); ``opt.state_dict()`` gathers the whole optimizer state
-in torch's layout (a collective). Under ZeRO-3 the module's parameters are partitioned
-placeholders, so its ``state_dict()`` and ``load_state_dict()`` raise, naming the object
-way (``checkpoint={"model": model, "opt": opt}``).
+**Checkpoints** are torch's layouts, so a DeepSpeed checkpoint loads under DDP and FSDP and
+theirs load here; ``deepspeed_state.EngineState`` reads and writes them (its docstring says
+how), and the raw state dicts of the module and the optimizer.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import gc
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
 from typing import Any
 
@@ -65,8 +48,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from raylight.base.exceptions import ConfigError
-from raylight.config.schema import DEEPSPEED_BATCH_KEYS, ZERO_SIZES, DeepSpeed
+from raylight.config.schema import DeepSpeed
 from raylight.worker.strategies.base import (
     CheckpointFormat,
     _root,
@@ -76,146 +58,17 @@ from raylight.worker.strategies.base import (
 )
 from raylight.worker.strategies.base import load_objects as torch_load_objects
 from raylight.worker.strategies.base import objects_state as torch_objects_state
+from raylight.worker.strategies.deepspeed_config import (
+    ELEMENTWISE,
+    accumulation_steps,
+    engine_config,
+    resolve_batch,
+)
+from raylight.worker.strategies.deepspeed_state import EngineState
 from raylight.worker.strategies.fsdp import full_tensors
 from raylight.worker.wrapped_optimizer import WrappedOptimizer
 
 INSTALL = "pip install 'raylight[deepspeed]'"
-_ZERO3_OBJECTS = (
-    "DeepSpeed ZeRO-3 partitions the parameters, so the module's state_dict() would hold "
-    "empty placeholders: put the objects in the checkpoint instead, "
-    "ctx.report(metrics, checkpoint={'model': model, 'opt': opt}), and load them with "
-    "ctx.load_checkpoint({'model': model, 'opt': opt})"
-)
-
-
-def _numbers(given: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
-    """train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps of a
-    DeepSpeed config; None for "auto" or absent."""
-    values = (given.get(key, "auto") for key in DEEPSPEED_BATCH_KEYS)
-    return tuple(None if v == "auto" else int(v) for v in values)  # type: ignore[return-value]
-
-
-def accumulation_steps(given: dict[str, Any], *, world_size: int) -> int:
-    """``gradient_accumulation_steps`` for the engine, fixed when it is built (DeepSpeed's
-    ZeRO optimizers keep their own copy): the config's number; else what its
-    train_batch_size and train_micro_batch_size_per_gpu imply, as DeepSpeed derives it;
-    else 1 (each batch the loader yields is one optimizer step)."""
-    train, micro, steps = _numbers(given)
-    if steps is not None:
-        return steps
-    if train is not None and micro is not None:
-        if train % (micro * world_size):
-            raise ValueError(
-                f"DeepSpeed config train_batch_size={train} is not a multiple of "
-                f"train_micro_batch_size_per_gpu={micro} x {world_size} workers; fix one, or "
-                "set it to 'auto'"
-            )
-        return train // (micro * world_size)
-    return 1
-
-
-def resolve_batch(
-    given: dict[str, Any], *, world_size: int, steps: int, micro_batch: int | None, accumulation: int = 1
-) -> dict[str, int]:
-    """DeepSpeed's three batch fields from the config's (``given``: each ``"auto"``,
-    absent or a number), the engine's accumulation ``steps`` and the training loader's
-    layout (``micro_batch`` samples per worker in each batch it yields, None before a
-    loader is prepared; ``accumulation`` batches per optimizer step). Numbers that
-    disagree are errors naming both."""
-    train, micro, _ = _numbers(given)
-    if micro_batch is not None:
-        loader = (
-            f"the training loader (prepare_loader(batch_size={micro_batch * world_size * accumulation}) "
-            f"over {world_size} workers) gives each worker {micro_batch} samples a batch"
-        )
-        if micro is not None and micro != micro_batch:
-            raise ValueError(
-                f"DeepSpeed config train_micro_batch_size_per_gpu={micro}, but {loader}; set it "
-                "to 'auto' or make them agree"
-            )
-        if accumulation > 1 and accumulation != steps:
-            raise ValueError(
-                f"DeepSpeed's gradient_accumulation_steps is {steps}, but {loader} and "
-                f"accumulates {accumulation} of them a step; set it to 'auto'"
-            )
-        micro = micro_batch
-    elif micro is None:  # no loader yet: what the config implies, else a placeholder
-        micro = train // (steps * world_size) if train is not None and train % (steps * world_size) == 0 else 1
-    if train is not None and train != micro * steps * world_size:
-        raise ValueError(
-            f"DeepSpeed config train_batch_size={train}, but {micro} samples a batch x {steps} "
-            f"accumulation steps x {world_size} workers make {micro * steps * world_size}; set "
-            "train_batch_size to 'auto', prepare the loader with batch_size="
-            f"{train // steps} (one batch for all workers), or set gradient_accumulation_steps "
-            "to accumulate"
-        )
-    return {"train_batch_size": micro * steps * world_size, "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": steps}
-
-
-# torch's optimizers that update each element from its own gradient and state alone, so
-# stepping them on ZeRO's flat partitions is exact; DeepSpeed lists only some as tested.
-ELEMENTWISE = (
-    torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adamax, torch.optim.NAdam,
-    torch.optim.RAdam, torch.optim.RMSprop, torch.optim.Adagrad, torch.optim.Adadelta, torch.optim.ASGD,
-    torch.optim.Rprop,
-)
-
-
-def zero_sizes(numels: list[int], zero: dict[str, Any], *, stage: int) -> dict[str, int]:
-    """Values for the ``ZERO_SIZES`` keys that ``zero`` (the config's zero_optimization)
-    leaves ``"auto"``, or under ZeRO-3 leaves out: multiples of a block, the model's largest
-    parameter or a 16th of the model, whichever is larger, never above DeepSpeed's default.
-    So ZeRO-3 holds about two blocks gathered and buckets and steps one at a time."""
-    if not numels:
-        return {}
-    block = max(max(numels), -(-sum(numels) // 16))
-    return {
-        key: min(default, times * block)
-        for key, (default, times) in ZERO_SIZES.items()
-        if zero.get(key) == "auto" or (key not in zero and stage == 3)
-    }
-
-
-def engine_config(
-    options: DeepSpeed,
-    batch: dict[str, int],
-    *,
-    client_cpu_optimizer: bool,
-    elementwise: bool = False,
-    numels: list[int] | None = None,
-    max_grad_norm: float | None = None,
-) -> dict[str, Any]:
-    """The config ``deepspeed.initialize`` gets: the user's, with raylight's batch fields,
-    the options' ZeRO settings (which the user's config already agrees with), ZeRO's sizes
-    from the model's parameter sizes ``numels`` (``zero_sizes``), no gradient clipping
-    unless it or ``ctx.prepare_optimizer(max_grad_norm=...)`` asks for some (the two must
-    agree), and torch's elementwise optimizers (``ELEMENTWISE``, ``elementwise``) allowed."""
-    config = copy.deepcopy(options.config_dict)
-    config.update(batch)
-    # DeepSpeed clips the gradient norm to 1.0 unless told otherwise; raylight's strategies
-    # change how the model is held, not what it learns, so clipping is the loop's choice.
-    if max_grad_norm is not None:
-        theirs = config.get("gradient_clipping")
-        if theirs not in (None, 0, 0.0, max_grad_norm):
-            raise ConfigError(
-                f"ctx.prepare_optimizer(max_grad_norm={max_grad_norm:g}) and the DeepSpeed config's "
-                f"gradient_clipping={theirs} disagree: keep one of them"
-            )
-        config["gradient_clipping"] = max_grad_norm
-    config.setdefault("gradient_clipping", 0.0)
-    zero = config.setdefault("zero_optimization", {})
-    zero["stage"] = options.stage
-    zero.update(zero_sizes(numels or [], zero, stage=options.stage))
-    for wanted, section in ((options.offload_optimizer, "offload_optimizer"), (options.offload_params, "offload_param")):
-        if wanted and section not in zero:
-            zero[section] = {"device": "cpu"}
-    if elementwise:  # e.g. torch.optim.SGD, which DeepSpeed would refuse as untested
-        config.setdefault("zero_allow_untested_optimizer", True)
-    if options.offload_optimizer and not client_cpu_optimizer:
-        # DeepSpeed refuses torch's optimizers on offloaded state unless told: they work,
-        # DeepSpeedCPUAdam is faster (docs/strategies.md).
-        config.setdefault("zero_force_ds_cpu_optimizer", False)
-    return config
 
 
 def import_deepspeed() -> Any:
@@ -394,10 +247,10 @@ class DeepSpeedOptimizer(WrappedOptimizer):
     def state_dict(self) -> dict[str, Any]:
         """The whole optimizer state in torch's layout (parameters numbered in group
         order). A collective: every rank calls it."""
-        return self._strategy.optimizer_state(numbered=True)
+        return self._strategy.state().optimizer_state(numbered=True)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._strategy.load_optimizer_state(state_dict, numbered=True)
+        self._strategy.state().load_optimizer_state(state_dict, numbered=True)
 
 
 class DeepSpeedStrategy:
@@ -414,11 +267,10 @@ class DeepSpeedStrategy:
         self._optimizer: torch.optim.Optimizer | None = None
         self._prepared: DeepSpeedOptimizer | None = None
         self._engine: Any = None
+        self._state: EngineState | None = None  # the engine's state in torch's layouts
         self._groups: list[list[str]] = []  # parameter names of each param group
         self._layout: tuple[int, int] | None = None  # (micro_batch, accumulation)
-        self._raw_state_ok = False
         self._ds: Any = None
-        self._mesh: Any = None
         self._numels: list[int] = []  # the model's parameter sizes (zero_sizes)
         # adaptive runs: raylight's AdaptiveOptimizer ends each step (DeepSpeed's
         # managed_gradient_accumulation off) and the loader sets each step's accumulation
@@ -489,7 +341,11 @@ class DeepSpeedStrategy:
         self.caller_steps = adaptive
         self._engine = self._build_engine(optimizer, max_grad_norm)
         self._prepared = DeepSpeedOptimizer(optimizer, self)
-        self._register_state_dict_hooks(self._module)
+        self._state = EngineState(
+            self._ds, self._module, self._engine, optimizer, self._groups,
+            device=self._device, world_size=self._world_size, stage=self.options.stage, caller_steps=adaptive,
+        )
+        self._state.register_state_dict_hooks()
         return self._prepared
 
     def no_sync(self, model: nn.Module) -> ContextManager[None]:
@@ -541,10 +397,11 @@ class DeepSpeedStrategy:
                 )
         out = torch_objects_state(others) if others else {}
         for key, value in ours.items():
+            state = self.state()
             if isinstance(value, nn.Module):
-                out[key] = self._model_state(self._shard)
+                out[key] = state.model_state(state.shard)
             else:
-                out[key] = self.optimizer_state(prefix=f"{model_key}.", cut=self._shard)
+                out[key] = state.optimizer_state(prefix=f"{model_key}.", cut=state.shard)
         return out
 
     def load_objects(self, objects: dict[str, Any], state: dict[str, Any], *, full: bool) -> None:
@@ -553,9 +410,9 @@ class DeepSpeedStrategy:
             torch_load_objects(others, state, full=full)
         for key, value in ours.items():
             if isinstance(value, nn.Module):
-                self._load_model_state(state[key], name=key)
+                self.state().load_model_state(state[key], name=key)
             else:
-                self.load_optimizer_state(state[key], prefix=f"{model_key}.")
+                self.state().load_optimizer_state(state[key], prefix=f"{model_key}.")
 
     # -- the engine ------------------------------------------------------------------
     def engine(self) -> Any:
@@ -565,6 +422,12 @@ class DeepSpeedStrategy:
                 "on model.parameters() and prepare it before the model's first forward"
             )
         return self._engine
+
+    def state(self) -> EngineState:
+        """The engine's state in torch's layouts (``deepspeed_state.py``), once it is built."""
+        self.engine()  # raises, saying how, before the engine is built
+        assert self._state is not None
+        return self._state
 
     def _resolve(self) -> dict[str, int]:
         given = self.options.config_dict
@@ -619,260 +482,3 @@ class DeepSpeedStrategy:
         if ours and self._engine is None:
             raise RuntimeError("strategy 'deepspeed': prepare the optimizer (ctx.prepare_optimizer) before checkpointing or loading the model")
         return ours, others, (model_keys[0] if model_keys else "")
-
-    def _zero3(self, param: torch.Tensor) -> bool:
-        return hasattr(param, "ds_id")  # the mark DeepSpeed's safe_* helpers test too
-
-    def _entries(self) -> dict[str, torch.Tensor]:
-        """The module's state-dict entries (parameters as themselves), placeholders and all."""
-        assert self._module is not None
-        self._raw_state_ok = True
-        try:
-            return self._module.state_dict(keep_vars=True)
-        finally:
-            self._raw_state_ok = False
-
-    def _full_param(self, param: torch.Tensor) -> torch.Tensor:
-        from deepspeed.utils import safe_get_full_fp32_param
-
-        value = safe_get_full_fp32_param(param)
-        if value is None:  # not optimized (frozen): the module's own value
-            with self._gathered([param]):
-                value = param.detach().clone()
-        return value
-
-    def _gathered(self, params: list[torch.Tensor], modifier_rank: int | None = None) -> ContextManager[Any]:
-        if any(self._zero3(p) for p in params):
-            return self._ds.zero.GatheredParameters(params, modifier_rank=modifier_rank)
-        return contextlib.nullcontext()
-
-    def _shard(self, full: torch.Tensor) -> torch.Tensor:
-        """This rank's ``Shard(0)`` slice of ``full`` as a DTensor (a copy: ``full`` can
-        be freed); scalars, and everything at world size 1, stay plain."""
-        full = full.to(self._device)
-        if self._world_size == 1 or full.dim() == 0:
-            return full
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor import DTensor, Shard, distribute_tensor
-
-        if self._mesh is None:
-            self._mesh = init_device_mesh(self._device.type, (self._world_size,))
-        local = distribute_tensor(full, self._mesh, [Shard(0)], src_data_rank=None).to_local().clone()
-        return DTensor.from_local(local, self._mesh, [Shard(0)], run_check=False, shape=full.shape, stride=full.stride())
-
-    def _model_state(self, cut: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
-        out = {}
-        for name, value in self._entries().items():
-            if isinstance(value, nn.Parameter):
-                out[name] = cut(self._full_param(value))
-            else:  # buffers: whole on every rank
-                out[name] = value.detach().clone()
-        return out
-
-    def _load_model_state(self, state: dict[str, Any], *, name: str) -> None:
-        entries = self._entries()
-        missing, unexpected = sorted(set(entries) - set(state)), sorted(set(state) - set(entries))
-        if missing or unexpected:
-            raise ValueError(
-                f"checkpoint entry {name!r} does not match the model: missing {missing[:5]}, "
-                f"unexpected {unexpected[:5]}"
-            )
-        seen: set[int] = set()
-        with torch.no_grad():
-            for key, target in entries.items():
-                if id(target) in seen:
-                    continue  # a tied parameter, set under its first name
-                seen.add(id(target))
-                value = _whole(state[key])
-                if isinstance(target, nn.Parameter):
-                    self._set_param(target, value)
-                else:
-                    target.copy_(value)
-
-    def _set_param(self, param: nn.Parameter, value: torch.Tensor) -> None:
-        """Set the fp32 master copy (what the optimizer steps) and the module's parameter."""
-        from deepspeed.utils import safe_set_full_fp32_param, safe_set_local_fp32_param
-
-        if param.requires_grad and self._zero3(param):
-            safe_set_local_fp32_param(param, self._local(param, value))
-        elif param.requires_grad:
-            safe_set_full_fp32_param(param, value.to(self._device))
-        with self._gathered([param], modifier_rank=0):
-            if not self._zero3(param) or dist.get_rank() == 0:
-                param.data.copy_(value)
-
-    def _local(self, param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        """ZeRO-3's partition of ``value`` on this rank: equal parts of the flattened
-        tensor, zero-padded at the end, in rank order (DeepSpeed's
-        ``safe_set_full_fp32_param`` mishandles the padding, so we cut it ourselves)."""
-        from deepspeed.utils import safe_get_local_fp32_param
-
-        size = safe_get_local_fp32_param(param).numel()
-        flat = value.reshape(-1).to(self._device, torch.float32)
-        flat = torch.cat([flat, flat.new_zeros(size * self._world_size - flat.numel())])
-        rank = dist.get_rank()
-        return flat[rank * size : (rank + 1) * size].clone()
-
-    def _optimized(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(name, parameter) of every parameter the optimizer steps, in group order."""
-        assert self._module is not None
-        params = dict(self._module.named_parameters())
-        for group in self._groups:
-            for name in group:
-                yield name, params[name]
-
-    def _state_keys(self) -> tuple[list[str], dict[str, Any]]:
-        """The optimizer's per-element state keys (``exp_avg``, ...) and its per-group
-        values (``step``), read from its flat partitions."""
-        assert self._optimizer is not None
-        flat = list(self._optimizer.state.values())
-        keys = sorted({k for s in flat for k, v in s.items() if isinstance(v, torch.Tensor) and v.dim() > 0})
-        scalars = {k: v for k, v in (flat[0].items() if flat else ()) if k not in keys}
-        return keys, scalars
-
-    def optimizer_state(
-        self, *, prefix: str = "", cut: Callable[[torch.Tensor], torch.Tensor] | None = None, numbered: bool = False
-    ) -> dict[str, Any]:
-        """The optimizer's state in torch's layout, keyed by ``prefix`` + parameter name
-        (or numbered, as ``Optimizer.state_dict`` does). A collective. Without ``cut``, each
-        parameter's whole state is moved to CPU memory as soon as it is gathered (the whole
-        state of a ZeRO run may not fit one GPU); ``load_optimizer_state`` takes it back."""
-        from deepspeed.utils import safe_get_full_optimizer_state
-
-        assert self._optimizer is not None
-        self._materialize()
-        cut = cut or (lambda t: t.cpu())
-        keys, scalars = self._state_keys()
-        ids = {name: i for i, (name, _) in enumerate(self._optimized())}
-        state = {}
-        for name, param in self._optimized():
-            entry: dict[str, Any] = {k: cut(safe_get_full_optimizer_state(param, k)) for k in keys}
-            entry.update({k: _scalar(k, v) for k, v in scalars.items()})
-            state[ids[name] if numbered else prefix + name] = entry
-        groups = [
-            {**{k: v for k, v in g.items() if k != "params"}, "params": [ids[n] if numbered else prefix + n for n in names]}
-            for g, names in zip(self._optimizer.param_groups, self._groups, strict=True)
-        ]
-        return {"state": state, "param_groups": groups}
-
-    def load_optimizer_state(self, state: dict[str, Any], *, prefix: str = "", numbered: bool = False) -> None:
-        from deepspeed.utils import safe_set_full_optimizer_state, safe_set_local_optimizer_state
-
-        assert self._optimizer is not None
-        self._materialize()
-        keys, scalars = self._state_keys()
-        saved = state.get("param_groups", [])
-        names = [[prefix + n for n in group] for group in self._groups]
-        order = [n for group in names for n in group]  # torch numbers them in this order
-        given = [list(g.get("params", [])) for g in saved]
-        if numbered:
-            given = [[order[i] if isinstance(i, int) and i < len(order) else i for i in g] for g in given]
-        if given != names:
-            raise ValueError(
-                f"the checkpoint's optimizer has parameter groups {[g[:3] for g in given]}, this one "
-                f"{[g[:3] for g in names]}: load it into an optimizer built the same way on the same model"
-            )
-        by_name = state.get("state", {})
-        if numbered:
-            by_name = {order[i]: v for i, v in by_name.items()}
-        extra = sorted({k for s in by_name.values() for k in s} - set(keys) - set(scalars))
-        if extra:
-            raise ValueError(
-                f"the checkpoint's optimizer state has {extra}, this optimizer keeps "
-                f"{sorted(keys) + sorted(scalars)}: load it into the same kind of optimizer"
-            )
-        for name, param in self._optimized():
-            entry = by_name.get(prefix + name, {})
-            for key in keys:
-                if key not in entry:
-                    continue
-                value = _whole(entry[key])
-                if self._zero3(param):
-                    safe_set_local_optimizer_state(param, self._local(param, value), key)
-                else:
-                    safe_set_full_optimizer_state(param, value.to(self._device), key)
-        first: dict[str, Any] = next((s for s in by_name.values() if s), {})
-        for flat in self._optimizer.state.values():
-            for key in scalars:
-                if key in first:
-                    flat[key] = _like(flat[key], _whole(first[key]))
-        for group, old in zip(self._optimizer.param_groups, saved, strict=True):
-            group.update({k: v for k, v in old.items() if k != "params"})
-
-    def _materialize(self) -> None:
-        """Give a fresh engine its optimizer state (which DeepSpeed creates at the first
-        step): one step with zero gradients at learning rate 0, its counters put back and
-        the state's step counters reset, so the next step is still the first."""
-        assert self._optimizer is not None
-        if self._optimizer.state:
-            return
-        engine = self._engine
-        counters = {k: getattr(engine, k) for k in ("global_steps", "global_samples", "micro_steps", "skipped_steps")}
-        lrs = [g["lr"] for g in self._optimizer.param_groups]
-        for group in self._optimizer.param_groups:
-            group["lr"] = torch.zeros_like(group["lr"]) if isinstance(group["lr"], torch.Tensor) else 0.0
-        accumulating = engine.gradient_accumulation_steps() > 1 and not self.caller_steps
-        params = [p for _, p in self._optimized()]
-        try:
-            if accumulating:
-                engine.set_gradient_accumulation_boundary(True)
-            with self._gathered(params):
-                engine.backward(sum((p * 0).sum() for p in params))
-            engine.step()
-        finally:
-            if accumulating:
-                engine.set_gradient_accumulation_boundary(None)
-            for group, lr in zip(self._optimizer.param_groups, lrs, strict=True):
-                group["lr"] = lr
-            for key, value in counters.items():
-                setattr(engine, key, value)
-        for flat in self._optimizer.state.values():
-            if "step" in flat:
-                flat["step"] = _like(flat["step"], torch.tensor(0.0))
-
-    # -- raw state dicts -----------------------------------------------------------------
-    def _register_state_dict_hooks(self, module: nn.Module) -> None:
-        params = [p for _, p in self._optimized()]
-        if self.options.stage == 3:
-            def refuse_state(*_: Any) -> None:
-                if not self._raw_state_ok:
-                    raise RuntimeError(_ZERO3_OBJECTS)
-
-            def refuse_load(*_: Any) -> None:
-                raise RuntimeError(_ZERO3_OBJECTS)
-
-            module.register_state_dict_post_hook(refuse_state)
-            module.register_load_state_dict_pre_hook(refuse_load)
-            return
-
-        def push_to_master(*_: Any) -> None:
-            # load_state_dict wrote the module's parameters; the optimizer steps DeepSpeed's
-            # fp32 master copies, which would overwrite them at the next step.
-            from deepspeed.utils import safe_set_full_fp32_param
-
-            for param in params:
-                safe_set_full_fp32_param(param, param.detach())
-
-        module.register_load_state_dict_post_hook(push_to_master)
-
-
-def _whole(value: Any) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return value.full_tensor() if isinstance(value, DTensor) else value
-
-
-def _scalar(key: str, value: Any) -> Any:
-    """A per-group optimizer value in torch's layout: ``step`` as a float32 tensor (what
-    torch's Adam keeps; DeepSpeedCPUAdam keeps an int)."""
-    if key == "step":
-        return torch.tensor(float(value), dtype=torch.float32)
-    return value.detach().clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
-
-
-def _like(current: Any, value: Any) -> Any:
-    """``value`` in the type ``current`` has (a tensor of its dtype and device, or an int)."""
-    if isinstance(current, torch.Tensor):
-        return torch.as_tensor(value, dtype=current.dtype, device=current.device).clone()
-    number = value.item() if isinstance(value, torch.Tensor) else value
-    return type(current)(number)
