@@ -6,7 +6,7 @@ Run:  make bench-cluster
 
 Every peer runs in a cold child process on a fresh autoscaling cluster of its own (Ray's
 real autoscaler driving the fake multi-node provider: real raylets started and stopped on
-this machine, tests/ray/autoscaling.py), so nodes left by one peer never serve another:
+this machine, tests/support/autoscaling.py), so nodes left by one peer never serve another:
 
   head   1 CPU, on-demand, 0.40 USD/h (always up)
   spot   1 CPU, 0 to 2 nodes, 0.12 USD/h, removed after IDLE_TIMEOUT_MIN idle
@@ -71,7 +71,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # tests.ray.autoscaling: the private autoscaling cluster
+sys.path.insert(0, str(REPO))  # tests.support.autoscaling: the private autoscaling cluster
 
 import torch  # noqa: E402
 from common import ChildRun, machine_info, run_child, script_command, write_results  # noqa: E402
@@ -289,7 +289,7 @@ def on_cluster(job: dict[str, Any], train: Any) -> None:
     runtime._force_loopback()
     import ray
 
-    from tests.ray.autoscaling import autoscaling_cluster
+    from tests.support.autoscaling import autoscaling_cluster
 
     record: dict[str, Any] = {"prices_usd_per_h": PRICES}
     with autoscaling_cluster(head_cpus=1, worker_types=NODE_TYPES, idle_timeout_minutes=IDLE_TIMEOUT_MIN) as address:
@@ -390,7 +390,7 @@ def run_ray_train(job: dict[str, Any]) -> None:
 def run_preemption(job: dict[str, Any]) -> None:
     import raylight
     from raylight import RunConfig, ScalingConfig, TrainerConfig
-    from tests.ray.cluster_driver import drain
+    from tests.support.cluster_driver import drain
 
     def train(ray: Any, record: dict[str, Any]) -> None:
         from ray.autoscaler.sdk import request_resources
@@ -499,7 +499,7 @@ def run_deadline(job: dict[str, Any]) -> None:
 
     import raylight
     from raylight import RunConfig, ScalingConfig, TrainerConfig
-    from tests.ray.cluster_driver import drain
+    from tests.support.cluster_driver import drain
 
     record: dict[str, Any] = {"deadline_s": job["deadline_s"], "strategy": job["strategy"]}
     with runtime._lean_head():

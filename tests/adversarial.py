@@ -1,5 +1,5 @@
 """Bad and odd inputs, as a hostile user would give them: one catalogue for the test
-suite (``tests/unit/test_adversarial.py`` runs each case in-process) and for the
+suite (``tests/project/test_adversarial.py`` runs each case in-process) and for the
 benchmark (``bench/adversarial.py`` runs each as a real ``raylight`` command and times it).
 
 Every case but the ``odd`` ones is a mistake: it must exit 2 (1 for failures at run

@@ -41,18 +41,19 @@ one_torch_thread()  # the tests that train in this process (tests/helpers.py)
 # A single test goes beside with @pytest.mark.beside. (These were in front for a while:
 # beside, the front run's preempted-node test once lost a race, a survivor on the lost node
 # not yet known dead at the in-place shrink; the resize now goes on without it,
-# tests/ray/test_elastic.py::test_a_survivor_lost_while_the_group_re_forms...)
+# tests/driver/test_elastic.py::test_a_survivor_lost_while_the_group_re_forms...)
 BESIDE = {"test_lightning.py", "test_lightning_sharded.py", "test_lightning_horovod.py", "test_output.py",
-          "test_declarative_examples.py", "test_declarative.py", "test_strategies.py", "test_deepspeed.py",
-          "test_loggers.py", "test_security.py", "test_doc_blocks.py"}
+          "test_declarative_examples.py", "test_declarative_on_ray.py", "test_strategies_on_ray.py", "test_deepspeed.py",
+          "test_loggers_on_ray.py", "test_security_on_ray.py", "test_doc_blocks_on_ray.py", "test_install.py"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these markers
 def pytest_collection_modifyitems(items):
     for item in items:
-        tier = "ray" if f"{os.sep}ray{os.sep}" in str(item.fspath) else "unit"
+        # tests/ mirrors the wings (tests/worker/, tests/driver/, ...); a module that starts
+        # Ray says so (pytestmark = [pytest.mark.ray, ...]); one that names no tier is unit.
         if not any(item.get_closest_marker(t) for t in ("unit", "ray", "gpu", "distributed")):
-            item.add_marker(getattr(pytest.mark, tier))
+            item.add_marker(pytest.mark.unit)
         # The distributed tier (real gloo ranks and launchers' processes without Ray,
         # tests.helpers.require_distributed_mark) has no Ray timers: beside, with the unit tier.
         beside = any(item.get_closest_marker(t) for t in ("unit", "distributed"))

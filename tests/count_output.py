@@ -1,4 +1,4 @@
-"""An output type that is not built in, for tests/unit/test_output_types.py: a count (a
+"""An output type that is not built in, for tests/declarative/test_output_types.py: a count (a
 whole number from 0), learnt as a Poisson rate by its log, whose metric is the mean
 absolute error of the expected count. It is what adding an output type takes: this one
 module, and one entry in ``OUTPUTS`` (the test adds it with monkeypatch)."""

@@ -1,14 +1,14 @@
 """The code blocks of the README and docs/*.md that a test runs as written.
 
 A fenced ```python block, and a ```bash block holding a command of this project's CLI
-(a line that runs ``raylight``), is run by ``tests/ray/test_doc_blocks.py`` unless an HTML
+(a line that runs ``raylight``), is run by ``tests/project/test_doc_blocks_on_ray.py`` unless an HTML
 comment right above its fence says why it cannot run on one machine:
 
     <!-- not-run: needs a GPU -->
 
 Any block may carry the comment (a ```bash block of ``pip install`` lines, say); a
 ``not-run`` comment with no reason, or one above no block, is an error
-(``tests/unit/test_doc_blocks.py``).
+(``tests/project/test_doc_blocks.py``).
 """
 
 from __future__ import annotations

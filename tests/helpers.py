@@ -53,7 +53,7 @@ def require_distributed_mark(what: str) -> None:
     (its module's ``pytestmark`` or ``@pytest.mark.distributed``); unmarked, it fails here,
     saying so. Outside a test run (bench/) nothing is checked."""
     item = _RUNNING[0]
-    if item is None or f"{os.sep}ray{os.sep}" in str(item.fspath):
+    if item is None or item.get_closest_marker("ray") is not None:
         return
     if item.get_closest_marker("distributed") is None:
         raise AssertionError(

@@ -1,7 +1,7 @@
 """What pyproject.toml's dependencies and extras install, read from this venv's installed
 metadata (each requirement's own dependencies and extras followed): for the tests that
-check an install needs no more than it names (tests/unit/test_cli_extras.py,
-tests/unit/test_examples_extras.py)."""
+check an install needs no more than it names (tests/cli/test_cli_extras.py,
+tests/project/test_examples_extras.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A feature type that is not built in, for tests/unit/test_features.py: a number whose
+"""A feature type that is not built in, for tests/declarative/test_features.py: a number whose
 square, after an offset, is standardised and fed to a learned linear encoder. It is what
 adding a type takes: this one module, and one entry in ``FEATURES`` (the test adds it
 with monkeypatch)."""

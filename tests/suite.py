@@ -64,7 +64,7 @@ def _stop(procs: list[subprocess.Popen]) -> list[subprocess.Popen]:
     return running
 
 
-# DeepSpeed's CPU Adam, built the way a CPU rank loads it in tests/unit/test_deepspeed_gloo.py.
+# DeepSpeed's CPU Adam, built the way a CPU rank loads it in tests/worker/test_deepspeed_gloo.py.
 _BUILD_CPU_ADAM = (
     "from deepspeed.accelerator import get_accelerator; "
     "get_accelerator().create_op_builder('CPUAdamBuilder').load(verbose=False)"

@@ -19,7 +19,7 @@ sys.path.insert(0, REPO)
 
 import raylight  # noqa: E402
 from raylight.worker import process_group  # noqa: E402
-from tests.ray import loops  # noqa: E402
+from tests.support import loops  # noqa: E402
 
 
 def epochs_loop(ctx, config):

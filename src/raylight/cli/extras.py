@@ -9,7 +9,7 @@ to run, and exits 2: never a traceback. ``--help`` of every verb works without i
 
 Each extra is probed by the top-level modules of packages it installs that the core
 does not (``importlib.util.find_spec``: nothing is imported, so the probe costs no start
-time); ``tests/unit/test_cli_extras.py`` checks the modules against pyproject.toml.
+time); ``tests/cli/test_cli_extras.py`` checks the modules against pyproject.toml.
 """
 
 from __future__ import annotations

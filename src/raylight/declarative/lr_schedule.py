@@ -6,7 +6,7 @@ the samples of the current epoch already trained on divided by that batch (round
 With a fixed batch it is the step count Ludwig's scheduler sees, and every value below is
 the one Ludwig's torch schedulers give at that step (``LambdaLR`` warm-up, then the decay,
 as ``SequentialLR`` chains them; ``CosineAnnealingWarmRestarts``; ``OneCycleLR`` with its
-momentum cycle; ``tests/unit/test_lr_schedule.py`` checks them against torch's), but one:
+momentum cycle; ``tests/declarative/test_lr_schedule.py`` checks them against torch's), but one:
 ``polynomial`` after a warm-up decays over the steps after it, as Ludwig documents it
 (Ludwig 0.17 subtracts the warm-up twice, so its polynomial decay starts above the base
 rate and ends short of ``polynomial_end_lr``). With
