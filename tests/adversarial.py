@@ -435,6 +435,7 @@ class ApiCase:
     code: str  # run after API_PRELUDE; placeholders as for Case.argv
     error: str  # the exception's class name
     expect: list[str]
+    fresh: bool = False  # run in a new interpreter: a process with no Ray of its own yet
 
 
 API_PRELUDE = "import raylight\n\ndef loop(ctx):\n    pass\n\n"
@@ -477,12 +478,27 @@ API_CASES = [
             ["the tensorboard logger's log_dir", "afile/tb", "is a file, not a directory"]),
     ApiCase("api-threads-zero", "raylight.ScalingConfig(threads_per_worker=0)", "ValidationError", ["threads_per_worker"]),
     ApiCase("api-load-model-missing", "raylight.load_model('{tmp}/nomodel')", "ConfigError", ["nomodel", "does not exist"]),
-    ApiCase("api-unreachable-address", FIT + "num_workers=1, address='127.0.0.1:1')", "ClusterConnectionError", ["127.0.0.1:1", "connect_timeout_s"]),
+    ApiCase("api-unreachable-address", FIT + "num_workers=1, address='127.0.0.1:1')", "ClusterConnectionError", ["127.0.0.1:1", "connect_timeout_s"], fresh=True),
 ]
 
 
 def run_api_case(case: ApiCase, ws: Workspace) -> tuple[str | None, str]:
-    """Run ``case`` in this process: the class name and text of what it raised."""
+    """Run ``case`` in this process (or a fresh one, ``case.fresh``): the class name and text
+    of what it raised."""
+    if case.fresh:
+        import json
+        import subprocess
+        import sys
+
+        wrapped = (
+            "import json, sys\ntry:\n    exec(sys.argv[1], {'__name__': 'adversarial'})\n"
+            "except Exception as exc:\n    print(json.dumps([type(exc).__name__, str(exc)]))\n"
+            "else:\n    print(json.dumps([None, '']))\n"
+        )
+        out = subprocess.run([sys.executable, "-c", wrapped, API_PRELUDE + ws.fill(case.code)],
+                             capture_output=True, text=True, timeout=120)
+        name, message = json.loads(out.stdout.strip().splitlines()[-1])
+        return name, message
     try:
         exec(API_PRELUDE + ws.fill(case.code), {"__name__": "adversarial"})
     except Exception as exc:

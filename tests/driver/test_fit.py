@@ -250,3 +250,18 @@ def test_sigkilled_workers_lose_and_repeat_no_sample(ray_cluster, tmp_path):
     assert [m["epoch"] for m in epochs] == [0, 1, 2]
     for m in epochs:
         assert (m["count"], m["sum"], m["sq"]) == (n, n * (n - 1) / 2, sum(i * i for i in range(n))), (kills, m)
+
+
+def test_an_address_naming_another_cluster_than_this_process_uses_is_refused(ray_cluster, tmp_path):
+    """A process already connected to one Ray cluster (here the session's) and given the
+    address of another trained on the first, the address silently ignored."""
+    from raylight.base.exceptions import ClusterConnectionError
+
+    with pytest.raises(ClusterConnectionError, match=r"address='127.0.0.1:1' names another Ray cluster .*ray.shutdown\(\)"):
+        raylight.fit(loops.failing_loop, num_workers=1, storage_path=str(tmp_path), progress=False, address="127.0.0.1:1")
+    # the cluster it uses, by its own address, is the same cluster: no error there
+    import ray
+
+    from raylight.driver import runtime
+
+    runtime.connect(ray.get_runtime_context().gcs_address)

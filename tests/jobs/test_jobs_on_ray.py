@@ -247,7 +247,7 @@ def test_a_raylight_driver_sigtermed_as_a_job_exits_143_and_is_resubmitted(head,
     log = tmp_path / "submit.txt"
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "raylight.cli", "submit", "--address", head.url, "-d", JOB_CODE, "--env", f"STORE={tmp_path}",
+            [sys.executable, "-m", "raylight.cli", "submit", "--address", head.url, "--working-dir", JOB_CODE, "--env", f"STORE={tmp_path}",
              "--env", "BLOCK_AFTER=1", "--name", name, "--retries", "1", "--", "python", "train_job.py", "3"],
             env=_env(RAY_AUTH_MODE="token"), stdout=out, stderr=subprocess.STDOUT, text=True,
         )

@@ -391,11 +391,38 @@ def _host_port(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
+def _resolved(target: tuple[str, int]) -> tuple[str, int]:
+    try:
+        return socket.gethostbyname(target[0]), target[1]
+    except OSError:
+        return target
+
+
+def _check_same_cluster(address: str | None) -> None:
+    """This process already uses a Ray cluster: an ``address`` naming another (host:port of
+    its GCS) is refused rather than silently ignored."""
+    target = _host_port(address) if address and "://" not in address else None
+    if target is None:
+        return
+    try:
+        running = ray.get_runtime_context().gcs_address
+    except Exception:  # a Ray Client driver's context has no GCS address to compare
+        return
+    here = _host_port(running or "")
+    if here is not None and _resolved(here) != _resolved(target):
+        raise ClusterConnectionError(
+            f"address={address!r} names another Ray cluster than the one this process already uses "
+            f"({running}, from an earlier ray.init): leave the address unset to train on that one, or "
+            "call ray.shutdown() first to connect to the other"
+        )
+
+
 def connect(address: str | None, *, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> RayRuntime:
     """Use the running Ray of this process (a Ray Client driver's too), the cluster at
     ``address`` (or ``default_address()``: RAY_ADDRESS, as in a Ray Job's driver, or a
     cluster launcher's head node), or else start the embedded local one."""
     if ray.is_initialized():
+        _check_same_cluster(address)
         termination.install()
         return current()
     source = "address"
