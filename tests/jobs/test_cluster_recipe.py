@@ -17,8 +17,6 @@ from __future__ import annotations
 import os
 import pathlib
 import re
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,8 +26,8 @@ import urllib.request
 import pytest
 
 from tests.conftest import REPO
-from tests.helpers import process_tree, wait_until
-from tests.jobs.test_jobs_on_ray import _answers, _free_port, _temp_dir_processes
+from tests.helpers import wait_until
+from tests.jobs.test_jobs_on_ray import _answers, _free_port, stop_head
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -86,21 +84,8 @@ class RecipeHead:
         return self.proc.poll() is None
 
     def stop(self) -> None:
-        pids = set(process_tree(self.proc.pid)) | set(_temp_dir_processes(self.temp_dir))
-        self.proc.send_signal(signal.SIGTERM)  # `ray start --block` stops what it started
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        for pid in pids | set(_temp_dir_processes(self.temp_dir)):
-            for p in process_tree(pid):
-                try:
-                    os.kill(p, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        self.proc.wait(timeout=10)
+        stop_head(self.proc, self.temp_dir)
         self.log.close()
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 def test_the_loopback_recipe_runs_as_written(tmp_path):

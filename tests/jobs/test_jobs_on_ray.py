@@ -61,6 +61,26 @@ def _temp_dir_processes(temp_dir: str) -> list[int]:
     return [int(line.split(None, 1)[0]) for line in out.splitlines() if temp_dir in line]
 
 
+def stop_head(proc: subprocess.Popen, temp_dir: str) -> None:
+    """End a `ray start --head --block` this test started, by PID only (never `ray stop`):
+    SIGTERM (it stops what it started), then SIGKILL whatever of its tree and its temp dir's
+    processes is left; the temp dir removed."""
+    pids = set(process_tree(proc.pid)) | set(_temp_dir_processes(temp_dir))
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+    for pid in pids | set(_temp_dir_processes(temp_dir)):
+        for p in process_tree(pid):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    proc.wait(timeout=10)
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
 class Head:
     def __init__(self) -> None:
         self.temp_dir = tempfile.mkdtemp(prefix="rlj-", dir="/tmp")
@@ -80,21 +100,8 @@ class Head:
         self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT)
 
     def stop(self) -> None:
-        pids = set(process_tree(self.proc.pid)) | set(_temp_dir_processes(self.temp_dir))
-        self.proc.send_signal(signal.SIGTERM)  # `ray start --block` stops what it started
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        for pid in pids | set(_temp_dir_processes(self.temp_dir)):
-            for p in process_tree(pid):
-                try:
-                    os.kill(p, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        self.proc.wait(timeout=10)
+        stop_head(self.proc, self.temp_dir)
         self.log.close()
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 def _started_head() -> Head:
