@@ -4,7 +4,7 @@ evaluation."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -16,6 +16,14 @@ from raylight.declarative.features.base import FeatureModel
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+
+# The binary and set outputs' shared setting: one definition, one description.
+Threshold = Annotated[float, Field(
+    gt=0, lt=1,
+    description="binary, set: predict true (a label) at this probability and above (Ludwig's); accuracy and "
+    "jaccard count those predictions, roc_auc does not depend on it.",
+)]
 
 
 class OutputModel(FeatureModel):

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import Field
 
 from raylight.declarative.features import binary as binary_input
 from raylight.declarative.outputs.base import (
     OutputModel,
+    Threshold,
     block_classes,
     check_classes,
     first_classes,
@@ -24,11 +24,7 @@ if TYPE_CHECKING:
 
 class BinaryOutput(OutputModel):
     type: Literal["binary"]
-    threshold: float = Field(
-        0.5, gt=0, lt=1,
-        description="binary, set: predict true (a label) at this probability and above (Ludwig's); accuracy and "
-        "jaccard count those predictions, roc_auc does not depend on it.",
-    )
+    threshold: Threshold = 0.5
 
 
 Output = BinaryOutput

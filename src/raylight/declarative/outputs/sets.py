@@ -8,11 +8,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import Field
 
 from raylight.declarative.features import sets as set_input
 from raylight.declarative.features.base import present
-from raylight.declarative.outputs.base import OutputModel, no_target_check, no_target_summary
+from raylight.declarative.outputs.base import (
+    OutputModel,
+    Threshold,
+    no_target_check,
+    no_target_summary,
+)
 from raylight.declarative.outputs.category import probabilities
 
 if TYPE_CHECKING:
@@ -22,11 +26,7 @@ if TYPE_CHECKING:
 
 class SetOutput(OutputModel):
     type: Literal["set"]
-    threshold: float = Field(
-        0.5, gt=0, lt=1,
-        description="binary, set: predict true (a label) at this probability and above (Ludwig's); accuracy and "
-        "jaccard count those predictions, roc_auc does not depend on it.",
-    )
+    threshold: Threshold = 0.5
 
 
 Output = SetOutput
