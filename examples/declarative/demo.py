@@ -91,7 +91,7 @@ def closing_line(rows: list[dict[str, Any]]) -> str:
         f"(the engine's last) {rates[last]:,.0f}: {speed:.1f}x the samples/s at statistical efficiency "
         f"{efficiency:.2f}, {speed * efficiency:.1f}x the training progress per second. Time to a target "
         "accuracy against a fixed-batch run is `make bench-adaptive`'s measure (two runs do not fit this "
-        "demo's ~30 s)."
+        "demo's ~20 s)."
     )
 
 
