@@ -6,6 +6,9 @@ problems found (an empty list: the block is right as far as the check can tell).
   from one and every attribute it reads of one exists; every call of a raylight function or
   class binds to its signature (no unknown keyword, no missing argument); a raylight config
   class (a pydantic model) called with literal arguments is built, so its values are validated.
+  ``ctx`` is the loop's ``TrainContext`` (the docs' name for it) unless the block binds it, and
+  a name bound to what a raylight call returns (``result = raylight.fit(...)``) is of the class
+  its annotation names: their attributes must exist, their methods' calls bind.
 - ``shell``: every ``raylight`` command (after ``VAR=value``, a launcher such as ``torchrun``
   or ``submit ... --``, or as ``-m raylight.cli``) is parsed by the CLI as a shell would pass
   it: the verb exists, each flag exists for that verb and takes its value; ``[...]`` marks
@@ -19,11 +22,15 @@ problems found (an empty list: the block is right as far as the check can tell).
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import re
 import shlex
+import textwrap
+import typing
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -52,7 +59,42 @@ def check_python(block: Block) -> list[str]:
     except SyntaxError as exc:
         return [f"line {exc.lineno}: {exc.msg}"]
     problems: list[str] = []
-    names: dict[str, Any] = {}  # what a name is bound to by the block's raylight imports
+    names = _imports(tree, problems)
+    names.setdefault("ctx", _Instance(_train_context()))  # the docs' name for the loop's context
+    assigns = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Assign)), key=lambda n: n.lineno)
+    for node in assigns:  # x = raylight.fit(...): x is a Result, its attributes checked
+        target = node.targets[0] if len(node.targets) == 1 else None
+        if not isinstance(target, ast.Name):
+            continue
+        if target.id in names and not isinstance(names[target.id], _Instance):
+            continue  # an imported name bound again: left as imported
+        names.pop(target.id, None)
+        cls = _returns(node.value, names)
+        if cls is not None:
+            names[target.id] = _Instance(cls)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+            try:
+                _resolve(node.value, names)
+            except _Unresolved:
+                continue
+            except AttributeError as exc:
+                problems.append(f"line {node.lineno}: {exc}")
+                continue
+            try:
+                _resolve(node, names)
+            except _Unresolved:
+                pass
+            except AttributeError as exc:
+                problems.append(f"line {node.lineno}: {exc}")
+        elif isinstance(node, ast.Call):
+            problems.extend(_check_call(node, names))
+    return sorted(set(problems))
+
+
+def _imports(tree: ast.Module, problems: list[str]) -> dict[str, Any]:
+    """What each name the block's raylight imports bind stands for."""
+    names: dict[str, Any] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -73,22 +115,61 @@ def check_python(block: Block) -> list[str]:
                     )
                 else:
                     problems.append(f"line {node.lineno}: {node.module} has no {alias.name}")
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
-            try:
-                _resolve(node.value, names)
-            except _Unresolved:
-                continue
-            except AttributeError as exc:
-                problems.append(f"line {node.lineno}: {exc}")
-                continue
-            try:
-                _resolve(node, names)
-            except AttributeError as exc:
-                problems.append(f"line {node.lineno}: {exc}")
-        elif isinstance(node, ast.Call):
-            problems.extend(_check_call(node, names))
-    return sorted(set(problems))
+    return names
+
+
+@dataclass(frozen=True)
+class _Instance:
+    """An object of a raylight class the block holds (``ctx``, what ``raylight.fit`` returns)."""
+
+    cls: type
+
+
+def _train_context() -> type:
+    from raylight import TrainContext
+
+    return TrainContext
+
+
+def _returns(node: ast.expr, names: dict[str, Any]) -> type | None:
+    """The raylight class of what a call returns, where its annotation says."""
+    if not isinstance(node, ast.Call):
+        return None
+    try:
+        func = _resolve(node.func, names)
+    except (_Unresolved, AttributeError):
+        return None
+    if inspect.isclass(func):
+        out: Any = func
+    else:
+        try:
+            out = typing.get_type_hints(getattr(func, "func", func)).get("return")
+        except Exception:  # an annotation only a type checker resolves
+            return None
+    return out if inspect.isclass(out) and out.__module__.startswith("raylight.") else None
+
+
+def _has_attribute(cls: type, name: str) -> bool:
+    return (
+        hasattr(cls, name)
+        or any(name in getattr(k, "__annotations__", {}) for k in cls.__mro__)
+        or name in getattr(cls, "model_fields", {})
+        or any(name in _self_attributes(k) for k in cls.__mro__)
+    )
+
+
+@functools.cache
+def _self_attributes(cls: type) -> frozenset[str]:
+    """The attributes ``cls``'s own methods set on ``self`` (``self.rank = ...``)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):  # a builtin, or no source
+        return frozenset()
+    return frozenset(
+        n.attr
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and isinstance(n.value, ast.Name) and n.value.id == "self"
+    )
 
 
 def _import(name: str, problems: list[str], line: int) -> Any:
@@ -102,11 +183,19 @@ def _import(name: str, problems: list[str], line: int) -> Any:
 
 
 def _resolve(node: ast.expr, names: dict[str, Any]) -> Any:
-    """The raylight object a Name or an attribute chain on one stands for."""
+    """The raylight object a Name or an attribute chain on one stands for (a method of an
+    ``_Instance`` as a callable without its self; its other attributes are only checked)."""
     if isinstance(node, ast.Name) and node.id in names:
         return names[node.id]
     if isinstance(node, ast.Attribute):
         base = _resolve(node.value, names)
+        if isinstance(base, _Instance):
+            if not _has_attribute(base.cls, node.attr):
+                raise AttributeError(f"{_dotted(node.value)} (a {base.cls.__name__}) has no attribute {node.attr!r}")
+            member = inspect.getattr_static(base.cls, node.attr, None)
+            if inspect.isfunction(member):
+                return functools.partial(member, None)
+            raise _Unresolved  # a property or a field: it exists, its value is not known here
         if inspect.ismodule(base) and not hasattr(base, node.attr):
             try:  # a submodule not imported yet (raylight.tune)
                 return importlib.import_module(f"{base.__name__}.{node.attr}")

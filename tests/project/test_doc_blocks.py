@@ -119,6 +119,15 @@ def test_the_python_check_finds_missing_names_bad_arguments_and_refused_values()
     nested = "from raylight import TrainerConfig, ScalingConfig\nTrainerConfig(scaling=ScalingConfig(num_workers=-3))\n"
     assert "num_workers" in problems(nested)
     assert "invalid syntax" in problems("def f(:\n")
+    # ctx is the loop's TrainContext; what a raylight call returns is its annotated class
+    assert "ctx (a TrainContext) has no attribute 'prepare_modle'" in problems("def loop(ctx, config):\n    ctx.prepare_modle(net)\n")
+    assert "unexpected keyword argument 'shufle'" in problems("ctx.prepare_loader(ds, batch_size=64, shufle=True)\n")
+    assert problems("def loop(ctx, config):\n    ctx.rank, ctx.world_size, ctx.batch_size, ctx.epochs(3)\n") == ""
+    assert "ctx (a RunContext) has no attribute 'prepare_model'" in problems("import raylight\nctx = raylight.run_context()\nctx.prepare_model(m)\n")
+    assert "plan (a ConcurrencyPlan) has no attribute 'max_concurent'" in problems(
+        "import raylight.tune as rt\nplan = rt.check_resources(t, num_trials=8)\nplan.max_concurent\n"
+    )
+    assert "r (a Result) has no attribute 'nope'" in problems("import raylight\nr = raylight.fit(f, num_workers=2)\nr.metrics, r.nope\n")
     # what is not raylight's, or not a literal, is left alone
     assert (
         problems(
@@ -152,6 +161,13 @@ def test_the_shell_check_parses_raylight_commands_and_checks_extras_targets_and_
     assert "examples/nope.py is not in the repository" in problems(
         "make run && python examples/nope.py\n"
     )
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.runnable and b.not_run is None], ids=lambda b: b.id)
+def test_the_checks_pass_the_blocks_that_run(block: Block):
+    """No false alarms: a block that runs as written (test_doc_blocks_on_ray.py) passes its
+    language's check too."""
+    assert CHECKS[{"python": "python", "bash": "shell"}[block.lang]](block) == []
 
 
 def test_the_config_check_validates_with_the_loader():
