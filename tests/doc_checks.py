@@ -14,7 +14,7 @@ problems found (an empty list: the block is right as far as the check can tell).
   it: the verb exists, each flag exists for that verb and takes its value; ``[...]`` marks
   optional parts and ``...`` elided ones. Every extra a ``pip install`` names for raylight
   exists in pyproject.toml, every ``make`` target in the Makefile, every path under
-  examples/ or tests/ in the repository.
+  examples/ or tests/ in the repository, every raylight module run with ``-m``.
 - ``config``: the YAML is a declarative config section, validated by the loader's own
   ``validate_config``; a fragment without features is checked over ``READER_CONFIG``.
 """
@@ -24,7 +24,9 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
+import importlib.util
 import inspect
+import itertools
 import re
 import shlex
 import textwrap
@@ -331,10 +333,20 @@ def _check_words(words: list[str], line: str) -> list[str]:
         ]
     if words[:2] == ["pip", "install"]:
         problems += _check_extras(words[2:], line)
+    for flag, module in itertools.pairwise(words):  # python -m raylight.horovod
+        if flag == "-m" and module.split(".")[0] == "raylight" and not _module_exists(module):
+            problems.append(f"{line!r}: no module {module}")
     for i, word in enumerate(words):
         if word == "raylight" or (word == "raylight.cli" and words[i - 1] == "-m"):
             return problems + _check_cli(words[i + 1 :], line)
     return problems
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent package missing
+        return False
 
 
 def _repo_path(word: str) -> bool:

@@ -156,6 +156,7 @@ def test_the_shell_check_parses_raylight_commands_and_checks_extras_targets_and_
     assert "has no command 'trains'" in problems(
         "torchrun --nproc-per-node 2 -m raylight.cli trains --config c\n"
     )
+    assert "no module raylight.horovd" in problems("mpirun -np 2 python -m raylight.horovd x.py\n")
     assert "no extra 'nope'" in problems("pip install -e '.[nope,tune]'\n")
     assert "no target 'runn'" in problems("make runn && python examples/nope.py\n")
     assert "examples/nope.py is not in the repository" in problems(
