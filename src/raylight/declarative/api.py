@@ -299,9 +299,10 @@ def _fit(
 ) -> tuple[Any, dict[str, Any]]:
     """The training run itself: the declarative loop on the core's Trainer (which creates
     the output directory when training starts). Its result, and the loop's config."""
-    from raylight.declarative.train import declarative_loop
+    from raylight.declarative.train import check_sharding, declarative_loop
     from raylight.driver.trainer import Trainer, fit_config
 
+    check_sharding(config, prepared.meta, num_workers=resolved.num_workers)  # before any worker
     loop_config, adaptive = loop_settings(config, prepared, on_ray=resolved.kind == "ray")
     trainer_config = fit_config(
         num_workers=resolved.num_workers,
