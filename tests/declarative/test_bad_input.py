@@ -130,3 +130,23 @@ def test_the_deepspeed_keys_raylight_and_its_users_write_are_known():
     })
     with pytest.raises(ValueError, match=r"config zero_optimization\.overlap_com: unknown DeepSpeed key .* did you mean 'overlap_comm'\?"):
         check_keys({"zero_optimization": {"overlap_com": True}})
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_fsdp_blocks_naming_no_module_of_the_model_are_refused_in_the_driver(tmp_path, monkeypatch, workers):
+    """The declarative model is built in the driver on the meta device and checked before
+    the core's Trainer starts anything (the local backend's process, Ray's workers)."""
+    from raylight.base.exceptions import ConfigError
+    from raylight.driver.trainer import Trainer
+    from tests.declarative_data import CONFIG, write
+
+    def started(self):
+        raise AssertionError("raylight.Trainer.fit ran: the mistake was left to the workers")
+
+    monkeypatch.setattr(Trainer, "fit", started)
+    backend = f"backend: {{type: local, trainer: {{num_workers: {workers}, strategy: {{type: fsdp, blocks: [TransformerBlock]}}}}}}"
+    cfg, data = write(tmp_path, config=CONFIG.replace("backend: {type: local}", backend))
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match=r"backend.trainer.strategy.blocks \['TransformerBlock'\] names no submodule of .*; its submodule classes are \[.*'Linear'.*\]"):
+        api.train(load_config(cfg), data, output_directory=str(out), progress=False)
+    assert not out.exists()

@@ -461,6 +461,29 @@ def test_training_arrays_go_to_the_object_store_once(ray_cluster, tmp_path):
     assert from_store(prepared.train) is prepared.train  # arrays in memory pass through
 
 
+@pytest.mark.parametrize("processor", ["ray_data", "pandas"])
+def test_a_batch_larger_than_the_training_split_is_clamped_and_said_on_the_ray_backend(ray_cluster, tmp_path, caplog, processor):
+    """The local backend's clamp, the same message: on Ray the split is Ray Data's blocks or
+    arrays in the object store (a reference, which has no length), counted before."""
+    import logging
+
+    cfg, data = write(tmp_path, config=RAY_CONFIG.replace("batch_size: auto", "batch_size: 100000"))
+    config = load_config(cfg)
+    prepared = api.prepare(config, data, use_cache=False, processor=processor)
+    train = prepared.train  # BlockRefs (their lengths), or a dict of arrays
+    rows = len(train) if processor == "ray_data" else len(next(iter(train.values())))
+    stored = api.in_store(prepared)
+    assert 0 < rows < 100_000
+    with caplog.at_level(logging.WARNING, logger="raylight"):
+        loop_config, _ = api.loop_settings(config, stored, on_ray=True)
+    assert loop_config["batch_size"] == rows
+    said = [r.getMessage() for r in caplog.records if "trainer.batch_size" in r.getMessage()]
+    assert said == [
+        f"trainer.batch_size 100000 is larger than the {rows} rows of the training split; training with "
+        f"batch_size {rows} (the whole split each step). Set trainer.batch_size to at most {rows} to choose it yourself"
+    ]
+
+
 def test_small_data_on_the_ray_backend_preprocesses_in_the_driver_as_the_local_backend(ray_cluster, tmp_path):
     """processor auto: data this small is preprocessed with pandas in the driver (the local
     backend's code path), and one Ray worker trains to the local backend's metrics."""

@@ -690,7 +690,8 @@ def code_failures(*errors, steps=0):
 def test_an_error_in_the_code_is_deterministic_only_before_the_first_step_and_the_same_on_every_failed_rank():
     from raylight.driver.controller.policies import DETERMINISTIC_ERRORS, deterministic_error
 
-    for kind in ("NameError", "TypeError", "AttributeError", "ImportError", "ModuleNotFoundError", "SyntaxError"):
+    kinds = ("NameError", "TypeError", "AttributeError", "ImportError", "ModuleNotFoundError", "SyntaxError")
+    for kind in (*kinds, "raylight.base.exceptions.ConfigError"):  # a worker's ConfigError: the model's settings
         assert kind in DETERMINISTIC_ERRORS
         poll = code_failures(code_error(kind, "x"), code_error(kind, "x"))
         assert deterministic_error(poll.failures, steps=0, reports=0), kind

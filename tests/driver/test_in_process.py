@@ -4,6 +4,8 @@ import pytest
 import torch
 
 import raylight
+from raylight.base.exceptions import ConfigError
+from raylight.storage.checkpoint import Checkpoint
 
 
 def loop(ctx, config):
@@ -36,6 +38,36 @@ def test_in_process_errors_propagate_unchanged_and_resume_continues(tmp_path):
         raylight.fit(loop, config={"epochs": 4, "crash_at": 1}, num_workers=0, storage_path=str(tmp_path), name="r", progress=False)
     result = raylight.fit(loop, config={"epochs": 4}, num_workers=0, storage_path=str(tmp_path), name="r", resume=True, progress=False)
     assert [m["epoch"] for m in result.metrics_history] == [0, 1, 2, 3]
+
+
+def test_a_checkpoint_that_is_not_a_dict_is_refused_before_anything_is_written(tmp_path):
+    """A loop reporting a list, or a run started from a state file holding one: refused
+    naming it, with no partial commit in the run and nothing of the refused run written;
+    the last good checkpoint still loads and resumes."""
+    from raylight.driver.trainer import Trainer, fit_config
+
+    def bad_report(ctx, config):
+        ctx.report({"epoch": 0}, checkpoint={"epoch": 0})
+        ctx.report({"epoch": 1}, checkpoint=[torch.ones(2)])
+
+    with pytest.raises(TypeError, match=r"a checkpoint must be a dict .*got list"):
+        raylight.fit(bad_report, num_workers=0, storage_path=str(tmp_path), name="good", progress=False)
+    checkpoints = tmp_path / "good" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["checkpoint_000000"]
+    good = Checkpoint(str(checkpoints / "checkpoint_000000"))
+    assert good.load() == {"epoch": 0}
+
+    (tmp_path / "elsewhere").mkdir()
+    torch.save([1, 2], tmp_path / "elsewhere" / "state.pt")
+
+    def settings(name):
+        return fit_config(num_workers=0, storage_path=str(tmp_path), name=name, progress=False)
+
+    with pytest.raises(ConfigError, match=rf"checkpoint file {tmp_path}/elsewhere/state.pt holds a list, not a dict"):
+        Trainer(loop, train_loop_config={"epochs": 2}, config=settings("refused"), resume_from=Checkpoint(str(tmp_path / "elsewhere"))).fit()
+    assert not (tmp_path / "refused").exists()  # nothing written before the refusal
+    result = Trainer(loop, train_loop_config={"epochs": 2}, config=settings("next"), resume_from=good).fit()
+    assert [m["epoch"] for m in result.metrics_history] == [1]
 
 
 def test_a_loop_written_as_ray_train_s_train_func_config_is_told_it_got_the_context(tmp_path):

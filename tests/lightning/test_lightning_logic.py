@@ -147,6 +147,27 @@ def test_fsdp_blocks_must_name_a_submodule_class():
         check_blocks(_Tiny(), raylight.FSDP(blocks=("Nope",)))
 
 
+@pytest.mark.parametrize(
+    "module,options,expected",
+    [
+        ("_Tiny", {"blocks": ("Nope",)}, r"RayFSDPStrategy.blocks \['Nope'\] names no submodule of _Tiny; its submodule classes are \['Linear'\]"),
+        ("_Gated", {}, r"RayFSDPStrategy is FSDP, but the model's parameters gain are 0-dim .*nn.Parameter\(torch.ones\(1\)\)"),
+    ],
+)
+def test_fsdp_refuses_a_module_it_cannot_shard_in_the_driver_before_ray_starts(monkeypatch, module, options, expected):
+    from raylight.driver.trainer import Trainer as RaylightTrainer
+
+    def started(self):
+        raise AssertionError("raylight.Trainer.fit ran: the mistake was left to the workers")
+
+    monkeypatch.setattr(RaylightTrainer, "fit", started)
+    strategy = RayFSDPStrategy(num_workers=2, **options)
+    trainer = pl.Trainer(strategy=strategy, max_epochs=1, logger=False, enable_progress_bar=False, enable_checkpointing=False)
+    data = DataLoader(TensorDataset(torch.randn(8, 4), torch.randint(0, 2, (8,))), batch_size=4)
+    with pytest.raises(ConfigError, match=expected):
+        trainer.fit(globals()[module](), data)
+
+
 def test_fsdp_worker_evaluates_under_no_grad():
     # FSDP2 cannot train after a forward under torch.inference_mode (its gathered
     # parameters would be inference tensors), so the worker's loops use no_grad.
@@ -445,3 +466,9 @@ def test_a_quiet_worker_drops_the_model_summary(monkeypatch):
         trainer = SimpleNamespace(callbacks=[RichModelSummary(), EarlyStopping("val_loss")])
         quiet_worker(trainer)
         assert len(trainer.callbacks) == kept and isinstance(trainer.callbacks[-1], EarlyStopping)
+
+
+class _Gated(_Tiny):
+    def __init__(self):
+        super().__init__()
+        self.gain = torch.nn.Parameter(torch.tensor(1.0))  # 0-dim: FSDP2 cannot shard it

@@ -40,6 +40,13 @@ def test_checkpoint_must_be_a_dict():
         serialize_state([1, 2])  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("state", [[1, 2], torch.ones(2), 3])
+def test_a_state_file_that_is_not_a_dict_is_refused_naming_the_file(tmp_path, state):
+    torch.save(state, tmp_path / "state.pt")
+    with pytest.raises(ConfigError, match=rf"checkpoint file {tmp_path}/state.pt holds a {type(state).__name__}, not a dict: .*torch.save\(\{{'model'"):
+        Checkpoint(str(tmp_path)).load()
+
+
 @pytest.mark.parametrize("uri_kind", ["local", "memory"])
 def test_commit_list_and_keep_last(tmp_path, uri_kind):
     uri = str(tmp_path / "run") if uri_kind == "local" else f"memory://rl-{tmp_path.name}/run"

@@ -20,7 +20,7 @@ from raylight.config import (
 )
 from raylight.declarative.config.model import ModelConfig
 from raylight.worker.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, build_strategy
-from raylight.worker.strategies.fsdp import shard_blocks
+from raylight.worker.strategies.fsdp import check_shardable, shard_blocks
 from tests.helpers import run_gloo_ranks
 
 
@@ -110,6 +110,53 @@ def test_named_blocks_are_sharded_children_first():
     assert shard_blocks(m, FSDP(blocks=("Block", "Sequential"))) == [m[1][0], m[1], m[0]]
     with pytest.raises(ValueError, match=r"\['Layer'\] names no submodule of Sequential; its submodule classes are \['Block', 'Linear'\]"):
         shard_blocks(nn.Sequential(Block(8)), FSDP(blocks=("Layer",)))
+
+
+class Gate(nn.Module):
+    """A layer with a learnt scalar gain: a 0-dim parameter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.gain = nn.Parameter(torch.tensor(1.0))
+
+
+class NoReset(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(3))
+
+
+def test_sharded_model_mistakes_are_config_errors_found_on_the_meta_device_without_allocating():
+    """check_shardable: what stops fully_shard or the materialisation after it, named with
+    the setting and the fix, from the module tree alone (a meta model stays on meta)."""
+    with torch.device("meta"):
+        big = nn.Sequential(Block(4096), Block(4096))  # 4 x 16 M parameters, never allocated
+    check_shardable(big, FSDP(blocks=("Block", "Other")))  # one match is enough
+    with pytest.raises(ConfigError, match=r"backend.trainer.strategy.blocks \['Layer'\] names no submodule of Sequential; its submodule classes are \['Block', 'Linear'\]\. Name the class"):
+        check_shardable(big, FSDP(blocks=("Layer",)), setting="backend.trainer.strategy")
+    assert all(p.is_meta for p in big.parameters())
+
+    with torch.device("meta"):
+        unresettable = nn.Sequential(nn.Linear(3, 3), NoReset())
+    with pytest.raises(ConfigError, match=r"\['NoReset'\] have no reset_parameters\(\) .*\(modules 1 \(NoReset\)\); give them one"):
+        check_shardable(unresettable, FSDP())
+    check_shardable(nn.Sequential(nn.Linear(3, 3), NoReset()), FSDP())  # real tensors: nothing to reset
+
+    gated = nn.Sequential(Gate(), Gate())
+    with pytest.raises(ConfigError, match=r"parameters 0.gain, 1.gain are 0-dim .*cannot shard .*nn.Parameter\(torch.ones\(1\)\)"):
+        check_shardable(gated, FSDP())
+    check_shardable(gated, FSDP(), sharded=False)  # one worker without mixed precision: not sharded
+
+
+def test_fsdp_refuses_a_0_dim_parameter_before_it_shards_anything():
+    """On a worker, before the device mesh and fully_shard (which failed with torch's
+    "Shard dim 0 is invalid for 0D tensor"), and as a ConfigError, which the controller
+    does not retry (DETERMINISTIC_ERRORS)."""
+    with pytest.raises(ConfigError, match=r"scaling.strategy is FSDP, but the model's parameters 0.gain, 1.gain are 0-dim"):
+        FSDPStrategy().wrap_model(nn.Sequential(Gate(), Gate()), device=torch.device("cpu"), world_size=2)
+    with pytest.raises(ConfigError, match=r"names no submodule of Gate"):
+        FSDPStrategy(FSDP(blocks=("Block",))).wrap_model(Gate(), device=torch.device("cpu"), world_size=1)
 
 
 def _declarative(**trainer):

@@ -109,3 +109,31 @@ def test_a_tune_trial_trains_sharded(ray_cluster, tmp_path):
     result = grid[0]
     assert result.error is None, result.error
     assert result.metrics["sharded"] is True and result.metrics["world_size"] == 2
+
+
+class _Gated(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 2)
+        self.gain = torch.nn.Parameter(torch.tensor(1.0))  # 0-dim: FSDP2 cannot shard it
+
+
+def _gated_loop(ctx, config):
+    ctx.prepare_model(_Gated())
+    ctx.report({"never": 1})
+
+
+def test_a_model_fsdp_cannot_shard_ends_the_run_on_its_first_attempt_saying_what_to_do(ray_cluster, tmp_path):
+    """The core's loop builds its model in the workers, where the driver cannot see it:
+    each worker checks it before sharding, and its ConfigError is not retried (it was
+    torch's "Shard dim 0 is invalid for 0D tensor", retried max_failures times)."""
+    from raylight.base.exceptions import WorkerError
+
+    with pytest.raises(WorkerError) as err:
+        raylight.fit(
+            _gated_loop, num_workers=2, strategy="fsdp", max_failures=3,
+            storage_path=str(tmp_path), name="gated", progress=False,
+        )
+    text = str(err.value)
+    assert "the model's parameters gain are 0-dim" in text and "nn.Parameter(torch.ones(1))" in text
+    assert "stops without retrying" in text and err.value.num_failures == 1, text

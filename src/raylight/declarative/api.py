@@ -71,6 +71,13 @@ class Prepared:
     validation: Any
     test: Any
     test_frame: pd.DataFrame | None
+    # Rows of the training split, counted while it is in this process: in_store's copy
+    # holds an object-store reference, which has no length (counted here, kept by replace).
+    train_rows: int = -1
+
+    def __post_init__(self) -> None:
+        if self.train_rows < 0:
+            self.train_rows = _train_rows(self.train)
 
 
 def prepare(
@@ -292,9 +299,10 @@ def _fit(
 ) -> tuple[Any, dict[str, Any]]:
     """The training run itself: the declarative loop on the core's Trainer (which creates
     the output directory when training starts). Its result, and the loop's config."""
-    from raylight.declarative.train import declarative_loop
+    from raylight.declarative.train import check_sharding, declarative_loop
     from raylight.driver.trainer import Trainer, fit_config
 
+    check_sharding(config, prepared.meta, num_workers=resolved.num_workers)  # before any worker
     loop_config, adaptive = loop_settings(config, prepared, on_ray=resolved.kind == "ray")
     trainer_config = fit_config(
         num_workers=resolved.num_workers,
@@ -369,7 +377,7 @@ def loop_settings(config: ModelConfig, prepared: Prepared, *, on_ray: bool) -> t
         )
         adaptive = None
     batch = AUTO_BATCH_SIZE if auto_batch else int(t.batch_size)
-    rows = _train_rows(prepared.train)
+    rows = prepared.train_rows
     if not auto_batch and 0 < rows < batch:  # a valid input: one batch of every row
         log.warning(
             "trainer.batch_size %d is larger than the %d rows of the training split; training with "
@@ -413,8 +421,8 @@ def _plot_learning_curves(history: list[dict[str, Any]], path: str) -> None:
 
 
 def _train_rows(train: Any) -> int:
-    """Rows of the training split as preprocessed here (a frame or a dict of arrays); 0
-    where they are not in this process (object-store references, a Ray dataset)."""
+    """Rows of the training split as preprocessed (a frame, a dict of arrays, Ray Data's
+    ``BlockRefs``); 0 where they cannot be counted here (an object-store reference)."""
     if isinstance(train, dict):
         train = next(iter(train.values()), ())
     try:

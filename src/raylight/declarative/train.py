@@ -341,6 +341,24 @@ def save_model(path: str, config: ModelConfig, meta: dict[str, Any], state: dict
     atomic_write(os.path.join(path, MODEL_FILE), json.dumps({"config": config.model_dump(mode="json"), "meta": meta, "format": MODEL_FORMAT}))
 
 
+def check_sharding(config: ModelConfig, meta: dict[str, Any], *, num_workers: int | tuple[int, int]) -> None:
+    """An FSDP run's model checked in the driver before any worker starts (``check_shardable``):
+    built from the preprocessed metadata on the meta device, so nothing is allocated."""
+    from raylight.config.schema import FSDP
+    from raylight.declarative.models import build_model
+    from raylight.worker.strategies.fsdp import check_shardable
+
+    strategy = config.backend.trainer.strategy
+    if strategy != "fsdp" and not isinstance(strategy, FSDP):
+        return
+    options = strategy if isinstance(strategy, FSDP) else FSDP()
+    most = max(num_workers) if isinstance(num_workers, tuple) else num_workers
+    with torch.device("meta"):
+        model = build_model(config, meta)
+    sharded = most > 1 or bool(options.mixed_precision or options.cpu_offload)
+    check_shardable(model, options, sharded=sharded, setting="backend.trainer.strategy")
+
+
 def _build_checked(config: ModelConfig, meta: dict[str, Any], model_json: str, damaged: str) -> torch.nn.Module:
     """The model ``model.json`` describes; its metadata must hold what each feature needs."""
     from raylight.base.exceptions import ConfigError

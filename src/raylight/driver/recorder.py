@@ -29,7 +29,13 @@ from raylight.config.schema import LEASE_TIMEOUT_S
 from raylight.driver.loggers import RunLoggers
 from raylight.storage.checkpoint import Checkpoint, deserialize_state
 from raylight.storage.lease import LEASE_FILE, RunLease
-from raylight.storage.run_dir import CHECKPOINTS, CommittedCheckpoint, RunStorage, check_state
+from raylight.storage.run_dir import (
+    CHECKPOINTS,
+    STATE_FILE,
+    CommittedCheckpoint,
+    RunStorage,
+    check_state,
+)
 from raylight.worker.protocol import CheckpointTarget, Report
 
 log = logging.getLogger("raylight")
@@ -97,6 +103,10 @@ class RunRecorder:
                 self.latest = Checkpoint(
                     start_from.path, metadata={**start_from.metadata, "report": -1}, data=start_from.to_bytes()
                 )
+                # read here, before anything is written: a file that is no raylight
+                # checkpoint (not a dict, code in its pickle) is refused naming it
+                where = f"checkpoint file {start_from.path}/{STATE_FILE}" if start_from.path else "an in-memory checkpoint"
+                deserialize_state(self.latest.to_bytes(), f"resume_from's {where}")
             return self.latest
         if state == "absent":
             log.warning("resume=True but %s holds no run yet; starting from scratch", self.storage.uri)

@@ -19,11 +19,13 @@ import logging
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.strategies.launchers.launcher import _Launcher
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn, TrainerStatus
+from torch import nn
 
 from raylight.lightning._worker import CALL_KEY, CHECKPOINT_STATE_KEYS, run_on_worker
 from raylight.storage.checkpoint import RAYLIGHT_KEY
@@ -39,8 +41,10 @@ log = logging.getLogger("raylight")
 class RayLauncher(_Launcher):
     """Runs a Trainer entry point on raylight workers and recovers rank 0's results."""
 
-    def __init__(self, settings: RaySettings) -> None:
+    def __init__(self, settings: RaySettings, *, check_model: Callable[[Any], None] | None = None) -> None:
         self._settings = settings
+        # the strategy's checks of the LightningModule in the driver, before Ray starts
+        self._check_model = check_model
 
     @property
     def is_interactive_compatible(self) -> bool:
@@ -51,6 +55,10 @@ class RayLauncher(_Launcher):
             raise ValueError("RayLauncher.launch needs the Trainer (trainer=...)")
         from raylight.driver.trainer import Trainer
 
+        if self._check_model is not None:
+            module = args[0] if args and isinstance(args[0], nn.Module) else trainer.lightning_module
+            if module is not None:
+                self._check_model(module)
         _fix_logger_versions(trainer)
         run_dir = tempfile.mkdtemp(prefix="raylight-lightning-")
         forward = _tune_forwarder()

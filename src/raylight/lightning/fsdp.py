@@ -48,11 +48,12 @@ from torch import nn
 from raylight.base.exceptions import ConfigError
 from raylight.config import FailureConfig, validate
 from raylight.config.schema import FSDP
+from raylight.lightning._launcher import RayLauncher
 from raylight.lightning.checkpoint_io import AtomicCheckpointIO
 from raylight.lightning.strategies import _environment, _RayWorkers, make_settings
 from raylight.storage.checkpoint import to_cpu
 from raylight.worker.strategies.fsdp import FSDPStrategy as _Sharding
-from raylight.worker.strategies.fsdp import full_tensors
+from raylight.worker.strategies.fsdp import check_shardable, full_tensors
 
 _OWNER = "RayFSDPStrategy"
 
@@ -166,6 +167,19 @@ class RayFSDPStrategy(_RayWorkers, ParallelStrategy):
             cluster_environment=_environment(self.settings),
             checkpoint_io=checkpoint_io or AtomicCheckpointIO(),
         )
+
+    def _configure_launcher(self) -> None:
+        self._launcher = RayLauncher(self.settings, check_model=self.check_model)
+
+    def check_model(self, module: nn.Module) -> None:
+        """The sharding mistakes found in the driver, before Ray starts (``check_shardable``
+        on the module as it is here: nothing is allocated). The blocks are checked here only
+        where ``configure_model`` cannot add layers; the worker checks them again."""
+        from lightning.pytorch.utilities.model_helpers import is_overridden
+
+        options = self.fsdp if not is_overridden("configure_model", module) else self.fsdp.model_copy(update={"blocks": None})
+        sharded = self.settings.scaling.max_workers > 1 or bool(options.mixed_precision or options.cpu_offload)
+        check_shardable(module, options, sharded=sharded, setting=_OWNER)
 
     def attach_worker(self, ctx: Any, trainer: Any) -> None:
         super().attach_worker(ctx, trainer)

@@ -18,6 +18,7 @@ from typing import Any
 
 import fsspec
 
+from raylight.base.exceptions import ConfigError
 from raylight.storage.run_dir import STATE_FILE
 
 RAYLIGHT_KEY = "_raylight"  # reserved key: raylight's own state (loader positions, ...)
@@ -44,15 +45,24 @@ def serialize_state(state: dict[str, Any]) -> bytes:
 def deserialize_state(data: bytes, source: str = "a checkpoint") -> dict[str, Any]:
     """The state ``torch.save`` wrote, loaded with ``weights_only=True``; a pickle that
     names anything else (a function to call, a class outside torch's allow-list) is an
-    ``UnpicklingError`` naming ``source`` (the file), before any of it runs."""
+    ``UnpicklingError`` naming ``source`` (the file), before any of it runs, and a state
+    that is not a dict a ``ConfigError`` naming it."""
     import pickle
 
     import torch
 
     try:
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         raise pickle.UnpicklingError(refused_pickle(source, exc)) from None
+    if not isinstance(state, dict):  # a file raylight did not write: its loaders need a dict
+        raise ConfigError(
+            f"{source} holds a {type(state).__name__}, not a dict: a raylight checkpoint is the "
+            "dict a loop reported (ctx.report(..., checkpoint={'model': model.state_dict(), ...})). "
+            "Start from a checkpoint a raylight run committed, or save the state as a dict "
+            "(torch.save({'model': model.state_dict()}, '<dir>/state.pt'))"
+        )
+    return state
 
 
 def refusal_reason(exc: BaseException) -> str:

@@ -124,10 +124,13 @@ def same_error(previous: WorkerFailure, failure: WorkerFailure) -> bool:
 # Exceptions that, raised by the loop before its first step, say the code is wrong (a
 # typo, a wrong argument or attribute, a missing module, a syntax error in a module the
 # loop imports): the restarted loop runs the same code on the same state and raises the
-# same error at the same line, so a retry only costs a restart (tens of seconds).
+# same error at the same line, so a retry only costs a restart (tens of seconds). So does
+# raylight's ConfigError raised in a worker (a setting the model cannot take: FSDP's blocks
+# naming no module of it, a 0-dim parameter to shard, ...): the model and settings are the same.
 DETERMINISTIC_ERRORS = frozenset({
     "NameError", "UnboundLocalError", "TypeError", "AttributeError",
     "ImportError", "ModuleNotFoundError", "SyntaxError", "IndentationError", "TabError",
+    "raylight.base.exceptions.ConfigError",
 })
 
 

@@ -12,6 +12,7 @@ from typing import Any, Literal, Protocol
 import torch
 from torch import nn
 
+from raylight.base.exceptions import ConfigError
 from raylight.worker.process_group import GPU_BACKEND
 
 CheckpointFormat = Literal["full", "sharded"]
@@ -217,6 +218,36 @@ def load_objects(objects: dict[str, Any], state: dict[str, Any], *, full: bool) 
         set_optimizer_state_dict(root, optimizer, state[key], options=StateDictOptions(full_state_dict=whole))
 
 
+def meta_owners(model: nn.Module) -> list[nn.Module]:
+    """The modules that own a tensor on the meta device (their own, not their children's)."""
+    return [
+        m for m in model.modules()
+        if any(t.is_meta for t in (*m.parameters(recurse=False), *m.buffers(recurse=False)))
+    ]
+
+
+def check_meta_resettable(model: nn.Module) -> None:
+    """A model built on the meta device can be given storage only where every module owning
+    a meta tensor has ``reset_parameters()``: a ``ConfigError`` naming the modules (by their
+    path in the model) otherwise. Reads the module tree only; allocates nothing."""
+    owners = {id(m) for m in meta_owners(model)}
+    if not owners:
+        return
+    missing = [
+        (name or "(the model itself)", type(m).__name__)
+        for name, m in model.named_modules()
+        if id(m) in owners and not callable(getattr(m, "reset_parameters", None))
+    ]
+    if missing:
+        classes = sorted({cls for _, cls in missing})
+        where = ", ".join(f"{name} ({cls})" for name, cls in missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise ConfigError(
+            f"the model was built on the meta device, but {classes} have no reset_parameters() to "
+            f"initialise their tensors with (modules {where}); give them one, or build the model on "
+            "a real device"
+        )
+
+
 def materialize(
     model: nn.Module, *, device: torch.device, rank: int, each: Callable[[nn.Module], None] | None = None
 ) -> None:
@@ -233,17 +264,9 @@ def materialize(
     tensors = [*model.parameters(), *model.buffers()]
     if not any(t.is_meta for t in tensors):
         return
-    owners = [
-        m for m in model.modules()
-        if any(t.is_meta for t in (*m.parameters(recurse=False), *m.buffers(recurse=False)))
-    ]
+    owners = meta_owners(model)
+    check_meta_resettable(model)
     resets = [getattr(m, "reset_parameters", None) for m in owners]
-    missing = sorted({type(m).__name__ for m, reset in zip(owners, resets, strict=True) if not callable(reset)})
-    if missing:
-        raise ValueError(
-            f"the model was built on the meta device, but {missing} have no reset_parameters() to "
-            "initialise their tensors with; give them one, or build the model on a real device"
-        )
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         if device.type == "cpu":
             torch.manual_seed(torch.initial_seed() + rank)

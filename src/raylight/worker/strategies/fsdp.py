@@ -24,11 +24,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from raylight.base.exceptions import ConfigError
 from raylight.config.schema import FSDP
 from raylight.worker.strategies.base import (
     CheckpointFormat,
     ClipAtStep,
     backend_for,
+    check_meta_resettable,
     keep_heap_small,
     load_objects,
     materialize,
@@ -38,21 +40,51 @@ from raylight.worker.strategies.base import (
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def check_shardable(
+    model: nn.Module, options: FSDP, *, sharded: bool = True, setting: str = "scaling.strategy"
+) -> None:
+    """The mistakes that would stop ``fully_shard`` or the materialisation after it, found
+    by reading the module tree (nothing allocated: a model on the meta device stays there):
+    ``options.blocks`` naming no submodule class, a module owning meta tensors without
+    ``reset_parameters()``, and, when the model is ``sharded`` (more than one worker, or
+    mixed precision or CPU offload), a 0-dim parameter, which FSDP2 cannot shard (it cuts
+    every parameter on dim 0). Each is a ``ConfigError`` naming the setting (``setting``:
+    where the product's user sets the strategy) or the parameter, and the fix. The driver
+    runs it where it sees the model (declarative, Lightning), every worker before sharding."""
+    if options.blocks is not None:
+        classes = {type(m).__name__ for m in model.modules() if m is not model}
+        if not classes & set(options.blocks):
+            raise ConfigError(
+                f"{setting}.blocks {list(options.blocks)} names no submodule of "
+                f"{type(model).__name__}; its submodule classes are {sorted(classes)}. Name the "
+                "class of the layers to shard one by one (e.g. a transformer block), or leave "
+                "blocks unset to shard by size (min_block_params)"
+            )
+    check_meta_resettable(model)
+    if not sharded:
+        return
+    scalars = [name for name, p in model.named_parameters() if p.dim() == 0]
+    if scalars:
+        shown = ", ".join(scalars[:5]) + (f" and {len(scalars) - 5} more" if len(scalars) > 5 else "")
+        raise ConfigError(
+            f"{setting} is FSDP, but the model's parameters {shown} are 0-dim (scalars), which FSDP2 "
+            "cannot shard (it splits every parameter on dim 0). Make each a 1-element tensor "
+            "(nn.Parameter(torch.ones(1)) instead of nn.Parameter(torch.tensor(1.0))), or register "
+            "it as a buffer if it is not trained"
+        )
+
+
 def shard_blocks(model: nn.Module, options: FSDP) -> list[nn.Module]:
     """The submodules to shard one by one, innermost first (``fully_shard`` goes bottom-up).
 
-    With ``options.blocks``, every submodule of one of those class names; otherwise every
-    submodule holding at least ``min_block_params`` parameters that no smaller block holds.
+    With ``options.blocks``, every submodule of one of those class names (``check_shardable``
+    has made sure there is one); otherwise every submodule holding at least
+    ``min_block_params`` parameters that no smaller block holds.
     """
     if options.blocks is not None:
+        check_shardable(model, options, sharded=False)
         wanted = set(options.blocks)
         found = [m for m in model.modules() if m is not model and type(m).__name__ in wanted]
-        if not found:
-            classes = sorted({type(m).__name__ for m in model.modules() if m is not model})
-            raise ValueError(
-                f"scaling.strategy.blocks {sorted(wanted)} names no submodule of "
-                f"{type(model).__name__}; its submodule classes are {classes}"
-            )
         return found[::-1]  # modules() is pre-order: reversed, children come before parents
     blocks: list[nn.Module] = []
 
@@ -160,7 +192,9 @@ class FSDPStrategy:
 
         rank = dist.get_rank() if dist.is_initialized() else 0
         opts = self.options
-        if world_size == 1 and not (opts.mixed_precision or opts.cpu_offload):  # nothing to shard
+        sharded = world_size > 1 or bool(opts.mixed_precision or opts.cpu_offload)
+        check_shardable(model, opts, sharded=sharded)  # before anything is moved or sharded
+        if not sharded:  # nothing to shard
             materialize(model, device=device, rank=rank)
             return model.to(device)
         # one worker with mixed precision or CPU offload still goes through fully_shard (a
