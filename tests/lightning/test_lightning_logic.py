@@ -87,8 +87,8 @@ def test_an_adaptive_setting_of_the_wrong_type_is_named():
 
 def test_package_surface_snapshot():
     assert raylight.lightning.__all__ == [
-        "AtomicCheckpointIO", "HorovodRayStrategy", "RayDeepSpeedStrategy", "RayFSDPStrategy", "RayStrategy",
-        "RaylightEnvironment",
+        "AtomicCheckpointIO", "HorovodRayStrategy", "RayDeepSpeedStrategy", "RayFSDPStrategy", "RayShardedStrategy",
+        "RayStrategy", "RaylightEnvironment",
     ]
 
 
