@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import ray.train as train
 import torch
-from ray.train import Checkpoint, RunConfig, ScalingConfig
+from ray.train import Checkpoint, RunConfig, ScalingConfig, get_context
 from torch import nn
 
 from raylight.ray_train import TorchTrainer
@@ -105,3 +105,25 @@ def test_a_train_func_gets_ray_trains_names_back_after_it_ran():
         assert train.get_context().get_world_rank() == 1
         assert train.report is not originals[0]
     assert (train.report, train.get_context, ray.train.torch.prepare_data_loader) == originals
+
+
+def test_a_ray_train_checkpoint_comes_back_as_a_directory_and_imported_names_are_swapped(tmp_path):
+    from raylight.ray_train import _api
+
+    def uses_the_imported_name(config):  # `from ray.train import get_context`, bound before it ran
+        return get_context().get_world_size()
+
+    saved = {"ray_train_files": {"sub/model.pt": torch.frombuffer(bytearray(b"weights"), dtype=torch.uint8)}}
+
+    class Ctx:
+        world_size, rank, local_rank, node_rank = 3, 0, 0, 0
+
+        def get_checkpoint(self):
+            return type("Found", (), {"load": lambda self: saved})()
+
+    with _api.ray_train_api(Ctx(), uses_the_imported_name):
+        assert uses_the_imported_name({}) == 3
+        checkpoint = train.get_checkpoint()
+    assert uses_the_imported_name.__globals__["get_context"] is get_context  # put back
+    with checkpoint.as_directory() as folder, open(os.path.join(folder, "sub", "model.pt"), "rb") as f:
+        assert f.read() == b"weights"
