@@ -127,3 +127,12 @@ def test_a_ray_train_checkpoint_comes_back_as_a_directory_and_imported_names_are
     assert uses_the_imported_name.__globals__["get_context"] is get_context  # put back
     with checkpoint.as_directory() as folder, open(os.path.join(folder, "sub", "model.pt"), "rb") as f:
         assert f.read() == b"weights"
+
+
+def test_what_raylight_ray_train_does_not_take_is_refused_naming_it():
+    from raylight.base.exceptions import ConfigError
+
+    with pytest.raises(NotImplementedError, match=r"TorchTrainer\(datasets=\.\.\.\).*prepare_data_loader"):
+        TorchTrainer(train_func, datasets={"train": object()})
+    with pytest.raises(ConfigError, match=r"TorchTrainer\(resume_from_checkpoint=\.\.\.\)"):
+        TorchTrainer(train_func, resume_from_checkpoint=None)
