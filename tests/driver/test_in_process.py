@@ -78,6 +78,16 @@ def test_a_loop_written_as_ray_train_s_train_func_config_is_told_it_got_the_cont
         raylight.fit(train_func, config={"epochs": 1}, num_workers=0, storage_path=str(tmp_path), progress=False)
     assert "not the loop's config (looked up 'epochs')" in str(info.value) and "loop(ctx, config)" in str(info.value)
 
+    # Ray Train's torch_linear_example reads config.get(...): every dict access says so
+    for read, told in (
+        (lambda config: config.get("lr", 1e-2), "called .get(...), a dict's method"),
+        (lambda config: config.items(), "called .items(...), a dict's method"),
+        (lambda config: "lr" in config, "asked whether it holds 'lr'"),
+    ):
+        with pytest.raises((TypeError, AttributeError)) as info:
+            raylight.fit(read, config={"lr": 0.1}, num_workers=0, storage_path=str(tmp_path), progress=False)
+        assert f"not the loop's config ({told})" in str(info.value) and "loop(ctx, config)" in str(info.value)
+
     def one_argument(ctx):  # the context's own copy of the config still works
         ctx.report({"epochs": ctx.config["epochs"]})
 

@@ -354,3 +354,36 @@ def test_tune_example_reports_from_workers_through_the_trial(ray_cluster, tmp_pa
     with out["checkpoint"].as_directory() as d:
         restored = ddp_digits.DigitsClassifier.load_from_checkpoint(os.path.join(d, tune_digits.CHECKPOINT))
     assert restored.hparams.lr == pytest.approx(out["best_config"]["lr"])
+
+
+class _HookSeen(pl.Callback):
+    """Writes, as training starts in a worker, whether the init_hook ran in this process."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def on_train_start(self, trainer, pl_module):
+        hooked = os.path.exists(os.path.join(self.folder, f"hook-{os.getpid()}"))
+        with open(os.path.join(self.folder, f"train-{os.getpid()}"), "w") as f:
+            f.write("after the hook" if hooked else "no hook")
+
+
+def _touch_hook_file(folder: str) -> None:
+    open(os.path.join(folder, f"hook-{os.getpid()}"), "w").close()
+
+
+def test_ray_lightnings_init_hook_runs_in_each_worker_before_training(ray_cluster, tmp_path):
+    import functools
+
+    dm = _data()
+    hook = functools.partial(_touch_hook_file, str(tmp_path))
+    trainer = pl.Trainer(
+        strategy=RayStrategy(num_workers=2, num_cpus_per_worker=1, init_hook=hook),
+        callbacks=[_HookSeen(str(tmp_path))], max_epochs=1, limit_train_batches=2, logger=False,
+        enable_checkpointing=False, **QUIET,
+    )
+    trainer.fit(ddp_digits.DigitsClassifier(), DataLoader(dm.train_set, batch_size=64))
+    hooks = sorted(p.name for p in tmp_path.glob("hook-*"))
+    assert len(hooks) == 2 and f"hook-{os.getpid()}" not in hooks, hooks  # two workers, not the driver
+    seen = {p.name: p.read_text() for p in tmp_path.glob("train-*")}
+    assert seen == {name.replace("hook", "train"): "after the hook" for name in hooks}

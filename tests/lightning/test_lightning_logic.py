@@ -87,8 +87,8 @@ def test_an_adaptive_setting_of_the_wrong_type_is_named():
 
 def test_package_surface_snapshot():
     assert raylight.lightning.__all__ == [
-        "AtomicCheckpointIO", "HorovodRayStrategy", "RayDeepSpeedStrategy", "RayFSDPStrategy", "RayStrategy",
-        "RaylightEnvironment",
+        "AtomicCheckpointIO", "HorovodRayStrategy", "RayDeepSpeedStrategy", "RayFSDPStrategy", "RayShardedStrategy",
+        "RayStrategy", "RaylightEnvironment",
     ]
 
 
@@ -96,7 +96,7 @@ def test_package_surface_snapshot():
     ("kwargs", "message"),
     [
         ({"num_workers": 0}, r"RayFSDPStrategy\(num_workers=0\)"),
-        ({"cluster_environment": None}, r"RayFSDPStrategy\(cluster_environment=\.\.\.\)"),
+        ({"cluster_environment": RaylightEnvironment()}, r"RayFSDPStrategy\(cluster_environment=\.\.\.\)"),
         ({"auto_wrap_policy": None}, r"RayFSDPStrategy\(auto_wrap_policy=\.\.\.\).*blocks="),
         ({"mixed_precision": "fp8"}, r"RayFSDPStrategy\.mixed_precision"),
         ({"min_block_params": 0}, r"RayFSDPStrategy\.min_block_params"),

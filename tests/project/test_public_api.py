@@ -264,6 +264,7 @@ PRODUCTS = [
     ("launch", "raylight.launch"),
     ("jobs", "raylight.jobs"),
     ("horovod", "raylight.horovod"),
+    ("ray_train", "raylight.ray_train"),
 ]
 PRODUCT_USES = {("declarative", "tune"), ("lightning", "tune")}
 # The faces, above the products: the package's __init__ (the public surface) and the CLI

@@ -1,6 +1,7 @@
 """PyTorch Lightning on raylight: ``RayStrategy`` (DDP), ``RayFSDPStrategy`` (FSDP2),
-``RayDeepSpeedStrategy`` (ZeRO; needs the ``deepspeed`` extra) and ``HorovodRayStrategy``
-(DDP with ``raylight.horovod`` ready on every worker).
+``RayDeepSpeedStrategy`` (ZeRO; needs the ``deepspeed`` extra), ``HorovodRayStrategy``
+(DDP with ``raylight.horovod`` ready on every worker) and ``RayShardedStrategy``
+(ray_lightning's name, run as ``RayFSDPStrategy``).
 
 The ``pl.Trainer`` stays on the driver; the strategy runs fit, validate, test and
 predict on raylight workers (Ray actors) and brings rank 0's results back. Needs the
@@ -20,8 +21,10 @@ from raylight.lightning.deepspeed import RayDeepSpeedStrategy
 from raylight.lightning.environment import RaylightEnvironment
 from raylight.lightning.fsdp import RayFSDPStrategy
 from raylight.lightning.horovod import HorovodRayStrategy
+from raylight.lightning.sharded import RayShardedStrategy
 from raylight.lightning.strategies import RayStrategy
 
 __all__ = [
-    "AtomicCheckpointIO", "HorovodRayStrategy", "RayDeepSpeedStrategy", "RayFSDPStrategy", "RayStrategy", "RaylightEnvironment",
+    "AtomicCheckpointIO", "HorovodRayStrategy", "RayDeepSpeedStrategy", "RayFSDPStrategy", "RayShardedStrategy", "RayStrategy",
+    "RaylightEnvironment",
 ]

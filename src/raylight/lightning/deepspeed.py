@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -101,7 +102,8 @@ class RayDeepSpeedStrategy(_RayWorkers, DeepSpeedStrategy):
 
     Args:
         num_workers, use_gpu, resources_per_worker, placement, threads_per_worker,
-        failure, address: where and how the workers run (``RaySettings``).
+        failure, address, num_cpus_per_worker, init_hook: where and how the workers run
+            (``RaySettings``).
         stage: ZeRO stage: 0 (off), 1 (optimizer state partitioned), 2 (and gradients,
             the default), 3 (and parameters).
         offload_optimizer: GPU workers: optimizer state and step in CPU memory (ZeRO-Offload).
@@ -124,6 +126,8 @@ class RayDeepSpeedStrategy(_RayWorkers, DeepSpeedStrategy):
         threads_per_worker: int | None = None,
         failure: FailureConfig | None = None,
         address: str | None = None,
+        num_cpus_per_worker: float | None = None,
+        init_hook: Callable[[], Any] | None = None,
         stage: int | None = None,
         offload_optimizer: bool = False,
         offload_parameters: bool = False,

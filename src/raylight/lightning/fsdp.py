@@ -31,7 +31,7 @@ What runs where, on each worker:
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -106,7 +106,8 @@ class RayFSDPStrategy(_RayWorkers, ParallelStrategy):
 
     Args:
         num_workers, use_gpu, resources_per_worker, placement, threads_per_worker,
-        failure, address: where and how the workers run (``RaySettings``).
+        failure, address, num_cpus_per_worker, init_hook: where and how the workers run
+            (``RaySettings``).
         checkpoint_io: as for ``RayStrategy``.
         blocks: class names of the submodules to shard one by one (e.g.
             ``("TransformerBlock",)``); default: every submodule holding at least
@@ -133,6 +134,8 @@ class RayFSDPStrategy(_RayWorkers, ParallelStrategy):
         threads_per_worker: int | None = None,
         failure: FailureConfig | None = None,
         address: str | None = None,
+        num_cpus_per_worker: float | None = None,
+        init_hook: Callable[[], Any] | None = None,
         checkpoint_io: CheckpointIO | None = None,
         blocks: tuple[str, ...] | list[str] | None = None,
         min_block_params: int = 100_000,

@@ -13,7 +13,8 @@ formed by raylight before Lightning starts, and Lightning reuses it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +43,12 @@ from raylight.lightning.adaptive import AdaptiveSteps, adapt_train_loader, light
 from raylight.lightning.checkpoint_io import AtomicCheckpointIO
 from raylight.lightning.environment import RaylightEnvironment
 
-_RESERVED = ("cluster_environment", "parallel_devices", "start_method", "accelerator")
+# Lightning arguments raylight sets itself, with the values Lightning's own defaults give
+# them: LightningCLI passes every argument of DDPStrategy, these included, at its default;
+# a default is dropped, any other value refused.
+_RESERVED: dict[str, Any] = {
+    "cluster_environment": None, "parallel_devices": None, "start_method": "popen", "accelerator": None,
+}
 
 # The arguments every raylight Lightning strategy takes (``RayFSDPStrategy`` and
 # ``RayDeepSpeedStrategy`` all but ``adaptive``), with their defaults: each strategy's
@@ -58,6 +64,8 @@ WORKER_ARGUMENTS: dict[str, Any] = {
     "failure": None,
     "adaptive": None,
     "address": None,
+    "num_cpus_per_worker": None,
+    "init_hook": None,
 }
 
 
@@ -77,12 +85,16 @@ class RaySettings:
         adaptive: raylight ``AdaptiveConfig`` (``RayStrategy`` only): adapt batch size and
             LR online (see docs/lightning.md for what is adapted).
         address: Ray cluster address; default: the running or an embedded local Ray.
+        num_cpus_per_worker: ray_lightning's name for ``resources_per_worker={"CPU": n}``.
+        init_hook: a function of no arguments run in each worker before the Trainer's
+            entry point (ray_lightning's ``init_hook``); it travels pickled.
     """
 
     scaling: ScalingConfig
     failure: FailureConfig = field(default_factory=FailureConfig)
     adaptive: AdaptiveConfig | None = None
     address: str | None = None
+    init_hook: Callable[[], Any] | None = None
 
     def trainer_config(self, *, storage_path: str) -> TrainerConfig:
         return TrainerConfig(
@@ -103,14 +115,24 @@ def make_settings(
     is made, before the Trainer that gets it: Lightning's INFO lines and tips are turned off
     from here unless verbose (``_quiet``)."""
     quiet_lightning()
+    _known_to_the_old_package()
     given = {name: arguments.get(name, default) for name, default in WORKER_ARGUMENTS.items()}
     num_workers, failure, adaptive = given["num_workers"], given["failure"], given["adaptive"]
-    for key in _RESERVED:
-        if key in kwargs:
+    for key, default in _RESERVED.items():
+        if key in kwargs and kwargs[key] == default:
+            del kwargs[key]  # Lightning's default, as LightningCLI passes it: raylight's own instead
+        elif key in kwargs:
             raise ConfigError(
                 f"{owner}({key}=...) is not accepted: raylight chooses the {key} of its "
                 "workers; remove the argument"
             )
+    init_hook = given["init_hook"]
+    if init_hook is not None and not callable(init_hook):
+        raise ConfigError(
+            f"{owner}(init_hook={init_hook!r}): needs a function of no arguments (run in each worker "
+            "before training), or None"
+        )
+    resources = _resources(owner, given["resources_per_worker"], given["num_cpus_per_worker"])
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
         raise ConfigError(
             f"{owner}(num_workers={num_workers!r}): needs an int >= 1 (the number of Ray "
@@ -123,14 +145,58 @@ def make_settings(
     scaling = validate(
         ScalingConfig,
         {
-            **{k: given[k] for k in ("num_workers", "use_gpu", "resources_per_worker", "placement", "threads_per_worker")},
+            **{k: given[k] for k in ("num_workers", "use_gpu", "placement", "threads_per_worker")},
+            "resources_per_worker": resources,
             **({"strategy": strategy} if strategy is not None else {}),
         },
         prefix=owner,
     )
     return RaySettings(
-        scaling=scaling, failure=failure or FailureConfig(), adaptive=lightning_adaptive(adaptive), address=given["address"]
+        scaling=scaling,
+        failure=failure or FailureConfig(),
+        adaptive=lightning_adaptive(adaptive),
+        address=given["address"],
+        init_hook=init_hook,
     )
+
+
+def _resources(owner: str, resources: Any, num_cpus: Any) -> Any:
+    """``resources_per_worker`` with ray_lightning's ``num_cpus_per_worker`` folded in as its
+    ``CPU`` (the two must agree where both are given)."""
+    if num_cpus is None:
+        return resources
+    if isinstance(num_cpus, bool) or not isinstance(num_cpus, int | float) or num_cpus <= 0:
+        raise ConfigError(f"{owner}(num_cpus_per_worker={num_cpus!r}): needs a number > 0 (CPUs per worker), or None")
+    if not isinstance(resources, dict | None):
+        return resources  # the schema names the type
+    given = dict(resources or {})
+    if "CPU" in given and given["CPU"] != num_cpus:
+        raise ConfigError(
+            f"{owner}(num_cpus_per_worker={num_cpus!r}) and resources_per_worker={{'CPU': {given['CPU']!r}}} "
+            "disagree: give the CPUs once"
+        )
+    return {**given, "CPU": num_cpus}
+
+
+def _known_to_the_old_package() -> None:
+    """Where the user imported ``pytorch_lightning`` (the old package name ray_lightning's
+    scripts import), make its Trainer accept raylight's strategies for as long as it takes
+    to refuse them in one line (``_refuse_the_old_package``): otherwise it says only that a
+    strategy must be a ``pytorch_lightning.strategies.Strategy``. ``register`` is the public
+    ABC API and changes nothing for the ``lightning.pytorch`` Trainer."""
+    old = sys.modules.get("pytorch_lightning.strategies")
+    if old is not None:
+        old.Strategy.register(_RayWorkers)
+
+
+def _refuse_the_old_package(strategy: Any) -> None:
+    accelerator = strategy.accelerator
+    if accelerator is not None and type(accelerator).__module__.split(".")[0] == "pytorch_lightning":
+        raise ConfigError(
+            f"{type(strategy).__name__} is built on lightning.pytorch, and this Trainer is a "
+            "pytorch_lightning.Trainer (the old package name): import Trainer, LightningModule and "
+            "callbacks from lightning.pytorch instead (`import lightning.pytorch as pl`, the same API)"
+        )
 
 
 def _environment(settings: RaySettings) -> RaylightEnvironment:
@@ -156,6 +222,9 @@ def _attach(strategy: Any, ctx: Any, trainer: Any) -> None:
             strategy.precision_plugin = MixedPrecision(plugin.precision, "cuda")  # type: ignore[arg-type]  # a MixedPrecision's own
     if _adaptive_sync(strategy) is not None:
         trainer.callbacks.append(AdaptiveSteps(ctx.sync, strategy))
+    hook = strategy.settings.init_hook
+    if hook is not None:
+        hook()  # ray_lightning's init_hook: in each worker, before the entry point
 
 
 def _take_clipping(trainer: Any) -> float | None:
@@ -210,6 +279,19 @@ class _RayWorkers:
     def attach_worker(self, ctx: Any, trainer: Any) -> None:
         _attach(self, ctx, trainer)
 
+    # ray_lightning's attributes (its Tune helpers and tests read them), from the settings
+    @property
+    def num_workers(self) -> int:
+        return self.settings.scaling.min_workers
+
+    @property
+    def use_gpu(self) -> bool:
+        return self.settings.scaling.use_gpu
+
+    @property
+    def num_cpus_per_worker(self) -> float:
+        return self.settings.scaling.worker_resources().get("CPU", 0.0)
+
     def driver_weights(self) -> dict[str, Any]:
         """The trained weights the driver gets, whole (every rank calls it: gathering
         sharded parameters is a collective)."""
@@ -224,6 +306,7 @@ class _RayWorkers:
         return _sampler_kwargs(self)
 
     def _configure_launcher(self) -> None:
+        _refuse_the_old_package(self)  # called by the Trainer's constructor
         self._launcher = RayLauncher(self.settings)
 
 
@@ -232,7 +315,8 @@ class RayStrategy(_RayWorkers, DDPStrategy):
 
     Args:
         num_workers, use_gpu, resources_per_worker, placement, threads_per_worker,
-        failure, adaptive, address: where and how the workers run (``RaySettings``).
+        failure, adaptive, address, num_cpus_per_worker, init_hook: where and how the
+            workers run (``RaySettings``; the last two are ray_lightning's names).
         checkpoint_io: default ``AtomicCheckpointIO`` (atomic writes, safe loads).
         shared_memory: CPU workers on one machine average the gradients through shared
             memory (``raylight.DDP(shared_memory=...)``, docs/strategies.md); False: gloo.
@@ -252,6 +336,8 @@ class RayStrategy(_RayWorkers, DDPStrategy):
         failure: FailureConfig | None = None,
         adaptive: AdaptiveConfig | None = None,
         address: str | None = None,
+        num_cpus_per_worker: float | None = None,
+        init_hook: Callable[[], Any] | None = None,
         checkpoint_io: CheckpointIO | None = None,
         shared_memory: bool = True,
         **ddp_kwargs: Any,

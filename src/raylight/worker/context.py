@@ -500,12 +500,30 @@ class TrainContext:
     def __repr__(self) -> str:
         return f"TrainContext(rank={self.rank}, world_size={self.world_size}, device={self.device})"
 
+    # A loop written as Ray Train's `train_func(config)` gets the context, not the config:
+    # every way of reading a dict says so (config[...], config.get(...), "key" in config, ...).
     def __getitem__(self, key: Any) -> Any:
-        # A loop written as Ray Train's `train_func(config)` gets the context, not the config.
-        raise TypeError(
-            f"the TrainContext is not the loop's config (looked up {key!r}): raylight calls a loop "
-            "of one argument as loop(ctx); define it as loop(ctx, config), or read ctx.config"
-        )
+        raise TypeError(_not_the_config(f"looked up {key!r}"))
+
+    def __contains__(self, key: Any) -> bool:
+        raise TypeError(_not_the_config(f"asked whether it holds {key!r}"))
+
+    def __getattr__(self, name: str) -> Any:
+        # only for attributes a TrainContext lacks: its own are found before this runs
+        if name in _DICT_METHODS:
+            raise AttributeError(_not_the_config(f"called .{name}(...), a dict's method"), name=name, obj=self)
+        raise AttributeError(f"'TrainContext' object has no attribute {name!r}", name=name, obj=self)
+
+
+_DICT_METHODS = frozenset({"get", "keys", "items", "values", "setdefault", "pop", "popitem", "update", "copy"})
+
+
+def _not_the_config(what: str) -> str:
+    return (
+        f"the TrainContext is not the loop's config ({what}): raylight calls a loop of one argument "
+        "as loop(ctx); define it as loop(ctx, config), or read ctx.config (a Ray Train train_func(config) "
+        "runs unchanged under raylight.ray_train.TorchTrainer, see docs/ray_train.md)"
+    )
 
 
 def call_train_loop(fn: Any, ctx: Any, config: dict[str, Any] | None) -> Any:
