@@ -50,7 +50,12 @@ from raylight.config import FailureConfig, validate
 from raylight.config.schema import FSDP
 from raylight.lightning._launcher import RayLauncher
 from raylight.lightning.checkpoint_io import AtomicCheckpointIO
-from raylight.lightning.strategies import _environment, _RayWorkers, make_settings
+from raylight.lightning.strategies import (
+    _environment,
+    _RayWorkers,
+    _refuse_the_old_package,
+    make_settings,
+)
 from raylight.storage.checkpoint import to_cpu
 from raylight.worker.strategies.fsdp import FSDPStrategy as _Sharding
 from raylight.worker.strategies.fsdp import check_shardable, full_tensors
@@ -172,6 +177,7 @@ class RayFSDPStrategy(_RayWorkers, ParallelStrategy):
         )
 
     def _configure_launcher(self) -> None:
+        _refuse_the_old_package(self)  # called by the Trainer's constructor
         self._launcher = RayLauncher(self.settings, check_model=self.check_model)
 
     def check_model(self, module: nn.Module) -> None:
