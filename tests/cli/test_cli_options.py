@@ -3,6 +3,7 @@ time (raylight.cli.options.finite_float): a usage error, exit 2, naming the opti
 
 from __future__ import annotations
 
+import re
 from typing import Any, get_args
 
 import pytest
@@ -81,21 +82,44 @@ def _commands() -> list[tuple[list[str], Any]]:
     return found
 
 
+# The type tags typer's rich help prints: a Python type's name in angle brackets
+# (<str>, <int>, <float>, <bool>, <list[str]>, <Path>, <int range>, <a|b>). Help texts
+# may use angle brackets for their own placeholders (<output-directory>/model).
+TYPE_TAG = re.compile(r"<(?:str|int|float|bool|Path|datetime|list\[[^\]]*\]|[a-z]+ range|[\w.-]+(?:\|[\w.-]+)+)>")
+
+
 @pytest.mark.parametrize("path,cmd", _commands(), ids=lambda v: " ".join(v) if isinstance(v, list) else "")
-def test_help_shows_no_type_tag_on_a_flag_that_takes_no_value(path, cmd):
-    """`raylight VERB --help`: a flag's row (--help's too) names no type such as <bool>;
-    a repeatable option says what one value looks like, not <list[str]>."""
+def test_help_shows_no_type_tags(path, cmd):
+    """`raylight VERB --help` (every verb, `jobs` verbs included) shows what a value looks
+    like, never typer's type tags: a flag's row (--help's too) no <bool>, an option its
+    metavar (KEY=VALUE, FILE, N), an argument its name in capitals (COMMAND... where it
+    takes many, not <list[str]>), and the usage line names arguments as the rows do."""
     result = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "250"}, terminal_width=250)
     assert result.exit_code == 0, result.output
+    assert not TYPE_TAG.search(result.output), result.output
+    usage = next(line for line in result.output.splitlines() if "Usage:" in line)
+    assert "{" not in usage and "<" not in usage, usage
     rows = {}  # an option's first name -> its row (a required one's starts with "*")
     for line in result.output.splitlines():
-        names = [w for w in line.strip("│ ").split() if w.startswith("-")]
+        names = [w for w in line.strip("│ *").split() if w.startswith("-")]
         if line.startswith("│ ") and names:
             rows.setdefault(names[0], line)
     flags = [p.opts[0] for p in cmd.params if getattr(p, "is_flag", False) and not p.hidden] + ["--help"]
-    assert len(flags) > 0
     for flag in flags:
         assert flag in rows, (flag, result.output)
         assert "<" not in rows[flag], rows[flag]
-    for opt in (p for p in cmd.params if p.param_type_name == "option" and not p.hidden):
-        assert "<list[" not in rows[opt.opts[0]], rows[opt.opts[0]]
+    for opt in (p for p in cmd.params if p.param_type_name == "option" and not p.hidden and not p.is_flag):
+        assert re.search(rf"{re.escape(opt.opts[0])}\b.*\s{re.escape(opt.metavar)}\s", rows[opt.opts[0]]), rows[opt.opts[0]]
+        assert opt.metavar and "<" not in opt.metavar and opt.metavar.upper() == opt.metavar, opt.opts
+    for arg in (p for p in cmd.params if p.param_type_name == "argument"):
+        label = arg.name.upper() + ("..." if arg.nargs != 1 else "")
+        assert label in usage, (label, usage)
+        assert any(line.startswith("│") and label in line.split() for line in result.output.splitlines()), result.output
+
+
+def test_submit_s_command_reads_as_the_other_arguments():
+    """Issue 55: `raylight submit --help` showed <list[str]> beside its COMMAND."""
+    result = CliRunner().invoke(app, ["submit", "--help"], env={"COLUMNS": "250"}, terminal_width=250)
+    row = next(line for line in result.output.splitlines() if "After --: the command" in line)
+    assert row.split()[1:3] == ["COMMAND...", "After"], row
+    assert "Usage: root submit [OPTIONS] [COMMAND...]" in result.output, result.output

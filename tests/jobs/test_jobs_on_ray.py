@@ -96,8 +96,8 @@ class Head:
         self.log = open(os.path.join(self.temp_dir, "head.log"), "w")  # noqa: SIM115 - open while the head runs
         # TMPDIR: the head's processes make their temporary files in its temp dir, removed at
         # stop(); Ray's dashboard, killed there, left a /tmp/pymp-* dir behind otherwise.
-        env = _env(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", TMPDIR=self.temp_dir, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.env = _env(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", TMPDIR=self.temp_dir, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(args, env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
 
     def stop(self) -> None:
         stop_head(self.proc, self.temp_dir)
@@ -295,14 +295,72 @@ print("metrics", result.metrics["rows"], result.metrics["world"], result.checkpo
 """
 
 
-def test_a_ray_client_driver_trains_sees_drain_notices_and_asks_the_autoscaler(head, tmp_path):
+def _proxier_args(head: Head) -> list[str]:
+    """The arguments `ray start` gave the head's Ray client proxier (its GCS address, its
+    node's runtime-env agent and node id), after ``-m ray.util.client.server``."""
+    for pid in process_tree(head.proc.pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = [a.decode() for a in f.read().split(b"\0") if a]
+        except OSError:
+            continue
+        if "--mode=proxy" in argv and "ray.util.client.server" in argv:
+            return argv[argv.index("ray.util.client.server") + 1 :]
+    raise AssertionError("the private head runs no Ray client proxier")
+
+
+@pytest.fixture
+def client_port(head, tmp_path):
+    """A Ray client proxier for the head on a port this test picked, starting each client's
+    server on ports this test picked too, not on Ray's fixed 23000 up, where a proxier of
+    another head on the machine (another test's, another checkout's suite) may start one at
+    the same moment (tests/support/ray_client_proxy.py)."""
+    port = _free_port()
+    args = [a for a in _proxier_args(head) if not a.startswith("--port=")] + [f"--port={port}"]
+    specific = ",".join(str(_free_port()) for _ in range(3))
+    log = open(tmp_path / "proxier.log", "w")  # noqa: SIM115 - open while the proxier runs
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.ray_client_proxy", specific, *args],
+        # the head's proxier's environment (as `ray start` gives it); and no gRPC fork
+        # handlers: the proxier forks each client's server while its gRPC threads run, and
+        # that child died at once with SIGSEGV (exit -11) in about 1 of 3 runs here
+        env={**head.env, "RAY_AUTH_MODE": "token", "GRPC_ENABLE_FORK_SUPPORT": "false"},
+        cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_until(lambda: any(p == port for _, _, p in listening_sockets(process_tree(proc.pid))), 60,
+                   "the test's Ray client proxier", proc=proc)
+        yield port
+    finally:
+        pids = process_tree(proc.pid)  # with the client servers it started
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        proc.wait(timeout=10)
+        log.close()
+
+
+def _client_server_logs(head: Head) -> str:
+    """The tails of the Ray client servers' logs in the head's session (the proxier's and
+    each client's server's), for a failure's message."""
+    parts = []
+    for path in sorted(pathlib.Path(head.temp_dir).glob("session_*/logs/ray_client_server*")):
+        parts.append(f"--- {path.name}:\n{path.read_text(errors='replace')[-1500:]}")
+    return "\n".join(parts)
+
+
+def test_a_ray_client_driver_trains_sees_drain_notices_and_asks_the_autoscaler(head, client_port, tmp_path):
     """Through ray:// (no GCS connection in the driver): a fit on the cluster, and the drain
     check and autoscaler request, which Ray's APIs refuse there, run in a task on it."""
     out = subprocess.run(
-        [sys.executable, "-c", RAY_CLIENT_DRIVER, f"ray://127.0.0.1:{head.client_port}", str(tmp_path)],
+        [sys.executable, "-c", RAY_CLIENT_DRIVER, f"ray://127.0.0.1:{client_port}", str(tmp_path)],
         env=_env(RAY_AUTH_MODE="token"), capture_output=True, text=True, timeout=240,
     )
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.returncode == 0, (
+        out.stdout[-2000:] + out.stderr[-3000:] + (tmp_path / "proxier.log").read_text()[-2000:] + _client_server_logs(head)
+    )
     lines = out.stdout.splitlines()
     assert "draining {}" in lines and "metrics 16.0 2 True" in lines, out.stdout
 

@@ -29,9 +29,10 @@ AddressOpt = Annotated[
         "--address", "-u",
         help="The head's Jobs API: http://HEAD:8265 (ray://HEAD:10001 means that too). "
         "Default: RAY_API_SERVER_ADDRESS, then RAY_ADDRESS.",
+        metavar="URL",
     ),
 ]
-TimeoutOpt = Annotated[float, typer.Option("--connect-timeout", help="Seconds to wait for the address to answer.", parser=finite_float)]
+TimeoutOpt = Annotated[float, typer.Option("--connect-timeout", help="Seconds to wait for the address to answer.", parser=finite_float, metavar="SECONDS")]
 NameArg = Annotated[str, typer.Argument(help="The run's name (its jobs: NAME, NAME-retry1, ...).")]
 
 
@@ -58,16 +59,16 @@ def _usage(exc: Exception) -> None:
 def submit(
     command: Annotated[list[str] | None, typer.Argument(help="After --: the command, e.g. python train.py --epochs 3.", metavar="COMMAND")] = None,
     address: AddressOpt = None,
-    working_dir: Annotated[str | None, typer.Option("--working-dir", help="Directory uploaded and run in.")] = None,
-    file: Annotated[str | None, typer.Option("--file", "-f", help="Run `python FILE` (AdaptDL's -f); the command becomes its arguments.")] = None,
-    requirements: Annotated[str | None, typer.Option(help="pip requirements file installed for the job.")] = None,
+    working_dir: Annotated[str | None, typer.Option("--working-dir", help="Directory uploaded and run in.", metavar="DIR")] = None,
+    file: Annotated[str | None, typer.Option("--file", "-f", help="Run `python FILE` (AdaptDL's -f); the command becomes its arguments.", metavar="FILE")] = None,
+    requirements: Annotated[str | None, typer.Option(help="pip requirements file installed for the job.", metavar="FILE")] = None,
     pip: Annotated[list[str] | None, typer.Option("--pip", help="A pip package for the job (repeatable).", metavar="PACKAGE")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE for the job's processes (repeatable).", metavar="KEY=VALUE")] = None,
     name: Annotated[str | None, typer.Option(help="The run's name and job id. Default: run-<time>-<hex>.")] = None,
-    max_workers: Annotated[int | None, typer.Option("--max-workers", help="Most workers the run may use (an elastic run's max).")] = None,
-    cpus: Annotated[float | None, typer.Option(help="CPUs per worker.", parser=finite_float)] = None,
-    gpus: Annotated[float | None, typer.Option(help="GPUs per worker.", parser=finite_float)] = None,
-    retries: Annotated[int, typer.Option(help="Resubmit a preempted job (or one whose node died) up to this many times.")] = 0,
+    max_workers: Annotated[int | None, typer.Option("--max-workers", help="Most workers the run may use (an elastic run's max).", metavar="N")] = None,
+    cpus: Annotated[float | None, typer.Option(help="CPUs per worker.", parser=finite_float, metavar="N")] = None,
+    gpus: Annotated[float | None, typer.Option(help="GPUs per worker.", parser=finite_float, metavar="N")] = None,
+    retries: Annotated[int, typer.Option(help="Resubmit a preempted job (or one whose node died) up to this many times.", metavar="N")] = 0,
     resume: Annotated[bool, typer.Option(help="Continue the run NAME from its last committed checkpoint.", metavar=NO_VALUE)] = False,
     no_wait: Annotated[bool, typer.Option("--no-wait", help="Return once submitted.", metavar=NO_VALUE)] = False,
     connect_timeout: TimeoutOpt = CONNECT_TIMEOUT_S,

@@ -48,7 +48,7 @@ QuietOpt = Annotated[bool, typer.Option(help="No progress display.", metavar=NO_
 VerboseOpt = Annotated[
     bool, typer.Option("--verbose", help="Show Ray's own logs too (Ray Data's progress, Ray's INFO lines); RAYLIGHT_VERBOSE=1 does the same.", metavar=NO_VALUE)
 ]
-ModelPathOpt = Annotated[str, typer.Option(help="<output-directory>/model of a trained run.")]
+ModelPathOpt = Annotated[str, typer.Option(help="<output-directory>/model of a trained run.", metavar="DIR")]
 ResumeOpt = Annotated[
     bool, typer.Option("--resume", help="Continue the unfinished (killed) run in --output-directory from its last checkpoint, with the same config and dataset.", metavar=NO_VALUE)
 ]
@@ -97,7 +97,7 @@ def _config(path: str, overrides: list[str] | None):
 def train(
     config: ConfigOpt,
     dataset: DatasetOpt,
-    output_directory: Annotated[str, typer.Option(help="Where the run is written.")] = "results/run",
+    output_directory: Annotated[str, typer.Option(help="Where the run is written.", metavar="DIR")] = "results/run",
     backend: BackendOpt = None,
     set_: SetOpt = None,
     quiet: QuietOpt = False,
@@ -132,7 +132,7 @@ def train(
 def experiment(
     config: ConfigOpt,
     dataset: DatasetOpt,
-    output_directory: Annotated[str, typer.Option(help="Where the run is written.")] = "results/experiment",
+    output_directory: Annotated[str, typer.Option(help="Where the run is written.", metavar="DIR")] = "results/experiment",
     backend: BackendOpt = None,
     set_: SetOpt = None,
     quiet: QuietOpt = False,
@@ -150,7 +150,7 @@ def experiment(
 def hyperopt(
     config: ConfigOpt,
     dataset: DatasetOpt,
-    output_directory: Annotated[str, typer.Option(help="Where the search is written.")] = "results/hyperopt",
+    output_directory: Annotated[str, typer.Option(help="Where the search is written.", metavar="DIR")] = "results/hyperopt",
     set_: SetOpt = None,
     quiet: Annotated[bool, typer.Option(help="No progress display or results table.", metavar=NO_VALUE)] = False,
     verbose: VerboseOpt = False,
@@ -196,7 +196,7 @@ def evaluate(
 def predict(
     model_path: ModelPathOpt,
     dataset: DatasetOpt,
-    output: Annotated[str | None, typer.Option(help="predictions.csv, .parquet or .jsonl; default: stdout as CSV.")] = None,
+    output: Annotated[str | None, typer.Option(help="predictions.csv, .parquet or .jsonl; default: stdout as CSV.", metavar="FILE")] = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Predict one row per input row, in order."""
@@ -215,8 +215,8 @@ def predict(
 @app.command("init-config", cls=Command)
 def init_config(
     dataset: DatasetOpt,
-    target: Annotated[str, typer.Option(help="The column to predict.")],
-    output: Annotated[str | None, typer.Option(help="Write the config here; default: stdout.")] = None,
+    target: Annotated[str, typer.Option(help="The column to predict.", metavar="COLUMN")],
+    output: Annotated[str | None, typer.Option(help="Write the config here; default: stdout.", metavar="FILE")] = None,
 ) -> None:
     """Infer feature types from DATASET and write a config."""
     require("init-config", "declarative")

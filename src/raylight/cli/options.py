@@ -25,8 +25,12 @@ def finite_float(value: Any) -> float:
     return number
 
 
-# typer's rich help prints a type tag beside every option, ``<bool>`` beside a flag that
-# takes no value too: a flag's metavar is this (nothing), so its row shows no tag.
+# typer's rich help prints a type tag beside every parameter: ``<str>``, ``<int>``,
+# ``<float>``, ``<list[str]>`` beside a repeatable one or a COMMAND..., ``<bool>`` beside a
+# flag that takes no value. A row shows what its value looks like instead: a flag's
+# metavar is this (nothing), an option's is its own (``KEY=VALUE``) or, where it gives
+# none, its name in capitals (``--name NAME``); an argument's row and the usage line name
+# it in capitals, ``...`` when it takes many (``[COMMAND...]``).
 NO_VALUE = ""
 
 
@@ -36,9 +40,39 @@ def _untagged(option: Any) -> Any:
     return option
 
 
+class _Argument(typer.core.TyperArgument):
+    """A positional argument as the help shows it: its metavar alone (typer adds the
+    annotation's type, ``<list[str]>``) and, on the usage line, ``NAME`` or ``[NAME...]``
+    (typer writes ``{name}``)."""
+
+    def display_type_rich(self, ctx: Any) -> str | None:
+        return None
+
+    def get_usage_pieces(self, ctx: Any) -> list[str]:
+        label = self.metavar or (self.name or "").upper()
+        return [label if self.required else f"[{label}]"]
+
+
+def _label(params: list[Any]) -> None:
+    """Give every parameter that takes a value a metavar (see NO_VALUE above)."""
+    for param in params:
+        if isinstance(param, typer.core.TyperArgument):
+            if param.metavar is None:
+                param.metavar = (param.name or "").upper()
+            if param.nargs != 1 and not param.metavar.endswith("..."):
+                param.metavar += "..."
+            param.__class__ = _Argument  # typer builds its own class; this one only renders help
+        elif isinstance(param, typer.core.TyperOption) and param.metavar is None:
+            param.metavar = NO_VALUE if param.is_flag else (param.name or "").upper()
+
+
 class Command(typer.core.TyperCommand):
-    """Every `raylight` command: its ``--help`` row shows no ``<bool>`` (typer makes the
-    help flag itself, so its metavar is set here)."""
+    """Every `raylight` command: its ``--help`` shows no type tags (typer makes the help
+    flag itself, so its metavar is set here)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _label(self.params)
 
     def get_help_option(self, ctx: Any) -> Any:
         return _untagged(super().get_help_option(ctx))
@@ -46,6 +80,10 @@ class Command(typer.core.TyperCommand):
 
 class Group(typer.core.TyperGroup):
     """`raylight` and `raylight jobs`: as ``Command``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _label(self.params)
 
     def get_help_option(self, ctx: Any) -> Any:
         return _untagged(super().get_help_option(ctx))

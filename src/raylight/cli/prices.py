@@ -10,7 +10,7 @@ PriceOpt = Annotated[
     list[str] | None,
     typer.Option("--price", help="Price of a node type in USD per hour: m5.xlarge=0.192, '*=0.1' for the rest (repeatable).", metavar="TYPE=USD"),
 ]
-PricesOpt = Annotated[str | None, typer.Option("--prices", help="YAML/JSON file {node_type: USD per hour}.")]
+PricesOpt = Annotated[str | None, typer.Option("--prices", help="YAML/JSON file {node_type: USD per hour}.", metavar="FILE")]
 
 
 def price_table(price: list[str] | None, prices_file: str | None) -> dict[str, float] | None:
