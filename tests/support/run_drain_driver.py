@@ -117,6 +117,6 @@ def main(workdir: str, deadline_s: str, total: str = "40") -> None:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with runtime._lean_head():  # as tests.support.cluster_driver
         main(*sys.argv[1:])
