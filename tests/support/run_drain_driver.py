@@ -1,12 +1,12 @@
 """`raylight run -n 2` and a drain notice on a fake cluster:
-python -m tests.support.run_drain_driver WORKDIR DEADLINE_S [STEPS].
+python -m tests.support.run_drain_driver WORKDIR DEADLINE_S [STEPS [SIZE]].
 
 A head and two nodes of 1 CPU (``ray.cluster_utils.Cluster``); the run's two workers take
 two of them. Once rank 0's script (``tests.support.run_scripts drain``: steps of 0.1 s,
 a checkpoint at step 0 only) has done 10 steps, the node of a worker that is not the head
 is drained the way a cloud's preemption reaches Ray (``DRAIN_NODE_REASON_PREEMPTION``,
 DEADLINE_S), and at its deadline it is taken away without grace, as a cloud takes it. The
-run goes on to STEPS (default 40). Prints one JSON line: the drain's and the node's
+run goes on to STEPS (default 40). SIZE is ``-n``'s (default 2; ``1:2`` an elastic run). Prints one JSON line: the drain's and the node's
 removal's times, when the driver logged the notice, each committed checkpoint (its step
 and when its ``meta.json`` appeared), rank 0's steps (step, world, start, time) and the
 exit code.
@@ -28,7 +28,7 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from raylight.launch.driver import launch  # noqa: E402
+from raylight.launch.driver import launch, parse_size  # noqa: E402
 from tests.helpers import wait_until  # noqa: E402
 from tests.support.cluster_driver import drain  # noqa: E402
 
@@ -77,7 +77,7 @@ def used_worker_node(head_id: str) -> str:
     return used[0]["NodeID"]
 
 
-def main(workdir: str, deadline_s: str, total: str = "40") -> None:
+def main(workdir: str, deadline_s: str, total: str = "40", size: str = "2") -> None:
     notices = NoticeLog()
     logging.getLogger("raylight").addHandler(notices)
     cluster = Cluster(
@@ -90,7 +90,7 @@ def main(workdir: str, deadline_s: str, total: str = "40") -> None:
     result: dict = {}
     out = io.StringIO()
     thread = threading.Thread(target=lambda: result.setdefault("code", launch(
-        "tests.support.run_scripts", ["drain", workdir, total], module=True, num_workers=2, storage_path=workdir,
+        "tests.support.run_scripts", ["drain", workdir, total], module=True, num_workers=parse_size(size), storage_path=workdir,
         name="drain", out=out,
     )), daemon=True)
     try:
