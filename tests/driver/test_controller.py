@@ -450,6 +450,29 @@ def test_a_notice_s_snapshot_is_committed_once_the_workers_stop_before_the_group
     assert c.step() is State.FINISHED
 
 
+def test_a_fixed_size_run_whose_loop_stops_on_request_restarts_from_the_notice_s_snapshot(recorder):
+    """``raylight run``'s loop stops itself when asked (its agent tells the script): a
+    fixed-size run then asks every worker to stop with a snapshot, commits it once they
+    have stopped, and restarts from it at its size; without that it trains on."""
+    assert FixedScalingPolicy(2, 1).on_notice(2, frozenset({1})) is None
+    snapshot = Report({}, serialize_state({"step": 7}), seq=2, snapshot=True)
+    group = FakeGroup(
+        [running(ckpt_report(0)), running(Report({"step": 6})), noticed(), running(), finished()],
+        resize_outcomes=[ResizeOutcome("fallback", [], reason="no live worker left")], stopped_reports=[[snapshot]],
+    )
+    c = make(group, recorder, policy=FixedScalingPolicy(2, 1, snapshot_on_notice=True))
+    c.step(), c.step(), c.step(), c.step()
+    assert c.step() is State.RESIZING
+    assert c.step() is State.SCHEDULING
+    assert group.resizes[0]["leaving"] == frozenset({0, 1}) and group.resizes[0]["snapshot"]
+    assert c.step() is State.RUNNING
+    assert group.starts[-1][0] == 2 and group.starts[-1][1].load() == {"step": 7}, "restarted from the snapshot"
+    assert recorder.history == [{"epoch": 0}, {"step": 6}], "a snapshot adds no row"
+    assert c.num_failures == 0 and c.num_preemptions == 1
+    c.step()
+    assert c.step() is State.FINISHED
+
+
 def test_a_worker_lost_with_a_noticed_node_is_a_preemption_not_a_failure(recorder):
     died = GroupPoll(
         [WorkerPoll(0, "running")], [WorkerFailure(1, "died", "node gone", node_id="n1")],

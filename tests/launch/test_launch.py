@@ -23,8 +23,10 @@ from raylight.launch.driver import (
     parse_size,
 )
 from raylight.worker import run_channel as client
+from raylight.worker.adaptive.sync import ResizeInterrupt
 from raylight.worker.protocol import GroupPoll, WorkerFailure, WorkerPoll
 from raylight.worker.run_wire import ChannelRefused
+from tests.helpers import wait_until
 
 SPEC = LaunchSpec(target="/x/train.py", args=("--lr", "0.1"), module=False, cwd="/x", run_name="r", max_restarts=2)
 
@@ -220,7 +222,9 @@ class _FakeContext:
         self.starts = 0
         self.lines: list[tuple[str, str]] = []
         self.reports: list[tuple[dict, dict | None]] = []
+        self.snapshots: list[tuple[dict, dict]] = []
         self.lock = threading.Lock()
+        self._stop_asked = threading.Event()  # TrainContext's: the driver asked the loop to stop
 
     def _output(self, stream, text):
         with self.lock:
@@ -228,6 +232,9 @@ class _FakeContext:
 
     def report(self, metrics, *, checkpoint=None):
         self.reports.append((metrics, checkpoint))
+
+    def _report_snapshot(self, metrics, checkpoint):
+        self.snapshots.append((metrics, checkpoint))
 
     def load_checkpoint(self):
         return self.reports[-1][1] if self.reports else None
@@ -295,6 +302,75 @@ def test_agent_runs_the_script_in_a_child_and_forwards_its_lines(tmp_path, monke
     with pytest.raises(ScriptExitError, match="rank 0: the script exited with code 9"):
         agent.agent_loop(_AgentContext(), {"spec": LaunchSpec(str(script), ("9",), False, str(tmp_path), "r", 0), "restarts": [0]})
     assert len(agent._AGENT_STORES) == 2  # rank 0's agent held each attempt's store
+    agent._AGENT_STORES.clear()
+
+
+def _stop_when_ready(ctx: _AgentContext) -> threading.Thread:
+    """Ask the agent to stop (as the actor's interrupt does) once its script says ready."""
+
+    def stop() -> None:
+        wait_until(lambda: ("stdout", "ready") in ctx.lines, 60, "the script to start")
+        ctx._stop_asked.set()
+
+    thread = threading.Thread(target=stop, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_stop_reaches_a_script_that_asks_and_its_checkpoint_is_the_snapshot(tmp_path, monkeypatch):
+    """The driver's stop (a notice) makes the script's should_stop() True at its next
+    step; the checkpoint it reports then is a snapshot, and the loop ends paused
+    (ResizeInterrupt), not failed, with no SIGTERM sent."""
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import signal, sys, time\n"
+        "import raylight\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
+        "ctx = raylight.run_context()\n"
+        "assert not ctx.should_stop()\n"
+        "print('ready', flush=True)\n"
+        "step = 0\n"
+        "while not ctx.should_stop():\n"
+        "    time.sleep(0.01)\n"
+        "    step += 1\n"
+        "ctx.report({'step': step}, checkpoint={'step': step})\n"
+        "print('stopped', flush=True)\n"
+    )
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(sys.path))
+    ctx = _AgentContext()
+    stopper = _stop_when_ready(ctx)
+    with pytest.raises(ResizeInterrupt):
+        agent.agent_loop(ctx, {"spec": LaunchSpec(str(script), (), False, str(tmp_path), "r", 0), "restarts": [0]})
+    stopper.join(10)
+    assert ("stdout", "stopped") in ctx.lines, ctx.lines
+    assert len(ctx.snapshots) == 1 and not ctx.reports, "the checkpoint after the stop is the snapshot"
+    metrics, checkpoint = ctx.snapshots[0]
+    assert checkpoint == {"step": metrics["step"]}
+    agent._AGENT_STORES.clear()
+
+
+def test_a_stop_terminates_a_script_that_never_asks_and_is_no_failure(tmp_path, monkeypatch):
+    """A script that never calls should_stop() gets SIGTERM (its own handler may save its
+    own checkpoint, as under torchrun); the loop ends paused whatever its exit code."""
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import os, signal, sys, time\n"
+        "def on_term(*a):\n"
+        "    open(os.path.join(sys.argv[1], 'own-checkpoint'), 'w').close()\n"
+        "    sys.exit(3)\n"
+        "signal.signal(signal.SIGTERM, on_term)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    ctx = _AgentContext()
+    stopper = _stop_when_ready(ctx)
+    with pytest.raises(ResizeInterrupt):
+        agent.agent_loop(ctx, {"spec": LaunchSpec(str(script), (str(tmp_path),), False, str(tmp_path), "r", 0), "restarts": [0]})
+    stopper.join(10)
+    assert (tmp_path / "own-checkpoint").exists(), "the script's SIGTERM handler ran"
+    assert not ctx.snapshots
     agent._AGENT_STORES.clear()
 
 

@@ -267,3 +267,39 @@ def test_an_elastic_run_follows_nodes_that_join_and_go(tmp_path):
     assert [r["world"] for r in rows] == [1, 2, 1, 2, 2, 2]
     assert rows[-1]["weight_sum"] == 12.0
     assert_no_strays(str(tmp_path))
+
+
+@pytest.mark.slow
+def test_a_drain_notice_turns_into_the_script_s_checkpoint_before_the_node_goes(tmp_path):
+    """-n 2 on a fake cluster (its own Ray, in a child driver): one worker's node is drained
+    with an 8 s deadline and taken away at it. The scripts hear the notice through
+    run_context().should_stop(), stop at the same step and report a checkpoint there; it is
+    committed after the drain and before the node goes, the group starts again on the
+    nodes that stay from that checkpoint, and no step is trained twice (before: the run
+    trained on until the node went, then restarted from step 0's checkpoint)."""
+    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.support.run_drain_driver", str(tmp_path), "8", "100"], cwd=REPO, env=env,
+        capture_output=True, text=True, timeout=TIMEOUT,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    data = json.loads(next(ln for ln in done.stdout.splitlines() if ln.startswith("RESULT "))[len("RESULT "):])
+    assert data["code"] == 0, data["output"]
+    drained, removed = data["drained_at"], data["removed_at"]
+    snapshots = [c for c in data["checkpoints"] if drained < c["committed"]]
+    assert snapshots, f"no checkpoint committed after the drain: {data['checkpoints']}"
+    snapshot = snapshots[0]
+    assert snapshot["committed"] < removed, "the notice's checkpoint is committed before the node goes"
+    first = [s for s, _, start, _ in data["steps"] if start == 0]
+    assert first[-1] == snapshot["step"], "the checkpoint holds the step the scripts stopped at"
+    assert max(t for _, _, start, t in data["steps"] if start == 0) < removed, "training stopped before the node went"
+    steps = [s for s, _, _, _ in data["steps"]]
+    assert steps == list(range(100)), "no step trained twice, none skipped"
+    again = [(s, w) for s, w, start, _ in data["steps"] if start == 1]
+    assert again[0] == (snapshot["step"] + 1, 2), "started again at 2 from the checkpoint"
+    assert {start for _, _, start, _ in data["steps"]} == {0, 1}, "one restart"
+    rows = [json.loads(line) for line in (tmp_path / "drain" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(100)), "the snapshot adds no row"
+    assert rows[-1]["weight_sum"] == 200.0
+    assert_no_strays(str(tmp_path))

@@ -18,6 +18,11 @@
 - ``nodes``: under ``-n 1:2`` on a fake cluster whose nodes come and go
   (``run_cluster_driver``): at one worker as ``elastic``; at two, before any loss
   (TORCHELASTIC_RESTART_COUNT=0), it waits for a node to be taken away, else it finishes.
+- ``drain DIR N``: counts to step N (exclusive) in steps of DRAIN_STEP_S, each ended by an
+  all-reduce (the ranks in lockstep, as DDP's), checkpointing through run_context() only
+  at step 0; it asks ``should_stop()`` at every step boundary and, told to stop, reports
+  a checkpoint of where it is and exits 0 (``run_drain_driver``). Rank 0 logs
+  ``step world attempt time`` per step to DIR/steps.
 """
 
 import os
@@ -155,5 +160,41 @@ def nodes() -> None:
     dist.destroy_process_group()
 
 
+DRAIN_STEP_S = 0.1
+
+
+def _count_start(path: str) -> int:
+    """This start's number (0, 1, ...): rank 0 notes each start in ``path``."""
+    with open(path, "a+") as f:
+        f.seek(0)
+        attempt = len(f.read().splitlines())
+        f.write(f"{time.time():.6f}\n")
+    return attempt
+
+
+def drain() -> None:
+    ctx, start, weight = _resumed()
+    dist.init_process_group("gloo")
+    log = os.path.join(sys.argv[2], "steps") if ctx.rank == 0 else None
+    attempt = ctx.restart_count if log is None else _count_start(os.path.join(sys.argv[2], "starts"))
+    should_stop = getattr(ctx, "should_stop", lambda: False)  # the code before it had none
+    for step in range(start, int(sys.argv[3])):
+        if should_stop():  # a notice: every rank agreed to stop here
+            print(f"stopping at step {step}", flush=True)
+            ctx.report({"step": step - 1, "world": ctx.world_size, "weight_sum": weight.sum()},
+                       checkpoint={"step": step - 1, "weight": weight})
+            break
+        time.sleep(DRAIN_STEP_S)  # the step's compute
+        weight = weight + 1
+        dist.all_reduce(torch.zeros(1))  # the gradients' all-reduce
+        ctx.report({"step": step, "world": ctx.world_size, "weight_sum": weight.sum()},
+                   checkpoint={"step": step, "weight": weight} if step == 0 else None)
+        if log is not None:
+            with open(log, "a") as f:
+                f.write(f"{step} {ctx.world_size} {attempt} {time.time():.6f}\n")
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    {"context": context, "noinit": noinit, "sleep": sleep, "world": world, "fit": fit, "elastic": elastic, "nodes": nodes, "steps": steps}[sys.argv[1]]()
+    {"context": context, "noinit": noinit, "sleep": sleep, "world": world, "fit": fit, "elastic": elastic, "nodes": nodes, "steps": steps,
+     "drain": drain}[sys.argv[1]]()

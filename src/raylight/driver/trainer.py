@@ -89,6 +89,9 @@ class Trainer:
         max_failures_setting: where the product that runs this trainer sets
             ``FailureConfig.max_failures`` (``backend.trainer.max_failures`` for a
             declarative run): the setting a failure's message says to raise.
+        loop_stops_on_request: the loop stops itself at a boundary of its own when the
+            driver asks (``raylight run``'s agent: its script checkpoints and exits), so
+            a run of fixed size takes a snapshot on a notice as an elastic one does.
     """
 
     def __init__(
@@ -101,6 +104,7 @@ class Trainer:
         resume_from: Checkpoint | None = None,
         on_poll: Callable[[GroupPoll], None] | None = None,
         max_failures_setting: str | None = None,
+        loop_stops_on_request: bool = False,
     ) -> None:
         if not callable(train_loop):
             raise TypeError(f"train_loop must be callable, got {type(train_loop).__name__}")
@@ -117,6 +121,7 @@ class Trainer:
         self.resume_from = resume_from
         self.on_poll = on_poll
         self.max_failures_setting = max_failures_setting
+        self.loop_stops_on_request = loop_stops_on_request
 
     def fit(self) -> Result:
         run = self.config.run
@@ -268,7 +273,10 @@ class Trainer:
                 self.on_poll(poll)
 
         telemetry = RunTelemetry(cost=meter, trace=trace if adaptive_run else None, on_poll=on_poll)
-        policy = build_scaling_policy(cfg, trace=telemetry.trace_row, saved=recorder.engine_state() if cfg.run.resume else None)
+        policy = build_scaling_policy(
+            cfg, trace=telemetry.trace_row, saved=recorder.engine_state() if cfg.run.resume else None,
+            loop_stops_on_request=self.loop_stops_on_request,
+        )
         failure = FailurePolicy(
             cfg.failure.max_failures, backoff_s=cfg.failure.restart_backoff_s,
             backoff_max_s=cfg.failure.restart_backoff_max_s, max_preemptions=cfg.failure.max_preemptions,
@@ -381,16 +389,17 @@ def adaptive_spec(adaptive: AdaptiveConfig | None) -> Any:
 
 
 def build_scaling_policy(
-    config: TrainerConfig, *, trace: Callable[[dict[str, Any]], None] | None = None, saved: dict[str, Any] | None = None
+    config: TrainerConfig, *, trace: Callable[[dict[str, Any]], None] | None = None, saved: dict[str, Any] | None = None,
+    loop_stops_on_request: bool = False,
 ) -> Any:
-    """The run's scaling policy: fixed for a run of one size without ``adaptive=``, else
-    the goodput policy over an adaptive engine (restored from ``saved``, its state in a
-    resumed run's directory)."""
+    """The run's scaling policy: fixed for a run of one size without ``adaptive=``
+    (snapshots on notices where the loop stops on request), else the goodput policy over
+    an adaptive engine (restored from ``saved``, its state in a resumed run's directory)."""
     from raylight.driver.controller import FixedScalingPolicy, GoodputScalingPolicy, ScalingSettings
 
     scaling, adaptive = config.scaling, config.adaptive
     if adaptive is None and not scaling.elastic:
-        return FixedScalingPolicy(scaling.max_workers, scaling.worker_threads())
+        return FixedScalingPolicy(scaling.max_workers, scaling.worker_threads(), snapshot_on_notice=loop_stops_on_request)
     from raylight.adaptive.engine import AdaptiveEngine
 
     engine = AdaptiveEngine(engine_settings(scaling, adaptive))

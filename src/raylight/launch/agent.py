@@ -3,6 +3,13 @@ agent, it starts the user's script in a child process with torchrun's environmen
 forwards the child's output lines to the driver with the worker's polls, serves the
 child's ``raylight.run_context()`` calls, and fails with the child's exit code.
 
+When the driver asks the worker to stop (a node of the run was given notice), the agent
+tells the script: a script that asks ``run_context().should_stop()`` hears it at its next
+step boundary, reports a checkpoint of where it is (the notice's snapshot) and exits; one
+that never asks gets SIGTERM at once, as torchrun's agent sends when it stops its
+workers (a script's own SIGTERM handler may save its own checkpoint). Either way the
+loop ends "paused", not failed, and the driver restarts the group without the node.
+
 The child runs ``bootstrap.py`` (by its path: it imports nothing of raylight), which runs
 the script as ``__main__``. It is its own process group (killed as a group when the loop
 stops it) and dies with the actor thread that started it (``PR_SET_PDEATHSIG``), so a
@@ -29,12 +36,14 @@ from typing import IO, Any
 
 from raylight.base.exceptions import ConfigError
 from raylight.launch.bootstrap import PARENT_ENV
+from raylight.worker.adaptive.sync import ResizeInterrupt
 from raylight.worker.run_wire import CHANNEL_ENV, HELLO, KEY_ENV, proof, recv_frame, send_frame
 
 BOOTSTRAP = str(Path(__file__).with_name("bootstrap.py"))
 STORE_TIMEOUT_S = 1800.0  # the agent store's own operations (torch's default process-group timeout)
 log = logging.getLogger("raylight")
 STOP_GRACE_S = 5.0  # SIGTERM to SIGKILL when the loop stops a child that still runs
+STOP_CHECK_S = 0.05  # how often the agent looks for the driver's stop while its child runs
 CHANNEL_TIMEOUT_S = 30.0  # --channel-timeout's default: a connection's handshake, each part of a request
 EVENT = "event"  # the output stream of the child's events (init_entered, init_done)
 
@@ -91,7 +100,9 @@ def agent_loop(ctx: Any, config: dict[str, Any]) -> None:
         env[CHANNEL_ENV] = channel.address
         env[KEY_ENV] = channel.key.hex()
         env[PARENT_ENV] = str(os.getpid())
-        code = _run_child(ctx, spec, env)
+        code, stopped = _run_child(ctx, spec, env, channel)
+    if stopped:  # the driver asked for it: whatever the script's code, a stop, not a failure
+        raise ResizeInterrupt()
     if code != 0:
         raise ScriptExitError(ctx.rank, code)
 
@@ -162,10 +173,12 @@ def check_on_this_node(spec: LaunchSpec) -> None:
     )
 
 
-def _run_child(ctx: Any, spec: LaunchSpec, env: dict[str, str]) -> int:
+def _run_child(ctx: Any, spec: LaunchSpec, env: dict[str, str], channel: _Channel) -> tuple[int, bool]:
     """Start the child, forward its output until it exits; its exit code (128 + N when
-    signal N killed it). Stopped any other way (the loop's thread interrupted), the child's
-    process group is terminated, then killed."""
+    signal N killed it) and whether the driver asked it to stop meanwhile (then the
+    channel tells a script that asks ``should_stop()``; one that never asked is sent
+    SIGTERM, then SIGKILL). Stopped any other way (the loop's thread interrupted), the
+    child's process group is terminated, then killed."""
     check_on_this_node(spec)
     cwd = spec.cwd if os.path.isdir(spec.cwd) else None
     child = subprocess.Popen(
@@ -179,19 +192,25 @@ def _run_child(ctx: Any, spec: LaunchSpec, env: dict[str, str]) -> int:
     ]
     for pump in pumps:
         pump.start()
+    stopping = False
     try:
         while True:
             try:
-                code = child.wait(timeout=1.0)
+                code = child.wait(timeout=STOP_CHECK_S)
                 break
             except subprocess.TimeoutExpired:
                 ctx.heartbeat()  # the script's progress is its own; the worker is alive
+            if not stopping and ctx._stop_asked.is_set():
+                stopping = True
+                if not channel.stop():  # the script never asks: torchrun's way
+                    log.warning("raylight run: rank %d: stopping the script (SIGTERM): it never asked run_context().should_stop()", ctx.rank)
+                    _stop(child)
     finally:
         if child.poll() is None:
             _stop(child)
         for pump in pumps:
             pump.join(timeout=STOP_GRACE_S)
-    return 128 - code if code < 0 else code
+    return (128 - code if code < 0 else code), stopping
 
 
 def _stop(child: subprocess.Popen[bytes]) -> None:
@@ -234,6 +253,8 @@ class _Channel:
         self._thread = threading.Thread(target=self._accept, name="raylight-run-channel", daemon=True)
         self._began = False  # the script finished its rendezvous or reported: told the driver
         self._lock = threading.Lock()
+        self._stopping = False  # the driver asked the worker to stop: should_stop() says so
+        self._asks = False  # the script has asked should_stop()
 
     def __enter__(self) -> _Channel:
         self._thread.start()
@@ -247,6 +268,13 @@ class _Channel:
             pass
         self._listener.close()
         self._thread.join(timeout=STOP_GRACE_S)
+
+    def stop(self) -> bool:
+        """The driver asks the script to stop: ``should_stop()`` says so from now on.
+        Whether the script asks it (else it never hears)."""
+        with self._lock:
+            self._stopping = True
+            return self._asks
 
     def _accept(self) -> None:
         while not self._closed.is_set():
@@ -332,9 +360,16 @@ class _Channel:
             checkpoint = None
             if request.get("checkpoint"):
                 checkpoint = _load(payload) if payload is not None else {}
-            self._ctx.report(request.get("metrics") or {}, checkpoint=checkpoint)
+            if checkpoint is not None and self._stopping:  # where the script stopped: the snapshot
+                self._ctx._report_snapshot(request.get("metrics") or {}, checkpoint)
+            else:
+                self._ctx.report(request.get("metrics") or {}, checkpoint=checkpoint)
             self._begin()
             return {"ok": True}, None
+        if op == "stop":
+            with self._lock:
+                self._asks = True
+                return {"ok": True, "stop": self._stopping}, None
         if op == "load":
             state = self._ctx.load_checkpoint()
             if state is None:

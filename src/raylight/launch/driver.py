@@ -160,7 +160,10 @@ def launch(
 
     restarts = [0]
     on_poll = RankOutput(InitWatch(init_timeout_s), restarts, out=out, err=err)
-    trainer = Trainer(agent_loop, train_loop_config={"spec": spec, "restarts": restarts}, config=config, on_poll=on_poll)
+    trainer = Trainer(
+        agent_loop, train_loop_config={"spec": spec, "restarts": restarts}, config=config, on_poll=on_poll,
+        loop_stops_on_request=True,  # a notice: the agents tell their scripts (agent.py)
+    )
     try:
         result = trainer.fit()
     except KeyboardInterrupt:

@@ -12,6 +12,7 @@ import inspect
 import logging
 import math
 import numbers
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, Protocol
 
@@ -174,6 +175,10 @@ class TrainContext:
         self._epoch: int | None = None
         self._plan_given = adaptive is not None and adaptive.plan is not None
         self.sync: StepSync | None = None
+        # The driver asked the loop to stop (``_request_stop``): a loop of raylight's own
+        # that stops itself (``raylight run``'s agent) waits on it.
+        self._stop_asked = threading.Event()
+        self._stop_snapshot = False
         if adaptive is not None or elastic:
             if adaptive is None:
                 raise ValueError("an elastic worker needs the run's AdaptiveSpec (the driver sends it)")
@@ -412,6 +417,21 @@ class TrainContext:
             return False
         self._report({}, self._ckpt.entries, snapshot=True)
         return True
+
+    def _report_snapshot(self, metrics: dict[str, Any], checkpoint: dict[str, Any]) -> None:
+        """raylight's own loops (``raylight run``): a checkpoint taken because a stop with
+        a snapshot was asked for (a notice); the driver commits it as a snapshot."""
+        self._report(_plain_metrics(metrics), checkpoint, snapshot=True)
+
+    def _request_stop(self, *, snapshot: bool) -> None:
+        """The driver asks the loop to stop at its next step boundary (``snapshot``: with
+        a checkpoint there: a notice). raylight's training loop hears it through its
+        ``StepSync``; a loop that stops itself (``raylight run``'s agent, which tells its
+        script) waits on ``_stop_asked``; any other loop does not stop."""
+        self._stop_snapshot = self._stop_snapshot or snapshot
+        self._stop_asked.set()
+        if self.sync is not None:
+            self.sync.request_stop(snapshot=snapshot)
 
     def load_checkpoint(self, objects: dict[str, Any] | None = None) -> dict[str, Any] | None:
         """Load the checkpoint this (re)start resumes from into ``objects`` and return the

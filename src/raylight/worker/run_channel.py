@@ -72,6 +72,29 @@ class RunContext:
             raise pickle.UnpicklingError(refused_pickle("the checkpoint the agent channel sent", exc)) from None
         return loaded
 
+    def should_stop(self) -> bool:
+        """Whether the script should stop here: raylight asks it to when a node of the
+        run is given notice (Ray's drain, a SIGTERM, a cloud's notice). Call it on every
+        rank at the same step boundary (every step, or as often as you are willing to
+        redo work): the ranks agree, through an all-reduce on the default process group
+        once it is formed, so every rank gets the same answer at the same step. When it
+        is True, report a checkpoint of where the script is
+        (``report(metrics, checkpoint=...)`` on every rank) and exit with code 0: the run
+        commits that checkpoint before the node goes and starts the scripts again from it
+        without the node (``load_checkpoint()`` returns it). A script that never calls
+        it gets SIGTERM on a notice instead, as torchrun's agent stops its workers."""
+        reply, _ = self._call({"op": "stop"}, None)
+        stop = bool(reply.get("stop"))
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            import torch
+
+            flag = torch.tensor([1.0 if stop else 0.0], device=_collective_device())
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            stop = bool(flag.item() > 0)
+        return stop
+
     def _call(self, header: dict[str, Any], payload: bytes | None) -> tuple[dict[str, Any], bytes | None]:
         with self._lock:
             send_frame(self._conn, json.dumps(header).encode())
@@ -104,6 +127,18 @@ def run_context() -> RunContext:
         )
     _CONTEXT.append(RunContext(address, bytes.fromhex(key)))
     return _CONTEXT[0]
+
+
+def _collective_device() -> Any:
+    """Where a small tensor goes for the default group's all-reduce: CPU memory for a
+    group with gloo (or MPI), else this process's current GPU (NCCL)."""
+    import torch
+    import torch.distributed as dist
+
+    backend = str(dist.get_backend())
+    if "gloo" in backend or backend == "mpi" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _plain(metrics: dict[str, Any]) -> dict[str, Any]:

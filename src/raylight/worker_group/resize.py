@@ -6,7 +6,8 @@
 2. ``stop``: every live worker stops at its next control step (``snapshot``: each
    checkpoints there first);
 3. ``count_stopped``: the checkpoints rank 0 reported while stopping move the commit on;
-   a snapshot is committed now, while a node given notice is still up;
+   a snapshot is committed now (as soon as rank 0 reports it), while a node given notice
+   is still up;
 4. ``choose``: the dead and the leaving go, the state to restore (the driver's latest
    commit, or a newer one a survivor holds), the survivors and the reserves (live workers
    beyond the new size that could stand in for a lost survivor);
@@ -155,6 +156,11 @@ class InPlaceResize:
                 deadline = self.stopped_at + wait_s
             self.reports.extend(poll.reports)
             self.shadow.extend(poll.shadow_reports)
+            if self.on_stopped is not None and any(r.snapshot and r.checkpoint is not None for r in poll.reports):
+                # Rank 0's part of the snapshot came last (a sharded one's shards are
+                # written before it): committed now, before the others' loops (or
+                # `raylight run`'s scripts) have ended.
+                self.count_stopped()
             if any(p.state == "finished" for p in poll.polls):
                 for m in self.added:
                     ray.kill(m.actor, no_restart=True)

@@ -136,6 +136,7 @@ class RaylightWorker:
         self._store: Any = None
         self._thread: threading.Thread | None = None
         self._sync: Any = None  # the running context's StepSync
+        self._context: Any = None  # the running loop's TrainContext
         self._commit: tuple[int, bytes, int] | None = None  # (index, state, seq) in memory
         self._ip = ""  # this node's address, as Ray knows it
         # An interface the user chose for gloo (runtime_env) wins over raylight's choice.
@@ -261,6 +262,7 @@ class RaylightWorker:
         self._store = None
         self._thread = None
         self._sync = None
+        self._context = None
         self._sigterm_grace_s = setup.sigterm_grace_s
         self._start_watchers(setup.notice_sources)
         return self.node_info()
@@ -353,6 +355,7 @@ class RaylightWorker:
         self._error = None
         self._progress = replace(self._progress, batches_since_start=0, first_batch_wall=None)
         self._sync = None
+        self._context = None
         self._thread = threading.Thread(
             target=self._run, args=(fn, config, spec, ckpt), name="raylight-train-loop", daemon=True
         )
@@ -366,9 +369,9 @@ class RaylightWorker:
 
     def interrupt(self, snapshot: bool = False) -> None:
         """Stop the loop at the next step boundary (all ranks agree which); ``snapshot``:
-        every rank checkpoints there first."""
-        if self._sync is not None:
-            self._sync.request_stop(snapshot=snapshot)
+        every rank checkpoints there first (see ``TrainContext._request_stop``)."""
+        if self._context is not None:
+            self._context._request_stop(snapshot=snapshot)
 
     def poll(self) -> WorkerPoll:
         sync = self._sync
@@ -444,6 +447,7 @@ class RaylightWorker:
         """The entry built this worker's context: the process group is formed and the
         user's loop begins; from here on, silence counts against hang_timeout_s."""
         self._sync = ctx.sync
+        self._context = ctx
         freeze_long_lived("start")
         with self._lock:
             self._joined = True

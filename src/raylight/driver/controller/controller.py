@@ -337,7 +337,10 @@ class Controller:
             if phase.resize.in_place:
                 index = latest.metadata.get("index") if latest is not None else None
                 where = f"checkpoint {index}" if latest is not None else "the beginning (no checkpoint yet)"
-                log.warning("resizing in place failed (%s); restarting from %s", outcome.reason, where)
+                if phase.resize.snapshot and len(phase.resize.leaving) >= old:  # no worker was to stay
+                    log.info("every worker stopped for the notice; restarting from %s", where)
+                else:
+                    log.warning("resizing in place failed (%s); restarting from %s", outcome.reason, where)
             self.group.shutdown()
             self.num_workers = target
             self.phase = Phase(State.SCHEDULING)

@@ -211,11 +211,16 @@ class ScalingPolicy(Protocol):
 
 
 class FixedScalingPolicy:
-    """A run of ``num_workers`` workers with ``threads`` each, from start to end."""
+    """A run of ``num_workers`` workers with ``threads`` each, from start to end.
+    ``snapshot_on_notice``: its loop stops itself at a boundary of its own when asked
+    (``raylight run``'s agent tells its script), so a notice restarts it from a snapshot
+    taken there; otherwise it has no step boundary the workers agree on, and trains on
+    until the noticed node goes."""
 
-    def __init__(self, num_workers: int, threads: int) -> None:
+    def __init__(self, num_workers: int, threads: int, *, snapshot_on_notice: bool = False) -> None:
         self.num_workers = num_workers
         self._threads = threads
+        self.snapshot_on_notice = snapshot_on_notice
 
     def start_size(self, capacity: Callable[[], int]) -> int:
         return self.num_workers
@@ -245,7 +250,10 @@ class FixedScalingPolicy:
         return None
 
     def on_notice(self, num_workers: int, leaving: frozenset[int]) -> Resize | None:
-        return None  # no step boundary the workers agree on: no snapshot
+        if not self.snapshot_on_notice:
+            return None  # no step boundary the workers agree on: no snapshot
+        why = f"preemption notice for rank(s) {sorted(leaving)}"
+        return Resize(self.num_workers, why, True, frozenset(range(num_workers)), snapshot=True)
 
     def record_restart(self, seconds: float) -> None:
         pass
