@@ -264,6 +264,7 @@ PRODUCTS = [
     ("launch", "raylight.launch"),
     ("jobs", "raylight.jobs"),
     ("horovod", "raylight.horovod"),
+    ("adaptdl", "raylight.adaptdl"),
 ]
 PRODUCT_USES = {("declarative", "tune"), ("lightning", "tune")}
 # The faces, above the products: the package's __init__ (the public surface) and the CLI
