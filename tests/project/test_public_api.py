@@ -265,6 +265,7 @@ PRODUCTS = [
     ("jobs", "raylight.jobs"),
     ("horovod", "raylight.horovod"),
     ("ray_train", "raylight.ray_train"),
+    ("adaptdl", "raylight.adaptdl"),
 ]
 PRODUCT_USES = {("declarative", "tune"), ("lightning", "tune")}
 # The faces, above the products: the package's __init__ (the public surface) and the CLI

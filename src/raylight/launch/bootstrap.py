@@ -9,7 +9,9 @@ thread that started it), (2) makes ``sys.path`` and ``sys.argv`` what ``python S
 and completes it: the driver names a rank that never does (``--init-timeout``), (4)
 collects garbage at exit (see ``raylight.worker.process_group.collect_at_exit``), and (5) unless
 ``RAYLIGHT_HOROVOD_COMPAT=1`` serves ``raylight.horovod``, guards a Horovod script (see
-``_HorovodGuard``). Standard library only, apart from torch where it is installed.
+``_HorovodGuard``), and (6) serves ``import adaptdl`` with ``raylight.adaptdl`` where
+AdaptDL is not installed (``_AdaptDLHook``; ``RAYLIGHT_ADAPTDL=1``: even where it is, ``0``:
+never). Standard library only, apart from torch where it is installed.
 
 It tells the agent of those two events over the agent channel, whose wire is the core's
 ``raylight.worker.run_wire`` (as ``raylight.run_context()``'s): loaded by its file path, so
@@ -155,6 +157,24 @@ def _guard_init(hvd: Any) -> None:
     hvd.init = init
 
 
+class _AdaptDLHook(importlib.abc.MetaPathFinder):
+    """``import adaptdl`` under `raylight run`: on the script's first import of it (and only
+    then, so that a script without AdaptDL imports nothing of raylight), install
+    ``raylight.worker.adl.compat``'s hook, which serves ``raylight.adaptdl`` unless real
+    AdaptDL is installed (``RAYLIGHT_ADAPTDL=1``: even then), and step aside."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if name != "adaptdl" and not name.startswith("adaptdl."):
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        from raylight.worker.adl import compat
+
+        if compat.install_from_env():  # this import too: the hook now stands in front
+            return compat.find_served_spec(name, path, target)
+        return None  # real AdaptDL
+
+
 def main(argv: list[str]) -> None:
     _die_with_parent()
     # raylight.worker.process_group.collect_at_exit, without importing raylight: free what DDP
@@ -168,6 +188,8 @@ def main(argv: list[str]) -> None:
         install_from_env()
     elif argv[:2] != ["-m", "raylight.horovod"]:  # which serves raylight.horovod itself
         sys.meta_path.insert(0, _HorovodGuard())
+    if os.environ.get("RAYLIGHT_ADAPTDL", "").strip() != "0":
+        sys.meta_path.insert(0, _AdaptDLHook())
     try:
         _run(argv)
     except ModuleNotFoundError as exc:
