@@ -52,7 +52,7 @@ def pytest_collection_modifyitems(items):
     for item in items:
         # tests/ mirrors the wings (tests/worker/, tests/driver/, ...); a module that starts
         # Ray says so (pytestmark = [pytest.mark.ray, ...]); one that names no tier is unit.
-        if not any(item.get_closest_marker(t) for t in ("unit", "ray", "gpu", "distributed")):
+        if not any(item.get_closest_marker(t) for t in ("unit", "ray", "gpu", "distributed", "hosts")):
             item.add_marker(pytest.mark.unit)
         # The distributed tier (real gloo ranks and launchers' processes without Ray,
         # tests.helpers.require_distributed_mark) has no Ray timers: beside, with the unit tier.
