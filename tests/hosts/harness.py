@@ -197,8 +197,31 @@ class Hosts:
 
     def listening(self, host: str) -> list[tuple[str, int]]:
         """(address, port) of every TCP listener on ``host`` (its /proc/net/tcp and tcp6)."""
+        return list(self._listeners(host))
+
+    def listener_owners(self, host: str) -> dict[tuple[str, int], str]:
+        """Each listener on ``host`` and the command line of the process holding it."""
+        by_inode = {inode: where for where, inode in self._listeners(host).items()}
+        owners = {}
+        for pid in self.pids(host):
+            try:
+                fds = os.listdir(f"/proc/{pid}/fd")
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if target.startswith("socket:[") and int(target[8:-1]) in by_inode:
+                    owners[by_inode[int(target[8:-1])]] = f"pid {pid}: {cmdline[:200]}"
+        return owners
+
+    def _listeners(self, host: str) -> dict[tuple[str, int], int]:
         pid = self.hosts[host].holder.pid
-        found = []
+        found = {}
         for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
             try:
                 with open(f"/proc/{pid}/net/{table}") as f:
@@ -210,7 +233,7 @@ class Hosts:
                 if fields[3] != "0A":  # TCP_LISTEN
                     continue
                 ip_hex, port_hex = fields[1].split(":")
-                found.append((_decode_ip(ip_hex, family), int(port_hex, 16)))
+                found[(_decode_ip(ip_hex, family), int(port_hex, 16))] = int(fields[9])
         return found
 
     # -- teardown ----------------------------------------------------------------------------

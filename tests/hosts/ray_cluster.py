@@ -18,6 +18,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 VENV_BIN = os.path.dirname(sys.executable)
 GCS_PORT = 6379  # each host has its own network: Ray's default ports collide with nothing
 DASHBOARD_PORT = 8265
+# Every Ray worker process (driver, actor), raylight's or not, has one listener on all
+# interfaces ("::") on a port of Ray's default worker port range (seen on Ray 2.60 with a plain
+# actor over these hosts; --min/max-worker-port did not move it): Ray's own, not raylight's
+RAY_OWN_PORTS = range(10002, 20000)
 
 
 def cluster_env() -> dict[str, str]:

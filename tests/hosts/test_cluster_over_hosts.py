@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
+from tests.helpers import wait_until
 from tests.hosts.harness import SHARED
-from tests.hosts.ray_cluster import RayOverHosts, cluster_env
+from tests.hosts.ray_cluster import RAY_OWN_PORTS, RayOverHosts, cluster_env
 
 pytestmark = [pytest.mark.hosts, pytest.mark.timeout(420)]
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -34,3 +37,56 @@ def test_ddp_across_hosts_matches_one_process_and_shares_memory_only_within_a_ho
     assert out["metrics"]["hosts"] == hosts
     assert out["metrics"]["hooks"] == hooks
     assert out["diff"] < 1e-5
+
+
+def test_every_listener_raylight_starts_binds_the_host_s_own_address_or_loopback(make_hosts):
+    """Driver on a, workers on b and c, held in their first epoch while each host's listeners are
+    listed: against what each host had before the run (Ray's own), nothing new on all interfaces."""
+    made = make_hosts(["a", "b", "c"], env=cluster_env())
+    cluster = RayOverHosts(made, head="a", raylets={"b": 1, "c": 1})
+    before = {h: set(made.listening(h)) for h in made.hosts}
+    env_cmd = [
+        "env",
+        f"RAY_ADDRESS={cluster.address}",
+        sys.executable,
+        os.path.join(HERE, "listen_driver.py"),
+        SHARED,
+    ]
+    driver = made.popen("a", env_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(
+            lambda: (
+                all(os.path.exists(os.path.join(made.shared, f"held-{r}")) for r in (0, 1))
+                or driver.poll() is not None
+            ),
+            240,
+            "both workers held in their first epoch",
+        )
+        assert driver.poll() is None, driver.stdout.read()
+        new = {h: sorted(set(made.listening(h)) - before[h]) for h in made.hosts}
+        owners = {h: made.listener_owners(h) for h in made.hosts}
+    finally:
+        open(os.path.join(made.shared, "go"), "w").close()
+    out, _ = driver.communicate(timeout=120)
+    assert driver.returncode == 0, out
+    allowed = {
+        h: {made.address(h), "127.0.0.1", "::1", "::ffff:127.0.0.1", f"::ffff:{made.address(h)}"}
+        for h in made.hosts
+    }
+    ray_own = {
+        h: [(a, p) for a, p in new[h] if a == "::" and p in RAY_OWN_PORTS] for h in made.hosts
+    }
+    assert all(ray_own.values()), (
+        f"Ray's core workers' listeners are seen (driver and workers): {new}"
+    )
+    ours = {h: [(a, p) for a, p in new[h] if (a, p) not in ray_own[h]] for h in made.hosts}
+    wide = {
+        h: [(a, p, owners[h].get((a, p))) for a, p in ours[h] if a not in allowed[h]]
+        for h in made.hosts
+    }
+    assert ours["b"] and ours["c"], (
+        f"the workers' own listeners are seen (the check sees them): {new}"
+    )
+    assert not any(wide.values()), (
+        f"listeners on all interfaces (or another address) during the run: {wide}; all new: {new}"
+    )
