@@ -3,7 +3,9 @@
 Tiers (markers): unit (no Ray), distributed (real gloo ranks or a launcher's
 processes, no Ray; marked by the module or test), ray (a real local Ray cluster started once per
 session by raylight's embedded runtime, 2 CPUs, its own temp dir; one per pytest
-process: `make test` runs two, see tests/suite.py and ``BESIDE``). Autouse guards
+process: `make test` runs two, see tests/suite.py and ``BESIDE``), hosts (fake hosts on this
+box, each its own network and disk, a Ray cluster over them: tests/hosts/; root, skipped
+with the reason elsewhere; in the front run). Autouse guards
 fail a test that leaks environment variables, a torch process group, threads, or
 Ray resources (actors and placement groups hold resources until removed).
 """
