@@ -18,6 +18,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 VENV_BIN = os.path.dirname(sys.executable)
 GCS_PORT = 6379  # each host has its own network: Ray's default ports collide with nothing
 DASHBOARD_PORT = 8265
+FAST_HEALTH = {
+    "health_check_initial_delay_ms": 0,
+    "health_check_period_ms": 500,
+    "health_check_failure_threshold": 4,
+}
 # Every Ray worker process (driver, actor), raylight's or not, has one listener on all
 # interfaces ("::") on a port of Ray's default worker port range (seen on Ray 2.60 with a plain
 # actor over these hosts; --min/max-worker-port did not move it): Ray's own, not raylight's

@@ -90,3 +90,58 @@ def test_every_listener_raylight_starts_binds_the_host_s_own_address_or_loopback
     assert not any(wide.values()), (
         f"listeners on all interfaces (or another address) during the run: {wide}; all new: {new}"
     )
+
+
+def _positions(shared: str) -> list[list[int]]:
+    try:
+        with open(os.path.join(shared, "positions")) as f:
+            return [list(map(int, line.split())) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def test_a_host_that_dies_mid_epoch_shrinks_the_run_onto_the_survivor_with_each_sample_once_per_epoch(
+    make_hosts,
+):
+    """Driver on a, one worker on each of b and c; every process of c is killed mid-epoch (the
+    machine dies): the run goes on with the worker on b, each epoch seeing every sample once."""
+    made = make_hosts(["a", "b", "c"], env=cluster_env())
+    cluster = RayOverHosts(made, head="a", raylets={"b": 1, "c": 1})
+    cmd = [
+        "env",
+        f"RAY_ADDRESS={cluster.address}",
+        sys.executable,
+        os.path.join(HERE, "elastic_driver.py"),
+        SHARED,
+    ]
+    driver = made.popen("a", cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(
+            lambda: (
+                sum(p[2] == 2 for p in _positions(made.shared)) >= 8 or driver.poll() is not None
+            ),
+            240,
+            "2 workers mid-epoch",
+        )
+        assert driver.poll() is None, driver.communicate()
+        killed_at = len(_positions(made.shared))
+        made.kill_host("c")
+        wait_until(
+            lambda: (
+                sum(p[2] == 1 for p in _positions(made.shared)[killed_at:]) >= 20
+                or driver.poll() is not None
+            ),
+            240,
+            "the run on the survivor",
+        )
+    finally:
+        open(os.path.join(made.shared, "stop"), "w").close()
+    out, err = driver.communicate(timeout=240)
+    assert driver.returncode == 0, err[-5000:]
+    data = json.loads(out.splitlines()[-1])
+    moves = [(r["from"], r["to"]) for r in data["resizes"]]
+    assert (2, 1) in moves, (moves, err[-3000:])
+    n = 240
+    for m in data["epochs"]:
+        assert (m["count"], m["sum"]) == (n, n * (n - 1) / 2), m
+    assert {m["workers"] for m in data["epochs"]} >= {1}
