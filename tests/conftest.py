@@ -3,7 +3,9 @@
 Tiers (markers): unit (no Ray), distributed (real gloo ranks or a launcher's
 processes, no Ray; marked by the module or test), ray (a real local Ray cluster started once per
 session by raylight's embedded runtime, 2 CPUs, its own temp dir; one per pytest
-process: `make test` runs two, see tests/suite.py and ``BESIDE``). Autouse guards
+process: `make test` runs two, see tests/suite.py and ``BESIDE``), hosts (fake hosts on this
+box, each its own network and disk, a Ray cluster over them: tests/hosts/; root, skipped
+with the reason elsewhere; in the front run). Autouse guards
 fail a test that leaks environment variables, a torch process group, threads, or
 Ray resources (actors and placement groups hold resources until removed).
 """
@@ -52,7 +54,7 @@ def pytest_collection_modifyitems(items):
     for item in items:
         # tests/ mirrors the wings (tests/worker/, tests/driver/, ...); a module that starts
         # Ray says so (pytestmark = [pytest.mark.ray, ...]); one that names no tier is unit.
-        if not any(item.get_closest_marker(t) for t in ("unit", "ray", "gpu", "distributed")):
+        if not any(item.get_closest_marker(t) for t in ("unit", "ray", "gpu", "distributed", "hosts")):
             item.add_marker(pytest.mark.unit)
         # The distributed tier (real gloo ranks and launchers' processes without Ray,
         # tests.helpers.require_distributed_mark) has no Ray timers: beside, with the unit tier.

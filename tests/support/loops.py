@@ -56,7 +56,22 @@ def sgd_loop(ctx, config):
     metrics = {"world_size": ctx.world_size, **({"tunables": tunables} if tunables else {})}
     if config.get("report_hooks"):  # DDP's communication hooks (torch keeps them in _comm_hooks)
         metrics["hooks"] = ",".join(f"{h.__module__}.{h.__name__}" for h, _ in getattr(model, "_comm_hooks", []))
+    if config.get("report_hosts"):  # each rank's hostname, in rank order (tests/hosts/)
+        metrics["hosts"] = _hostnames(ctx.world_size)
     ctx.report(metrics, checkpoint={"model": ctx.unwrap_model(model).state_dict()})
+
+
+def _hostnames(world_size: int) -> list[str]:
+    import socket
+
+    import torch.distributed as dist
+
+    names: list[str | None] = [None] * world_size
+    if world_size > 1:
+        dist.all_gather_object(names, socket.gethostname())
+    else:
+        names = [socket.gethostname()]
+    return [str(n) for n in names]
 
 
 def reference_sgd(config) -> dict[str, torch.Tensor]:

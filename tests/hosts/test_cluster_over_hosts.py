@@ -1,0 +1,147 @@
+"""raylight on a Ray cluster over fake hosts: the head on a (no CPU), raylets on the others."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import wait_until
+from tests.hosts.harness import SHARED
+from tests.hosts.ray_cluster import RAY_OWN_PORTS, RayOverHosts, cluster_env
+
+pytestmark = [pytest.mark.hosts, pytest.mark.timeout(420)]
+HERE = os.path.dirname(os.path.abspath(__file__))
+HOOK = "raylight.worker.strategies.shm_allreduce.comm_hook"
+
+
+@pytest.mark.parametrize(
+    ("raylets", "hosts", "hooks"),
+    [({"b": 1, "c": 1}, ["b", "c"], ""), ({"b": 2}, ["b", "b"], HOOK)],
+    ids=["two-hosts-gloo", "one-host-shared-memory"],
+)
+def test_ddp_across_hosts_matches_one_process_and_shares_memory_only_within_a_host(
+    make_hosts, raylets, hosts, hooks
+):
+    """Two workers, one on each of b and c: gloo alone (the shared-memory path sees two hosts);
+    both on b: the shared-memory hook. The same parameters as one process either way."""
+    made = make_hosts(["a", *raylets], env=cluster_env())
+    cluster = RayOverHosts(made, head="a", raylets=raylets)
+    out = json.loads(
+        cluster.driver(os.path.join(HERE, "ddp_driver.py"), f"{SHARED}/runs").splitlines()[-1]
+    )
+    assert out["metrics"]["world_size"] == 2
+    assert sorted(out["metrics"]["hosts"]) == hosts  # rank order is the placement's
+    assert out["metrics"]["hooks"] == hooks
+    assert out["diff"] < 1e-5
+
+
+def test_every_listener_raylight_starts_binds_the_host_s_own_address_or_loopback(make_hosts):
+    """Driver on a, workers on b and c, held in their first epoch while each host's listeners are
+    listed: against what each host had before the run (Ray's own), nothing new on all interfaces."""
+    made = make_hosts(["a", "b", "c"], env=cluster_env())
+    cluster = RayOverHosts(made, head="a", raylets={"b": 1, "c": 1})
+    before = {h: set(made.listening(h)) for h in made.hosts}
+    env_cmd = [
+        "env",
+        f"RAY_ADDRESS={cluster.address}",
+        sys.executable,
+        os.path.join(HERE, "listen_driver.py"),
+        SHARED,
+    ]
+    driver = made.popen("a", env_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(
+            lambda: (
+                all(os.path.exists(os.path.join(made.shared, f"held-{r}")) for r in (0, 1))
+                or driver.poll() is not None
+            ),
+            240,
+            "both workers held in their first epoch",
+        )
+        assert driver.poll() is None, driver.stdout.read()
+        new = {h: sorted(set(made.listening(h)) - before[h]) for h in made.hosts}
+        owners = {h: made.listener_owners(h) for h in made.hosts}
+    finally:
+        open(os.path.join(made.shared, "go"), "w").close()
+    out, _ = driver.communicate(timeout=120)
+    assert driver.returncode == 0, out
+    allowed = {
+        h: {made.address(h), "127.0.0.1", "::1", "::ffff:127.0.0.1", f"::ffff:{made.address(h)}"}
+        for h in made.hosts
+    }
+    ray_own = {
+        h: [(a, p) for a, p in new[h] if a == "::" and p in RAY_OWN_PORTS] for h in made.hosts
+    }
+    assert all(ray_own.values()), (
+        f"Ray's core workers' listeners are seen (driver and workers): {new}"
+    )
+    ours = {h: [(a, p) for a, p in new[h] if (a, p) not in ray_own[h]] for h in made.hosts}
+    wide = {
+        h: [(a, p, owners[h].get((a, p))) for a, p in ours[h] if a not in allowed[h]]
+        for h in made.hosts
+    }
+    assert ours["b"] and ours["c"], (
+        f"the workers' own listeners are seen (the check sees them): {new}"
+    )
+    assert not any(wide.values()), (
+        f"listeners on all interfaces (or another address) during the run: {wide}; all new: {new}"
+    )
+
+
+def _positions(shared: str) -> list[list[int]]:
+    try:
+        with open(os.path.join(shared, "positions")) as f:
+            return [list(map(int, line.split())) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def test_a_host_that_dies_mid_epoch_shrinks_the_run_onto_the_survivor_with_each_sample_once_per_epoch(
+    make_hosts,
+):
+    """Driver on a, one worker on each of b and c; every process of c is killed mid-epoch (the
+    machine dies): the run goes on with the worker on b, each epoch seeing every sample once."""
+    made = make_hosts(["a", "b", "c"], env=cluster_env())
+    cluster = RayOverHosts(made, head="a", raylets={"b": 1, "c": 1})
+    cmd = [
+        "env",
+        f"RAY_ADDRESS={cluster.address}",
+        sys.executable,
+        os.path.join(HERE, "elastic_driver.py"),
+        SHARED,
+    ]
+    driver = made.popen("a", cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(
+            lambda: (
+                sum(p[2] == 2 for p in _positions(made.shared)) >= 8 or driver.poll() is not None
+            ),
+            240,
+            "2 workers mid-epoch",
+        )
+        assert driver.poll() is None, driver.communicate()
+        killed_at = len(_positions(made.shared))
+        made.kill_host("c")
+        wait_until(
+            lambda: (
+                sum(p[2] == 1 for p in _positions(made.shared)[killed_at:]) >= 20
+                or driver.poll() is not None
+            ),
+            240,
+            "the run on the survivor",
+        )
+    finally:
+        open(os.path.join(made.shared, "stop"), "w").close()
+    out, err = driver.communicate(timeout=240)
+    assert driver.returncode == 0, err[-5000:]
+    data = json.loads(out.splitlines()[-1])
+    moves = [(r["from"], r["to"]) for r in data["resizes"]]
+    assert (2, 1) in moves, (moves, err[-3000:])
+    n = 240
+    for m in data["epochs"]:
+        assert (m["count"], m["sum"]) == (n, n * (n - 1) / 2), m
+    assert {m["workers"] for m in data["epochs"]} >= {1}
