@@ -424,3 +424,17 @@ def test_a_new_accumulator_each_epoch_resumes_its_own_epoch_s_sums(report_at):
     _accumulating_loop(ctx(Sink(), Checkpoint("memory://ckpt", data=saved)), data, log=resumed)
     resumed_from = report_at // 4  # the epoch of the checkpoint
     assert resumed == whole[resumed_from:]
+
+
+def test_a_checkpoint_of_earlier_raylight_restores_its_accumulators_by_creation_order():
+    """Before accumulators were keyed by epoch, checkpoints saved an unkeyed list: resuming
+    one still gives the accumulators their sums, in the order they are made."""
+    from raylight.worker.adaptive.state import Accumulators
+
+    accs = Accumulators(world_size=1, saved=[{"totals": {"n": 3.0}}, {"totals": {"n": 5.0}}])
+    first, second, third = accs.make(None), accs.make(4), accs.make(4)
+    for acc, n in ((first, 3.0), (second, 5.0), (third, 0.0)):
+        with acc.synchronized():
+            assert acc["n"] == n
+    assert [(e["epoch"], e["index"]) for e in accs.state(4)] == [(None, 0), (4, 0), (4, 1)]
+    assert [(e["epoch"], e["index"]) for e in accs.state(5)] == [(None, 0)], "epoch 4's never come back"
