@@ -4,10 +4,13 @@ its 0.2.11 wheel: the dev extra installs it) run against raylight.adaptive.
 Their modules are imported from the installed package with ``adaptdl.goodput`` replaced,
 for that import only, by a thin adapter over raylight.adaptive (nothing of AdaptDL's code
 is copied here, and its own ``adaptdl.goodput`` is never imported). Every test function of
-theirs, with each of its parameter sets, is one case here: 702, all passing (500 failed
-at their first check, ``isinstance(goodput, float)``, while ``optimize`` returned 0-d
-arrays). The one difference they could show, AdaptDL's single-worker rule, raylight now
-follows (docs/adaptive.md), so no case is marked as an expected failure.
+theirs, with each of its parameter sets, is one case here: 702 (500 failed at their first
+check, ``isinstance(goodput, float)``, while ``optimize`` returned 0-d arrays), and 7 more
+with one model of ours (``_GROWING``), where two of their one-worker checks fail unless one
+worker keeps its initial batch without accumulation: AdaptDL's single-worker rule, which
+raylight now follows (docs/adaptive.md). 707 pass; the other two of the 7 are
+``xfail(strict=True)``: checks AdaptDL's own code fails with that model too
+(``_FAILS_ADAPTDL_TOO``), no difference of raylight's.
 Without adaptdl installed, the module is skipped (``pip install --no-deps adaptdl==0.2.11``).
 """
 
@@ -74,16 +77,41 @@ def _import_theirs(names: list[str]) -> list[types.ModuleType]:
         sys.modules.update(saved)
 
 
+# One model more than theirs, for their tests over (perf_params, grad_params): a cheap
+# fixed step cost and noisy gradients, where every layout gains from a batch above M0. Their
+# random models (gamma(2, 2) draws: seconds per sample) never do, so only this one tells
+# whether one worker keeps M0 without accumulation (AdaptDL's single-worker rule).
+_GROWING = {
+    "perf_params": rl_goodput.PerfParams(0.05, 1e-4, 0.2, 0.02, 0.05, 0.01, 1.0),
+    "grad_params": rl_goodput.GradParams(1.0, 500.0),
+}
+
+
 def _cases(module: types.ModuleType) -> Iterator[Any]:
-    """One pytest.param per test function and parameter set (their @parametrize marks)."""
+    """One pytest.param per test function and parameter set (their @parametrize marks),
+    and one with the growing model for those over models."""
     for name, func in sorted(vars(module).items()):
         if not (name.startswith("test_") and callable(func)):
             continue
         marks = [m for m in getattr(func, "pytestmark", []) if m.name == "parametrize"]
         axes = [[(m.args[0], value) for value in m.args[1]] for m in marks]
+        case_id = f"{module.__name__.split('.')[-1]}.{name}"
         for i, combo in enumerate(itertools.product(*axes)):
-            case_id = f"{module.__name__.split('.')[-1]}.{name}" + (f"[{i}]" if marks else "")
-            yield pytest.param(func, dict(combo), id=case_id)
+            yield pytest.param(func, dict(combo), id=case_id + (f"[{i}]" if marks else ""))
+        if {m.args[0] for m in marks} == set(_GROWING):
+            reason = _FAILS_ADAPTDL_TOO.get(name)
+            xfail = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+            yield pytest.param(func, dict(_GROWING), id=case_id + "[growing]", marks=xfail)
+
+
+# Their checks that hold only for models that never grow the batch: AdaptDL's own
+# goodput.py fails them with _GROWING too (run with autograd, 2026-12-03). Not differences.
+_FAILS_ADAPTDL_TOO = {
+    "test_one_replica_accumulation": "its loop's max_batch_size is never passed to optimize (which gets 1280), "
+    "so any model that grows one worker's batch past 128 fails it; AdaptDL's own does",
+    "test_optimize_accumulation": "it requires an accumulating layout's atomic batch at the bound (steps * bsz >= 256), "
+    "but 1280 over 3 workers is 2 micro-steps of 214, AdaptDL's split as raylight's; AdaptDL's own fails it",
+}
 
 
 _GOODPUT_TEST, _FIT_TEST = _import_theirs(["goodput_test", "fit_test"])
