@@ -253,6 +253,9 @@ def test_scalars_in_give_python_scalars_out_and_arrays_give_arrays():
     assert m.dtype.kind == s.dtype.kind == "i"
     assert fn.evaluate(1, np.array([1, 2]), 16, 0).shape == (2,)
     assert fn.efficiency(np.array([[32, 64]])).shape == (1, 2)
+    # AdaptDL's bounds may leave either end open (None)
+    assert fn.optimize(1, 2, 1024, (None, 128), True) == fn.optimize(1, 2, 1024, (1, 128), True)
+    assert fn.optimize(1, 2, 1024, (8, None)) == fn.optimize(1, 2, 1024, (8, 1024))
 
 
 def test_the_single_worker_rule():

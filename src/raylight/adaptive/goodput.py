@@ -141,7 +141,7 @@ class GoodputFunction:
         num_nodes: ArrayLike,
         num_replicas: ArrayLike,
         max_batch_size: int | None = None,
-        atomic_bsz_range: tuple[int, int] | None = None,
+        atomic_bsz_range: tuple[int | None, int | None] | None = None,
         accumulation: bool = False,
         grid_size: int = 64,
     ) -> tuple[Value, IntValue, IntValue]:
@@ -160,7 +160,8 @@ class GoodputFunction:
         biased by the step between them, towards more noise and so larger batches.
         """
         m0 = self.init_batch_size
-        m_min, m_max = atomic_bsz_range or (1, max_batch_size or m0)
+        low, high = atomic_bsz_range or (None, None)  # either may be None, as in AdaptDL
+        m_min, m_max = low or 1, high or max_batch_size or m0
         nodes, replicas = np.broadcast_arrays(
             np.asarray(num_nodes, dtype=float), np.asarray(num_replicas, dtype=float)
         )

@@ -17,7 +17,9 @@ class Accumulator(MutableMapping[str, Any]):
     replicas inside ``with acc.synchronized():``, which all-reduces what each replica
     added since the last synchronisation (a collective: call it on every rank).
     Outside, reads give what this replica added since then. Totals are part of every
-    checkpoint, so they continue after a restart or a resize.
+    checkpoint, so they continue after a restart or a resize: ``ctx.accumulator()`` gives
+    each the sums saved for the one made in the same epoch, in the same order
+    (``Accumulators``), so a loop may make one before its epochs, or a new one each epoch.
 
     A one-element tensor may be added as it is (``acc["loss"] += loss.detach() * n``): the
     sum then stays a tensor on its device and is read back once, when it is synchronised,
