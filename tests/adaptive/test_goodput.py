@@ -55,10 +55,12 @@ def test_optimize_returns_feasible_argmax():
             good, m, s = fn.optimize(1, k, max_batch_size=4096, atomic_bsz_range=(16, 256), accumulation=True)
             assert 16 <= m <= 256 and s >= 0 and k * m * (s + 1) >= 64
             assert good == pytest.approx(fn.evaluate(1, k, m, s))
-            # No feasible layout on a fine brute-force grid beats it by more than grid error.
+            # No feasible layout on a fine brute-force grid beats it by more than grid error
+            # (one worker above M0: two micro-steps at least, the single-worker rule).
             best = max(
                 fn.evaluate(1, k, mm, ss)
                 for mm in range(16, 257, 4) for ss in range(0, 8) if 64 <= k * mm * (ss + 1) <= 4096
+                and (k > 1 or ss > 0 or mm == 64)
             )
             assert good >= 0.97 * best
 
@@ -231,3 +233,41 @@ def test_fit_weights_favour_the_well_measured_layouts():
         fit_perf_params(nodes, replicas, atomic, accum, optim, weights=[1.0, 0.0, 1.0])
     with pytest.raises(ValueError, match="weights"):
         fit_perf_params(nodes, replicas, atomic, accum, optim, weights=[1.0, 1.0])
+
+
+def test_scalars_in_give_python_scalars_out_and_arrays_give_arrays():
+    """AdaptDL's contract (its own tests check isinstance(goodput, float)): a layout given
+    as scalars gets a float and two ints, not 0-d arrays; arrays keep their shape."""
+    from raylight.adaptive.goodput import gain, predict_grad_time, predict_sync_time
+
+    perf = PerfParams(0.02, 1e-3, 0.2, 0.02, 0.05, 0.01, 1.5)
+    fn = GoodputFunction(perf, GradParams(1.0, 5.0), 32)
+    good, m, s = fn.optimize(1, 2, max_batch_size=1024, atomic_bsz_range=(8, 128), accumulation=True)
+    assert (type(good), type(m), type(s)) == (float, int, int)
+    for value in (fn(1, 2, 16, 1), fn.evaluate(1, 2, 16, 1), fn.throughput(1, 2, 16, 1), fn.efficiency(64),
+                  fn.gain(64), gain(2.0, fn.grad_params), predict_step_time(perf, 1, 2, 16, 1),
+                  predict_grad_time(perf, 16), predict_sync_time(perf, 1, 2)):
+        assert type(value) is float, value
+    good, m, s = fn.optimize(np.ones(3), np.array([1, 2, 4]), 1024, (8, 128), True)
+    assert all(isinstance(a, np.ndarray) and a.shape == (3,) for a in (good, m, s))
+    assert m.dtype.kind == s.dtype.kind == "i"
+    assert fn.evaluate(1, np.array([1, 2]), 16, 0).shape == (2,)
+    assert fn.efficiency(np.array([[32, 64]])).shape == (1, 2)
+    # AdaptDL's bounds may leave either end open (None)
+    assert fn.optimize(1, 2, 1024, (None, 128), True) == fn.optimize(1, 2, 1024, (1, 128), True)
+    assert fn.optimize(1, 2, 1024, (8, None)) == fn.optimize(1, 2, 1024, (8, 1024))
+
+
+def test_the_single_worker_rule():
+    """One worker: above M0 only with two micro-steps at least (an unbiased noise pair),
+    and at M0 without accumulation; two workers may take a larger batch in one micro-step."""
+    # Cheap fixed cost, noisy gradients: every layout wants a batch well above M0 = 32.
+    fn = GoodputFunction(PerfParams(0.05, 1e-4, 0.2, 0.02, 0.05, 0.01, 1.0), GradParams(1.0, 500.0), 32)
+    _, m, s = fn.optimize(1, 1, max_batch_size=1024, atomic_bsz_range=(8, 1024), accumulation=True)
+    assert m * (s + 1) > 32 and s >= 1, (m, s)
+    assert fn.optimize(1, 1, max_batch_size=1024, atomic_bsz_range=(8, 1024)) == (
+        pytest.approx(fn.evaluate(1, 1, 32, 0)), 32, 0)
+    _, m2, s2 = fn.optimize(1, 2, max_batch_size=1024, atomic_bsz_range=(8, 1024))
+    assert 2 * m2 > 32 and s2 == 0, "the rule is one worker's only"
+    many = fn.optimize(np.ones(3), np.array([1, 2, 3]), 1024, (8, 1024), False)
+    assert many[1][0] == 32 and np.all(many[1][1:] * np.array([2, 3]) > 32)

@@ -33,6 +33,7 @@ def assert_exact_coverage(history, n=N):
         assert m["count"] == n, m
         assert m["sum"] == n * (n - 1) / 2, m
         assert m["sq"] == sum(i * i for i in range(n)), m
+        assert m["epoch_count"] == n, ("the epoch's own accumulator, made in it, resumes its own sums", m)
     assert [m["epoch"] for m in epochs] == list(range(len(epochs)))
     return epochs
 

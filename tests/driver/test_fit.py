@@ -250,6 +250,7 @@ def test_sigkilled_workers_lose_and_repeat_no_sample(ray_cluster, tmp_path):
     assert [m["epoch"] for m in epochs] == [0, 1, 2]
     for m in epochs:
         assert (m["count"], m["sum"], m["sq"]) == (n, n * (n - 1) / 2, sum(i * i for i in range(n))), (kills, m)
+        assert m["epoch_count"] == n, "the epoch's own accumulator (made each epoch) resumed its own sums"
 
 
 def test_an_address_naming_another_cluster_than_this_process_uses_is_refused(ray_cluster, tmp_path):

@@ -197,6 +197,7 @@ def elastic_loop(ctx, config):
     positions = open(config["positions"], "a") if config.get("positions") and ctx.rank == 0 else None  # noqa: SIM115
     step = 0
     for epoch in ctx.epochs(config["epochs"]):
+        this_epoch = ctx.accumulator()  # AdaptDL's pattern: a new one each epoch (and `seen` for the run)
         for ids, x, y in loader:
             if attempt < len(kills) and kills[attempt] == [ctx.rank, step]:
                 open(f"{config['marker']}{attempt}", "w").close()
@@ -218,6 +219,7 @@ def elastic_loop(ctx, config):
             seen[f"count{epoch}"] += len(ids)
             seen[f"sum{epoch}"] += float(ids.sum())
             seen[f"sq{epoch}"] += float((ids.double() ** 2).sum())
+            this_epoch["count"] += len(ids)
             if positions is not None:
                 positions.write(f"{epoch} {loader.cursor} {ctx.world_size}\n")
                 positions.flush()
@@ -226,6 +228,8 @@ def elastic_loop(ctx, config):
                 ctx.report({"kind": "step"}, checkpoint=state())
         with seen.synchronized():
             totals = {k: seen[k] for k in (f"count{epoch}", f"sum{epoch}", f"sq{epoch}", f"sse{epoch}")}
+        with this_epoch.synchronized():
+            totals["epoch_count"] = this_epoch["count"]
         ctx.report(
             {"kind": "epoch", "epoch": epoch, "workers": ctx.world_size, "batch": ctx.batch_size,
              "resumed_sharded": bool(ctx.get_checkpoint() and ctx.get_checkpoint().sharded),

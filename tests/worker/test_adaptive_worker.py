@@ -374,3 +374,67 @@ def test_first_steps_at_a_layout_are_not_profiled(monkeypatch):
     assert sync.profile.layouts[(1, 1, 8, 1)].optim_count == 3  # the step that was open
     stats = sync.profile.layouts.get((1, 1, 16, 1))
     assert stats is not None and (stats.optim_count, stats.accum_count) == (1, 2)
+
+
+def _accumulating_loop(ctx, data, *, log, report_at=None):
+    """AdaptDL's pattern: one accumulator for the whole run, made before the epochs, and a
+    new one each epoch; a checkpoint reported inside the loop at step ``report_at``."""
+    loader = ctx.prepare_loader(data, batch_size=8)
+    overall = ctx.accumulator()
+    step = 0
+    for epoch in ctx.epochs(3):
+        acc = ctx.accumulator()
+        for (x,) in loader:
+            acc["seen"] += len(x)
+            acc["even"] += int((x % 2 == 0).sum())
+            overall["seen"] += len(x)
+            if step == report_at:
+                ctx.report({}, checkpoint={"epoch": epoch})
+            step += 1
+        with acc.synchronized():
+            log.append((epoch, acc["seen"], acc["even"] / acc["seen"]))
+    with overall.synchronized():
+        log.append(("overall", overall["seen"]))
+
+
+@pytest.mark.parametrize("report_at", [9, 4])
+def test_a_new_accumulator_each_epoch_resumes_its_own_epoch_s_sums(report_at):
+    """After a restart, an accumulator made in an epoch gets that epoch's saved sums (keyed
+    by the epoch it was made in and its order there), not those of the accumulator made
+    first since the start: restored by creation order, epoch 2's made 1.5 epochs' samples."""
+    from raylight.storage.checkpoint import Checkpoint
+    from raylight.worker.context import TrainContext
+    from tests.helpers import Sink
+
+    data = torch.utils.data.TensorDataset(torch.arange(32))
+
+    def ctx(sink, checkpoint=None):
+        return TrainContext(
+            rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
+            device=torch.device("cpu"), sink=sink, checkpoint=checkpoint,
+        )
+
+    whole: list = []
+    _accumulating_loop(ctx(Sink()), data, log=whole)
+    assert whole == [(0, 32, 0.5), (1, 32, 0.5), (2, 32, 0.5), ("overall", 96)]
+    sink = Sink()
+    _accumulating_loop(ctx(sink), data, log=[], report_at=report_at)
+    saved = next(r.checkpoint for r in sink.reports if r.checkpoint is not None)
+    resumed: list = []
+    _accumulating_loop(ctx(Sink(), Checkpoint("memory://ckpt", data=saved)), data, log=resumed)
+    resumed_from = report_at // 4  # the epoch of the checkpoint
+    assert resumed == whole[resumed_from:]
+
+
+def test_a_checkpoint_of_earlier_raylight_restores_its_accumulators_by_creation_order():
+    """Before accumulators were keyed by epoch, checkpoints saved an unkeyed list: resuming
+    one still gives the accumulators their sums, in the order they are made."""
+    from raylight.worker.adaptive.state import Accumulators
+
+    accs = Accumulators(world_size=1, saved=[{"totals": {"n": 3.0}}, {"totals": {"n": 5.0}}])
+    first, second, third = accs.make(None), accs.make(4), accs.make(4)
+    for acc, n in ((first, 3.0), (second, 5.0), (third, 0.0)):
+        with acc.synchronized():
+            assert acc["n"] == n
+    assert [(e["epoch"], e["index"]) for e in accs.state(4)] == [(None, 0), (4, 0), (4, 1)]
+    assert [(e["epoch"], e["index"]) for e in accs.state(5)] == [(None, 0)], "epoch 4's never come back"

@@ -284,6 +284,21 @@ def fit_perf_params(
     return PerfParams(*(float(v) for v in loss.unpack(x)))
 
 
+def fit_loss(
+    params: PerfParams,
+    num_nodes: ArrayLike,
+    num_replicas: ArrayLike,
+    atomic_bsz: ArrayLike,
+    accum_step_time: ArrayLike,
+    optim_step_time: ArrayLike,
+) -> float:
+    """The objective ``fit_perf_params`` minimises (``_Loss``, rows weighted alike), at
+    ``params``: to compare a fit with other parameters on the same observations."""
+    obs = _observations(num_nodes, num_replicas, atomic_bsz, accum_step_time, optim_step_time, None)
+    fixed = dict(zip(_FIELDS, (float(v) for v in params), strict=True))
+    return _Loss(obs, fixed, {})(np.array([]))[0]
+
+
 def fit_error(
     params: PerfParams,
     num_nodes: ArrayLike,

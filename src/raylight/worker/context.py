@@ -25,7 +25,7 @@ from raylight.adaptive.plan import AdaptiveSpec, BatchPlan
 from raylight.base.clock import wall
 from raylight.storage.checkpoint import Checkpoint
 from raylight.worker.adaptive.optimizer import AdaptiveOptimizer
-from raylight.worker.adaptive.state import Accumulator
+from raylight.worker.adaptive.state import Accumulator, Accumulators
 from raylight.worker.adaptive.sync import ResizeInterrupt, StepSync
 from raylight.worker.checkpoints import WorkerCheckpoints
 from raylight.worker.data.loader import ElasticLoader, prepare_loader
@@ -169,7 +169,7 @@ class TrainContext:
         self._restored = self._ckpt.restored
         self._seq = int(self._restored.get("seq", -1))  # of the last report
         self._loaders: list[ElasticLoader] = []
-        self._accumulators: list[Accumulator] = []
+        self._accumulators = Accumulators(world_size=world_size, saved=self._restored.get("accumulators", []))
         self._models: list[nn.Module] = []
         self._optimizer: AdaptiveOptimizer | None = None
         self._epoch: int | None = None
@@ -347,12 +347,7 @@ class TrainContext:
 
     def accumulator(self) -> Accumulator:
         """Metric sums across replicas and restarts; see ``Accumulator``."""
-        acc = Accumulator(world_size=self.world_size)
-        restored = self._restored.get("accumulators", [])
-        if len(self._accumulators) < len(restored):
-            acc.load_state_dict(restored[len(self._accumulators)])
-        self._accumulators.append(acc)
-        return acc
+        return self._accumulators.make(self._epoch)
 
     @property
     def batch_size(self) -> int | None:
@@ -452,7 +447,7 @@ class TrainContext:
         training = [ld for ld in self._loaders if ld.sync is not None] or self._loaders
         state: dict[str, Any] = {
             "loaders": [ld.state_dict() for ld in self._loaders],
-            "accumulators": [acc.state_dict() for acc in self._accumulators],
+            "accumulators": self._accumulators.state(self._epoch),
             "commit": self._ckpt.commit + 1,
             "seq": self._seq,
         }

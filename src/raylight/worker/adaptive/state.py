@@ -17,7 +17,9 @@ class Accumulator(MutableMapping[str, Any]):
     replicas inside ``with acc.synchronized():``, which all-reduces what each replica
     added since the last synchronisation (a collective: call it on every rank).
     Outside, reads give what this replica added since then. Totals are part of every
-    checkpoint, so they continue after a restart or a resize.
+    checkpoint, so they continue after a restart or a resize: ``ctx.accumulator()`` gives
+    each the sums saved for the one made in the same epoch, in the same order
+    (``Accumulators``), so a loop may make one before its epochs, or a new one each epoch.
 
     A one-element tensor may be added as it is (``acc["loss"] += loss.detach() * n``): the
     sum then stays a tensor on its device and is read back once, when it is synchronised,
@@ -108,3 +110,43 @@ class Accumulator(MutableMapping[str, Any]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._totals = {k: float(v) for k, v in state["totals"].items()}
         self._local.clear()
+
+
+class Accumulators:
+    """A context's accumulators, each keyed by the epoch it was made in (None before the
+    first) and its order among that epoch's, as AdaptDL keys its own.
+
+    A restart re-runs the loop from the checkpoint's epoch: a loop that makes a new
+    accumulator each epoch makes, in the resumed epoch, that epoch's first again, and it
+    gets that epoch's saved sums. (Keyed by creation order since the start, it got the
+    sums of the run's first accumulator: an epoch's "accuracy" became 1.66 after a
+    restart.) An accumulator meant for the whole run belongs before the epoch loop.
+    Checkpoints keep those made before the epochs and in the current one: earlier epochs
+    do not run again after a restart from it.
+    """
+
+    def __init__(self, *, world_size: int, saved: list[dict[str, Any]]) -> None:
+        self._world_size = world_size
+        self._made: dict[tuple[int | None, int], Accumulator] = {}
+        # A checkpoint of an earlier raylight saved a list in creation order, unkeyed.
+        self._saved = {
+            (entry["epoch"], entry["index"]) if "index" in entry else ("order", i): entry
+            for i, entry in enumerate(saved)
+        }
+        self._count = 0  # made since the start: the key of an unkeyed saved entry
+
+    def make(self, epoch: int | None) -> Accumulator:
+        key = (epoch, sum(1 for e, _ in self._made if e == epoch))
+        acc = Accumulator(world_size=self._world_size)
+        saved = self._saved.get(key, self._saved.get(("order", self._count)))
+        if saved is not None:
+            acc.load_state_dict(saved)
+        self._made[key] = acc
+        self._count += 1
+        return acc
+
+    def state(self, epoch: int | None) -> list[dict[str, Any]]:
+        """What a checkpoint at ``epoch`` keeps (each one synchronised: a collective)."""
+        for key in [k for k in self._made if k[0] is not None and epoch is not None and k[0] < epoch]:
+            del self._made[key]  # an earlier epoch's: never made again after a restart from here
+        return [{"epoch": e, "index": i, **acc.state_dict()} for (e, i), acc in self._made.items()]
