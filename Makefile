@@ -18,6 +18,10 @@ $(PY):
 $(STAMP): $(PY) pyproject.toml constraints.txt
 	$(PIP) install -q -c constraints.txt torch==2.13.0
 	$(PIP) install -q -c constraints.txt -e ".[dev]"
+	# AdaptDL 0.2.11, only for tests/adaptive/test_adaptdl_goodput.py (its own goodput tests run
+	# against raylight.adaptive): in a folder of its own, not site-packages, so that elsewhere the
+	# environment is one without AdaptDL, where `import adaptdl` is raylight's layer.
+	$(PIP) install -q --no-deps --target $(VENV)/adaptdl-tests adaptdl==0.2.11
 	touch $(STAMP)
 
 $(DEMO_STAMP): $(PY) pyproject.toml constraints.txt

@@ -11,7 +11,7 @@ worker keeps its initial batch without accumulation: AdaptDL's single-worker rul
 raylight now follows (docs/adaptive.md). 707 pass; the other two of the 7 are
 ``xfail(strict=True)``: checks AdaptDL's own code fails with that model too
 (``_FAILS_ADAPTDL_TOO``), no difference of raylight's.
-Without adaptdl installed, the module is skipped (``pip install --no-deps adaptdl==0.2.11``).
+Without it in ``THEIRS`` (``make test`` puts it there), the module is skipped.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import itertools
+import os
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -30,20 +31,21 @@ import pytest
 from raylight.adaptive import goodput as rl_goodput
 from raylight.adaptive import perf_model as rl_perf
 
+# `make test` installs AdaptDL here, outside site-packages: the rest of the suite runs where
+# AdaptDL is not installed, so that `import adaptdl` is raylight's layer (tests/adaptdl/).
+THEIRS = os.path.join(sys.prefix, "adaptdl-tests")
+
 
 def _installed() -> str | None:
-    """adaptdl's installed version, read without importing it (an import would leave it in
-    sys.modules, where the compatibility layer's import hook would find it)."""
-    try:
-        return importlib.metadata.version("adaptdl")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    """adaptdl's version in THEIRS, read without importing it."""
+    found = [d.version for d in importlib.metadata.distributions(path=[THEIRS]) if d.metadata["Name"] == "adaptdl"]
+    return found[0] if found else None
 
 
 if _installed() != "0.2.11":
     pytest.skip(
-        f"adaptdl 0.2.11 is not installed (found: {_installed()}); the dev extra installs it, "
-        "or: pip install --no-deps adaptdl==0.2.11",
+        f"adaptdl 0.2.11 is not in {THEIRS} (found: {_installed()}); make test installs it there: "
+        f"pip install --no-deps --target {THEIRS} adaptdl==0.2.11",
         allow_module_level=True,
     )
 
@@ -68,10 +70,14 @@ def _import_theirs(names: list[str]) -> list[types.ModuleType]:
     """AdaptDL's test modules, imported with the adapter standing in for adaptdl.goodput;
     sys.modules is left as it was (their functions keep the adapter in their globals)."""
     saved = {k: v for k, v in sys.modules.items() if k == "adaptdl" or k.startswith("adaptdl.")}
+    for key in saved:
+        del sys.modules[key]
+    sys.path.insert(0, THEIRS)
     try:
         sys.modules["adaptdl.goodput"] = _adapter()
         return [importlib.import_module(f"adaptdl.{name}") for name in names]
     finally:
+        sys.path.remove(THEIRS)
         for key in [k for k in sys.modules if k == "adaptdl" or k.startswith("adaptdl.")]:
             del sys.modules[key]
         sys.modules.update(saved)
