@@ -144,3 +144,16 @@ class PreemptedError(WorkerDiedError):
 
 class WorkerHangError(TrainingFailedError):
     """A worker made no progress, or did not answer health checks, for too long."""
+
+
+class ResizeInterrupt(BaseException):
+    """Control flow, not an error (hence BaseException); here, not in the torch-using step sync,
+    so that the launch agent raises it without importing torch.
+
+    Raised at a step boundary on every rank when the group is about to be resized.
+    ``snapshot``: some rank was asked to checkpoint there (a preemption notice), so every
+    rank takes its part of a checkpoint of the state at this boundary before stopping."""
+
+    def __init__(self, snapshot: bool = False) -> None:
+        super().__init__()
+        self.snapshot = snapshot

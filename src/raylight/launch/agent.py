@@ -34,9 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from raylight.base.exceptions import ConfigError
+from raylight.base.exceptions import ConfigError, ResizeInterrupt
 from raylight.launch.bootstrap import PARENT_ENV
-from raylight.worker.adaptive.sync import ResizeInterrupt
 from raylight.worker.run_wire import CHANNEL_ENV, HELLO, KEY_ENV, proof, recv_frame, send_frame
 
 BOOTSTRAP = str(Path(__file__).with_name("bootstrap.py"))

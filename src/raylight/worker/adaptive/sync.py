@@ -40,17 +40,7 @@ from raylight.adaptive.lr import LRRule, lr_factor, progress_increment
 from raylight.adaptive.noise import NoiseScaleEstimator
 from raylight.adaptive.plan import AdaptiveStats, BatchPlan
 from raylight.adaptive.profile import StepProfile
-
-
-class ResizeInterrupt(BaseException):
-    """Raised at a step boundary on every rank when the group is about to be resized.
-    ``snapshot``: some rank was asked to checkpoint there (a preemption notice), so every
-    rank takes its part of a checkpoint of the state at this boundary before stopping."""
-
-    def __init__(self, snapshot: bool = False) -> None:
-        super().__init__()
-        self.snapshot = snapshot
-
+from raylight.base.exceptions import ResizeInterrupt  # torch-free home: the launch agent raises it
 
 # Slots of the control vector. Rank-0-only slots are zero elsewhere, so a SUM
 # all-reduce hands rank 0's values to everyone.
