@@ -178,16 +178,16 @@ def read_trace(run_dir: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def _proc_listeners() -> dict[int, tuple[str, int]]:
-    """Every listening TCP socket on this machine: {inode: (address, port)}, from
-    /proc/net/tcp and tcp6 (state 0A is LISTEN)."""
+def proc_listeners(net_dir: str = "/proc/net") -> dict[int, tuple[str, int]]:
+    """Every listening TCP socket of a network namespace: {inode: (address, port)}, from
+    ``net_dir``'s tcp and tcp6 (state 0A is LISTEN; /proc/PID/net for PID's namespace)."""
     import ipaddress
     import struct
 
     found: dict[int, tuple[str, int]] = {}
     for name, v6 in (("tcp", False), ("tcp6", True)):
         try:
-            with open(f"/proc/net/{name}") as f:
+            with open(f"{net_dir}/{name}") as f:
                 rows = f.read().splitlines()[1:]
         except OSError:
             continue
@@ -230,7 +230,7 @@ def process_tree(root: int) -> list[int]:
 
 def listening_sockets(pids: list[int]) -> list[tuple[int, str, int]]:
     """(pid, address, port) of every TCP socket the processes ``pids`` listen on."""
-    listeners = _proc_listeners()
+    listeners = proc_listeners()
     out = []
     for pid in pids:
         try:

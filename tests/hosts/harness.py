@@ -20,7 +20,6 @@ import atexit
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -32,6 +31,7 @@ SUBNET = "198.18.0"
 SHARED = "/tmp/rl-shared"  # inside every host, on top of its private /tmp
 HOME = "/tmp/home"
 RUN = "/tmp/run"
+HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # a host's own PATH, as a login gives
 _LIVE: list[Hosts] = []
 
 
@@ -153,8 +153,12 @@ class Hosts:
     def _argv(self, host: str, cmd: str | Sequence[str]) -> list[str]:
         h = self.hosts[host]
         argv = ["sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        # enter the holder's mount + UTS namespaces and the host's network; -n by the holder too
-        env = ["env", f"HOME={HOME}", f"TMPDIR={RUN}", *(f"{k}={v}" for k, v in self.env.items())]
+        # enter the holder's mount + UTS namespaces and the host's network; -n by the holder too.
+        # `env -i`: another machine's processes inherit nothing of this test process's
+        # environment (an embedded Ray earlier in the same pytest worker sets
+        # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 there, and a raylet started with it refuses to join)
+        base = {"PATH": HOST_PATH, "HOME": HOME, "TMPDIR": RUN, **self.env}
+        env = ["env", "-i", *(f"{k}={v}" for k, v in base.items())]
         return ["nsenter", "-t", str(h.holder.pid), "-n", "-m", "-u", "--", *env, *argv]
 
     def popen(self, host: str, cmd: str | Sequence[str], **kw) -> subprocess.Popen:
@@ -220,21 +224,10 @@ class Hosts:
         return owners
 
     def _listeners(self, host: str) -> dict[tuple[str, int], int]:
-        pid = self.hosts[host].holder.pid
-        found = {}
-        for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
-            try:
-                with open(f"/proc/{pid}/net/{table}") as f:
-                    rows = f.read().splitlines()[1:]
-            except FileNotFoundError:
-                continue
-            for row in rows:
-                fields = row.split()
-                if fields[3] != "0A":  # TCP_LISTEN
-                    continue
-                ip_hex, port_hex = fields[1].split(":")
-                found[(_decode_ip(ip_hex, family), int(port_hex, 16))] = int(fields[9])
-        return found
+        from tests.helpers import proc_listeners
+
+        found = proc_listeners(f"/proc/{self.hosts[host].holder.pid}/net")
+        return {where: inode for inode, where in found.items()}
 
     # -- teardown ----------------------------------------------------------------------------
     def close(self) -> None:
@@ -323,13 +316,6 @@ def _wait_gone(pids: Sequence[int], timeout: float = 10) -> None:
     deadline = time.monotonic() + timeout
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-
-
-def _decode_ip(hex_ip: str, family: int) -> str:
-    raw = bytes.fromhex(hex_ip)
-    # /proc/net/tcp{,6} prints each 32-bit word in host (little-endian) order
-    raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
-    return socket.inet_ntop(family, raw)
 
 
 @atexit.register
