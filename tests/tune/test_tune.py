@@ -189,6 +189,9 @@ def test_hyperopt_cli_end_to_end(ray_cluster, tmp_path, breast_cancer):
         "--set", "hyperopt.executor={num_samples: 1, scheduler: {type: asha, max_t: 2, grace_period: 1, reduction_factor: 4}}",
     )
     assert res.exit_code == 0, res.output
+    # quiet: raylight's lines and table, none of Tune's own (its newer output engine prints
+    # these two even at verbose=0)
+    assert "Configuration for experiment" not in res.output and "View detailed results" not in res.output
     results = json.loads((out / "results.json").read_text())
     trials = sorted(results["trials"], key=lambda t: t["trial"])
     assert results["metric"] == "validation_accuracy"

@@ -11,14 +11,17 @@ train``) and ``hyperopt.png``.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from raylight.base import verbosity
 from raylight.base.exceptions import ConfigError, RaylightError
 from raylight.config.schema import default_worker_resources
 from raylight.declarative import processor, search
@@ -231,15 +234,16 @@ def hyperopt(
         tune.with_parameters(_declarative_trial, base=base, own=own, prepared=prepared, shape=shape),
         tune.PlacementGroupFactory(shape.bundles),
     )
-    if resume:
-        log.info("hyperopt: continuing the search in %s", out)
-        tuner = tune.Tuner.restore(
-            os.path.join(out, EXPERIMENT), trial_fn, resume_unfinished=True, resume_errored=True,
-            param_space=search.search_space_for(h),
-        )
-    else:
-        tuner = _new_tuner(trial_fn, h, out, concurrency, progress)
-    grid = tuner.fit()
+    with _tune_output(progress and verbosity.is_verbose()):
+        if resume:
+            log.info("hyperopt: continuing the search in %s", out)
+            tuner = tune.Tuner.restore(
+                os.path.join(out, EXPERIMENT), trial_fn, resume_unfinished=True, resume_errored=True,
+                param_space=search.search_space_for(h),
+            )
+        else:
+            tuner = _new_tuner(trial_fn, h, out, concurrency, progress)
+        grid = tuner.fit()
     rows = results_table(grid, h, base, own)
     ok = [r for r in rows if r.get("best") is not None]
     if not ok:
@@ -282,6 +286,26 @@ def _resumable_dir(path: str) -> str:
     return path
 
 
+@contextlib.contextmanager
+def _tune_output(shown: bool) -> Iterator[None]:
+    """Tune's own output only when ``shown``. Its newer output engine prints the
+    "Configuration for experiment" table and "View detailed results here" even at
+    ``verbose=0``; with ``RAY_AIR_NEW_OUTPUT=0`` (Ray's switch back to the older engine,
+    read as the Tuner is made and as it runs) ``verbose=0`` prints nothing."""
+    if shown:
+        yield
+        return
+    before = os.environ.get("RAY_AIR_NEW_OUTPUT")
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
+        else:
+            os.environ["RAY_AIR_NEW_OUTPUT"] = before
+
+
 def _new_tuner(trial_fn: Any, h: HyperoptConfig, out: str, concurrency: ConcurrencyPlan, progress: bool) -> Any:
     """The Tuner of a new search, written under ``out/tune``. The search algorithm holds
     the plan's trials-at-once (``search.search_algorithm``). Tune's own status tables only
@@ -289,7 +313,6 @@ def _new_tuner(trial_fn: Any, h: HyperoptConfig, out: str, concurrency: Concurre
     at the end."""
     from ray import tune
 
-    from raylight.base import verbosity
     from raylight.tune.progress import TrialLines
 
     tune_output = progress and verbosity.is_verbose()
