@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -33,6 +34,13 @@ HOME = "/tmp/home"
 RUN = "/tmp/run"
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # a host's own PATH, as a login gives
 _LIVE: list[Hosts] = []
+
+
+def _under_tmp() -> list[str]:
+    """This checkout and the Python environment, where they live under /tmp."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    paths = {os.path.realpath(p) for p in (repo, sys.prefix)}
+    return sorted(p for p in paths if p.startswith("/tmp/"))
 
 
 def unavailable() -> str | None:
@@ -117,8 +125,15 @@ class Hosts:
 
     def _holder(self, name: str, netns: str) -> subprocess.Popen:
         # unshare and ip netns exec exec (no fork): the Popen's pid is the holder's
+        # The code a host runs (this checkout, its venv) is installed on every machine: where it
+        # lives under /tmp (a checkout in /tmp), the private /tmp would hide it, so it is bound
+        # aside (into the new /dev/shm) before /tmp is covered, then moved back to its path
+        keep = list(enumerate(_under_tmp()))
+        aside = "".join(f"mkdir -p /dev/shm/.k{i}; mount --bind {p} /dev/shm/.k{i}; " for i, p in keep)
+        back = "".join(f"mkdir -p {p}; mount --move /dev/shm/.k{i} {p}; rmdir /dev/shm/.k{i}; " for i, p in keep)
         setup = (
-            "set -e; mount -t tmpfs -o mode=1777 tmpfs /tmp; mount -t tmpfs -o mode=1777 tmpfs /dev/shm; "
+            f"set -e; mount -t tmpfs -o mode=1777 tmpfs /dev/shm; {aside}"
+            f"mount -t tmpfs -o mode=1777 tmpfs /tmp; {back}"
             f"mkdir -p {SHARED} {HOME} {RUN}; mount --bind {self.shared} {SHARED}; hostname {name}; "
             "echo ready; exec sleep infinity"
         )
