@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import ray
+import ray.exceptions
 
 from raylight.scheduler.state import STALE_AFTER_S, SchedulerState
 
@@ -49,14 +50,23 @@ class Scheduler:
         return True
 
 
-def start(*, stale_after_s: float = STALE_AFTER_S) -> Any:
+START_TIMEOUT_S = 60.0  # start(timeout_s=): from asking Ray for the actor to its first answer
+
+
+def start(*, stale_after_s: float = STALE_AFTER_S, timeout_s: float = START_TIMEOUT_S) -> Any:
     """The scheduler's handle on the connected cluster, started if it is not running."""
     actor: Any = ray.remote(Scheduler)
     handle = actor.options(
         name=SCHEDULER_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
         num_cpus=0, max_concurrency=1,
     ).remote(stale_after_s)
-    ray.get(handle.ping.remote())
+    try:
+        ray.get(handle.ping.remote(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise TimeoutError(
+            f"the raylight scheduler did not answer within timeout_s={timeout_s:g} s of starting; "
+            "check the cluster's health (ray status) or raise timeout_s"
+        ) from None
     return handle
 
 
