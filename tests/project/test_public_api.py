@@ -253,6 +253,7 @@ WINGS = [
     ("storage", "raylight.storage"),
     ("worker", "raylight.worker"),
     ("worker_group", "raylight.worker_group"),
+    ("scheduler", "raylight.scheduler"),
     ("driver", "raylight.driver"),
 ]
 # The products stand side by side on the core (every wing): none imports another, but the
