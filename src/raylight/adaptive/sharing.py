@@ -14,8 +14,8 @@ depend on the other jobs, so an arriving job never raises another's allocation. 
 ``baseline="fair"`` it is relative to the job's goodput on a fair share of the slots
 (ceil(total / admitted jobs) replicas, packed), as in the paper: with p < 0 that weighs
 each job by how well it uses a fair share (SPEEDUP_j^p = (G_j / G_j(min))^p *
-(G_j(fair) / G_j(min))^-p), so the slots go more to the jobs that scale. On the Pollux
-workloads (bench/scheduler.py, docs/scheduler.md) it gave the lower average JCT. With p = -1 (the
+(G_j(fair) / G_j(min))^-p), so the slots go more to the jobs that scale. On Pollux's
+workload 6 (bench/scheduler.py, one run) it gave a lower average JCT, 3,158 s against 3,218 s. With p = -1 (the
 default, Pollux's), a job's slots go where they raise the harmonic mean
 of speedups most, so no job is starved for another's throughput. A job whose allocation
 would change is charged its resize cost over the scheduling horizon (raylight resizes in
@@ -317,8 +317,8 @@ def _place(
     and the rest added (a resize in place moves nothing it need not), or a fresh best fit
     (whole free nodes first, then the fullest node that holds the remainder). The fewer
     nodes wins, the current replicas on a tie: keeping replicas whose count changes anyway
-    is only worth it while it does not spread the job (on the Pollux workloads, keeping
-    them always left 4 in 5 replicas on more nodes than they needed, bench/scheduler.py).
+    is only worth it while it does not spread the job (on Pollux's workload 6, always
+    keeping them left most replicas on more nodes than they needed, bench/scheduler.py).
     """
     free = list(slots)
     placed: dict[str, list[int]] = {}
