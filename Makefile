@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: run run-digits test lint unit bench bench-adaptive bench-declarative bench-lightning bench-adversarial bench-strategies bench-cluster bench-launch bench-tune bench-allreduce clean
+.PHONY: run run-digits test lint unit bench bench-adaptive bench-declarative bench-lightning bench-adversarial bench-strategies bench-cluster bench-launch bench-tune bench-allreduce bench-scheduler clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -85,3 +85,7 @@ bench-lightning: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+# The cluster scheduler's trace-driven simulator on Pollux's workloads (pure, no Ray; issue 58).
+bench-scheduler: $(STAMP)
+	PYTHONPATH=. $(PY) bench/scheduler.py
