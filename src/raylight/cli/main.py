@@ -28,6 +28,7 @@ from raylight.cli.launch import CONTEXT as RUN_CONTEXT
 from raylight.cli.launch import run
 from raylight.cli.options import NO_VALUE, Command, Group
 from raylight.cli.prices import PriceOpt, PricesOpt, price_table
+from raylight.cli.scheduler import scheduler_app
 
 # Tracebacks of genuine failures never print local variables (they may hold secrets).
 app = typer.Typer(
@@ -288,6 +289,7 @@ def report(
 app.command(cls=Command)(submit)
 app.command("run", cls=Command, context_settings=RUN_CONTEXT, options_metavar="[OPTIONS] (SCRIPT | -m MODULE) [ARGS]...")(run)
 app.add_typer(jobs_app, name="jobs")
+app.add_typer(scheduler_app, name="scheduler")
 
 
 def main() -> None:

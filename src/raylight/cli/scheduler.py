@@ -1,0 +1,159 @@
+"""`raylight scheduler start|status|stop`: the cluster's goodput scheduler (issue 58).
+
+The scheduler is one detached Ray actor on a running cluster (``raylight.scheduler.actor``),
+so these commands connect to a cluster as a driver does (``--address`` HEAD:6379, else
+RAY_ADDRESS, else a cluster launcher's head), never to an embedded local Ray: a scheduler
+there would die with the command. Exit codes: 0 done, 2 for what the user can fix (no
+cluster, an unreachable address, no scheduler running), 1 for a failure at run time.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from raylight.base.exceptions import ClusterConnectionError, ConfigError
+from raylight.cli.options import Command, Group, finite_float
+from raylight.config.schema import CONNECT_TIMEOUT_S
+
+console = Console(stderr=True)
+scheduler_app = typer.Typer(
+    cls=Group, no_args_is_help=True,
+    help="The cluster's goodput scheduler: one actor that shares the cluster among the runs on it.",
+)
+
+# status: how long to wait for the scheduler's answer (it answers in milliseconds).
+STATUS_TIMEOUT_S = 30.0
+
+AddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--address", "-u",
+        help="The cluster's GCS: HEAD:6379 (or ray://HEAD:10001). Default: RAY_ADDRESS, then the cluster launcher's head.",
+        metavar="ADDRESS",
+    ),
+]
+TimeoutOpt = Annotated[
+    float, typer.Option("--connect-timeout", help="Seconds to wait for the address to answer.", parser=finite_float, metavar="SECONDS")
+]
+
+
+def _usage(message: str) -> NoReturn:
+    console.print("[bold red]error:[/] ", end="", highlight=False)
+    console.print(message, highlight=False, soft_wrap=True, markup=False)
+    raise typer.Exit(2)
+
+
+def _connect(address: str | None, connect_timeout_s: float) -> None:
+    """Connect to the cluster the scheduler serves; refuse to start an embedded Ray."""
+    from raylight.driver import runtime
+
+    if runtime.would_start_embedded(address):
+        raise ConfigError(
+            "no Ray cluster to schedule: the scheduler lives on a running cluster. Give its "
+            "address (--address HEAD:6379) or set RAY_ADDRESS; start one with `ray start --head`"
+        )
+    runtime.connect(address, connect_timeout_s=connect_timeout_s)
+
+
+def _running() -> Any:
+    from raylight.scheduler import actor
+
+    handle = actor.find()
+    if handle is None:
+        raise ConfigError(
+            f"no raylight scheduler runs on this cluster (no actor {actor.SCHEDULER_NAME!r} in namespace "
+            f"{actor.NAMESPACE!r}): start one with `raylight scheduler start --address ...`"
+        )
+    return handle
+
+
+@scheduler_app.command(cls=Command)
+def start(address: AddressOpt = None, connect_timeout: TimeoutOpt = CONNECT_TIMEOUT_S) -> None:
+    """Start the scheduler on the cluster (nothing changes when it runs already)."""
+    from raylight.scheduler import actor
+
+    try:
+        _connect(address, connect_timeout)
+        existed = actor.find() is not None
+        actor.start()
+    except (ConfigError, ClusterConnectionError) as exc:
+        _usage(str(exc))
+    except TimeoutError as exc:
+        console.print(f"error: {exc}", highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    console.print(
+        "the raylight scheduler runs already" if existed else "started the raylight scheduler",
+        highlight=False, markup=False,
+    )
+
+
+@scheduler_app.command(cls=Command)
+def status(address: AddressOpt = None, connect_timeout: TimeoutOpt = CONNECT_TIMEOUT_S) -> None:
+    """The runs the scheduler shares the cluster among: allocation, goodput, speedup, why a run waits."""
+    import ray
+    import ray.exceptions
+
+    try:
+        _connect(address, connect_timeout)
+        handle = _running()
+    except (ConfigError, ClusterConnectionError) as exc:
+        _usage(str(exc))
+    try:
+        answer = ray.get(handle.status.remote(), timeout=STATUS_TIMEOUT_S)
+    except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as exc:
+        console.print(
+            f"error: the raylight scheduler did not answer within STATUS_TIMEOUT_S={STATUS_TIMEOUT_S:g} s "
+            f"({type(exc).__name__}); check the cluster's health (ray status)",
+            highlight=False, markup=False, soft_wrap=True,
+        )
+        raise typer.Exit(1) from None
+    Console().print(status_table(answer))
+
+
+@scheduler_app.command(cls=Command)
+def stop(address: AddressOpt = None, connect_timeout: TimeoutOpt = CONNECT_TIMEOUT_S) -> None:
+    """Stop the scheduler; the runs keep their last allocation."""
+    from raylight.scheduler import actor
+
+    try:
+        _connect(address, connect_timeout)
+        _running()
+        actor.stop()
+    except (ConfigError, ClusterConnectionError) as exc:
+        _usage(str(exc))
+    console.print("stopped the raylight scheduler; the runs keep their last allocation", highlight=False, markup=False)
+
+
+def _nodes(ids: list[str]) -> str:
+    counts: dict[str, int] = {}
+    for node in ids:
+        counts[node[:8]] = counts.get(node[:8], 0) + 1
+    return ", ".join(f"{n}x{c}" if c > 1 else n for n, c in counts.items()) or "-"
+
+
+def status_table(answer: dict[str, Any]) -> Table:
+    """The scheduler's ``status()`` answer as a table: one row per job, in arrival order."""
+    slots = answer.get("nodes", {})
+    caption = (
+        f"fitness {answer.get('fitness', 0.0):.3f}; {len(slots)} node(s), {sum(slots.values())} slot(s)"
+        + (f"; dropped (silent): {', '.join(answer['dropped'])}" if answer.get("dropped") else "")
+    )
+    table = Table(title="raylight scheduler", caption=caption, caption_justify="left")
+    for column in ("job", "kind", "workers", "nodes", "goodput", "speedup", "last report", "waiting"):
+        table.add_column(column, justify="right" if column in ("workers", "goodput", "speedup", "last report") else "left")
+    for job in answer.get("jobs", []):
+        bounds = str(job["min_workers"]) if job["fixed"] else f"{job['min_workers']}-{job['max_workers']}"
+        goodput = job.get("goodput")
+        table.add_row(
+            job["job_id"], "fixed" if job["fixed"] else "adaptive", f"{job['workers']} ({bounds})",
+            _nodes(job.get("nodes", [])), "-" if goodput is None else f"{goodput:.4g}",
+            f"{job.get('speedup', 0.0):.2f}", f"{job.get('seconds_since_report', 0.0):.0f} s ago",
+            job.get("waiting") or "",
+        )
+    if not answer.get("jobs"):
+        table.add_row("(no runs)", "", "", "", "", "", "", "")
+    return table

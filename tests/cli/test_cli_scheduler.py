@@ -1,0 +1,92 @@
+"""`raylight scheduler start|status|stop` without Ray: its table, and its usage errors
+(no cluster, an unreachable address, no scheduler running) exit 2 with the fix named."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+pytestmark = pytest.mark.unit
+
+STATUS = {
+    "jobs": [
+        {"job_id": "bert", "fixed": False, "min_workers": 1, "max_workers": 4, "weight": 1.0, "resources": {"CPU": 1.0},
+         "workers": 3, "nodes": ["aaaaaaaaaaaa1", "aaaaaaaaaaaa1", "bbbbbbbbbbbb2"], "speedup": 2.41, "goodput": 123.456,
+         "waiting": "", "seconds_since_report": 4.2},
+        {"job_id": "resnet", "fixed": True, "min_workers": 2, "max_workers": 2, "weight": 1.0, "resources": {"CPU": 1.0},
+         "workers": 0, "nodes": [], "speedup": 0.0, "goodput": None,
+         "waiting": "waiting for 2 CPU slot(s): 1 of 4 free, held by runs bert", "seconds_since_report": 1.0},
+    ],
+    "fitness": 0.0, "nodes": {"aaaaaaaaaaaa1": 2, "bbbbbbbbbbbb2": 2}, "dropped": ["gone"],
+}
+
+
+def _text(renderable) -> str:
+    out = io.StringIO()
+    Console(file=out, width=200, color_system=None).print(renderable)
+    return out.getvalue()
+
+
+def test_the_status_table_shows_allocation_goodput_speedup_and_why_a_run_waits():
+    from raylight.cli.scheduler import status_table
+
+    text = _text(status_table(STATUS))
+    bert = next(line for line in text.splitlines() if "bert" in line and "adaptive" in line)
+    assert "3 (1-4)" in bert and "aaaaaaaax2, bbbbbbbb" in bert and "123.5" in bert and "2.41" in bert
+    resnet = next(line for line in text.splitlines() if "resnet" in line)
+    assert "fixed" in resnet and "0 (2)" in resnet
+    assert "waiting for 2 CPU slot(s): 1 of 4 free, held by runs bert" in " ".join(text.split())
+    assert "2 node(s), 4 slot(s)" in text and "dropped (silent): gone" in text
+    assert "(no runs)" in _text(status_table({"jobs": [], "fitness": 0.0, "nodes": {}}))
+
+
+def _invoke(*args: str):
+    from raylight.cli import app
+
+    return CliRunner().invoke(app, ["scheduler", *args])
+
+
+@pytest.fixture
+def no_ray(monkeypatch, tmp_path):
+    """This process as a fresh shell: no Ray connected, no RAY_ADDRESS, no launcher head file."""
+    import ray
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+
+
+@pytest.mark.parametrize("verb", ["start", "status", "stop"])
+def test_no_cluster_is_a_usage_error_that_names_the_address(no_ray, verb):
+    res = _invoke(verb)
+    assert res.exit_code == 2, res.output
+    assert "no Ray cluster to schedule" in res.output and "--address HEAD:6379" in res.output
+    local = _invoke(verb, "--address", "local")  # an embedded Ray would die with the command
+    assert local.exit_code == 2 and "no Ray cluster to schedule" in local.output
+
+
+def test_an_unreachable_address_is_a_usage_error_within_the_connect_timeout(no_ray):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    res = _invoke("status", "--address", f"127.0.0.1:{port}", "--connect-timeout", "2")
+    assert res.exit_code == 2, res.output
+    assert f"127.0.0.1:{port}" in res.output and "connect_timeout_s=2" in res.output
+
+
+@pytest.mark.parametrize("verb", ["status", "stop"])
+def test_no_scheduler_running_is_a_usage_error_that_says_how_to_start_one(monkeypatch, verb):
+    from raylight.cli import scheduler
+    from raylight.scheduler import actor
+
+    monkeypatch.setattr(scheduler, "_connect", lambda address, timeout: None)
+    monkeypatch.setattr(actor, "find", lambda: None)
+    res = _invoke(verb, "--address", "127.0.0.1:6379")
+    assert res.exit_code == 2, res.output
+    assert "no raylight scheduler runs on this cluster" in res.output
+    assert "raylight scheduler start --address" in res.output
