@@ -273,9 +273,10 @@ class Trainer:
                 self.on_poll(poll)
 
         telemetry = RunTelemetry(cost=meter, trace=trace if adaptive_run else None, on_poll=on_poll)
+        share = cluster_share(cfg, name, event=telemetry.event)
         policy = build_scaling_policy(
             cfg, trace=telemetry.trace_row, saved=recorder.engine_state() if cfg.run.resume else None,
-            loop_stops_on_request=self.loop_stops_on_request,
+            loop_stops_on_request=self.loop_stops_on_request, share=share,
         )
         failure = FailurePolicy(
             cfg.failure.max_failures, backoff_s=cfg.failure.restart_backoff_s,
@@ -285,7 +286,7 @@ class Trainer:
         )
         controller = Controller(
             group=group, recorder=recorder, failure_policy=failure, scaling_policy=policy,
-            telemetry=telemetry, poll_interval_s=cfg.failure.poll_interval_s,
+            telemetry=telemetry, poll_interval_s=cfg.failure.poll_interval_s, share=share,
         )
         low, high = cfg.scaling.min_workers, cfg.scaling.max_workers
         display.phase(f"starting {high if low == high else f'{low} to {high}'} workers...")
@@ -388,9 +389,27 @@ def adaptive_spec(adaptive: AdaptiveConfig | None) -> Any:
     )
 
 
+def cluster_share(config: TrainerConfig, name: str, *, event: Callable[[dict[str, Any]], None] | None = None) -> Any:
+    """The run's part in the cluster's raylight scheduler, or None where none runs (the
+    run then trains as it would without one). An elastic run registers its (min, max)
+    workers; any other its one size, which it waits for."""
+    from raylight.driver.scheduler_link import find_link
+
+    link = find_link()
+    if link is None:
+        return None
+    from raylight.driver.controller.cluster_share import ClusterShare
+
+    scaling = config.scaling
+    return ClusterShare(
+        link, name, fixed=not scaling.elastic, min_workers=scaling.min_workers if scaling.elastic else scaling.max_workers,
+        max_workers=scaling.max_workers, resources=scaling.worker_resources(), event=event,
+    )
+
+
 def build_scaling_policy(
     config: TrainerConfig, *, trace: Callable[[dict[str, Any]], None] | None = None, saved: dict[str, Any] | None = None,
-    loop_stops_on_request: bool = False,
+    loop_stops_on_request: bool = False, share: Any = None,
 ) -> Any:
     """The run's scaling policy: fixed for a run of one size without ``adaptive=``
     (snapshots on notices where the loop stops on request), else the goodput policy over
@@ -417,7 +436,7 @@ def build_scaling_policy(
         autoscale=scaling.autoscale,
         resize_in_place=scaling.resizes_in_place,
     )
-    return GoodputScalingPolicy(engine, settings, trace=trace)
+    return GoodputScalingPolicy(engine, settings, trace=trace, share=share)
 
 
 def _describe(value: Any) -> Any:

@@ -42,6 +42,7 @@ from raylight.base.exceptions import (
     WorkerImportError,
     WorkerStartError,
 )
+from raylight.driver.controller.cluster_share import ADMIT_POLL_S, ClusterShare
 from raylight.driver.controller.decisions import (
     Raise,
     RequestResources,
@@ -105,8 +106,11 @@ class Controller:
         poll_interval_s: float = 0.2,
         clock: Callable[[], float] = monotonic,
         sleep: Callable[[float], Any] | None = None,
+        share: ClusterShare | None = None,
     ) -> None:
         self.group = group
+        self.share = share  # the run's part in the cluster's scheduler, where one runs
+        self.waiting = ""  # why the scheduler has not given the run its size yet
         self.recorder = recorder
         self.failure_policy = failure_policy
         self.scaling_policy = scaling_policy
@@ -169,8 +173,19 @@ class Controller:
                     self._stop.wait(self.poll_interval_s)
         finally:
             self.group.shutdown()
+            if self.share is not None:
+                self.share.close()
 
     def _initialize(self) -> None:
+        if self.share is not None:
+            waiting = self.share.admit(self.clock(), self.group.capacity)
+            if waiting:  # the scheduler gives the slots to runs that came first
+                if waiting != self.waiting:
+                    log.warning("%s (the raylight scheduler starts this run when they are free)", waiting)
+                self.waiting = waiting
+                self.sleep(ADMIT_POLL_S)
+                return
+            self.waiting = ""
         self.num_workers = self.scaling_policy.start_size(self.group.capacity)
         self.threads = self.scaling_policy.threads(self.num_workers)
         self.phase = Phase(State.SCHEDULING)
@@ -235,6 +250,8 @@ class Controller:
             return
         for decision in self.scaling_policy.decide(self._view(poll)):
             self._execute(decision)
+        if self.share is not None:
+            self.share.tick(self.clock(), [p.node_id for p in sorted(poll.placement, key=lambda p: p.rank)])
 
     def _on_notices(self, poll: GroupPoll) -> bool:
         """Nodes given notice (a drain, a SIGTERM, a cloud's notice): once per node, the

@@ -23,6 +23,7 @@ from raylight.adaptive.engine import AdaptiveEngine
 from raylight.adaptive.plan import BatchPlan
 from raylight.adaptive.policy import Layout
 from raylight.base.clock import monotonic
+from raylight.driver.controller.cluster_share import ClusterShare, goodput_model
 from raylight.driver.controller.decisions import RequestResources, Resize, ScalingDecision, SetPlan
 from raylight.driver.controller.policies import ScalingView
 from raylight.worker.protocol import GroupPoll
@@ -53,8 +54,10 @@ class GoodputScalingPolicy:
         *,
         trace: Callable[[dict[str, Any]], None] | None = None,
         clock: Callable[[], float] = monotonic,
+        share: ClusterShare | None = None,
     ) -> None:
         self.engine = engine
+        self.share = share  # where the cluster's scheduler runs: its allocation bounds the size
         self.settings = settings
         self._trace = trace or (lambda row: None)
         self._clock = clock
@@ -70,8 +73,12 @@ class GoodputScalingPolicy:
         return max(s.min_workers, min(s.max_workers, num_workers))
 
     def start_size(self, capacity: Callable[[], int]) -> int:
-        """An elastic run starts with as many as fit now, within (min, max)."""
-        return self.clamp(capacity()) if self.settings.elastic else self.settings.max_workers
+        """An elastic run starts with as many as fit now, within (min, max) and the
+        scheduler's allocation where one runs."""
+        if not self.settings.elastic:
+            return self.settings.max_workers
+        allocated = self.share.workers if self.share is not None else None
+        return self.clamp(capacity() if allocated is None else min(capacity(), allocated))
 
     def restart_size(self, num_workers: int) -> int:
         return self.clamp(num_workers) if self.settings.elastic else self.settings.max_workers
@@ -113,8 +120,12 @@ class GoodputScalingPolicy:
                 # runs from here on (`raylight report` shows the change on this row).
                 row.update(decision="batch", reason=engine.last_batch_reason, decided_batch=plan.global_batch(view.num_workers))
             self._trace(row)
+            if self.share is not None:
+                self.share.offer(goodput_model(engine, num_workers=view.num_workers, threads=view.threads))
         if s.elastic and view.now - self._last_layout >= s.resize_interval_s:
             self._last_layout = view.now
+            if self.share is not None and self.share.workers is not None:
+                return [*decisions, *self._follow_share(view, self.share.workers)]
             capacity = min(view.capacity(), s.max_workers)
             current = Layout(view.num_workers, view.threads)
             layout = engine.decide_layout(current=current, candidates=self._layouts(capacity))
@@ -131,6 +142,17 @@ class GoodputScalingPolicy:
             if layout is not None and layout.layout != current:
                 decisions.append(Resize(self.clamp(layout.layout.num_workers), layout.reason, s.resize_in_place))
         return decisions
+
+    def _follow_share(self, view: ScalingView, allocated: int) -> list[ScalingDecision]:
+        """The scheduler's allocation is the run's size (within its own bounds): it chose
+        it from this run's goodput model and the other runs'. Growing waits for the
+        slots to be free (the others shrink to their share at their next decision)."""
+        want = allocated if allocated <= view.num_workers else min(allocated, view.capacity())
+        target = self.clamp(want)
+        if target == view.num_workers:
+            return []
+        why = f"the raylight scheduler's allocation: {allocated} worker(s)"
+        return [Resize(target, why if target == allocated else f"{why}, {target} fit now", self.settings.resize_in_place)]
 
     def _layouts(self, up_to: int) -> list[Layout]:
         """The layouts the run may take with at most ``up_to`` workers: every size within

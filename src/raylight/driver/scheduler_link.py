@@ -1,0 +1,74 @@
+"""The run's calls to the cluster's raylight scheduler actor, each with a timeout.
+
+``find_link()`` is the cheap check a run makes at its start (one GCS lookup of the
+scheduler's name): None where no scheduler runs, and the run trains exactly as it would
+without one. ``RayLink`` answers None for a call the scheduler did not answer within
+``CALL_TIMEOUT_S``, and after the scheduler died it stops calling: the run keeps its last
+allocation (``driver/controller/cluster_share.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ray
+import ray.exceptions
+
+from raylight.scheduler import actor
+
+log = logging.getLogger("raylight")
+
+# Each call to the scheduler: it answers in milliseconds; the controller waits no longer.
+CALL_TIMEOUT_S = 5.0
+
+
+class RayLink:
+    """``SchedulerLink`` over the actor ``handle``."""
+
+    def __init__(self, handle: Any, *, timeout_s: float = CALL_TIMEOUT_S) -> None:
+        self.handle = handle
+        self.timeout_s = timeout_s
+        self.gone = False
+        self._warned_timeout = False
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        if self.gone:
+            return None
+        try:
+            return ray.get(getattr(self.handle, method).remote(*args, **kwargs), timeout=self.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            if not self._warned_timeout:
+                self._warned_timeout = True
+                log.warning(
+                    "the raylight scheduler did not answer %s within raylight.driver.scheduler_link.CALL_TIMEOUT_S=%g s; "
+                    "the run keeps its last allocation and asks again later", method, self.timeout_s,
+                )
+            return None
+        except ray.exceptions.RayActorError as exc:
+            self.gone = True
+            log.warning("the raylight scheduler is gone (%s); the run keeps its last allocation", type(exc).__name__)
+            return None
+        except ray.exceptions.RayTaskError as exc:  # it refused what the run sent: a bug here, not the user's
+            log.warning("the raylight scheduler refused the run's %s: %s", method, exc)
+            return None
+
+    def register(self, job_id: str, **fields: Any) -> dict[str, Any] | None:
+        return self._call("register", job_id, **fields)
+
+    def report(self, job_id: str, model: dict[str, Any], **fields: Any) -> dict[str, Any] | None:
+        return self._call("report", job_id, model, **fields)
+
+    def unregister(self, job_id: str) -> None:
+        self._call("unregister", job_id)
+
+
+def find_link() -> RayLink | None:
+    """The link to the scheduler on the connected cluster, or None where none runs (or
+    the run trains inside a placement group: a Tune trial's bundles are Tune's to give)."""
+    from ray.util import get_current_placement_group
+
+    if get_current_placement_group() is not None:
+        return None
+    handle = actor.find()
+    return None if handle is None else RayLink(handle)
