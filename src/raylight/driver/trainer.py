@@ -262,7 +262,7 @@ class Trainer:
         policy: Any = None
 
         def trace(row: dict[str, Any]) -> None:
-            recorder.trace({"time": wall(), **row}, policy.state_dict())
+            recorder.trace({"time": wall(), **row}, policy.state_dict() if adaptive_run else None)
 
         def on_poll(poll: GroupPoll, c: Any) -> None:
             display.update(
@@ -272,8 +272,9 @@ class Trainer:
             if self.on_poll is not None:
                 self.on_poll(poll)
 
-        telemetry = RunTelemetry(cost=meter, trace=trace if adaptive_run else None, on_poll=on_poll)
-        share = cluster_share(cfg, name, event=telemetry.event)
+        share = cluster_share(cfg, name, event=lambda row: telemetry.event(row))
+        # A run the scheduler shares writes its allocations to adaptive.jsonl, adaptive or not.
+        telemetry = RunTelemetry(cost=meter, trace=trace if adaptive_run or share is not None else None, on_poll=on_poll)
         policy = build_scaling_policy(
             cfg, trace=telemetry.trace_row, saved=recorder.engine_state() if cfg.run.resume else None,
             loop_stops_on_request=self.loop_stops_on_request, share=share,

@@ -161,8 +161,9 @@ class ClusterShare:
     def _take(self, answer: dict[str, Any] | None) -> None:
         if answer is None:
             return  # no answer: the last allocation stands
-        share = Share.of(answer)
-        if share != self.share:
+        share, last = Share.of(answer), self.share
+        # A row when the allocation changes (its speedup alone changes at every report).
+        if last is None or (share.workers, share.nodes, share.waiting) != (last.workers, last.nodes, last.waiting):
             row = {"event": "allocation", "time": wall(), "workers": share.workers, "nodes": list(share.nodes),
                    "speedup": share.speedup, "waiting": share.waiting}
             self.history.append(row)
