@@ -1,10 +1,11 @@
 """Two runs share a fake 2-node cluster through the raylight scheduler:
 python -m tests.support.two_jobs_driver WORKDIR.
 
-Two nodes of 2 CPUs. The scheduler starts; run A (elastic, 1 to 4 workers, adaptive)
-registers first, then run B (a fixed size of 2): the scheduler gives B its 2 and A what is
-left; A starts at its minimum and, once its goodput model is fitted, grows to what the
-scheduler gives it. Both stop at a stop file once B has trained and A has resized. Prints one JSON line
+Two nodes of 2 CPUs. The scheduler starts; runs A and B (both elastic, 1 to 4 workers,
+adaptive) register one after the other and start at their minimum (the scheduler gives a
+run its minimum until its goodput model is fitted); then each grows or shrinks to what the
+scheduler gives it from both models. Both stop at a stop file once B has trained and A has
+resized. Prints one JSON line
 (each run's adaptive.jsonl rows, its resizes, the scheduler's status while both ran and
 at the end) for the test to check.
 """
@@ -64,7 +65,7 @@ def main(workdir: str) -> None:
         b = None
         try:
             wait_until(lambda: any(r.get("event") == "allocation" for r in read_trace(run_a)) or not a.is_alive(), 120, "A's first allocation")
-            b = threading.Thread(target=_fit, args=(out, "b", trainer("b", 2, None, {"positions": positions, "adaptive": False})))
+            b = threading.Thread(target=_fit, args=(out, "b", trainer("b", (1, 4), quick, {"positions": positions})))
             b.start()
 
             def b_trained() -> bool:
