@@ -183,3 +183,35 @@ def test_fixed_runs_register_their_one_size_and_elastic_ones_their_bounds(monkey
     elastic = cluster_share(TrainerConfig(scaling=ScalingConfig(num_workers=(1, 4))), "e")
     assert (fixed.fixed, fixed.fields["min_workers"], fixed.fields["max_workers"]) == (True, 3, 3)
     assert (elastic.fixed, elastic.fields["min_workers"], elastic.fields["max_workers"]) == (False, 1, 4)
+
+
+def test_the_ray_link_times_out_naming_its_setting_and_finds_a_scheduler_started_again(monkeypatch, caplog):
+    """RayLink without Ray: ray.get stands in, answering as a slow, then dead, then new actor."""
+    import ray.exceptions
+
+    from raylight.driver import scheduler_link
+    from raylight.scheduler import actor
+
+    class Handle:
+        def __init__(self, name):
+            self.report = type("M", (), {"remote": staticmethod(lambda *a, **k: name)})()
+
+    answers = {"slow": ray.exceptions.GetTimeoutError(), "dead": ray.exceptions.RayActorError()}
+
+    def get(ref, timeout):
+        assert timeout == scheduler_link.CALL_TIMEOUT_S
+        if ref in answers:
+            raise answers[ref]
+        return {"workers": 3}
+
+    monkeypatch.setattr(scheduler_link.ray, "get", get)
+    link = scheduler_link.RayLink(Handle("slow"))
+    with caplog.at_level(logging.WARNING, logger="raylight"):
+        assert link.report("a", {}) is None
+    assert "CALL_TIMEOUT_S=5" in caplog.text
+    link.handle = Handle("dead")
+    assert link.report("a", {}) is None and link.gone
+    monkeypatch.setattr(actor, "find", lambda: None)
+    assert link.report("a", {}) is None  # none runs: the run keeps its allocation
+    monkeypatch.setattr(actor, "find", lambda: Handle("new"))
+    assert link.report("a", {}) == {"workers": 3} and not link.gone

@@ -3,8 +3,9 @@
 ``find_link()`` is the cheap check a run makes at its start (one GCS lookup of the
 scheduler's name): None where no scheduler runs, and the run trains exactly as it would
 without one. ``RayLink`` answers None for a call the scheduler did not answer within
-``CALL_TIMEOUT_S``, and after the scheduler died it stops calling: the run keeps its last
-allocation (``driver/controller/cluster_share.py``).
+``CALL_TIMEOUT_S``; after the scheduler died, each call first looks its name up again
+(a scheduler started again learns the run from its next report) and answers None while
+none runs: the run keeps its last allocation (``driver/controller/cluster_share.py``).
 """
 
 from __future__ import annotations
@@ -33,8 +34,11 @@ class RayLink:
         self._warned_timeout = False
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        if self.gone:
-            return None
+        if self.gone:  # a scheduler started again answers under the same name
+            handle = actor.find()
+            if handle is None:
+                return None
+            self.handle, self.gone = handle, False
         try:
             return ray.get(getattr(self.handle, method).remote(*args, **kwargs), timeout=self.timeout_s)
         except ray.exceptions.GetTimeoutError:
@@ -48,6 +52,7 @@ class RayLink:
         except ray.exceptions.RayActorError as exc:
             self.gone = True
             log.warning("the raylight scheduler is gone (%s); the run keeps its last allocation", type(exc).__name__)
+            self.handle = None
             return None
         except ray.exceptions.RayTaskError as exc:  # it refused what the run sent: a bug here, not the user's
             log.warning("the raylight scheduler refused the run's %s: %s", method, exc)
