@@ -90,3 +90,43 @@ def test_no_scheduler_running_is_a_usage_error_that_says_how_to_start_one(monkey
     assert res.exit_code == 2, res.output
     assert "no raylight scheduler runs on this cluster" in res.output
     assert "raylight scheduler start --address" in res.output
+
+
+def test_submit_with_scheduler_has_the_job_start_one_where_none_runs(monkeypatch):
+    """`raylight submit --scheduler`: the job's driver (on the cluster) starts the
+    scheduler; this client only asks it to (RAYLIGHT_SCHEDULER=start in the job's env)."""
+    from raylight.cli import jobs
+    from raylight.driver.scheduler_link import START_ENV
+    from raylight.jobs import submission
+
+    sent = []
+    monkeypatch.setattr(jobs, "_client", lambda address, timeout: object())
+    monkeypatch.setattr(submission, "run", lambda client, sub, **kw: sent.append(sub) or 0)
+    res = _invoke_root("submit", "--scheduler", "--no-wait", "--address", "http://127.0.0.1:8265", "--", "python", "t.py")
+    plain = _invoke_root("submit", "--no-wait", "--address", "http://127.0.0.1:8265", "--", "python", "t.py")
+    assert res.exit_code == 0 and plain.exit_code == 0, res.output + plain.output
+    envs = [sub.runtime_env.get("env_vars", {}) for sub in sent]
+    assert envs[0].get(START_ENV) == "start" and START_ENV not in envs[1]
+
+
+def _invoke_root(*args: str):
+    from raylight.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def test_a_run_asked_to_starts_the_scheduler_where_none_runs(monkeypatch):
+    import ray.util
+
+    from raylight.driver import scheduler_link
+    from raylight.scheduler import actor
+
+    started = []
+    monkeypatch.setattr(ray.util, "get_current_placement_group", lambda: None)
+    monkeypatch.setattr(actor, "find", lambda: None)
+    monkeypatch.setattr(actor, "start", lambda: started.append(1) or "handle")
+    monkeypatch.delenv(scheduler_link.START_ENV, raising=False)
+    assert scheduler_link.find_link() is None and not started  # not asked: none, nothing started
+    monkeypatch.setenv(scheduler_link.START_ENV, "start")
+    link = scheduler_link.find_link()
+    assert link is not None and link.handle == "handle" and started == [1]

@@ -71,6 +71,9 @@ def submit(
     retries: Annotated[int, typer.Option(help="Resubmit a preempted job (or one whose node died) up to this many times.", metavar="N")] = 0,
     resume: Annotated[bool, typer.Option(help="Continue the run NAME from its last committed checkpoint.", metavar=NO_VALUE)] = False,
     no_wait: Annotated[bool, typer.Option("--no-wait", help="Return once submitted.", metavar=NO_VALUE)] = False,
+    scheduler: Annotated[
+        bool, typer.Option("--scheduler", help="Share the cluster through the raylight scheduler, started by the run where none runs yet.", metavar=NO_VALUE)
+    ] = False,
     connect_timeout: TimeoutOpt = CONNECT_TIMEOUT_S,
     price: PriceOpt = None,
     prices: PricesOpt = None,
@@ -90,6 +93,10 @@ def submit(
     try:
         if no_wait and retries:
             raise ConfigError("--retries needs a client that waits to resubmit the job: drop --no-wait or --retries")
+        if scheduler:  # the job's driver starts it: it connects to the cluster, this client does not
+            from raylight.driver.scheduler_link import START_ENV
+
+            env = [*(env or []), f"{START_ENV}=start"]
         table = price_table(price, prices)
         if table is not None:  # the run prices itself from its environment (raylight.base.cost)
             from raylight.base.cost import PRICES_ENV, prices_env_value

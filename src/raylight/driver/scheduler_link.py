@@ -11,6 +11,7 @@ none runs: the run keeps its last allocation (``driver/controller/cluster_share.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import ray
@@ -22,6 +23,8 @@ log = logging.getLogger("raylight")
 
 # Each call to the scheduler: it answers in milliseconds; the controller waits no longer.
 CALL_TIMEOUT_S = 5.0
+# Set to "start" (by `raylight submit --scheduler`): a run that finds no scheduler starts one.
+START_ENV = "RAYLIGHT_SCHEDULER"
 
 
 class RayLink:
@@ -70,10 +73,17 @@ class RayLink:
 
 def find_link() -> RayLink | None:
     """The link to the scheduler on the connected cluster, or None where none runs (or
-    the run trains inside a placement group: a Tune trial's bundles are Tune's to give)."""
+    the run trains inside a placement group: a Tune trial's bundles are Tune's to give).
+    With ``START_ENV=start`` in the environment, a scheduler is started where none runs."""
     from ray.util import get_current_placement_group
 
     if get_current_placement_group() is not None:
         return None
     handle = actor.find()
+    if handle is None and os.environ.get(START_ENV) == "start":
+        try:
+            handle = actor.start()
+        except TimeoutError as exc:  # the run trains as it would without one
+            log.warning("%s=start: %s; the run goes on without the scheduler", START_ENV, exc)
+            return None
     return None if handle is None else RayLink(handle)
