@@ -215,3 +215,30 @@ def test_the_ray_link_times_out_naming_its_setting_and_finds_a_scheduler_started
     assert link.report("a", {}) is None  # none runs: the run keeps its allocation
     monkeypatch.setattr(actor, "find", lambda: Handle("new"))
     assert link.report("a", {}) == {"workers": 3} and not link.gone
+
+
+def test_the_ray_link_keeps_a_busy_run_known_until_it_unregisters(monkeypatch):
+    """A start or a resize can hold the controller for minutes: the link's thread repeats
+    the last report meanwhile, and stops at unregister."""
+    from raylight.driver import scheduler_link
+    from tests.helpers import wait_until
+
+    calls: list[tuple] = []
+
+    class Method:
+        def __init__(self, name):
+            self.name = name
+
+        def remote(self, *args, **kwargs):
+            calls.append((self.name, args, kwargs))
+            return self.name
+
+    handle = type("H", (), {n: Method(n) for n in ("register", "report", "unregister")})()
+    monkeypatch.setattr(scheduler_link.ray, "get", lambda ref, timeout: {"workers": 1})
+    link = scheduler_link.RayLink(handle, keepalive_s=0.05)
+    link.register("a", min_workers=1)
+    link.report("a", {"resize_cost_s": 2.0}, min_workers=1)
+    wait_until(lambda: len(calls) >= 3, 30, "a keepalive report")
+    assert calls[2] == ("report", ("a", {"resize_cost_s": 2.0}), {"min_workers": 1})  # the last report, again
+    link.unregister("a")
+    assert calls[-1] == ("unregister", ("a",), {}) and link._thread is not None and not link._thread.is_alive()

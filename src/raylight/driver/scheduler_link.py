@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 from typing import Any
 
 import ray
@@ -27,16 +29,40 @@ CALL_TIMEOUT_S = 5.0
 START_ENV = "RAYLIGHT_SCHEDULER"
 
 
-class RayLink:
-    """``SchedulerLink`` over the actor ``handle``."""
+# While the controller is busy (a start or a resize that takes minutes on a loaded
+# cluster), a thread repeats the run's last report this often, so the scheduler does not
+# drop it as silent (STALE_AFTER_S, 60 s): measured, a grow in place took 97 s there.
+KEEPALIVE_S = 10.0
 
-    def __init__(self, handle: Any, *, timeout_s: float = CALL_TIMEOUT_S) -> None:
+
+class RayLink:
+    """``SchedulerLink`` over the actor ``handle``; from registration to unregistration a
+    daemon thread keeps the run known (``KEEPALIVE_S``)."""
+
+    def __init__(self, handle: Any, *, timeout_s: float = CALL_TIMEOUT_S, keepalive_s: float = KEEPALIVE_S) -> None:
         self.handle = handle
         self.timeout_s = timeout_s
+        self.keepalive_s = keepalive_s
         self.gone = False
         self._warned_timeout = False
+        self._lock = threading.Lock()  # one call at a time: the controller's or the keepalive's
+        self._last: tuple[str, dict[str, Any], dict[str, Any]] | None = None  # the last report's arguments
+        self._called = time.monotonic()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _keepalive(self) -> None:
+        while not self._done.wait(self.keepalive_s / 2):
+            if self._last is not None and time.monotonic() - self._called >= self.keepalive_s:
+                job_id, model, fields = self._last
+                self._call("report", job_id, model, **fields)
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            self._called = time.monotonic()
+            return self._call_now(method, *args, **kwargs)
+
+    def _call_now(self, method: str, *args: Any, **kwargs: Any) -> Any:
         if self.gone:  # a scheduler started again answers under the same name
             handle = actor.find()
             if handle is None:
@@ -62,12 +88,20 @@ class RayLink:
             return None
 
     def register(self, job_id: str, **fields: Any) -> dict[str, Any] | None:
+        self._last = (job_id, {}, dict(fields))
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._keepalive, name="raylight-scheduler-keepalive", daemon=True)
+            self._thread.start()
         return self._call("register", job_id, **fields)
 
     def report(self, job_id: str, model: dict[str, Any], **fields: Any) -> dict[str, Any] | None:
+        self._last = (job_id, dict(model), dict(fields))
         return self._call("report", job_id, model, **fields)
 
     def unregister(self, job_id: str) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join(self.timeout_s + 1)
         self._call("unregister", job_id)
 
 
