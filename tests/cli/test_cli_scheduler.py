@@ -130,3 +130,21 @@ def test_a_run_asked_to_starts_the_scheduler_where_none_runs(monkeypatch):
     monkeypatch.setenv(scheduler_link.START_ENV, "start")
     link = scheduler_link.find_link()
     assert link is not None and link.handle == "handle" and started == [1]
+
+
+def test_the_table_renders_what_the_scheduler_s_status_answers():
+    """The real bookkeeping's answer, not one written for the test: a job with a fitted
+    model, and one that waits."""
+    from raylight.cli.scheduler import status_table
+    from raylight.scheduler.state import SchedulerState
+    from tests.scheduler.test_state import MODEL
+
+    state = SchedulerState(lambda: {"n1": {"CPU": 2.0}}, clock=lambda: 0.0)
+    state.register("fitted", min_workers=1, max_workers=2)
+    state.report("fitted", {**MODEL, "nodes": ["n1"]})
+    state.register("queued", fixed=True, min_workers=2, max_workers=2)
+    text = _text(status_table(state.status()))
+    rows = {cells[0]: cells for line in text.splitlines() if (cells := [c.strip() for c in line.strip("│┃ ").split("│")])}
+    assert rows["fitted"][1:4] == ["adaptive", "2 (1-2)", "n1x2"] and rows["fitted"][4] != "-"  # its goodput
+    assert rows["queued"][1:3] == ["fixed", "0 (2)"] and "held by runs" in rows["queued"][7]
+    assert "held by runs fitted" in " ".join(text.split())
