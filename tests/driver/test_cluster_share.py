@@ -242,3 +242,25 @@ def test_the_ray_link_keeps_a_busy_run_known_until_it_unregisters(monkeypatch):
     assert calls[2] == ("report", ("a", {"resize_cost_s": 2.0}), {"min_workers": 1})  # the last report, again
     link.unregister("a")
     assert calls[-1] == ("unregister", ("a",), {}) and link._thread is not None and not link._thread.is_alive()
+
+
+def test_raylight_report_shows_the_allocations(tmp_path):
+    import json
+
+    from rich.console import Console
+
+    from raylight.driver.report import load_report, render_report
+
+    path = tmp_path / "run"
+    path.mkdir()
+    (path / "status.json").write_text(json.dumps({"state": "finished"}))
+    rows = [
+        {"event": "allocation", "time": 0.0, "workers": 0, "nodes": [], "speedup": 0.0, "waiting": "waiting for 2 CPU slot(s): 0 of 4 free, held by runs a"},
+        {"event": "allocation", "time": 4.0, "workers": 3, "nodes": ["n1", "n1", "n2"], "speedup": 2.5, "waiting": ""},
+    ]
+    (path / "adaptive.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    console = Console(record=True, width=200)
+    render_report(load_report(str(path)), console)
+    text = console.export_text()
+    assert "held by runs a" in text
+    assert "+4.0s" in text and "the raylight scheduler's share, on 2 node(s), speedup 2.50" in text

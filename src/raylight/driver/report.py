@@ -65,7 +65,7 @@ def load_report(path: str) -> RunReport:
                 for waiting in undecided:  # a trace written before decided_batch: the next plan's
                     waiting["decided_batch"] = batch
                 undecided.clear()
-            if row.get("decision") or row.get("event") in ("resized", "notice", "autoscale_request"):
+            if row.get("decision") or row.get("event") in ("resized", "notice", "autoscale_request", "allocation"):
                 # A decision row's global_batch is the plan that ran up to it; the batch it
                 # chose is its decided_batch (the next row's global_batch in older traces).
                 entry = {**row, "batch_before": batch}
@@ -149,6 +149,11 @@ def _decisions_table(rows: list[dict[str, Any]], start: float | None) -> Table |
             due = f", {float(left) - float(r.get('time', 0.0)):.0f}s to its deadline" if left else ""
             node = str(r.get("node", "?"))[:12]
             table.add_row(when, "notice", str(r.get("ranks", "")), "", f"node {node} ({r.get('source')}: {r.get('reason', '')}{due})")
+            continue
+        if r.get("event") == "allocation":  # the cluster scheduler's answer (driver/controller/cluster_share.py)
+            nodes = len(set(r.get("nodes") or []))
+            why = str(r.get("waiting") or f"the raylight scheduler's share, on {nodes} node(s), speedup {float(r.get('speedup', 0.0)):.2f}")
+            table.add_row(when, "allocation", str(r.get("workers", "")), "", why)
             continue
         if r.get("event") == "autoscale_request":
             table.add_row(when, "autoscale", f"ask {r.get('workers')}", "", str(r.get("reason", "")))
