@@ -102,7 +102,10 @@ class RayLink:
         self._done.set()
         if self._thread is not None:
             self._thread.join(self.timeout_s + 1)
-        self._call("unregister", job_id)
+        try:
+            self._call("unregister", job_id)
+        except Exception as exc:  # at the end of a run Ray may be going too: the scheduler drops it as silent
+            log.debug("could not unregister from the raylight scheduler: %s: %s", type(exc).__name__, exc)
 
 
 def find_link() -> RayLink | None:
