@@ -29,9 +29,9 @@ CALL_TIMEOUT_S = 5.0
 START_ENV = "RAYLIGHT_SCHEDULER"
 
 
-# While the controller is busy (a start or a resize that takes minutes on a loaded
+# While the controller is busy (a start or a resize can take minutes on a loaded
 # cluster), a thread repeats the run's last report this often, so the scheduler does not
-# drop it as silent (STALE_AFTER_S, 60 s): measured, a grow in place took 97 s there.
+# drop it as silent (STALE_AFTER_S, 60 s) and give its slots away.
 KEEPALIVE_S = 10.0
 
 
