@@ -5,7 +5,7 @@
 ``raylight.fit``, the Lightning strategies, torchrun, ``horovodrun``, ``mpirun``), and the
 collectives, ``DistributedOptimizer`` and ``hvd.elastic`` behave as Horovod's on it. See
 docs/horovod.md for each function's ``torch.distributed`` meaning and the differences
-(no Adasum, no process sets, ops matched by order, not name). ``install_import_hook()``
+(no Adasum, ops matched by order, not name). ``install_import_hook()``
 makes ``import horovod.torch`` give this module where Horovod is absent.
 """
 
@@ -45,6 +45,14 @@ from raylight.worker.hvd.basics import (
     size,
 )
 from raylight.worker.hvd.compat import install_import_hook, uninstall_import_hook
+from raylight.worker.hvd.exchange import (
+    alltoall,
+    alltoall_async,
+    grouped_reducescatter,
+    grouped_reducescatter_async,
+    reducescatter,
+    reducescatter_async,
+)
 from raylight.worker.hvd.ops import (
     allgather,
     allgather_async,
@@ -53,19 +61,20 @@ from raylight.worker.hvd.ops import (
     allreduce_,
     allreduce_async,
     allreduce_async_,
-    alltoall,
-    alltoall_async,
     barrier,
     broadcast,
     broadcast_,
     broadcast_async,
     broadcast_async_,
     broadcast_object,
+    grouped_allgather,
+    grouped_allgather_async,
     grouped_allreduce,
     grouped_allreduce_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
     join,
     poll,
-    reducescatter,
     synchronize,
 )
 from raylight.worker.hvd.optimizer import (
@@ -82,8 +91,10 @@ __all__ = [
     "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
     "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters", "ccl_built", "cross_rank",
     "cross_size", "cuda_built", "ddl_built", "elastic", "global_process_set", "gloo_built", "gloo_enabled",
-    "grouped_allreduce", "grouped_allreduce_", "init", "install_import_hook", "is_homogeneous", "is_initialized",
+    "grouped_allgather", "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
+    "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async",
+    "init", "install_import_hook", "is_homogeneous", "is_initialized",
     "join", "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll",
-    "rank", "reducescatter", "remove_process_set", "rocm_built", "shutdown", "size", "synchronize",
+    "rank", "reducescatter", "reducescatter_async", "remove_process_set", "rocm_built", "shutdown", "size", "synchronize",
     "uninstall_import_hook",
 ]

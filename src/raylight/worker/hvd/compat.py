@@ -1,8 +1,8 @@
 """``import horovod.torch as hvd`` served by ``raylight.horovod`` where Horovod is absent.
 
 Off by default. ``install_import_hook()`` puts a finder on ``sys.meta_path`` that answers
-``horovod``, ``horovod.torch``, ``horovod.torch.elastic`` and
-``horovod.common.exceptions`` with raylight's modules. When real Horovod is installed it
+``horovod``, ``horovod.torch``, ``horovod.torch.elastic``,
+``horovod.common.exceptions`` and ``horovod.runner.util.threads`` with raylight's modules. When real Horovod is installed it
 does nothing and says so: real Horovod wins. The explicit requests, ``python -m
 raylight.horovod script.py`` and ``RAYLIGHT_HOROVOD_COMPAT=1`` (read by ``raylight run``'s
 scripts), install it even then (``force``): real Horovod's ``hvd.init()`` joins only the
@@ -26,8 +26,9 @@ ALIASES = {
     "horovod.torch": "raylight.horovod",
     "horovod.torch.elastic": "raylight.horovod.elastic",
     "horovod.common.exceptions": "raylight.worker.hvd.basics",
+    "horovod.runner.util.threads": "raylight.worker.hvd.threads",  # Horovod's test helpers import it
 }
-_PACKAGES = ("horovod", "horovod.common")
+_PACKAGES = ("horovod", "horovod.common", "horovod.runner", "horovod.runner.util")
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):

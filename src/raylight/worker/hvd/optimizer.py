@@ -6,9 +6,12 @@
 starts an async all-reduce of each parameter's gradient as soon as backward has
 accumulated it ``backward_passes_per_step`` times (``register_post_accumulate_grad_hook``),
 so communication overlaps the rest of backward. ``step()`` waits for them
-(``synchronize``) and steps the wrapped optimizer. Gradients are matched across ranks by
-the order backward produces them (the same graph gives the same order on every rank);
-the parameters no hook reduced are reduced at ``synchronize`` in parameter order.
+(``synchronize``) and steps the wrapped optimizer. The reductions start in one fixed order
+on every rank (the parameters' order reversed, which is about the order backward produces
+them), never in the order the hooks fire: a gradient that is ready waits for those before
+it in that order, so ranks whose backward passes reach the parameters in different orders
+(or not at all: they reduce zeros at ``synchronize``) still run the same collectives in the
+same order, as torch.distributed matches them.
 """
 
 from __future__ import annotations
@@ -20,12 +23,18 @@ from typing import Any
 
 import torch
 
-from raylight.worker.hvd.basics import Average, check_process_set, global_process_set, state
+from raylight.worker.hvd.basics import (
+    Average,
+    check_process_set,
+    global_process_set,
+    group_of,
+    state,
+)
 from raylight.worker.hvd.ops import (
     _reduce_op,
-    allreduce_async_,
     broadcast_async_,
     broadcast_object,
+    start_allreduce,
     synchronize,
 )
 from raylight.worker.wrapped_optimizer import WrappedOptimizer
@@ -81,13 +90,16 @@ class _DistributedOptimizer(WrappedOptimizer):
         self._params = params
         self._names = _names(params, named_parameters)
         self._delay = {p: backward_passes_per_step for p in params}
+        self._order = list(reversed(params))  # the one order every rank reduces in
+        self._next = 0  # self._order[:self._next] are started
+        self._ready: set[torch.Tensor] = set()
         self._handles: dict[torch.Tensor, tuple[int, Any]] = {}
         self._should_sync = True
         self._synchronized = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
 
     def _on_grad(self, p: torch.Tensor) -> None:
-        if p in self._handles:
+        if p in self._handles or p in self._ready:
             raise AssertionError(
                 f"gradient of {self._names[p]} was computed more than backward_passes_per_step="
                 f"{self._bpps} times before optimizer.step() or optimizer.synchronize(); raise "
@@ -95,7 +107,13 @@ class _DistributedOptimizer(WrappedOptimizer):
             )
         self._delay[p] -= 1
         if self._delay[p] == 0:
-            self._handles[p] = self._reduce(p)
+            self._ready.add(p)
+            while self._next < len(self._order) and self._order[self._next] in self._ready:
+                self._start(self._order[self._next])
+
+    def _start(self, p: torch.Tensor) -> None:
+        self._handles[p] = self._reduce(p)
+        self._next += 1
 
     def _reduce(self, p: torch.Tensor) -> tuple[int, Any]:
         if p.grad is None:  # a parameter this backward did not reach: it contributes zeros
@@ -109,21 +127,23 @@ class _DistributedOptimizer(WrappedOptimizer):
                 )
             p.grad = grad = grad.to_dense()
         wire, ctx = self._compression.compress(grad)
-        handle = allreduce_async_(wire, op=self._op, prescale_factor=self._prescale, postscale_factor=self._postscale)
+        group, n, _ = group_of(global_process_set, "hvd.DistributedOptimizer")
+        handle = start_allreduce([wire], self._op, self._prescale, self._postscale, group, n)
         return handle, (grad, wire, ctx)
 
     def synchronize(self) -> None:
         """Wait for every gradient's all-reduce (starting those no hook started) and put
         the reduced gradients in place."""
-        for p in self._params:
-            if p not in self._handles:
-                self._handles[p] = self._reduce(p)
-        for p in self._params:
+        while self._next < len(self._order):
+            self._start(self._order[self._next])
+        for p in self._order:
             handle, (grad, _, ctx) = self._handles[p]
-            out = self._compression.decompress(synchronize(handle), ctx)
+            out = self._compression.decompress(synchronize(handle)[0], ctx)
             if out is not grad:
                 grad.copy_(out)
         self._handles.clear()
+        self._ready.clear()
+        self._next = 0
         self._delay = {p: self._bpps for p in self._params}
         self._synchronized = True
 
@@ -134,6 +154,7 @@ class _DistributedOptimizer(WrappedOptimizer):
             raise ValueError(f"backward_passes_per_step={passes!r}: expected an int >= 1")
         self._bpps = passes
         self._delay = {p: passes for p in self._params}
+        self._ready.clear()
 
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:

@@ -1,0 +1,133 @@
+"""Before each of ``raylight.horovod``'s collectives the ranks agree on what they run.
+
+Horovod's coordinator matches ops across ranks by name and refuses mismatches; a
+``torch.distributed`` collective just runs, and ranks that disagree (a different shape, a
+dtype gloo refuses on one rank, another op) crash the process (gloo aborts) or leave the
+group out of step, so that every later collective times out. So every op first
+all-gathers a small descriptor (one int64 row per rank: the op, its reduction and root,
+the number of tensors, the first tensor's dtype and shape, a checksum of all tensors'
+dtypes and shapes, the name when given, and whether this rank refused the op). Then every
+rank sees the same rows and decides the same way: all agree, the op runs; one rank refused
+it (bad input), it raises its own ``ValueError`` and the others a ``RuntimeError`` naming
+it; the rows differ, every rank raises the same ``RuntimeError``. No data collective was
+started, so the group stays in step and the next op runs.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+_MAX_DIMS = 8
+# dtype codes (the order is the wire's, not torch's)
+_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+           torch.float32, torch.float64, torch.bool, torch.complex64, torch.complex128]
+_KINDS = ["allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join"]
+# row: kind, op, root, count, device, refused, name, signature, dtype, ndim, dims...
+_ROW = 10 + _MAX_DIMS
+_NONE = -1
+
+
+@dataclass(frozen=True)
+class Op:
+    """What this rank is about to run. ``ignore_dim0``: the first dimension may differ
+    between ranks (allgather, alltoall)."""
+
+    kind: str
+    tensors: Sequence[torch.Tensor] = ()
+    op: int = _NONE
+    root: int = _NONE
+    name: str | None = None
+    ignore_dim0: bool = False
+
+
+def _dtype_code(dtype: torch.dtype) -> int:
+    return _DTYPES.index(dtype) if dtype in _DTYPES else 100 + abs(hash(str(dtype))) % 1000
+
+
+def _crc(text: str) -> int:
+    return zlib.crc32(text.encode())
+
+
+def _row(spec: Op, refused: bool) -> list[int]:
+    tensors = [t for t in spec.tensors if isinstance(t, torch.Tensor)]  # a refused input may hold others
+    shapes = [tuple(t.shape[1:] if spec.ignore_dim0 and t.dim() else t.shape) for t in tensors]
+    signature = _crc(repr([(str(t.dtype), s) for t, s in zip(tensors, shapes, strict=True)]))
+    first = tensors[0] if tensors else None
+    dims = list(first.shape) if first is not None else []
+    if spec.ignore_dim0 and dims:
+        dims[0] = _NONE
+    dims = (dims + [_NONE] * _MAX_DIMS)[:_MAX_DIMS]
+    return [
+        _KINDS.index(spec.kind), spec.op, spec.root, len(spec.tensors),  # noqa: the count as given
+        (1 if first.is_cuda else 0) if first is not None else _NONE, int(refused),
+        _crc(spec.name) if spec.name is not None else _NONE, signature,
+        _dtype_code(first.dtype) if first is not None else _NONE, first.dim() if first is not None else _NONE,
+        *dims,
+    ]
+
+
+def _describe(row: list[int]) -> str:
+    kind = _KINDS[row[0]] if 0 <= row[0] < len(_KINDS) else f"op {row[0]}"
+    if row[3] <= 0:
+        return kind
+    code = row[8]
+    dtype = str(_DTYPES[code]).replace("torch.", "") if 0 <= code < len(_DTYPES) else f"dtype {code}"
+    ndim = row[9]
+    shape = ["*" if d == _NONE else str(d) for d in row[10 : 10 + min(ndim, _MAX_DIMS)]]
+    where = "cuda" if row[4] == 1 else "cpu"
+    extra = f" of {row[3]} tensors, the first" if row[3] > 1 else " of"
+    return f"{kind}{extra} a {where} {dtype} tensor of shape [{', '.join(shape)}]"
+
+
+def _differs(rows: list[list[int]]) -> str | None:
+    first = rows[0]
+    labels = {0: "the op", 1: "the reduction op", 2: "the root rank", 3: "the number of tensors", 4: "the device",
+              7: "the tensors' dtypes or shapes", 8: "the dtype", 9: "the number of dimensions"}
+    for i, row in enumerate(rows[1:], start=1):
+        for k, label in labels.items():
+            if row[k] != first[k]:
+                return f"{label} (rank 0: {_describe(first)}; rank {i}: {_describe(row)})"
+        if row[10:] != first[10:]:
+            return f"the shape (rank 0: {_describe(first)}; rank {i}: {_describe(row)})"
+        if _NONE not in (row[6], first[6]) and row[6] != first[6]:
+            return f"the op's name (rank 0's and rank {i}'s differ: the ranks run their ops in different orders)"
+    return None
+
+
+def agree(spec: Op, where: str, refusal: Exception | None = None, group: Any = None) -> None:
+    """All-gather ``spec``'s descriptor on ``group`` (default: the world) and raise, the
+    same way on every rank, unless every rank runs the same op on matching tensors.
+    ``refusal``: this rank's own objection to its input (raised here, after the others
+    learned of it)."""
+    from raylight.worker.hvd.ops import collective
+
+    n = dist.get_world_size(group)
+    mine = torch.tensor(_row(spec, refusal is not None), dtype=torch.int64)
+    if n == 1:
+        if refusal is not None:
+            raise refusal
+        return
+    rows_t = torch.empty(n * _ROW, dtype=torch.int64)
+    with collective():
+        dist.all_gather_into_tensor(rows_t, mine, group=group)
+    rows = rows_t.view(n, _ROW).tolist()
+    if refusal is not None:
+        raise refusal
+    refused = [i for i, row in enumerate(rows) if row[5]]
+    if refused:
+        raise RuntimeError(
+            f"{where}: rank {refused[0]} refused its input to this {spec.kind} (see that rank's error), so no "
+            "rank ran it; every rank must pass valid, matching tensors"
+        )
+    diff = _differs(rows)
+    if diff is not None:
+        raise RuntimeError(
+            f"{where}: the ranks disagree on {diff}. Every rank must run the same collectives in the same "
+            "order on tensors of the same dtype and shape (docs/horovod.md); none of them ran this one"
+        )
