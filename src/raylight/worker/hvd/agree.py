@@ -64,7 +64,7 @@ def _row(spec: Op, refused: bool) -> list[int]:
         dims[0] = _NONE
     dims = (dims + [_NONE] * _MAX_DIMS)[:_MAX_DIMS]
     return [
-        _KINDS.index(spec.kind), spec.op, spec.root, len(spec.tensors),  # noqa: the count as given
+        _KINDS.index(spec.kind), spec.op, spec.root, len(spec.tensors),  # the count as given
         (1 if first.is_cuda else 0) if first is not None else _NONE, int(refused),
         _crc(spec.name) if spec.name is not None else _NONE, signature,
         _dtype_code(first.dtype) if first is not None else _NONE, first.dim() if first is not None else _NONE,
@@ -88,13 +88,11 @@ def _describe(row: list[int]) -> str:
 def _differs(rows: list[list[int]]) -> str | None:
     first = rows[0]
     labels = {0: "the op", 1: "the reduction op", 2: "the root rank", 3: "the number of tensors", 4: "the device",
-              7: "the tensors' dtypes or shapes", 8: "the dtype", 9: "the number of dimensions"}
+              8: "the dtype", 9: "the number of dimensions", 10: "the shape", 7: "the tensors' dtypes or shapes"}
     for i, row in enumerate(rows[1:], start=1):
         for k, label in labels.items():
-            if row[k] != first[k]:
+            if (row[k:] != first[k:]) if k == 10 else (row[k] != first[k]):
                 return f"{label} (rank 0: {_describe(first)}; rank {i}: {_describe(row)})"
-        if row[10:] != first[10:]:
-            return f"the shape (rank 0: {_describe(first)}; rank {i}: {_describe(row)})"
         if _NONE not in (row[6], first[6]) and row[6] != first[6]:
             return f"the op's name (rank 0's and rank {i}'s differ: the ranks run their ops in different orders)"
     return None

@@ -99,7 +99,9 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
                 # A file store or a key-value scope keeps the last group's keys: every rank
                 # re-forms together (hvd.elastic's reset), so the count names the new one.
                 launch = replace(launch, rendezvous_id=f"{launch.rendezvous_id}-{_formed}")
-            init_process_group(launch, _backend())
+            # env://'s store (the launcher's, e.g. raylight run's agent store) keeps the last
+            # group's keys too: a re-formed group's keys go under a prefix of their own
+            init_process_group(launch, _backend(), prefix=f"raylight-hvd-{_formed}" if _formed else None)
             _formed += 1
         rank, size = dist.get_rank(), dist.get_world_size()
         owns = True

@@ -6,8 +6,7 @@ gradients. Each backward is itself a collective, so every rank must call ``backw
 - allgather: the gradient averaged, then this rank's rows;
 - broadcast: the gradient averaged on the root, zeros elsewhere;
 - alltoall: the gradient sent back (the received splits become the sent ones);
-- reducescatter: the gradient gathered (scaled as the forward scaled, ``1/size`` for
-  ``Average``).
+- reducescatter: the gradient gathered (times the set's size for ``Sum``, as Horovod's).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from typing import Any
 
 import torch
 
-from raylight.worker.hvd.basics import Average, group_of
+from raylight.worker.hvd.basics import Average, Sum, group_of
 
 
 class _Allreduce(torch.autograd.Function):
@@ -135,21 +134,23 @@ class _Alltoall(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: Any, process_set: Any) -> Any:
         from raylight.worker.hvd.exchange import alltoall
 
+        _, n, _ = group_of(process_set, "hvd.alltoall")
         given = splits is not None
-        out, received = alltoall(tensor.detach(), splits if given else None, name, process_set) if given \
+        # the backward sends the gradient back as it came: it needs the received splits
+        even = splits if given else ([tensor.shape[0] // n] * n if tensor.dim() and tensor.shape[0] % n == 0 else None)
+        out, received = alltoall(tensor.detach(), even, name, process_set) if even is not None \
             else (alltoall(tensor.detach(), None, name, process_set), None)
         ctx.received, ctx.process_set = received, process_set
-        ctx.mark_non_differentiable(*([received] if received is not None else []))
-        return (out, received) if given else out
+        if given:
+            ctx.mark_non_differentiable(received)
+            return out, received
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor, *_: Any) -> Any:
         from raylight.worker.hvd.exchange import alltoall
 
-        if ctx.received is None:
-            back = alltoall(grad.contiguous(), None, None, ctx.process_set)
-        else:
-            back, _ = alltoall(grad.contiguous(), ctx.received, None, ctx.process_set)
+        back, _ = alltoall(grad.contiguous(), ctx.received, None, ctx.process_set)
         return back, None, None, None
 
 
@@ -175,7 +176,7 @@ class _Reducescatter(torch.autograd.Function):
         op, process_set, pre, post = ctx.args
         _, n, _ = group_of(process_set, "hvd.reducescatter's gradient")
         gathered = grouped_allgather([g.contiguous() for g in grads], None, process_set)
-        factor = pre * post / (n if op == Average else 1)
+        factor = pre * post * (n if op == Sum else 1)  # Horovod's convention (its tests check it)
         for g in gathered:
             scale(g, factor)
         return (None, *gathered)

@@ -434,3 +434,28 @@ def allgather_object(obj: Any, name: str | None = None, process_set: Any = globa
     with collective():
         dist.all_gather_object(out, obj, group=group)
     return out
+
+
+def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None, op: int | None = Average,
+                           process_set: Any = global_process_set) -> Callable[[], torch.Tensor]:
+    """Start reducing a sparse (COO) tensor as Horovod does: every rank's indices and
+    values all-gathered; the returned handle is a function giving the sparse sum
+    (``Sum``) or average (``Average``)."""
+    where = "hvd.sparse_allreduce_async"
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise ValueError(f"{where}: expected a sparse (COO) tensor; reduce dense ones with hvd.allreduce_async")
+    op = reduce_op(op, None, where)
+    if op not in (Average, Sum):
+        raise ValueError(f"{where}: op must be hvd.Average or hvd.Sum, got {OP_NAMES.get(op, op)}")
+    _, n, _ = group_of(process_set, where)
+    t = tensor.coalesce()
+    handle = _allgather_start([t.indices().t().contiguous(), t.values().contiguous()], name, process_set, where,
+                              grouped=True)
+
+    def result() -> torch.Tensor:
+        indices, values = synchronize(handle)
+        if op == Average:
+            values = values / n
+        return torch.sparse_coo_tensor(indices.t(), values, t.shape)
+
+    return result

@@ -34,6 +34,7 @@ from raylight.worker.hvd.ops import (
     _reduce_op,
     broadcast_async_,
     broadcast_object,
+    sparse_allreduce_async,
     start_allreduce,
     synchronize,
 )
@@ -93,7 +94,7 @@ class _DistributedOptimizer(WrappedOptimizer):
         self._order = list(reversed(params))  # the one order every rank reduces in
         self._next = 0  # self._order[:self._next] are started
         self._ready: set[torch.Tensor] = set()
-        self._handles: dict[torch.Tensor, tuple[int, Any]] = {}
+        self._handles: dict[torch.Tensor, tuple[Any, Any]] = {}
         self._should_sync = True
         self._synchronized = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
@@ -115,16 +116,17 @@ class _DistributedOptimizer(WrappedOptimizer):
         self._handles[p] = self._reduce(p)
         self._next += 1
 
-    def _reduce(self, p: torch.Tensor) -> tuple[int, Any]:
+    @property
+    def _parameter_names(self) -> dict[torch.Tensor, str]:  # Horovod's attribute (its tests read it)
+        return self._names
+
+    def _reduce(self, p: torch.Tensor) -> tuple[Any, Any]:
         if p.grad is None:  # a parameter this backward did not reach: it contributes zeros
             p.grad = torch.zeros_like(p)
         grad = p.grad
         if grad.is_sparse:
-            if not self._sparse_as_dense:
-                raise ValueError(
-                    f"hvd.DistributedOptimizer: {self._names[p]} has a sparse gradient; raylight.horovod "
-                    "reduces dense gradients only: pass sparse_as_dense=True"
-                )
+            if not self._sparse_as_dense:  # as Horovod: indices and values all-gathered
+                return sparse_allreduce_async(grad, op=self._op), None
             p.grad = grad = grad.to_dense()
         wire, ctx = self._compression.compress(grad)
         group, n, _ = group_of(global_process_set, "hvd.DistributedOptimizer")
@@ -137,7 +139,11 @@ class _DistributedOptimizer(WrappedOptimizer):
         while self._next < len(self._order):
             self._start(self._order[self._next])
         for p in self._order:
-            handle, (grad, _, ctx) = self._handles[p]
+            handle, held = self._handles[p]
+            if held is None:  # a sparse gradient's reduction
+                p.grad = handle()
+                continue
+            grad, _, ctx = held
             out = self._compression.decompress(synchronize(handle)[0], ctx)
             if out is not grad:
                 grad.copy_(out)
@@ -196,7 +202,7 @@ class _DistributedOptimizer(WrappedOptimizer):
 
 def _names(params: list[torch.Tensor], named_parameters: Any) -> dict[torch.Tensor, str]:
     if named_parameters is None:
-        return {p: f"param.{i}" for i, p in enumerate(params)}
+        return {p: f"allreduce.noname.{i}" for i, p in enumerate(params)}
     named = list(named_parameters)
     if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
         raise ValueError("named_parameters must be (name, parameter) pairs, e.g. model.named_parameters()")
@@ -270,12 +276,27 @@ def _in_cpu_memory(state_dict: dict[str, Any]) -> dict[str, Any]:
     return {**state_dict, "state": per_param}
 
 
+def _create_state(optimizer: torch.optim.Optimizer) -> None:
+    """Horovod's way to give a fresh optimizer its state (momentum buffers, ...): zero
+    gradients where there are none, one ``step()`` of the plain optimizer (every rank
+    takes the same step from the same, broadcast, parameters)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+                if isinstance(optimizer, torch.optim.SparseAdam):
+                    p.grad = p.grad.to_sparse()
+    optimizer.step()
+
+
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
     """Give every rank rank ``root_rank``'s optimizer state and hyper-parameters (its
     ``state_dict``, sent as one object)."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("hvd.broadcast_optimizer_state: torch.optim.LBFGS is not supported (as in Horovod)")
     inner = optimizer.optimizer if isinstance(optimizer, _DistributedOptimizer) else optimizer
+    if not inner.state:  # as Horovod: a step on zero gradients creates the state to send
+        _create_state(inner)
     # sent from CPU memory: pickled GPU tensors would be rebuilt on the root's GPU index on
     # every rank; load_state_dict moves each to its parameter's device
     root_state = broadcast_object(_in_cpu_memory(inner.state_dict()) if state().rank == root_rank else None, root_rank)
