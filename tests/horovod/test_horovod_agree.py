@@ -49,6 +49,14 @@ def _mismatch_rank(rank: int, port: int, queue) -> None:
         got["after"] = hvd.allreduce(torch.tensor([float(rank)]), op=hvd.Sum).tolist()
         got["int16"] = hvd.allreduce(torch.tensor([300, -7], dtype=torch.int16) * (rank + 1), op=hvd.Sum).tolist()
         got["int16_dtype"] = str(hvd.allgather(torch.ones(1, dtype=torch.int16)).dtype)
+        # join: rank 0 waits, adding zeros to rank 1's allreduce; rank 1's allgather raises
+        if rank == 0:
+            got["join"] = hvd.join()
+        else:
+            got["joined_sum"] = hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist()
+            got["joined_gather"] = _error(lambda: hvd.allgather(torch.ones(1)))
+            got["join"] = hvd.join()
+        got["after_join"] = hvd.allreduce(torch.tensor([2.0])).tolist()
         queue.put({"rank": rank, **got})
     finally:
         hvd.shutdown()
@@ -66,6 +74,9 @@ def test_a_collective_the_ranks_disagree_on_raises_on_both_and_the_next_one_runs
         assert g["adasum"].startswith("NotImplementedError: hvd.reducescatter: op=hvd.Adasum is not supported"), g["adasum"]
         assert g["after"] == [1.0]
         assert g["int16"] == [900, -21] and g["int16_dtype"] == "torch.int16"
+    assert got[0]["join"] == got[1]["join"] == 1  # the last to join
+    assert got[1]["joined_sum"] == [1.0, 1.0] and got[0]["after_join"] == got[1]["after_join"] == [2.0]
+    assert got[1]["joined_gather"].startswith("RuntimeError: hvd.allgather: rank 0 has called hvd.join()")
     assert got[1]["refused"].startswith("ValueError: hvd.alltoall: splits=[5, 5]"), got[1]["refused"]
     assert got[0]["refused"].startswith("RuntimeError: hvd.alltoall: rank 1 refused its input"), got[0]["refused"]
 

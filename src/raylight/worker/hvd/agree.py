@@ -28,6 +28,7 @@ _MAX_DIMS = 8
 _DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
            torch.float32, torch.float64, torch.bool, torch.complex64, torch.complex128]
 _KINDS = ["allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join"]
+JOIN = _KINDS.index("join")
 # row: kind, op, root, count, device, refused, name, signature, dtype, ndim, dims...
 _ROW = 10 + _MAX_DIMS
 _NONE = -1
@@ -98,25 +99,39 @@ def _differs(rows: list[list[int]]) -> str | None:
     return None
 
 
+def exchange(row: list[int], group: Any = None) -> list[list[int]]:
+    """Every rank's row, in rank order (one all-gather)."""
+    from raylight.worker.hvd.ops import collective
+
+    n = dist.get_world_size(group)
+    mine = torch.tensor(row, dtype=torch.int64)
+    parts = [torch.empty_like(mine) for _ in range(n)]
+    with collective():
+        dist.all_gather(parts, mine, group=group)
+    return [p.tolist() for p in parts]
+
+
 def agree(spec: Op, where: str, refusal: Exception | None = None, group: Any = None) -> None:
     """All-gather ``spec``'s descriptor on ``group`` (default: the world) and raise, the
     same way on every rank, unless every rank runs the same op on matching tensors.
     ``refusal``: this rank's own objection to its input (raised here, after the others
-    learned of it)."""
-    from raylight.worker.hvd.ops import collective
-
-    n = dist.get_world_size(group)
-    mine = torch.tensor(_row(spec, refusal is not None), dtype=torch.int64)
-    if n == 1:
+    learned of it). Ranks inside ``hvd.join()`` take part in an allreduce of one tensor
+    (with zeros); any other op raises on the ranks that have not joined."""
+    if dist.get_world_size(group) == 1:
         if refusal is not None:
             raise refusal
         return
-    rows_t = torch.empty(n * _ROW, dtype=torch.int64)
-    with collective():
-        dist.all_gather_into_tensor(rows_t, mine, group=group)
-    rows = rows_t.view(n, _ROW).tolist()
+    rows = exchange(_row(spec, refusal is not None), group)
     if refusal is not None:
         raise refusal
+    joined = [i for i, row in enumerate(rows) if row[0] == JOIN]
+    if joined:
+        if spec.kind != "allreduce" or len(spec.tensors) != 1 or group is not None:
+            raise RuntimeError(
+                f"{where}: rank {joined[0]} has called hvd.join(), so this {spec.kind} cannot run; while ranks "
+                "have joined, only hvd.allreduce of one tensor on every rank runs (the joined ranks add zeros)"
+            )
+        rows = [row for row in rows if row[0] != JOIN]
     refused = [i for i, row in enumerate(rows) if row[5]]
     if refused:
         raise RuntimeError(
@@ -129,3 +144,22 @@ def agree(spec: Op, where: str, refusal: Exception | None = None, group: Any = N
             f"{where}: the ranks disagree on {diff}. Every rank must run the same collectives in the same "
             "order on tensors of the same dtype and shape (docs/horovod.md); none of them ran this one"
         )
+
+
+def join_row(waited: int, entered_ms: int) -> list[int]:
+    """``hvd.join()``'s row: how many ops it has stood in for, and when it started."""
+    return [JOIN, waited, entered_ms, 0, _NONE, 0, _NONE, 0, _NONE, _NONE, *([_NONE] * _MAX_DIMS)]
+
+
+def stand_in(rows: list[list[int]]) -> tuple[torch.Tensor, int] | None:
+    """For a rank inside ``hvd.join()``: the zeros and op to all-reduce with the ranks that
+    have not joined, when they run an allreduce of one tensor that they agree on; None
+    when they run anything else (they raise; the joined ranks wait on)."""
+    active = [row for row in rows if row[0] != JOIN]
+    if any(row[0] != _KINDS.index("allreduce") or row[3] != 1 or row[5] for row in active):
+        return None
+    if _differs(active) is not None or not 0 <= active[0][8] < len(_DTYPES):
+        return None
+    row = active[0]
+    shape = row[10 : 10 + row[9]]
+    return torch.zeros(shape, dtype=_DTYPES[row[8]]), row[1]

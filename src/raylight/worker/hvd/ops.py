@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from raylight.worker.hvd.agree import Op, agree
+from raylight.worker.hvd.agree import JOIN, Op, agree, exchange, join_row, stand_in
 from raylight.worker.hvd.basics import (
     OP_NAMES,
     Adasum,
@@ -398,17 +398,23 @@ def barrier(process_set: Any = global_process_set) -> None:
 
 
 def join(device: int = -1) -> int:
-    """Wait for every rank to call ``join``; returns the rank that called it last.
-    Unlike Horovod, ranks that joined do not stand in with zeros for the collectives of
-    ranks still working: every rank must run the same collectives (docs/horovod.md)."""
+    """Wait for every rank to call ``join``; returns the rank that called it last. As in
+    Horovod, while it waits this rank takes part in the others' allreduces (of one tensor
+    each), adding zeros; any other op they run raises on them (docs/horovod.md)."""
     import time
 
-    state()
-    agree(Op("join"), "hvd.join")
-    with collective():
-        stamps = [None] * state().size
-        dist.all_gather_object(stamps, time.time())
-    return max(range(len(stamps)), key=lambda i: (stamps[i], i))
+    s = state()
+    if s.size == 1:
+        return 0
+    waited, entered = 0, int(time.time() * 1000)
+    while True:
+        rows = exchange(join_row(waited, entered))
+        if all(row[0] == JOIN for row in rows):  # the last to arrive waited least
+            return min(range(len(rows)), key=lambda i: (rows[i][1], -rows[i][2], -i))
+        zeros = stand_in(rows)
+        if zeros is not None:
+            synchronize(start_allreduce([zeros[0]], zeros[1], 1.0, 1.0, None, s.size))
+        waited += 1
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,

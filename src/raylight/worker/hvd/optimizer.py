@@ -25,7 +25,7 @@ import torch
 
 from raylight.worker.hvd.basics import (
     Average,
-    check_process_set,
+    ProcessSet,
     global_process_set,
     group_of,
     state,
@@ -77,8 +77,9 @@ class Compression:
 class _DistributedOptimizer(WrappedOptimizer):
     def __init__(self, optimizer: torch.optim.Optimizer, named_parameters: Any, compression: Any,
                  backward_passes_per_step: int, op: int, gradient_predivide_factor: float,
-                 sparse_as_dense: bool) -> None:
+                 sparse_as_dense: bool, process_set: Any = global_process_set) -> None:
         super().__init__(optimizer)  # the wrapped optimizer's groups and state, shared
+        self._process_set = process_set  # a rank outside it keeps its own gradients, as in Horovod
         self._compression = compression
         self._op = op
         self._bpps = backward_passes_per_step
@@ -126,10 +127,12 @@ class _DistributedOptimizer(WrappedOptimizer):
         grad = p.grad
         if grad.is_sparse:
             if not self._sparse_as_dense:  # as Horovod: indices and values all-gathered
-                return sparse_allreduce_async(grad, op=self._op), None
+                return sparse_allreduce_async(grad, op=self._op, process_set=self._process_set), None
             p.grad = grad = grad.to_dense()
+        if not self._process_set.included():
+            return None, (grad, grad, None)
         wire, ctx = self._compression.compress(grad)
-        group, n, _ = group_of(global_process_set, "hvd.DistributedOptimizer")
+        group, n, _ = group_of(self._process_set, "hvd.DistributedOptimizer")
         handle = start_allreduce([wire], self._op, self._prescale, self._postscale, group, n)
         return handle, (grad, wire, ctx)
 
@@ -144,6 +147,8 @@ class _DistributedOptimizer(WrappedOptimizer):
                 p.grad = handle()
                 continue
             grad, _, ctx = held
+            if handle is None:  # this rank is not in the optimizer's process set
+                continue
             out = self._compression.decompress(synchronize(handle)[0], ctx)
             if out is not grad:
                 grad.copy_(out)
@@ -235,7 +240,8 @@ def DistributedOptimizer(
     """``optimizer`` whose ``step()`` first averages (``op``) every gradient across ranks.
     ``num_groups``/``groups`` (Horovod's fusion grouping) change no result and are ignored."""
     state()
-    check_process_set(process_set)
+    if process_set is not global_process_set and not isinstance(process_set, ProcessSet):
+        raise ValueError(f"hvd.DistributedOptimizer: process_set={process_set!r} is not an hvd.ProcessSet")
     op = _reduce_op(op, None, "hvd.DistributedOptimizer")
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("hvd.DistributedOptimizer: the optimizer is already a DistributedOptimizer")
@@ -247,7 +253,7 @@ def DistributedOptimizer(
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor is only supported with op=hvd.Average (as in Horovod)")
     return _DistributedOptimizer(optimizer, named_parameters, compression, backward_passes_per_step, op,
-                                 gradient_predivide_factor, sparse_as_dense)
+                                 gradient_predivide_factor, sparse_as_dense, process_set)
 
 
 def broadcast_parameters(params: Any, root_rank: int) -> None:
