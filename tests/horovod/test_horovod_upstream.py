@@ -25,10 +25,6 @@ EXPECTED_FAILURES = {
     "test_horovod_allgather_duplicate_name_error": "order",
     "test_horovod_broadcast_duplicate_name_error": "order",
     "test_horovod_reducescatter_duplicate_name_error": "order",
-    # join(): ranks that joined do not stand in with zeros for the others' collectives
-    "test_horovod_join_allreduce": "join",
-    "test_horovod_join_allgather": "join",
-    "test_horovod_join_broadcast": "join",
     # torch 2.13's torch.optim.Muon (which Horovod 0.28.1 predates) takes only 2-D parameters:
     # the test's loop over every torch optimizer stops at it, in torch, before any Horovod call
     "test_force_allreduce": "muon",

@@ -95,6 +95,7 @@ class _DistributedOptimizer(WrappedOptimizer):
         self._order = list(reversed(params))  # the one order every rank reduces in
         self._next = 0  # self._order[:self._next] are started
         self._ready: set[torch.Tensor] = set()
+        self._densified: set[torch.Tensor] = set()  # sparse gradients reduced as dense (sparse_as_dense)
         self._handles: dict[torch.Tensor, tuple[Any, Any]] = {}
         self._should_sync = True
         self._synchronized = False
@@ -129,6 +130,7 @@ class _DistributedOptimizer(WrappedOptimizer):
             if not self._sparse_as_dense:  # as Horovod: indices and values all-gathered
                 return sparse_allreduce_async(grad, op=self._op, process_set=self._process_set), None
             p.grad = grad = grad.to_dense()
+            self._densified.add(p)  # back to sparse once reduced (SparseAdam takes sparse ones only)
         if not self._process_set.included():
             return None, (grad, grad, None)
         wire, ctx = self._compression.compress(grad)
@@ -152,6 +154,9 @@ class _DistributedOptimizer(WrappedOptimizer):
             out = self._compression.decompress(synchronize(handle)[0], ctx)
             if out is not grad:
                 grad.copy_(out)
+        for p in self._densified:
+            p.grad = p.grad.to_sparse() if p.grad is not None else None
+        self._densified.clear()
         self._handles.clear()
         self._ready.clear()
         self._next = 0
@@ -181,8 +186,8 @@ class _DistributedOptimizer(WrappedOptimizer):
         if self._should_sync:
             if self._synchronized:
                 warnings.warn(
-                    "optimizer.step() called after optimizer.synchronize() outside "
-                    "optimizer.skip_synchronize(); the gradients are not reduced again",
+                    "optimizer.step() called without optimizer.skip_synchronize() context after "
+                    "optimizer.synchronize(); the gradients are not reduced again (Horovod's warning)",
                     stacklevel=2,
                 )
             else:
