@@ -27,6 +27,9 @@ from tests.helpers import one_torch_thread, set_running_test, use_venv_torch_ext
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS_DIR)
 _SESSION_ENV: set[str] = set()
+# Horovod's own test file, vendored: run only inside `raylight run`'s ranks
+# (tests/horovod/test_horovod_upstream.py), never collected by the suite.
+collect_ignore = ["horovod/upstream"]
 
 use_venv_torch_extensions()  # DeepSpeed's CPU Adam, built once per venv (tests/helpers.py)
 one_torch_thread()  # the tests that train in this process (tests/helpers.py)

@@ -55,10 +55,13 @@ def test_without_a_launcher_init_is_a_group_of_one_and_shutdown_destroys_it():
         assert dist.is_initialized() and hvd.is_initialized()
         hvd.init()  # again: a no-op
         assert torch.equal(hvd.allreduce(torch.tensor([2.0, 4.0])), torch.tensor([2.0, 4.0]))
-        with pytest.raises(ValueError, match="Adasum is not supported"):
+        with pytest.raises(NotImplementedError, match="Adasum is not supported"):
             hvd.allreduce(torch.ones(1), op=hvd.Adasum)
-        with pytest.raises(ValueError, match="process sets are not supported"):
-            hvd.ProcessSet([0])
+        one = hvd.add_process_set([0])  # a group of its own
+        assert torch.equal(hvd.allreduce(torch.tensor([3.0]), op=hvd.Sum, process_set=one), torch.tensor([3.0]))
+        assert hvd.remove_process_set(one) and not hvd.remove_process_set(one)
+        with pytest.raises(ValueError, match="was not added"):
+            hvd.allreduce(torch.ones(1), process_set=one)
         with pytest.raises(ValueError, match="root_rank=3 is not a rank"):
             hvd.broadcast(torch.ones(1), root_rank=3)
         with pytest.raises(ValueError, match="give op= or the deprecated average="):
@@ -265,7 +268,7 @@ def test_distributed_optimizer_bad_arguments():
         with pytest.raises(ValueError, match="1 of the optimizer's parameters are not in it"):
             hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
                                      named_parameters=[("w", model.weight)])
-        with pytest.raises(ValueError, match="Adasum is not supported"):
+        with pytest.raises(NotImplementedError, match="Adasum is not supported"):
             hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), op=hvd.Adasum)
         with pytest.raises(ValueError, match="backward_passes_per_step=0"):
             hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), backward_passes_per_step=0)

@@ -102,14 +102,18 @@ def detect(environ: Mapping[str, str] | None = None) -> LaunchEnv | None:
     """The launcher that started this process, or None when none did.
 
     Order: Horovod's variables (``HOROVOD_RANK``), MPI's (``OMPI_COMM_WORLD_RANK``, or
-    ``PMI_RANK`` for MPICH and Intel MPI), then torch's (``RANK`` and ``WORLD_SIZE``:
+    ``PMI_RANK`` for MPICH and Intel MPI), unless torchrun's are set too (``raylight run``
+    with ``raylight.horovod`` sets both), then torch's (``RANK`` and ``WORLD_SIZE``:
     torchrun when ``TORCHELASTIC_RUN_ID`` is set, the deepspeed launcher when
     ``CROSS_RANK`` is, any other launcher that sets them otherwise).
     """
     env = os.environ if environ is None else environ
-    if _first(env, "HOROVOD_RANK"):
+    # Under torchrun's variables, Horovod's and MPI's are raylight.horovod's copies
+    # (worker/hvd/compat.py: set_rank_variables), for scripts to read: torchrun started it.
+    torchrun = bool(_first(env, "TORCHELASTIC_RUN_ID") and _first(env, "RANK"))
+    if _first(env, "HOROVOD_RANK") and not torchrun:
         return _horovod(env)
-    if _first(env, "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+    if _first(env, "OMPI_COMM_WORLD_RANK", "PMI_RANK") and not torchrun:
         return _mpi(env)
     if _first(env, "RANK") and _first(env, "WORLD_SIZE"):
         return _torch(env)
@@ -309,10 +313,13 @@ def from_rank_zero(value: Any) -> Any:
     return box[0]
 
 
-def init_process_group(launch: LaunchEnv, backend: str, *, timeout_s: float | None = None) -> None:
+def init_process_group(launch: LaunchEnv, backend: str, *, timeout_s: float | None = None,
+                       prefix: str | None = None) -> None:
     """Form the launcher's ``torch.distributed`` default group (see the module docstring).
     A rank that does not meet the others within ``timeout_s`` (default
-    ``RAYLIGHT_RENDEZVOUS_TIMEOUT_S``) raises, naming the setting."""
+    ``RAYLIGHT_RENDEZVOUS_TIMEOUT_S``) raises, naming the setting. ``prefix``: the env://
+    store's keys for this group go under it (a group formed again in the same store, whose
+    last group's keys would mislead the new one's rendezvous)."""
     import torch.distributed as dist
 
     collect_at_exit()  # the launcher's process ends in the user's script, not in raylight
@@ -324,7 +331,12 @@ def init_process_group(launch: LaunchEnv, backend: str, *, timeout_s: float | No
         if launch.rendezvous == "env":
             os.environ.setdefault("MASTER_ADDR", str(launch.master_addr))
             os.environ.setdefault("MASTER_PORT", str(launch.master_port))
-            dist.init_process_group(backend, init_method="env://", **common)
+            if prefix is None:
+                dist.init_process_group(backend, init_method="env://", **common)
+            else:
+                store, _, _ = next(dist.rendezvous("env://", rank=launch.rank, world_size=launch.world_size,
+                                                   timeout=delta))
+                dist.init_process_group(backend, store=dist.PrefixStore(prefix, store), **common)
         elif launch.rendezvous == "file":
             path = os.path.join(tempfile.gettempdir(), launch.rendezvous_id)
             dist.init_process_group(backend, init_method=f"file://{path}", **common)

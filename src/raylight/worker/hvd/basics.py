@@ -59,6 +59,8 @@ class _State:
     group: Any  # the default process group init saw; a new one means init must run again
     handles: dict[int, Any] = field(default_factory=dict)
     next_handle: int = 0
+    process_sets: dict[int, Any] = field(default_factory=dict)  # id -> ProcessSet, added ones
+    next_set: int = 0
 
 
 _state: _State | None = None
@@ -77,11 +79,6 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         raise ValueError(
             "hvd.init(comm=...): raylight.horovod has no MPI communicators; the group comes from the "
             "launcher's environment (see docs/horovod.md). Call hvd.init() without comm"
-        )
-    if process_sets not in (None, [], ()):
-        raise ValueError(
-            "hvd.init(process_sets=...): process sets are not supported by raylight.horovod; every "
-            "collective runs on all ranks (see docs/horovod.md)"
         )
     if is_initialized():
         return
@@ -102,7 +99,9 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
                 # A file store or a key-value scope keeps the last group's keys: every rank
                 # re-forms together (hvd.elastic's reset), so the count names the new one.
                 launch = replace(launch, rendezvous_id=f"{launch.rendezvous_id}-{_formed}")
-            init_process_group(launch, _backend())
+            # env://'s store (the launcher's, e.g. raylight run's agent store) keeps the last
+            # group's keys too: a re-formed group's keys go under a prefix of their own
+            init_process_group(launch, _backend(), prefix=f"raylight-hvd-{_formed}" if _formed else None)
             _formed += 1
         rank, size = dist.get_rank(), dist.get_world_size()
         owns = True
@@ -111,6 +110,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     else:  # an adopted group the environment does not describe: one node
         where = (rank, size, 0, 1)
     _state = _State(rank, size, *where, owns_group=owns, group=dist.group.WORLD)
+    for ps in () if process_sets == "dynamic" else process_sets or ():  # "dynamic": added later
+        add_process_set(ps)
 
 
 def shutdown() -> None:
@@ -217,44 +218,88 @@ def ccl_built() -> bool:
 
 
 class ProcessSet:
-    """Horovod's process sets are not supported: every collective runs on all ranks."""
+    """A subset of the ranks (Horovod's process set) on its own ``torch.distributed``
+    group. ``ProcessSet(ranks)`` names the ranks; ``hvd.add_process_set`` (or
+    ``hvd.init(process_sets=[...])``), called on every rank in the same order, forms its
+    group (``torch.distributed.new_group``). ``global_process_set`` is every rank."""
 
     def __init__(self, ranks: Any = None) -> None:
-        if ranks is not None:
-            raise ValueError(
-                "hvd.ProcessSet(ranks): process sets are not supported by raylight.horovod; "
-                "use torch.distributed.new_group(ranks) for collectives on a subset (see docs/horovod.md)"
-            )
+        self.ranks: list[int] | None = None if ranks is None else sorted(int(r) for r in ranks)
+        if self.ranks is not None and len(set(self.ranks)) != len(self.ranks):
+            raise ValueError(f"hvd.ProcessSet({ranks!r}): a rank is listed twice")
+        self.group: Any = None  # the torch group, once added
+        self.process_set_id: int | None = 0 if ranks is None else None
+
+    def _members(self) -> list[int]:
+        return list(range(size())) if self.ranks is None else self.ranks
 
     def size(self) -> int:
-        return size()
+        return len(self._members())
 
     def rank(self) -> int:
-        return rank()
+        me = rank()
+        return self._members().index(me) if me in self._members() else -1
 
     def included(self) -> bool:
         state()
-        return True
+        return rank() in self._members()
 
     def __repr__(self) -> str:
-        return "ProcessSet(global)"
+        return "ProcessSet(global)" if self.ranks is None else f"ProcessSet(ranks={self.ranks})"
 
 
 global_process_set = ProcessSet()
 
 
+def _form(ps: ProcessSet) -> ProcessSet:
+    s = state()
+    members = ps._members()
+    if any(not 0 <= r < s.size for r in members) or not members:
+        raise ValueError(f"hvd.add_process_set({members}): the ranks must be a non-empty subset of 0..{s.size - 1}")
+    if ps.group is not None:
+        raise ValueError(f"hvd.add_process_set: {ps!r} was already added")
+    ps.group = dist.new_group(members)  # every rank calls it, members or not (as Horovod's)
+    s.next_set += 1
+    ps.process_set_id = s.next_set
+    s.process_sets[ps.process_set_id] = ps
+    return ps
+
+
 def add_process_set(process_set: Any) -> ProcessSet:
-    return ProcessSet(process_set if process_set is not None else [])
+    """Form a process set's group; every rank must call it, in the same order."""
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    if ps.ranks is None:
+        raise ValueError("hvd.add_process_set: give the ranks (hvd.global_process_set always exists)")
+    return _form(ps)
 
 
-def remove_process_set(process_set: Any) -> bool:
-    raise ValueError("hvd.remove_process_set: process sets are not supported by raylight.horovod")
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Release a process set's group (on every rank, as ``add_process_set``); False
+    when it was not added."""
+    s = state()
+    if process_set is global_process_set or process_set.process_set_id not in s.process_sets:
+        return False
+    del s.process_sets[process_set.process_set_id]
+    group, process_set.group, process_set.process_set_id = process_set.group, None, None
+    if group is not None and group != dist.GroupMember.NON_GROUP_MEMBER:
+        dist.destroy_process_group(group)
+    return True
+
+
+def group_of(process_set: Any, where: str) -> tuple[Any, int, int]:
+    """``(torch group or None for the world, its size, this rank's place in it)``;
+    raises unless ``process_set`` was added and holds this rank."""
+    s = state()
+    if process_set is None or process_set is global_process_set:
+        return None, s.size, s.rank
+    if not isinstance(process_set, ProcessSet):
+        raise ValueError(f"{where}: process_set={process_set!r} is not an hvd.ProcessSet")
+    if process_set.process_set_id not in s.process_sets:
+        raise ValueError(f"{where}: {process_set!r} was not added; call hvd.add_process_set on every rank first")
+    if not process_set.included():
+        raise ValueError(f"{where}: this rank ({s.rank}) is not in {process_set!r}")
+    return process_set.group, process_set.size(), process_set.rank()
 
 
 def check_process_set(process_set: Any) -> None:
-    if process_set is not global_process_set:
-        raise ValueError(
-            "process_set=...: only hvd.global_process_set is supported by raylight.horovod (see docs/horovod.md)"
-        )
-
-
+    group_of(process_set, "process_set=")

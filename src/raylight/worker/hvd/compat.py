@@ -1,8 +1,8 @@
 """``import horovod.torch as hvd`` served by ``raylight.horovod`` where Horovod is absent.
 
 Off by default. ``install_import_hook()`` puts a finder on ``sys.meta_path`` that answers
-``horovod``, ``horovod.torch``, ``horovod.torch.elastic`` and
-``horovod.common.exceptions`` with raylight's modules. When real Horovod is installed it
+``horovod``, ``horovod.torch``, ``horovod.torch.elastic``,
+``horovod.common.exceptions`` and ``horovod.runner.util.threads`` with raylight's modules. When real Horovod is installed it
 does nothing and says so: real Horovod wins. The explicit requests, ``python -m
 raylight.horovod script.py`` and ``RAYLIGHT_HOROVOD_COMPAT=1`` (read by ``raylight run``'s
 scripts), install it even then (``force``): real Horovod's ``hvd.init()`` joins only the
@@ -26,8 +26,9 @@ ALIASES = {
     "horovod.torch": "raylight.horovod",
     "horovod.torch.elastic": "raylight.horovod.elastic",
     "horovod.common.exceptions": "raylight.worker.hvd.basics",
+    "horovod.runner.util.threads": "raylight.worker.hvd.threads",  # Horovod's test helpers import it
 }
-_PACKAGES = ("horovod", "horovod.common")
+_PACKAGES = ("horovod", "horovod.common", "horovod.runner", "horovod.runner.util")
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -95,11 +96,43 @@ def uninstall_import_hook() -> None:
 
 def install_from_env(environ: Any = None) -> bool:
     """Install the hook when ``RAYLIGHT_HOROVOD_COMPAT=1`` (for a launcher that starts
-    scripts, e.g. ``raylight run``), in front of an installed Horovod too; True when it is
+    scripts, e.g. ``raylight run``), in front of an installed Horovod too, and set
+    Horovod's and MPI's rank variables (``set_rank_variables``); True when it is
     installed."""
     import os
 
-    raw = (os.environ if environ is None else environ).get(COMPAT_ENV, "").strip()
+    env = os.environ if environ is None else environ
+    raw = env.get(COMPAT_ENV, "").strip()
     if raw not in ("", "0", "1"):
         raise ValueError(f"{COMPAT_ENV}={raw!r}: expected 1 (serve `import horovod.torch`) or 0")
-    return install_import_hook(force=True) if raw == "1" else False
+    if raw != "1":
+        return False
+    set_rank_variables(env)
+    return install_import_hook(force=True)
+
+
+def set_rank_variables(environ: Any = None) -> dict[str, str]:
+    """Under torchrun's variables (``raylight run``, torchrun: ``RANK``, ``WORLD_SIZE``,
+    ``TORCHELASTIC_RUN_ID``, ...) also set the ones horovodrun and Open MPI's mpirun set,
+    which Horovod scripts and their tests read (``HOROVOD_RANK``, ``OMPI_COMM_WORLD_RANK``,
+    ...); nothing when a variable of either is set already or torchrun's are absent.
+    Returns what was set."""
+    import os
+
+    env = os.environ if environ is None else environ
+    if not all(env.get(k, "").strip() for k in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")):
+        return {}
+    if any(env.get(k, "").strip() for k in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")):
+        return {}
+    rank, size = env["RANK"], env["WORLD_SIZE"]
+    local_rank, local_size = env.get("LOCAL_RANK", "0"), env.get("LOCAL_WORLD_SIZE", size)
+    node, nodes = env.get("GROUP_RANK", "0"), env.get("GROUP_WORLD_SIZE", "1")
+    added = {
+        "HOROVOD_RANK": rank, "HOROVOD_SIZE": size, "HOROVOD_LOCAL_RANK": local_rank,
+        "HOROVOD_LOCAL_SIZE": local_size, "HOROVOD_CROSS_RANK": node, "HOROVOD_CROSS_SIZE": nodes,
+        "OMPI_COMM_WORLD_RANK": rank, "OMPI_COMM_WORLD_SIZE": size, "OMPI_COMM_WORLD_LOCAL_RANK": local_rank,
+        "OMPI_COMM_WORLD_LOCAL_SIZE": local_size,
+        "OMPI_COMM_WORLD_NODE_RANK": local_rank,  # Open MPI's: the rank among this node's processes
+    }
+    env.update(added)
+    return added

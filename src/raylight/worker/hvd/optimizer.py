@@ -6,9 +6,12 @@
 starts an async all-reduce of each parameter's gradient as soon as backward has
 accumulated it ``backward_passes_per_step`` times (``register_post_accumulate_grad_hook``),
 so communication overlaps the rest of backward. ``step()`` waits for them
-(``synchronize``) and steps the wrapped optimizer. Gradients are matched across ranks by
-the order backward produces them (the same graph gives the same order on every rank);
-the parameters no hook reduced are reduced at ``synchronize`` in parameter order.
+(``synchronize``) and steps the wrapped optimizer. The reductions start in one fixed order
+on every rank (the parameters' order reversed, which is about the order backward produces
+them), never in the order the hooks fire: a gradient that is ready waits for those before
+it in that order, so ranks whose backward passes reach the parameters in different orders
+(or not at all: they reduce zeros at ``synchronize``) still run the same collectives in the
+same order, as torch.distributed matches them.
 """
 
 from __future__ import annotations
@@ -20,12 +23,19 @@ from typing import Any
 
 import torch
 
-from raylight.worker.hvd.basics import Average, check_process_set, global_process_set, state
+from raylight.worker.hvd.basics import (
+    Average,
+    ProcessSet,
+    global_process_set,
+    group_of,
+    state,
+)
 from raylight.worker.hvd.ops import (
     _reduce_op,
-    allreduce_async_,
     broadcast_async_,
     broadcast_object,
+    sparse_allreduce_async,
+    start_allreduce,
     synchronize,
 )
 from raylight.worker.wrapped_optimizer import WrappedOptimizer
@@ -67,8 +77,9 @@ class Compression:
 class _DistributedOptimizer(WrappedOptimizer):
     def __init__(self, optimizer: torch.optim.Optimizer, named_parameters: Any, compression: Any,
                  backward_passes_per_step: int, op: int, gradient_predivide_factor: float,
-                 sparse_as_dense: bool) -> None:
+                 sparse_as_dense: bool, process_set: Any = global_process_set) -> None:
         super().__init__(optimizer)  # the wrapped optimizer's groups and state, shared
+        self._process_set = process_set  # a rank outside it keeps its own gradients, as in Horovod
         self._compression = compression
         self._op = op
         self._bpps = backward_passes_per_step
@@ -81,13 +92,17 @@ class _DistributedOptimizer(WrappedOptimizer):
         self._params = params
         self._names = _names(params, named_parameters)
         self._delay = {p: backward_passes_per_step for p in params}
-        self._handles: dict[torch.Tensor, tuple[int, Any]] = {}
+        self._order = list(reversed(params))  # the one order every rank reduces in
+        self._next = 0  # self._order[:self._next] are started
+        self._ready: set[torch.Tensor] = set()
+        self._densified: set[torch.Tensor] = set()  # sparse gradients reduced as dense (sparse_as_dense)
+        self._handles: dict[torch.Tensor, tuple[Any, Any]] = {}
         self._should_sync = True
         self._synchronized = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
 
     def _on_grad(self, p: torch.Tensor) -> None:
-        if p in self._handles:
+        if p in self._handles or p in self._ready:
             raise AssertionError(
                 f"gradient of {self._names[p]} was computed more than backward_passes_per_step="
                 f"{self._bpps} times before optimizer.step() or optimizer.synchronize(); raise "
@@ -95,35 +110,56 @@ class _DistributedOptimizer(WrappedOptimizer):
             )
         self._delay[p] -= 1
         if self._delay[p] == 0:
-            self._handles[p] = self._reduce(p)
+            self._ready.add(p)
+            while self._next < len(self._order) and self._order[self._next] in self._ready:
+                self._start(self._order[self._next])
 
-    def _reduce(self, p: torch.Tensor) -> tuple[int, Any]:
+    def _start(self, p: torch.Tensor) -> None:
+        self._handles[p] = self._reduce(p)
+        self._next += 1
+
+    @property
+    def _parameter_names(self) -> dict[torch.Tensor, str]:  # Horovod's attribute (its tests read it)
+        return self._names
+
+    def _reduce(self, p: torch.Tensor) -> tuple[Any, Any]:
         if p.grad is None:  # a parameter this backward did not reach: it contributes zeros
             p.grad = torch.zeros_like(p)
         grad = p.grad
         if grad.is_sparse:
-            if not self._sparse_as_dense:
-                raise ValueError(
-                    f"hvd.DistributedOptimizer: {self._names[p]} has a sparse gradient; raylight.horovod "
-                    "reduces dense gradients only: pass sparse_as_dense=True"
-                )
+            if not self._sparse_as_dense:  # as Horovod: indices and values all-gathered
+                return sparse_allreduce_async(grad, op=self._op, process_set=self._process_set), None
             p.grad = grad = grad.to_dense()
+            self._densified.add(p)  # back to sparse once reduced (SparseAdam takes sparse ones only)
+        if not self._process_set.included():
+            return None, (grad, grad, None)
         wire, ctx = self._compression.compress(grad)
-        handle = allreduce_async_(wire, op=self._op, prescale_factor=self._prescale, postscale_factor=self._postscale)
+        group, n, _ = group_of(self._process_set, "hvd.DistributedOptimizer")
+        handle = start_allreduce([wire], self._op, self._prescale, self._postscale, group, n)
         return handle, (grad, wire, ctx)
 
     def synchronize(self) -> None:
         """Wait for every gradient's all-reduce (starting those no hook started) and put
         the reduced gradients in place."""
-        for p in self._params:
-            if p not in self._handles:
-                self._handles[p] = self._reduce(p)
-        for p in self._params:
-            handle, (grad, _, ctx) = self._handles[p]
-            out = self._compression.decompress(synchronize(handle), ctx)
+        while self._next < len(self._order):
+            self._start(self._order[self._next])
+        for p in self._order:
+            handle, held = self._handles[p]
+            if held is None:  # a sparse gradient's reduction
+                p.grad = handle()
+                continue
+            grad, _, ctx = held
+            if handle is None:  # this rank is not in the optimizer's process set
+                continue
+            out = self._compression.decompress(synchronize(handle)[0], ctx)
             if out is not grad:
                 grad.copy_(out)
+        for p in self._densified:
+            p.grad = p.grad.to_sparse() if p.grad is not None else None
+        self._densified.clear()
         self._handles.clear()
+        self._ready.clear()
+        self._next = 0
         self._delay = {p: self._bpps for p in self._params}
         self._synchronized = True
 
@@ -134,6 +170,7 @@ class _DistributedOptimizer(WrappedOptimizer):
             raise ValueError(f"backward_passes_per_step={passes!r}: expected an int >= 1")
         self._bpps = passes
         self._delay = {p: passes for p in self._params}
+        self._ready.clear()
 
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -149,8 +186,8 @@ class _DistributedOptimizer(WrappedOptimizer):
         if self._should_sync:
             if self._synchronized:
                 warnings.warn(
-                    "optimizer.step() called after optimizer.synchronize() outside "
-                    "optimizer.skip_synchronize(); the gradients are not reduced again",
+                    "optimizer.step() called without optimizer.skip_synchronize() context after "
+                    "optimizer.synchronize(); the gradients are not reduced again (Horovod's warning)",
                     stacklevel=2,
                 )
             else:
@@ -175,7 +212,7 @@ class _DistributedOptimizer(WrappedOptimizer):
 
 def _names(params: list[torch.Tensor], named_parameters: Any) -> dict[torch.Tensor, str]:
     if named_parameters is None:
-        return {p: f"param.{i}" for i, p in enumerate(params)}
+        return {p: f"allreduce.noname.{i}" for i, p in enumerate(params)}
     named = list(named_parameters)
     if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
         raise ValueError("named_parameters must be (name, parameter) pairs, e.g. model.named_parameters()")
@@ -208,7 +245,8 @@ def DistributedOptimizer(
     """``optimizer`` whose ``step()`` first averages (``op``) every gradient across ranks.
     ``num_groups``/``groups`` (Horovod's fusion grouping) change no result and are ignored."""
     state()
-    check_process_set(process_set)
+    if process_set is not global_process_set and not isinstance(process_set, ProcessSet):
+        raise ValueError(f"hvd.DistributedOptimizer: process_set={process_set!r} is not an hvd.ProcessSet")
     op = _reduce_op(op, None, "hvd.DistributedOptimizer")
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("hvd.DistributedOptimizer: the optimizer is already a DistributedOptimizer")
@@ -220,7 +258,7 @@ def DistributedOptimizer(
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor is only supported with op=hvd.Average (as in Horovod)")
     return _DistributedOptimizer(optimizer, named_parameters, compression, backward_passes_per_step, op,
-                                 gradient_predivide_factor, sparse_as_dense)
+                                 gradient_predivide_factor, sparse_as_dense, process_set)
 
 
 def broadcast_parameters(params: Any, root_rank: int) -> None:
@@ -249,12 +287,27 @@ def _in_cpu_memory(state_dict: dict[str, Any]) -> dict[str, Any]:
     return {**state_dict, "state": per_param}
 
 
+def _create_state(optimizer: torch.optim.Optimizer) -> None:
+    """Horovod's way to give a fresh optimizer its state (momentum buffers, ...): zero
+    gradients where there are none, one ``step()`` of the plain optimizer (every rank
+    takes the same step from the same, broadcast, parameters)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+                if isinstance(optimizer, torch.optim.SparseAdam):
+                    p.grad = p.grad.to_sparse()
+    optimizer.step()
+
+
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
     """Give every rank rank ``root_rank``'s optimizer state and hyper-parameters (its
     ``state_dict``, sent as one object)."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("hvd.broadcast_optimizer_state: torch.optim.LBFGS is not supported (as in Horovod)")
     inner = optimizer.optimizer if isinstance(optimizer, _DistributedOptimizer) else optimizer
+    if not inner.state:  # as Horovod: a step on zero gradients creates the state to send
+        _create_state(inner)
     # sent from CPU memory: pickled GPU tensors would be rebuilt on the root's GPU index on
     # every rank; load_state_dict moves each to its parameter's device
     root_state = broadcast_object(_in_cpu_memory(inner.state_dict()) if state().rank == root_rank else None, root_rank)
