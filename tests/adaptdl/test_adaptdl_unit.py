@@ -1,7 +1,7 @@
 """raylight.adaptdl without Ray: adaptdl.env's mapping of raylight run's variables, the
 import hook serving `import adaptdl` and stepping aside for a real AdaptDL, the bootstrap
 installing it, a one-process tutorial resuming from ADAPTDL_CHECKPOINT_PATH, and the
-refusals."""
+refusals (the scaler itself: tests/adaptdl/test_adaptdl_scaler_gloo.py)."""
 
 from __future__ import annotations
 
@@ -112,12 +112,12 @@ def test_one_process_resumes_from_adaptdl_checkpoint_path(tmp_path):
     assert 0.0 < accuracy <= 1.0  # the fresh epoch-2 accumulator, not epoch 1's sums added to it
 
 
-def test_mixed_precision_scaler_is_refused_with_the_alternative(tmp_path):
+def test_mp_scaler_must_be_a_grad_scaler(tmp_path):
     script = tmp_path / "amp.py"
     script.write_text(
         "import torch, adaptdl.torch as adl\nadl.init_process_group('gloo')\nm = torch.nn.Linear(2, 1)\n"
         "o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
-        "adl.AdaptiveDataParallel(m, o, mp_scaler=torch.amp.GradScaler('cpu'))\n"
+        "adl.AdaptiveDataParallel(m, o, mp_scaler=object())\n"
     )
     done = _bootstrap(script, tmp_path)
-    assert done.returncode != 0 and "NotImplementedError" in done.stderr and "drop mp_scaler" in done.stderr
+    assert done.returncode != 0 and "TypeError" in done.stderr and "expected a torch.amp.GradScaler" in done.stderr
