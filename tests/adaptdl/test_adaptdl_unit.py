@@ -121,3 +121,20 @@ def test_mp_scaler_must_be_a_grad_scaler(tmp_path):
     )
     done = _bootstrap(script, tmp_path)
     assert done.returncode != 0 and "TypeError" in done.stderr and "expected a torch.amp.GradScaler" in done.stderr
+
+
+def test_a_buffer_viewed_with_odd_strides_is_copied_to_plain_ones():
+    """The transformer example's positional encoding (a transposed view, a size-1 dimension
+    with a large stride), which DDP's buffer broadcast refuses: the same values, plain strides."""
+    import torch
+
+    from raylight.adaptdl.torch.parallel import _contiguous_buffers
+
+    m = torch.nn.Module()
+    m.register_buffer("pe", torch.arange(6.0).view(3, 2).unsqueeze(0).transpose(0, 1))
+    m.register_buffer("plain", torch.ones(2, 2))
+    before, plain = m.pe.clone(), m.plain
+    assert m.pe.stride() == (2, 6, 1)
+    _contiguous_buffers(m)
+    assert m.pe.stride() == (2, 2, 1) and torch.equal(m.pe, before)
+    assert m.plain is plain  # a plain buffer is left as it is

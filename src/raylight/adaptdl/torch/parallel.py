@@ -49,6 +49,7 @@ class AdaptiveDataParallel(DistributedDataParallel):
                             "(or torch.cuda.amp.GradScaler), or None for no loss scaling")
         if not dist.is_initialized():
             raise RuntimeError("AdaptiveDataParallel: call adaptdl.torch.init_process_group(backend) first")
+        _contiguous_buffers(model)
         super().__init__(model, **kwargs)
         is_adam = isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
         self.scaling_rule = scaling_rule or (AdamScale() if is_adam else AdaScale())
@@ -193,6 +194,19 @@ class AdaptiveDataParallel(DistributedDataParallel):
     def _scaler_update(self, original: Any, new_scale: Any = None) -> None:
         if not self._in_accumulation():
             original(new_scale)
+
+
+def _contiguous_buffers(model: torch.nn.Module) -> None:
+    """A buffer whose strides are not the plain ones (a transposed view such as PyTorch's
+    own tutorial's positional encoding, ``pe.unsqueeze(0).transpose(0, 1)``, in AdaptDL's
+    transformer example, whose size-1 dimension keeps a large stride) copied to plain
+    strides, the same values: DDP's buffer broadcast refuses it on torch 2.13
+    ("some elements of the input tensor and the written-to tensor refer to a single
+    memory location")."""
+    for module in model.modules():
+        for name, buf in module._buffers.items():
+            if buf is not None and buf.stride() != torch.empty(buf.shape, device="meta").stride():
+                module._buffers[name] = buf.clone(memory_format=torch.contiguous_format)
 
 
 def _patch_scaler(scaler: torch.amp.GradScaler, adp: AdaptiveDataParallel) -> None:
