@@ -1,7 +1,7 @@
 """raylight.adaptdl without Ray: adaptdl.env's mapping of raylight run's variables, the
 import hook serving `import adaptdl` and stepping aside for a real AdaptDL, the bootstrap
 installing it, a one-process tutorial resuming from ADAPTDL_CHECKPOINT_PATH, and the
-refusals."""
+refusals (the scaler itself: tests/adaptdl/test_adaptdl_scaler_gloo.py)."""
 
 from __future__ import annotations
 
@@ -112,12 +112,29 @@ def test_one_process_resumes_from_adaptdl_checkpoint_path(tmp_path):
     assert 0.0 < accuracy <= 1.0  # the fresh epoch-2 accumulator, not epoch 1's sums added to it
 
 
-def test_mixed_precision_scaler_is_refused_with_the_alternative(tmp_path):
+def test_mp_scaler_must_be_a_grad_scaler(tmp_path):
     script = tmp_path / "amp.py"
     script.write_text(
         "import torch, adaptdl.torch as adl\nadl.init_process_group('gloo')\nm = torch.nn.Linear(2, 1)\n"
         "o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
-        "adl.AdaptiveDataParallel(m, o, mp_scaler=torch.amp.GradScaler('cpu'))\n"
+        "adl.AdaptiveDataParallel(m, o, mp_scaler=object())\n"
     )
     done = _bootstrap(script, tmp_path)
-    assert done.returncode != 0 and "NotImplementedError" in done.stderr and "drop mp_scaler" in done.stderr
+    assert done.returncode != 0 and "TypeError" in done.stderr and "expected a torch.amp.GradScaler" in done.stderr
+
+
+def test_a_buffer_viewed_with_odd_strides_is_copied_to_plain_ones():
+    """The transformer example's positional encoding (a transposed view, a size-1 dimension
+    with a large stride), which DDP's buffer broadcast refuses: the same values, plain strides."""
+    import torch
+
+    from raylight.adaptdl.torch.parallel import _contiguous_buffers
+
+    m = torch.nn.Module()
+    m.register_buffer("pe", torch.arange(6.0).view(3, 2).unsqueeze(0).transpose(0, 1))
+    m.register_buffer("plain", torch.ones(2, 2))
+    before, plain = m.pe.clone(), m.plain
+    assert m.pe.stride() == (2, 6, 1)
+    _contiguous_buffers(m)
+    assert m.pe.stride() == (2, 2, 1) and torch.equal(m.pe, before)
+    assert m.plain is plain  # a plain buffer is left as it is

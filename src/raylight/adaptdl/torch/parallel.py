@@ -9,8 +9,17 @@ by the scaling rule's factor for that one step (the user's scheduler sees the un
 rate). A DDP communication hook takes the squared norms of the local and the averaged
 gradient of each step, from which raylight's noise estimator
 (``raylight.adaptive.noise``) measures the gradient noise the adaptive engine and
-AdaScale's gain (``model.gain``) need. The model, optimizer, scheduler and the noise
-estimate are a checkpointed ``State``.
+AdaScale's gain (``model.gain``) need. The model, optimizer, scheduler, the scaler and the
+noise estimate are a checkpointed ``State``.
+
+Mixed precision (``mp_scaler=``, torch's ``GradScaler``): the script keeps calling
+``scaler.scale(loss).backward()``, ``scaler.step(optimizer)`` and ``scaler.update()`` at
+every micro-step, as AdaptDL's CIFAR example does. The scaler is patched in place like the
+optimizer: at an accumulation micro-step its ``unscale_``, ``step`` and ``update`` do
+nothing (the partial sum stays scaled, at one scale), and at the last one the summed
+gradient is unscaled once, the step is skipped where any micro-step on any replica gave an
+inf or nan (the replicas agree first: an all-reduce of each one's finding), and the scale
+is updated once, alike on every replica. The noise measurement divides out the scale.
 """
 
 from __future__ import annotations
@@ -30,22 +39,17 @@ from raylight.adaptive.goodput import GradParams, gain
 from raylight.adaptive.lr import progress_increment
 from raylight.adaptive.noise import NoiseScaleEstimator
 
-MP_SCALER_REFUSAL = (
-    "AdaptiveDataParallel(mp_scaler=...): mixed precision with torch's GradScaler is not supported by "
-    "raylight's AdaptDL layer (its gradient-noise measurement and accumulated steps would need the scaler's "
-    "unscale on every micro-step); drop mp_scaler (train in float32, or bfloat16 autocast, which needs no "
-    "scaler), or train with raylight.fit(..., adaptive=...), see docs/adaptdl.md"
-)
-
 
 class AdaptiveDataParallel(DistributedDataParallel):
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any = None,
                  mp_scaler: Any = None, scaling_rule: ScalingRuleBase | None = None,
                  name: str = "adaptdl-dataparallel", **kwargs: Any) -> None:
-        if mp_scaler is not None:
-            raise NotImplementedError(MP_SCALER_REFUSAL)
+        if mp_scaler is not None and not isinstance(mp_scaler, torch.amp.GradScaler):
+            raise TypeError(f"AdaptiveDataParallel(mp_scaler={type(mp_scaler).__name__}): expected a torch.amp.GradScaler "
+                            "(or torch.cuda.amp.GradScaler), or None for no loss scaling")
         if not dist.is_initialized():
             raise RuntimeError("AdaptiveDataParallel: call adaptdl.torch.init_process_group(backend) first")
+        _contiguous_buffers(model)
         super().__init__(model, **kwargs)
         is_adam = isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
         self.scaling_rule = scaling_rule or (AdamScale() if is_adam else AdaScale())
@@ -54,9 +58,14 @@ class AdaptiveDataParallel(DistributedDataParallel):
         self._local_sqr = torch.zeros((), dtype=torch.float64)
         self._reduced_sqr = torch.zeros((), dtype=torch.float64)
         self.register_comm_hook(None, self._noise_hook)
-        self._state = _ParallelState(model, optimizer, lr_scheduler, name)
+        self._state = _ParallelState(model, optimizer, lr_scheduler, mp_scaler, name)
         checkpoint.load_state(self._state)
         _patch(optimizer, self)
+        # A disabled scaler (enabled=False; torch.cuda.amp's where CUDA is not) only steps.
+        self.mp_scaler = mp_scaler if mp_scaler is not None and mp_scaler.is_enabled() else None
+        self._unscaled = False  # the scaler's unscale_ ran at this optimizer step's last micro-step
+        if self.mp_scaler is not None:
+            _patch_scaler(self.mp_scaler, self)
 
     @property
     def gain(self) -> float:
@@ -102,7 +111,8 @@ class AdaptiveDataParallel(DistributedDataParallel):
         if loader.is_accum_step():
             return None
         count = loader._micro_count
-        local_sqr, reduced_sqr = float(self._local_sqr), float(self._reduced_sqr)
+        loss_scale = float(self.mp_scaler.get_scale()) if self.mp_scaler is not None else 1.0
+        local_sqr, reduced_sqr = float(self._local_sqr) / loss_scale**2, float(self._reduced_sqr) / loss_scale**2
         self._local_sqr.zero_()
         self._reduced_sqr.zero_()
         if count > 1:
@@ -137,6 +147,89 @@ class AdaptiveDataParallel(DistributedDataParallel):
         return result
 
 
+    # -- the patched scaler's three calls (mp_scaler=) ------------------------------------
+    def _in_accumulation(self) -> bool | None:
+        """None outside an AdaptiveDataLoader's training, else whether this micro-step accumulates."""
+        loader = current_dataloader()
+        return None if loader is None or not loader.training else loader.is_accum_step()
+
+    def _agree_on_inf(self) -> None:
+        """Every replica skips the step where any found an inf or nan in its gradient: each
+        one's finding is all-reduced, and a replica that found none, where another did,
+        poisons its own gradient (which the skipped step discards) so that its scaler finds
+        one too, skips and backs off alike."""
+        grads = [p.grad for g in self.adaptdl_optimizer.param_groups for p in g["params"] if p.grad is not None]
+        local = bool(grads) and not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
+        found = torch.tensor([float(local)])
+        if self._replicas > 1:
+            dist.all_reduce(found, op=dist.ReduceOp.MAX)
+        if found.item() and not local:
+            grads[0].fill_(float("nan"))
+
+    def _scaler_unscale(self, original: Any, optimizer: torch.optim.Optimizer) -> None:
+        accumulating = self._in_accumulation()
+        if accumulating:
+            return  # the partial sum stays scaled: unscaled once, at the last micro-step
+        if accumulating is not None and optimizer is self.adaptdl_optimizer and not self._unscaled:
+            self._agree_on_inf()
+            self._unscaled = True
+        original(optimizer)
+
+    def _scaler_step(self, original: Any, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        accumulating = self._in_accumulation()
+        if accumulating is None or optimizer is not self.adaptdl_optimizer:
+            return original(optimizer, *args, **kwargs)
+        if accumulating:
+            return None
+        if not self._unscaled:
+            self._agree_on_inf()
+            self._unscaled = True  # its own unscale_ (the patched one) agrees no second time
+        try:
+            return original(optimizer, *args, **kwargs)  # skips optimizer.step where it found an inf
+        finally:
+            self._unscaled = False
+            self._local_sqr.zero_()  # a skipped step's norms are not measured
+            self._reduced_sqr.zero_()
+
+    def _scaler_update(self, original: Any, new_scale: Any = None) -> None:
+        if not self._in_accumulation():
+            original(new_scale)
+
+
+def _contiguous_buffers(model: torch.nn.Module) -> None:
+    """A buffer whose strides are not the plain ones (a transposed view such as PyTorch's
+    own tutorial's positional encoding, ``pe.unsqueeze(0).transpose(0, 1)``, in AdaptDL's
+    transformer example, whose size-1 dimension keeps a large stride) copied to plain
+    strides, the same values: DDP's buffer broadcast refuses it on torch 2.13
+    ("some elements of the input tensor and the written-to tensor refer to a single
+    memory location")."""
+    for module in model.modules():
+        for name, buf in module._buffers.items():
+            if buf is not None and buf.stride() != torch.empty(buf.shape, device="meta").stride():
+                module._buffers[name] = buf.clone(memory_format=torch.contiguous_format)
+
+
+def _patch_scaler(scaler: torch.amp.GradScaler, adp: AdaptiveDataParallel) -> None:
+    """The script's own scaler object unscales, steps and updates once per optimizer step."""
+    unscale, step, update = scaler.unscale_, scaler.step, scaler.update
+
+    @functools.wraps(unscale)
+    def patched_unscale(_self: Any, optimizer: torch.optim.Optimizer) -> None:
+        adp._scaler_unscale(unscale, optimizer)
+
+    @functools.wraps(step)
+    def patched_step(_self: Any, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        return adp._scaler_step(step, optimizer, *args, **kwargs)
+
+    @functools.wraps(update)
+    def patched_update(_self: Any, new_scale: Any = None) -> None:
+        adp._scaler_update(update, new_scale)
+
+    scaler.unscale_ = MethodType(patched_unscale, scaler)  # type: ignore[method-assign]
+    scaler.step = MethodType(patched_step, scaler)  # type: ignore[method-assign]
+    scaler.update = MethodType(patched_update, scaler)  # type: ignore[method-assign]
+
+
 def _patch(optimizer: torch.optim.Optimizer, adp: AdaptiveDataParallel) -> None:
     """AdaptDL's contract: the script's own optimizer object steps the adaptive way."""
     step, zero_grad = optimizer.step, optimizer.zero_grad
@@ -154,9 +247,10 @@ def _patch(optimizer: torch.optim.Optimizer, adp: AdaptiveDataParallel) -> None:
 
 
 class _ParallelState(checkpoint.State):
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any, name: str) -> None:
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any,
+                 mp_scaler: torch.amp.GradScaler | None, name: str) -> None:
         super().__init__(name)
-        self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
+        self.model, self.optimizer, self.lr_scheduler, self.mp_scaler = model, optimizer, lr_scheduler, mp_scaler
         self.noise = NoiseScaleEstimator()
         self.gain, self.lr_factor, self.progress = 1.0, 1.0, 0.0
 
@@ -164,6 +258,7 @@ class _ParallelState(checkpoint.State):
         torch.save({
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "lr_scheduler": None if self.lr_scheduler is None else self.lr_scheduler.state_dict(),
+            "mp_scaler": None if self.mp_scaler is None else self.mp_scaler.state_dict(),
             "noise": self.noise.state_dict(), "gain": self.gain, "progress": self.progress,
         }, fileobj)
 
@@ -173,5 +268,7 @@ class _ParallelState(checkpoint.State):
         self.optimizer.load_state_dict(saved["optimizer"])
         if self.lr_scheduler is not None and saved["lr_scheduler"] is not None:
             self.lr_scheduler.load_state_dict(saved["lr_scheduler"])
+        if self.mp_scaler is not None and saved.get("mp_scaler") is not None:
+            self.mp_scaler.load_state_dict(saved["mp_scaler"])
         self.noise.load_state_dict(saved["noise"])
         self.gain, self.progress = float(saved["gain"]), float(saved["progress"])
