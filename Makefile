@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: run run-digits test lint unit bench bench-adaptive bench-declarative bench-lightning bench-adversarial bench-strategies bench-cluster bench-launch bench-tune bench-allreduce bench-scheduler clean
+.PHONY: run run-digits test test-extended lint unit bench bench-adaptive bench-declarative bench-lightning bench-adversarial bench-strategies bench-cluster bench-launch bench-tune bench-allreduce bench-scheduler clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,11 @@ lint: $(STAMP)
 # lower CPU priority (tests/suite.py; docs/testing.md).
 test: lint
 	$(PY) -m tests.suite
+
+# The peers' own programs run whole (AdaptDL's examples, Horovod's test file): minutes each,
+# so not in `make test` (tests/suite.py EXTENDED).
+test-extended: $(STAMP)
+	$(VENV)/bin/pytest -m extended
 
 unit: $(STAMP)
 	$(VENV)/bin/pytest -m "unit or distributed"

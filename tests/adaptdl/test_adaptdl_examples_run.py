@@ -18,7 +18,7 @@ from tests.adaptdl.transformer import TRANSFORMER
 from tests.conftest import REPO
 from tests.helpers import assert_no_strays
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.extended, pytest.mark.timeout(420)]
 
 
 def _env(tmp_path, **extra: str) -> dict[str, str]:

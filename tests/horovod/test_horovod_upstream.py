@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.extended, pytest.mark.timeout(900)]
 
 SUPPORT = os.path.join(REPO, "tests", "support", "horovod_upstream.py")
 

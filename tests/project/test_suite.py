@@ -31,3 +31,27 @@ def test_a_test_that_starts_gloo_ranks_or_a_launcher_unmarked_fails_saying_how_t
     for start in (lambda: run_gloo_ranks(print), torchrun_command, lambda: mpirun_command(2)):
         with pytest.raises(AssertionError, match=r"test_suite\.py::\S+ starts .* without Ray, the distributed tier: mark it"):
             start()
+
+
+def test_make_test_leaves_the_extended_tier_out_of_both_runs(monkeypatch):
+    """The peers' whole programs (marker ``extended``) run in `make test-extended` only."""
+    started: list[list[str]] = []
+
+    class Done:
+        returncode = 0
+
+        def __init__(self, args, **kwargs):
+            started.append(args)
+
+        def wait(self, timeout=None):
+            return 0
+
+        def poll(self):
+            return 0
+
+    monkeypatch.setattr(suite.subprocess, "Popen", Done)
+    monkeypatch.setattr(suite, "_compile_sources", lambda: None)
+    monkeypatch.setattr(suite, "_prebuild", lambda: None)
+    assert suite.main([]) == 0
+    marks = [args[len(args) - 1 - args[::-1].index("-m") + 1] for args in started if "pytest" in args]
+    assert sorted(marks) == ["beside and not extended", "not beside and not extended"]
