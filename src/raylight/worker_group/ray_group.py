@@ -42,6 +42,7 @@ from raylight.base.exceptions import (
     WorkerStartError,
 )
 from raylight.config import FailureConfig, ScalingConfig
+from raylight.storage.reach import marker, not_reached_error
 from raylight.storage.run_dir import checkpoint_name
 from raylight.worker.protocol import (
     CheckpointTarget,
@@ -384,6 +385,8 @@ class RayWorkerGroup:
         lost = [m for m, error in zip(ordered, self._errors(refs, timeout, "take their ranks"), strict=True) if isinstance(error, RayActorError)]
         if lost:  # nothing has met yet: the caller may go on without them
             raise MembersLostError(f"{len(lost)} worker(s) died before taking their ranks", lost)
+        if target is not None and self._scaling.sharded_checkpoints:
+            self._check_reach(ordered, target.directory)
         ips = {m.node["ip"] for m in ordered}
         loopback = len(ips) == 1
         master = "127.0.0.1" if loopback else first.node["ip"]
@@ -420,6 +423,18 @@ class RayWorkerGroup:
             )
             starts.append(member.actor.start.remote(self._loop(), spec, ckpt_ref))
         self._get(starts, timeout, "start the training loop")
+
+    def _check_reach(self, members: list[_Member], uri: str) -> None:
+        """Every worker sees the run's storage (``storage/reach.py``), before any loop
+        starts: a ConfigError naming the hosts that do not (not retried), else nothing."""
+        with marker(uri) as mark:
+            if mark is None:  # an object store
+                return
+            refs = [m.actor.storage_unseen.remote(mark.path, mark.token) for m in members]
+            found = self._get(refs, self._failure.worker_start_timeout_s, "look for the run's storage")
+        missing = {f"{host} ({m.node['ip']})": why for m, (host, why) in zip(members, found, strict=True) if why}
+        if missing:
+            raise not_reached_error(uri, missing)
 
     def _cuda_visible_devices(self) -> list[str | None]:
         """Workers on one node see all of that node's group GPUs, so NCCL can use
