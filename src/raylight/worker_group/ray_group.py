@@ -98,6 +98,10 @@ class _Member:
     pg: PlacementGroup
     bundle: int
     warm: bool = False  # already imported what the running workers have (a spare)
+    # The poll whose answer said this worker died: polled again, it says so at once. A new
+    # call to a dead worker on a lost machine waits ~2 s for Ray to give up on it (seen in
+    # bench/hosts.py: each poll of the group during the resize that followed took that).
+    lost: Any = None
 
 
 class RayWorkerGroup:
@@ -570,8 +574,11 @@ class RayWorkerGroup:
 
     # -- poll -----------------------------------------------------------------------
     def poll(self) -> GroupPoll:
-        refs = [m.actor.poll.remote() for m in self._members]
+        refs = [m.actor.poll.remote() if m.lost is None else m.lost for m in self._members]
         polls, failures = judge(refs, self._nodes, self._failure)
+        for f in failures:
+            if f.kind == "died" and 0 <= f.rank < len(self._members):
+                self._members[f.rank].lost = refs[f.rank]
         failures = with_finished_peers(failures, polls)
         self._last_states = [p.state for p in polls] if not failures else []
         if not failures:
