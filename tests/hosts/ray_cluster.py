@@ -5,6 +5,7 @@ hosts' private /tmp; stopping is by the hosts' PIDs (``Hosts.kill_host``), never
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import subprocess
@@ -46,7 +47,7 @@ class RayOverHosts:
     def __init__(self, hosts: Hosts, head: str, raylets: dict[str, int], head_cpus: int = 0):
         self.hosts, self.head = hosts, head
         self.address = f"{hosts.address(head)}:{GCS_PORT}"
-        token = secrets.token_hex(32)
+        token = self._token = secrets.token_hex(32)
         for name in [head, *raylets]:
             self._hand_token(name, token)
         self.procs: dict[str, subprocess.Popen] = {}
@@ -65,9 +66,10 @@ class RayOverHosts:
             ],
         )
         self._wait_for("Ray runtime started", head)
+        # one at a time: raylets registering at once on a loaded box timed out at the GCS
+        # ("Failed to get node info: Deadline Exceeded", load average 20 on 2 cores)
         for name, cpus in raylets.items():
             self._start(name, ["--address", self.address, "--num-cpus", str(cpus)])
-        for name in raylets:
             self._wait_for("Ray runtime started", name)
         self.wait_nodes(1 + len(raylets))
 
@@ -127,6 +129,29 @@ class RayOverHosts:
         alive = int(done.stdout.split()[-1])
         if alive < n:
             raise RuntimeError(f"{alive} of {n} Ray nodes alive")
+
+    def add_raylet(self, host: str, cpus: int) -> None:
+        """A raylet on ``host`` joins (a machine added to the cluster)."""
+        self._hand_token(host, self._token)
+        self._start(host, ["--address", self.address, "--num-cpus", str(cpus)])
+        self._wait_for("Ray runtime started", host)
+
+    def wait_alive(self, hosts: Sequence[str], timeout: float = 120) -> None:
+        """Until the nodes Ray counts alive are exactly those of ``hosts`` (a dead host's
+        node is told dead by the head's health checks)."""
+        want = sorted(self.hosts.address(h) for h in hosts)
+        probe = (
+            "import json,ray,sys,time; ray.init(address=sys.argv[1], log_to_driver=False)\n"
+            "want=json.loads(sys.argv[2]); end=time.monotonic()+float(sys.argv[3])\n"
+            "alive=lambda: sorted(x['NodeManagerAddress'] for x in ray.nodes() if x['Alive'])\n"
+            "while alive() != want and time.monotonic() < end: time.sleep(0.2)\n"
+            "print(json.dumps(alive()))"
+        )
+        args = [sys.executable, "-c", probe, self.address, json.dumps(want), str(timeout)]
+        done = self.hosts.run(self.head, args, timeout=timeout + 60)
+        alive = json.loads(done.stdout.splitlines()[-1])
+        if alive != want:
+            raise RuntimeError(f"Ray nodes alive: {alive}, wanted {want}")
 
     def driver(self, script: str, *args: str, host: str | None = None, timeout: float = 300) -> str:
         """Run ``script`` (a file) with RAY_ADDRESS set to the head, on ``host`` (the head's

@@ -298,3 +298,34 @@ def test_a_hang_or_a_lost_peer_beside_finished_ranks_says_so_and_nothing_else_do
     assert [hint in f.message for f in told] == [True, True, False, False, False]
     assert told[0].message.startswith("made no progress for 9s (") and told[0].message.endswith("call it on every rank)")
     assert with_finished_peers(failures, [WorkerPoll(0, "running"), WorkerPoll(1, "running")]) == failures
+
+
+def test_a_worker_that_died_is_not_polled_again(monkeypatch):
+    """The poll that said a worker died answers for it from then on: a new call to a dead
+    actor on a lost machine waits ~2 s for Ray (bench/hosts.py), every poll of a resize."""
+    from types import SimpleNamespace
+
+    from raylight.worker_group import ray_group
+
+    sent: list[int] = []
+
+    def actor(rank):
+        return SimpleNamespace(poll=SimpleNamespace(remote=lambda: sent.append(rank) or f"poll-{rank}-{len(sent)}"))
+
+    seen: list[list[str]] = []
+
+    def judge(refs, nodes, failure):  # rank 1's answer: it died
+        seen.append(list(refs))
+        return [WorkerPoll(rank=0, state="running")], [WorkerFailure(1, "died", "its node is gone")]
+
+    monkeypatch.setattr(ray_group, "judge", judge)
+    group = ray_group.RayWorkerGroup.__new__(ray_group.RayWorkerGroup)
+    group._members = [ray_group._Member(actor(r), {"ip": "x", "node_id": f"n{r}"}, None, r) for r in range(2)]  # type: ignore[arg-type]
+    group._failure = None
+    group._spare = SimpleNamespace(ready=False)
+    group._watch = SimpleNamespace(notices=lambda polls, nodes: [])
+    monkeypatch.setattr(ray_group.RayWorkerGroup, "_placement", lambda self: ())
+    for _ in range(3):
+        assert [f.kind for f in group.poll().failures] == ["died"]
+    assert sent == [0, 1, 0, 0], "rank 1 is asked once, rank 0 every poll"
+    assert [refs[1] for refs in seen] == ["poll-1-2"] * 3, "its first answer stands for it"

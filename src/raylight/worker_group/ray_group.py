@@ -42,6 +42,7 @@ from raylight.base.exceptions import (
     WorkerStartError,
 )
 from raylight.config import FailureConfig, ScalingConfig
+from raylight.storage.reach import marker, not_reached_error
 from raylight.storage.run_dir import checkpoint_name
 from raylight.worker.protocol import (
     CheckpointTarget,
@@ -97,6 +98,10 @@ class _Member:
     pg: PlacementGroup
     bundle: int
     warm: bool = False  # already imported what the running workers have (a spare)
+    # The poll whose answer said this worker died: polled again, it says so at once. A new
+    # call to a dead worker on a lost machine waits ~2 s for Ray to give up on it (seen in
+    # bench/hosts.py: each poll of the group during the resize that followed took that).
+    lost: Any = None
 
 
 class RayWorkerGroup:
@@ -384,6 +389,8 @@ class RayWorkerGroup:
         lost = [m for m, error in zip(ordered, self._errors(refs, timeout, "take their ranks"), strict=True) if isinstance(error, RayActorError)]
         if lost:  # nothing has met yet: the caller may go on without them
             raise MembersLostError(f"{len(lost)} worker(s) died before taking their ranks", lost)
+        if target is not None and self._scaling.sharded_checkpoints:
+            self._check_reach(ordered, target.directory)
         ips = {m.node["ip"] for m in ordered}
         loopback = len(ips) == 1
         master = "127.0.0.1" if loopback else first.node["ip"]
@@ -420,6 +427,18 @@ class RayWorkerGroup:
             )
             starts.append(member.actor.start.remote(self._loop(), spec, ckpt_ref))
         self._get(starts, timeout, "start the training loop")
+
+    def _check_reach(self, members: list[_Member], uri: str) -> None:
+        """Every worker sees the run's storage (``storage/reach.py``), before any loop
+        starts: a ConfigError naming the hosts that do not (not retried), else nothing."""
+        with marker(uri) as mark:
+            if mark is None:  # an object store
+                return
+            refs = [m.actor.storage_unseen.remote(mark.path, mark.token) for m in members]
+            found = self._get(refs, self._failure.worker_start_timeout_s, "look for the run's storage")
+        missing = {f"{host} ({m.node['ip']})": why for m, (host, why) in zip(members, found, strict=True) if why}
+        if missing:
+            raise not_reached_error(uri, missing)
 
     def _cuda_visible_devices(self) -> list[str | None]:
         """Workers on one node see all of that node's group GPUs, so NCCL can use
@@ -555,8 +574,11 @@ class RayWorkerGroup:
 
     # -- poll -----------------------------------------------------------------------
     def poll(self) -> GroupPoll:
-        refs = [m.actor.poll.remote() for m in self._members]
+        refs = [m.actor.poll.remote() if m.lost is None else m.lost for m in self._members]
         polls, failures = judge(refs, self._nodes, self._failure)
+        for f in failures:
+            if f.kind == "died" and 0 <= f.rank < len(self._members):
+                self._members[f.rank].lost = refs[f.rank]
         failures = with_finished_peers(failures, polls)
         self._last_states = [p.state for p in polls] if not failures else []
         if not failures:

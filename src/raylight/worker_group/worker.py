@@ -10,6 +10,7 @@ import importlib
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import traceback
@@ -23,6 +24,7 @@ from raylight.base import verbosity
 from raylight.base.clock import monotonic, wall
 from raylight.base.net import interface_for, listen_socket, loopback_interface
 from raylight.storage.checkpoint import Checkpoint
+from raylight.storage.reach import unseen
 from raylight.worker import session
 from raylight.worker.protocol import (
     ErrorInfo,
@@ -221,6 +223,11 @@ class RaylightWorker:
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "node_type": _node_type(node_id),
         }
+
+    def storage_unseen(self, path: str, token: str) -> tuple[str, str | None]:
+        """This host's name, and None where it sees the driver's marker of the run's
+        storage at ``path`` (``raylight.storage.reach``), else what it found."""
+        return socket.gethostname(), unseen(path, token)
 
     # -- reuse by the next run (raylight.worker_group.pool) ---------------------------
     def release(self) -> str | None:

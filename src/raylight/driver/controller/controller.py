@@ -32,6 +32,7 @@ from typing import Any
 
 from raylight.base.clock import monotonic, wall
 from raylight.base.exceptions import (
+    ConfigError,
     InsufficientResourcesError,
     PreemptedError,
     RaylightError,
@@ -210,7 +211,7 @@ class Controller:
                 plan=policy.plan(self.num_workers),
                 target=self.recorder.checkpoint_target(),
             )
-        except (InsufficientResourcesError, WorkerImportError) as exc:  # a restart would fail the same way
+        except (InsufficientResourcesError, WorkerImportError, ConfigError) as exc:  # a restart would fail the same way
             self._fail(exc)
             return
         except WorkerStartError as exc:
