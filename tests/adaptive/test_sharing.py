@@ -245,7 +245,7 @@ def test_baseline_fair_is_baseline_min_with_each_job_weighted_by_its_fair_share_
         )
 
 
-def test_baseline_fair_gives_more_to_the_job_that_scales_on_some_cluster():
+def test_baseline_fair_differs_from_min_and_gives_the_job_that_scales_best_no_fewer_slots():
     # Over the seeds above, the two baselines differ somewhere (else the option is a no-op),
     # and where they do, fair gives the job whose fair share pays most no fewer slots.
     differ = 0
@@ -308,9 +308,10 @@ def test_a_job_whose_count_changes_keeps_its_replicas_where_no_node_holds_it():
     assert {0, 1} <= set(got.nodes)
 
 
-def test_a_job_that_shrinks_leaves_the_node_it_spans_least():
-    # On nodes 0 (3 replicas) and 1 (1), shrinking to 3 packs it onto one node.
+def test_a_job_that_shrinks_stays_on_the_node_that_holds_most_of_it():
+    # On nodes 1 (1 replica, listed first) and 0 (3), shrinking to 3: keeping its first 3
+    # replicas would span both nodes; node 0 holds all 3, so it packs there.
     holders = [JobModel("f", None, min_replicas=2, current=(2, 2))]
-    job = scaling_job("a", max_replicas=3, current=(0, 0, 0, 1))
+    job = scaling_job("a", max_replicas=3, current=(1, 0, 0, 0))
     got = SharingPolicy().allocate([*holders, job], [4, 4, 4]).jobs["a"]
     assert got.replicas == 3 and got.num_nodes == 1
