@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import time
 from multiprocessing import Pool
@@ -62,7 +63,8 @@ def make_policy(name: str, args: argparse.Namespace) -> tuple[Any, bool]:
     """(the simulator policy, whether its jobs adapt their batch)."""
     if name == "sharing":
         decide, _ = policies.sharing(
-            p=args.p, horizon_s=args.horizon_s, restart_s=args.restart_s, order=args.order
+            p=args.p, horizon_s=args.horizon_s, restart_s=args.restart_s, order=args.order,
+            baseline=args.baseline,
         )
         return decide, True
     return {"tiresias": policies.tiresias, "fair": policies.fair, "fifo": policies.fifo}[name](), False
@@ -113,6 +115,18 @@ def quoted(policy: str, number: int, limit: int | None) -> dict[str, Any] | None
         "p99_jct_s": float(np.percentile(jcts, 99)),
         "makespan_s": float(max(completion)),
     }
+
+
+def source_commit() -> dict[str, Any]:
+    """The commit the figures came from, and whether the tree differed from it."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*cmd: str) -> str:
+        out = subprocess.run(["git", "-C", str(root), *cmd], capture_output=True, text=True)
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    dirty = git("status", "--porcelain", "--", "src", "bench/scheduler.py", "bench/scheduler_sim")
+    return {"commit": git("rev-parse", "HEAD") or None, "uncommitted_changes": bool(dirty)}
 
 
 def decision_time(reps: int = 5, jobs: int = 100) -> dict[str, Any]:
@@ -193,6 +207,7 @@ def main() -> None:
     parser.add_argument("--restart-s", type=float, default=30.0, help="cost of a changed allocation")
     parser.add_argument("--horizon-s", type=float, default=600.0, help="SharingPolicy: a resize's cost is charged over it")
     parser.add_argument("--p", type=float, default=-1.0, help="SharingPolicy: power of the fitness mean")
+    parser.add_argument("--baseline", default="min", choices=["min", "fair"], help="SharingPolicy: speedup over the job's minimum or over a fair share")
     parser.add_argument("--order", default="service", choices=["arrival", "service"], help="SharingPolicy: admission order")
     parser.add_argument("--procs", type=int, default=2, help="simulations in parallel")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -218,11 +233,12 @@ def main() -> None:
             "limit_jobs": args.limit_jobs or None,
             "interval_s": args.interval_s,
             "restart_s": args.restart_s,
-            "sharing": {"p": args.p, "horizon_s": args.horizon_s, "order": args.order},
+            "sharing": {"p": args.p, "horizon_s": args.horizon_s, "order": args.order, "baseline": args.baseline},
             "inputs": "AdaptDL osdi21-artifact c793c7089bd307462686339d29707925c461f9a9 (bench/data/pollux/README.md)",
             "quoted": "pollux/tiresias/optimus: the artifact's results-jobload/*-1.0 per-job JCTs, from its own simulator, not measured here",
         },
         "machine": machine_info(),
+        "source": source_commit(),
         **figures(rows, numbers, args.limit_jobs or None),
         "decision_s_100_jobs": decision_time(),
         "runs": sorted(rows, key=lambda r: (r["workload"], r["policy"])),

@@ -211,3 +211,107 @@ def test_a_job_whose_goodput_dips_past_one_node_still_grows_past_the_dip():
     assert good[4] < good[3] < good[10], "the model has the dip this test is about"
     got = SharingPolicy().allocate([job], [4, 4, 4, 4]).jobs["dip"]
     assert got.replicas == int(np.argmax(good)) + 1 == 16
+
+
+def packed_goodput(job: JobModel, replicas: int, per_node: int) -> float:
+    return goodput_of(job, tuple(i // per_node for i in range(replicas)))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_baseline_fair_is_baseline_min_with_each_job_weighted_by_its_fair_share_speedup(seed):
+    # The docstring's identity: with SPEEDUP_j over the goodput on a fair share (ceil(total
+    # / jobs) replicas, packed), SPEEDUP_j^p = (G_j / G_j(min))^p * (G_j(fair) / G_j(min))^-p,
+    # so baseline="fair" allocates as baseline="min" does with weights w_j * that factor.
+    rng = np.random.default_rng(300 + seed)
+    per_node = int(rng.integers(2, 9))
+    slots = [per_node] * int(rng.integers(2, 9))
+    jobs = [random_job(rng, f"j{i}", accumulation=True) for i in range(int(rng.integers(2, 8)))]
+    fair = -(-sum(slots) // len(jobs))
+    factor = {j.name: packed_goodput(j, fair, per_node) / packed_goodput(j, 1, per_node) for j in jobs}
+    got = SharingPolicy(baseline="fair").allocate(jobs, slots)
+    weighted = [
+        JobModel(
+            j.name, j.goodput, weight=factor[j.name], max_batch_size=j.max_batch_size,
+            atomic_bsz_range=j.atomic_bsz_range, accumulation=True,
+        )
+        for j in jobs
+    ]
+    want = SharingPolicy(baseline="min").allocate(weighted, slots)
+    assert {n: a.nodes for n, a in got.jobs.items()} == {n: a.nodes for n, a in want.jobs.items()}
+    for job in jobs:  # and each speedup is over the fair share's goodput
+        alloc = got.jobs[job.name]
+        assert alloc.speedup == pytest.approx(
+            goodput_of(job, alloc.nodes) / packed_goodput(job, fair, per_node), rel=1e-9
+        )
+
+
+def test_baseline_fair_differs_from_min_and_gives_the_job_that_scales_best_no_fewer_slots():
+    # Over the seeds above, the two baselines differ somewhere (else the option is a no-op),
+    # and where they do, fair gives the job whose fair share pays most no fewer slots.
+    differ = 0
+    for seed in range(10):
+        rng = np.random.default_rng(300 + seed)
+        per_node = int(rng.integers(2, 9))
+        slots = [per_node] * int(rng.integers(2, 9))
+        jobs = [random_job(rng, f"j{i}", accumulation=True) for i in range(int(rng.integers(2, 8)))]
+        fair = -(-sum(slots) // len(jobs))
+        best = max(jobs, key=lambda j: packed_goodput(j, fair, per_node) / packed_goodput(j, 1, per_node))
+        by_fair = SharingPolicy(baseline="fair").allocate(jobs, slots).replicas()
+        by_min = SharingPolicy(baseline="min").allocate(jobs, slots).replicas()
+        differ += by_fair != by_min
+        assert by_fair[best.name] >= by_min[best.name], (seed, by_fair, by_min)
+    assert differ > 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_job_alone_gets_the_same_allocation_under_either_baseline(seed):
+    rng = np.random.default_rng(400 + seed)
+    slots = [int(rng.integers(1, 9))] * int(rng.integers(1, 6))
+    job = random_job(rng, "alone", accumulation=True)
+    by_fair = SharingPolicy(baseline="fair").allocate([job], slots).jobs["alone"]
+    by_min = SharingPolicy(baseline="min").allocate([job], slots).jobs["alone"]
+    assert by_fair.nodes == by_min.nodes
+
+
+def test_baseline_must_be_min_or_fair():
+    with pytest.raises(ValueError, match=r"baseline must be 'min' .* or 'fair' .*, got 'equal'"):
+        SharingPolicy(baseline="equal")
+
+
+def scaling_job(name: str, **kw) -> JobModel:
+    """A job whose goodput rises to its max_replicas (noisy gradients, cheap all-reduce)."""
+    perf = PerfParams(
+        alpha_c=0.01, beta_c=1e-4, alpha_n=0.001, beta_n=0.0, alpha_r=0.001, beta_r=0.0, gamma=1.0
+    )
+    fn = GoodputFunction(perf, GradParams(sqr=1.0, var=1000.0), 32)
+    return JobModel(name, fn, max_batch_size=32 * 64, atomic_bsz_range=(1, 64), resize_cost_s=0.1, **kw)
+
+
+def test_a_job_whose_count_changes_moves_onto_one_node_where_it_fits():
+    # Running on nodes 0 and 1, it grows to 3: node 0 alone holds 3, so it goes there rather
+    # than keeping its replica on node 1 and spanning two nodes.
+    holders = [JobModel(f"f{i}", None, current=(i,)) for i in range(3)]
+    job = scaling_job("a", max_replicas=3, current=(0, 1))
+    alloc = SharingPolicy().allocate([*holders, job], [4, 4, 4])
+    assert alloc.jobs["a"].replicas == 3
+    assert alloc.jobs["a"].num_nodes == 1
+    assert all(alloc.jobs[f"f{i}"].nodes == (i,) for i in range(3)), "fixed jobs stay put"
+
+
+def test_a_job_whose_count_changes_keeps_its_replicas_where_no_node_holds_it():
+    # Growing to 4 where no node has 4 free: any placement spans two nodes, and on that tie
+    # its current replicas (nodes 0 and 1) stay where they are.
+    holders = [JobModel(f"f{i}", None, current=(i,)) for i in range(3)]
+    job = scaling_job("a", max_replicas=4, current=(0, 1))
+    got = SharingPolicy().allocate([*holders, job], [4, 4, 4]).jobs["a"]
+    assert got.replicas == 4 and got.num_nodes == 2
+    assert {0, 1} <= set(got.nodes)
+
+
+def test_a_job_that_shrinks_stays_on_the_node_that_holds_most_of_it():
+    # On nodes 1 (1 replica, listed first) and 0 (3), shrinking to 3: keeping its first 3
+    # replicas would span both nodes; node 0 holds all 3, so it packs there.
+    holders = [JobModel("f", None, min_replicas=2, current=(2, 2))]
+    job = scaling_job("a", max_replicas=3, current=(1, 0, 0, 0))
+    got = SharingPolicy().allocate([*holders, job], [4, 4, 4]).jobs["a"]
+    assert got.replicas == 3 and got.num_nodes == 1
