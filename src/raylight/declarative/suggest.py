@@ -95,4 +95,6 @@ def _section(ann: Any, node: Any) -> Any:
         break
     if ann is OutputModel and isinstance(node, dict) and node.get("type") in OUTPUTS:
         return OUTPUTS[node["type"]].Output
+    if ann is FeatureModel and isinstance(node, dict) and node.get("type") in FEATURES:  # key paths without the tag
+        return FEATURES[node["type"]].Input
     return ann

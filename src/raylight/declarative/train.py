@@ -34,6 +34,7 @@ TARGET_KEY = "__target__"
 OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "adadelta": torch.optim.Adadelta,
     "adagrad": torch.optim.Adagrad, "adamax": torch.optim.Adamax, "nadam": torch.optim.NAdam, "rmsprop": torch.optim.RMSprop,
+    "radam": torch.optim.RAdam,
 }
 
 

@@ -33,7 +33,7 @@ def _feature_union(models: tuple[type[FeatureModel], ...]) -> TypeAdapter[Any]:
 def _input_feature(value: Any) -> FeatureModel:
     """``value`` as the model of the type it names, one of FEATURES as they are now (so a
     type added to FEATURES is accepted). Errors keep pydantic's tagged-union key paths
-    (``input_features.0.number.name``) and list the types in FEATURES' order."""
+    (``input_features.0.number.name``; ``ModelConfig`` reports them without the tag) and list the types in FEATURES' order."""
     validated: FeatureModel = _feature_union(tuple(f.Input for f in FEATURES.values())).validate_python(value)
     return validated
 

@@ -8,6 +8,7 @@ naming the key path and the allowed values.
 from __future__ import annotations
 
 import math
+import typing
 from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import Any, Literal
@@ -16,6 +17,7 @@ from pydantic import (
     Field,
     ModelWrapValidatorHandler,
     PrivateAttr,
+    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -32,6 +34,7 @@ from raylight.declarative.config.preprocessing import PreprocessingSection
 from raylight.declarative.config.trainer import TrainerSection
 from raylight.declarative.layers import FCLayer, FCStackConfig
 from raylight.declarative.ludwig.check import check_ludwig_keys, own_settings
+from raylight.declarative.ludwig.errors import joined, value_error
 from raylight.declarative.ludwig.spellings import inferred_validation_field
 from raylight.declarative.metrics import COMBINED, field_metrics
 
@@ -47,6 +50,8 @@ class CombinerConfig(FCStackConfig):
     )
 
 
+# The combiner types raylight has (a Ludwig one it lacks is refused with these).
+COMBINER_TYPES: tuple[str, ...] = typing.get_args(CombinerConfig.model_fields["type"].annotation)
 
 # At most this many preprocessings of the dataset for one search (hyperopt.preprocessing_variants).
 MAX_PREPROCESSINGS = 8
@@ -97,24 +102,30 @@ class ModelConfig(ConfigModel):
 
     @model_validator(mode="wrap")
     @classmethod
-    def _remember_own_settings(cls, data: Any, handler: ModelWrapValidatorHandler[ModelConfig]) -> ModelConfig:
+    def _every_problem(cls, data: Any, handler: ModelWrapValidatorHandler[ModelConfig]) -> ModelConfig:
+        """Ludwig's keys first (``ludwig.check``: those raylight takes as they are, moves,
+        ignores or refuses), then the output a validation_metric given alone follows, then
+        the rest; every problem of the config in one error, at Ludwig's key paths. What the
+        config as written set itself is remembered (``own_settings``)."""
         if isinstance(data, ModelConfig):
             return handler(data)
         own = own_settings(data)
+        data, problems = check_ludwig_keys(data, COMBINER_TYPES)
+        try:
+            data = inferred_validation_field(data)
+        except ValueError as exc:
+            problems.append(value_error(("trainer", "validation_field"), str(exc).removeprefix("trainer.validation_metric: "), None))
         token = _OWN.set(own)  # for _check_hyperopt, which runs inside the handler
         try:
             config = handler(data)
+        except ValidationError as err:
+            raise joined(cls.__name__, problems, err, data) from None
         finally:
             _OWN.reset(token)
+        if problems:
+            raise joined(cls.__name__, problems, None, data)
         config._own = own
         return config
-
-    @model_validator(mode="before")
-    @classmethod
-    def _ludwig_keys(cls, data: Any) -> Any:
-        # Ludwig's keys with no raylight counterpart, each with its fix; then the output a
-        # validation_metric given alone follows
-        return inferred_validation_field(check_ludwig_keys(data))
 
     @field_validator("hyperopt")
     @classmethod

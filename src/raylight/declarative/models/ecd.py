@@ -2,8 +2,9 @@
 
 Encoders come from each input's type (``raylight.declarative.features``): numbers and
 binaries pass through; categories get an embedding; text gets a mean bag of token
-embeddings (padding ignored). The concat combiner feeds an MLP; the decoder is one linear
-layer per output: a logit (binary), class logits (category, set), a value (number, in
+embeddings (padding ignored). The concat combiner feeds an MLP; the decoder is, per
+output, its fully connected layers (Ludwig's decoder fc_layers, none by default), then one
+linear layer: a logit (binary), class logits (category, set), a value (number, in
 standardised units) or the floats of a vector (as they are, Ludwig's projector). The
 model returns each output's by its name (Ludwig's multi-task ECD: the outputs share the
 encoders and the combiner).
@@ -110,7 +111,12 @@ class DeclarativeModel(nn.Module):
         self.output_types = {out.name: out.type for out in config.output_features}
         self.decoders = nn.ModuleDict()
         for out in config.output_features:
-            self.decoders[module_key(out.name)] = nn.Linear(width, OUTPUTS[out.type].decoder_size(out, meta[out.name]))
+            size = OUTPUTS[out.type].decoder_size(out, meta[out.name])
+            if out.decoder.fc_layers:  # Ludwig's decoder layers, then the output's linear layer
+                stack = FCStack(out.decoder.stack(), width)
+                self.decoders[module_key(out.name)] = nn.Sequential(stack, nn.Linear(stack.width, size))
+            else:  # one linear layer (the names weights files written before decoder layers have)
+                self.decoders[module_key(out.name)] = nn.Linear(width, size)
         self.register_load_state_dict_pre_hook(self._one_decoder)
         self._initialise()
 

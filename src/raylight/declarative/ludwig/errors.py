@@ -1,0 +1,90 @@
+"""Every problem of a config in one error, at Ludwig's key paths: the Ludwig keys
+``check.py`` refuses and pydantic's errors of the rest, joined (one round, not one per
+fix), each pydantic location without the segments its unions add (a tagged union's tag,
+``input_features.0.number.name``; a union member's name, ``trainer.batch_size.int``),
+which are no key of the config."""
+
+from __future__ import annotations
+
+import typing
+from typing import Any
+
+from pydantic import ValidationError
+from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
+from pydantic_core.core_schema import ErrorType
+
+_KNOWN: frozenset[str] = frozenset(typing.get_args(ErrorType))
+_LOST = object()  # the walk left the data (a key the data lacks: a missing field)
+
+
+def key_path(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
+    """``loc`` (a pydantic error's location in ``data``) as the config's key path: a part
+    that is no key of the section it is in but the name of the section's union member
+    (its ``type``) goes, and so does every part past a value that is no section."""
+    out: list[Any] = []
+    node = data
+    for part in loc:
+        if isinstance(node, dict):
+            if part in node:
+                out.append(part)
+                node = node[part]
+            elif _tag(node) == part:
+                continue  # the union's tag: the same section
+            else:
+                out.append(part)
+                node = _LOST
+        elif isinstance(node, list):
+            out.append(part)
+            node = node[part] if isinstance(part, int) and 0 <= part < len(node) else _LOST
+        elif node is _LOST or node is None:
+            out.append(part)
+        else:
+            break  # a value: the rest names union members tried on it
+    return tuple(out)
+
+
+def _tag(section: dict[Any, Any]) -> Any:
+    """The name of the union member ``section`` is: its ``type`` (features, encoders,
+    schedulers), ``space`` (hyperopt's), or, without a type, its ``name`` (strategies)."""
+    for key in ("type", "space"):
+        if key in section:
+            return section[key]
+    return section.get("name")
+
+
+def details(item: ErrorDetails, loc: tuple[Any, ...]) -> InitErrorDetails:
+    """``item`` (from ``ValidationError.errors()``) as an error to raise again at ``loc``:
+    its own type and context where pydantic knows the type, else its message as it is."""
+    if item["type"] in _KNOWN:
+        out = InitErrorDetails(type=item["type"], loc=loc, input=item.get("input"))
+        if "ctx" in item:
+            out["ctx"] = item["ctx"]
+        try:
+            ValidationError.from_exception_data("check", [out])
+        except (KeyError, TypeError, ValueError):
+            pass  # a context pydantic cannot take back: the message as it is
+        else:
+            return out
+    return InitErrorDetails(type=PydanticCustomError(item["type"], item["msg"]), loc=loc, input=item.get("input"))
+
+
+def value_error(loc: tuple[Any, ...], message: str, value: Any) -> InitErrorDetails:
+    """An error of raylight's own at ``loc``; no context given: the message is shown as it
+    is, braces included."""
+    return InitErrorDetails(type=PydanticCustomError("ludwig_key", message), loc=loc, input=value)
+
+
+def joined(title: str, problems: list[InitErrorDetails], err: ValidationError | None, data: Any) -> ValidationError:
+    """One ValidationError of ``problems`` (at key paths already) and ``err``'s errors
+    (locations in ``data``, as ``key_path`` gives them), each once."""
+    out = list(problems)
+    for item in err.errors() if err is not None else ():
+        detail = details(item, key_path(item["loc"], data))
+        if not any(o["loc"] == detail["loc"] and _message(o) == _message(detail) for o in out):
+            out.append(detail)
+    return ValidationError.from_exception_data(title, out)
+
+
+def _message(detail: InitErrorDetails) -> str:
+    kind = detail["type"]
+    return str(kind) if isinstance(kind, PydanticCustomError) else f"{kind}:{detail.get('ctx')}"
