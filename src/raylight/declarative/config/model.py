@@ -100,33 +100,6 @@ class ModelConfig(ConfigModel):
     # hyperopt parameters (``set_path``'s ``defaults.<type>...``) leave it alone.
     _own: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)
 
-    @model_validator(mode="wrap")
-    @classmethod
-    def _every_problem(cls, data: Any, handler: ModelWrapValidatorHandler[ModelConfig]) -> ModelConfig:
-        """Ludwig's keys first (``ludwig.check``: those raylight takes as they are, moves,
-        ignores or refuses), then the output a validation_metric given alone follows, then
-        the rest; every problem of the config in one error, at Ludwig's key paths. What the
-        config as written set itself is remembered (``own_settings``)."""
-        if isinstance(data, ModelConfig):
-            return handler(data)
-        own = own_settings(data)
-        data, problems = check_ludwig_keys(data, COMBINER_TYPES)
-        try:
-            data = inferred_validation_field(data)
-        except ValueError as exc:
-            problems.append(value_error(("trainer", "validation_field"), str(exc).removeprefix("trainer.validation_metric: "), None))
-        token = _OWN.set(own)  # for _check_hyperopt, which runs inside the handler
-        try:
-            config = handler(data)
-        except ValidationError as err:
-            raise joined(cls.__name__, problems, err, data) from None
-        finally:
-            _OWN.reset(token)
-        if problems:
-            raise joined(cls.__name__, problems, None, data)
-        config._own = own
-        return config
-
     @field_validator("hyperopt")
     @classmethod
     def _check_hyperopt(cls, value: HyperoptConfig | None, info: ValidationInfo) -> HyperoptConfig | None:
@@ -255,3 +228,31 @@ class ModelConfig(ConfigModel):
                 "stage 1 or 2, or strategy: fsdp"
             )
         return self
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _every_problem(cls, data: Any, handler: ModelWrapValidatorHandler[ModelConfig]) -> ModelConfig:
+        """Ludwig's keys first (``ludwig.check``: those raylight takes as they are, moves,
+        ignores or refuses), then the output a validation_metric given alone follows, then
+        the rest; every problem of the config in one error, at Ludwig's key paths. Defined
+        last, so it wraps the checks across sections too. What the config as written set
+        itself is remembered (``own_settings``)."""
+        if isinstance(data, ModelConfig):
+            return handler(data)
+        own = own_settings(data)
+        data, problems = check_ludwig_keys(data, COMBINER_TYPES)
+        try:
+            data = inferred_validation_field(data)
+        except ValueError as exc:
+            problems.append(value_error(("trainer", "validation_field"), str(exc).removeprefix("trainer.validation_metric: "), None))
+        token = _OWN.set(own)  # for _check_hyperopt, which runs inside the handler
+        try:
+            config = handler(data)
+        except ValidationError as err:
+            raise joined(cls.__name__, problems, err, data) from None
+        finally:
+            _OWN.reset(token)
+        if problems:
+            raise joined(cls.__name__, problems, None, data)
+        config._own = own
+        return config

@@ -87,9 +87,25 @@ _OUTPUT_DECODER_KEYS = {
 }
 
 
+# Ludwig's mlp_classifier decoder (binary, category): num_fc_layers (default 1) layers of
+# output_size (256) units before the classifier's linear layer, as raylight's decoder
+# layers (the keys as the decoder section spells them).
+_MLP_CLASSIFIER = {"output_size": "fc_output_size", "activation": "fc_activation", "dropout": "fc_dropout", "use_bias": "fc_use_bias"}
+
+
+def _mlp_classifier(decoder: dict[str, Any]) -> dict[str, Any]:
+    out = {_MLP_CLASSIFIER.get(k, k): v for k, v in decoder.items() if k != "type"}
+    out.setdefault("num_fc_layers", 1)
+    return out
+
+
 def _decoder_keys(feature: dict[str, Any], loc: tuple[Any, ...], errors: list[InitErrorDetails]) -> dict[str, Any]:
     """``feature`` (an output) with Ludwig's decoder layer keys given on it moved into its
-    ``decoder`` section; one given in both at different values is an error."""
+    ``decoder`` section (and an mlp_classifier decoder as raylight's decoder layers); one
+    given in both at different values is an error."""
+    decoder = feature.get("decoder")
+    if isinstance(decoder, dict) and decoder.get("type") == "mlp_classifier" and feature.get("type") in ("binary", "category"):
+        feature = {**feature, "decoder": _mlp_classifier(decoder)}
     moved = {key: ours for key, ours in _OUTPUT_DECODER_KEYS.items() if key in feature}
     decoder = feature.get("decoder")
     if not moved or (decoder is not None and not isinstance(decoder, dict)):
@@ -276,9 +292,9 @@ def _combiner_type(data: dict[str, Any], combiners: tuple[str, ...], errors: lis
         return data
     which = "Ludwig's" if kind in LUDWIG_COMBINERS else "the"
     fix = (
-        f"{which} {kind} combiner is not available; raylight's combiners: {', '.join(combiners)} (concat: fully "
-        "connected layers over the concatenated inputs; fc_layers, norm, residual); use one and remove the "
-        "combiner's other keys"
+        f"{which} {kind} combiner is not available; raylight's combiners: {', '.join(combiners)}; use one and "
+        "remove the combiner's other keys (concat: fully connected layers over the concatenated inputs; "
+        "fc_layers, norm, residual)"
     )
     if kind in LUDWIG_COMBINERS:
         fix += "; Ludwig 0.17 may choose this combiner for a config that names none (ludwig render_config shows which)"

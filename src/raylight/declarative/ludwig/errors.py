@@ -6,6 +6,7 @@ which are no key of the config."""
 
 from __future__ import annotations
 
+import re
 import typing
 from typing import Any
 
@@ -79,10 +80,26 @@ def joined(title: str, problems: list[InitErrorDetails], err: ValidationError | 
     (locations in ``data``, as ``key_path`` gives them), each once."""
     out = list(problems)
     for item in err.errors() if err is not None else ():
-        detail = details(item, key_path(item["loc"], data))
+        detail = _at_its_key(item) or details(item, key_path(item["loc"], data))
         if not any(o["loc"] == detail["loc"] and _message(o) == _message(detail) for o in out):
             out.append(detail)
     return ValidationError.from_exception_data(title, out)
+
+
+_NAMED = re.compile(r"^([A-Za-z_][\w]*(?:\.[\w]+)+): (.+)$", re.DOTALL)
+
+
+def _at_its_key(item: ErrorDetails) -> InitErrorDetails | None:
+    """A check across sections (a model validator: location the root) whose message starts
+    with the key path it is about (``backend.trainer.strategy: ...``), at that path."""
+    if item["loc"] or item["type"] != "value_error":
+        return None
+    match = _NAMED.match(item["msg"].removeprefix("Value error, "))
+    if match is None:
+        return None
+    loc = tuple(int(p) if p.isdigit() else p for p in match.group(1).split("."))
+    # a value_error's message is shown as it is (the config itself is no value to quote)
+    return InitErrorDetails(type=PydanticCustomError("value_error", match.group(2)), loc=loc, input=None)
 
 
 def _message(detail: InitErrorDetails) -> str:

@@ -437,6 +437,6 @@ _GENERATED = (
     "lengths from the data (preprocessing.most_common, max_sequence_length)"
 )
 IGNORED_FEATURE_KEYS: dict[tuple[str, str], dict[str, str]] = {
-    ("input", "*"): {"encoder.vocab_size": _GENERATED, "encoder.max_len": _GENERATED},
+    ("input", "*"): {"encoder.vocab_size": _GENERATED, "encoder.max_len": _GENERATED, "encoder.min_len": _GENERATED},
     ("output", "*"): {"decoder.vocab_size": _GENERATED, "decoder.max_len": _GENERATED},
 }

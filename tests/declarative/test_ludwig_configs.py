@@ -1,0 +1,121 @@
+"""Ludwig configs as Ludwig users write them (tests/declarative/ludwig_configs/, from
+Ludwig's examples, its test helpers and its docs; README.md there): each raylight supports
+loads, each other is refused at once with every reason at its key path, and a few train
+end to end on small generated data (the local backend, no Ray)."""
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from raylight.base.exceptions import ConfigError
+from raylight.declarative import api
+from raylight.declarative.loading import load_config, load_yaml
+
+CONFIGS = Path(__file__).parent / "ludwig_configs"
+
+# Each config's fate: None, it loads; else the key paths of its refusal, each with a word
+# of the reason.
+EXPECTED: dict[str, dict[str, str] | None] = {
+    "class_imbalance_balanced": None,
+    "class_imbalance_standard": None,
+    "docs_defaults_concat": None,
+    "helpers_category_output": None,
+    "helpers_ray_backend": None,
+    "hypernetwork_concat": None,
+    "multi_task_no_balancing": None,
+    "optimizers_adamw": None,
+    "optimizers_radam": None,
+    "rotten_tomatoes": None,
+    "titanic_model1": None,
+    "titanic_model2": None,
+    "uncertainty_baseline": None,
+    "docs_deepspeed_zero3": {"backend.trainer.strategy": "stage 3 is not available"},
+    "forecasting": {
+        "combiner.flatten_inputs": "flat vectors already",
+        "input_features.0.preprocessing.window_size": "no sliding window",
+        "input_features.0.encoder.type": "'parallel_cnn'",
+        "output_features.0.type": "'binary'",
+    },
+    "helpers_sequence": {"input_features.0.encoder": "state_size", "input_features.1.encoder": "state_size"},
+    "insurance_lite": {"input_features.0": "'image'"},
+    "lbfgs": {
+        "trainer.optimizer.type": "closure",
+        "trainer.steps_per_checkpoint": "once per epoch",
+        "defaults.category.encoder.type": "dense",
+    },
+    "mnist": {"input_features.0": "'image'"},
+    "multi_task_famo": {"trainer.loss_balancing": "loss_weight"},
+    "optimizers_adafactor": {"trainer.optimizer.type": "adafactor optimizer is not available"},
+    "ray_job_submission": {"combiner.type": "raylight's combiners: concat"},
+    "tabnet_higgs_small": {"combiner.type": "tabnet combiner", "output_features.0.weight_regularization": "unknown key"},
+    "uncertainty_mc_dropout": {"output_features.0.decoder.mc_dropout_samples": "Monte Carlo dropout"},
+}
+
+
+def test_the_corpus_is_the_expected_one():
+    assert sorted(p.stem for p in CONFIGS.glob("*.yaml")) == sorted(EXPECTED)
+    for path in CONFIGS.glob("*.yaml"):
+        assert path.read_text().startswith("# "), f"{path.name}: its first lines say where it comes from"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_each_config_loads_or_is_refused_with_every_reason_at_once(name):
+    expected = EXPECTED[name]
+    path = str(CONFIGS / f"{name}.yaml")
+    if expected is None:
+        config = load_config(path)
+        assert [f.name for f in config.output_features] == [f["name"] for f in load_yaml(path)["output_features"]]
+        return
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    lines = {ln.strip().split(": ", 1)[0]: ln for ln in str(err.value).splitlines()[1:]}
+    assert set(lines) == set(expected), str(err.value)
+    for key, word in expected.items():
+        assert word in lines[key], lines[key]
+
+
+def _column(feature: dict, rows: int, rng: np.random.Generator) -> pd.Series:
+    kind = feature["type"]
+    if kind == "number":
+        return pd.Series(rng.normal(size=rows))
+    if kind == "binary":
+        return pd.Series(rng.integers(0, 2, size=rows).astype(bool))
+    if kind == "category":
+        return pd.Series(rng.choice(["red", "green", "blue"], size=rows))
+    if kind in ("set", "bag", "text"):
+        words = np.array(["alpha", "beta", "gamma", "delta", "eps"])
+        return pd.Series([" ".join(rng.choice(words, size=3)) for _ in range(rows)])
+    raise AssertionError(f"no generator for {kind}")
+
+
+def _dataset(path: Path, config_file: Path, rows: int = 240) -> str:
+    """Rows for the config's columns; each target follows the first number input (a
+    signal to learn)."""
+    raw = load_yaml(str(config_file))
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({f.get("column", f["name"]): _column(f, rows, rng) for f in raw["input_features"]})
+    signal = frame[next(f["name"] for f in raw["input_features"] if f["type"] == "number")]
+    for out in raw["output_features"]:
+        frame[out["name"]] = {
+            "binary": signal > 0, "number": 2 * signal, "category": pd.cut(signal, [-np.inf, -0.5, 0.5, np.inf], labels=["lo", "mid", "hi"]).astype(str),
+        }[out["type"]]
+    frame.to_csv(path, index=False)
+    return str(path)
+
+
+@pytest.mark.parametrize(("name", "overrides", "metric", "least"), [
+    ("titanic_model2", [], "accuracy", 0.75),  # an output's fc_layers (Ludwig before 0.6): decoder layers
+    ("helpers_category_output", [], "accuracy", 0.6),  # set and bag inputs, decoder layers, optimizer.lr
+    ("optimizers_radam", ["trainer.optimizer.lr=0.01"], "accuracy", 0.75),  # radam; learning_rate_scheduler.type ignored
+])
+def test_a_few_train_end_to_end_on_generated_data(tmp_path, name, overrides, metric, least):
+    config_file = CONFIGS / f"{name}.yaml"
+    config = load_config(str(config_file), ["trainer.epochs=20", "trainer.batch_size=32", "backend=null", *overrides])
+    data = _dataset(tmp_path / "data.csv", config_file)
+    out = api.train(config, data, output_directory=str(tmp_path / "run"), backend="local", progress=False)
+    test = out["evaluation"]["test"]
+    target = config.output_features[0].name
+    key = metric if metric in test else f"{target}/{metric}"
+    assert test[key] >= least, test
