@@ -33,7 +33,7 @@ from raylight.declarative.config.parameters import check_parameter, space_values
 from raylight.declarative.config.preprocessing import PreprocessingSection
 from raylight.declarative.config.trainer import TrainerSection
 from raylight.declarative.layers import FCLayer, FCStackConfig
-from raylight.declarative.ludwig.check import check_ludwig_keys, own_settings
+from raylight.declarative.ludwig.check import check_ludwig_keys, own_settings, say_ignored
 from raylight.declarative.ludwig.errors import joined, value_error
 from raylight.declarative.ludwig.spellings import inferred_validation_field
 from raylight.declarative.metrics import COMBINED, field_metrics
@@ -235,12 +235,14 @@ class ModelConfig(ConfigModel):
         """Ludwig's keys first (``ludwig.check``: those raylight takes as they are, moves,
         ignores or refuses), then the output a validation_metric given alone follows, then
         the rest; every problem of the config in one error, at Ludwig's key paths. Defined
-        last, so it wraps the checks across sections too. What the config as written set
-        itself is remembered (``own_settings``)."""
+        last, so it wraps the checks across sections too. The Ludwig keys ignored are said
+        once a config loads (not again for the trials' configs its hyperopt section checks).
+        What the config as written set itself is remembered (``own_settings``)."""
         if isinstance(data, ModelConfig):
             return handler(data)
         own = own_settings(data)
-        data, problems = check_ludwig_keys(data, COMBINER_TYPES)
+        outermost = _OWN.get() is None  # not a trial's config checked inside a config's own validation
+        data, problems, ignored = check_ludwig_keys(data, COMBINER_TYPES)
         try:
             data = inferred_validation_field(data)
         except ValueError as exc:
@@ -254,5 +256,7 @@ class ModelConfig(ConfigModel):
             _OWN.reset(token)
         if problems:
             raise joined(cls.__name__, problems, None, data)
+        if outermost:
+            say_ignored(ignored)
         config._own = own
         return config

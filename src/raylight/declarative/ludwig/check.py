@@ -120,7 +120,9 @@ def _decoder_keys(feature: dict[str, Any], loc: tuple[Any, ...], errors: list[In
     return {**{k: v for k, v in feature.items() if k not in _OUTPUT_DECODER_KEYS}, "decoder": section}
 
 
-def _check_features(data: dict[str, Any], errors: list[InitErrorDetails], inherited: dict[tuple[str, int], set[str]]) -> dict[str, Any]:
+def _check_features(
+    data: dict[str, Any], errors: list[InitErrorDetails], inherited: dict[tuple[str, int], set[str]], notes: list[str],
+) -> dict[str, Any]:
     """``data`` without each feature's neutral Ludwig keys; the others added to ``errors``,
     at ``defaults.<type>.<key>`` where the feature took the key from there (``inherited``)."""
     for side in ("input", "output"):
@@ -134,7 +136,7 @@ def _check_features(data: dict[str, Any], errors: list[InitErrorDetails], inheri
                 own: list[InitErrorDetails] = []
                 if side == "output":
                     feature = _decoder_keys(_loss_weight(feature, (key, i), own), (key, i), own)
-                feature = _ignored(feature, _feature_rules(side, feature.get("type"), IGNORED_FEATURE_KEYS), (key, i))
+                feature = _ignored(feature, _feature_rules(side, feature.get("type"), IGNORED_FEATURE_KEYS), (key, i), notes)
                 feature = _apply(feature, _feature_rules(side, feature.get("type")), (key, i), own)
                 for error in own:
                     path = ".".join(str(p) for p in error["loc"][2:])
@@ -170,14 +172,20 @@ def _apply(
     return data
 
 
-def _ignored(data: dict[str, Any], rules: dict[str, str], loc: tuple[Any, ...]) -> dict[str, Any]:
+def _ignored(data: dict[str, Any], rules: dict[str, str], loc: tuple[Any, ...], notes: list[str]) -> dict[str, Any]:
     """``data`` without the keys of ``rules`` (Ludwig's, with no meaning in raylight), each
-    said in one warning line with its note."""
+    added to ``notes`` as its key path and note."""
     for path, note in rules.items():
         if _lookup(data, path)[0]:
-            log.warning("ignored Ludwig key %s: %s", ".".join(str(p) for p in (*loc, path)), note)
+            notes.append(f"{'.'.join(str(p) for p in (*loc, path))}: {note}")
             data = _without(data, path)
     return data
+
+
+def say_ignored(notes: list[str]) -> None:
+    """One warning line per Ludwig key ``check_ludwig_keys`` ignored."""
+    for note in notes:
+        log.warning("ignored Ludwig key %s", note)
 
 
 def _with_defaults(
@@ -254,16 +262,18 @@ def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def check_ludwig_keys(data: Any, combiners: tuple[str, ...]) -> tuple[Any, list[InitErrorDetails]]:
+def check_ludwig_keys(data: Any, combiners: tuple[str, ...]) -> tuple[Any, list[InitErrorDetails], list[str]]:
     """``data`` without the Ludwig keys whose values do what raylight does anyway (their
     neutral values) or that mean nothing here (each said in a warning line), with those
     raylight spells otherwise moved; and the problems of every other Ludwig key (and
     value) of ``data`` that raylight does not take, each at its key path with the fix,
     the keys themselves dropped (so that they are not reported again as unknown).
-    ``combiners``: the combiner types raylight has."""
+    ``combiners``: the combiner types raylight has. Third, the keys ignored, each with its
+    note (``say_ignored`` says them)."""
     errors: list[InitErrorDetails] = []
+    notes: list[str] = []
     if not isinstance(data, dict):
-        return data, errors
+        return data, errors, notes
     for (path, given), fix in LUDWIG_VALUES.items():
         found, value = _lookup(data, path)
         if found and value == given:  # the section goes: its other keys are that type's
@@ -271,8 +281,8 @@ def check_ludwig_keys(data: Any, combiners: tuple[str, ...]) -> tuple[Any, list[
             data = _without(data, path.removesuffix(".type"))
     data = _combiner_type(data, combiners, errors)
     inherited: dict[tuple[str, int], set[str]] = {}
-    data = _ignored(_optimizer_lr(_with_defaults(data, errors, inherited), errors), IGNORED_KEYS, ())
-    data = _check_features(_apply(data, LUDWIG_KEYS, (), errors), errors, inherited)
+    data = _ignored(_optimizer_lr(_with_defaults(data, errors, inherited), errors), IGNORED_KEYS, (), notes)
+    data = _check_features(_apply(data, LUDWIG_KEYS, (), errors), errors, inherited, notes)
     data = {**data, "combiner": _fc_layers(data.get("combiner"), ("combiner",), errors)} if "combiner" in data else data
     if isinstance(data.get("input_features"), list):  # an encoder's layers (a date's)
         data = {**data, "input_features": [
@@ -280,7 +290,7 @@ def check_ludwig_keys(data: Any, combiners: tuple[str, ...]) -> tuple[Any, list[
             if isinstance(f, dict) and "encoder" in f else f
             for i, f in enumerate(data["input_features"])
         ]}
-    return data, errors
+    return data, errors, notes
 
 
 def _combiner_type(data: dict[str, Any], combiners: tuple[str, ...], errors: list[InitErrorDetails]) -> dict[str, Any]:
