@@ -79,7 +79,7 @@ def test_a_new_type_is_one_module_and_one_entry(tmp_path, monkeypatch):
         feat = config.input_features[0]
         assert isinstance(feat, squared_feature.SquaredInput) and feat.preprocessing.offset == 40
         assert "type: squared" in render_config(config) and "offset: 40.0" in render_config(config)
-        with pytest.raises(ConfigError, match=r"input_features\.0\.squared\.encoder\.width: Input should be less than or equal to 64"):
+        with pytest.raises(ConfigError, match=r"input_features\.0\.encoder\.width: Input should be less than or equal to 64"):
             load_config(cfg, ["input_features.0.encoder.width=100"])
         with pytest.raises(ConfigError, match="'number', 'category', 'binary', 'text', 'date', 'set', 'bag', 'vector', 'sequence', 'timeseries', 'squared'"):
             load_config(cfg, ["input_features.0.type=cube"])
