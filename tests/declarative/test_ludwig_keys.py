@@ -135,3 +135,16 @@ def test_model_config_itself_raises_one_validation_error():
     with pytest.raises(Exception) as err:
         ModelConfig.model_validate({**BASE, "trainer": {"compile": True, "epochs": 0}})
     assert {tuple(e["loc"]) for e in err.value.errors()} == {("trainer", "compile"), ("trainer", "epochs")}
+
+
+def test_a_key_of_ludwig_s_schema_raylight_does_not_take_is_told_as_ludwig_s():
+    """Not "unknown key; check the spelling": a key Ludwig 0.17 documents for the section
+    (of another type or encoder) says so; a misspelling still gets the spelling meant."""
+    data = {
+        "input_features": [{"name": "a", "type": "number", "preprocessing": {"window_size": 3, "normalisation": "zscore"}}],
+        "output_features": [{"name": "y", "type": "number", "decoder": {"beam_width": 3}}],
+    }
+    found = problems(data)
+    for path in ("input_features.0.preprocessing.window_size", "output_features.0.decoder.beam_width"):
+        assert "a key of Ludwig 0.17's schema" in found[path] and "remove it" in found[path], found[path]
+    assert "did you mean 'normalization'" in found["input_features.0.preprocessing.normalisation"]

@@ -14,6 +14,8 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 from pydantic_core.core_schema import ErrorType
 
+from raylight.declarative.ludwig.schema_keys import LUDWIG_SECTION_KEYS
+
 _KNOWN: frozenset[str] = frozenset(typing.get_args(ErrorType))
 _LOST = object()  # the walk left the data (a key the data lacks: a missing field)
 
@@ -80,10 +82,29 @@ def joined(title: str, problems: list[InitErrorDetails], err: ValidationError | 
     (locations in ``data``, as ``key_path`` gives them), each once."""
     out = list(problems)
     for item in err.errors() if err is not None else ():
-        detail = _at_its_key(item) or details(item, key_path(item["loc"], data))
+        loc = key_path(item["loc"], data)
+        detail = _at_its_key(item) or _ludwig_s(item, loc, data) or details(item, loc)
         if not any(o["loc"] == detail["loc"] and _message(o) == _message(detail) for o in out):
             out.append(detail)
     return ValidationError.from_exception_data(title, out)
+
+
+def _ludwig_s(item: ErrorDetails, loc: tuple[Any, ...], data: Any) -> InitErrorDetails | None:
+    """An unknown key of a feature or of its encoder, decoder, loss or preprocessing that is
+    a key of Ludwig 0.17's section (of another type, encoder or decoder), told so."""
+    if item["type"] != "extra_forbidden" or len(loc) not in (3, 4) or loc[0] not in ("input_features", "output_features"):
+        return None
+    section = "feature" if len(loc) == 3 else str(loc[2])
+    if str(loc[-1]) not in LUDWIG_SECTION_KEYS.get(section, frozenset()):
+        return None
+    feature = data[loc[0]][loc[1]] if isinstance(data, dict) else {}
+    kind = feature.get("type") if isinstance(feature, dict) else None
+    where = f"a {kind} feature" if section == "feature" else f"a {kind} feature's {section}"
+    message = (
+        f"a key of Ludwig 0.17's schema, which {where} does not take in raylight; remove it "
+        "(docs/declarative.md, \"Ludwig 0.17's keys\", says what raylight does with Ludwig's keys)"
+    )
+    return InitErrorDetails(type=PydanticCustomError("ludwig_key", message), loc=loc, input=item.get("input"))
 
 
 _NAMED = re.compile(r"^([A-Za-z_][\w]*(?:\.[\w]+)+): (.+)$", re.DOTALL)
