@@ -419,7 +419,7 @@ def test_top_k_is_a_category_output_s_setting():
         return {"input_features": [{"name": "a", "type": "number"}], "output_features": [out]}
 
     assert ModelConfig.model_validate(config({"name": "c", "type": "category", "top_k": 1})).output_features[0].top_k == 1
-    with pytest.raises(Exception, match="top_k: a category output's setting; a binary output has none"):
+    with pytest.raises(Exception, match=r"output_features\.0\.top_k\n  a category output's setting; a binary output has none"):
         ModelConfig.model_validate(config({"name": "c", "type": "binary", "top_k": 2}))
 
 

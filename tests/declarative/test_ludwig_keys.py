@@ -148,3 +148,10 @@ def test_a_key_of_ludwig_s_schema_raylight_does_not_take_is_told_as_ludwig_s():
     for path in ("input_features.0.preprocessing.window_size", "output_features.0.decoder.beam_width"):
         assert "a key of Ludwig 0.17's schema" in found[path] and "remove it" in found[path], found[path]
     assert "did you mean 'normalization'" in found["input_features.0.preprocessing.normalisation"]
+
+
+def test_an_output_s_setting_of_another_type_comes_with_its_other_problems():
+    out = {"name": "y", "type": "number", "threshold": 0.2, "top_k": 2, "loss_weight": -1}
+    found = problems({**BASE, "output_features": [out]})
+    assert set(found) == {"output_features.0.threshold", "output_features.0.top_k", "output_features.0.loss_weight"}, found
+    assert "a binary or set output's setting; a number output has none" in found["output_features.0.threshold"]
