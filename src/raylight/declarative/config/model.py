@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from contextvars import ContextVar
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import (
     Field,
@@ -24,29 +24,20 @@ from pydantic_core import to_jsonable_python
 
 from raylight.config.base import ConfigModel
 from raylight.config.loggers import LoggerSetting, parse_loggers
+from raylight.declarative.combiners import CombinerSection
+from raylight.declarative.combiners.concat import ConcatCombiner
 from raylight.declarative.config.backend import BackendConfig
 from raylight.declarative.config.features import InputFeature, OutputFeature
 from raylight.declarative.config.hyperopt import HyperoptConfig
 from raylight.declarative.config.parameters import check_parameter, space_values
 from raylight.declarative.config.preprocessing import PreprocessingSection
 from raylight.declarative.config.trainer import TrainerSection
-from raylight.declarative.layers import FCLayer, FCStackConfig
 from raylight.declarative.ludwig.check import check_ludwig_keys, own_settings
 from raylight.declarative.ludwig.spellings import inferred_validation_field
 from raylight.declarative.metrics import COMBINED, field_metrics
 
-
-# -- model and training ----------------------------------------------------------------
-class CombinerConfig(FCStackConfig):
-    """Ludwig's concat combiner: the encoded inputs concatenated, then fully connected
-    layers (each: linear, normalisation, activation, dropout), in Ludwig's order."""
-
-    type: Literal["concat"] = Field("concat", description="How encoded inputs are combined.")
-    fc_layers: list[FCLayer] = Field(
-        default_factory=lambda: [FCLayer(output_size=64)], max_length=64, description="Layers after concatenation."
-    )
-
-
+# The concat combiner's model, by the name it had before the combiners were a family.
+CombinerConfig = ConcatCombiner
 
 # At most this many preprocessings of the dataset for one search (hyperopt.preprocessing_variants).
 MAX_PREPROCESSINGS = 8
@@ -74,7 +65,11 @@ class ModelConfig(ConfigModel):
         description="The targets: one, or several trained together (Ludwig's multi-task model: the outputs share "
         "the encoders and combiner, and training adds up their losses, each times its loss_weight).",
     )
-    combiner: CombinerConfig = Field(default_factory=lambda: CombinerConfig(), description="Combiner.")
+    combiner: CombinerSection = Field(
+        default_factory=lambda: ConcatCombiner(),
+        description="How the encoded inputs are combined: one of Ludwig's combiner types (concat by default; "
+        "raylight.declarative.combiners, docs/declarative.md).",
+    )
     trainer: TrainerSection = Field(default_factory=lambda: TrainerSection(), description="Training.")
     preprocessing: PreprocessingSection = Field(
         default_factory=lambda: PreprocessingSection(), description="Dataset-level preprocessing."
@@ -224,6 +219,13 @@ class ModelConfig(ConfigModel):
                 "trainer.learning_rate_scheduler.reduce_eval_split is validation but "
                 "preprocessing.split.probabilities gives it 0; give it a fraction or use training"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_combiner(self) -> ModelConfig:
+        check = getattr(self.combiner, "check_inputs", None)
+        if check is not None:
+            check(self.input_features)
         return self
 
     @model_validator(mode="after")

@@ -406,8 +406,7 @@ LUDWIG_VALUES: dict[tuple[str, str], str] = {
             "choose this combiner for a config that names none (ludwig render_config shows which)"
         )
         for name in (
-            "sequence_concat", "sequence", "tabnet", "comparator", "transformer", "tab_transformer", "ft_transformer",
-            "project_aggregate", "gated_fusion", "cross_attention", "perceiver", "hypernetwork", "tabpfn_v2",
+            "gated_fusion", "cross_attention", "perceiver", "hypernetwork", "tabpfn_v2",
         )
     },
 }
