@@ -5,6 +5,7 @@ with sparsemax or entmax, the decision steps. Sparsemax and entmax are written h
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -45,7 +46,7 @@ def entmax(z: torch.Tensor, alpha: torch.Tensor | float, iterations: int = 50) -
 
 
 class GhostBatchNorm(nn.Module):
-    """Batch norm over virtual batches of ``virtual`` rows in training (Hoffer et al.;
+    """Batch norm over virtual batches of about ``virtual`` rows (as even as they split) in training (Hoffer et al.;
     Ludwig's GhostBatchNormalization); over the whole batch where ``virtual`` is None."""
 
     def __init__(self, width: int, virtual: int | None, momentum: float, eps: float) -> None:
@@ -56,7 +57,7 @@ class GhostBatchNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.virtual is None or x.shape[0] <= self.virtual:
             return self.bn(x)
-        return torch.cat([self.bn(chunk) for chunk in torch.split(x, self.virtual)], dim=0)
+        return torch.cat([self.bn(chunk) for chunk in torch.chunk(x, math.ceil(x.shape[0] / self.virtual))], dim=0)
 
 
 class FeatureBlock(nn.Module):
