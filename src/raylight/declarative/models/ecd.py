@@ -2,7 +2,8 @@
 
 Encoders come from each input's type (``raylight.declarative.features``): numbers and
 binaries pass through; categories get an embedding; text gets a mean bag of token
-embeddings (padding ignored). The concat combiner feeds an MLP; the decoder is one linear
+embeddings (padding ignored). The combiner is the config's type's (``declarative.combiners``;
+concat: an MLP over the concatenated encodings); the decoder is one linear
 layer per output: a logit (binary), class logits (category, set), a value (number, in
 standardised units) or the floats of a vector (as they are, Ludwig's projector). The
 model returns each output's by its name (Ludwig's multi-task ECD: the outputs share the
