@@ -99,6 +99,43 @@ def test_a_combiner_section_names_concat_by_default_and_keeps_its_weights_names(
     assert [k for k in model.state_dict() if k.startswith("combiner.")] == ["combiner.0.weight", "combiner.0.bias"]
 
 
+_TRANSFORMER_RENDERED = {
+    "dropout": 0.1, "transformer_output_size": 256, "hidden_size": 256, "num_layers": 1, "num_heads": 8, "use_bias": True,
+    "bias_initializer": "zeros", "weights_initializer": "xavier_uniform", "num_fc_layers": 0, "output_size": 256,
+    "norm": None, "norm_params": None, "fc_layers": None, "fc_dropout": 0.0, "fc_activation": "relu", "fc_residual": False,
+}
+# Each section as Ludwig 0.17's schema renders it (every key at its default; comparator's
+# entities given), and what raylight makes of a few of its keys.
+RENDERED = [
+    ({"type": "transformer", "reduce_output": "mean", **_TRANSFORMER_RENDERED}, {"hidden_size": 256, "fc_layers": []}),
+    ({"type": "tabtransformer", "embed_input_feature_name": None, "reduce_output": "concat", **_TRANSFORMER_RENDERED}, {"reduce_output": "concat"}),
+    ({"type": "ft_transformer", **_TRANSFORMER_RENDERED}, {"num_heads": 8, "dropout": 0.1}),
+    ({"type": "project_aggregate", "projection_size": 128, "residual": True, "dropout": 0.0, "activation": "relu", "num_fc_layers": 2,
+      "output_size": 128, "norm": "layer", "norm_params": None, "fc_layers": None, "use_bias": True, "bias_initializer": "zeros",
+      "weights_initializer": "xavier_uniform"}, {"norm": "layer", "residual": True}),
+    ({"type": "tabnet", "size": 32, "dropout": 0.05, "output_size": 128, "num_steps": 3, "num_total_blocks": 4, "num_shared_blocks": 2,
+      "relaxation_factor": 1.5, "bn_epsilon": 0.001, "bn_momentum": 0.05, "bn_virtual_bs": 1024, "sparsity": 0.0001,
+      "entmax_mode": "sparsemax", "entmax_alpha": 1.5}, {"num_steps": 3}),
+    ({"type": "comparator", "entity_1": ["a"], "entity_2": ["t"], "dropout": 0.0, "activation": "relu", "use_bias": True,
+      "bias_initializer": "zeros", "weights_initializer": "xavier_uniform", "num_fc_layers": 1, "output_size": 256, "norm": None,
+      "norm_params": None, "fc_layers": None}, {"entity_2": ["t"]}),
+    ({"type": "sequence_concat", "main_sequence_feature": None, "reduce_output": None}, {"reduce_output": None}),
+]
+
+
+@pytest.mark.parametrize(("section", "expected"), RENDERED, ids=[s["type"] for s, _ in RENDERED])
+def test_a_section_as_ludwig_renders_it_loads_at_its_defaults(section, expected):
+    inputs = [{"name": "a", "type": "number"}, {"name": "t", "type": "text", "encoder": {"type": "rnn", "reduce_output": None}}]
+    cfg = validate_config({"input_features": inputs, "output_features": [{"name": "y", "type": "binary"}], "combiner": section})
+    for key, value in expected.items():
+        assert getattr(cfg.combiner, key) == value, key
+    # and each of those defaults is raylight's own where the section names only the type
+    entities = {k: v for k, v in section.items() if k.startswith("entity_")}
+    bare = validate_config({"input_features": inputs, "output_features": [{"name": "y", "type": "binary"}],
+                            "combiner": {"type": section["type"], **entities}})
+    assert bare.combiner == cfg.combiner
+
+
 def test_sparsemax_is_the_projection_onto_the_simplex():
     # sorted 1, 0.5, -1: the support is the first two, tau = (1.5 - 1) / 2
     assert torch.allclose(sparsemax(torch.tensor([[1.0, 0.5, -1.0]])), torch.tensor([[0.75, 0.25, 0.0]]))
@@ -190,9 +227,9 @@ def test_sequence_concat_tiles_the_vectors_over_the_main_sequence_s_steps():
         ({"type": "tabtransformer", "embed_input_feature_name": 300}, "embed_input_feature_name 300 must be a number of units from 1 to hidden_size - 1 (255)"),
         ({"type": "comparator", "entity_1": ["a"]}, "combiner.entity_2: Field required"),
         ({"type": "comparator", "entity_1": ["a"], "entity_2": ["x"]}, "combiner.entity_2: ['x'] are not input features; use names of ['a', 't']"),
-        ({"type": "comparator", "entity_1": ["a"], "entity_2": ["a"]}, "combiner: inputs ['t'] are in neither entity_1 nor entity_2; add each to one of them"),
+        ({"type": "comparator", "entity_1": ["a"], "entity_2": ["a"]}, "  combiner: inputs ['t'] are in neither entity_1 nor entity_2; add each to one of them"),
         ({"type": "comparator", "entity_1": ["a"], "entity_2": ["t"], "num_fc_layers": 0}, "combiner: num_fc_layers: the comparator compares each entity's last layer: give it at least one"),
-        ({"type": "sequence_concat"}, "a sequence combiner needs an input with an output per step: give a sequence, text or timeseries input"),
+        ({"type": "sequence_concat"}, "  combiner: a sequence combiner needs an input with an output per step: give a sequence, text or timeseries input"),
         ({"type": "sequence", "main_sequence_feature": "a"}, "combiner.main_sequence_feature: 'a' gives one vector; give its encoder reduce_output: null"),
         ({"type": "sequence", "encoder": {"type": "embed"}}, "combiner.encoder: type: embed gives one vector, not one per step"),
         ({"type": "sequence", "reduce_output": "attention"}, "combiner.reduce_output: Input should be 'sum', 'mean', 'avg', 'max' or 'last'"),
@@ -207,7 +244,7 @@ def test_a_bad_combiner_setting_names_its_key_and_the_fix(combiner, line):
 
 
 def test_concat_refuses_an_output_per_step():
-    with pytest.raises(ConfigError, match=r"type: concat concatenates one vector per input, and \['t'\] give their outputs per step"):
+    with pytest.raises(ConfigError, match=r"combiner.type: concat concatenates one vector per input, and \['t'\] give their outputs per step"):
         validate_config({"input_features": INPUTS, "output_features": [{"name": "y", "type": "binary"}]})
 
 

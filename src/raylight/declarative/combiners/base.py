@@ -47,9 +47,10 @@ class CombinerModel(ConfigModel):
 
     type: str = Field(description="How the encoded inputs are combined (Ludwig's combiner types).")
 
-    def check_inputs(self, inputs: list[Any]) -> None:
-        """Raise ValueError (its message names the key and the fix) where this combiner
-        cannot combine ``inputs`` (the config's input features). None by default."""
+    def check_inputs(self, inputs: list[Any]) -> tuple[str | None, str] | None:
+        """Where this combiner cannot combine ``inputs`` (the config's input features):
+        its key (None: the section) and what to do; None where it can (by default)."""
+        return None
 
 
 class CombinerType(Protocol):

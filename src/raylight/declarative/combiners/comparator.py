@@ -36,16 +36,16 @@ class ComparatorCombiner(FCStackConfig):
             raise ValueError("num_fc_layers: the comparator compares each entity's last layer: give it at least one")
         return data
 
-    def check_inputs(self, inputs: list[Any]) -> None:
+    def check_inputs(self, inputs: list[Any]) -> tuple[str | None, str] | None:
         names = [f.name for f in inputs]
         for key in ("entity_1", "entity_2"):
             unknown = [n for n in getattr(self, key) if n not in names]
             if unknown:
-                raise ValueError(f"combiner.{key}: {unknown} are not input features; use names of {names}")
+                return key, f"{unknown} are not input features; use names of {names}"
         left = [n for n in names if n not in self.entity_1 and n not in self.entity_2]
         if left:
-            raise ValueError(f"combiner: inputs {left} are in neither entity_1 nor entity_2; add each to one of them")
-
+            return None, f"inputs {left} are in neither entity_1 nor entity_2; add each to one of them"
+        return None
 
 Config = ComparatorCombiner
 

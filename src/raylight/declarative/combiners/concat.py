@@ -24,14 +24,15 @@ class ConcatCombiner(FCStackConfig):
         default_factory=lambda: [FCLayer(output_size=64)], max_length=64, description="Layers after concatenation."
     )
 
-    def check_inputs(self, inputs: list[Any]) -> None:
+    def check_inputs(self, inputs: list[Any]) -> tuple[str | None, str] | None:
         stepped = [f.name for f in inputs if getattr(getattr(f, "encoder", None), "reduce_output", "sum") is None]
-        if stepped:
-            raise ValueError(
-                f"type: concat concatenates one vector per input, and {stepped} give their outputs per step "
-                "(encoder.reduce_output: null); give them a reduce_output (sum, mean, max, last) or use "
-                "combiner type sequence_concat or sequence"
-            )
+        if not stepped:
+            return None
+        return "type", (
+            f"concat concatenates one vector per input, and {stepped} give their outputs per step "
+            "(encoder.reduce_output: null); give them a reduce_output (sum, mean, max, last) or use "
+            "combiner type sequence_concat or sequence"
+        )
 
 
 Config = ConcatCombiner

@@ -39,8 +39,8 @@ class SequenceCombiner(CombinerModel):
             raise ValueError("type: embed gives one vector, not one per step; use parallel_cnn, stacked_cnn, rnn, transformer, ...")
         return value
 
-    def check_inputs(self, inputs: list[Any]) -> None:
-        check_main(self.main_sequence_feature, inputs)
+    def check_inputs(self, inputs: list[Any]) -> tuple[str | None, str] | None:
+        return check_main(self.main_sequence_feature, inputs)
 
 
 Config = SequenceCombiner

@@ -24,21 +24,22 @@ def stepped(inputs: list[Any]) -> list[str]:
     return [f.name for f in inputs if f.type in _SEQUENCES and getattr(f.encoder, "reduce_output", "sum") is None]
 
 
-def check_main(main: str | None, inputs: list[Any]) -> None:
+def check_main(main: str | None, inputs: list[Any]) -> tuple[str | None, str] | None:
+    """Where a sequence combiner's inputs give it no steps to read: its key and the fix."""
     names, per_step = [f.name for f in inputs], stepped(inputs)
     if main is not None and main not in names:
-        raise ValueError(f"combiner.main_sequence_feature: {main!r} is not an input feature; use one of {per_step or names}")
+        return "main_sequence_feature", f"{main!r} is not an input feature; use one of {per_step or names}"
     if main is not None and main not in per_step:
-        raise ValueError(
-            f"combiner.main_sequence_feature: {main!r} gives one vector; give its encoder reduce_output: null "
-            "(a sequence, text or timeseries input with an encoder other than embed) for its output per step"
+        return "main_sequence_feature", (
+            f"{main!r} gives one vector; give its encoder reduce_output: null (a sequence, text or timeseries "
+            "input with an encoder other than embed) for its output per step"
         )
     if not per_step:
-        raise ValueError(
-            "combiner: a sequence combiner needs an input with an output per step: give a sequence, text or "
-            "timeseries input an encoder other than embed (parallel_cnn, rnn, ...) with reduce_output: null"
+        return None, (
+            "a sequence combiner needs an input with an output per step: give a sequence, text or timeseries "
+            "input an encoder other than embed (parallel_cnn, rnn, ...) with reduce_output: null"
         )
-
+    return None
 
 class SequenceConcatCombiner(CombinerModel):
     type: Literal["sequence_concat"] = Field(description="Ludwig's sequence_concat combiner.")
@@ -49,8 +50,8 @@ class SequenceConcatCombiner(CombinerModel):
         None, description="How the steps reduce: sum, mean, max, concat, last; null (Ludwig's default): summed."
     )
 
-    def check_inputs(self, inputs: list[Any]) -> None:
-        check_main(self.main_sequence_feature, inputs)
+    def check_inputs(self, inputs: list[Any]) -> tuple[str | None, str] | None:
+        return check_main(self.main_sequence_feature, inputs)
 
 
 Config = SequenceConcatCombiner

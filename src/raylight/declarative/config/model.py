@@ -20,7 +20,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import to_jsonable_python
+from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError, to_jsonable_python
 
 from raylight.config.base import ConfigModel
 from raylight.config.loggers import LoggerSetting, parse_loggers
@@ -224,8 +224,13 @@ class ModelConfig(ConfigModel):
     @model_validator(mode="after")
     def _check_combiner(self) -> ModelConfig:
         check = getattr(self.combiner, "check_inputs", None)
-        if check is not None:
-            check(self.input_features)
+        problem = check(self.input_features) if check is not None else None
+        if problem is not None:  # (the combiner's key, or None for the section; the message)
+            key, message = problem
+            loc = ("combiner",) if key is None else ("combiner", key)
+            raise ValidationError.from_exception_data(
+                "ModelConfig", [InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=None)]
+            )
         return self
 
     @model_validator(mode="after")
