@@ -44,7 +44,7 @@ SECTIONS = {
     "project_aggregate": ({"type": "project_aggregate", "projection_size": 8, "output_size": 8}, 8),
     "tabnet": ({"type": "tabnet", "size": 4, "output_size": 8, "num_steps": 2, "bn_virtual_bs": 2}, 8),
     "comparator": ({"type": "comparator", "entity_1": ["a", "c"], "entity_2": ["b", "t"], "output_size": 8}, 2 * 8 + 2),
-    # every step: t's 8, a's 1, c's embedding (Ludwig's category default: 50 wide, raylight's), b's 1
+    # every step: t's 8, a's 1, c's embedding, b's 1 (the tiling test checks the widths)
     "sequence_concat": ({"type": "sequence_concat", "reduce_output": "mean"}, None),
     "sequence": ({"type": "sequence", "encoder": {"type": "rnn", "state_size": 4}, "reduce_output": "last"}, 4),
 }
