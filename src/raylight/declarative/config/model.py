@@ -8,10 +8,9 @@ naming the key path and the allowed values.
 from __future__ import annotations
 
 import math
-import typing
 from collections.abc import Mapping
 from contextvars import ContextVar
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import (
     Field,
@@ -22,36 +21,28 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import to_jsonable_python
+from pydantic_core import InitErrorDetails, PydanticCustomError, to_jsonable_python
 
 from raylight.config.base import ConfigModel
 from raylight.config.loggers import LoggerSetting, parse_loggers
+from raylight.declarative.combiners import COMBINERS, CombinerSection
+from raylight.declarative.combiners.concat import ConcatCombiner
 from raylight.declarative.config.backend import BackendConfig
 from raylight.declarative.config.features import InputFeature, OutputFeature
 from raylight.declarative.config.hyperopt import HyperoptConfig
 from raylight.declarative.config.parameters import check_parameter, space_values
 from raylight.declarative.config.preprocessing import PreprocessingSection
 from raylight.declarative.config.trainer import TrainerSection
-from raylight.declarative.layers import FCLayer, FCStackConfig
 from raylight.declarative.ludwig.check import check_ludwig_keys, own_settings, say_ignored
 from raylight.declarative.ludwig.errors import joined, value_error
 from raylight.declarative.ludwig.spellings import inferred_validation_field
 from raylight.declarative.metrics import COMBINED, field_metrics
 
-
-# -- model and training ----------------------------------------------------------------
-class CombinerConfig(FCStackConfig):
-    """Ludwig's concat combiner: the encoded inputs concatenated, then fully connected
-    layers (each: linear, normalisation, activation, dropout), in Ludwig's order."""
-
-    type: Literal["concat"] = Field("concat", description="How encoded inputs are combined.")
-    fc_layers: list[FCLayer] = Field(
-        default_factory=lambda: [FCLayer(output_size=64)], max_length=64, description="Layers after concatenation."
-    )
-
+# The concat combiner's model, by the name it had before the combiners were a family.
+CombinerConfig = ConcatCombiner
 
 # The combiner types raylight has (a Ludwig one it lacks is refused with these).
-COMBINER_TYPES: tuple[str, ...] = typing.get_args(CombinerConfig.model_fields["type"].annotation)
+COMBINER_TYPES: tuple[str, ...] = tuple(COMBINERS)
 
 # At most this many preprocessings of the dataset for one search (hyperopt.preprocessing_variants).
 MAX_PREPROCESSINGS = 8
@@ -79,7 +70,11 @@ class ModelConfig(ConfigModel):
         description="The targets: one, or several trained together (Ludwig's multi-task model: the outputs share "
         "the encoders and combiner, and training adds up their losses, each times its loss_weight).",
     )
-    combiner: CombinerConfig = Field(default_factory=lambda: CombinerConfig(), description="Combiner.")
+    combiner: CombinerSection = Field(
+        default_factory=lambda: ConcatCombiner(),
+        description="How the encoded inputs are combined: one of Ludwig's combiner types (concat by default; "
+        "raylight.declarative.combiners, docs/declarative.md).",
+    )
     trainer: TrainerSection = Field(default_factory=lambda: TrainerSection(), description="Training.")
     preprocessing: PreprocessingSection = Field(
         default_factory=lambda: PreprocessingSection(), description="Dataset-level preprocessing."
@@ -207,6 +202,18 @@ class ModelConfig(ConfigModel):
             raise ValueError(
                 "trainer.learning_rate_scheduler.reduce_eval_split is validation but "
                 "preprocessing.split.probabilities gives it 0; give it a fraction or use training"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_combiner(self) -> ModelConfig:
+        check = getattr(self.combiner, "check_inputs", None)
+        problem = check(self.input_features) if check is not None else None
+        if problem is not None:  # (the combiner's key, or None for the section; the message)
+            key, message = problem
+            loc = ("combiner",) if key is None else ("combiner", key)
+            raise ValidationError.from_exception_data(
+                "ModelConfig", [InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=None)]
             )
         return self
 

@@ -409,7 +409,7 @@ LUDWIG_VALUES: dict[tuple[str, str], str] = {
 # Ludwig 0.17's combiner types (ludwig/schema/combiners/): one raylight lacks is refused
 # with the types raylight has (``check._combiner_type``), these named as Ludwig's.
 LUDWIG_COMBINERS = (
-    "concat", "sequence_concat", "sequence", "tabnet", "comparator", "transformer", "tab_transformer", "ft_transformer",
+    "concat", "sequence_concat", "sequence", "tabnet", "comparator", "transformer", "tabtransformer", "ft_transformer",
     "project_aggregate", "gated_fusion", "cross_attention", "perceiver", "hypernetwork", "tabpfn_v2",
 )
 
