@@ -1,0 +1,130 @@
+"""The image encoders' modules (``features.image``; settings in
+``features/image_encoders.py``): Ludwig's Stacked2DCNN and MLP-Mixer, after the bytes
+are scaled to [0, 1] (and standardised where the feature says). Imported only when a model
+is built."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from raylight.base.exceptions import ConfigError
+from raylight.declarative.models.ecd import ACTIVATIONS, FCStack
+
+# ImageNet's channel means and deviations (Ludwig's IMAGENET1K_MEAN / _STD, torchvision's).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def _pool(layer: Any) -> nn.Module:
+    if layer.pool_kernel_size is None:
+        return nn.Identity()
+    stride = layer.pool_stride or layer.pool_kernel_size
+    if layer.pool_function == "max":
+        return nn.MaxPool2d(layer.pool_kernel_size, stride, layer.pool_padding, dilation=layer.pool_dilation)
+    return nn.AvgPool2d(layer.pool_kernel_size, stride, layer.pool_padding)
+
+
+class Stacked2DCNN(nn.Module):
+    """Each of ``conv_layers``: the convolution, its norm, activation, dropout and pooling;
+    then the flattened maps through the fully connected layers."""
+
+    def __init__(self, enc: Any, shape: tuple[int, int, int], name: str) -> None:
+        super().__init__()
+        blocks, x = [], torch.zeros(1, *shape)
+        for i, layer in enumerate(enc.conv_layers):
+            parts: list[nn.Module] = [nn.Conv2d(
+                x.shape[1], layer.out_channels, layer.kernel_size, layer.stride, layer.padding, layer.dilation,
+                layer.groups, layer.use_bias, layer.padding_mode,
+            )]
+            try:
+                with torch.no_grad():
+                    x = parts[0](x)
+                    if layer.norm is not None:
+                        parts.append(nn.BatchNorm2d(layer.out_channels) if layer.norm == "batch" else nn.LayerNorm(tuple(x.shape[2:])))
+                    parts += [ACTIVATIONS[layer.activation](), nn.Dropout(layer.dropout) if layer.dropout > 0 else nn.Identity(), _pool(layer)]
+                    x = parts[-1](x)
+            except RuntimeError as exc:  # torch's word for a map smaller than the filter, or channels that do not divide
+                problem = " ".join(str(exc).split())[:200]
+                raise ConfigError(
+                    f"input_features {name!r}: encoder.conv_layers.{i} cannot take the {tuple(x.shape[1:])} (channels, height, "
+                    f"width) it is given ({problem}); use fewer or smaller layers, padding: same, or larger images "
+                    "(preprocessing.height and width)"
+                ) from None
+            blocks.append(nn.Sequential(*parts))
+        self.convs = nn.Sequential(*blocks)
+        self.fc = FCStack(enc.fc(), int(x.numel()))
+        self.width = self.fc.width
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.convs(x).flatten(1))
+
+
+class _MLP(nn.Sequential):
+    def __init__(self, width: int, hidden: int, dropout: float) -> None:
+        super().__init__(nn.Linear(width, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, width), nn.Dropout(dropout))
+
+
+class _MixerBlock(nn.Module):
+    def __init__(self, patches: int, enc: Any) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(enc.embed_size), nn.LayerNorm(enc.embed_size)
+        self.tokens = _MLP(patches, enc.token_size, enc.dropout)
+        self.channels = _MLP(enc.embed_size, enc.channel_dim, enc.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (rows, patches, embed)
+        x = x + self.tokens(self.norm1(x).transpose(1, 2)).transpose(1, 2)
+        return x + self.channels(self.norm2(x))
+
+
+class MLPMixer(nn.Module):
+    """Patches embedded by a strided convolution, mixer blocks, a layer norm, the mean."""
+
+    def __init__(self, enc: Any, shape: tuple[int, int, int], name: str) -> None:
+        super().__init__()
+        channels, height, width = shape
+        if height % enc.patch_size or width % enc.patch_size:
+            raise ConfigError(
+                f"input_features {name!r}: encoder.patch_size {enc.patch_size} must divide the images' height and width "
+                f"({height}x{width}); choose a patch_size that does, or set preprocessing.height and width"
+            )
+        patches = (height // enc.patch_size) * (width // enc.patch_size)
+        self.embed = nn.Conv2d(channels, enc.embed_size, enc.patch_size, enc.patch_size)
+        self.blocks = nn.Sequential(*(_MixerBlock(patches, enc) for _ in range(enc.num_layers)))
+        self.norm = nn.LayerNorm(enc.embed_size)
+        self.avg_pool = enc.avg_pool
+        self.width = enc.embed_size if enc.avg_pool else enc.embed_size * patches
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.blocks(self.embed(x).flatten(2).transpose(1, 2)))
+        return h.mean(1) if self.avg_pool else h.flatten(1)
+
+
+class ImageEncoder(nn.Module):
+    """The bytes as floats in [0, 1] (standardised by ImageNet's statistics where the
+    feature says), then the encoder."""
+
+    def __init__(self, inner: nn.Module, standardize: bool) -> None:
+        super().__init__()
+        self.inner = inner
+        self.standardize = standardize
+        self.mean: torch.Tensor
+        self.std: torch.Tensor
+        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
+        self.width: int = inner.width  # type: ignore[assignment]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float() / 255.0
+        if self.standardize:
+            x = (x - self.mean) / self.std
+        return self.inner(x)
+
+
+def image_encoder(feat: Any, meta: dict[str, Any]) -> ImageEncoder:
+    shape = (int(meta["num_channels"]), int(meta["height"]), int(meta["width"]))
+    kinds: dict[str, Any] = {"stacked_cnn": Stacked2DCNN, "mlp_mixer": MLPMixer}
+    inner = kinds[feat.encoder.type](feat.encoder, shape, feat.name)
+    return ImageEncoder(inner, feat.preprocessing.standardize_image == "imagenet1k")
