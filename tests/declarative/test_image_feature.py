@@ -163,3 +163,115 @@ def test_a_stacked_cnn_learns_shapes_from_png_files_and_predicts_elsewhere(tmp_p
     fresh.drop(columns="shape").to_csv(other / "new.csv", index=False)
     predicted = api.predict(out["model_path"], str(other / "new.csv"), None)
     assert (predicted["shape_predictions"] == fresh["shape"]).mean() >= 0.9
+
+
+# An image input and a timeseries output with every key Ludwig 0.17's schema gives them, at
+# its defaults (written from ludwig/schema/features/preprocessing/image.py and
+# schema/encoders/image/base.py; but missing_value_strategy, Ludwig's bfill, not available).
+LUDWIG_STYLE = """\
+input_features:
+  - name: image
+    type: image
+    column: image
+    proc_column: image_mZFLky
+    active: true
+    tied: null
+    augmentation: false
+    preprocessing:
+      missing_value_strategy: fill_with_const
+      fill_value: null
+      computed_fill_value: null
+      height: null
+      width: null
+      num_channels: null
+      resize_method: interpolate
+      infer_image_num_channels: true
+      infer_image_dimensions: true
+      infer_image_max_height: 256
+      infer_image_max_width: 256
+      infer_image_sample_size: 100
+      standardize_image: null
+      in_memory: true
+      num_processes: 1
+      requires_equal_dimensions: false
+      num_classes: null
+      infer_image_num_classes: false
+      mode: lazy
+      prefetch_size: null
+      lazy_cache_dir: null
+    encoder:
+      type: stacked_cnn
+      skip: false
+      conv_dropout: 0.0
+      conv_activation: relu
+      height: null
+      width: null
+      num_channels: null
+      out_channels: 32
+      kernel_size: 3
+      stride: 1
+      padding_mode: zeros
+      padding: valid
+      dilation: 1
+      groups: 1
+      pool_function: max
+      pool_kernel_size: 2
+      pool_stride: null
+      pool_padding: 0
+      pool_dilation: 1
+      output_size: 128
+      conv_use_bias: true
+      conv_norm: null
+      conv_norm_params: null
+      num_conv_layers: null
+      conv_layers: null
+      fc_dropout: 0.0
+      fc_activation: relu
+      fc_use_bias: true
+      fc_bias_initializer: zeros
+      fc_weights_initializer: xavier_uniform
+      fc_norm: null
+      fc_norm_params: null
+      num_fc_layers: 1
+      fc_layers: null
+output_features:
+  - name: future
+    type: timeseries
+    column: future
+    proc_column: future_mZFLky
+    active: true
+    horizon: null
+    reduce_input: null
+    dependencies: []
+    reduce_dependencies: null
+    default_validation_metric: mean_squared_error
+    preprocessing:
+      tokenizer: space
+      timeseries_length_limit: 256
+      padding_value: 0.0
+      padding: right
+      missing_value_strategy: drop_row
+      fill_value: ''
+      computed_fill_value: ''
+      horizon: 0
+      cache_encoder_embeddings: false
+    decoder: {type: projector, output_size: null, activation: null, multiplier: 1.0, clip: null, use_bias: true,
+              weights_initializer: xavier_uniform, bias_initializer: zeros, fc_layers: null, num_fc_layers: 0,
+              fc_output_size: 256, fc_use_bias: true, fc_weights_initializer: xavier_uniform, fc_bias_initializer: zeros,
+              fc_norm: null, fc_norm_params: null, fc_activation: relu, fc_dropout: 0.0}
+    loss: {type: huber, weight: 1.0, delta: 1.0}
+"""
+
+
+def test_ludwig_s_image_and_timeseries_output_keys_at_their_defaults_load_as_raylight_s_defaults(tmp_path):
+    (tmp_path / "c.yaml").write_text(LUDWIG_STYLE)
+    config = load_config(str(tmp_path / "c.yaml"))
+    inp, out = config.input_features[0], config.output_features[0]
+    plain = ModelConfig.model_validate({"input_features": [{"name": "image", "type": "image"}], "output_features": [{"name": "future", "type": "timeseries"}]})
+    assert inp == plain.input_features[0].model_copy(update={"column": "image"})
+    assert out == plain.output_features[0].model_copy(update={"column": "future"})
+    for key, value in (("preprocessing.num_classes", 2), ("augmentation", True), ("encoder.height", 32)):
+        with pytest.raises(ConfigError, match=rf"input_features\.0\.{key}"):
+            load_config(str(tmp_path / "c.yaml"), [f"input_features.0.{key}={value}"])
+    with pytest.raises(ConfigError, match=r"output_features\.0\.preprocessing\.horizon.*set the output's horizon"):
+        load_config(str(tmp_path / "c.yaml"), ["output_features.0.preprocessing.horizon=3"])

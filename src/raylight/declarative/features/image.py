@@ -67,7 +67,7 @@ class ImagePreprocessing(ConfigModel):
     missing_value_strategy: Literal["fill_with_const", "drop_row"] = Field(
         "fill_with_const", description="A row without an image: a grey image of fill_value, or the row dropped."
     )
-    fill_value: float = Field(128.0, ge=0, le=255, description="fill_with_const's pixel value, 0 to 255.")
+    fill_value: float | None = Field(None, ge=0, le=255, description="fill_with_const's pixel value, 0 to 255; null: 128 (Ludwig's grey).")
 
     @model_validator(mode="after")
     def _size_together(self) -> ImagePreprocessing:
@@ -293,7 +293,7 @@ def transform(col: pd.Series, feat: ImageInput, meta: dict[str, Any]) -> tuple[n
     """Each row's image as bytes (rows x channels x height x width)."""
     p = feat.preprocessing
     here = present(col)
-    array = np.full((len(col), meta["num_channels"], meta["height"], meta["width"]), round(p.fill_value), dtype=np.uint8)
+    array = np.full((len(col), meta["num_channels"], meta["height"], meta["width"]), round(128 if p.fill_value is None else p.fill_value), dtype=np.uint8)
     for r, (row, value) in enumerate(col.items()):
         if here[r]:
             path = str(value).strip()
