@@ -105,7 +105,7 @@ def test_settings_that_cannot_work_are_config_errors():
     with pytest.raises(ValueError, match="height is set without width"):
         feat(height=8)
     with pytest.raises(ValueError, match=r"stacked_cnn.*mlp_mixer"):  # Ludwig's torchvision encoders need their weights
-        feat(encoder={"type": "resnet"})
+        feat(encoder={"type": "vit"})
     meta = {"height": 8, "width": 8, "num_channels": 3}
     with pytest.raises(ConfigError, match=r"encoder.patch_size 3 must divide the images' height and width \(8x8\)"):
         image.encoder(feat({"type": "mlp_mixer", "patch_size": 3}), meta)
@@ -275,3 +275,17 @@ def test_ludwig_s_image_and_timeseries_output_keys_at_their_defaults_load_as_ray
             load_config(str(tmp_path / "c.yaml"), [f"input_features.0.{key}={value}"])
     with pytest.raises(ConfigError, match=r"output_features\.0\.preprocessing\.horizon.*set the output's horizon"):
         load_config(str(tmp_path / "c.yaml"), ["output_features.0.preprocessing.horizon=3"])
+
+
+@pytest.mark.parametrize(("variant", "width", "weights"), [(18, 512, 11_176_512), (50, 2048, 23_508_032)])
+def test_resnet_is_torchvision_s_architecture_built_from_scratch(variant, width, weights):
+    """Its weights count torchvision's resnet18 / resnet50 less their classifier (11,689,512
+    - 513,000 and 25,557,032 - 2,049,000); it takes the preprocessing's channels and size."""
+    f = feat({"type": "resnet", "model_variant": variant, "use_pretrained": False})
+    module, out = image.encoder(f, {"height": 32, "width": 32, "num_channels": 3})
+    assert out == width and sum(p.numel() for p in module.parameters()) == weights
+    grey, _ = image.encoder(f, {"height": 20, "width": 28, "num_channels": 1})
+    grey.train()
+    assert grey(torch.zeros(1, 1, 20, 28, dtype=torch.uint8)).shape == (1, width)  # one row in training: 1x1 maps normalise
+    with pytest.raises(ValueError, match="use_pretrained: the pre-trained resnet's weights are downloaded"):
+        feat({"type": "resnet"})

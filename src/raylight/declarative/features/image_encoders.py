@@ -1,6 +1,6 @@
 """The settings of the image encoders (``features.image``), Ludwig's keys and defaults:
 ``stacked_cnn`` (Stacked2DCNN: 2-D convolutions, each with its pooling, flattened, then
-fully connected layers) and ``mlp_mixer`` (MLP-Mixer). Pure config; the modules are
+fully connected layers), ``mlp_mixer`` (MLP-Mixer) and ``resnet`` (from scratch). Pure config; the modules are
 ``models/image_encoders.py``."""
 
 from __future__ import annotations
@@ -133,8 +133,33 @@ class MLPMixer(ConfigModel):
     avg_pool: bool = Field(True, description="The mean over the patches; false: every patch's embedding, flattened.")
 
 
-ImageEncoder = Stacked2DCNN | MLPMixer
-ENCODERS = ("stacked_cnn", "mlp_mixer")
+class ResNet(ConfigModel):
+    """Ludwig's resnet (torchvision's ResNet, its classifier removed), built here from
+    scratch: a 7x7 convolution of stride 2, a max pooling, four stages of residual blocks
+    (basic blocks for 18 and 34 layers, bottlenecks for 50, 101, 152) and the mean over the
+    map; 512 values (18, 34) or 2048. Pre-trained weights would need a download: raylight
+    trains it from ``use_pretrained: false``. It takes the preprocessing's size and channels
+    (Ludwig's torchvision encoders resize to 224x224 RGB and standardise by ImageNet's)."""
+
+    type: Literal["resnet"] = Field(description="Ludwig's resnet, from scratch.")
+    model_variant: Literal[18, 34, 50, 101, 152] = Field(50, description="Layers: 18, 34, 50, 101 or 152.")
+    use_pretrained: bool = Field(
+        True, description="Must be false: pre-trained weights are downloaded, which raylight does not do (Ludwig's default: true)."
+    )
+    trainable: bool = Field(True, description="Whether its weights train (false: its random initial features, frozen).")
+
+    @model_validator(mode="after")
+    def _from_scratch(self) -> ResNet:
+        if self.use_pretrained:
+            raise ValueError(
+                "use_pretrained: the pre-trained resnet's weights are downloaded, which raylight does not do; set "
+                "use_pretrained: false to train it from scratch, or use type: stacked_cnn"
+            )
+        return self
+
+
+ImageEncoder = Stacked2DCNN | MLPMixer | ResNet
+ENCODERS = ("stacked_cnn", "mlp_mixer", "resnet")
 
 
 def encoder_with_type(section: dict[str, Any]) -> Any:

@@ -314,6 +314,8 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "encoder.fc_norm_params": FC_LAYER_KEYS["norm_params"],
         "encoder.fc_weights_initializer": FC_LAYER_KEYS["weights_initializer"],
         "encoder.fc_bias_initializer": FC_LAYER_KEYS["bias_initializer"],
+        "encoder.saved_weights_in_checkpoint": ("raylight saves every weight with the model; remove the key", (False, True)),
+        "encoder.model_cache_dir": ("raylight downloads no weights; remove the key", (None,)),
         "augmentation": ("image augmentation is not available; remove the key", (False, None, [])),
         "preprocessing.in_memory": ("raylight decodes every image at preprocessing and keeps them in memory; remove the key", (True,)),
         "preprocessing.mode": (

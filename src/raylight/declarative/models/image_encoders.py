@@ -1,5 +1,5 @@
 """The image encoders' modules (``features.image``; settings in
-``features/image_encoders.py``): Ludwig's Stacked2DCNN and MLP-Mixer, after the bytes
+``features/image_encoders.py``): Ludwig's Stacked2DCNN, MLP-Mixer and ResNet (from scratch), after the bytes
 are scaled to [0, 1] (and standardised where the feature says). Imported only when a model
 is built."""
 
@@ -16,6 +16,17 @@ from raylight.declarative.models.ecd import ACTIVATIONS, FCStack
 # ImageNet's channel means and deviations (Ludwig's IMAGENET1K_MEAN / _STD, torchvision's).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class _BatchNorm2d(nn.BatchNorm2d):
+    """Batch normalisation that takes one value per channel in training (a one-row
+    micro-batch of 1x1 maps, where torch's raises) with its running statistics, as
+    ``models/ecd.py``'s one-dimensional one."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and x.shape[0] * x.shape[2] * x.shape[3] < 2:
+            return nn.functional.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps)
+        return super().forward(x)
 
 
 def _pool(layer: Any) -> nn.Module:
@@ -43,7 +54,7 @@ class Stacked2DCNN(nn.Module):
                 with torch.no_grad():
                     x = parts[0](x)
                     if layer.norm is not None:
-                        parts.append(nn.BatchNorm2d(layer.out_channels) if layer.norm == "batch" else nn.LayerNorm(tuple(x.shape[2:])))
+                        parts.append(_BatchNorm2d(layer.out_channels) if layer.norm == "batch" else nn.LayerNorm(tuple(x.shape[2:])))
                     parts += [ACTIVATIONS[layer.activation](), nn.Dropout(layer.dropout) if layer.dropout > 0 else nn.Identity(), _pool(layer)]
                     x = parts[-1](x)
             except RuntimeError as exc:  # torch's word for a map smaller than the filter, or channels that do not divide
@@ -102,6 +113,59 @@ class MLPMixer(nn.Module):
         return h.mean(1) if self.avg_pool else h.flatten(1)
 
 
+class _Residual(nn.Module):
+    """He et al.'s residual block: two 3x3 convolutions (``bottleneck``: 1x1, 3x3, 1x1 with
+    4x the width out), each batch-normalised, added to the input (projected by a 1x1
+    convolution where the shape changes), then ReLU; the stride in the 3x3 convolution."""
+
+    def __init__(self, channels: int, width: int, stride: int, bottleneck: bool) -> None:
+        super().__init__()
+        out = width * (4 if bottleneck else 1)
+        shapes = [(channels, width, 1, 1), (width, width, 3, stride), (width, out, 1, 1)] if bottleneck else [
+            (channels, width, 3, stride), (width, out, 3, 1)]
+        layers: list[nn.Module] = []
+        for i, (c_in, c_out, k, s) in enumerate(shapes):
+            layers += [nn.Conv2d(c_in, c_out, k, s, k // 2, bias=False), _BatchNorm2d(c_out)]
+            if i < len(shapes) - 1:
+                layers.append(nn.ReLU())
+        self.body = nn.Sequential(*layers)
+        self.skip = nn.Identity() if stride == 1 and channels == out else nn.Sequential(
+            nn.Conv2d(channels, out, 1, stride, bias=False), _BatchNorm2d(out))
+        self.out = out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.body(x) + self.skip(x))
+
+
+_RESNET_BLOCKS = {18: (2, 2, 2, 2), 34: (3, 4, 6, 3), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
+
+
+class ResNet(nn.Module):
+    """A ResNet of ``model_variant`` layers without its classifier: the stem, four stages
+    of 64, 128, 256 and 512 wide blocks (the first of each after the first at stride 2),
+    the mean over the map."""
+
+    def __init__(self, enc: Any, shape: tuple[int, int, int], name: str) -> None:
+        super().__init__()
+        bottleneck = enc.model_variant >= 50
+        layers: list[nn.Module] = [nn.Conv2d(shape[0], 64, 7, 2, 3, bias=False), _BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1)]
+        channels = 64
+        for stage, count in enumerate(_RESNET_BLOCKS[enc.model_variant]):
+            for i in range(count):
+                block = _Residual(channels, 64 * 2**stage, 2 if stage > 0 and i == 0 else 1, bottleneck)
+                layers.append(block)
+                channels = block.out
+        self.body = nn.Sequential(*layers)
+        self.width = channels
+        for module in self.modules():  # torchvision's initialisation of a ResNet
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+        self.requires_grad_(enc.trainable)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x).mean((2, 3))
+
+
 class ImageEncoder(nn.Module):
     """The bytes as floats in [0, 1] (standardised by ImageNet's statistics where the
     feature says), then the encoder."""
@@ -125,6 +189,6 @@ class ImageEncoder(nn.Module):
 
 def image_encoder(feat: Any, meta: dict[str, Any]) -> ImageEncoder:
     shape = (int(meta["num_channels"]), int(meta["height"]), int(meta["width"]))
-    kinds: dict[str, Any] = {"stacked_cnn": Stacked2DCNN, "mlp_mixer": MLPMixer}
+    kinds: dict[str, Any] = {"stacked_cnn": Stacked2DCNN, "mlp_mixer": MLPMixer, "resnet": ResNet}
     inner = kinds[feat.encoder.type](feat.encoder, shape, feat.name)
     return ImageEncoder(inner, feat.preprocessing.standardize_image == "imagenet1k")
