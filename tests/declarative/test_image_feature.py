@@ -105,7 +105,7 @@ def test_settings_that_cannot_work_are_config_errors():
     with pytest.raises(ValueError, match="height is set without width"):
         feat(height=8)
     with pytest.raises(ValueError, match=r"stacked_cnn.*mlp_mixer"):  # Ludwig's torchvision encoders need their weights
-        feat(encoder={"type": "vit"})
+        feat(encoder={"type": "convnext"})
     meta = {"height": 8, "width": 8, "num_channels": 3}
     with pytest.raises(ConfigError, match=r"encoder.patch_size 3 must divide the images' height and width \(8x8\)"):
         image.encoder(feat({"type": "mlp_mixer", "patch_size": 3}), meta)
@@ -289,3 +289,17 @@ def test_resnet_is_torchvision_s_architecture_built_from_scratch(variant, width,
     assert grey(torch.zeros(1, 1, 20, 28, dtype=torch.uint8)).shape == (1, width)  # one row in training: 1x1 maps normalise
     with pytest.raises(ValueError, match="use_pretrained: the pre-trained resnet's weights are downloaded"):
         feat({"type": "resnet"})
+
+
+def test_vit_is_torchvision_s_architecture_built_from_scratch():
+    """b_16 at torchvision's 224x224 counts vit_b_16's weights less its head (86,567,656 -
+    769,000); other sizes take their own positions; the patch must divide the size."""
+    f = feat({"type": "vit", "use_pretrained": False})
+    module, width = image.encoder(f, {"height": 224, "width": 224, "num_channels": 3})
+    assert width == 768 and sum(p.numel() for p in module.parameters()) == 85_798_656
+    small = feat({"type": "vit", "model_variant": "b_32", "use_pretrained": False, "trainable": False})
+    module, _ = image.encoder(small, {"height": 64, "width": 32, "num_channels": 1})
+    assert module(torch.zeros(2, 1, 64, 32, dtype=torch.uint8)).shape == (2, 768)
+    assert not any(p.requires_grad for p in module.parameters())
+    with pytest.raises(ConfigError, match=r"model_variant b_32 cuts the images into 32-pixel patches, which must divide .* \(48x32\)"):
+        image.encoder(small, {"height": 48, "width": 32, "num_channels": 1})

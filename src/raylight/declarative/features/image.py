@@ -6,8 +6,8 @@ preprocessing, converted to those channels, resized (``resize_method``) and kept
 (rows x channels x height x width); the encoder scales them to [0, 1] (and, with
 ``standardize_image: imagenet1k``, by ImageNet's channel means and deviations).
 
-Encoders that need no downloaded weights: ``stacked_cnn`` (Ludwig's default, Stacked2DCNN)
-and ``mlp_mixer``; their settings are in ``image_encoders.py``, their modules in
+Encoders that need no downloaded weights: ``stacked_cnn`` (Ludwig's default, Stacked2DCNN),
+``mlp_mixer``, and ``resnet`` and ``vit`` built from scratch; their settings are in ``image_encoders.py``, their modules in
 ``models/image_encoders.py``. A file that is missing or cannot be read
 is a ConfigError naming the column, the row and the file."""
 
@@ -81,7 +81,7 @@ class ImageInput(FeatureModel):
     type: Literal["image"]
     preprocessing: ImagePreprocessing = Field(default_factory=lambda: ImagePreprocessing(), description="Image preprocessing.")
     encoder: Annotated[ImageEncoder, Field(discriminator="type")] = Field(
-        default_factory=lambda: encoder_with_type({}), description="Image encoder: stacked_cnn (default), mlp_mixer, vit, resnet."
+        default_factory=lambda: encoder_with_type({}), description="Image encoder: stacked_cnn (default), mlp_mixer, resnet, vit."
     )
 
     @model_validator(mode="before")

@@ -1,6 +1,6 @@
 """The settings of the image encoders (``features.image``), Ludwig's keys and defaults:
 ``stacked_cnn`` (Stacked2DCNN: 2-D convolutions, each with its pooling, flattened, then
-fully connected layers), ``mlp_mixer`` (MLP-Mixer) and ``resnet`` (from scratch). Pure config; the modules are
+fully connected layers), ``mlp_mixer`` (MLP-Mixer), ``resnet`` and ``vit`` (from scratch). Pure config; the modules are
 ``models/image_encoders.py``."""
 
 from __future__ import annotations
@@ -150,16 +150,40 @@ class ResNet(ConfigModel):
 
     @model_validator(mode="after")
     def _from_scratch(self) -> ResNet:
-        if self.use_pretrained:
-            raise ValueError(
-                "use_pretrained: the pre-trained resnet's weights are downloaded, which raylight does not do; set "
-                "use_pretrained: false to train it from scratch, or use type: stacked_cnn"
-            )
-        return self
+        return _from_scratch(self)
 
 
-ImageEncoder = Stacked2DCNN | MLPMixer | ResNet
-ENCODERS = ("stacked_cnn", "mlp_mixer", "resnet")
+def _from_scratch(enc: Any) -> Any:
+    if enc.use_pretrained:
+        raise ValueError(
+            f"use_pretrained: the pre-trained {enc.type}'s weights are downloaded, which raylight does not do; set "
+            "use_pretrained: false to train it from scratch, or use type: stacked_cnn"
+        )
+    return enc
+
+
+class ViT(ConfigModel):
+    """Ludwig's vit (torchvision's VisionTransformer, its head removed), built here from
+    scratch: ``model_variant``'s patches (b_16: 16 pixels), embedded by a strided
+    convolution, a class token and learned positions, its pre-norm transformer blocks
+    (GELU, layer norms of epsilon 1e-6), a final layer norm; the class token's output
+    (768 values for b, 1024 for l, 1280 for h). ``use_pretrained: false`` as resnet's. The
+    patch size must divide the preprocessing's height and width (torchvision's: 224)."""
+
+    type: Literal["vit"] = Field(description="Ludwig's vit, from scratch.")
+    model_variant: Literal["b_16", "b_32", "l_16", "l_32", "h_14"] = Field("b_16", description="Size and patch: b, l or h; 16, 32 or 14 pixels.")
+    use_pretrained: bool = Field(
+        True, description="Must be false: pre-trained weights are downloaded, which raylight does not do (Ludwig's default: true)."
+    )
+    trainable: bool = Field(True, description="Whether its weights train (false: its random initial features, frozen).")
+
+    @model_validator(mode="after")
+    def _from_scratch(self) -> ViT:
+        return _from_scratch(self)
+
+
+ImageEncoder = Stacked2DCNN | MLPMixer | ResNet | ViT
+ENCODERS = ("stacked_cnn", "mlp_mixer", "resnet", "vit")
 
 
 def encoder_with_type(section: dict[str, Any]) -> Any:

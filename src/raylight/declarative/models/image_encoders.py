@@ -1,5 +1,5 @@
 """The image encoders' modules (``features.image``; settings in
-``features/image_encoders.py``): Ludwig's Stacked2DCNN, MLP-Mixer and ResNet (from scratch), after the bytes
+``features/image_encoders.py``): Ludwig's Stacked2DCNN, MLP-Mixer, ResNet and ViT (from scratch), after the bytes
 are scaled to [0, 1] (and standardised where the feature says). Imported only when a model
 is built."""
 
@@ -166,6 +166,41 @@ class ResNet(nn.Module):
         return self.body(x).mean((2, 3))
 
 
+# torchvision's ViT variants: (patch, blocks, hidden width, heads, MLP width).
+_VIT = {"b_16": (16, 12, 768, 12, 3072), "b_32": (32, 12, 768, 12, 3072), "l_16": (16, 24, 1024, 16, 4096),
+        "l_32": (32, 24, 1024, 16, 4096), "h_14": (14, 32, 1280, 16, 5120)}
+
+
+class ViT(nn.Module):
+    """Dosovitskiy et al.'s vision transformer without its head: patches embedded by a
+    strided convolution, a class token first, learned positions added, pre-norm blocks
+    (GELU, layer norms of epsilon 1e-6), a layer norm; the class token's output."""
+
+    def __init__(self, enc: Any, shape: tuple[int, int, int], name: str) -> None:
+        super().__init__()
+        patch, blocks, width, heads, mlp = _VIT[enc.model_variant]
+        channels, height, wide = shape
+        if height % patch or wide % patch:
+            raise ConfigError(
+                f"input_features {name!r}: encoder.model_variant {enc.model_variant} cuts the images into {patch}-pixel patches, "
+                f"which must divide their height and width ({height}x{wide}); set preprocessing.height and width to "
+                f"multiples of {patch} (torchvision's: 224), or choose another variant"
+            )
+        self.embed = nn.Conv2d(channels, width, patch, patch)
+        self.cls = nn.Parameter(torch.zeros(1, 1, width))
+        self.position = nn.Parameter(torch.empty(1, (height // patch) * (wide // patch) + 1, width).normal_(std=0.02))
+        block = nn.TransformerEncoderLayer(width, heads, mlp, 0.0, activation="gelu", batch_first=True, norm_first=True, layer_norm_eps=1e-6)
+        self.blocks = nn.TransformerEncoder(block, blocks, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(width, eps=1e-6)
+        self.width = width
+        self.requires_grad_(enc.trainable)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x).flatten(2).transpose(1, 2)
+        h = torch.cat([self.cls.expand(h.shape[0], -1, -1), h], dim=1) + self.position
+        return self.norm(self.blocks(h))[:, 0]
+
+
 class ImageEncoder(nn.Module):
     """The bytes as floats in [0, 1] (standardised by ImageNet's statistics where the
     feature says), then the encoder."""
@@ -189,6 +224,6 @@ class ImageEncoder(nn.Module):
 
 def image_encoder(feat: Any, meta: dict[str, Any]) -> ImageEncoder:
     shape = (int(meta["num_channels"]), int(meta["height"]), int(meta["width"]))
-    kinds: dict[str, Any] = {"stacked_cnn": Stacked2DCNN, "mlp_mixer": MLPMixer, "resnet": ResNet}
+    kinds: dict[str, Any] = {"stacked_cnn": Stacked2DCNN, "mlp_mixer": MLPMixer, "resnet": ResNet, "vit": ViT}
     inner = kinds[feat.encoder.type](feat.encoder, shape, feat.name)
     return ImageEncoder(inner, feat.preprocessing.standardize_image == "imagenet1k")
