@@ -104,6 +104,8 @@ def test_relative_paths_start_at_the_dataset_file_s_directory(tmp_path):
 def test_settings_that_cannot_work_are_config_errors():
     with pytest.raises(ValueError, match="height is set without width"):
         feat(height=8)
+    with pytest.raises(ValueError, match=r"bfill \(Ludwig's default for images\) fills a missing image from a neighbouring row.*use fill_with_const"):
+        feat(missing_value_strategy="bfill")
     with pytest.raises(ValueError, match=r"stacked_cnn.*mlp_mixer"):  # Ludwig's torchvision encoders need their weights
         feat(encoder={"type": "convnext"})
     meta = {"height": 8, "width": 8, "num_channels": 3}

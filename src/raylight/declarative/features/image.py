@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from raylight.base.exceptions import ConfigError
 from raylight.config.base import ConfigModel
@@ -68,6 +68,16 @@ class ImagePreprocessing(ConfigModel):
         "fill_with_const", description="A row without an image: a grey image of fill_value, or the row dropped."
     )
     fill_value: float | None = Field(None, ge=0, le=255, description="fill_with_const's pixel value, 0 to 255; null: 128 (Ludwig's grey).")
+
+    @field_validator("missing_value_strategy", mode="before")
+    @classmethod
+    def _no_neighbours(cls, value: Any) -> Any:
+        if value in ("bfill", "ffill"):
+            raise ValueError(
+                f"{value} (Ludwig's default for images) fills a missing image from a neighbouring row, which raylight does "
+                "not do: use fill_with_const (a grey image of fill_value) or drop_row"
+            )
+        return value
 
     @model_validator(mode="after")
     def _size_together(self) -> ImagePreprocessing:
