@@ -305,3 +305,18 @@ def test_vit_is_torchvision_s_architecture_built_from_scratch():
     assert not any(p.requires_grad for p in module.parameters())
     with pytest.raises(ConfigError, match=r"model_variant b_32 cuts the images into 32-pixel patches, which must divide .* \(48x32\)"):
         image.encoder(small, {"height": 48, "width": 32, "num_channels": 1})
+
+
+def test_a_search_over_image_encoder_types_starts_each_from_its_own_defaults():
+    from raylight.declarative.config.parameters import set_path
+
+    config = ModelConfig.model_validate({
+        "input_features": [{"name": "img", "type": "image", "encoder": {"conv_dropout": 0.1, "fc_dropout": 0.2}}],
+        "output_features": [{"name": "y", "type": "binary"}],
+    }).model_dump(mode="json")
+    mixer = set_path(config, "img.encoder.type", "mlp_mixer")["input_features"][0]["encoder"]
+    assert mixer == {"type": "mlp_mixer"}  # stacked_cnn's settings are not a mixer's
+    resnet = ModelConfig.model_validate(set_path(config, "img.encoder.type", "resnet")).input_features[0].encoder
+    assert resnet.type == "resnet" and resnet.model_variant == 50 and not resnet.use_pretrained
+    back = set_path(set_path(config, "img.encoder.type", "vit"), "input_features.0.encoder.type", "stacked_cnn")
+    assert ModelConfig.model_validate(back).input_features[0].encoder.conv_dropout == 0.0  # from stacked_cnn's own defaults

@@ -25,6 +25,9 @@ from raylight.base.exceptions import ConfigError
 from raylight.config.base import ConfigModel
 from raylight.declarative.features.base import FeatureModel, present
 from raylight.declarative.features.image_encoders import ImageEncoder, encoder_with_type
+from raylight.declarative.features.image_encoders import (
+    retyped_encoder as retyped_encoder,  # a search over encoder types
+)
 
 if TYPE_CHECKING:
     from PIL import Image

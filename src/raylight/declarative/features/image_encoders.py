@@ -189,3 +189,23 @@ ENCODERS = ("stacked_cnn", "mlp_mixer", "resnet", "vit")
 def encoder_with_type(section: dict[str, Any]) -> Any:
     """An encoder section without a ``type`` is Ludwig's default, stacked_cnn."""
     return {"type": "stacked_cnn", **section}
+
+
+MODELS: dict[str, type[ConfigModel]] = {"stacked_cnn": Stacked2DCNN, "mlp_mixer": MLPMixer, "resnet": ResNet, "vit": ViT}
+
+
+def retyped_encoder(section: dict[str, Any], kind: str) -> dict[str, Any]:
+    """``section`` (an encoder as a saved config writes it) as a ``kind`` encoder: the
+    settings it changed from its own type's defaults that ``kind`` has too, and ``kind``'s
+    defaults for the rest, so that a search over encoder types (hyperopt's
+    ``image.encoder.type``) trains each type as Ludwig configures it; resnet and vit from
+    scratch (``use_pretrained: false``, the one value raylight takes)."""
+    name = section.get("type", "stacked_cnn")
+    own, target = MODELS.get(name), MODELS.get(kind)
+    if own is None or target is None:
+        return {**section, "type": kind}  # validated later, with the usual message
+    base = {"use_pretrained": False} if "use_pretrained" in own.model_fields else {}
+    defaults = own.model_validate({"type": name, **base}).model_dump(mode="json")
+    changed = {k: v for k, v in section.items() if k != "type" and defaults.get(k) != v}
+    out = {"type": kind, **{k: v for k, v in changed.items() if k in target.model_fields}}
+    return {"use_pretrained": False, **out} if "use_pretrained" in target.model_fields else out
