@@ -295,6 +295,26 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
     ("input", "set"): _TOKEN_BAG_KEYS,
     ("input", "bag"): _TOKEN_BAG_KEYS,
     ("input", "vector"): {"encoder.input_size": _COMPUTED, **_STACK_KEYS},
+    ("input", "image"): {
+        **{f"encoder.{key}": ("the image's size and channels are preprocessing's (height, width, num_channels); remove the key", (None,))
+           for key in ("height", "width", "num_channels")},
+        "encoder.conv_norm_params": FC_LAYER_KEYS["norm_params"],
+        "encoder.fc_norm_params": FC_LAYER_KEYS["norm_params"],
+        "encoder.fc_weights_initializer": FC_LAYER_KEYS["weights_initializer"],
+        "encoder.fc_bias_initializer": FC_LAYER_KEYS["bias_initializer"],
+        "encoder.saved_weights_in_checkpoint": ("raylight saves every weight with the model; remove the key", (False, True)),
+        "encoder.model_cache_dir": ("raylight downloads no weights; remove the key", (None,)),
+        "augmentation": ("image augmentation is not available; remove the key", (False, None, [])),
+        "preprocessing.in_memory": ("raylight decodes every image at preprocessing and keeps them in memory; remove the key", (True,)),
+        "preprocessing.mode": (
+            "raylight decodes every image once, at preprocessing (Ludwig's eager mode); remove the key", ("lazy", "eager", "lazy_cached"),
+        ),
+        "preprocessing.prefetch_size": ("raylight decodes every image at preprocessing; remove the key", (None,)),
+        "preprocessing.lazy_cache_dir": ("raylight decodes every image at preprocessing; remove the key", (None,)),
+        "preprocessing.num_processes": ("raylight decodes the images in one process per block; remove the key", (ANY,)),
+        "preprocessing.num_classes": ("channel classes (image segmentation) are not available; remove the key", (None,)),
+        "preprocessing.infer_image_num_classes": ("channel classes (image segmentation) are not available; remove the key", (False,)),
+    },
     ("input", "*"): {
         "tied": ("raylight does not share encoders between features; remove the key", (None,)),
         "preprocessing.computed_fill_value": _COMPUTED,
@@ -354,6 +374,18 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "decoder.clip": ("raylight does not clip predictions; remove the key", (None,)),
         "softmax": ("Ludwig 0.17 applies no softmax to a vector output either; remove the key", (False,)),
         "preprocessing.vector_size": ("write it as the output's vector_size", (None,)),
+    },
+    ("output", "timeseries"): {
+        "decoder.type": ("raylight's timeseries decoder is Ludwig's projector; use it or remove the key", ("projector",)),
+        "decoder.output_size": _COMPUTED,
+        "decoder.activation": ("raylight's projector gives the values as they are (no activation); remove the key", (None,)),
+        "decoder.multiplier": ("raylight's projector does not scale its values; remove the key", (1.0, 1)),
+        "decoder.clip": ("raylight does not clip predictions; remove the key", (None,)),
+        "preprocessing.horizon": (
+            "raylight reads each row's series of future values as it is (no sliding window over a column); set the "
+            "output's horizon, or remove the key",
+            (0,),
+        ),
     },
     ("output", "*"): {
         "loss.robust_lambda": ("not available; remove the key", (0,)),
