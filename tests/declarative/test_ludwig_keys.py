@@ -65,11 +65,14 @@ def test_key_paths_are_ludwig_s_without_the_unions_tags():
 
 
 def test_a_combiner_raylight_lacks_is_refused_with_the_ones_it_has():
-    for kind in ("tabtransformer", "tab_transformer"):
+    for kind in ("gated_fusion", "perceiver", "tab_transformer"):
         found = problems({**BASE, "combiner": {"type": kind, "num_layers": 2}})
         assert set(found) == {"combiner.type"}, found  # the section's own keys are not reported one by one
         assert f"{kind} combiner is not available; raylight's combiners: {', '.join(COMBINER_TYPES)}" in found["combiner.type"]
-    assert "Ludwig's tab_transformer" in problems({**BASE, "combiner": {"type": "tab_transformer"}})["combiner.type"]
+    assert "Ludwig's gated_fusion" in problems({**BASE, "combiner": {"type": "gated_fusion"}})["combiner.type"]
+    # Not Ludwig's spelling (its type is tabtransformer, which raylight has): a misspelling.
+    misspelt = problems({**BASE, "combiner": {"type": "tab_transformer"}})["combiner.type"]
+    assert "the tab_transformer combiner" in misspelt and "did you mean 'tabtransformer'?" in misspelt
 
 
 def test_keys_ludwig_documents_and_raylight_has_no_meaning_for_are_ignored_with_one_line_each(caplog):
@@ -155,3 +158,18 @@ def test_an_output_s_setting_of_another_type_comes_with_its_other_problems():
     found = problems({**BASE, "output_features": [out]})
     assert set(found) == {"output_features.0.threshold", "output_features.0.top_k", "output_features.0.loss_weight"}, found
     assert "a binary or set output's setting; a number output has none" in found["output_features.0.threshold"]
+
+
+def test_an_encoder_named_on_the_input_takes_the_input_s_other_keys_as_ludwig_before_0_6():
+    """Ludwig's examples (mnist) write ``encoder: stacked_cnn`` with its settings on the
+    input; Ludwig 0.17 moves them into the encoder section, and so does raylight."""
+    data = {**BASE, "input_features": [{
+        "name": "img", "type": "image", "preprocessing": {"height": 8, "width": 8, "num_channels": 1},
+        "encoder": "stacked_cnn", "conv_layers": [{"out_channels": 4, "kernel_size": 3}], "fc_layers": [{"output_size": 8}],
+    }]}
+    encoder = validate_config(data).input_features[0].encoder
+    assert encoder.type == "stacked_cnn"
+    assert [c.out_channels for c in encoder.conv_layers] == [4] and [f.output_size for f in encoder.fc_layers] == [8]
+    # A key the encoder lacks is reported inside the encoder section, where it went.
+    bad = {**data, "input_features": [{**data["input_features"][0], "num_filters": 4}]}
+    assert "input_features.0.encoder.num_filters" in problems(bad)

@@ -8,6 +8,7 @@ at once."""
 
 from __future__ import annotations
 
+import difflib
 import logging
 from typing import Any
 
@@ -120,6 +121,22 @@ def _decoder_keys(feature: dict[str, Any], loc: tuple[Any, ...], errors: list[In
     return {**{k: v for k, v in feature.items() if k not in _OUTPUT_DECODER_KEYS}, "decoder": section}
 
 
+# An input's own keys in Ludwig's spelling before 0.6, where ``encoder`` names the type and
+# the encoder's settings sit on the input itself (Ludwig's backward_compatibility moves them
+# into the encoder section): every other key goes there.
+_INPUT_OWN_KEYS = frozenset({"name", "type", "column", "proc_column", "tied", "active", "preprocessing", "augmentation", "encoder"})
+
+
+def _encoder_keys(feature: dict[str, Any]) -> dict[str, Any]:
+    """``feature`` (an input) with an ``encoder`` given as its type name (Ludwig before 0.6)
+    as an encoder section of that type and the input's encoder settings."""
+    kind = feature.get("encoder")
+    if not isinstance(kind, str):
+        return feature
+    moved = {k: v for k, v in feature.items() if k not in _INPUT_OWN_KEYS}
+    return {**{k: v for k, v in feature.items() if k in _INPUT_OWN_KEYS}, "encoder": {"type": kind, **moved}}
+
+
 def _check_features(
     data: dict[str, Any], errors: list[InitErrorDetails], inherited: dict[tuple[str, int], set[str]], notes: list[str],
 ) -> dict[str, Any]:
@@ -136,6 +153,8 @@ def _check_features(
                 own: list[InitErrorDetails] = []
                 if side == "output":
                     feature = _decoder_keys(_loss_weight(feature, (key, i), own), (key, i), own)
+                else:
+                    feature = _encoder_keys(feature)
                 feature = _ignored(feature, _feature_rules(side, feature.get("type"), IGNORED_FEATURE_KEYS), (key, i), notes)
                 feature = _apply(feature, _feature_rules(side, feature.get("type")), (key, i), own)
                 for error in own:
@@ -308,6 +327,9 @@ def _combiner_type(data: dict[str, Any], combiners: tuple[str, ...], errors: lis
     )
     if kind in LUDWIG_COMBINERS:
         fix += "; Ludwig 0.17 may choose this combiner for a config that names none (ludwig render_config shows which)"
+    else:
+        close = difflib.get_close_matches(kind, combiners, n=1)
+        fix += f"; did you mean {close[0]!r}?" if close else ""
     errors.append(_error(("combiner", "type"), fix, kind))
     return _without(data, "combiner")
 
