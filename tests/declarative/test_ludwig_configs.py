@@ -62,6 +62,48 @@ EXPECTED: dict[str, dict[str, str] | None] = {
         "output_features.0.weight_regularization": "unknown key",
     },
     "uncertainty_mc_dropout": {"output_features.0.decoder.mc_dropout_samples": "Monte Carlo dropout"},
+    # The configs of issue 56's second part: new combiners, image inputs, timeseries outputs.
+    "docs_combiner_sequence_concat": None,
+    "open_set_baseline": None,
+    "docs_combiner_comparator": {"combiner": "give it at least one"},  # Ludwig's docs: num_fc_layers 0
+    "docs_combiner_tabnet": {"combiner.ooutput_size": "did you mean 'output_size'?"},  # the docs' typo
+    "docs_combiner_transformer": {"combiner.fc_residual": "valid boolean"},  # the docs' null
+    "tabnet_higgs_medium": {
+        "combiner.bn_virtual_divider": "did you mean 'bn_virtual_bs'?",
+        "output_features.0.weight_regularization": "unknown key",
+    },
+    "image_stacked_cnn": {"input_features.0.encoder.use_pretrained": "Ludwig 0.17's schema"},
+    "image_dinov2_linear_probe": {"input_features.0.encoder": "'dinov2'"},
+    **{name: {f"input_features.0.encoder.conv_layers.{i}.{k}": "unknown key"
+              for i in (0, 1) for k in ("num_filters", "filter_size", "pool_size")}
+       for name in ("open_set_baseline_mnist",)},
+    "open_set_objectosphere_mnist": {
+        "output_features.0.loss.type": "softmax_cross_entropy",
+        **{f"input_features.0.encoder.conv_layers.{i}.{k}": "unknown key"
+           for i in (0, 1) for k in ("num_filters", "filter_size", "pool_size")},
+    },
+    "timeseries_nbeats": {
+        "input_features.0.encoder.type": "'nbeats'",
+        **{f"input_features.0.encoder.{k}": "Ludwig 0.17's schema" for k in ("num_stacks", "num_blocks", "layer_size")},
+        "input_features.0.window_size": "unknown key",
+        "output_features.0.window_size": "unknown key",
+    },
+    "timeseries_patchtst": {
+        "input_features.0.encoder": "num_layers",
+        "input_features.0.window_size": "unknown key",
+        "output_features.0.window_size": "unknown key",
+    },
+    "multi_task_nash_mtl": {"trainer.loss_balancing": "loss_weight"},
+    "multi_task_uncertainty": {"trainer.loss_balancing": "loss_weight"},
+    "uncertainty_calibrated": {"output_features.0.decoder.calibration": "calibration is not available"},
+    "optimizers_muon": {"trainer.optimizer.type": "muon optimizer is not available"},
+    "optimizers_schedule_free_adamw": {"trainer.optimizer.type": "schedule_free_adamw optimizer is not available"},
+    "hypernetwork_hypernetwork": {"combiner.type": "Ludwig's hypernetwork combiner is not available"},
+    "hyperopt_optuna": {  # the optuna executor's sampler, pruner, storage go with its type
+        "hyperopt.executor.type": "Ray Tune",
+        "hyperopt.parameters.trainer.batch_size": "did you mean 'randint'?",
+    },
+    "anomaly_deep_svdd": {"output_features.0.type": "'anomaly'"},
 }
 
 

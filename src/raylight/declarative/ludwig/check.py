@@ -187,7 +187,9 @@ def _apply(
                 data = _without(data, head)
         else:
             errors.append(_error((*loc, *path.split(".")), f"Ludwig's setting, not raylight's: {fix}", value))
-            data = _without(data, path)  # reported here, not again as an unknown key
+            # Reported here, not again as an unknown key; a type refused takes its section's
+            # other keys (that type's: an objectosphere loss's xi) with it.
+            data = _without(data, path.removesuffix(".type") if path.endswith(".type") and "." in path else path)
     return data
 
 

@@ -79,7 +79,9 @@ LUDWIG_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
         (None,),
     ),
     "combiner.flatten_inputs": ("raylight's encoders give flat vectors already; remove the key", (False,)),
-    "combiner.weights_initializer": ("raylight initialises weights xavier-uniform, Ludwig's default; remove the key", ("xavier_uniform",)),
+    "combiner.weights_initializer": (
+        "raylight initialises weights xavier-uniform, Ludwig's default; remove the key", ("xavier_uniform", "glorot_uniform"),
+    ),
     "combiner.bias_initializer": ("raylight initialises biases to zero, Ludwig's default; remove the key", ("zeros",)),
     "combiner.norm_params": ("raylight's normalisation takes torch's defaults; remove the key", (None, {})),
     "combiner.batch_ensemble": ("batch ensembles are not available; remove the key", (False,)),
