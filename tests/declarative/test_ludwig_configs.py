@@ -64,6 +64,7 @@ EXPECTED: dict[str, dict[str, str] | None] = {
     "uncertainty_mc_dropout": {"output_features.0.decoder.mc_dropout_samples": "Monte Carlo dropout"},
     # The configs of issue 56's second part: new combiners, image inputs, timeseries outputs.
     "docs_combiner_sequence_concat": None,
+    "docs_multi_label_image": None,  # an image input, encoder named as Ludwig before 0.6 wrote it
     "open_set_baseline": None,
     "docs_combiner_comparator": {"combiner": "give it at least one"},  # Ludwig's docs: num_fc_layers 0
     "docs_combiner_tabnet": {"combiner.ooutput_size": "did you mean 'output_size'?"},  # the docs' typo
