@@ -227,7 +227,7 @@ case("config-elastic-order", "config", CHECK, ["min_workers (3) must not exceed 
 case("config-backend-type", "config", CHECK, ["backend.type", "'spark'"], setup=edited("backend: {type: local}", "backend: {type: spark}"))
 case("config-processor-type", "config", CHECK, ["backend.processor.type", "spark", "ray_data"], setup=edited("backend: {type: local}", "backend: {type: local, processor: {type: spark}}"))
 case("config-strategy", "config", CHECK, ["backend.trainer.strategy", "'horovods'"], setup=edited("backend: {type: local}", "backend: {type: local, trainer: {strategy: horovods}}"))
-case("config-feature-type", "config", CHECK, ["input_features.0", "'image'", "'number'"], setup=edited("{name: age, type: number}", "{name: age, type: image}"))
+case("config-feature-type", "config", CHECK, ["input_features.0", "'audio'", "'number'"], setup=edited("{name: age, type: number}", "{name: age, type: audio}"))
 case("config-feature-no-name", "config", CHECK, ["input_features.0.name", "Field required"], setup=edited("{name: age, type: number}", "{type: number}"))
 case("config-feature-empty-name", "config", CHECK, ["input_features.0.name", "at least 1 character"], setup=edited("{name: age, type: number}", "{name: '', type: number}"))
 case("config-duplicate-names", "config", CHECK, ["feature names must be unique", "'age'"], setup=edited("{name: city, type: category}", "{name: age, type: category}"))
