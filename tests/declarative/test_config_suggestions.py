@@ -26,7 +26,7 @@ def _error(data: dict) -> str:
         ({**BASE, "combiner": {"fc_layer": []}}, "combiner.fc_layer: unknown key; check the spelling against the documented settings; did you mean 'fc_layers'?"),
         ({**BASE, "trainer": {"optimizer": {"type": "adamm"}}}, "(got 'adamm'); did you mean 'adam'?"),
         ({**BASE, "backend": {"type": "rey"}}, "backend.type: Input should be"),
-        ({**BASE, "input_features": [{"name": "a", "type": "number", "preprocesing": {}}]}, "input_features.0.number.preprocesing: unknown key; check the spelling against the documented settings; did you mean 'preprocessing'?"),
+        ({**BASE, "input_features": [{"name": "a", "type": "number", "preprocesing": {}}]}, "input_features.0.preprocesing: unknown key; check the spelling against the documented settings; did you mean 'preprocessing'?"),
         ({**BASE, "input_features": [{"name": "a", "type": "nmber"}]}, "; did you mean 'number'?"),
         ({**BASE, "output_features": [{"name": "b", "type": "binary", "treshold": 0.3}]}, "output_features.0.treshold: unknown key; check the spelling against the documented settings; did you mean 'threshold'?"),
         ({**BASE, "output_features": [{"name": "b", "type": "categroy"}]}, "(got 'categroy'); did you mean 'category'?"),
@@ -54,8 +54,7 @@ def test_each_error_gets_its_own_hint_in_order():
 def test_the_keys_of_a_section_follow_the_types_the_data_names():
     data = {**BASE, "output_features": [{"name": "b", "type": "category"}]}
     assert "top_k" in keys_at(("output_features", 0), data) and "threshold" not in keys_at(("output_features", 0), data)
-    assert "preprocessing" in keys_at(("input_features", 0, "number"), data)
-    assert keys_at(("input_features", 0), data) == []  # an input's type comes as its tag
+    assert "preprocessing" in keys_at(("input_features", 0), data)  # key paths without the tag: the type the data names
     assert keys_at(("trainer", "epochs"), data) == []  # a value, not a section
 
 

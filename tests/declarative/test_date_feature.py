@@ -91,9 +91,9 @@ def test_bad_dates_and_settings_name_the_column_or_key(tmp_path):
     with pytest.raises(ConfigError, match="has no dates in the training split"):
         date_feature.fit(pd.Series([None, None], dtype=object), feature())
     cfg, _ = write(tmp_path, df=pd.DataFrame({"when": ["2020-01-01"], "weekend": [True]}), config=CONFIG)
-    with pytest.raises(ConfigError, match=r"input_features\.0\.date\.preprocessing\.fill_value: .*'tomorrow' is not a date"):
+    with pytest.raises(ConfigError, match=r"input_features\.0\.preprocessing\.fill_value: .*'tomorrow' is not a date"):
         load_config(cfg, ["input_features.0.preprocessing.fill_value=tomorrow"])
-    with pytest.raises(ConfigError, match=r"input_features\.0\.date\.encoder\.type: Input should be 'embed' or 'wave'"):
+    with pytest.raises(ConfigError, match=r"input_features\.0\.encoder\.type: Input should be 'embed' or 'wave'"):
         load_config(cfg, ["input_features.0.encoder.type=dense"])
 
 

@@ -286,7 +286,12 @@ def test_ludwig_processors_raylight_does_not_run_name_the_ones_it_does():
 
 @pytest.mark.parametrize(("path", "value"), sorted(LUDWIG_VALUES))
 def test_each_ludwig_value_raylight_lacks_names_its_path_and_the_fix(path, value):
-    data = {**BASE, "combiner": {"type": value}, "backend": {"processor": {"type": value}}}
+    data = {**BASE}
+    section, _, key = path.rpartition(".")
+    node = data
+    for part in section.split("."):
+        node = node.setdefault(part, {})
+    node[key] = value
     with pytest.raises(ConfigError) as err:
         validate(ModelConfig, data)
     line = next(ln for ln in str(err.value).splitlines() if ln.strip().startswith(f"{path}:"))

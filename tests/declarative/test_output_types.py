@@ -57,7 +57,7 @@ def test_an_output_types_model_is_named_by_its_key(name):
 
 def test_a_new_output_type_is_one_module_and_one_entry(tmp_path, monkeypatch):
     cfg, data = write(tmp_path, df=visits(), config=COUNT)
-    with pytest.raises(ConfigError, match=r"output_features\.0\.type: Input should be 'binary', 'category', 'number', 'set' or 'vector'"):
+    with pytest.raises(ConfigError, match=r"output_features\.0\.type: Input should be 'binary', 'category', 'number', 'set', 'vector' or 'timeseries'"):
         load_config(cfg)
     with monkeypatch.context() as m:
         m.setitem(OUTPUTS, "count", count_output)

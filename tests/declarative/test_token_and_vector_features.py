@@ -302,7 +302,7 @@ def test_a_vector_target_s_length_is_checked_and_named():
     assert vector.fit(pd.Series(["1 2", None]), out) == {"size": 2}
     array, keep = vector.transform(pd.Series(["1 2", None, ""]), out, {"size": 2})
     assert array.tolist()[0] == [1.0, 2.0] and keep.tolist() == [True, False, False]
-    with pytest.raises(Exception, match="vector_size: a vector output's setting; a number output has none"):
+    with pytest.raises(Exception, match=r"output_features\.0\.vector_size\n  a vector output's setting; a number output has none"):
         ModelConfig.model_validate({
             "input_features": [{"name": "a", "type": "number"}], "output_features": [{"name": "v", "type": "number", "vector_size": 2}],
         })

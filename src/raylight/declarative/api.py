@@ -46,6 +46,7 @@ from raylight.declarative.preprocess import (
     coded_split_rows,
     fit_metadata,
     missing_stratify_column,
+    resolve_files,
     sample_rows,
     sample_size,
     split_rows,
@@ -59,6 +60,7 @@ log = logging.getLogger("raylight")
 # learning_rate: auto: each class's default in torch, but SGD's (torch's 0.001 is slow for it)
 DEFAULT_LR = {
     "adam": 1e-3, "adamw": 1e-3, "sgd": 0.05, "adadelta": 1.0, "adagrad": 0.01, "adamax": 2e-3, "nadam": 2e-3, "rmsprop": 0.01,
+    "radam": 1e-3,
 }
 
 
@@ -113,7 +115,7 @@ def prepare(
 
 
 def _prepare(config: ModelConfig, dataset: str) -> Prepared:
-    df = read_pandas(dataset)
+    df = resolve_files(read_pandas(dataset), config, dataset)
     sample = sample_size(config.preprocessing, len(df), dataset)
     if sample < len(df):  # Ludwig's sample_ratio / sample_size: before anything else
         df = df.iloc[sample_rows(len(df), sample, (config.trainer.seed, 3))].reset_index(drop=True)
@@ -442,7 +444,7 @@ def predict(model_path: str, dataset: str, output: str | None) -> pd.DataFrame |
     from raylight.declarative.train import load_model
 
     model = load_model(model_path)
-    df = read_pandas(dataset)
+    df = resolve_files(read_pandas(dataset), model.config, dataset)
     with launched_group() as launch:
         if launch is None:
             frame = model.predict(df, source=dataset)
@@ -487,7 +489,8 @@ def evaluate(model_path: str, dataset: str) -> dict[str, float] | None:
     expand(dataset)
     from raylight.declarative.train import load_model
 
-    model, df = load_model(model_path), read_pandas(dataset)
+    model = load_model(model_path)
+    df = resolve_files(read_pandas(dataset), model.config, dataset)
     with launched_group() as launch:
         if launch is None:
             return model.evaluate(df, source=dataset)

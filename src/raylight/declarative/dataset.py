@@ -7,6 +7,7 @@ the file and what to do.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import fsspec
@@ -51,6 +52,14 @@ def expand(path: str) -> list[str]:
     if protocol in ("file", "local"):
         return sorted(matches)
     return sorted(m if "://" in m else f"{protocol}://{m}" for m in matches)
+
+
+def dataset_directory(path: str) -> str:
+    """The directory where the relative file paths a dataset holds (an image column's)
+    start: its file's (a glob's), as Ludwig's; a URI's parent for one on object storage."""
+    if "://" in path and not path.startswith("file://"):
+        return path.rsplit("/", 1)[0]
+    return os.path.dirname(os.path.abspath(path.removeprefix("file://")))
 
 
 def _fix(fmt: str) -> str:

@@ -1,5 +1,6 @@
 """The settings of a stack of fully connected layers, Ludwig's FCStack: the concat
-combiner's, and a date encoder's. Pure config (``models/ecd.py`` builds the layers)."""
+combiner's, a date encoder's, an output's decoder's. Pure config (``models/ecd.py``
+builds the layers)."""
 
 from __future__ import annotations
 
@@ -67,3 +68,40 @@ class FCStackConfig(ConfigModel):
         elif isinstance(layers, list):
             data["fc_layers"] = [{"output_size": size, **layer} if isinstance(layer, dict) else layer for layer in layers]
         return data
+
+
+class DecoderConfig(ConfigModel):
+    """An output's ``decoder`` section, Ludwig's keys of its layers: fully connected layers
+    between the combiner and the output's own linear layer (none by default, Ludwig's
+    too), each linear, normalisation, activation, dropout."""
+
+    fc_layers: list[FCLayer] = Field(default_factory=list, max_length=64, description="The decoder's layers; none: the output's linear layer reads the combiner.")
+    fc_activation: Activation = Field("relu", description="Each layer's activation (Ludwig's names).")
+    fc_dropout: float = Field(0.0, ge=0, lt=1, description="Dropout after each layer.")
+    fc_norm: Norm | None = Field(None, description="batch or layer: normalise each layer's output before its activation; null: none.")
+    fc_use_bias: bool = Field(True, description="Whether the layers have biases.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ludwig_layers(cls, data: Any) -> Any:
+        """Ludwig's ``num_fc_layers`` layers of ``fc_output_size`` units (default 256), or
+        ``fc_layers`` entries without a size (taking ``fc_output_size``); null layers: none."""
+        if not isinstance(data, dict):
+            return data
+        data = {k: v for k, v in data.items() if not (k == "fc_layers" and v is None)}
+        if not {"num_fc_layers", "fc_output_size"} & set(data):
+            return data
+        count, size = data.pop("num_fc_layers", 0), data.pop("fc_output_size", 256)
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 64:
+            raise ValueError(f"num_fc_layers (Ludwig's) must be a whole number from 0 to 64, got {count!r}")
+        layers = data.get("fc_layers")
+        if "fc_layers" not in data:  # Ludwig: fc_layers, where given, wins over num_fc_layers
+            data["fc_layers"] = [{"output_size": size}] * count
+        elif isinstance(layers, list):
+            data["fc_layers"] = [{"output_size": size, **layer} if isinstance(layer, dict) else layer for layer in layers]
+        return data
+
+    def stack(self) -> FCStackConfig:
+        """The layers as an FC stack's settings (what ``models/ecd.py`` builds)."""
+        layers = [layer.model_copy(update={"norm": layer.norm or self.fc_norm}) for layer in self.fc_layers]
+        return FCStackConfig(fc_layers=layers, activation=self.fc_activation, dropout=self.fc_dropout, use_bias=self.fc_use_bias)

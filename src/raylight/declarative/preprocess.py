@@ -16,6 +16,7 @@ import pandas as pd
 
 from raylight.base.exceptions import ConfigError
 from raylight.declarative.config.model import ModelConfig
+from raylight.declarative.dataset import dataset_directory
 from raylight.declarative.features import FEATURES
 from raylight.declarative.features.base import present
 from raylight.declarative.outputs import OUTPUTS
@@ -175,6 +176,18 @@ def check_columns(df: pd.DataFrame, config: ModelConfig, *, with_outputs: bool, 
         if col.isna().all():
             raise all_null(feat, source)
         (FEATURES[feat.type] if kind == "input_features" else OUTPUTS[feat.type]).check(col, feat, kind)
+
+
+def resolve_files(df: pd.DataFrame, config: ModelConfig, dataset: str) -> pd.DataFrame:
+    """``df`` read from ``dataset``, with the file paths its inputs name (an image's) joined
+    to the dataset file's directory where they are relative: the types whose cells name
+    files have ``resolve(col, base)`` (the others nothing to resolve). A DataFrame given
+    to ``predict`` in Python keeps its paths, relative to the working directory."""
+    resolving = [f for f in config.input_features if hasattr(FEATURES[f.type], "resolve") and f.col in df.columns]
+    if not resolving:
+        return df
+    base = dataset_directory(dataset)
+    return df.assign(**{f.col: FEATURES[f.type].resolve(df[f.col], base) for f in resolving})  # type: ignore[attr-defined]
 
 
 def check_target(df: pd.DataFrame, config: ModelConfig, source: str) -> None:

@@ -45,6 +45,7 @@ from raylight.declarative.preprocess import (
     missing_split_column,
     missing_stratify_column,
     not_splits,
+    resolve_files,
     row_codes,
     sample_rows,
     sample_size,
@@ -181,6 +182,8 @@ def prepare_ray_data(config: ModelConfig, dataset: str, *, progress: bool = True
             if feat.col not in columns:
                 raise missing_column(kind, feat, dataset, columns)
     blocks = ds.to_pandas_refs()  # read once; the rest starts from these blocks
+    if any(hasattr(FEATURES[f.type], "resolve") for f in config.input_features):  # files named relative to the dataset
+        blocks = [_task(resolve_files).remote(b, config, dataset) for b in blocks]
     seed = config.trainer.seed
     if config.preprocessing.sampling:  # Ludwig's sample_ratio / sample_size: first
         blocks = _sample(blocks, config, dataset)

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ValidationError
 
 from raylight.base.exceptions import ConfigError
 from raylight.config.validation import format_validation_error
+from raylight.declarative.combiners import COMBINERS, CombinerModel
+from raylight.declarative.combiners.concat import ConcatCombiner
 from raylight.declarative.config.model import ModelConfig
 from raylight.declarative.features import FEATURES
 from raylight.declarative.features.base import FeatureModel
@@ -95,4 +97,9 @@ def _section(ann: Any, node: Any) -> Any:
         break
     if ann is OutputModel and isinstance(node, dict) and node.get("type") in OUTPUTS:
         return OUTPUTS[node["type"]].Output
+    if ann is FeatureModel and isinstance(node, dict) and node.get("type") in FEATURES:  # key paths without the tag
+        return FEATURES[node["type"]].Input
+    if set(typing.get_args(ann)) == {CombinerModel, ConcatCombiner}:  # the combiner: its type's model
+        kind = node.get("type", "concat") if isinstance(node, dict) else None
+        return COMBINERS[kind].Config if kind in COMBINERS else ann
     return ann

@@ -34,6 +34,7 @@ TARGET_KEY = "__target__"
 OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "adadelta": torch.optim.Adadelta,
     "adagrad": torch.optim.Adagrad, "adamax": torch.optim.Adamax, "nadam": torch.optim.NAdam, "rmsprop": torch.optim.RMSprop,
+    "radam": torch.optim.RAdam,
 }
 
 
@@ -279,7 +280,10 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
             # Ludwig's loss.weight on each output; the outputs' losses add up (its combined loss)
             weighted = sum(loss * out.loss_weight if out.loss_weight != 1 else loss for loss, out in zip(losses, outs, strict=True))
             assert isinstance(weighted, torch.Tensor)
-            (weighted + penalty(model) if penalty is not None else weighted).backward()
+            total = weighted + penalty(model) if penalty is not None else weighted
+            # a combiner's own loss (TabNet's sparsity), as Ludwig adds it to the training loss
+            extra = getattr(ctx.unwrap_model(model).combiner, "loss", None)
+            (total + extra if extra is not None else total).backward()
             opt.step()
             rates.apply(opt, loader)  # after a step (the loader has moved on): the next one's rate
             n = len(targets[outs[0].name])

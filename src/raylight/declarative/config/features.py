@@ -15,11 +15,14 @@ from pydantic import (
     PlainValidator,
     SerializeAsAny,
     TypeAdapter,
+    ValidationError,
     create_model,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from raylight.declarative.features import FEATURES
 from raylight.declarative.features.base import FeatureModel
+from raylight.declarative.ludwig.errors import details
 from raylight.declarative.outputs import OUTPUTS, OutputModel
 
 
@@ -33,7 +36,7 @@ def _feature_union(models: tuple[type[FeatureModel], ...]) -> TypeAdapter[Any]:
 def _input_feature(value: Any) -> FeatureModel:
     """``value`` as the model of the type it names, one of FEATURES as they are now (so a
     type added to FEATURES is accepted). Errors keep pydantic's tagged-union key paths
-    (``input_features.0.number.name``) and list the types in FEATURES' order."""
+    (``input_features.0.number.name``; ``ModelConfig`` reports them without the tag) and list the types in FEATURES' order."""
     validated: FeatureModel = _feature_union(tuple(f.Input for f in FEATURES.values())).validate_python(value)
     return validated
 
@@ -55,7 +58,7 @@ def _output_feature(value: Any) -> OutputModel:
     (so a type added to OUTPUTS is accepted). Errors keep the key paths of the output
     (``output_features.0.loss_weight``). A setting of another output type is dropped at
     its default (a config rendered before the types had models of their own loads) and an
-    error otherwise."""
+    error otherwise, reported with the output's other errors."""
     if isinstance(value, OutputModel):
         return value
     if not isinstance(value, dict):
@@ -64,14 +67,22 @@ def _output_feature(value: Any) -> OutputModel:
     kind = value["type"]
     model = OUTPUTS[kind].Output
     mine = dict(value)
+    problems: list[InitErrorDetails] = []
     for key in value:
         owners = [t for t, o in OUTPUTS.items() if t != kind and key in o.Output.model_fields and key not in model.model_fields]
         if not owners:
             continue
         if value[key] != OUTPUTS[owners[0]].Output.model_fields[key].default:
-            raise ValueError(f"{key}: a {' or '.join(owners)} output's setting; a {kind} output has none; remove it")
+            message = f"a {' or '.join(owners)} output's setting; a {kind} output has none; remove it"
+            problems.append(InitErrorDetails(type=PydanticCustomError("value_error", message), loc=(key,), input=value[key]))
         del mine[key]
-    return model.model_validate(mine)
+    if not problems:
+        return model.model_validate(mine)
+    try:  # the output's other problems beside these, at once
+        model.model_validate(mine)
+    except ValidationError as err:
+        problems += [details(item, tuple(item["loc"])) for item in err.errors()]
+    raise ValidationError.from_exception_data(model.__name__, problems)
 
 
 # Serialised as the type's model, not as the OutputModel base.

@@ -10,43 +10,39 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from contextvars import ContextVar
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import (
     Field,
     ModelWrapValidatorHandler,
     PrivateAttr,
+    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
-from pydantic_core import to_jsonable_python
+from pydantic_core import InitErrorDetails, PydanticCustomError, to_jsonable_python
 
 from raylight.config.base import ConfigModel
 from raylight.config.loggers import LoggerSetting, parse_loggers
+from raylight.declarative.combiners import COMBINERS, CombinerSection
+from raylight.declarative.combiners.concat import ConcatCombiner
 from raylight.declarative.config.backend import BackendConfig
 from raylight.declarative.config.features import InputFeature, OutputFeature
 from raylight.declarative.config.hyperopt import HyperoptConfig
 from raylight.declarative.config.parameters import check_parameter, space_values
 from raylight.declarative.config.preprocessing import PreprocessingSection
 from raylight.declarative.config.trainer import TrainerSection
-from raylight.declarative.layers import FCLayer, FCStackConfig
-from raylight.declarative.ludwig.check import check_ludwig_keys, own_settings
+from raylight.declarative.ludwig.check import check_ludwig_keys, own_settings, say_ignored
+from raylight.declarative.ludwig.errors import joined, value_error
 from raylight.declarative.ludwig.spellings import inferred_validation_field
 from raylight.declarative.metrics import COMBINED, field_metrics
 
+# The concat combiner's model, by the name it had before the combiners were a family.
+CombinerConfig = ConcatCombiner
 
-# -- model and training ----------------------------------------------------------------
-class CombinerConfig(FCStackConfig):
-    """Ludwig's concat combiner: the encoded inputs concatenated, then fully connected
-    layers (each: linear, normalisation, activation, dropout), in Ludwig's order."""
-
-    type: Literal["concat"] = Field("concat", description="How encoded inputs are combined.")
-    fc_layers: list[FCLayer] = Field(
-        default_factory=lambda: [FCLayer(output_size=64)], max_length=64, description="Layers after concatenation."
-    )
-
-
+# The combiner types raylight has (a Ludwig one it lacks is refused with these).
+COMBINER_TYPES: tuple[str, ...] = tuple(COMBINERS)
 
 # At most this many preprocessings of the dataset for one search (hyperopt.preprocessing_variants).
 MAX_PREPROCESSINGS = 8
@@ -74,7 +70,11 @@ class ModelConfig(ConfigModel):
         description="The targets: one, or several trained together (Ludwig's multi-task model: the outputs share "
         "the encoders and combiner, and training adds up their losses, each times its loss_weight).",
     )
-    combiner: CombinerConfig = Field(default_factory=lambda: CombinerConfig(), description="Combiner.")
+    combiner: CombinerSection = Field(
+        default_factory=lambda: ConcatCombiner(),
+        description="How the encoded inputs are combined: one of Ludwig's combiner types (concat by default; "
+        "raylight.declarative.combiners, docs/declarative.md).",
+    )
     trainer: TrainerSection = Field(default_factory=lambda: TrainerSection(), description="Training.")
     preprocessing: PreprocessingSection = Field(
         default_factory=lambda: PreprocessingSection(), description="Dataset-level preprocessing."
@@ -94,27 +94,6 @@ class ModelConfig(ConfigModel):
     # What the config as written set itself (``ludwig.own_settings``): the feature-level
     # hyperopt parameters (``set_path``'s ``defaults.<type>...``) leave it alone.
     _own: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _remember_own_settings(cls, data: Any, handler: ModelWrapValidatorHandler[ModelConfig]) -> ModelConfig:
-        if isinstance(data, ModelConfig):
-            return handler(data)
-        own = own_settings(data)
-        token = _OWN.set(own)  # for _check_hyperopt, which runs inside the handler
-        try:
-            config = handler(data)
-        finally:
-            _OWN.reset(token)
-        config._own = own
-        return config
-
-    @model_validator(mode="before")
-    @classmethod
-    def _ludwig_keys(cls, data: Any) -> Any:
-        # Ludwig's keys with no raylight counterpart, each with its fix; then the output a
-        # validation_metric given alone follows
-        return inferred_validation_field(check_ludwig_keys(data))
 
     @field_validator("hyperopt")
     @classmethod
@@ -227,6 +206,18 @@ class ModelConfig(ConfigModel):
         return self
 
     @model_validator(mode="after")
+    def _check_combiner(self) -> ModelConfig:
+        check = getattr(self.combiner, "check_inputs", None)
+        problem = check(self.input_features) if check is not None else None
+        if problem is not None:  # (the combiner's key, or None for the section; the message)
+            key, message = problem
+            loc = ("combiner",) if key is None else ("combiner", key)
+            raise ValidationError.from_exception_data(
+                "ModelConfig", [InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=None)]
+            )
+        return self
+
+    @model_validator(mode="after")
     def _unique_names(self) -> ModelConfig:
         names = [f.name for f in (*self.input_features, *self.output_features)]
         dupes = sorted({n for n in names if names.count(n) > 1})
@@ -244,3 +235,35 @@ class ModelConfig(ConfigModel):
                 "stage 1 or 2, or strategy: fsdp"
             )
         return self
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _every_problem(cls, data: Any, handler: ModelWrapValidatorHandler[ModelConfig]) -> ModelConfig:
+        """Ludwig's keys first (``ludwig.check``: those raylight takes as they are, moves,
+        ignores or refuses), then the output a validation_metric given alone follows, then
+        the rest; every problem of the config in one error, at Ludwig's key paths. Defined
+        last, so it wraps the checks across sections too. The Ludwig keys ignored are said
+        once a config loads (not again for the trials' configs its hyperopt section checks).
+        What the config as written set itself is remembered (``own_settings``)."""
+        if isinstance(data, ModelConfig):
+            return handler(data)
+        own = own_settings(data)
+        outermost = _OWN.get() is None  # not a trial's config checked inside a config's own validation
+        data, problems, ignored = check_ludwig_keys(data, COMBINER_TYPES)
+        try:
+            data = inferred_validation_field(data)
+        except ValueError as exc:
+            problems.append(value_error(("trainer", "validation_field"), str(exc).removeprefix("trainer.validation_metric: "), None))
+        token = _OWN.set(own)  # for _check_hyperopt, which runs inside the handler
+        try:
+            config = handler(data)
+        except ValidationError as err:
+            raise joined(cls.__name__, problems, err, data) from None
+        finally:
+            _OWN.reset(token)
+        if problems:
+            raise joined(cls.__name__, problems, None, data)
+        if outermost:
+            say_ignored(ignored)
+        config._own = own
+        return config

@@ -43,7 +43,8 @@ def _retyped_encoder(data: dict[str, Any], parts: list[str], kind: Any) -> dict[
         model = FEATURES[feature["type"]].Input.model_fields["encoder"].annotation
     except (KeyError, IndexError, ValueError, TypeError):
         return None  # set as it is, and fail there with the usual message
-    retyped = getattr(model, "retyped", None)
+    # the encoder's model says how, or (a union of models, an image's) the type's module
+    retyped = getattr(model, "retyped", None) or getattr(FEATURES[feature["type"]], "retyped_encoder", None)
     if retyped is None or not isinstance(section, dict) or section.get("type") == kind:
         return None
     return retyped(section, kind)

@@ -26,7 +26,7 @@ MAX_BATCH = 2**24
 MAX_SEED = 2**32 - 1  # what numpy's and torch's generators take
 
 
-OptimizerType = Literal["adam", "adamw", "sgd", "adadelta", "adagrad", "adamax", "nadam", "rmsprop"]
+OptimizerType = Literal["adam", "adamw", "sgd", "adadelta", "adagrad", "adamax", "nadam", "rmsprop", "radam"]
 
 # Each optimizer's own settings (Ludwig's names, which are torch's): a setting given for
 # another type is an error. Unset (null), a setting takes torch's default, but for SGD's
@@ -40,6 +40,7 @@ OPTIMIZER_SETTINGS: dict[str, tuple[str, ...]] = {
     "adamax": ("betas", "eps"),
     "nadam": ("betas", "eps", "momentum_decay"),
     "rmsprop": ("momentum", "alpha", "eps", "centered"),
+    "radam": ("betas", "eps"),
 }
 SGD_MOMENTUM = 0.9
 
@@ -51,7 +52,7 @@ class OptimizerConfig(ConfigModel):
     dampening: float | None = Field(None, ge=0, le=1, description="sgd: momentum dampening (null: 0).")
     nesterov: bool | None = Field(None, description="sgd: Nesterov momentum (null: false); needs momentum > 0 and dampening 0.")
     betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] | None = Field(
-        None, description="adam, adamw, adamax, nadam: the moving averages' coefficients (null: [0.9, 0.999])."
+        None, description="adam, adamw, adamax, nadam, radam: the moving averages' coefficients (null: [0.9, 0.999])."
     )
     eps: float | None = Field(None, gt=0, le=1, description="Added to denominators (null: torch's default for the type).")
     amsgrad: bool | None = Field(None, description="adam, adamw: the AMSGrad variant (null: false).")

@@ -16,6 +16,7 @@ from raylight.declarative.features import (
     binary,
     category,
     date,
+    image,
     number,
     sequence,
     sets,
@@ -28,7 +29,7 @@ from raylight.declarative.features.base import FeatureModel, FeatureType
 # The order is that of the allowed types in the error for an unknown one.
 FEATURES: dict[str, FeatureType] = {
     "number": number, "category": category, "binary": binary, "text": text, "date": date, "set": sets, "bag": bag,
-    "vector": vector, "sequence": sequence, "timeseries": timeseries,
+    "vector": vector, "sequence": sequence, "timeseries": timeseries, "image": image,
 }
 
 

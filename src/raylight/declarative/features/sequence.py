@@ -27,7 +27,9 @@ class SequencePreprocessing(text.TextPreprocessing):
 
 class SequenceEncoder(text.TextEncoder):
     embedding_size: int = Field(256, ge=1, le=65_536, description="Size of the token embeddings.")
-    reduce_output: text.Reduce = Field("sum", description="How the tokens reduce to one vector (rnn, cnnrnn, transformer: last).")
+    reduce_output: text.Reduce | None = Field(
+        "sum", description="How the tokens reduce to one vector (rnn, cnnrnn, transformer: last); null: per step (sequence combiners)."
+    )
 
 
 class SequenceInput(FeatureModel):

@@ -159,10 +159,11 @@ class TextEncoder(FCStackConfig):
         "cnnrnn, transformer.",
     )
     embedding_size: int = Field(32, ge=1, le=MAX_WIDTH, description="Size of the token embeddings (Ludwig's encoders: 256).")
-    reduce_output: Reduce = Field(
+    reduce_output: Reduce | None = Field(
         "mean",
         description="How the tokens reduce to one vector: mean, sum, max, or (rnn, cnnrnn, transformer) the output at each "
-        "row's last token (default: mean; Ludwig's default for the type where a type is given).",
+        "row's last token (default: mean; Ludwig's default for the type where a type is given); null: the outputs per "
+        "step, for combiner type sequence_concat or sequence (not with embed).",
     )
     conv_layers: list[ConvLayer] = Field(
         default_factory=list, max_length=64, description="parallel_cnn, stacked_cnn, cnnrnn: the convolutions (default: Ludwig's)."
@@ -249,6 +250,11 @@ class TextEncoder(FCStackConfig):
 
     @model_validator(mode="after")
     def _fits(self) -> TextEncoder:
+        if self.reduce_output is None and self.type == "embed":
+            raise ValueError(
+                "reduce_output: null leaves an output per step, and embed gives one vector; use sum, mean or max, "
+                "or an encoder with steps (parallel_cnn, stacked_cnn, rnn, transformer, ...)"
+            )
         if self.reduce_output == "last" and self.type not in _PER_TOKEN:
             raise ValueError(
                 f"reduce_output: last is for the rnn, cnnrnn and transformer encoders; with {self.type} use sum, mean or max"

@@ -84,7 +84,7 @@ def parse(col: pd.Series, p: Any) -> tuple[list[np.ndarray | None], np.ndarray]:
     return numbers(col, lambda text: tokenize(text, p))
 
 
-def _not_series(kind: str, feat: Any, examples: list[str], where: str = "") -> ConfigError:
+def not_series(kind: str, feat: Any, examples: list[str], where: str = "") -> ConfigError:
     return ConfigError(
         f"column {feat.col!r} ({kind} {feat.name!r}, type timeseries) holds values that are not series of finite "
         f"numbers, such as {examples}{where}; write each as numbers split by preprocessing.tokenizer (or a list in "
@@ -95,7 +95,7 @@ def _not_series(kind: str, feat: Any, examples: list[str], where: str = "") -> C
 def check(col: pd.Series, feat: Any, kind: str) -> None:
     _, bad = parse(col, feat.preprocessing)
     if bad.any():
-        raise _not_series(kind, feat, *bad_cells(col, bad))
+        raise not_series(kind, feat, *bad_cells(col, bad))
 
 
 def block_summary(col: pd.Series, feat: Any) -> dict[str, Any]:
@@ -105,14 +105,15 @@ def block_summary(col: pd.Series, feat: Any) -> dict[str, Any]:
 
 def check_blocks(summary: pd.DataFrame, feat: Any, kind: str) -> None:
     if int(summary["bad"].sum()):
-        raise _not_series(kind, feat, examples(summary))
+        raise not_series(kind, feat, examples(summary))
 
 
 def _length(feat: Any, longest: int) -> dict[str, Any]:
     return {"length": max(1, min(feat.preprocessing.timeseries_length_limit, longest))}
 
 
-def fit(col: pd.Series, feat: TimeseriesInput) -> dict[str, Any]:
+def fit(col: pd.Series, feat: Any) -> dict[str, Any]:
+    """The length of the rows: an input's, or a timeseries output's (its horizon)."""
     return _length(feat, _longest(col, feat.preprocessing))
 
 
@@ -120,7 +121,7 @@ def _longest(col: pd.Series, p: Any) -> int:
     return max((len(v) for v in parse(col, p)[0] if v is not None), default=0)
 
 
-def fit_ray(train: Any, feats: list[TimeseriesInput]) -> dict[str, dict[str, Any]]:
+def fit_ray(train: Any, feats: list[Any]) -> dict[str, dict[str, Any]]:
     """One pass over the split: each block's longest row (its values were checked by
     ``block_summary``)."""
     specs = [(f.name, f.col, f.preprocessing) for f in feats]
@@ -136,7 +137,7 @@ def transform(col: pd.Series, feat: TimeseriesInput, meta: dict[str, Any]) -> tu
     p, length = feat.preprocessing, meta["length"]
     values, bad = parse(col, p)
     if bad.any():  # a dataset to predict on
-        raise _not_series("input_features", feat, *bad_cells(col, bad))
+        raise not_series("input_features", feat, *bad_cells(col, bad))
     fill = parse(pd.Series([p.fill_value]), p)[0][0] if p.fill_value.strip() else np.zeros(0)
     if fill is None:
         raise ConfigError(
@@ -144,14 +145,19 @@ def transform(col: pd.Series, feat: TimeseriesInput, meta: dict[str, Any]) -> tu
             "write one, or leave it empty for a series of padding"
         )
     keep = np.array([v is not None for v in values]) if p.missing_value_strategy == "drop_row" else None
+    return padded([fill if v is None else v for v in values], length, p), keep
+
+
+def padded(values: list[np.ndarray], length: int, p: Any) -> np.ndarray:
+    """Each row's first ``length`` values, padded with ``p.padding_value`` on ``p.padding``'s side."""
     array = np.full((len(values), length), p.padding_value, dtype=np.float32)
     for r, v in enumerate(values):
-        steps = (fill if v is None else v)[:length]
+        steps = v[:length]
         if p.padding == "right":
             array[r, : len(steps)] = steps
         elif len(steps):
             array[r, -len(steps) :] = steps
-    return array, keep
+    return array
 
 
 def encoder(feat: TimeseriesInput, meta: dict[str, Any]) -> tuple[nn.Module, int]:

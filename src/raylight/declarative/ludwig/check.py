@@ -1,22 +1,32 @@
 """Applying ``keys.py``'s tables to a config: each Ludwig key raylight does not take is
-dropped at a neutral value or an error at its key path with the fix, after merging Ludwig's
-``defaults`` section into the features as Ludwig does; and what a config as written set
-itself (``own_settings``)."""
+dropped at a neutral value, dropped with one warning line where it means nothing here
+(``IGNORED_KEYS``), moved where raylight has it under another key, or a problem at its
+key path with the fix, after merging Ludwig's ``defaults`` section into the features as
+Ludwig does; and what a config as written set itself (``own_settings``). The problems are
+returned, not raised: ``ModelConfig`` reports them with pydantic's errors of the rest, all
+at once."""
 
 from __future__ import annotations
 
+import difflib
+import logging
 from typing import Any
 
-from pydantic import ValidationError
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic_core import InitErrorDetails
 
+from raylight.declarative.ludwig.errors import value_error
 from raylight.declarative.ludwig.keys import (
     ANY,
     FC_LAYER_KEYS,
     FEATURE_KEYS,
+    IGNORED_FEATURE_KEYS,
+    IGNORED_KEYS,
+    LUDWIG_COMBINERS,
     LUDWIG_KEYS,
     LUDWIG_VALUES,
 )
+
+log = logging.getLogger(__name__)
 
 
 def _lookup(data: Any, path: str) -> tuple[bool, Any]:
@@ -56,20 +66,80 @@ def _loss_weight(feature: dict[str, Any], loc: tuple[Any, ...], errors: list[Ini
     if "loss_weight" in feature and feature["loss_weight"] != value:
         fix = f"Ludwig's spelling of loss_weight, which the feature gives too ({feature['loss_weight']!r}); keep one"
         errors.append(_error((*loc, "loss", "weight"), fix, value))
-        return feature
+        return _without(feature, "loss")
     feature = _without(feature, "loss.weight")
     if feature.get("loss") == {}:
         feature = _without(feature, "loss")
     return {**feature, "loss_weight": value}
 
 
-def _feature_rules(side: str, kind: Any) -> dict[str, tuple[str, tuple[Any, ...]]]:
-    rules = dict(FEATURE_KEYS.get((side, "*"), {}))
-    rules.update(FEATURE_KEYS.get((side, kind), {}))
+def _feature_rules(side: str, kind: Any, table: dict[tuple[str, str], dict[str, Any]] = FEATURE_KEYS) -> dict[str, Any]:
+    rules = dict(table.get((side, "*"), {}))
+    rules.update(table.get((side, kind), {}))
     return rules
 
 
-def _check_features(data: dict[str, Any], errors: list[InitErrorDetails], inherited: dict[tuple[str, int], set[str]]) -> dict[str, Any]:
+# An output's decoder layers as Ludwig 0.17 takes them from its keys before 0.6, on the
+# output itself (Ludwig's backward_compatibility moves them into the decoder): key on the
+# output -> key in the decoder section.
+_OUTPUT_DECODER_KEYS = {
+    "fc_layers": "fc_layers", "num_fc_layers": "num_fc_layers", "output_size": "fc_output_size",
+    "activation": "fc_activation", "dropout": "fc_dropout", "norm": "fc_norm", "use_bias": "fc_use_bias",
+}
+
+
+# Ludwig's mlp_classifier decoder (binary, category): num_fc_layers (default 1) layers of
+# output_size (256) units before the classifier's linear layer, as raylight's decoder
+# layers (the keys as the decoder section spells them).
+_MLP_CLASSIFIER = {"output_size": "fc_output_size", "activation": "fc_activation", "dropout": "fc_dropout", "use_bias": "fc_use_bias"}
+
+
+def _mlp_classifier(decoder: dict[str, Any]) -> dict[str, Any]:
+    out = {_MLP_CLASSIFIER.get(k, k): v for k, v in decoder.items() if k != "type"}
+    out.setdefault("num_fc_layers", 1)
+    return out
+
+
+def _decoder_keys(feature: dict[str, Any], loc: tuple[Any, ...], errors: list[InitErrorDetails]) -> dict[str, Any]:
+    """``feature`` (an output) with Ludwig's decoder layer keys given on it moved into its
+    ``decoder`` section (and an mlp_classifier decoder as raylight's decoder layers); one
+    given in both at different values is an error."""
+    decoder = feature.get("decoder")
+    if isinstance(decoder, dict) and decoder.get("type") == "mlp_classifier" and feature.get("type") in ("binary", "category"):
+        feature = {**feature, "decoder": _mlp_classifier(decoder)}
+    moved = {key: ours for key, ours in _OUTPUT_DECODER_KEYS.items() if key in feature}
+    decoder = feature.get("decoder")
+    if not moved or (decoder is not None and not isinstance(decoder, dict)):
+        return feature  # nothing to move, or pydantic's error for a decoder that is no section
+    section = dict(decoder or {})
+    for key, ours in moved.items():
+        value = feature[key]
+        if ours in section and section[ours] != value:
+            fix = f"Ludwig's old spelling of decoder.{ours}, which the output gives too ({section[ours]!r}); keep one"
+            errors.append(_error((*loc, key), fix, value))
+        section.setdefault(ours, value)
+    return {**{k: v for k, v in feature.items() if k not in _OUTPUT_DECODER_KEYS}, "decoder": section}
+
+
+# An input's own keys in Ludwig's spelling before 0.6, where ``encoder`` names the type and
+# the encoder's settings sit on the input itself (Ludwig's backward_compatibility moves them
+# into the encoder section): every other key goes there.
+_INPUT_OWN_KEYS = frozenset({"name", "type", "column", "proc_column", "tied", "active", "preprocessing", "augmentation", "encoder"})
+
+
+def _encoder_keys(feature: dict[str, Any]) -> dict[str, Any]:
+    """``feature`` (an input) with an ``encoder`` given as its type name (Ludwig before 0.6)
+    as an encoder section of that type and the input's encoder settings."""
+    kind = feature.get("encoder")
+    if not isinstance(kind, str):
+        return feature
+    moved = {k: v for k, v in feature.items() if k not in _INPUT_OWN_KEYS}
+    return {**{k: v for k, v in feature.items() if k in _INPUT_OWN_KEYS}, "encoder": {"type": kind, **moved}}
+
+
+def _check_features(
+    data: dict[str, Any], errors: list[InitErrorDetails], inherited: dict[tuple[str, int], set[str]], notes: list[str],
+) -> dict[str, Any]:
     """``data`` without each feature's neutral Ludwig keys; the others added to ``errors``,
     at ``defaults.<type>.<key>`` where the feature took the key from there (``inherited``)."""
     for side in ("input", "output"):
@@ -82,7 +152,10 @@ def _check_features(data: dict[str, Any], errors: list[InitErrorDetails], inheri
             if isinstance(feature, dict):
                 own: list[InitErrorDetails] = []
                 if side == "output":
-                    feature = _loss_weight(feature, (key, i), own)
+                    feature = _decoder_keys(_loss_weight(feature, (key, i), own), (key, i), own)
+                else:
+                    feature = _encoder_keys(feature)
+                feature = _ignored(feature, _feature_rules(side, feature.get("type"), IGNORED_FEATURE_KEYS), (key, i), notes)
                 feature = _apply(feature, _feature_rules(side, feature.get("type")), (key, i), own)
                 for error in own:
                     path = ".".join(str(p) for p in error["loc"][2:])
@@ -114,7 +187,26 @@ def _apply(
                 data = _without(data, head)
         else:
             errors.append(_error((*loc, *path.split(".")), f"Ludwig's setting, not raylight's: {fix}", value))
+            # Reported here, not again as an unknown key; a type refused takes its section's
+            # other keys (that type's: an objectosphere loss's xi) with it.
+            data = _without(data, path.removesuffix(".type") if path.endswith(".type") and "." in path else path)
     return data
+
+
+def _ignored(data: dict[str, Any], rules: dict[str, str], loc: tuple[Any, ...], notes: list[str]) -> dict[str, Any]:
+    """``data`` without the keys of ``rules`` (Ludwig's, with no meaning in raylight), each
+    added to ``notes`` as its key path and note."""
+    for path, note in rules.items():
+        if _lookup(data, path)[0]:
+            notes.append(f"{'.'.join(str(p) for p in (*loc, path))}: {note}")
+            data = _without(data, path)
+    return data
+
+
+def say_ignored(notes: list[str]) -> None:
+    """One warning line per Ludwig key ``check_ludwig_keys`` ignored."""
+    for note in notes:
+        log.warning("ignored Ludwig key %s", note)
 
 
 def _with_defaults(
@@ -191,19 +283,27 @@ def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def check_ludwig_keys(data: Any) -> Any:
+def check_ludwig_keys(data: Any, combiners: tuple[str, ...]) -> tuple[Any, list[InitErrorDetails], list[str]]:
     """``data`` without the Ludwig keys whose values do what raylight does anyway (their
-    neutral values); raise pydantic's ValidationError naming every other Ludwig key (and
-    value) of ``data`` that raylight does not take, each at its key path with the fix."""
-    if not isinstance(data, dict):
-        return data
+    neutral values) or that mean nothing here (each said in a warning line), with those
+    raylight spells otherwise moved; and the problems of every other Ludwig key (and
+    value) of ``data`` that raylight does not take, each at its key path with the fix,
+    the keys themselves dropped (so that they are not reported again as unknown).
+    ``combiners``: the combiner types raylight has. Third, the keys ignored, each with its
+    note (``say_ignored`` says them)."""
     errors: list[InitErrorDetails] = []
+    notes: list[str] = []
+    if not isinstance(data, dict):
+        return data, errors, notes
     for (path, given), fix in LUDWIG_VALUES.items():
         found, value = _lookup(data, path)
-        if found and value == given:
+        if found and value == given:  # the section goes: its other keys are that type's
             errors.append(_error(tuple(path.split(".")), fix, value))
+            data = _without(data, path.removesuffix(".type"))
+    data = _combiner_type(data, combiners, errors)
     inherited: dict[tuple[str, int], set[str]] = {}
-    data = _check_features(_apply(_with_defaults(data, errors, inherited), LUDWIG_KEYS, (), errors), errors, inherited)
+    data = _ignored(_optimizer_lr(_with_defaults(data, errors, inherited), errors), IGNORED_KEYS, (), notes)
+    data = _check_features(_apply(data, LUDWIG_KEYS, (), errors), errors, inherited, notes)
     data = {**data, "combiner": _fc_layers(data.get("combiner"), ("combiner",), errors)} if "combiner" in data else data
     if isinstance(data.get("input_features"), list):  # an encoder's layers (a date's)
         data = {**data, "input_features": [
@@ -211,9 +311,44 @@ def check_ludwig_keys(data: Any) -> Any:
             if isinstance(f, dict) and "encoder" in f else f
             for i, f in enumerate(data["input_features"])
         ]}
-    if errors:
-        raise ValidationError.from_exception_data("ModelConfig", errors)
-    return data
+    return data, errors, notes
+
+
+def _combiner_type(data: dict[str, Any], combiners: tuple[str, ...], errors: list[InitErrorDetails]) -> dict[str, Any]:
+    """``data`` without a combiner section whose type raylight lacks, that a problem listing
+    the types it has (the section's other keys are that type's: not reported one by one)."""
+    combiner = data.get("combiner")
+    kind = combiner.get("type", combiners[0]) if isinstance(combiner, dict) else combiners[0]
+    if kind in combiners or not isinstance(kind, str):
+        return data
+    which = "Ludwig's" if kind in LUDWIG_COMBINERS else "the"
+    fix = (
+        f"{which} {kind} combiner is not available; raylight's combiners: {', '.join(combiners)}; use one and "
+        "remove the combiner's other keys (concat: fully connected layers over the concatenated inputs; "
+        "fc_layers, norm, residual)"
+    )
+    if kind in LUDWIG_COMBINERS:
+        fix += "; Ludwig 0.17 may choose this combiner for a config that names none (ludwig render_config shows which)"
+    else:
+        close = difflib.get_close_matches(kind, combiners, n=1)
+        fix += f"; did you mean {close[0]!r}?" if close else ""
+    errors.append(_error(("combiner", "type"), fix, kind))
+    return _without(data, "combiner")
+
+
+def _optimizer_lr(data: dict[str, Any], errors: list[InitErrorDetails]) -> dict[str, Any]:
+    """``trainer.optimizer.lr`` (torch's name, in Ludwig's examples; Ludwig 0.17's schema
+    drops it) as ``trainer.learning_rate``; both, at different values, is a problem."""
+    found, lr = _lookup(data, "trainer.optimizer.lr")
+    if not found:
+        return data
+    data = _without(data, "trainer.optimizer.lr")
+    trainer = data["trainer"]
+    if trainer.get("learning_rate", lr) != lr:
+        fix = f"the learning rate, which trainer.learning_rate gives too ({trainer['learning_rate']!r}); keep one"
+        errors.append(_error(("trainer", "optimizer", "lr"), fix, lr))
+        return data
+    return {**data, "trainer": {**trainer, "learning_rate": lr}}
 
 
 def _fc_layers(section: Any, loc: tuple[Any, ...], errors: list[InitErrorDetails]) -> Any:
@@ -227,6 +362,4 @@ def _fc_layers(section: Any, loc: tuple[Any, ...], errors: list[InitErrorDetails
     return {**section, "fc_layers": layers}
 
 
-def _error(loc: tuple[Any, ...], message: str, value: Any) -> InitErrorDetails:
-    # No context given: the message is shown as it is, braces included.
-    return InitErrorDetails(type=PydanticCustomError("ludwig_key", message), loc=loc, input=value)
+_error = value_error

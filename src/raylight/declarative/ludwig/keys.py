@@ -6,7 +6,10 @@ strategy}``, ``backend.processor.type: dask``, which runs on Ray Data). The keys
 have no raylight counterpart, or another spelling; each is an error naming its key path
 and the fix, rather than pydantic's generic "unknown key", unless its value is what
 raylight does anyway (its neutral values, Ludwig's defaults mostly): then the key is
-dropped. Read by ``ModelConfig`` (``ludwig.check``) before it validates anything else.
+dropped. Keys that mean nothing in raylight whatever their value (``IGNORED_KEYS``,
+``IGNORED_FEATURE_KEYS``) are dropped with one warning line each. Read by ``ModelConfig``
+(``ludwig.check``) before it validates anything else; docs/declarative.md tables every
+key of Ludwig 0.17's schema and what raylight does with it.
 
 This module holds the tables; ``check.py`` applies them, ``spellings.py`` translates
 Ludwig's spellings of settings raylight has.
@@ -36,20 +39,6 @@ LUDWIG_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "hyperopt.executor.scheduler.mode": ("the scheduler follows hyperopt.goal; remove the key", (None,)),
     "hyperopt.executor.scheduler.brackets": ("raylight's async_hyperband has one bracket; remove the key", (1,)),
     "hyperopt.executor.scheduler.stop_last_trials": ("raylight's async_hyperband stops the last trials too; remove the key", (True,)),
-    "backend.processor.parallelism": (
-        (
-            "Ludwig's Dask partitions; raylight sizes its Ray Data blocks itself (one task per block, "
-            "as many blocks as CPUs, each of at least 20,000 rows); remove the key"
-        ),
-        (),
-    ),
-    "backend.processor.persist": (
-        (
-            "preprocessed blocks always stay in Ray's object store for the run; remove the key "
-            "(backend.cache_dir keeps them across runs)"
-        ),
-        (),
-    ),
     "backend.loader": (
         (
             "Ludwig's Ray Data loader settings; raylight's workers read the preprocessed blocks from "
@@ -90,7 +79,9 @@ LUDWIG_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
         (None,),
     ),
     "combiner.flatten_inputs": ("raylight's encoders give flat vectors already; remove the key", (False,)),
-    "combiner.weights_initializer": ("raylight initialises weights xavier-uniform, Ludwig's default; remove the key", ("xavier_uniform",)),
+    "combiner.weights_initializer": (
+        "raylight initialises weights xavier-uniform, Ludwig's default; remove the key", ("xavier_uniform", "glorot_uniform"),
+    ),
     "combiner.bias_initializer": ("raylight initialises biases to zero, Ludwig's default; remove the key", ("zeros",)),
     "combiner.norm_params": ("raylight's normalisation takes torch's defaults; remove the key", (None, {})),
     "combiner.batch_ensemble": ("batch ensembles are not available; remove the key", (False,)),
@@ -197,11 +188,10 @@ def _decoder(kind: str) -> tuple[str, tuple[Any, ...]]:
 _DEPENDENCIES = (
     "raylight's outputs do not feed one another: each output's decoder reads the combiner's output; remove the key"
 )
-_DECODER_FIX = "raylight's decoder is one linear layer after the combiner: add layers to combiner.fc_layers; remove the key"
-# The settings of a decoder's layers, at Ludwig's defaults (it has none by default).
+_DECODER_FIX = "raylight initialises a decoder's layers as the combiner's (xavier-uniform, zero biases, torch's norms); remove the key"
+# The settings of a decoder's layers raylight's decoder section lacks, at Ludwig's defaults.
 _DECODER_FC: dict[str, tuple[Any, ...]] = {
-    "use_bias": (True,), "weights_initializer": ("xavier_uniform",), "bias_initializer": ("zeros",), "norm": (None,),
-    "norm_params": (None,), "activation": ("relu",), "dropout": (0,),
+    "weights_initializer": ("xavier_uniform",), "bias_initializer": ("zeros",), "norm_params": (None, {}),
 }
 # Keys Ludwig's render_config writes in every feature.
 _RENDERED = {
@@ -307,6 +297,26 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
     ("input", "set"): _TOKEN_BAG_KEYS,
     ("input", "bag"): _TOKEN_BAG_KEYS,
     ("input", "vector"): {"encoder.input_size": _COMPUTED, **_STACK_KEYS},
+    ("input", "image"): {
+        **{f"encoder.{key}": ("the image's size and channels are preprocessing's (height, width, num_channels); remove the key", (None,))
+           for key in ("height", "width", "num_channels")},
+        "encoder.conv_norm_params": FC_LAYER_KEYS["norm_params"],
+        "encoder.fc_norm_params": FC_LAYER_KEYS["norm_params"],
+        "encoder.fc_weights_initializer": FC_LAYER_KEYS["weights_initializer"],
+        "encoder.fc_bias_initializer": FC_LAYER_KEYS["bias_initializer"],
+        "encoder.saved_weights_in_checkpoint": ("raylight saves every weight with the model; remove the key", (False, True)),
+        "encoder.model_cache_dir": ("raylight downloads no weights; remove the key", (None,)),
+        "augmentation": ("image augmentation is not available; remove the key", (False, None, [])),
+        "preprocessing.in_memory": ("raylight decodes every image at preprocessing and keeps them in memory; remove the key", (True,)),
+        "preprocessing.mode": (
+            "raylight decodes every image once, at preprocessing (Ludwig's eager mode); remove the key", ("lazy", "eager", "lazy_cached"),
+        ),
+        "preprocessing.prefetch_size": ("raylight decodes every image at preprocessing; remove the key", (None,)),
+        "preprocessing.lazy_cache_dir": ("raylight decodes every image at preprocessing; remove the key", (None,)),
+        "preprocessing.num_processes": ("raylight decodes the images in one process per block; remove the key", (ANY,)),
+        "preprocessing.num_classes": ("channel classes (image segmentation) are not available; remove the key", (None,)),
+        "preprocessing.infer_image_num_classes": ("channel classes (image segmentation) are not available; remove the key", (False,)),
+    },
     ("input", "*"): {
         "tied": ("raylight does not share encoders between features; remove the key", (None,)),
         "preprocessing.computed_fill_value": _COMPUTED,
@@ -367,12 +377,21 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "softmax": ("Ludwig 0.17 applies no softmax to a vector output either; remove the key", (False,)),
         "preprocessing.vector_size": ("write it as the output's vector_size", (None,)),
     },
+    ("output", "timeseries"): {
+        "decoder.type": ("raylight's timeseries decoder is Ludwig's projector; use it or remove the key", ("projector",)),
+        "decoder.output_size": _COMPUTED,
+        "decoder.activation": ("raylight's projector gives the values as they are (no activation); remove the key", (None,)),
+        "decoder.multiplier": ("raylight's projector does not scale its values; remove the key", (1.0, 1)),
+        "decoder.clip": ("raylight does not clip predictions; remove the key", (None,)),
+        "preprocessing.horizon": (
+            "raylight reads each row's series of future values as it is (no sliding window over a column); set the "
+            "output's horizon, or remove the key",
+            (0,),
+        ),
+    },
     ("output", "*"): {
         "loss.robust_lambda": ("not available; remove the key", (0,)),
         "loss.confidence_penalty": ("not available; remove the key", (0,)),
-        "decoder.num_fc_layers": (_DECODER_FIX, (0,)),
-        "decoder.fc_layers": (_DECODER_FIX, (None,)),
-        "decoder.fc_output_size": (_DECODER_FIX, (256,)),
         "reduce_input": ("raylight's combiner gives one vector: nothing to reduce; remove the key", ("sum", None)),
         "dependencies": (_DEPENDENCIES, ([],)),
         "reduce_dependencies": (_DEPENDENCIES, ("sum", None)),
@@ -395,19 +414,63 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
     },
 }
 
+_OPTIMIZERS = "adam, adamw, radam, sgd, adadelta, adagrad, adamax, nadam or rmsprop"
 # Values of raylight's keys that are Ludwig's only, by key path: what to do instead.
 LUDWIG_VALUES: dict[tuple[str, str], str] = {
-    ("backend.processor.type", "modin"): "Ludwig's modin processor is not available: use auto, pandas (in the driver) or ray_data",
-    ("backend.processor.type", "spark"): "Ludwig's spark processor is not available: use auto, pandas (in the driver) or ray_data",
+    ("trainer.optimizer.type", "lbfgs"): (
+        "Ludwig's lbfgs is not available: torch's LBFGS evaluates the loss several times per step through a "
+        "closure, and raylight's loop runs one forward and backward pass per micro-batch (gradients averaged over "
+        f"the workers, accumulated by the adaptive engine); use {_OPTIMIZERS}"
+    ),
     **{
-        ("combiner.type", name): (
-            f"Ludwig's {name} combiner is not available: use type: concat (fully connected layers over the "
-            "concatenated inputs; fc_layers, norm, residual) and remove the combiner's other keys; Ludwig 0.17 may "
-            "choose this combiner for a config that names none (ludwig render_config shows which)"
+        ("trainer.optimizer.type", name): (
+            f"Ludwig's {name} optimizer needs bitsandbytes (GPUs), which raylight does not use; use {_OPTIMIZERS}"
         )
         for name in (
-            "sequence_concat", "sequence", "tabnet", "comparator", "transformer", "tab_transformer", "ft_transformer",
-            "project_aggregate", "gated_fusion", "cross_attention", "perceiver", "hypernetwork", "tabpfn_v2",
+            "sgd_8bit", "adam_8bit", "paged_adam", "paged_adam_8bit", "adamw_8bit", "paged_adamw", "paged_adamw_8bit",
+            "adagrad_8bit", "rmsprop_8bit", "lamb", "lamb_8bit", "lars", "lars_8bit", "lion", "lion_8bit",
+            "paged_lion", "paged_lion_8bit",
         )
     },
+    **{
+        ("trainer.optimizer.type", name): f"Ludwig's {name} optimizer is not available; use {_OPTIMIZERS}"
+        for name in ("adafactor", "schedule_free_adamw", "muon", "soap")
+    },
+    ("backend.processor.type", "modin"): "Ludwig's modin processor is not available: use auto, pandas (in the driver) or ray_data",
+    ("backend.processor.type", "spark"): "Ludwig's spark processor is not available: use auto, pandas (in the driver) or ray_data",
+}
+
+# Ludwig 0.17's combiner types (ludwig/schema/combiners/): one raylight lacks is refused
+# with the types raylight has (``check._combiner_type``), these named as Ludwig's.
+LUDWIG_COMBINERS = (
+    "concat", "sequence_concat", "sequence", "tabnet", "comparator", "transformer", "tabtransformer", "ft_transformer",
+    "project_aggregate", "gated_fusion", "cross_attention", "perceiver", "hypernetwork", "tabpfn_v2",
+)
+
+# Ludwig's keys that mean nothing in raylight whatever their value: dropped, each with one
+# warning line saying so (its note), by key path.
+_PARTITIONS = (
+    "Ludwig's Dask partitions; raylight sizes its Ray Data blocks itself (one task per block, as many blocks as "
+    "CPUs, each of at least 20,000 rows)"
+)
+_NOT_IN_SCHEMA = "not a key of Ludwig 0.17's schema either (Ludwig drops it with a warning)"
+IGNORED_KEYS: dict[str, str] = {
+    "backend.processor.parallelism": _PARTITIONS,
+    "backend.processor.persist": (
+        "preprocessed blocks always stay in Ray's object store for the run (backend.cache_dir keeps them across runs)"
+    ),
+    "trainer.learning_rate_scheduler.type": (
+        f"{_NOT_IN_SCHEMA}, so the rate follows decay (null: constant), as here; set decay (linear, exponential, "
+        "cosine, ...) for a decay"
+    ),
+}
+# The same, inside a feature, by (input or output, the feature's type or "*") and key path
+# inside the feature.
+_GENERATED = (
+    f"a hint of Ludwig's test helpers for generating data, {_NOT_IN_SCHEMA}; raylight takes the vocabulary and "
+    "lengths from the data (preprocessing.most_common, max_sequence_length)"
+)
+IGNORED_FEATURE_KEYS: dict[tuple[str, str], dict[str, str]] = {
+    ("input", "*"): {"encoder.vocab_size": _GENERATED, "encoder.max_len": _GENERATED, "encoder.min_len": _GENERATED},
+    ("output", "*"): {"decoder.vocab_size": _GENERATED, "decoder.max_len": _GENERATED},
 }

@@ -1,4 +1,4 @@
-"""The built-in declarative model: feature encoders, a concat combiner, one output decoder."""
+"""The built-in declarative model: feature encoders, a combiner (Ludwig's types), one decoder per output."""
 
 from raylight.declarative.models.ecd import DeclarativeModel, build_model
 

@@ -2,8 +2,10 @@
 
 Encoders come from each input's type (``raylight.declarative.features``): numbers and
 binaries pass through; categories get an embedding; text gets a mean bag of token
-embeddings (padding ignored). The concat combiner feeds an MLP; the decoder is one linear
-layer per output: a logit (binary), class logits (category, set), a value (number, in
+embeddings (padding ignored). The combiner is the config's type's (``declarative.combiners``;
+concat: an MLP over the concatenated encodings); the decoder is, per output, its fully
+connected layers (Ludwig's decoder fc_layers, none by default), then one linear
+layer: a logit (binary), class logits (category, set), a value (number, in
 standardised units) or the floats of a vector (as they are, Ludwig's projector). The
 model returns each output's by its name (Ludwig's multi-task ECD: the outputs share the
 encoders and the combiner).
@@ -17,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from raylight.declarative.combiners import COMBINERS, Encoded
 from raylight.declarative.config.model import ModelConfig
 from raylight.declarative.features import FEATURES
 from raylight.declarative.outputs import OUTPUTS
@@ -98,19 +101,28 @@ class DeclarativeModel(nn.Module):
         # One encoder per input, its type's. The name "embeddings" is the one weights files
         # know; pass-through encoders (nn.Identity) hold no weights and add no keys.
         self.embeddings = nn.ModuleDict()
-        width = 0
+        # inputs whose encoders give their outputs per step (reduce_output: null), for a
+        # sequence combiner
+        self.stepped = {f.name for f in config.input_features if getattr(getattr(f, "encoder", None), "reduce_output", "") is None}
+        encoded = []
         for feat in config.input_features:
             encoder, size = FEATURES[feat.type].encoder(feat, meta[feat.name])
             self.embeddings[module_key(feat.name)] = encoder
-            width += size
-        self.combiner = FCStack(config.combiner, width)
-        width = self.combiner.width
+            shape = _step_shape(encoder, feat, meta[feat.name]) if feat.name in self.stepped else (size,)
+            encoded.append(Encoded(feat.name, feat.type, shape))
+        self.combiner = COMBINERS[config.combiner.type].build(config.combiner, encoded)
+        width = int(self.combiner.width)  # type: ignore[arg-type]  # every combiner module sets it
         # One decoder per output. A model of one output saved before there could be more
         # named its decoder "decoder": such weights load (``_one_decoder``).
         self.output_types = {out.name: out.type for out in config.output_features}
         self.decoders = nn.ModuleDict()
         for out in config.output_features:
-            self.decoders[module_key(out.name)] = nn.Linear(width, OUTPUTS[out.type].decoder_size(out, meta[out.name]))
+            size = OUTPUTS[out.type].decoder_size(out, meta[out.name])
+            if out.decoder.fc_layers:  # Ludwig's decoder layers, then the output's linear layer
+                stack = FCStack(out.decoder.stack(), width)
+                self.decoders[module_key(out.name)] = nn.Sequential(stack, nn.Linear(stack.width, size))
+            else:  # one linear layer (the names weights files written before decoder layers have)
+                self.decoders[module_key(out.name)] = nn.Linear(width, size)
         self.register_load_state_dict_pre_hook(self._one_decoder)
         self._initialise()
 
@@ -148,13 +160,26 @@ class DeclarativeModel(nn.Module):
         """Each output's logits or value, by the output's name."""
         parts = []
         for name in self.inputs:
-            parts.append(self.embeddings[module_key(name)](batch[name]))
-        hidden = self.combiner(torch.cat(parts, dim=1))
+            encoder = self.embeddings[module_key(name)]
+            stepped = name in self.stepped
+            parts.append(encoder.steps(batch[name])[0] if stepped else encoder(batch[name]))  # type: ignore[operator]
+        hidden = self.combiner(parts)
         outs = {}
         for name, kind in self.output_types.items():
             out = self.decoders[module_key(name)](hidden)
             outs[name] = out if OUTPUTS[kind].WIDE else out.squeeze(1)
         return outs
+
+
+def _step_shape(encoder: nn.Module, feat: Any, meta: dict[str, Any]) -> tuple[int, int]:
+    """(steps, width) of a sequence encoder's outputs per step, from one row of padding."""
+    length = meta.get("length") or feat.preprocessing.max_sequence_length
+    was = encoder.training
+    encoder.eval()
+    with torch.no_grad():
+        h = encoder.steps(torch.zeros(1, length, dtype=torch.long))[0]  # type: ignore[operator]  # a sequence encoder's
+    encoder.train(was)
+    return int(h.shape[1]), int(h.shape[2])
 
 
 def build_model(config: ModelConfig, meta: dict[str, Any]) -> DeclarativeModel:

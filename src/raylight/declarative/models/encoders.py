@@ -112,22 +112,35 @@ class _Sequence(nn.Module):
     """What Ludwig's sequence encoders share: the tokens embedded (padding embeds to zeros)
     and dropped out, or a series of numbers as one channel (Ludwig's timeseries, which does
     not embed); then, from the encoder's outputs per step, their reduction over the steps
-    (``reduce_output``; ``last``: the output at each row's last token) and the layers."""
+    (``reduce_output``; ``last``: the output at each row's last token) and the layers.
+    With ``reduce_output: null`` the outputs per step are what a sequence combiner reads
+    (``steps``): no layers, as Ludwig's. Given ``channels``, the input is already a
+    sequence of that many channels per step (the sequence combiner's), not embedded."""
 
-    def __init__(self, enc: Any, vocab_size: int | None) -> None:
+    def __init__(self, enc: Any, vocab_size: int | None, channels: int | None = None) -> None:
         super().__init__()
         self.embed = None if vocab_size is None else nn.Embedding(vocab_size, enc.embedding_size, padding_idx=0)
-        self.channels = 1 if vocab_size is None else enc.embedding_size
+        self.channels = channels or (1 if vocab_size is None else enc.embedding_size)
         self.dropout = _dropout(enc.dropout)
         self.reduce = enc.reduce_output
 
     def _layers(self, enc: Any, width: int) -> None:
-        self.fc = FCStack(enc.layers(), width)
-        self.width = self.fc.width
+        self.fc: nn.Module = FCStack(enc.layers(), width) if self.reduce is not None else nn.Identity()
+        self.width = self.fc.width if isinstance(self.fc, FCStack) else width
 
     def tokens(self, ids: torch.Tensor) -> torch.Tensor:
         """(rows, steps, channels)."""
+        if ids.dim() == 3:
+            return ids
         return ids[:, :, None].float() if self.embed is None else self.dropout(self.embed(ids))
+
+    def steps(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The outputs per step (rows, steps, width) and each row's steps up to its last
+        token (None: all count)."""
+        raise NotImplementedError
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.finish(*self.steps(ids))
 
     def lengths(self, ids: torch.Tensor) -> torch.Tensor | None:
         """Each row's steps up to its last token (text pads on the right; at least 1);
@@ -156,20 +169,20 @@ class ParallelCNN(_Sequence):
     side by side ("same" padding, the activation, dropout, optional pooling), their
     channels concatenated and reduced over the sequence, then the encoder's layers."""
 
-    def __init__(self, enc: Any, vocab_size: int | None) -> None:
+    def __init__(self, enc: Any, vocab_size: int | None, channels: int | None = None) -> None:
         """``vocab_size`` None: the input is a series of numbers, one channel."""
         from raylight.declarative.models.ecd import ACTIVATIONS
 
-        super().__init__(enc, vocab_size)
+        super().__init__(enc, vocab_size, channels)
         self.convs = nn.ModuleList(_conv(enc, layer, self.channels) for layer in enc.conv_layers)
         self.pools = nn.ModuleList(_pool(enc, layer.pool_size) for layer in enc.conv_layers)
         self.activation = ACTIVATIONS[enc.activation]()
         self._layers(enc, sum(layer.num_filters or enc.num_filters for layer in enc.conv_layers))
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def steps(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         x = self.tokens(ids).transpose(1, 2)  # (rows, channels, steps)
         h = torch.cat([pool(self.dropout(self.activation(conv(x)))) for conv, pool in zip(self.convs, self.pools, strict=True)], dim=1)
-        return self.finish(h.transpose(1, 2))
+        return h.transpose(1, 2), None
 
 
 class StackedCNN(_Sequence):
@@ -179,10 +192,10 @@ class StackedCNN(_Sequence):
     cnnrnn) the convolutions take ``conv_activation`` and ``conv_dropout``, and recurrent
     layers as ``Recurrent``'s read their output, each row up to its last token's step."""
 
-    def __init__(self, enc: Any, vocab_size: int | None, recurrent: bool = False) -> None:
+    def __init__(self, enc: Any, vocab_size: int | None, recurrent: bool = False, channels: int | None = None) -> None:
         from raylight.declarative.models.ecd import ACTIVATIONS
 
-        super().__init__(enc, vocab_size)
+        super().__init__(enc, vocab_size, channels)
         convs, width = [], self.channels
         for layer in enc.conv_layers:
             convs.append(_conv(enc, layer, width))
@@ -195,13 +208,13 @@ class StackedCNN(_Sequence):
         self.rnn = _recurrent_layers(enc, width) if recurrent else None
         self._layers(enc, width if self.rnn is None else enc.state_size * (2 if enc.bidirectional else 1))
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def steps(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         h, lengths = self.tokens(ids).transpose(1, 2), self.lengths(ids)
         for conv, pool, size in zip(self.convs, self.pools, self.pool_sizes, strict=True):
             h, lengths = pool(self.conv_dropout(self.activation(conv(h)))), _pooled(lengths, size)
         if self.rnn is None:
-            return self.finish(h.transpose(1, 2))
-        return self.finish(_recur(self.rnn, h.transpose(1, 2), lengths), lengths)
+            return h.transpose(1, 2), None
+        return _recur(self.rnn, h.transpose(1, 2), lengths), lengths
 
 
 class StackedParallelCNN(_Sequence):
@@ -209,10 +222,10 @@ class StackedParallelCNN(_Sequence):
     side as ParallelCNN's (their channels concatenated, then the stage's pooling), reduced
     over the sequence, then the encoder's layers."""
 
-    def __init__(self, enc: Any, vocab_size: int | None) -> None:
+    def __init__(self, enc: Any, vocab_size: int | None, channels: int | None = None) -> None:
         from raylight.declarative.models.ecd import ACTIVATIONS
 
-        super().__init__(enc, vocab_size)
+        super().__init__(enc, vocab_size, channels)
         stages, width = [], self.channels
         for stage in enc.stacked_layers:
             stages.append(nn.ModuleList(_conv(enc, layer, width) for layer in stage))
@@ -222,12 +235,12 @@ class StackedParallelCNN(_Sequence):
         self.activation = ACTIVATIONS[enc.activation]()
         self._layers(enc, width)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def steps(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         h = self.tokens(ids).transpose(1, 2)
         for convs, pool in zip(self.stages, self.pools, strict=True):
             stage: nn.ModuleList = convs  # type: ignore[assignment]  # ModuleList's iteration is not typed
             h = pool(torch.cat([self.dropout(self.activation(conv(h))) for conv in stage], dim=1))
-        return self.finish(h.transpose(1, 2))
+        return h.transpose(1, 2), None
 
 
 _CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
@@ -254,14 +267,14 @@ class Recurrent(_Sequence):
     one or both ways, over each row's tokens (packed, so a row's padding is not read), then
     the reduction over them (by default the output at the last token) and the layers."""
 
-    def __init__(self, enc: Any, vocab_size: int | None) -> None:
-        super().__init__(enc, vocab_size)
+    def __init__(self, enc: Any, vocab_size: int | None, channels: int | None = None) -> None:
+        super().__init__(enc, vocab_size, channels)
         self.rnn = _recurrent_layers(enc, self.channels)
         self._layers(enc, enc.state_size * (2 if enc.bidirectional else 1))
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def steps(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         lengths = self.lengths(ids)
-        return self.finish(_recur(self.rnn, self.tokens(ids), lengths), lengths)
+        return _recur(self.rnn, self.tokens(ids), lengths), lengths
 
 
 class Transformer(_Sequence):
@@ -272,8 +285,8 @@ class Transformer(_Sequence):
     reduction over the tokens (by default the output at the last one) and the layers. A
     series of numbers is projected first and then given its positions (Ludwig's gives none)."""
 
-    def __init__(self, enc: Any, vocab_size: int | None, length: int) -> None:
-        super().__init__(enc, vocab_size)
+    def __init__(self, enc: Any, vocab_size: int | None, length: int, channels: int | None = None) -> None:
+        super().__init__(enc, vocab_size, channels)
         width = enc.hidden_size
         self.position = nn.Embedding(length, self.channels if self.embed is not None else width)
         self.project = nn.Linear(self.channels, width) if self.channels != width else nn.Identity()
@@ -283,7 +296,7 @@ class Transformer(_Sequence):
         self.blocks = nn.TransformerEncoder(block, enc.num_layers, enable_nested_tensor=False)
         self._layers(enc, width)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def steps(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         positions = self.position(torch.arange(ids.shape[1], device=ids.device))
         if self.embed is None:
             x, padding = self.project(self.tokens(ids)) + positions, None
@@ -291,15 +304,16 @@ class Transformer(_Sequence):
             x = self.project(self.tokens(ids) + positions)
             padding = ids == 0
             padding[:, 0] = False  # a row of no tokens attends to its first step, not to nothing
-        return self.finish(self.blocks(x, src_key_padding_mask=padding), self.lengths(ids))
+        return self.blocks(x, src_key_padding_mask=padding), self.lengths(ids)
 
 
-def sequence_encoder(enc: Any, vocab_size: int | None, length: int) -> _Sequence:
+def sequence_encoder(enc: Any, vocab_size: int | None, length: int, channels: int | None = None) -> _Sequence:
     """The module for a text, sequence or timeseries encoder other than embed: tokens from
-    a vocabulary of ``vocab_size`` (None: a series of numbers), ``length`` steps per row."""
+    a vocabulary of ``vocab_size`` (None: a series of numbers, or given ``channels``, a
+    sequence of that many per step), ``length`` steps per row."""
     if enc.type == "transformer":
-        return Transformer(enc, vocab_size, length)
+        return Transformer(enc, vocab_size, length, channels=channels)
     if enc.type == "cnnrnn":
-        return StackedCNN(enc, vocab_size, recurrent=True)
+        return StackedCNN(enc, vocab_size, recurrent=True, channels=channels)
     kinds: dict[str, Any] = {"parallel_cnn": ParallelCNN, "stacked_cnn": StackedCNN, "stacked_parallel_cnn": StackedParallelCNN, "rnn": Recurrent}
-    return kinds[enc.type](enc, vocab_size)
+    return kinds[enc.type](enc, vocab_size, channels=channels)

@@ -12,6 +12,7 @@ from pydantic import Field
 
 from raylight.base.exceptions import ConfigError
 from raylight.declarative.features.base import FeatureModel
+from raylight.declarative.layers import DecoderConfig
 
 if TYPE_CHECKING:
     import torch
@@ -33,6 +34,11 @@ class OutputModel(FeatureModel):
     loss_weight: float = Field(
         1.0, gt=0, le=1e6,
         description="Multiplies this output's loss in training (Ludwig's loss.weight); the reported losses are unweighted.",
+    )
+    decoder: DecoderConfig = Field(
+        default_factory=lambda: DecoderConfig(),
+        description="Ludwig's decoder layers: fully connected layers (fc_layers, or num_fc_layers of "
+        "fc_output_size units) between the combiner and this output's linear layer; none by default.",
     )
 
 

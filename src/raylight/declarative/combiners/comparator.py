@@ -1,0 +1,56 @@
+"""Ludwig's comparator combiner: two entities, each a list of inputs (``entity_1``,
+``entity_2``), each concatenated and through its own fully connected layers (one of 256
+units by default; the two stacks alike), then compared: their dot product, elementwise
+product, absolute difference and a bilinear product (Ludwig's: a fixed random matrix),
+concatenated (2 x the last layer's width + 2)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from raylight.declarative.combiners.base import Encoded
+from raylight.declarative.layers import FCLayer, FCStackConfig
+
+if TYPE_CHECKING:
+    from torch import nn
+
+
+class ComparatorCombiner(FCStackConfig):
+    LUDWIG_COUNT: ClassVar[int] = 1
+    LUDWIG_OUTPUT_SIZE: ClassVar[int] = 256
+
+    type: Literal["comparator"] = Field(description="Ludwig's comparator combiner.")
+    entity_1: list[str] = Field(min_length=1, description="The input features of the first entity (required).")
+    entity_2: list[str] = Field(min_length=1, description="The input features of the second entity (required).")
+    fc_layers: list[FCLayer] = Field(
+        default_factory=lambda: [FCLayer(output_size=256)], min_length=1, max_length=64,
+        description="Each entity's layers (at least one).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _at_least_one_layer(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("num_fc_layers") == 0 and not data.get("fc_layers"):
+            raise ValueError("num_fc_layers: the comparator compares each entity's last layer: give it at least one")
+        return data
+
+    def check_inputs(self, inputs: list[Any]) -> tuple[str | None, str] | None:
+        names = [f.name for f in inputs]
+        for key in ("entity_1", "entity_2"):
+            unknown = [n for n in getattr(self, key) if n not in names]
+            if unknown:
+                return key, f"{unknown} are not input features; use names of {names}"
+        left = [n for n in names if n not in self.entity_1 and n not in self.entity_2]
+        if left:
+            return None, f"inputs {left} are in neither entity_1 nor entity_2; add each to one of them"
+        return None
+
+Config = ComparatorCombiner
+
+
+def build(config: ComparatorCombiner, inputs: list[Encoded]) -> nn.Module:
+    from raylight.declarative.models.combiners import ComparatorModule
+
+    return ComparatorModule(config, inputs)

@@ -1,0 +1,175 @@
+"""Ludwig configs as Ludwig users write them (tests/declarative/ludwig_configs/, from
+Ludwig's examples, its test helpers and its docs; README.md there): each raylight supports
+loads, each other is refused at once with every reason at its key path, and a few train
+end to end on small generated data (the local backend, no Ray)."""
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from raylight.base.exceptions import ConfigError
+from raylight.declarative import api
+from raylight.declarative.loading import load_config, load_yaml
+
+CONFIGS = Path(__file__).parent / "ludwig_configs"
+
+# Each config's fate: None, it loads; else the key paths of its refusal, each with a word
+# of the reason.
+EXPECTED: dict[str, dict[str, str] | None] = {
+    "class_imbalance_balanced": None,
+    "class_imbalance_standard": None,
+    "docs_defaults_concat": None,
+    "helpers_category_output": None,
+    "helpers_ray_backend": None,
+    "hypernetwork_concat": None,
+    "multi_task_no_balancing": None,
+    "optimizers_adamw": None,
+    "optimizers_radam": None,
+    "rotten_tomatoes": None,
+    "titanic_model1": None,
+    "titanic_model2": None,
+    "uncertainty_baseline": None,
+    "docs_deepspeed_zero3": {"backend.trainer.strategy": "stage 3 is not available"},
+    "forecasting": {  # timeseries output and input load; the sliding window over one column does not
+        "combiner.flatten_inputs": "flat vectors already",
+        "input_features.0.preprocessing.window_size": "no sliding window",
+        "output_features.0.preprocessing.horizon": "no sliding window",
+        "input_features.0.encoder.type": "'parallel_cnn'",
+    },
+    "helpers_sequence": {"input_features.0.encoder": "state_size", "input_features.1.encoder": "state_size"},
+    "insurance_lite": {  # the image input (encoder: vit, Ludwig before 0.6) loads; HF ViT's keys do not
+        "input_features.0.encoder.img_height": "unknown key",
+        "input_features.0.encoder.in_channels": "unknown key",
+        **{f"input_features.0.encoder.{k}": "Ludwig 0.17's schema"
+           for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")},
+    },
+    "lbfgs": {
+        "trainer.optimizer.type": "closure",
+        "trainer.steps_per_checkpoint": "once per epoch",
+        "defaults.category.encoder.type": "dense",
+    },
+    "mnist": {  # the image input (encoder: stacked_cnn, Ludwig before 0.6) loads; conv layers' old key names do not
+        f"input_features.0.encoder.conv_layers.{i}.{k}": "unknown key"
+        for i in (0, 1) for k in ("num_filters", "filter_size", "pool_size")
+    },
+    "multi_task_famo": {"trainer.loss_balancing": "loss_weight"},
+    "optimizers_adafactor": {"trainer.optimizer.type": "adafactor optimizer is not available"},
+    "ray_job_submission": None,
+    "tabnet_higgs_small": {  # the tabnet combiner loads; two keys of Ludwig before 0.17 do not
+        "combiner.bn_virtual_divider": "did you mean 'bn_virtual_bs'?",
+        "output_features.0.weight_regularization": "unknown key",
+    },
+    "uncertainty_mc_dropout": {"output_features.0.decoder.mc_dropout_samples": "Monte Carlo dropout"},
+    # The configs of issue 56's second part: new combiners, image inputs, timeseries outputs.
+    "docs_combiner_sequence_concat": None,
+    "docs_multi_label_image": None,  # an image input, encoder named as Ludwig before 0.6 wrote it
+    "open_set_baseline": None,
+    "docs_combiner_comparator": {"combiner": "give it at least one"},  # Ludwig's docs: num_fc_layers 0
+    "docs_combiner_tabnet": {"combiner.ooutput_size": "did you mean 'output_size'?"},  # the docs' typo
+    "docs_combiner_transformer": {"combiner.fc_residual": "valid boolean"},  # the docs' null
+    "tabnet_higgs_medium": {
+        "combiner.bn_virtual_divider": "did you mean 'bn_virtual_bs'?",
+        "output_features.0.weight_regularization": "unknown key",
+    },
+    "image_stacked_cnn": {"input_features.0.encoder.use_pretrained": "Ludwig 0.17's schema"},
+    "image_dinov2_linear_probe": {"input_features.0.encoder": "'dinov2'"},
+    **{name: {f"input_features.0.encoder.conv_layers.{i}.{k}": "unknown key"
+              for i in (0, 1) for k in ("num_filters", "filter_size", "pool_size")}
+       for name in ("open_set_baseline_mnist",)},
+    "open_set_objectosphere_mnist": {
+        "output_features.0.loss.type": "softmax_cross_entropy",
+        **{f"input_features.0.encoder.conv_layers.{i}.{k}": "unknown key"
+           for i in (0, 1) for k in ("num_filters", "filter_size", "pool_size")},
+    },
+    "timeseries_nbeats": {
+        "input_features.0.encoder.type": "'nbeats'",
+        **{f"input_features.0.encoder.{k}": "Ludwig 0.17's schema" for k in ("num_stacks", "num_blocks", "layer_size")},
+        "input_features.0.window_size": "unknown key",
+        "output_features.0.window_size": "unknown key",
+    },
+    "timeseries_patchtst": {
+        "input_features.0.encoder": "num_layers",
+        "input_features.0.window_size": "unknown key",
+        "output_features.0.window_size": "unknown key",
+    },
+    "multi_task_nash_mtl": {"trainer.loss_balancing": "loss_weight"},
+    "multi_task_uncertainty": {"trainer.loss_balancing": "loss_weight"},
+    "uncertainty_calibrated": {"output_features.0.decoder.calibration": "calibration is not available"},
+    "optimizers_muon": {"trainer.optimizer.type": "muon optimizer is not available"},
+    "optimizers_schedule_free_adamw": {"trainer.optimizer.type": "schedule_free_adamw optimizer is not available"},
+    "hypernetwork_hypernetwork": {"combiner.type": "Ludwig's hypernetwork combiner is not available"},
+    "hyperopt_optuna": {  # the optuna executor's sampler, pruner, storage go with its type
+        "hyperopt.executor.type": "Ray Tune",
+        "hyperopt.parameters.trainer.batch_size": "did you mean 'randint'?",
+    },
+    "anomaly_deep_svdd": {"output_features.0.type": "'anomaly'"},
+}
+
+
+def test_the_corpus_is_the_expected_one():
+    assert sorted(p.stem for p in CONFIGS.glob("*.yaml")) == sorted(EXPECTED)
+    for path in CONFIGS.glob("*.yaml"):
+        assert path.read_text().startswith("# "), f"{path.name}: its first lines say where it comes from"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_each_config_loads_or_is_refused_with_every_reason_at_once(name):
+    expected = EXPECTED[name]
+    path = str(CONFIGS / f"{name}.yaml")
+    if expected is None:
+        config = load_config(path)
+        assert [f.name for f in config.output_features] == [f["name"] for f in load_yaml(path)["output_features"]]
+        return
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    lines = {ln.strip().split(": ", 1)[0]: ln for ln in str(err.value).splitlines()[1:]}
+    assert set(lines) == set(expected), str(err.value)
+    for key, word in expected.items():
+        assert word in lines[key], lines[key]
+
+
+def _column(feature: dict, rows: int, rng: np.random.Generator) -> pd.Series:
+    kind = feature["type"]
+    if kind == "number":
+        return pd.Series(rng.normal(size=rows))
+    if kind == "binary":
+        return pd.Series(rng.integers(0, 2, size=rows).astype(bool))
+    if kind == "category":
+        return pd.Series(rng.choice(["red", "green", "blue"], size=rows))
+    if kind in ("set", "bag", "text"):
+        words = np.array(["alpha", "beta", "gamma", "delta", "eps"])
+        return pd.Series([" ".join(rng.choice(words, size=3)) for _ in range(rows)])
+    raise AssertionError(f"no generator for {kind}")
+
+
+def _dataset(path: Path, config_file: Path, rows: int = 240) -> str:
+    """Rows for the config's columns; each target follows the first number input (a
+    signal to learn)."""
+    raw = load_yaml(str(config_file))
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({f.get("column", f["name"]): _column(f, rows, rng) for f in raw["input_features"]})
+    signal = frame[next(f["name"] for f in raw["input_features"] if f["type"] == "number")]
+    for out in raw["output_features"]:
+        frame[out["name"]] = {
+            "binary": signal > 0, "number": 2 * signal, "category": pd.cut(signal, [-np.inf, -0.5, 0.5, np.inf], labels=["lo", "mid", "hi"]).astype(str),
+        }[out["type"]]
+    frame.to_csv(path, index=False)
+    return str(path)
+
+
+@pytest.mark.parametrize(("name", "overrides", "metric", "least"), [
+    ("titanic_model2", [], "accuracy", 0.75),  # an output's fc_layers (Ludwig before 0.6): decoder layers
+    ("helpers_category_output", [], "accuracy", 0.6),  # set and bag inputs, decoder layers, optimizer.lr
+    ("optimizers_radam", ["trainer.optimizer.lr=0.01"], "accuracy", 0.75),  # radam; learning_rate_scheduler.type ignored
+])
+def test_a_few_train_end_to_end_on_generated_data(tmp_path, name, overrides, metric, least):
+    config_file = CONFIGS / f"{name}.yaml"
+    config = load_config(str(config_file), ["trainer.epochs=20", "trainer.batch_size=32", "backend=null", *overrides])
+    data = _dataset(tmp_path / "data.csv", config_file)
+    out = api.train(config, data, output_directory=str(tmp_path / "run"), backend="local", progress=False)
+    test = out["evaluation"]["test"]
+    target = config.output_features[0].name
+    key = metric if metric in test else f"{target}/{metric}"
+    assert test[key] >= least, test
