@@ -172,7 +172,6 @@ def _worker_pids(made, host: str) -> list[int]:
     return pids
 
 
-@pytest.mark.timeout(300)
 def test_a_host_cut_off_mid_epoch_is_dropped_and_the_run_shrinks_onto_the_survivor(make_hosts):
     """Driver on a, one worker on each of b and c; c's link goes down mid-epoch (its processes
     live on, unreachable): the run notices within hang_timeout_s, goes on with the worker on b
@@ -199,7 +198,8 @@ def test_a_host_cut_off_mid_epoch_is_dropped_and_the_run_shrinks_onto_the_surviv
         )
         assert driver.poll() is None, driver.communicate()
         assert _worker_pids(made, "c"), "a worker runs on c before the cut"
-        cut_at, cut_wall = len(_positions(made.shared)), time.time()
+        # The driver's clock (time.monotonic, one kernel for every host) stamps its decision.
+        cut_at, cut_clock = len(_positions(made.shared)), time.monotonic()
         made.cut("c")
         wait_until(
             lambda: (
@@ -234,7 +234,7 @@ def test_a_host_cut_off_mid_epoch_is_dropped_and_the_run_shrinks_onto_the_surviv
     shrinks = [r for r in data["resizes"] if (r["from"], r["to"]) == (2, 1)]
     assert shrinks, (data["resizes"], err[-3000:])
     assert shrinks[0]["kind"] == "in_place", shrinks[0]
-    noticed_s = shrinks[0]["decided_wall"] - cut_wall
+    noticed_s = shrinks[0]["decided_at"] - cut_clock
     assert 0 < noticed_s < PARTITION_FAILURE["hang_timeout_s"], (noticed_s, shrinks[0])
     n = 240
     for m in data["epochs"]:
