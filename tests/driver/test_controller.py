@@ -416,10 +416,12 @@ def test_a_silent_worker_in_an_elastic_run_is_a_resize_and_in_a_fixed_one_a_fail
     assert c.step() is State.RESIZING, "a silent worker in an elastic run is lost, not hung"
     assert c.step() is State.RUNNING
     assert group.resizes[0]["num_workers"] == 1 and c.num_failures == 0
-    answered = FakeGroup([running(ckpt_report(0)), failed("hang"), finished(n=1)], resize_outcomes=[ResizeOutcome("in_place")])
-    c = make(answered, recorder, policy=ScriptedPolicy(2, on_lost=True))
-    c.step(), c.step(), c.step()
-    assert c.step() is not State.RESIZING and answered.resizes == [], "a worker that answers and hangs fails"
+    for on_lost, hang in ((False, failed("hang", answered=False)), (True, failed("hang"))):
+        other = FakeGroup([running(ckpt_report(0)), hang, finished(n=1)], resize_outcomes=[ResizeOutcome("in_place")])
+        c = make(other, recorder, policy=ScriptedPolicy(2, on_lost=on_lost))
+        c.step(), c.step(), c.step()
+        c.step()
+        assert other.resizes == [] and c.num_failures == 1, "fixed size: silent fails; elastic: a hang that answers fails"
 
 
 def noticed(node="n1", ranks=(1,), n=2, reports=()):
