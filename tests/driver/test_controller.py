@@ -393,6 +393,37 @@ def test_a_lost_worker_is_a_resize_when_the_policy_says_so(recorder):
     assert c.step() is State.FINISHED
 
 
+def test_a_silent_worker_is_lost_and_one_that_answers_without_progress_is_a_failure():
+    """Issue 57: no answer to a health poll (a partitioned machine, its node not declared dead)
+    is a lost worker, as a death is; a worker that answers but made no progress hangs on its
+    own, and an error it raised is a failure."""
+    from raylight.driver.controller.policies import lost_workers
+
+    silent = WorkerFailure(1, "hang", "did not answer", answered=False)
+    stuck = WorkerFailure(0, "hang", "made no progress for 30s")
+    dead = WorkerFailure(2, "died", "died: SIGKILL")
+    raised = WorkerFailure(0, "error", "raised ValueError: x")
+    start = WorkerFailure(-1, "hang", "the group did not start", answered=False)
+    assert lost_workers([stuck, silent]) == [silent]
+    assert lost_workers([silent, dead, raised]) == [silent, dead]
+    assert lost_workers([stuck]) == [] and lost_workers([raised]) == [] and lost_workers([start]) == []
+
+
+def test_a_silent_worker_in_an_elastic_run_is_a_resize_and_in_a_fixed_one_a_failure(recorder):
+    group = FakeGroup([running(ckpt_report(0)), failed("hang", answered=False), finished(n=1)], resize_outcomes=[ResizeOutcome("in_place")])
+    c = make(group, recorder, policy=ScriptedPolicy(2, on_lost=True))
+    c.step(), c.step(), c.step()
+    assert c.step() is State.RESIZING, "a silent worker in an elastic run is lost, not hung"
+    assert c.step() is State.RUNNING
+    assert group.resizes[0]["num_workers"] == 1 and c.num_failures == 0
+    for on_lost, hang in ((False, failed("hang", answered=False)), (True, failed("hang"))):
+        other = FakeGroup([running(ckpt_report(0)), hang, finished(n=1)], resize_outcomes=[ResizeOutcome("in_place")])
+        c = make(other, recorder, policy=ScriptedPolicy(2, on_lost=on_lost))
+        c.step(), c.step(), c.step()
+        c.step()
+        assert other.resizes == [] and c.num_failures == 1, "fixed size: silent fails; elastic: a hang that answers fails"
+
+
 def noticed(node="n1", ranks=(1,), n=2, reports=()):
     """A poll in which ``node`` (holding ``ranks``) was given notice."""
     base = running(*reports, n=n)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -141,6 +142,100 @@ def test_a_host_that_dies_mid_epoch_shrinks_the_run_onto_the_survivor_with_each_
     data = json.loads(out.splitlines()[-1])
     moves = [(r["from"], r["to"]) for r in data["resizes"]]
     assert (2, 1) in moves, (moves, err[-3000:])
+    n = 240
+    for m in data["epochs"]:
+        assert (m["count"], m["sum"]) == (n, n * (n - 1) / 2), m
+    assert {m["workers"] for m in data["epochs"]} >= {1}
+
+
+# Short timeouts for the partition test, set through the run's FailureConfig: a silent worker
+# is found within a health check; the survivor's collective with it ends within
+# collective_timeout_s; hang_timeout_s is the bound the test holds the run's notice to.
+PARTITION_FAILURE = {
+    "health_check_timeout_s": 3.0,
+    "collective_timeout_s": 6.0,
+    "hang_timeout_s": 20.0,
+    "max_failures": 0,  # a failure ends the run: only a resize gets past the cut
+}
+
+
+def _worker_pids(made, host: str) -> list[int]:
+    """The host's processes running a raylight worker actor (Ray titles them ``ray::RaylightWorker``)."""
+    pids = []
+    for pid in made.pids(host):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().startswith(b"ray::RaylightWorker"):
+                    pids.append(pid)
+        except OSError:
+            pass
+    return pids
+
+
+def test_a_host_cut_off_mid_epoch_is_dropped_and_the_run_shrinks_onto_the_survivor(make_hosts):
+    """Driver on a, one worker on each of b and c; c's link goes down mid-epoch (its processes
+    live on, unreachable): the run notices within hang_timeout_s, goes on with the worker on b
+    (each epoch seeing every sample once, no failure counted), and when c's link comes back the
+    old worker's late answers change nothing and its actor is killed."""
+    made = make_hosts(["a", "b", "c"], env=cluster_env())
+    cluster = RayOverHosts(made, head="a", raylets={"b": 1, "c": 1})
+    cmd = [
+        "env",
+        f"RAY_ADDRESS={cluster.address}",
+        sys.executable,
+        os.path.join(HERE, "elastic_driver.py"),
+        SHARED,
+        json.dumps(PARTITION_FAILURE),
+    ]
+    driver = made.popen("a", cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(
+            lambda: (
+                sum(p[2] == 2 for p in _positions(made.shared)) >= 8 or driver.poll() is not None
+            ),
+            240,
+            "2 workers mid-epoch",
+        )
+        assert driver.poll() is None, driver.communicate()
+        assert _worker_pids(made, "c"), "a worker runs on c before the cut"
+        # The driver's clock (time.monotonic, one kernel for every host) stamps its decision.
+        cut_at, cut_clock = len(_positions(made.shared)), time.monotonic()
+        made.cut("c")
+        wait_until(
+            lambda: (
+                sum(p[2] == 1 for p in _positions(made.shared)[cut_at:]) >= 10
+                or driver.poll() is not None
+            ),
+            120,
+            "the run on the survivor",
+        )
+        made.restore("c")  # the old worker's answers may now arrive late
+        restored_at = len(_positions(made.shared))
+        wait_until(
+            lambda: not _worker_pids(made, "c") or driver.poll() is not None,
+            60,
+            "the cut-off worker's actor killed once c is back",
+        )
+        wait_until(
+            lambda: (
+                sum(p[2] == 1 for p in _positions(made.shared)[restored_at:]) >= 10
+                or driver.poll() is not None
+            ),
+            120,
+            "the run going on after the link is back",
+        )
+    finally:
+        made.restore("c")
+        open(os.path.join(made.shared, "stop"), "w").close()
+    out, err = driver.communicate(timeout=120)
+    assert driver.returncode == 0, err[-5000:]
+    data = json.loads(out.splitlines()[-1])
+    assert data["num_failures"] == 0, err[-3000:]
+    shrinks = [r for r in data["resizes"] if (r["from"], r["to"]) == (2, 1)]
+    assert shrinks, (data["resizes"], err[-3000:])
+    assert shrinks[0]["kind"] == "in_place", shrinks[0]
+    noticed_s = shrinks[0]["decided_at"] - cut_clock
+    assert 0 < noticed_s < PARTITION_FAILURE["hang_timeout_s"], (noticed_s, shrinks[0])
     n = 240
     for m in data["epochs"]:
         assert (m["count"], m["sum"]) == (n, n * (n - 1) / 2), m

@@ -329,3 +329,47 @@ def test_a_worker_that_died_is_not_polled_again(monkeypatch):
         assert [f.kind for f in group.poll().failures] == ["died"]
     assert sent == [0, 1, 0, 0], "rank 1 is asked once, rank 0 every poll"
     assert [refs[1] for refs in seen] == ["poll-1-2"] * 3, "its first answer stands for it"
+
+
+def test_a_silent_worker_is_not_polled_again_and_a_resize_waits_out_its_peers_collective(monkeypatch):
+    """Issue 57: a poll unanswered within health_check_timeout_s marks the worker silent: later
+    polls do not wait for it again (each would take the whole timeout during a resize) and still
+    report it; a resize stops its peers for their collective timeout and a health check."""
+    from types import SimpleNamespace
+
+    from raylight.config import FailureConfig
+    from raylight.worker.protocol import GroupPoll
+    from raylight.worker_group import poll as poll_module
+    from raylight.worker_group import ray_group
+    from raylight.worker_group.resize import stop_wait_s
+
+    sent: list[int] = []
+
+    def actor(rank):
+        return SimpleNamespace(poll=SimpleNamespace(remote=lambda: sent.append(rank) or f"poll-{rank}"))
+
+    waited: list[list[str]] = []
+
+    def wait(refs, num_returns, timeout):  # rank 1 never answers
+        waited.append(list(refs))
+        return [r for r in refs if r != "poll-1"], [r for r in refs if r == "poll-1"]
+
+    monkeypatch.setattr(poll_module.ray, "wait", wait)
+    monkeypatch.setattr(poll_module.ray, "get", lambda ref: WorkerPoll(rank=0, state="running"))
+    failure = FailureConfig(health_check_timeout_s=3, collective_timeout_s=6, worker_start_timeout_s=120)
+    group = ray_group.RayWorkerGroup.__new__(ray_group.RayWorkerGroup)
+    group._members = [ray_group._Member(actor(r), {"ip": "x", "node_id": f"n{r}"}, None, r) for r in range(2)]  # type: ignore[arg-type]
+    group._failure = failure
+    group._spare = SimpleNamespace(ready=False)
+    group._watch = SimpleNamespace(notices=lambda polls, nodes: [])
+    monkeypatch.setattr(ray_group.RayWorkerGroup, "_placement", lambda self: ())
+    polls = [group.poll() for _ in range(3)]
+    for p in polls:
+        assert [(f.rank, f.kind, f.answered) for f in p.failures] == [(1, "hang", False)]
+        assert "health_check_timeout_s=3s" in p.failures[0].message
+    assert sent == [0, 1, 0, 0], "rank 1 is asked once, rank 0 every poll"
+    assert waited == [["poll-0", "poll-1"], ["poll-0"], ["poll-0"]]
+    assert stop_wait_s(failure, polls[0]) == 9
+    assert stop_wait_s(failure.model_copy(update={"collective_timeout_s": 1800}), polls[0]) == 120
+    died = GroupPoll([], [WorkerFailure(1, "died", "gone")])
+    assert stop_wait_s(failure, died) == 3 and stop_wait_s(failure, GroupPoll([], [])) == 120

@@ -112,6 +112,9 @@ class WorkerFailure:
     seconds_since_progress: float = 0.0
     cause: BaseException | None = None  # the worker's exception, where it could be fetched
     node_id: str | None = None  # the Ray node it ran on
+    # False: its health poll got no answer within health_check_timeout_s (its process, or
+    # its machine's link, is gone while Ray has not declared the node dead: a partition).
+    answered: bool = True
 
     @property
     def known_rank(self) -> int | None:

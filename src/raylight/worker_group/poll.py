@@ -23,9 +23,11 @@ def judge(
     refs: list[Any], nodes: list[dict[str, Any]], failure: FailureConfig
 ) -> tuple[list[WorkerPoll], list[WorkerFailure]]:
     """Wait up to ``health_check_timeout_s`` for the answers to ``refs`` (one poll per
-    rank, on ``nodes``); returns the answers received and the failures they show."""
+    rank, on ``nodes``; None for a rank already found silent, not asked again); returns
+    the answers received and the failures they show."""
     timeout = failure.health_check_timeout_s
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+    asked = [ref for ref in refs if ref is not None]
+    ready, _ = ray.wait(asked, num_returns=len(asked), timeout=timeout) if asked else ([], [])
     ready_set = set(ready)
     polls: list[WorkerPoll] = []
     failures: list[WorkerFailure] = []
@@ -39,6 +41,7 @@ def judge(
                     "hang",
                     f"did not answer a health check within "
                     f"FailureConfig.health_check_timeout_s={timeout:g}s",
+                    answered=False,
                     **where,
                 )
             )

@@ -102,6 +102,9 @@ class _Member:
     # call to a dead worker on a lost machine waits ~2 s for Ray to give up on it (seen in
     # bench/hosts.py: each poll of the group during the resize that followed took that).
     lost: Any = None
+    # Its poll went unanswered (a partition: its machine cut off, its node not declared
+    # dead): not asked again, each poll would wait health_check_timeout_s for it.
+    silent: bool = False
 
 
 class RayWorkerGroup:
@@ -574,11 +577,13 @@ class RayWorkerGroup:
 
     # -- poll -----------------------------------------------------------------------
     def poll(self) -> GroupPoll:
-        refs = [m.actor.poll.remote() if m.lost is None else m.lost for m in self._members]
+        refs = [None if m.silent else m.actor.poll.remote() if m.lost is None else m.lost for m in self._members]
         polls, failures = judge(refs, self._nodes, self._failure)
         for f in failures:
             if f.kind == "died" and 0 <= f.rank < len(self._members):
                 self._members[f.rank].lost = refs[f.rank]
+            elif not f.answered and 0 <= f.rank < len(self._members):
+                self._members[f.rank].silent = True
         failures = with_finished_peers(failures, polls)
         self._last_states = [p.state for p in polls] if not failures else []
         if not failures:

@@ -33,6 +33,7 @@ import ray
 from raylight.adaptive.plan import BatchPlan
 from raylight.base.clock import monotonic, wall
 from raylight.base.exceptions import InsufficientResourcesError, WorkerStartError
+from raylight.config import FailureConfig
 from raylight.worker.protocol import CheckpointTarget, GroupPoll, Report, ResizeOutcome
 from raylight.worker_group.placement import ELASTIC_PLACEMENT_WAIT_S
 from raylight.worker_group.pool import kill_quietly
@@ -43,6 +44,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("raylight")
 
 STOP_POLL_S = 0.02  # how often a resize checks whether every worker has stopped
+
+
+def stop_wait_s(failure: FailureConfig, poll: GroupPoll) -> float:
+    """How long the workers get to stop for a resize, after the first poll ``poll``: a
+    health-check period with a dead peer; with a silent one, its peers' collective timeout
+    and a health check (at most ``worker_start_timeout_s``); else ``worker_start_timeout_s``."""
+    if any(f.kind == "died" for f in poll.failures):
+        return failure.health_check_timeout_s
+    if any(f.kind == "hang" and not f.answered for f in poll.failures):
+        return min(failure.worker_start_timeout_s, failure.collective_timeout_s + failure.health_check_timeout_s)
+    return failure.worker_start_timeout_s
 
 
 class MembersLostError(WorkerStartError):
@@ -145,15 +157,13 @@ class InPlaceResize:
             m.actor.interrupt.remote(self.snapshot)
         # Live workers stop at their next control step. With a dead peer, one may instead
         # sit in a collective that never completes: past a health-check period it is
-        # treated as hung and replaced.
-        wait_s = group._failure.worker_start_timeout_s
+        # treated as hung and replaced. A silent peer (cut off) closes no connection: the
+        # collective ends at collective_timeout_s, and the worker answers a poll after it.
         deadline = None
         while True:
             poll = group.poll()
             if deadline is None:
-                if any(f.kind == "died" for f in poll.failures):
-                    wait_s = group._failure.health_check_timeout_s
-                deadline = self.stopped_at + wait_s
+                deadline = self.stopped_at + stop_wait_s(group._failure, poll)
             self.reports.extend(poll.reports)
             self.shadow.extend(poll.shadow_reports)
             if self.on_stopped is not None and any(r.snapshot and r.checkpoint is not None for r in poll.reports):

@@ -56,6 +56,7 @@ from raylight.driver.controller.policies import (
     ScalingPolicy,
     ScalingView,
     deterministic_error,
+    lost_workers,
 )
 from raylight.driver.controller.telemetry import RunTelemetry
 from raylight.driver.recorder import RunRecorder
@@ -234,7 +235,7 @@ class Controller:
         if self._on_notices(poll):
             return
         if poll.failures:
-            died = [f for f in poll.failures if f.kind == "died"]
+            died = lost_workers(poll.failures)  # dead, or silent (a partition)
             lost = self.scaling_policy.on_lost(self.num_workers, len(died)) if died else None
             if lost is not None:
                 log.warning("lost %d worker(s) (%s); continuing elastically", len(died), died[0].message)

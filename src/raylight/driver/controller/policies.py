@@ -104,6 +104,15 @@ class FailurePolicy:
         return Raise(failure)
 
 
+def lost_workers(failures: list[WorkerFailure]) -> list[WorkerFailure]:
+    """The workers a poll shows lost: dead, or silent (no answer to a health poll within
+    ``health_check_timeout_s``: its machine cut off, its node not yet declared dead). An
+    elastic run goes on without them (``ScalingPolicy.on_lost``), as the peers' hangs and
+    collective errors that follow from them say nothing more. A worker that answers is never
+    lost, however long it made no progress: a hang of its own is a failure."""
+    return [f for f in failures if f.rank >= 0 and (f.kind == "died" or (f.kind == "hang" and not f.answered))]
+
+
 def error_signature(failure: WorkerFailure) -> tuple[str, str, str] | None:
     """What makes two errors the same one: the exception's type, its message and the
     innermost frame of its traceback (file and line, not the rank that raised it). None
