@@ -35,7 +35,7 @@ def place_script(made: Hosts, host: str | None, directory: str) -> str:
     return f"{directory}/ddp_torchrun.py"
 
 
-def _one_host(made: Hosts, script: str) -> dict[str, torch.Tensor]:
+def one_host_params(made: Hosts, script: str) -> dict[str, torch.Tensor]:
     """The script's parameters under plain torchrun, 2 processes on host a."""
     out = f"{SHARED}/one-host.pt"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
@@ -63,7 +63,7 @@ def test_a_script_on_the_shared_directory_runs_one_rank_per_host_as_on_one_host(
     hosts = dict(re.findall(r"^\[rank \d\] HOST (\d) (\w+)$", done.stdout, re.M))
     assert sorted(hosts) == ["0", "1"] and sorted(hosts.values()) == ["b", "c"], done.stdout
     got = torch.load(os.path.join(made.shared, "two-hosts.pt"), weights_only=True)
-    want = _one_host(made, script)
+    want = one_host_params(made, script)
     assert got.keys() == want.keys()
     for key in want:
         assert torch.equal(got[key], want[key]), key
