@@ -73,6 +73,10 @@ class RayOverHosts:
             self._wait_for("Ray runtime started", name)
         self.wait_nodes(1 + len(raylets))
 
+    def give_token(self, host: str) -> None:
+        """The cluster's token in ``host``'s home, for a machine that only submits (a laptop)."""
+        self._hand_token(host, self._token)
+
     def _hand_token(self, host: str, token: str) -> None:
         # the host's home is in its private /tmp: written through its holder's root
         ray_dir = f"/proc/{self.hosts.hosts[host].holder.pid}/root{HOME}/.ray"

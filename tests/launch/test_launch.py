@@ -480,6 +480,30 @@ def test_a_script_missing_on_a_worker_s_node_is_named_with_the_fix(tmp_path):
         agent.check_on_this_node(elsewhere)
 
 
+def test_a_rank_s_config_error_is_launch_s_own_not_a_training_failure(monkeypatch, tmp_path):
+    """A rank whose node lacks the script fails with the agent's ConfigError: launch raises
+    that error (the command exits 2 with its words), not the TrainingFailedError around it
+    (exit 1, a worker traceback). Seen over hosts (tests/hosts/test_run_over_hosts.py)."""
+    from raylight.base.exceptions import TrainingFailedError
+    from raylight.driver import trainer
+
+    missing = ConfigError("script /tmp/run/train.py is not on this node (c): ...")
+
+    class Failing:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def fit(self):
+            raise TrainingFailedError("worker rank 0 raised ConfigError") from missing
+
+    monkeypatch.setattr(trainer, "Trainer", Failing)
+    script = tmp_path / "s.py"
+    script.write_text("")
+    with pytest.raises(ConfigError) as raised:
+        launch(str(script), [], num_workers=2, storage_path=str(tmp_path / "runs"))
+    assert raised.value is missing
+
+
 def test_resume_needs_the_run_s_name_and_an_existing_run_needs_resume(monkeypatch, tmp_path):
     """``raylight run --resume`` continues run --name (RAYLIGHT_RESUME=1 still does for a
     submitted job); without --resume a run that has a checkpoint is refused, before Ray

@@ -174,6 +174,8 @@ def launch(
         if isinstance(cause, ScriptExitError):
             print(f"raylight run: {cause} (after {exc.num_failures} failure(s); --max-failures={max_failures})", file=err, flush=True)
             return cause.code
+        if isinstance(cause, ConfigError):  # a rank's own check (its node lacks the script): exit 2, its words
+            raise cause from None
         raise
     if result.metrics_history or result.checkpoint is not None:
         print(f"raylight run: reports and checkpoints in {result.path}", file=err, flush=True)
