@@ -60,7 +60,7 @@ EXPECTED: dict[str, dict[str, str] | None] = {
     "docs_combiner_sequence_concat": None,
     "docs_multi_label_image": None,  # an image input, encoder named as Ludwig before 0.6 wrote it
     "open_set_baseline": None,
-    "docs_combiner_comparator": {"combiner": "give it at least one"},  # Ludwig's docs: num_fc_layers 0
+    "docs_combiner_comparator": None,  # Ludwig's docs: num_fc_layers 0 (the inputs compared)
     "docs_combiner_tabnet": {"combiner.ooutput_size": "did you mean 'output_size'?"},  # the docs' typo
     "docs_combiner_transformer": {"combiner.fc_residual": "valid boolean"},  # the docs' null
     "tabnet_higgs_medium": None,
