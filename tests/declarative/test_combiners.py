@@ -199,6 +199,22 @@ def test_the_comparator_compares_the_two_entities():
     assert torch.allclose(out[:, 17:], ((e1 @ comb.bilinear) * e2).sum(1, keepdim=True), atol=1e-5)
 
 
+def test_a_comparator_without_layers_compares_the_inputs_themselves():
+    """Ludwig's documented ``num_fc_layers: 0``: the entities' concatenated inputs compared
+    (Ludwig's empty FCStack); entities of different widths are an error naming the fix."""
+    inputs = [{"name": "a", "type": "number"}, {"name": "b", "type": "number"}]
+    _, model = model_of({"type": "comparator", "entity_1": ["a"], "entity_2": ["b"], "num_fc_layers": 0}, inputs)
+    model.eval()
+    b = batch()
+    with torch.no_grad():
+        a, c = model.embeddings["a"](b["a"]), model.embeddings["b"](b["a"] * 2)
+        out = model.combiner([a, c])
+    assert torch.allclose(out[:, 1:2], a * c) and torch.allclose(out[:, 2:3], (a - c).abs())
+    wide = [{"name": "a", "type": "number"}, {"name": "c", "type": "category"}]
+    with pytest.raises(ConfigError, match="they must be as wide: give fc_layers"):
+        model_of({"type": "comparator", "entity_1": ["a"], "entity_2": ["c"], "num_fc_layers": 0}, wide)
+
+
 def test_sequence_concat_tiles_the_vectors_over_the_main_sequence_s_steps():
     _, model = model_of({"type": "sequence_concat"})
     model.eval()
@@ -229,7 +245,6 @@ def test_sequence_concat_tiles_the_vectors_over_the_main_sequence_s_steps():
         ({"type": "comparator", "entity_1": ["a"]}, "combiner.entity_2: Field required"),
         ({"type": "comparator", "entity_1": ["a"], "entity_2": ["x"]}, "combiner.entity_2: ['x'] are not input features; use names of ['a', 't']"),
         ({"type": "comparator", "entity_1": ["a"], "entity_2": ["a"]}, "  combiner: inputs ['t'] are in neither entity_1 nor entity_2; add each to one of them"),
-        ({"type": "comparator", "entity_1": ["a"], "entity_2": ["t"], "num_fc_layers": 0}, "combiner: num_fc_layers: the comparator compares each entity's last layer: give it at least one"),
         ({"type": "sequence_concat"}, "  combiner: a sequence combiner needs an input with an output per step: give a sequence, text or timeseries input"),
         ({"type": "sequence", "main_sequence_feature": "a"}, "combiner.main_sequence_feature: 'a' gives one vector; give its encoder reduce_output: null"),
         ({"type": "sequence", "encoder": {"type": "embed"}}, "combiner.encoder: type: embed gives one vector, not one per step"),

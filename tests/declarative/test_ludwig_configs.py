@@ -50,39 +50,24 @@ EXPECTED: dict[str, dict[str, str] | None] = {
         "trainer.steps_per_checkpoint": "once per epoch",
         "defaults.category.encoder.type": "dense",
     },
-    "mnist": {  # the image input (encoder: stacked_cnn, Ludwig before 0.6) loads; conv layers' old key names do not
-        f"input_features.0.encoder.conv_layers.{i}.{k}": "unknown key"
-        for i in (0, 1) for k in ("num_filters", "filter_size", "pool_size")
-    },
+    "mnist": None,  # encoder: stacked_cnn (Ludwig before 0.6), conv layers in Ludwig's old names (num_filters, ...)
     "multi_task_famo": {"trainer.loss_balancing": "loss_weight"},
     "optimizers_adafactor": {"trainer.optimizer.type": "adafactor optimizer is not available"},
     "ray_job_submission": None,
-    "tabnet_higgs_small": {  # the tabnet combiner loads; two keys of Ludwig before 0.17 do not
-        "combiner.bn_virtual_divider": "did you mean 'bn_virtual_bs'?",
-        "output_features.0.weight_regularization": "unknown key",
-    },
+    "tabnet_higgs_small": None,  # bn_virtual_divider, weight_regularization: ignored, as Ludwig 0.17 drops them
     "uncertainty_mc_dropout": {"output_features.0.decoder.mc_dropout_samples": "Monte Carlo dropout"},
     # The configs of issue 56's second part: new combiners, image inputs, timeseries outputs.
     "docs_combiner_sequence_concat": None,
     "docs_multi_label_image": None,  # an image input, encoder named as Ludwig before 0.6 wrote it
     "open_set_baseline": None,
-    "docs_combiner_comparator": {"combiner": "give it at least one"},  # Ludwig's docs: num_fc_layers 0
+    "docs_combiner_comparator": None,  # Ludwig's docs: num_fc_layers 0 (the inputs compared)
     "docs_combiner_tabnet": {"combiner.ooutput_size": "did you mean 'output_size'?"},  # the docs' typo
     "docs_combiner_transformer": {"combiner.fc_residual": "valid boolean"},  # the docs' null
-    "tabnet_higgs_medium": {
-        "combiner.bn_virtual_divider": "did you mean 'bn_virtual_bs'?",
-        "output_features.0.weight_regularization": "unknown key",
-    },
-    "image_stacked_cnn": {"input_features.0.encoder.use_pretrained": "Ludwig 0.17's schema"},
+    "tabnet_higgs_medium": None,
+    "image_stacked_cnn": None,  # use_pretrained: false on an encoder without weights
     "image_dinov2_linear_probe": {"input_features.0.encoder": "'dinov2'"},
-    **{name: {f"input_features.0.encoder.conv_layers.{i}.{k}": "unknown key"
-              for i in (0, 1) for k in ("num_filters", "filter_size", "pool_size")}
-       for name in ("open_set_baseline_mnist",)},
-    "open_set_objectosphere_mnist": {
-        "output_features.0.loss.type": "softmax_cross_entropy",
-        **{f"input_features.0.encoder.conv_layers.{i}.{k}": "unknown key"
-           for i in (0, 1) for k in ("num_filters", "filter_size", "pool_size")},
-    },
+    "open_set_baseline_mnist": None,
+    "open_set_objectosphere_mnist": {"output_features.0.loss.type": "softmax_cross_entropy"},
     "timeseries_nbeats": {
         "input_features.0.encoder.type": "'nbeats'",
         **{f"input_features.0.encoder.{k}": "Ludwig 0.17's schema" for k in ("num_stacks", "num_blocks", "layer_size")},

@@ -173,3 +173,32 @@ def test_an_encoder_named_on_the_input_takes_the_input_s_other_keys_as_ludwig_be
     # A key the encoder lacks is reported inside the encoder section, where it went.
     bad = {**data, "input_features": [{**data["input_features"][0], "num_filters": 4}]}
     assert "input_features.0.encoder.num_filters" in problems(bad)
+
+
+def test_a_conv_layer_s_old_names_are_ludwig_0_17_s_and_use_pretrained_false_needs_no_weights():
+    """Ludwig's mnist example writes a conv layer's num_filters / filter_size / pool_size
+    (Ludwig 0.17: out_channels / kernel_size / pool_kernel_size); both names at once stays
+    a problem. ``use_pretrained: false`` on a stacked_cnn (no weights) loads; true does not,
+    and a resnet keeps its false (its default is true)."""
+    image = {"name": "img", "type": "image", "preprocessing": {"height": 8, "width": 8, "num_channels": 1}}
+    layer = {"num_filters": 4, "filter_size": 3, "pool_size": 2}
+    data = {**BASE, "input_features": [{**image, "encoder": {"type": "stacked_cnn", "use_pretrained": False, "conv_layers": [layer]}}]}
+    conv = validate_config(data).input_features[0].encoder.conv_layers[0]
+    assert (conv.out_channels, conv.kernel_size, conv.pool_kernel_size) == (4, 3, 2)
+    both = {**BASE, "input_features": [{**image, "encoder": {"type": "stacked_cnn", "conv_layers": [{**layer, "out_channels": 8}]}}]}
+    assert "input_features.0.encoder.conv_layers.0.num_filters" in problems(both)
+    pretrained = {**BASE, "input_features": [{**image, "encoder": {"type": "stacked_cnn", "use_pretrained": True}}]}
+    assert "input_features.0.encoder.use_pretrained" in problems(pretrained)
+    resnet = {**BASE, "input_features": [{**image, "encoder": {"type": "resnet", "model_variant": 18, "use_pretrained": False}}]}
+    assert validate_config(resnet).input_features[0].encoder.use_pretrained is False
+
+
+def test_keys_ludwig_0_17_drops_are_ignored_with_a_line(caplog):
+    """tabnet's bn_virtual_divider and an output's weight_regularization (Ludwig's
+    TensorFlow-era keys, which Ludwig 0.17's schema drops) load, each said in one line."""
+    data = {**BASE, "combiner": {"type": "tabnet", "bn_virtual_divider": 32},
+            "output_features": [{"name": "y", "type": "category", "weight_regularization": None}]}
+    with caplog.at_level(logging.WARNING):
+        validate_config(data)
+    said = caplog.text
+    assert "combiner.bn_virtual_divider" in said and "output_features.0.weight_regularization" in said

@@ -2,13 +2,15 @@
 ``entity_2``), each concatenated and through its own fully connected layers (one of 256
 units by default; the two stacks alike), then compared: their dot product, elementwise
 product, absolute difference and a bilinear product (Ludwig's: a fixed random matrix),
-concatenated (2 x the last layer's width + 2)."""
+concatenated (2 x the last layer's width + 2). With no layers (Ludwig's ``num_fc_layers:
+0``) the entities' concatenated inputs are compared, as Ludwig's empty FCStack passes them
+on: the two must then be as wide."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from raylight.declarative.combiners.base import Encoded
 from raylight.declarative.layers import FCLayer, FCStackConfig
@@ -25,16 +27,9 @@ class ComparatorCombiner(FCStackConfig):
     entity_1: list[str] = Field(min_length=1, description="The input features of the first entity (required).")
     entity_2: list[str] = Field(min_length=1, description="The input features of the second entity (required).")
     fc_layers: list[FCLayer] = Field(
-        default_factory=lambda: [FCLayer(output_size=256)], min_length=1, max_length=64,
-        description="Each entity's layers (at least one).",
+        default_factory=lambda: [FCLayer(output_size=256)], max_length=64,
+        description="Each entity's layers (none: the concatenated inputs, which must be as wide).",
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _at_least_one_layer(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("num_fc_layers") == 0 and not data.get("fc_layers"):
-            raise ValueError("num_fc_layers: the comparator compares each entity's last layer: give it at least one")
-        return data
 
     def check_inputs(self, inputs: list[Any]) -> tuple[str | None, str] | None:
         names = [f.name for f in inputs]

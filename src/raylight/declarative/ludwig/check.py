@@ -25,6 +25,7 @@ from raylight.declarative.ludwig.keys import (
     LUDWIG_KEYS,
     LUDWIG_VALUES,
 )
+from raylight.declarative.ludwig.spellings import image_encoder_from_ludwig
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,7 @@ def _check_features(
                 if side == "output":
                     feature = _decoder_keys(_loss_weight(feature, (key, i), own), (key, i), own)
                 else:
-                    feature = _encoder_keys(feature)
+                    feature = image_encoder_from_ludwig(_encoder_keys(feature))
                 feature = _ignored(feature, _feature_rules(side, feature.get("type"), IGNORED_FEATURE_KEYS), (key, i), notes)
                 feature = _apply(feature, _feature_rules(side, feature.get("type")), (key, i), own)
                 for error in own:

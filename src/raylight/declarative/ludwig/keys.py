@@ -463,6 +463,8 @@ IGNORED_KEYS: dict[str, str] = {
         f"{_NOT_IN_SCHEMA}, so the rate follows decay (null: constant), as here; set decay (linear, exponential, "
         "cosine, ...) for a decay"
     ),
+    # Ludwig's TensorFlow-era tabnet: bn_virtual_bs / batch_size; Ludwig 0.17 takes bn_virtual_bs only.
+    "combiner.bn_virtual_divider": f"{_NOT_IN_SCHEMA}; combiner.bn_virtual_bs sets the ghost batch size",
 }
 # The same, inside a feature, by (input or output, the feature's type or "*") and key path
 # inside the feature.
@@ -472,5 +474,10 @@ _GENERATED = (
 )
 IGNORED_FEATURE_KEYS: dict[tuple[str, str], dict[str, str]] = {
     ("input", "*"): {"encoder.vocab_size": _GENERATED, "encoder.max_len": _GENERATED, "encoder.min_len": _GENERATED},
-    ("output", "*"): {"decoder.vocab_size": _GENERATED, "decoder.max_len": _GENERATED},
+    ("output", "*"): {
+        "decoder.vocab_size": _GENERATED,
+        "decoder.max_len": _GENERATED,
+        # Ludwig's TensorFlow-era key; Ludwig 0.17 regularises through trainer.regularization_type / _lambda.
+        "weight_regularization": f"{_NOT_IN_SCHEMA}; set trainer.regularization_type and regularization_lambda",
+    },
 }

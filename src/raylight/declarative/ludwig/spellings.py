@@ -190,3 +190,38 @@ def _builtin_encoder_type(kind: str) -> Any:
     except (KeyError, ValidationError):
         return None
     return getattr(getattr(feature, "encoder", None), "type", None)
+
+
+# -- an image's stacked_cnn in Ludwig's older names -------------------------------------
+# The names Ludwig's own examples (examples/mnist/, the open-set ones) still write for a
+# conv layer's settings, Ludwig's TensorFlow-era names, and Ludwig 0.17's (torch's) for them.
+OLD_CONV_NAMES = {"num_filters": "out_channels", "filter_size": "kernel_size", "pool_size": "pool_kernel_size"}
+# The image encoders that train from scratch always, so take no use_pretrained key.
+_NO_WEIGHTS = ("stacked_cnn", "mlp_mixer")
+
+
+def _renamed(section: dict[str, Any]) -> dict[str, Any]:
+    """``section`` with OLD_CONV_NAMES's old names as the new ones, where it lacks the new;
+    both given stays as written (the old one is then told as an unknown key)."""
+    out = dict(section)
+    for old, new in OLD_CONV_NAMES.items():
+        if old in out and new not in out:
+            out[new] = out.pop(old)
+    return out
+
+
+def image_encoder_from_ludwig(feature: dict[str, Any]) -> dict[str, Any]:
+    """``feature`` (an input) with an image stacked_cnn's older names as Ludwig 0.17's (in
+    each of its ``conv_layers``; the encoder's own keys are Ludwig 0.17's), and without a ``use_pretrained: false``
+    on an encoder that has no pre-trained weights (stacked_cnn, mlp_mixer: from scratch,
+    as the key asks)."""
+    encoder = feature.get("encoder")
+    if feature.get("type") != "image" or not isinstance(encoder, dict):
+        return feature
+    kind = encoder.get("type", "stacked_cnn")
+    if kind in _NO_WEIGHTS and encoder.get("use_pretrained", True) is False:
+        encoder = {k: v for k, v in encoder.items() if k != "use_pretrained"}
+    if kind == "stacked_cnn" and isinstance(encoder.get("conv_layers"), list):
+        layers = [_renamed(layer) if isinstance(layer, dict) else layer for layer in encoder["conv_layers"]]
+        encoder = {**encoder, "conv_layers": layers}
+    return {**feature, "encoder": encoder}

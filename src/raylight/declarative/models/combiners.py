@@ -151,6 +151,11 @@ class ComparatorModule(nn.Module):
         self.first, self.second = [where[n] for n in c.entity_1], [where[n] for n in c.entity_2]
         self.fc1 = FCStack(c, sum(inputs[i].size for i in self.first))
         self.fc2 = FCStack(c, sum(inputs[i].size for i in self.second))
+        if self.fc1.width != self.fc2.width:  # no layers: the inputs themselves are compared
+            raise ConfigError(
+                f"combiner: with no fc_layers the comparator compares entity_1's concatenated inputs ({self.fc1.width} "
+                f"values) with entity_2's ({self.fc2.width}); they must be as wide: give fc_layers (or num_fc_layers >= 1)"
+            )
         last = self.fc1.width
         # Ludwig's bilinear weights: a random matrix, a buffer (not trained)
         self.register_buffer("bilinear", torch.randn(last, last))
