@@ -42,7 +42,7 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path.insert(0, str(BENCH))
-from common import child_env, machine_info, ratio, write_results
+from common import child_env, machine_info, ratio, write_results  # noqa: E402
 
 RESULTS = BENCH / "results" / "scheduler-real.json"
 # name -> when it is submitted (s after the phase starts) and its loop's config
