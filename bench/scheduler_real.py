@@ -47,9 +47,9 @@ from common import child_env, machine_info, ratio, write_results  # noqa: E402
 RESULTS = BENCH / "results" / "scheduler-real.json"
 # name -> when it is submitted (s after the phase starts) and its loop's config
 JOBS: dict[str, dict[str, Any]] = {
-    "a": {"submit_s": 0.0, "config": {"n": 480, "step_s": 0.05, "epochs": 3, "adaptive": True}},
-    "b": {"submit_s": 15.0, "config": {"n": 240, "step_s": 0.0, "epochs": 4, "adaptive": True}},
-    "c": {"submit_s": 30.0, "config": {"n": 360, "step_s": 0.02, "epochs": 3, "adaptive": False}},
+    "a": {"submit_s": 0.0, "config": {"n": 480, "step_s": 0.05, "epochs": 20, "adaptive": True}},
+    "b": {"submit_s": 15.0, "config": {"n": 240, "step_s": 0.0, "epochs": 30, "adaptive": True}},
+    "c": {"submit_s": 30.0, "config": {"n": 360, "step_s": 0.02, "epochs": 15, "adaptive": False}},
 }
 FIXED_SHARE = 2  # workers per job in the fixed phase: 6 slots / 3 jobs
 JOB_TIMEOUT_S = 600.0  # --job-timeout-s: one job's driver, submit to exit
