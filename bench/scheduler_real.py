@@ -35,6 +35,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -102,11 +103,38 @@ def read_trace(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
 
 
-def run_phase(mode: str, address: str, workdir: Path, timeout_s: float) -> dict[str, Any]:
-    """The three jobs submitted at their times; each one's record."""
+STATUS_EVERY_S = 1.0  # how often the scheduler phase records the scheduler's status
+STATUS_TIMEOUT_S = 5.0  # each status call's timeout
+
+
+def watch_scheduler(handle: Any, t0: float, done: threading.Event, out: list[dict[str, Any]]) -> None:
+    """The scheduler's view (each job's workers) over the phase, where it changes."""
+    import ray
+
+    last = None
+    while not done.wait(STATUS_EVERY_S):
+        try:
+            status = ray.get(handle.status.remote(), timeout=STATUS_TIMEOUT_S)
+        except Exception as exc:  # a missed sample; recorded as such
+            out.append({"t_s": round(time.monotonic() - t0, 2), "error": type(exc).__name__})
+            continue
+        view = {j["job_id"]: j.get("workers") for j in status.get("jobs", [])}
+        if view != last:
+            out.append({"t_s": round(time.monotonic() - t0, 2), "workers": view, "dropped": list(status.get("dropped", []))})
+            last = view
+
+
+def run_phase(mode: str, address: str, workdir: Path, timeout_s: float, handle: Any = None) -> dict[str, Any]:
+    """The three jobs submitted at their times; each one's record (and, with the
+    scheduler's ``handle``, its view over the phase under ``"_scheduler_view"``)."""
     workdir.mkdir(parents=True, exist_ok=True)
+    view: list[dict[str, Any]] = []
+    done = threading.Event()
     procs: dict[str, tuple[subprocess.Popen, float, Path]] = {}
     t0 = time.monotonic()
+    watcher = threading.Thread(target=watch_scheduler, args=(handle, t0, done, view), daemon=True) if handle else None
+    if watcher:
+        watcher.start()
     for name, job in sorted(JOBS.items(), key=lambda kv: kv[1]["submit_s"]):
         time.sleep(max(0.0, t0 + job["submit_s"] - time.monotonic()))  # the staggered submit times
         result_path = workdir / f"{name}.result.json"
@@ -140,6 +168,10 @@ def run_phase(mode: str, address: str, workdir: Path, timeout_s: float) -> dict[
             "waiting_allocations": sum(1 for a in allocations if a["waiting"]),
             "resized": [{k: r.get(k) for k in ("time", "from", "to", "reason")} for r in trace if r.get("event") == "resized"],
         }
+    done.set()
+    if watcher:
+        watcher.join(STATUS_TIMEOUT_S + STATUS_EVERY_S)
+        records["_scheduler_view"] = view  # type: ignore[assignment]
     return records
 
 
@@ -215,8 +247,9 @@ def main() -> None:
                 cluster.add_node(num_cpus=2)
             cluster.wait_for_nodes()
             ray.init(address=cluster.address, logging_level="ERROR")
-            actor.start()
-            sched = run_phase("scheduler", cluster.address, workdir / "scheduler", args.job_timeout_s)
+            handle = actor.start()
+            sched = run_phase("scheduler", cluster.address, workdir / "scheduler", args.job_timeout_s, handle)
+            scheduler_view = sched.pop("_scheduler_view")
             actor.stop()
             fixed = run_phase("fixed", cluster.address, workdir / "fixed", args.job_timeout_s)
         finally:
@@ -228,7 +261,7 @@ def main() -> None:
         "machine": {**machine_info(), "load_average": os.getloadavg()},
         "cluster": {"nodes": args.nodes, "cpus_per_node": 2}, "jobs": JOBS, "fixed_share_workers": FIXED_SHARE,
         "wall_s": round(time.time() - started, 1),
-        "figures": figures(sched, fixed), "scheduler": sched, "fixed": fixed,
+        "figures": figures(sched, fixed), "scheduler": sched, "scheduler_view": scheduler_view, "fixed": fixed,
     })
 
 
