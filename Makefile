@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: run run-digits test test-extended lint unit bench bench-adaptive bench-declarative bench-lightning bench-adversarial bench-strategies bench-cluster bench-launch bench-tune bench-allreduce bench-scheduler bench-hosts clean
+.PHONY: run run-digits test test-extended lint unit bench bench-adaptive bench-declarative bench-lightning bench-adversarial bench-strategies bench-cluster bench-launch bench-tune bench-allreduce bench-scheduler bench-scheduler-real bench-hosts clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -94,6 +94,10 @@ clean:
 # The cluster scheduler's trace-driven simulator on Pollux's workloads (pure, no Ray; issue 58).
 bench-scheduler: $(STAMP)
 	PYTHONPATH=. $(PY) bench/scheduler.py
+
+# Three adaptive jobs through the scheduler on a fake 3-node loopback cluster, against a fixed share (issue 58).
+bench-scheduler-real: $(STAMP)
+	PYTHONPATH=src:. $(PY) bench/scheduler_real.py
 
 # Several machines (issue 57): the overhead job across two fake hosts (tests/hosts/harness.py,
 # network + mount namespaces: needs root), raylight beside torchrun, and a host's death.
