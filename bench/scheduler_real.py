@@ -42,8 +42,12 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
-sys.path.insert(0, str(BENCH))
-from common import child_env, machine_info, ratio, write_results  # noqa: E402
+if __package__:  # imported as bench.scheduler_real (tests/bench): bench/ stays off sys.path, whose
+    # lightning.py would stand for the real Lightning in the rest of that pytest run
+    from bench.common import child_env, machine_info, ratio, write_results
+else:  # run as a script
+    sys.path.insert(0, str(BENCH))
+    from common import child_env, machine_info, ratio, write_results  # type: ignore[no-redef]
 
 RESULTS = BENCH / "results" / "scheduler-real.json"
 # name -> when it is submitted (s after the phase starts) and its loop's config
