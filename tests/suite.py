@@ -41,8 +41,9 @@ BESIDE_NICE = 10
 STOP_GRACE_S = 30  # stopping the run beside early: from Ctrl-C to SIGKILL
 NO_TESTS = 5  # pytest's exit code when the args select no test of a run
 INTERRUPTED = 130
-# Left out of both runs: the peers' own programs run whole and the longest runs over fake hosts, minutes each (`make test-extended`;
-# docs/testing.md), so that `make test` stays within its 25 minutes on 2 cores.
+# Left out of both runs: the peers' own programs run whole and the longest runs over fake
+# hosts, minutes each (`make test-extended`; docs/testing.md), so that `make test` stays
+# within its budget on 2 cores.
 EXTENDED = "extended"
 
 
