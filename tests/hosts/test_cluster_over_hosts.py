@@ -101,6 +101,24 @@ def _positions(shared: str) -> list[list[int]]:
         return []
 
 
+def _elastic_driver_mid_epoch(made, cluster, *args: str) -> subprocess.Popen:
+    """elastic_driver.py started on a (``args`` after the shared directory), once both
+    workers are mid-epoch; the caller stops it."""
+    cmd = ["env", f"RAY_ADDRESS={cluster.address}", sys.executable, os.path.join(HERE, "elastic_driver.py"), SHARED, *args]
+    driver = made.popen("a", cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(
+            lambda: sum(p[2] == 2 for p in _positions(made.shared)) >= 8 or driver.poll() is not None,
+            240,
+            "2 workers mid-epoch",
+        )
+        assert driver.poll() is None, driver.communicate()
+    except BaseException:
+        open(os.path.join(made.shared, "stop"), "w").close()  # as the callers' finally does
+        raise
+    return driver
+
+
 def test_a_host_that_dies_mid_epoch_shrinks_the_run_onto_the_survivor_with_each_sample_once_per_epoch(
     make_hosts,
 ):
@@ -108,23 +126,8 @@ def test_a_host_that_dies_mid_epoch_shrinks_the_run_onto_the_survivor_with_each_
     machine dies): the run goes on with the worker on b, each epoch seeing every sample once."""
     made = make_hosts(["a", "b", "c"], env=cluster_env())
     cluster = RayOverHosts(made, head="a", raylets={"b": 1, "c": 1})
-    cmd = [
-        "env",
-        f"RAY_ADDRESS={cluster.address}",
-        sys.executable,
-        os.path.join(HERE, "elastic_driver.py"),
-        SHARED,
-    ]
-    driver = made.popen("a", cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    driver = _elastic_driver_mid_epoch(made, cluster)
     try:
-        wait_until(
-            lambda: (
-                sum(p[2] == 2 for p in _positions(made.shared)) >= 8 or driver.poll() is not None
-            ),
-            240,
-            "2 workers mid-epoch",
-        )
-        assert driver.poll() is None, driver.communicate()
         killed_at = len(_positions(made.shared))
         made.kill_host("c")
         wait_until(
@@ -179,24 +182,8 @@ def test_a_host_cut_off_mid_epoch_is_dropped_and_the_run_shrinks_onto_the_surviv
     old worker's late answers change nothing and its actor is killed."""
     made = make_hosts(["a", "b", "c"], env=cluster_env())
     cluster = RayOverHosts(made, head="a", raylets={"b": 1, "c": 1})
-    cmd = [
-        "env",
-        f"RAY_ADDRESS={cluster.address}",
-        sys.executable,
-        os.path.join(HERE, "elastic_driver.py"),
-        SHARED,
-        json.dumps(PARTITION_FAILURE),
-    ]
-    driver = made.popen("a", cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    driver = _elastic_driver_mid_epoch(made, cluster, json.dumps(PARTITION_FAILURE))
     try:
-        wait_until(
-            lambda: (
-                sum(p[2] == 2 for p in _positions(made.shared)) >= 8 or driver.poll() is not None
-            ),
-            240,
-            "2 workers mid-epoch",
-        )
-        assert driver.poll() is None, driver.communicate()
         assert _worker_pids(made, "c"), "a worker runs on c before the cut"
         # The driver's clock (time.monotonic, one kernel for every host) stamps its decision.
         cut_at, cut_clock = len(_positions(made.shared)), time.monotonic()
