@@ -16,13 +16,13 @@ import torch
 import torch.distributed as dist
 
 from raylight.worker.hvd.agree import Op, agree
-from raylight.worker.hvd.basics import Average, global_process_set, group_of, state
+from raylight.worker.hvd.basics import global_process_set, group_of, state
 from raylight.worker.hvd.ops import (
     _handle,
     _needs_grad,
+    _reduction,
     _refusal,
     collective,
-    reduce_op,
     start_allreduce,
     synchronize,
     wire,
@@ -94,11 +94,7 @@ def _rows(dim0: int, n: int, r: int) -> tuple[int, int]:
 def _reducescatter_start(tensors: list[torch.Tensor], name: str | None, op: int | None, prescale: float,
                          postscale: float, process_set: Any, where: str, grouped: bool) -> int:
     group, n, r = group_of(process_set, where)
-    try:
-        op = reduce_op(op, None, where)
-        refusal = _refusal(tensors, where, name)
-    except NotImplementedError as exc:
-        op, refusal = Average, exc
+    op, refusal = _reduction(op, None, tensors, where, name)
     if refusal is None and any(t.dim() == 0 for t in tensors):
         refusal = ValueError(f"{where}: a scalar (0-dimensional tensor) cannot be scattered; give it a first dimension")
     agree(Op("reducescatter", tensors, op=op, name=name), where, refusal, group)

@@ -158,6 +158,16 @@ def _refusal(tensors: Sequence[Any], where: str, name: str | None, extra: Except
     return extra or _duplicate(name, where)
 
 
+def _reduction(op: int | None, average: bool | None, tensors: Sequence[Any], where: str,
+               name: str | None) -> tuple[int, Exception | None]:
+    """A reduction's op and what refuses its input, if anything: an op raylight lacks
+    (Adasum) is a refusal too, agreed on as Average so that every rank raises it."""
+    try:
+        return reduce_op(op, average, where), _refusal(tensors, where, name)
+    except NotImplementedError as exc:
+        return Average, exc
+
+
 # ---- allreduce ---------------------------------------------------------------------------
 
 
@@ -186,11 +196,7 @@ def start_allreduce(tensors: list[torch.Tensor], op: int, prescale: float, posts
 def _allreduce_start(tensors: list[torch.Tensor], average: bool | None, name: str | None, op: int | None,
                      prescale: float, postscale: float, process_set: Any, where: str, grouped: bool) -> int:
     group, n, _ = group_of(process_set, where)
-    try:
-        op = reduce_op(op, average, where)
-        refusal = _refusal(tensors, where, name)
-    except NotImplementedError as exc:
-        op, refusal = Average, exc
+    op, refusal = _reduction(op, average, tensors, where, name)
     agree(Op("allreduce", tensors, op=op, name=name), where, refusal, group)
     handle = start_allreduce(tensors, op, prescale, postscale, group, n, name)
     if not grouped:
