@@ -12,6 +12,9 @@ MODEL = {
 }
 
 
+FOUR = ["node-a", "node-a", "node-b", "node-b"]
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 0.0
@@ -34,15 +37,25 @@ def test_a_lone_adaptive_job_grows_to_the_cluster_once_it_has_a_model():
 
 
 def test_a_second_job_shrinks_the_first_and_the_first_regrows_when_it_leaves():
-    s = state()
+    clock = Clock()
+    s = state(clock)
     s.register("a", min_workers=1, max_workers=4)
     assert s.report("a", {**MODEL, "nodes": ["node-a"]})["workers"] == 4
+    s.report("a", {**MODEL, "nodes": FOUR})  # it grew: held from here for min_hold_s
+    clock.now = s.min_hold_s + 1
     s.register("b", min_workers=1, max_workers=4)
-    b = s.report("b", {**MODEL, "nodes": ["node-b"]})
-    a = s.report("a", {**MODEL, "nodes": ["node-a", "node-a", "node-b", "node-b"]})
-    assert a["workers"] + b["workers"] <= 4 and a["workers"] < 4 and b["workers"] >= 1
+    assert s.report("b", {**MODEL, "nodes": []})["workers"] == 0  # a still holds all four
+    a = s.report("a", {**MODEL, "nodes": FOUR})
+    assert 1 <= a["workers"] < 4  # a shrinks first
+    b = s.report("b", {**MODEL, "nodes": []})
+    assert b["workers"] == 0 and "held by runs a" in b["waiting"]  # not before a let go
+    s.report("a", {**MODEL, "nodes": a["nodes"]})
+    b = s.report("b", {**MODEL, "nodes": []})
+    assert b["workers"] >= 1 and a["workers"] + b["workers"] <= 4
     s.unregister("b")
-    assert s.report("a", {**MODEL, "nodes": ["node-a", "node-a"]})["workers"] == 4
+    assert s.report("a", {**MODEL, "nodes": a["nodes"]})["workers"] == a["workers"]  # held after its shrink
+    clock.now += s.min_hold_s + 1
+    assert s.report("a", {**MODEL, "nodes": a["nodes"]})["workers"] == 4
 
 
 def test_a_fixed_job_that_does_not_fit_waits_and_says_who_holds_the_slots():

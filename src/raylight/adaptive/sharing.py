@@ -49,7 +49,10 @@ class JobModel:
 
     ``goodput`` None is a fixed-size job: it runs at exactly ``min_replicas``.
     ``current`` is where its replicas run now (node index per replica), empty when it
-    has not started; ``resize_cost_s`` is what a change of allocation costs it.
+    has not started; ``resize_cost_s`` is what a change of allocation costs it (the
+    job's measured seconds from a resize decision to its first step at the new size).
+    ``frozen``: its count stays ``len(current)`` whatever the others' models say (a resize
+    of it is in flight, or it is held after one: ``raylight.scheduler.state``).
     """
 
     name: str
@@ -62,6 +65,7 @@ class JobModel:
     accumulation: bool = False
     current: tuple[int, ...] = ()
     resize_cost_s: float = 1.0
+    frozen: bool = False
 
     def __post_init__(self) -> None:
         if self.min_replicas < 1:
@@ -76,6 +80,17 @@ class JobModel:
             raise ValueError(
                 f"job {self.name!r}: weight must be a positive number, got {self.weight}"
             )
+        if self.frozen and not self.current:
+            raise ValueError(f"job {self.name!r}: frozen needs current (the replicas it keeps)")
+        if not self.resize_cost_s >= 0 or not math.isfinite(self.resize_cost_s):
+            raise ValueError(
+                f"job {self.name!r}: resize_cost_s must be a number of seconds >= 0, got {self.resize_cost_s}"
+            )
+
+    @property
+    def need(self) -> int:
+        """The replicas it must have to run: its minimum, or its count while frozen."""
+        return len(self.current) if self.frozen else self.min_replicas
 
     @property
     def fixed(self) -> bool:
@@ -159,7 +174,7 @@ class SharingPolicy:
         admitted, waiting = _admit(jobs, total)
         fair = max(1, math.ceil(total / max(len(admitted), 1)))
         tables = {job.name: self._speedups(job, total, per_node, fair) for job in admitted}
-        counts = {job.name: job.min_replicas for job in admitted}
+        counts = {job.name: job.need for job in admitted}
         self._grow(admitted, tables, counts, total - sum(counts.values()))
         placed = _place(admitted, counts, slots)
         result = {
@@ -246,7 +261,7 @@ class SharingPolicy:
         size of its best goodput (a step never jumps past the best size: the best size
         itself gains more per slot).
         """
-        growable = [job for job in jobs if not job.fixed]
+        growable = [job for job in jobs if not (job.fixed or job.frozen)]
         if not growable:
             return
         terms = np.stack([self._term(tables[job.name].speed) for job in growable])
@@ -292,9 +307,9 @@ def _admit(
     waiting: list[tuple[JobModel, str]] = []
     used = 0
     for job in jobs:
-        if used + job.min_replicas <= total:
+        if used + job.need <= total:
             admitted.append(job)
-            used += job.min_replicas
+            used += job.need
             continue
         holders = ", ".join(j.name for j in admitted) or "nobody"
         waiting.append(
