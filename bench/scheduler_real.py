@@ -50,6 +50,7 @@ else:  # run as a script
     from common import child_env, machine_info, ratio, write_results  # type: ignore[no-redef]
 
 RESULTS = BENCH / "results" / "scheduler-real.json"
+PLOT = BENCH / "results" / "scheduler-real.png"  # workers per job over time, from the runs' adaptive.jsonl
 # name -> when it is submitted (s after the phase starts) and its loop's config
 JOBS: dict[str, dict[str, Any]] = {
     "a": {"submit_s": 0.0, "config": {"n": 480, "step_s": 0.05, "epochs": 20, "adaptive": True}},
@@ -150,7 +151,8 @@ def run_phase(mode: str, address: str, workdir: Path, timeout_s: float, handle: 
             cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         procs[name] = (proc, time.monotonic() - t0, result_path)
-    records = {}
+    records: dict[str, Any] = {}
+    traces: dict[str, list[dict[str, Any]]] = {}
     for name, (proc, submitted, result_path) in procs.items():
         left = max(1.0, t0 + submitted + timeout_s - time.monotonic())
         try:
@@ -163,6 +165,7 @@ def run_phase(mode: str, address: str, workdir: Path, timeout_s: float, handle: 
         trace = read_trace(workdir / name)
         allocations = [{k: r[k] for k in ("time", "workers", "nodes", "speedup", "waiting")}
                        for r in trace if r.get("event") == "allocation"]
+        traces[name] = trace
         records[name] = {
             "ok": ok, "returncode": proc.returncode, "submit_s": round(submitted, 2),
             "finish_s": round(finished, 2), "jct_s": round(finished - submitted, 2),
@@ -175,8 +178,17 @@ def run_phase(mode: str, address: str, workdir: Path, timeout_s: float, handle: 
     done.set()
     if watcher:
         watcher.join(STATUS_TIMEOUT_S + STATUS_EVERY_S)
-        records["_scheduler_view"] = view  # type: ignore[assignment]
+        records["_scheduler_view"] = view
+    records["_traces"] = traces
     return records
+
+
+def plot_phase(traces: dict[str, list[dict[str, Any]]], path: Path) -> Path:
+    """The scheduler phase's workers per job over time, from its runs' adaptive.jsonl rows."""
+    from raylight.scheduler import plot
+
+    told, running = plot.from_traces(traces)
+    return plot.plot_workers(path, running, told=told, title="workers per job, through the raylight scheduler")
 
 
 def _env() -> dict[str, str]:
@@ -254,8 +266,10 @@ def main() -> None:
             handle = actor.start()
             sched = run_phase("scheduler", cluster.address, workdir / "scheduler", args.job_timeout_s, handle)
             scheduler_view = sched.pop("_scheduler_view")
+            plot_phase(sched.pop("_traces"), PLOT)
             actor.stop()
             fixed = run_phase("fixed", cluster.address, workdir / "fixed", args.job_timeout_s)
+            fixed.pop("_traces")
         finally:
             ray.shutdown()
             cluster.shutdown()

@@ -100,6 +100,14 @@ class ScalingConfig(ConfigModel):
         description="How often elastic jobs reconsider their size; after a resize, counted "
         "from the first step at the new size.",
     )
+    scheduler_weight: float = Field(
+        1.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Where the cluster's raylight scheduler runs (`raylight scheduler start`): "
+        "this run's weight in its weighted power mean of speedups, so a run of weight 2 counts "
+        "as two of weight 1 when slots are shared. Ignored without a scheduler.",
+    )
     resize_in_place: bool = Field(
         True,
         description="Resize elastic jobs in place (live workers keep running, new ones get "

@@ -404,7 +404,8 @@ def cluster_share(config: TrainerConfig, name: str, *, event: Callable[[dict[str
     scaling = config.scaling
     return ClusterShare(
         link, name, fixed=not scaling.elastic, min_workers=scaling.min_workers if scaling.elastic else scaling.max_workers,
-        max_workers=scaling.max_workers, resources=scaling.worker_resources(), event=event,
+        max_workers=scaling.max_workers, resources=scaling.worker_resources(), weight=scaling.scheduler_weight,
+        event=event,
     )
 
 

@@ -106,6 +106,8 @@ class ClusterShare:
         self._pending = False
         self._registered = False
         self._last_report: float | None = None
+        self._asked: tuple[float, int] | None = None  # (when, workers) of a change not reached yet
+        self.resize_costs: list[float] = []  # seconds from each new allocation to running at it
 
     @property
     def fixed(self) -> bool:
@@ -128,7 +130,7 @@ class ClusterShare:
         else:
             answer = self.link.report(self.job_id, self._with_nodes([]), **self.fields)
         self._last_report = now
-        self._take(answer)
+        self._take(answer, now)
         need = self.fields["min_workers"]
         if answer is None or self.share is None:
             return ""
@@ -144,24 +146,39 @@ class ClusterShare:
         self._model, self._pending = dict(model), True
 
     def tick(self, now: float, nodes: Sequence[str]) -> None:
-        """Report the model and where the workers run, after an offer or every report_interval_s."""
+        """Report the model and where the workers run, after an offer or every report_interval_s.
+        The first tick at a new allocation's size measures what the change cost the run:
+        the seconds from the scheduler's answer to training at that size (the controller
+        ticks only once a resize's first step is in)."""
+        if self._asked is not None and len(nodes) == self._asked[1]:
+            self.resize_costs.append(now - self._asked[0])
+            self._asked = None
         due = self._last_report is None or now - self._last_report >= self.report_interval_s
         if not (self._pending or due):
             return
         self._pending, self._last_report = False, now
-        self._take(self.link.report(self.job_id, self._with_nodes(nodes), **self.fields))
+        self._take(self.link.report(self.job_id, self._with_nodes(nodes), **self.fields), now, len(nodes))
 
     def close(self) -> None:
         self.link.unregister(self.job_id)
 
     # -- answers ------------------------------------------------------------------------
     def _with_nodes(self, nodes: Sequence[str]) -> dict[str, Any]:
-        return {**self._model, "nodes": list(nodes)}
+        model = {**self._model, "nodes": list(nodes)}
+        if self.resize_costs and self._model:
+            # What a re-allocation really cost this run (the scheduler's answer to its
+            # first step at the new size, median), where it exceeds the engine's own
+            # measure (its decision to that step): the policy charges it per change.
+            measured = sorted(self.resize_costs)[len(self.resize_costs) // 2]
+            model["resize_cost_s"] = max(float(model.get("resize_cost_s", 0.0)), measured)
+        return model
 
-    def _take(self, answer: dict[str, Any] | None) -> None:
+    def _take(self, answer: dict[str, Any] | None, now: float, running: int | None = None) -> None:
         if answer is None:
             return  # no answer: the last allocation stands
         share, last = Share.of(answer), self.share
+        if share.workers > 0 and running and share.workers != running and (last is None or share.workers != last.workers):
+            self._asked = (now, share.workers)
         # A row when the allocation changes (its speedup alone changes at every report).
         if last is None or (share.workers, share.nodes, share.waiting) != (last.workers, last.nodes, last.waiting):
             row = {"event": "allocation", "time": wall(), "workers": share.workers, "nodes": list(share.nodes),
