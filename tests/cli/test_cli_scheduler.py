@@ -145,6 +145,48 @@ def test_the_table_renders_what_the_scheduler_s_status_answers():
     state.register("queued", fixed=True, min_workers=2, max_workers=2)
     text = _text(status_table(state.status()))
     rows = {cells[0]: cells for line in text.splitlines() if (cells := [c.strip() for c in line.strip("│┃ ").split("│")])}
-    assert rows["fitted"][1:4] == ["adaptive", "2 (1-2)", "n1x2"] and rows["fitted"][4] != "-"  # its goodput
-    assert rows["queued"][1:3] == ["fixed", "0 (2)"] and "held by runs" in rows["queued"][7]
+    assert rows["fitted"][1:5] == ["adaptive", "1", "2 (1-2)", "n1x2"] and rows["fitted"][5] != "-"  # its goodput
+    assert rows["queued"][1:4] == ["fixed", "1", "0 (2)"] and "held by runs" in rows["queued"][8]
     assert "held by runs fitted" in " ".join(text.split())
+
+
+def test_the_status_table_shows_each_run_s_weight_and_the_target_it_grows_to():
+    from raylight.cli.scheduler import status_table
+
+    jobs = [{**STATUS["jobs"][0], "weight": 2.5, "target": 4, "pending": "growing to 4 when runs resnet let go of their slots"}]
+    text = " ".join(_text(status_table({**STATUS, "jobs": jobs})).split())
+    assert "2.5" in text and "3 (1-4) -> 4" in text and "growing to 4 when runs resnet let go" in text
+
+
+def test_status_plot_draws_the_scheduler_s_history_and_refuses_a_bad_path(monkeypatch, tmp_path):
+    import ray
+
+    from raylight.cli import scheduler
+
+    history = [{"t": 0.0, "job_id": "a", "workers": 1}, {"t": 5.0, "job_id": "a", "workers": 4},
+               {"t": 9.0, "job_id": "b", "workers": 2}, {"t": 9.5, "job_id": "a", "workers": 2}]
+
+    class Remote:
+        def __init__(self, value):
+            self.value = value
+
+        def remote(self):
+            return self.value
+
+    class Handle:
+        status = Remote(STATUS)
+        allocation_history = Remote(history)
+
+    monkeypatch.setattr(scheduler, "_connect", lambda address, timeout: None)
+    monkeypatch.setattr(scheduler, "_running", lambda: Handle())
+    monkeypatch.setattr(ray, "get", lambda ref, timeout: ref)
+    out = tmp_path / "workers.png"
+    res = _invoke("status", "--plot", str(out))
+    assert res.exit_code == 0, res.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {out}" in res.output
+    bad = _invoke("status", "--plot", str(tmp_path / "no-such-folder" / "w.png"))
+    assert bad.exit_code == 2 and "cannot write it" in bad.output
+    assert _invoke("status", "--plot", str(tmp_path / "w.jpg")).exit_code == 2
+    history.clear()
+    empty = _invoke("status", "--plot", str(tmp_path / "e.png"))
+    assert empty.exit_code == 2 and "no allocation rows" in empty.output

@@ -17,6 +17,7 @@ from raylight.scheduler.state import SchedulerState
 from raylight.worker.protocol import GroupPoll, WorkerPoll
 from tests.driver.test_controller import FakeGroup, failed, finished, recorder, running  # noqa: F401
 from tests.driver.test_scaling_policy import Clock, policy, view
+from tests.scheduler.test_state import MODEL
 
 NODES = {"n1": {"CPU": 2.0}, "n2": {"CPU": 2.0}}
 
@@ -264,3 +265,36 @@ def test_raylight_report_shows_the_allocations(tmp_path):
     text = console.export_text()
     assert "held by runs a" in text
     assert "+4.0s" in text and "the raylight scheduler's share, on 2 node(s), speedup 2.50" in text
+
+
+def test_a_run_reports_what_a_re_allocation_really_cost_it():
+    """From the scheduler's answer of a new size to the first tick at that size (the
+    controller ticks once the resize's first step is in): the model then carries that
+    cost where it exceeds the engine's own measure, and the scheduler's penalty uses it."""
+    state = SchedulerState(lambda: NODES, clock=Clock())
+    link = Link(state)
+    a = share(link, "a", fixed=False, low=1, high=4)
+    a.admit(0.0, lambda: 4)
+    a.tick(1.0, ["n1"])
+    a.offer({**MODEL, "resize_cost_s": 0.3})  # the engine measured 0.3 s from its own decision
+    a.tick(2.0, ["n1"])  # answered 4
+    assert a.workers == 4 and a.resize_costs == []
+    a.tick(20.0, ["n1", "n1"])  # not there yet
+    a.tick(27.5, ["n1", "n1", "n2", "n2"])
+    assert a.resize_costs == [25.5]
+    a.offer({**MODEL, "resize_cost_s": 0.3})
+    a.tick(28.0, ["n1", "n1", "n2", "n2"])
+    assert state.jobs["a"].model["resize_cost_s"] == 25.5
+
+
+def test_the_run_s_scheduler_weight_is_sent_with_its_registration(monkeypatch, link):
+    from raylight.driver import scheduler_link
+    from raylight.driver.trainer import cluster_share
+
+    monkeypatch.setattr(scheduler_link, "find_link", lambda: link)
+    heavy = cluster_share(TrainerConfig(scaling=ScalingConfig(num_workers=(1, 4), scheduler_weight=2.5)), "h")
+    heavy.admit(0.0, lambda: 4)
+    assert link.state.status()["jobs"][0]["weight"] == 2.5
+    assert ScalingConfig().scheduler_weight == 1.0
+    with pytest.raises(ValueError, match="scheduler_weight"):
+        ScalingConfig(scheduler_weight=0)

@@ -2,6 +2,7 @@
 
 import pytest
 
+from raylight.adaptive.sharing import JobModel
 from raylight.scheduler.state import STALE_AFTER_S, SchedulerState
 
 NODES = {"node-a": {"CPU": 2.0}, "node-b": {"CPU": 2.0}}
@@ -115,3 +116,21 @@ def test_the_stale_limit_has_a_named_default():
     assert state().stale_after_s == STALE_AFTER_S
     with pytest.raises(ValueError, match="stale_after_s"):
         state(stale_after_s=0)
+
+
+def test_a_heavier_run_gets_more_of_the_slots_and_status_shows_its_weight():
+    """Two runs of the same model on 4 slots: equal weights share 2 and 2; weight 3
+    against 1 moves slots to the heavier (the weighted power mean)."""
+    from raylight.adaptive.sharing import SharingPolicy
+    from raylight.scheduler.state import _goodput
+
+    def shares(weight_b: float) -> dict[str, int]:
+        jobs = [JobModel(j, _goodput(MODEL), max_replicas=4, weight=w) for j, w in (("a", 1.0), ("b", weight_b))]
+        return SharingPolicy().allocate(jobs, [2, 2]).replicas()
+
+    even, heavy = shares(1.0), shares(3.0)
+    assert even == {"a": 2, "b": 2}
+    assert heavy["b"] > heavy["a"] and sum(heavy.values()) <= 4
+    s = state()
+    s.register("b", min_workers=1, max_workers=4, weight=3.0)
+    assert s.status()["jobs"][0]["weight"] == 3.0

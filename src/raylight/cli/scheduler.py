@@ -9,6 +9,7 @@ cluster, an unreachable address, no scheduler running), 1 for a failure at run t
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -92,8 +93,14 @@ def start(address: AddressOpt = None, connect_timeout: TimeoutOpt = CONNECT_TIME
 
 
 @scheduler_app.command(cls=Command)
-def status(address: AddressOpt = None, connect_timeout: TimeoutOpt = CONNECT_TIMEOUT_S) -> None:
-    """The runs the scheduler shares the cluster among: allocation, goodput, speedup, why a run waits."""
+def status(
+    address: AddressOpt = None, connect_timeout: TimeoutOpt = CONNECT_TIMEOUT_S,
+    plot: Annotated[
+        Path | None,
+        typer.Option("--plot", help="Also draw the workers per run over time (the scheduler's allocation history) into this PNG.", metavar="FILE.png"),
+    ] = None,
+) -> None:
+    """The runs the scheduler shares the cluster among: allocation, weight, goodput, speedup, why a run waits."""
     import ray
     import ray.exceptions
 
@@ -104,6 +111,7 @@ def status(address: AddressOpt = None, connect_timeout: TimeoutOpt = CONNECT_TIM
         _usage(str(exc))
     try:
         answer = ray.get(handle.status.remote(), timeout=STATUS_TIMEOUT_S)
+        history = ray.get(handle.allocation_history.remote(), timeout=STATUS_TIMEOUT_S) if plot else []
     except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as exc:
         console.print(
             f"error: the raylight scheduler did not answer within STATUS_TIMEOUT_S={STATUS_TIMEOUT_S:g} s "
@@ -112,6 +120,23 @@ def status(address: AddressOpt = None, connect_timeout: TimeoutOpt = CONNECT_TIM
         )
         raise typer.Exit(1) from None
     Console().print(status_table(answer))
+    if plot is not None:
+        write_plot(plot, history)
+
+
+def write_plot(path: Path, history: list[dict[str, Any]]) -> None:
+    """The allocation history as a PNG; a path that cannot be written, or no history yet, exits 2."""
+    from raylight.scheduler import plot as plotting
+
+    if path.suffix.lower() != ".png":
+        _usage(f"--plot {path}: give a .png file name (the plot is a PNG)")
+    try:
+        plotting.plot_workers(path, plotting.from_history(history), title="workers per run (raylight scheduler)")
+    except ValueError as exc:
+        _usage(f"--plot {path}: {exc}")
+    except OSError as exc:
+        _usage(f"--plot {path}: cannot write it ({exc.strerror}); give a path in a folder that exists and you can write")
+    console.print(f"wrote {path}", highlight=False, markup=False)
 
 
 @scheduler_app.command(cls=Command)
@@ -143,17 +168,20 @@ def status_table(answer: dict[str, Any]) -> Table:
         + (f"; dropped (silent): {', '.join(answer['dropped'])}" if answer.get("dropped") else "")
     )
     table = Table(title="raylight scheduler", caption=caption, caption_justify="left")
-    for column in ("job", "kind", "workers", "nodes", "goodput", "speedup", "last report", "waiting"):
-        table.add_column(column, justify="right" if column in ("workers", "goodput", "speedup", "last report") else "left")
+    right = ("weight", "workers", "goodput", "speedup", "last report")
+    for column in ("job", "kind", "weight", "workers", "nodes", "goodput", "speedup", "last report", "waiting"):
+        table.add_column(column, justify="right" if column in right else "left")
     for job in answer.get("jobs", []):
         bounds = str(job["min_workers"]) if job["fixed"] else f"{job['min_workers']}-{job['max_workers']}"
         goodput = job.get("goodput")
+        target = job.get("target", job["workers"])
+        workers = f"{job['workers']} ({bounds})" + (f" -> {target}" if target != job["workers"] else "")
         table.add_row(
-            job["job_id"], "fixed" if job["fixed"] else "adaptive", f"{job['workers']} ({bounds})",
+            job["job_id"], "fixed" if job["fixed"] else "adaptive", f"{job.get('weight', 1.0):g}", workers,
             _nodes(job.get("nodes", [])), "-" if goodput is None else f"{goodput:.4g}",
             f"{job.get('speedup', 0.0):.2f}", f"{job.get('seconds_since_report', 0.0):.0f} s ago",
-            job.get("waiting") or "",
+            job.get("waiting") or job.get("pending") or "",
         )
     if not answer.get("jobs"):
-        table.add_row("(no runs)", "", "", "", "", "", "", "")
+        table.add_row("(no runs)", "", "", "", "", "", "", "", "")
     return table

@@ -46,6 +46,9 @@ class Scheduler:
     def status(self) -> dict[str, Any]:
         return self.state.status()
 
+    def allocation_history(self) -> list[dict[str, Any]]:
+        return self.state.allocation_history()
+
     def ping(self) -> bool:
         return True
 
