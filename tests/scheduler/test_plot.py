@@ -35,8 +35,8 @@ def test_adaptive_jsonl_rows_give_what_each_run_was_told_and_what_it_ran(tmp_pat
         "b": [{"event": "allocation", "time": 110.0, "workers": 0, "waiting": "x"}, {"event": "allocation", "time": 125.0, "workers": 2}],
     }
     told, running = plot.from_traces(traces)
-    assert told == {"a": [(100.0, 1), (103.0, 4)], "b": [(110.0, 0), (125.0, 2)]}
-    assert running == {"a": [(100.0, 1), (120.0, 4)], "b": [(125.0, 2)]}
+    assert told == {"a": [(100.0, 1), (103.0, 4), (121.0, 4)], "b": [(110.0, 0), (125.0, 2)]}
+    assert running == {"a": [(100.0, 1), (120.0, 4), (121.0, 4)], "b": [(125.0, 2)]}  # to its last row
     assert plot.plot_workers(tmp_path / "r.png", running, told=told).read_bytes()[:8] == PNG
     with pytest.raises(ValueError, match="no allocation rows"):
         plot.plot_workers(tmp_path / "e.png", {"a": []})

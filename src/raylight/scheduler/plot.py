@@ -26,7 +26,7 @@ def from_history(rows: Iterable[Mapping[str, Any]]) -> Series:
 def from_traces(traces: Mapping[str, Sequence[Mapping[str, Any]]]) -> tuple[Series, Series]:
     """(told, running) per run from each run's adaptive.jsonl rows: ``allocation`` rows
     are what it was told; it runs the first one's size from then, and each ``resized``
-    row's ``to`` from its time."""
+    row's ``to`` from its time; both last to the run's last timed row."""
     told: Series = {}
     running: Series = {}
     for job, rows in traces.items():
@@ -35,6 +35,10 @@ def from_traces(traces: Mapping[str, Sequence[Mapping[str, Any]]]) -> tuple[Seri
         ran = [(float(r["time"]), int(r["to"])) for r in rows if r.get("event") == "resized"]
         first = next(((t, w) for t, w in given if w > 0), None)
         running[job] = ([first] if first is not None else []) + ran
+        ended = max((float(r["time"]) for r in rows if isinstance(r.get("time"), (int, float))), default=None)
+        for series in (told[job], running[job]):  # drawn to the run's last row (its end)
+            if series and ended is not None and ended > series[-1][0]:
+                series.append((ended, series[-1][1]))
     return told, running
 
 
