@@ -24,7 +24,8 @@ adapt (``adaptive: False``) computes the same steps at any worker count, so its 
 equal to 1e-5 (``exact``); an adaptive job's batch follows its allocation, so its loss is
 compared to the spread of the jobs' losses (``noise``). No job runs alone: a job's
 numerics do not depend on the others, so the fixed-share run stands for its solo run.
-Results: bench/results/scheduler-real.json. One run on a loaded 2-core machine: the times
+Results: bench/results/scheduler-real.json, and scheduler-real.png (the scheduler
+phase's workers per job over time, from its runs' adaptive.jsonl). One run on a loaded 2-core machine: the times
 are this machine's, not a cluster's.
 """
 
