@@ -30,7 +30,9 @@ def test_two_adaptive_runs_share_a_cluster_and_follow_their_allocations(tmp_path
     assert data["errors"] == {}, data["errors"]  # both finished
     trace = data["trace"]
     allocations = {k: [r for r in rows if r.get("event") == "allocation"] for k, rows in trace.items()}
-    assert all(1 <= r["workers"] <= 4 and r["waiting"] == "" for rows in allocations.values() for r in rows), allocations
+    # a run is told 0 (and why) only while another still holds the slots it is to get
+    assert all((1 <= r["workers"] <= 4 and r["waiting"] == "") or (r["workers"] == 0 and "held by runs" in r["waiting"])
+               for rows in allocations.values() for r in rows), allocations
     # every resize of either run went to an allocation the scheduler gave it before (or
     # to fewer, what fit then), never to a size of the run's own choosing
     resizes = {k: [r for r in rows if r.get("event") == "resized"] for k, rows in trace.items()}
