@@ -239,11 +239,13 @@ def test_ctrl_c_stops_waiting_and_leaves_the_job_running(head, tmp_path):
     assert "stopping int1" in cli(head, "jobs", "stop", "int1").stderr
 
 
-def test_an_adaptdl_script_submitted_with_f_runs_on_two_replicas_adapts_and_survives_a_killed_one(head, tmp_path):
+@pytest.mark.timeout(420)  # the module's head starts first (up to 3 min on a loaded machine)
+def test_an_adaptdl_script_submitted_with_f_runs_on_two_replicas_and_adapts_its_batch(head, tmp_path):
     """`submit -f FILE -n 2` runs FILE as `raylight run -n 2` does: AdaptDL's MNIST tutorial
     (tests/adaptdl/tutorial.py), unchanged, gets `import adaptdl` from raylight's layer
-    (RAYLIGHT_ADAPTDL=1: the dev extra installs real AdaptDL), grows its batch, and its group
-    restarts from the epoch's State checkpoint after a replica is SIGKILLed."""
+    (RAYLIGHT_ADAPTDL=1: the dev extra installs real AdaptDL) on two replicas and grows its
+    batch. (A replica killed mid-epoch under `raylight run`: tests/adaptdl/test_adaptdl_run.py;
+    `--max-failures` reaching `raylight run`: tests/jobs/test_jobs.py.)"""
     from tests.adaptdl.tutorial import TUTORIAL
 
     code, out = tmp_path / "code", tmp_path / "two.json"
@@ -252,17 +254,15 @@ def test_an_adaptdl_script_submitted_with_f_runs_on_two_replicas_adapts_and_surv
     name = f"adlf-{os.getpid()}"
     try:
         done = cli(
-            head, "submit", "-f", str(code / "mnist_step5.py"), "-n", "2", "--max-failures", "1", "--name", name,
-            "--env", "RAYLIGHT_ADAPTDL=1", "--env", "OMP_NUM_THREADS=1",
-            "--", "--epochs", "4", "--kill-in-epoch", "2", "--out", str(out), timeout=200,
+            head, "submit", "-f", str(code / "mnist_step5.py"), "-n", "2", "--name", name,
+            "--env", "RAYLIGHT_ADAPTDL=1", "--env", "OMP_NUM_THREADS=1", "--", "--epochs", "2", "--out", str(out), timeout=240,
         )
-    finally:
+    finally:  # raylight run's default storage path, ~/raylight_results: this run's directory only
         shutil.rmtree(os.path.join(os.path.expanduser("~"), "raylight_results", name), ignore_errors=True)
     printed = done.stdout + done.stderr
     assert done.returncode == 0, printed[-4000:]
     assert "[rank 0] replica 0 of 2 restart 0 starts at epoch 0" in done.stdout, printed[-4000:]
-    assert "[rank 0] replica 0 of 2 restart 1 starts at epoch 2" in done.stdout, printed[-4000:]  # the epochs before the kill kept
-    assert "SIGKILL" in printed, printed[-4000:]
+    assert "[rank 1] replica 1 of 2 restart 0 starts at epoch 0" in done.stdout, printed[-4000:]
     two = json.loads(out.read_text())
     assert max(two["sizes"]) > 32 and two["gain"] > 1.0, two  # the engine grew the batch; AdaScale's gain followed
     assert two["accuracy"] > 0.8, two
