@@ -323,13 +323,16 @@ def against_ludwig(args: argparse.Namespace) -> None:
     info["ludwig"] = subprocess.run([python, "-c", "import ludwig; print(ludwig.__version__)"], capture_output=True,
                                     text=True, timeout=600).stdout.strip()
     configs: dict[str, Any] = {}
+    if args.resume_results and AGAINST.exists():  # keep what an earlier run measured; measure the rest
+        configs = json.loads(AGAINST.read_text())["configs"]
+        paths = [p for p in paths if p.stem not in configs]
     for p in paths:  # the results are written after each config: a run cut short keeps what it measured
         configs[p.stem] = against_one(p, python, args.epochs, args.rows)
         r = configs[p.stem]
         print(p.stem, r.get("points"), f"time ratio {r.get('time_ratio', float('nan')):.2f}", flush=True)
         summary = _against_summary(args, every, configs)
         write_results(AGAINST, {"summary": summary, "configs": configs, "machine": info})
-    print(json.dumps(summary, indent=1))
+    print(json.dumps(_against_summary(args, every, configs), indent=1))
 
 
 def _against_summary(args: argparse.Namespace, paths: list[Path], configs: dict[str, Any]) -> dict[str, Any]:
@@ -354,6 +357,8 @@ def main() -> None:
     parser.add_argument("--ludwig-python", default=None, help="an interpreter with Ludwig (default: $RAYLIGHT_BENCH_LUDWIG)")
     parser.add_argument("--rows", type=int, default=5000, help="--against-ludwig: generated rows per config")
     parser.add_argument("--only", default="", help="--against-ludwig: these configs only (comma-separated names)")
+    parser.add_argument("--resume-results", action="store_true",
+                        help="--against-ludwig: keep the configs bench/results/ludwig_vs_ludwig.json has, run the others")
     args = parser.parse_args()
     if args.against_ludwig:
         args.epochs = args.epochs or 10
