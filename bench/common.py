@@ -33,6 +33,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+REPO = Path(__file__).resolve().parent.parent  # the repository: where a bench's children run
+
 # -- a child's own local Ray ----------------------------------------------------------
 
 
@@ -133,6 +135,53 @@ def reap_leftovers(session: int, marker: str) -> list[int]:
         except ProcessLookupError:
             pass
     return pids
+
+
+def run_timed(
+    cmd: list[str], *, timeout: int, env: dict[str, str], marker: str, cwd: str | Path = REPO,
+) -> tuple[subprocess.CompletedProcess, float, list[int]]:
+    """``cmd`` in a session of its own, timed from launch to exit; whatever it left
+    running (Ray processes of a cluster it started) is killed by PID afterwards."""
+    start = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        err += f"\n(timed out after {timeout} s)"
+    wall = time.time() - start
+    left = reap_leftovers(proc.pid, marker)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), wall, left
+
+
+# -- Ludwig, the declarative peer (bench/declarative.py, bench/ludwig_configs.py) -----------------
+
+
+def ludwig_python(given: str | None) -> str:
+    return given or os.environ.get("RAYLIGHT_BENCH_LUDWIG") or "python3.12"
+
+
+def ludwig_available(python: str) -> str | None:
+    """None when `python` can import ludwig, else why not."""
+    if not shutil.which(python) and not os.path.exists(python):
+        return (
+            f"no interpreter {python!r}; Ludwig 0.17 needs Python 3.12: install it in a venv "
+            "(docs/benchmarks.md) and set RAYLIGHT_BENCH_LUDWIG to its python"
+        )
+    res = subprocess.run([python, "-c", "import ludwig; print(ludwig.__version__)"], capture_output=True, text=True, timeout=300)
+    if res.returncode != 0:
+        lines = [ln.strip() for ln in res.stderr.splitlines() if ln.strip()]
+        why = next((ln for ln in lines if "Error" in ln or "not found" in ln), lines[-1] if lines else "?")
+        return f"{python} cannot import ludwig ({why}); Ludwig 0.17 needs Python 3.12 and a torch build for it"
+    return None
+
+
+def ludwig_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RAY_ADDRESS")}
+    env["RAY_ADDRESS"] = "local"  # a Ray of its own, never another session's cluster
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    return env
 
 
 def tail(path: Path, lines: int = 15) -> str:

@@ -59,7 +59,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -67,29 +66,22 @@ REPO = os.path.dirname(HERE)
 EXAMPLES = os.path.join(REPO, "examples", "declarative")
 RESULTS = os.path.join(HERE, "results", "declarative.json")
 sys.path.insert(0, HERE)
-from common import machine_info, median_of, ratio, reap_leftovers, torchrun_command  # noqa: E402
+from common import (  # noqa: E402
+    ludwig_available,
+    ludwig_env,
+    ludwig_python,
+    machine_info,
+    median_of,
+    ratio,
+    run_timed,
+    torchrun_command,
+)
 
 HELD_OUT = 10_000
 TARGET = "cut"
 NUMBERS = ["carat", "depth", "table", "price", "x", "y", "z"]
 CATEGORIES = ["color", "clarity"]
 EPOCHS = {1_000: 30, 50_000: 5, 500_000: 2}  # the same for both systems at each size
-
-
-def run_timed(cmd: list[str], *, timeout: int, env: dict[str, str], marker: str) -> tuple[subprocess.CompletedProcess, float, list[int]]:
-    """``cmd`` in a session of its own, timed from launch to exit; whatever it left
-    running (Ray processes of a cluster it started) is killed by PID afterwards."""
-    start = time.time()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        out, err = proc.communicate()
-        err += f"\n(timed out after {timeout} s)"
-    wall = time.time() - start
-    left = reap_leftovers(proc.pid, marker)
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), wall, left
 
 
 def raylight_env() -> dict[str, str]:
@@ -123,32 +115,6 @@ combiner: {{type: concat, fc_layers: [{{output_size: 64}}, {{output_size: 32}}]}
 trainer: {{epochs: {epochs}, optimizer: {{type: adam}}, early_stop: -1}}
 backend: {{type: ray, trainer: {{num_workers: 2, resources_per_worker: {{CPU: 0.5}}}}}}
 """
-
-
-def ludwig_python(given: str | None) -> str:
-    return given or os.environ.get("RAYLIGHT_BENCH_LUDWIG") or "python3.12"
-
-
-def ludwig_available(python: str) -> str | None:
-    """None when `python` can import ludwig, else why not."""
-    if not shutil.which(python) and not os.path.exists(python):
-        return (
-            f"no interpreter {python!r}; Ludwig 0.17 needs Python 3.12: install it in a venv "
-            "(docs/benchmarks.md) and set RAYLIGHT_BENCH_LUDWIG to its python"
-        )
-    res = subprocess.run([python, "-c", "import ludwig; print(ludwig.__version__)"], capture_output=True, text=True, timeout=300)
-    if res.returncode != 0:
-        lines = [ln.strip() for ln in res.stderr.splitlines() if ln.strip()]
-        why = next((ln for ln in lines if "Error" in ln or "not found" in ln), lines[-1] if lines else "?")
-        return f"{python} cannot import ludwig ({why}); Ludwig 0.17 needs Python 3.12 and a torch build for it"
-    return None
-
-
-def ludwig_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RAY_ADDRESS")}
-    env["RAY_ADDRESS"] = "local"  # a Ray of its own, never another session's cluster
-    env["RAY_USAGE_STATS_ENABLED"] = "0"
-    return env
 
 
 def run_ludwig_breast_cancer(python: str, data: str, epochs: int, workdir: str) -> dict:

@@ -68,9 +68,19 @@ def test_env_pairs_are_checked():
 def test_entrypoint_quotes_argv_and_keeps_a_shell_line():
     assert submission.entrypoint(["python", "t.py", "--msg", "a b"], None) == "python t.py --msg 'a b'"
     assert submission.entrypoint(["cd src && python t.py"], None) == "cd src && python t.py"
-    assert submission.entrypoint(["--epochs", "3"], "t.py") == "python t.py --epochs 3"
     with pytest.raises(ConfigError, match="no command to run"):
         submission.entrypoint([], None)
+
+
+def test_a_file_runs_under_raylight_run_with_its_replicas_and_restarts():
+    """-f FILE is `raylight run`'s FILE (AdaptDL's import hook, -n replicas), not plain python."""
+    run = "python -m raylight.cli run"
+    assert submission.entrypoint(["--epochs", "3"], "t.py") == f"{run} -n 1 t.py --epochs 3"
+    assert submission.entrypoint(["--n", "a b"], "t.py", num_workers=2, max_failures=1) == f"{run} -n 2 --max-failures 1 t.py --n 'a b'"
+    assert submission.entrypoint([], "t.py", num_workers=(1, 4)) == f"{run} -n 1:4 t.py"
+    for kwargs, flag in (({"num_workers": 2}, "--nproc"), ({"max_failures": 1}, "--max-failures")):
+        with pytest.raises(ConfigError, match=f"{flag} is for -f FILE.*raylight submit -- raylight run -n 2"):
+            submission.entrypoint(["python", "t.py"], None, **kwargs)
 
 
 def test_submission_from_adaptdl_flags(tmp_path, monkeypatch):
@@ -82,7 +92,7 @@ def test_submission_from_adaptdl_flags(tmp_path, monkeypatch):
         [], name="r1", script="code/train.py", working_dir="code", max_workers=4, cpus=2, gpus=0.5,
         env=["SEED=1"], pip=["rich"],
     )
-    assert sub.entrypoint == "python train.py"  # the script, relative to the uploaded directory
+    assert sub.entrypoint == "python -m raylight.cli run -n 1:4 train.py"  # relative to the upload; up to --max-workers
     assert sub.runtime_env == {
         "working_dir": str(code),
         "pip": ["rich"],
@@ -92,13 +102,15 @@ def test_submission_from_adaptdl_flags(tmp_path, monkeypatch):
         },
     }
     alone = submission.build_submission([], name="r2", script=str(code / "train.py"))
-    assert alone.runtime_env["working_dir"] == str(code) and alone.entrypoint == "python train.py"
+    assert alone.runtime_env["working_dir"] == str(code) and alone.entrypoint == "python -m raylight.cli run -n 1 train.py"
     monkeypatch.chdir(tmp_path / "code")
     relative = submission.build_submission(["--epochs", "2"], name="r3", script="train.py", working_dir=str(code))
-    assert relative.entrypoint == "python train.py --epochs 2"
+    assert relative.entrypoint == "python -m raylight.cli run -n 1 train.py --epochs 2"
     monkeypatch.chdir(tmp_path)
     inside = submission.build_submission([], name="r4", script="train.py", working_dir="code")  # a path in DIR
-    assert inside.entrypoint == "python train.py"
+    assert inside.entrypoint == "python -m raylight.cli run -n 1 train.py"
+    fixed = submission.build_submission([], name="r7", script="train.py", working_dir="code", max_workers=4, num_workers=2)
+    assert fixed.entrypoint == "python -m raylight.cli run -n 2 train.py"  # -n given: kept (the job caps it at 4)
     with pytest.raises(ConfigError, match=r"--file 'missing\.py': no such file"):
         submission.build_submission([], name="r5", script="missing.py", working_dir="code")
     (tmp_path / "other.py").write_text("")
@@ -301,6 +313,9 @@ def _closed_port() -> int:
         (["--address", "http://127.0.0.1:1", "--no-wait", "--retries", "1", "--", "python", "t.py"], "--no-wait"),
         (["--", "python", "t.py"], "no cluster to submit to"),
         (["--address", "http://127.0.0.1:1", "--price", "spot=cheap", "--", "python", "t.py"], "spot=cheap"),
+        (["--address", "http://127.0.0.1:1", "-n", "2", "--", "python", "t.py"], "--nproc is for -f FILE"),
+        (["--address", "http://127.0.0.1:1", "-n", "3:2", "-f", __file__], "-n/--nproc must be"),
+        (["--address", "http://127.0.0.1:1", "--max-failures", "-2", "-f", __file__], "--max-failures -2"),
     ],
 )
 def test_submit_usage_errors_exit_2_naming_the_flag(args, message, monkeypatch):

@@ -239,8 +239,37 @@ def test_ctrl_c_stops_waiting_and_leaves_the_job_running(head, tmp_path):
     assert "stopping int1" in cli(head, "jobs", "stop", "int1").stderr
 
 
+@pytest.mark.timeout(480)  # the module's head starts first (65 s, and the job 184 s, at a load of 20-40 on 2 cores)
+def test_an_adaptdl_script_submitted_with_f_runs_on_two_replicas_and_adapts_its_batch(head, tmp_path):
+    """`submit -f FILE -n 2` runs FILE as `raylight run -n 2` does: AdaptDL's MNIST tutorial
+    (tests/adaptdl/tutorial.py), unchanged, gets `import adaptdl` from raylight's layer
+    (RAYLIGHT_ADAPTDL=1: the dev extra installs real AdaptDL) on two replicas and grows its
+    batch. (A replica killed mid-epoch under `raylight run`: tests/adaptdl/test_adaptdl_run.py;
+    `--max-failures` reaching `raylight run`: tests/jobs/test_jobs.py.)"""
+    from tests.adaptdl.tutorial import TUTORIAL
+
+    code, out = tmp_path / "code", tmp_path / "two.json"
+    code.mkdir()
+    (code / "mnist_step5.py").write_text(TUTORIAL)
+    name = f"adlf-{os.getpid()}"
+    try:
+        done = cli(
+            head, "submit", "-f", str(code / "mnist_step5.py"), "-n", "2", "--name", name,
+            "--env", "RAYLIGHT_ADAPTDL=1", "--env", "OMP_NUM_THREADS=1", "--", "--epochs", "2", "--out", str(out), timeout=330,
+        )
+    finally:  # raylight run's default storage path, ~/raylight_results: this run's directory only
+        shutil.rmtree(os.path.join(os.path.expanduser("~"), "raylight_results", name), ignore_errors=True)
+    printed = done.stdout + done.stderr
+    assert done.returncode == 0, printed[-4000:]
+    assert "[rank 0] replica 0 of 2 restart 0 starts at epoch 0" in done.stdout, printed[-4000:]
+    assert "[rank 1] replica 1 of 2 restart 0 starts at epoch 0" in done.stdout, printed[-4000:]
+    two = json.loads(out.read_text())
+    assert max(two["sizes"]) > 32 and two["gain"] > 1.0, two  # the engine grew the batch; AdaScale's gain followed
+    assert two["accuracy"] > 0.5, two  # it learns (chance: 0.1; 0.72 after these 2 epochs at batch 512)
+
+
 def test_a_driver_ended_by_sigterm_is_resubmitted(head):
-    out = cli(head, "submit", "-f", os.path.join(JOB_CODE, "sigterm_job.py"), "--name", "sig1", "--retries", "1")
+    out = cli(head, "submit", "--working-dir", JOB_CODE, "--name", "sig1", "--retries", "1", "--", "python", "sigterm_job.py")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "TERMINATING" in out.stdout and "SECOND ATTEMPT" in out.stdout
     assert "terminated (SIGTERM;" in out.stderr and "submitted sig1-retry1" in out.stderr

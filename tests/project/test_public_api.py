@@ -72,7 +72,7 @@ def test_short_flags_mean_one_thing_snapshot():
     assert meaning == {"-c": {"--config"}, "-d": {"--dataset"}, "-n": {"--nproc"}, "-m": {"--module"},
                        "-u": {"--address"}, "-f": {"--file"}}
     submit = [o for p in root.commands["submit"].params for o in p.opts]
-    assert submit == ["command", "--address", "-u", "--working-dir", "--file", "-f", "--requirements", "--pip", "--env",
+    assert submit == ["command", "--address", "-u", "--working-dir", "--file", "-f", "--nproc", "-n", "--max-failures", "--requirements", "--pip", "--env",
                       "--name", "--max-workers", "--cpus", "--gpus", "--retries", "--resume", "--no-wait", "--scheduler", "--connect-timeout",
                       "--price", "--prices", "--verbose"]
 

@@ -19,6 +19,7 @@ from raylight.cli.options import NO_VALUE, Command, Group, finite_float
 from raylight.cli.prices import PriceOpt, PricesOpt, price_table
 from raylight.config.schema import CONNECT_TIMEOUT_S
 from raylight.jobs import submission
+from raylight.launch.driver import parse_size
 
 console = Console(stderr=True)
 jobs_app = typer.Typer(cls=Group, no_args_is_help=True, help="Ray Jobs of raylight runs on a cluster: list, status, logs, stop.")
@@ -60,7 +61,25 @@ def submit(
     command: Annotated[list[str] | None, typer.Argument(help="After --: the command, e.g. python train.py --epochs 3.", metavar="COMMAND")] = None,
     address: AddressOpt = None,
     working_dir: Annotated[str | None, typer.Option("--working-dir", help="Directory uploaded and run in.", metavar="DIR")] = None,
-    file: Annotated[str | None, typer.Option("--file", "-f", help="Run `python FILE` (AdaptDL's -f); the command becomes its arguments.", metavar="FILE")] = None,
+    file: Annotated[
+        str | None,
+        typer.Option(
+            "--file", "-f", metavar="FILE",
+            help="Run FILE as `raylight run` does (AdaptDL's -f: `import adaptdl` is served, -n replicas); "
+            "the command becomes its arguments.",
+        ),
+    ] = None,
+    nproc: Annotated[
+        str | None,
+        typer.Option(
+            "--nproc", "-n", metavar="N|MIN:MAX",
+            help="With -f: raylight run's -n, the replicas (default: 1:MAX with --max-workers, else 1).",
+        ),
+    ] = None,
+    max_failures: Annotated[
+        int | None,
+        typer.Option("--max-failures", help="With -f: raylight run's --max-failures, group restarts after a failed replica (-1: always).", metavar="N"),
+    ] = None,
     requirements: Annotated[str | None, typer.Option(help="pip requirements file installed for the job.", metavar="FILE")] = None,
     pip: Annotated[list[str] | None, typer.Option("--pip", help="A pip package for the job (repeatable).", metavar="PACKAGE")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE for the job's processes (repeatable).", metavar="KEY=VALUE")] = None,
@@ -81,7 +100,11 @@ def submit(
         bool, typer.Option("--verbose", help="Show Ray's own logs too: the Jobs client's (the upload), and the job's (RAYLIGHT_VERBOSE=1 in it).", metavar=NO_VALUE)
     ] = False,
 ) -> None:
-    """Run COMMAND on a Ray cluster as a Ray Job; wait, streaming its logs, and exit with its exit code."""
+    """Run COMMAND (or -f FILE, under raylight run) on a Ray cluster as a Ray Job; wait, streaming its logs, and exit with its exit code.
+
+    `-f train.py -n 2` runs `raylight run -n 2 train.py` as the job: an AdaptDL script runs
+    unchanged (docs/adaptdl.md). `-- COMMAND` runs COMMAND as it is.
+    """
     require("submit", "cluster")
     sub: submission.Submission | None = None
     client: submission.JobsClient | None = None
@@ -105,7 +128,8 @@ def submit(
         sub = submission.build_submission(
             command or [], name=name or submission.default_name(), script=file, working_dir=working_dir,
             requirements=requirements, pip=pip or [], env=env or [], max_workers=max_workers, cpus=cpus,
-            gpus=gpus, retries=retries, resume=resume,
+            gpus=gpus, retries=retries, resume=resume, num_workers=None if nproc is None else parse_size(nproc),
+            max_failures=max_failures,
         )
         client = _client(address, connect_timeout)
         code = submission.run(client, sub, wait=not no_wait, write=_write, say=_say)

@@ -122,15 +122,34 @@ def parse_env(items: Sequence[str]) -> dict[str, str]:
     return env
 
 
-def entrypoint(command: Sequence[str], script: str | None) -> str:
+def entrypoint(
+    command: Sequence[str], script: str | None, *, num_workers: int | tuple[int, int] | None = None,
+    max_failures: int | None = None,
+) -> str:
     """The shell command the job runs. One argument is taken as a shell line as is (so
     ``-- "cd src && python t.py"`` works); several are quoted as an argument vector;
-    ``-f script.py`` runs ``python script.py`` with the command as its arguments."""
+    ``-f script.py`` runs the script as ``raylight run`` does (``python -m raylight.cli run
+    -n N script.py``, the AdaptDL import hook installed), the command as its arguments:
+    ``num_workers`` is ``-n`` (N, or (MIN, MAX) for an elastic run; default 1, as
+    ``raylight run``'s), ``max_failures`` its ``--max-failures``."""
     if script is not None:
-        return shlex.join(["python", script, *command])
+        run = ["python", "-m", "raylight.cli", "run", "-n", _size(num_workers if num_workers is not None else 1)]
+        if max_failures is not None:
+            run += ["--max-failures", str(max_failures)]
+        return shlex.join([*run, script, *command])
+    if num_workers is not None or max_failures is not None:
+        flag = "--nproc" if num_workers is not None else "--max-failures"
+        raise ConfigError(
+            f"{flag} is for -f FILE (FILE runs under raylight run); with a command after --, give it there: "
+            "raylight submit -- raylight run -n 2 --max-failures 1 train.py"
+        )
     if not command:
         raise ConfigError("no command to run: put it after --, e.g. raylight submit -- python train.py (or -f train.py)")
     return command[0] if len(command) == 1 else shlex.join(command)
+
+
+def _size(size: int | tuple[int, int]) -> str:
+    return f"{size[0]}:{size[1]}" if isinstance(size, tuple) else str(size)
 
 
 @dataclass(frozen=True)
@@ -158,8 +177,13 @@ def build_submission(
     gpus: float | None = None,
     retries: int = 0,
     resume: bool = False,
+    num_workers: int | tuple[int, int] | None = None,
+    max_failures: int | None = None,
 ) -> Submission:
-    """Check the flags and build what is sent; ConfigError names the flag at fault."""
+    """Check the flags and build what is sent; ConfigError names the flag at fault.
+    ``num_workers`` and ``max_failures`` are ``raylight run``'s ``-n`` and
+    ``--max-failures`` for ``-f`` FILE; without ``num_workers``, ``max_workers`` M makes it
+    the elastic ``1:M`` (AdaptDL's job grows up to its maximum), else 1."""
     if not _NAME.match(name):
         raise ConfigError(f"--name {name!r}: use letters, digits, '.', '_' and '-' (at most 100, starting with a letter or digit)")
     if script is not None and working_dir is None:
@@ -174,9 +198,13 @@ def build_submission(
         raise ConfigError("--requirements and --pip both given: list the packages in one of them")
     if requirements is not None and not os.path.isfile(requirements):
         raise ConfigError(f"--requirements {requirements!r} is not a file; give a pip requirements.txt")
+    if max_failures is not None and max_failures < -1:
+        raise ConfigError(f"--max-failures {max_failures}: must be -1 (always restart) or at least 0")
     for flag, value, least in (("--max-workers", max_workers, 1), ("--cpus", cpus, 0), ("--gpus", gpus, 0), ("--retries", retries, 0)):
         if value is not None and value < least:
             raise ConfigError(f"{flag} {value}: must be at least {least}")
+    if script is not None and num_workers is None and max_workers is not None:
+        num_workers = (1, max_workers)
     runtime_env: dict[str, Any] = {}
     if working_dir is not None:
         runtime_env["working_dir"] = working_dir
@@ -189,7 +217,8 @@ def build_submission(
         if value is not None:
             job_env[key] = f"{value:g}" if isinstance(value, float) else str(value)
     runtime_env["env_vars"] = {**parse_env(env), **job_env}
-    return Submission(name, entrypoint(command, script), runtime_env, retries=retries, resume=resume)
+    command_line = entrypoint(command, script, num_workers=num_workers, max_failures=max_failures)
+    return Submission(name, command_line, runtime_env, retries=retries, resume=resume)
 
 
 def _script_in(script: str, working_dir: str) -> str:
