@@ -106,11 +106,18 @@ def test_optimizer_lr_is_the_learning_rate_and_radam_is_torch_s():
     assert "trainer.learning_rate gives too (0.01); keep one" in found["trainer.optimizer.lr"]
 
 
-def test_lbfgs_and_ludwig_s_other_optimizers_are_refused_with_the_reason():
-    found = problems({**BASE, "trainer": {"optimizer": {"type": "lbfgs", "max_iter": 20}}})
-    assert set(found) == {"trainer.optimizer.type"}, found  # lbfgs's own keys are not reported one by one
-    assert "closure" in found["trainer.optimizer.type"] and "radam" in found["trainer.optimizer.type"]
+def test_ludwig_s_other_optimizers_are_refused_with_the_reason_and_lbfgs_s_limits_are_said():
     assert "bitsandbytes" in problems({**BASE, "trainer": {"optimizer": {"type": "adam_8bit"}}})["trainer.optimizer.type"]
+    assert "lbfgs" in problems({**BASE, "trainer": {"optimizer": {"type": "soap"}}})["trainer.optimizer.type"]
+    cfg = validate_config({**BASE, "trainer": {"optimizer": {"type": "lbfgs", "max_iter": 20, "history_size": 10}}})
+    assert cfg.trainer.optimizer.kwargs() == {"max_iter": 20, "history_size": 10}  # no weight_decay: LBFGS has none
+    for trainer, words in (
+        ({"batch_size": "auto", "optimizer": {"type": "lbfgs"}}, "give batch_size a number"),
+        ({"optimizer": {"type": "lbfgs", "weight_decay": 0.1}}, "regularization_lambda"),
+        ({"optimizer": {"type": "lbfgs", "betas": [0.9, 0.99]}}, "not of lbfgs"),
+    ):
+        found = problems({**BASE, "trainer": trainer})
+        assert any(words in line for line in found.values()), found
 
 
 def test_an_output_s_decoder_layers_are_built_between_the_combiner_and_its_linear_layer():
