@@ -145,7 +145,7 @@ def test_muon_takes_the_2d_weights_and_adamw_the_rest():
     again = build_optimizer(cfg.trainer.optimizer, model.parameters(), 0.01)
     again.load_state_dict(opt.state_dict())
     assert again.state_dict()["parts"][0]["state"].keys() == opt.state_dict()["parts"][0]["state"].keys()
-    with pytest.raises(ValueError, match="another trainer.optimizer.type"):
+    with pytest.raises(ValueError, match=r"another trainer\.optimizer\.type"):
         again.load_state_dict(torch.optim.Adam(model.parameters()).state_dict())
 
 
