@@ -140,6 +140,10 @@ def _dataset(path: Path, config_file: Path, rows: int = 240) -> str:
     ("titanic_model2", [], "accuracy", 0.75),  # an output's fc_layers (Ludwig before 0.6): decoder layers
     ("helpers_category_output", [], "accuracy", 0.6),  # set and bag inputs, decoder layers, optimizer.lr
     ("optimizers_radam", ["trainer.optimizer.lr=0.01"], "accuracy", 0.75),  # radam; learning_rate_scheduler.type ignored
+    ("optimizers_muon", ["trainer.optimizer.lr=0.01"], "accuracy", 0.75),  # Muon on the 2-D weights, AdamW the rest
+    ("optimizers_schedule_free_adamw", ["trainer.optimizer.lr=0.01"], "accuracy", 0.75),  # evaluated at its average
+    ("multi_task_uncertainty", [], "quality_binary/accuracy", 0.75),  # loss_balancing: Kendall et al.'s
+    ("multi_task_nash_mtl", [], "quality_binary/accuracy", 0.75),  # loss_balancing: Nash-MTL's solve each step
 ])
 def test_a_few_train_end_to_end_on_generated_data(tmp_path, name, overrides, metric, least):
     config_file = CONFIGS / f"{name}.yaml"

@@ -209,3 +209,33 @@ def test_keys_ludwig_0_17_drops_are_ignored_with_a_line(caplog):
         validate_config(data)
     said = caplog.text
     assert "combiner.bn_virtual_divider" in said and "output_features.0.weight_regularization" in said
+
+
+def test_the_trainer_keys_of_ludwig_s_configs_issue_56(caplog):
+    """Another encoder type's settings on a text or sequence encoder are dropped with one
+    line naming them (Ludwig drops them); steps_per_checkpoint is ignored; Ludwig's optuna
+    executor is search_alg optuna (its int space inclusive, as Optuna's); a dotted hyperopt
+    metric gives the split and output; a category's sparse encoder is one-hot."""
+    seq = {"name": "s", "type": "sequence", "encoder": {"type": "embed", "state_size": 8, "num_filters": 8, "embedding_size": 8}}
+    with caplog.at_level(logging.WARNING, logger="raylight.declarative.ludwig.check"):
+        cfg = validate_config({**BASE, "input_features": [*BASE["input_features"], seq], "trainer": {"steps_per_checkpoint": 1}})
+    said = [r.getMessage() for r in caplog.records]
+    assert any("input_features.2.encoder.{num_filters, state_size}" in line and "Ludwig ignores them too" in line for line in said), said
+    assert any("trainer.steps_per_checkpoint" in line for line in said), said
+    assert cfg.input_features[2].encoder.embedding_size == 8
+    hyperopt = {
+        "executor": {"type": "optuna", "num_samples": 4, "sampler": "auto", "pruner": "hyperband", "storage": "sqlite:///x.db"},
+        "parameters": {"trainer.batch_size": {"space": "int", "lower": 16, "upper": 256}},
+        "goal": "minimize", "metric": "validation.combined.loss", "split": "validation",
+    }
+    cfg = validate_config({**BASE, "hyperopt": hyperopt})
+    h = cfg.hyperopt
+    assert h.search_alg.type == "optuna" and h.executor.num_samples == 4
+    assert (h.parameters["trainer.batch_size"].lower, h.parameters["trainer.batch_size"].upper) == (16, 257)
+    assert (h.metric, h.output_feature, h.split) == ("loss", "combined", "validation")
+    found = problems({**BASE, "hyperopt": {**hyperopt, "split": "test", "executor": {"type": "optuna", "sampler": "cmaes"}}})
+    assert "make them agree" in found["hyperopt.metric"] and "TPE" in found["hyperopt.executor.sampler"], found
+    sparse = validate_config({**BASE, "defaults": {"category": {"encoder": {"type": "sparse"}}}})
+    model = build_model(sparse, {"a": {"mean": 0.0, "std": 1.0, "min": -1.0, "span": 2.0}, "c": {"vocab": ["<UNK>", "x", "y"]}, "y": {"classes": ["p", "q"]}})
+    one_hot = model.embeddings["c"](torch.tensor([2, 0]))
+    assert one_hot.tolist() == [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]
