@@ -38,12 +38,9 @@ EXPECTED: dict[str, dict[str, str] | None] = {
         "input_features.0.encoder.type": "'parallel_cnn'",
     },
     "helpers_sequence": None,  # other encoder types' sizes on each encoder: ignored with a note, as Ludwig does
-    "insurance_lite": {  # the image input (encoder: vit, Ludwig before 0.6) loads; HF ViT's keys do not
-        "input_features.0.encoder.img_height": "unknown key",
-        "input_features.0.encoder.in_channels": "unknown key",
-        **{f"input_features.0.encoder.{k}": "Ludwig 0.17's schema"
-           for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")},
-    },
+    # the image input (encoder: vit, Ludwig before 0.6): img_height / in_channels are its preprocessing's, the HF
+    # ViT's sizes b_16's; what stays is its pre-trained weights, which would need a download
+    "insurance_lite": {"input_features.0.encoder": "use_pretrained"},
     "lbfgs": None,  # torch's LBFGS through a closure; Ludwig's sparse (one-hot) category encoder
     "mnist": None,  # encoder: stacked_cnn (Ludwig before 0.6), conv layers in Ludwig's old names (num_filters, ...)
     "multi_task_famo": None,

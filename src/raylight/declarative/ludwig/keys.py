@@ -190,6 +190,10 @@ def _decoder(kind: str) -> tuple[str, tuple[Any, ...]]:
     return f"raylight's {kind} decoder is Ludwig's {_DECODERS[kind]}; use it or remove the key", (_DECODERS[kind],)
 
 
+_VIT_SIZES = (
+    "raylight's vit is torchvision's, sized by model_variant (b_16: hidden 768, 12 layers, 12 heads, 3072 "
+    "feed-forward; l_16, l_32, h_14 larger); give model_variant instead"
+)
 _DEPENDENCIES = (
     "raylight's outputs do not feed one another: each output's decoder reads the combiner's output; remove the key"
 )
@@ -304,6 +308,11 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
     ("input", "image"): {
         **{f"encoder.{key}": ("the image's size and channels are preprocessing's (height, width, num_channels); remove the key", (None,))
            for key in ("height", "width", "num_channels")},
+        # Ludwig's Hugging Face ViT's sizes (its insurance_lite example): raylight's vit is
+        # torchvision's, sized by model_variant; b_16's are neutral.
+        **{f"encoder.{key}": (_VIT_SIZES, (value,)) for key, value in (
+            ("hidden_size", 768), ("num_hidden_layers", 12), ("num_attention_heads", 12), ("intermediate_size", 3072),
+        )},
         "encoder.conv_norm_params": FC_LAYER_KEYS["norm_params"],
         "encoder.fc_norm_params": FC_LAYER_KEYS["norm_params"],
         "encoder.fc_weights_initializer": FC_LAYER_KEYS["weights_initializer"],
