@@ -239,3 +239,16 @@ def test_the_trainer_keys_of_ludwig_s_configs_issue_56(caplog):
     model = build_model(sparse, {"a": {"mean": 0.0, "std": 1.0, "min": -1.0, "span": 2.0}, "c": {"vocab": ["<UNK>", "x", "y"]}, "y": {"classes": ["p", "q"]}})
     one_hot = model.embeddings["c"](torch.tensor([2, 0]))
     assert one_hot.tolist() == [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]
+
+
+def test_an_image_encoder_s_old_size_keys_are_its_preprocessing_s():
+    """insurance_lite's vit: img_height / in_channels agreeing with the preprocessing (or
+    with none) are dropped, one that disagrees is reported; the HF ViT's sizes are vit
+    b_16's, another size is refused naming model_variant."""
+    image = {"name": "i", "type": "image", "preprocessing": {"height": 32, "width": 32}, "encoder": "vit",
+             "use_pretrained": False, "img_height": 32, "in_channels": 3, "hidden_size": 768}
+    cfg = validate_config({**BASE, "input_features": [image]})
+    assert cfg.input_features[0].encoder.type == "vit"
+    found = problems({**BASE, "input_features": [{**image, "img_height": 64, "hidden_size": 512}]})
+    assert set(found) == {"input_features.0.encoder.img_height", "input_features.0.encoder.hidden_size"}, found
+    assert "model_variant" in found["input_features.0.encoder.hidden_size"]
