@@ -105,6 +105,8 @@ def dataset(raw: dict[str, Any], directory: Path, rows: int = 240) -> str:
     split = (raw.get("preprocessing") or {}).get("split") or {}
     if split.get("column") and split["column"] not in frame:
         frame[split["column"]] = pd.date_range("2020-01-01", periods=rows, freq="D").strftime("%Y-%m-%d")
+    if split.get("type") == "fixed" and not split.get("column"):  # Ludwig's split column: 0 train, 1 validation, 2 test
+        frame["split"] = np.resize([0] * 7 + [1, 2, 2], rows)
     path = directory / "data.csv"
     frame.to_csv(path, index=False)
     return str(path)

@@ -106,11 +106,18 @@ def test_optimizer_lr_is_the_learning_rate_and_radam_is_torch_s():
     assert "trainer.learning_rate gives too (0.01); keep one" in found["trainer.optimizer.lr"]
 
 
-def test_lbfgs_and_ludwig_s_other_optimizers_are_refused_with_the_reason():
-    found = problems({**BASE, "trainer": {"optimizer": {"type": "lbfgs", "max_iter": 20}}})
-    assert set(found) == {"trainer.optimizer.type"}, found  # lbfgs's own keys are not reported one by one
-    assert "closure" in found["trainer.optimizer.type"] and "radam" in found["trainer.optimizer.type"]
+def test_ludwig_s_other_optimizers_are_refused_with_the_reason_and_lbfgs_s_limits_are_said():
     assert "bitsandbytes" in problems({**BASE, "trainer": {"optimizer": {"type": "adam_8bit"}}})["trainer.optimizer.type"]
+    assert "lbfgs" in problems({**BASE, "trainer": {"optimizer": {"type": "soap"}}})["trainer.optimizer.type"]
+    cfg = validate_config({**BASE, "trainer": {"optimizer": {"type": "lbfgs", "max_iter": 20, "history_size": 10}}})
+    assert cfg.trainer.optimizer.kwargs() == {"max_iter": 20, "history_size": 10}  # no weight_decay: LBFGS has none
+    for trainer, words in (
+        ({"batch_size": "auto", "optimizer": {"type": "lbfgs"}}, "give batch_size a number"),
+        ({"optimizer": {"type": "lbfgs", "weight_decay": 0.1}}, "regularization_lambda"),
+        ({"optimizer": {"type": "lbfgs", "betas": [0.9, 0.99]}}, "not of lbfgs"),
+    ):
+        found = problems({**BASE, "trainer": trainer})
+        assert any(words in line for line in found.values()), found
 
 
 def test_an_output_s_decoder_layers_are_built_between_the_combiner_and_its_linear_layer():
@@ -202,3 +209,46 @@ def test_keys_ludwig_0_17_drops_are_ignored_with_a_line(caplog):
         validate_config(data)
     said = caplog.text
     assert "combiner.bn_virtual_divider" in said and "output_features.0.weight_regularization" in said
+
+
+def test_the_trainer_keys_of_ludwig_s_configs_issue_56(caplog):
+    """Another encoder type's settings on a text or sequence encoder are dropped with one
+    line naming them (Ludwig drops them); steps_per_checkpoint is ignored; Ludwig's optuna
+    executor is search_alg optuna (its int space inclusive, as Optuna's); a dotted hyperopt
+    metric gives the split and output; a category's sparse encoder is one-hot."""
+    seq = {"name": "s", "type": "sequence", "encoder": {"type": "embed", "state_size": 8, "num_filters": 8, "embedding_size": 8}}
+    with caplog.at_level(logging.WARNING, logger="raylight.declarative.ludwig.check"):
+        cfg = validate_config({**BASE, "input_features": [*BASE["input_features"], seq], "trainer": {"steps_per_checkpoint": 1}})
+    said = [r.getMessage() for r in caplog.records]
+    assert any("input_features.2.encoder.{num_filters, state_size}" in line and "Ludwig ignores them too" in line for line in said), said
+    assert any("trainer.steps_per_checkpoint" in line for line in said), said
+    assert cfg.input_features[2].encoder.embedding_size == 8
+    hyperopt = {
+        "executor": {"type": "optuna", "num_samples": 4, "sampler": "auto", "pruner": "hyperband", "storage": "sqlite:///x.db"},
+        "parameters": {"trainer.batch_size": {"space": "int", "lower": 16, "upper": 256}},
+        "goal": "minimize", "metric": "validation.combined.loss", "split": "validation",
+    }
+    cfg = validate_config({**BASE, "hyperopt": hyperopt})
+    h = cfg.hyperopt
+    assert h.search_alg.type == "optuna" and h.executor.num_samples == 4
+    assert (h.parameters["trainer.batch_size"].lower, h.parameters["trainer.batch_size"].upper) == (16, 257)
+    assert (h.metric, h.output_feature, h.split) == ("loss", "combined", "validation")
+    found = problems({**BASE, "hyperopt": {**hyperopt, "split": "test", "executor": {"type": "optuna", "sampler": "cmaes"}}})
+    assert "make them agree" in found["hyperopt.metric"] and "TPE" in found["hyperopt.executor.sampler"], found
+    sparse = validate_config({**BASE, "defaults": {"category": {"encoder": {"type": "sparse"}}}})
+    model = build_model(sparse, {"a": {"mean": 0.0, "std": 1.0, "min": -1.0, "span": 2.0}, "c": {"vocab": ["<UNK>", "x", "y"]}, "y": {"classes": ["p", "q"]}})
+    one_hot = model.embeddings["c"](torch.tensor([2, 0]))
+    assert one_hot.tolist() == [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]
+
+
+def test_an_image_encoder_s_old_size_keys_are_its_preprocessing_s():
+    """insurance_lite's vit: img_height / in_channels agreeing with the preprocessing (or
+    with none) are dropped, one that disagrees is reported; the HF ViT's sizes are vit
+    b_16's, another size is refused naming model_variant."""
+    image = {"name": "i", "type": "image", "preprocessing": {"height": 32, "width": 32}, "encoder": "vit",
+             "use_pretrained": False, "img_height": 32, "in_channels": 3, "hidden_size": 768}
+    cfg = validate_config({**BASE, "input_features": [image]})
+    assert cfg.input_features[0].encoder.type == "vit"
+    found = problems({**BASE, "input_features": [{**image, "img_height": 64, "hidden_size": 512}]})
+    assert set(found) == {"input_features.0.encoder.img_height", "input_features.0.encoder.hidden_size"}, found
+    assert "model_variant" in found["input_features.0.encoder.hidden_size"]

@@ -182,8 +182,10 @@ def test_ludwig_s_multi_task_keys():
             ModelConfig.model_validate(_config(output_features=[outputs[0], changed, outputs[2]]))
         text = " ".join(str(info.value).split())
         assert where in text and words in text, text
-    with pytest.raises(Exception, match="loss_weight"):
-        ModelConfig.model_validate(_config(trainer={"loss_balancing": "log_transform"}))
+    # issue 56: Ludwig's strategies are accepted (raylight.declarative.loss_balancing); gradnorm is refused
+    assert ModelConfig.model_validate(_config(trainer={"loss_balancing": "log_transform"})).trainer.loss_balancing == "log_transform"
+    with pytest.raises(Exception, match="gradnorm is not available"):
+        ModelConfig.model_validate(_config(trainer={"loss_balancing": "gradnorm"}))
     with pytest.raises(Exception, match="one binary output"):
         ModelConfig.model_validate(_config(preprocessing={"oversample_minority": 0.5}))
 

@@ -60,7 +60,7 @@ log = logging.getLogger("raylight")
 # learning_rate: auto: each class's default in torch, but SGD's (torch's 0.001 is slow for it)
 DEFAULT_LR = {
     "adam": 1e-3, "adamw": 1e-3, "sgd": 0.05, "adadelta": 1.0, "adagrad": 0.01, "adamax": 2e-3, "nadam": 2e-3, "rmsprop": 0.01,
-    "radam": 1e-3,
+    "radam": 1e-3, "adafactor": 1e-2, "muon": 1e-3, "schedule_free_adamw": 0.0025, "lbfgs": 1.0,
 }
 
 

@@ -22,6 +22,13 @@ from raylight.declarative.model_dir import (
     check_model_dir,
     damaged_note,
 )
+from raylight.declarative.optimizers import (
+    OPTIMIZERS,
+    build_optimizer,
+    eval_mode,
+    takes_closure,
+    train_mode,
+)
 from raylight.declarative.outputs import OUTPUTS
 from raylight.worker.data.blocks import BlockDataset
 
@@ -29,14 +36,7 @@ if TYPE_CHECKING:
     from raylight.worker.context import TrainContext
 
 TARGET_KEY = "__target__"
-
-# trainer.optimizer.type -> its torch class (OptimizerConfig has their settings)
-OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
-    "sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "adadelta": torch.optim.Adadelta,
-    "adagrad": torch.optim.Adagrad, "adamax": torch.optim.Adamax, "nadam": torch.optim.NAdam, "rmsprop": torch.optim.RMSprop,
-    "radam": torch.optim.RAdam,
-}
-
+__all__ = ["OPTIMIZERS", "LoadedModel", "declarative_loop", "evaluate_data", "load_model", "save_model"]
 
 class ArrayDataset(torch.utils.data.Dataset):
     """Rows of a dict of equally long arrays, as dicts of tensors."""
@@ -233,6 +233,73 @@ class RateSchedule:
             self.plateau.load_state_dict(state)
 
 
+class TrainStep:
+    """One optimizer step of the declarative loop: the forward pass, the outputs' losses
+    (their weighted sum, or ``trainer.loss_balancing``'s total), the penalty and a
+    combiner's own loss, the backward pass and the step. A closure optimizer (lbfgs)
+    runs the same pass as its closure, as often as it asks, each time with the gradients
+    averaged over the workers (DDP's backward) and the loss it returns averaged too, so
+    that every worker's line search takes the same decisions as one process's."""
+
+    def __init__(self, ctx: TrainContext, model: torch.nn.Module, cfg: ModelConfig, balancer: Any) -> None:
+        self.ctx, self.model, self.outs, self.balancer = ctx, model, list(cfg.output_features), balancer
+        self.loss_fns = {out.name: OUTPUTS[out.type].loss(out) for out in self.outs}
+        self.penalty = regularization(cfg.trainer.regularization_type, cfg.trainer.regularization_lambda)
+        self.balanced = cfg.trainer.loss_balancing != "none"
+        self.closure = takes_closure(cfg.trainer.optimizer)
+        unwrapped = ctx.unwrap_model(model)
+        self.combiner = unwrapped.combiner
+        self.shared = [p for name, p in unwrapped.named_parameters() if not name.startswith("decoders.")]
+
+    def _mean(self, value: torch.Tensor) -> torch.Tensor:
+        return self.ctx.all_reduce(value) if self.ctx.world_size > 1 else value
+
+    def _pass(self, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor], targets: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+        opt.zero_grad()
+        raw = self.model(batch)
+        losses = [self.loss_fns[out.name](raw[out.name], targets[out.name]) for out in self.outs]
+        # Ludwig's loss.weight on each output; the outputs' losses add up (its combined loss)
+        weighted = sum(loss * out.loss_weight if out.loss_weight != 1 else loss for loss, out in zip(losses, self.outs, strict=True))
+        assert isinstance(weighted, torch.Tensor)
+        trained = self.balancer.total(losses, self._mean, self.shared) if self.balanced else weighted
+        total = trained + self.penalty(self.model) if self.penalty is not None else trained
+        # a combiner's own loss (TabNet's sparsity), as Ludwig adds it to the training loss
+        extra = getattr(self.combiner, "loss", None)
+        total = total + extra if extra is not None else total
+        total.backward()
+        for param in self.balancer.parameters():  # not the model's: DDP does not average them
+            if param.grad is not None and self.ctx.world_size > 1:
+                param.grad.copy_(self.ctx.all_reduce(param.grad))
+        return losses, weighted, total
+
+    def __call__(self, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor], targets: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """One step; the outputs' losses and their weighted sum before it."""
+        if not self.closure:
+            losses, weighted, _ = self._pass(opt, batch, targets)
+            opt.step()
+            return losses, weighted
+        first: list[Any] = []
+
+        def closure() -> float:
+            losses, weighted, total = self._pass(opt, batch, targets)
+            if not first:
+                first.extend([losses, weighted])
+            return self._mean(total.detach())  # type: ignore[return-value]  # LBFGS takes the tensor (float() it)
+
+        opt.step(closure)
+        return first[0], first[1]
+
+
+def _balancer(cfg: ModelConfig, device: torch.device) -> Any:
+    from raylight.declarative.loss_balancing import build_balancer
+
+    t = cfg.trainer
+    return build_balancer(
+        t.loss_balancing, [out.loss_weight for out in cfg.output_features], lr=t.loss_balancing_lr,
+        preference=t.loss_balancing_preference_vector, tchebycheff=t.loss_balancing_tchebycheff_weight, device=device,
+    )
+
+
 def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
     """The per-worker loop raylight.fit runs for `raylight train`."""
     from raylight.declarative.models import build_model
@@ -246,7 +313,8 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
     torch.manual_seed(cfg.trainer.seed)
     model = ctx.prepare_model(build_model(cfg, meta))
     lr = config["learning_rate"]
-    base = OPTIMIZERS[cfg.trainer.optimizer.type](model.parameters(), lr=lr, **cfg.trainer.optimizer.kwargs())
+    balancer = _balancer(cfg, ctx.device)
+    base = build_optimizer(cfg.trainer.optimizer, [*model.parameters(), *balancer.parameters()], lr)
     opt = ctx.prepare_optimizer(base, max_grad_norm=cfg.trainer.gradient_clipping.clipglobalnorm)
     # best["metric"]: the best score so far, lower is better (a metric that improves as it
     # rises, accuracy or r2, is negated)
@@ -260,6 +328,7 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
         opt.load_state_dict(state["opt"])
         best = state["best"]
         rates.load_state_dict(state.get("rates"))
+        balancer.load_state_dict(state.get("balancer") or {})
     loader = ctx.prepare_loader(
         train_data,
         batch_size=config["batch_size"],
@@ -267,24 +336,14 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
         seed=cfg.trainer.seed,
         adaptive=config["adaptive"],
     )
-    loss_fns = {out.name: OUTPUTS[out.type].loss(out) for out in outs}
-    penalty = regularization(cfg.trainer.regularization_type, cfg.trainer.regularization_lambda)
+    step = TrainStep(ctx, model, cfg, balancer)
     stats = ctx.accumulator()
     for epoch in ctx.epochs(rates.epochs):
         rates.apply(opt, loader)
+        train_mode(base)  # schedule_free_adamw: its training point (nothing for other types)
         for batch in loader if not rates.spent(loader) else ():
             targets = {out.name: batch.pop(out.name) for out in outs}
-            opt.zero_grad()
-            raw = model(batch)
-            losses = [loss_fns[out.name](raw[out.name], targets[out.name]) for out in outs]
-            # Ludwig's loss.weight on each output; the outputs' losses add up (its combined loss)
-            weighted = sum(loss * out.loss_weight if out.loss_weight != 1 else loss for loss, out in zip(losses, outs, strict=True))
-            assert isinstance(weighted, torch.Tensor)
-            total = weighted + penalty(model) if penalty is not None else weighted
-            # a combiner's own loss (TabNet's sparsity), as Ludwig adds it to the training loss
-            extra = getattr(ctx.unwrap_model(model).combiner, "loss", None)
-            (total + extra if extra is not None else total).backward()
-            opt.step()
+            losses, weighted = step(opt, batch, targets)
             rates.apply(opt, loader)  # after a step (the loader has moved on): the next one's rate
             n = len(targets[outs[0].name])
             # the reported loss: one output's own (unweighted), or the combined loss; the sums
@@ -296,6 +355,7 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
                     stats[f"loss{epoch}/{i}"] += loss.detach() * n
             if rates.spent(loader):  # trainer.train_steps reached: the run ends with this epoch
                 break
+        eval_mode(base)  # schedule_free_adamw: evaluated and saved at its average
         with stats.synchronized():
             rows = max(stats[f"n{epoch}"], 1)
             train_loss = stats[f"loss{epoch}"] / rows
@@ -326,7 +386,7 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
         report["diverged"] = diverged
         ctx.report(report, checkpoint={
             "model": ctx.unwrap_model(model).state_dict(), "opt": opt.state_dict(), "best": best,
-            "rates": rates.state_dict(),
+            "rates": rates.state_dict(), "balancer": balancer.state_dict(),
         })
         if stop:
             break

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 import raylight.declarative.features  # noqa: F401  # first: layers.py needs it whole (features import layers)
 from raylight.config.base import ConfigModel
@@ -93,9 +93,17 @@ class FCSettings(ConfigModel):
     fc_layers: list[FCLayer] = Field(default_factory=list, max_length=64, description="Layers after the transformer (Ludwig's num_fc_layers: 0).")
     fc_dropout: float = Field(0.0, ge=0, lt=1, description="Dropout after each of the layers.")
     fc_activation: Activation = Field("relu", description="The layers' activation.")
-    fc_residual: bool = Field(False, description="Add each layer's input to its output where their widths match.")
+    fc_residual: bool = Field(
+        False, description="Add each layer's input to its output where their widths match (null, as Ludwig's docs write it: false)."
+    )
     norm: Norm | None = Field(None, description="batch or layer: normalise the layers' inputs and outputs; null: none.")
     use_bias: bool = Field(True, description="Whether the layers have biases.")
+
+    @field_validator("fc_residual", mode="before")
+    @classmethod
+    def _null_residual(cls, value: Any) -> Any:
+        """null is false, as Ludwig reads it (its docs' transformer example writes null)."""
+        return False if value is None else value
 
     def stack(self) -> FCStackConfig:
         """These settings as the FCStack's (``models/ecd.py`` builds it)."""

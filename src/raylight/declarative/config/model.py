@@ -150,6 +150,21 @@ class ModelConfig(ConfigModel):
         return self
 
     @model_validator(mode="after")
+    def _check_loss_balancing(self) -> ModelConfig:
+        t, strategy = self.trainer, self.backend.trainer.strategy
+        pref, n = t.loss_balancing_preference_vector, len(self.output_features)
+        if pref is not None and (len(pref) != n or sum(pref) <= 0):
+            raise ValueError(
+                f"trainer.loss_balancing_preference_vector: one non-negative entry per output ({n}), not all 0; got {pref}"
+            )
+        name = strategy if isinstance(strategy, str) else strategy.name
+        special = {"muon", "schedule_free_adamw", "lbfgs"} & {t.optimizer.type}
+        if name != "ddp" and (special or t.loss_balancing in ("uncertainty", "famo", "nash_mtl")):
+            which = f"trainer.optimizer.type: {t.optimizer.type}" if special else f"trainer.loss_balancing: {t.loss_balancing}"
+            raise ValueError(f"{which} runs with backend.trainer.strategy ddp (the default) only; remove the strategy or use another")
+        return self
+
+    @model_validator(mode="after")
     def _check_mixed_precision(self) -> ModelConfig:
         if self.trainer.use_mixed_precision and self.backend.trainer.use_gpu:
             raise ValueError(

@@ -26,11 +26,14 @@ MAX_BATCH = 2**24
 MAX_SEED = 2**32 - 1  # what numpy's and torch's generators take
 
 
-OptimizerType = Literal["adam", "adamw", "sgd", "adadelta", "adagrad", "adamax", "nadam", "rmsprop", "radam"]
+OptimizerType = Literal[
+    "adam", "adamw", "sgd", "adadelta", "adagrad", "adamax", "nadam", "rmsprop", "radam",
+    "adafactor", "muon", "schedule_free_adamw", "lbfgs",
+]
 
 # Each optimizer's own settings (Ludwig's names, which are torch's): a setting given for
 # another type is an error. Unset (null), a setting takes torch's default, but for SGD's
-# momentum, raylight's 0.9.
+# momentum, raylight's 0.9. raylight.declarative.optimizers builds each type.
 OPTIMIZER_SETTINGS: dict[str, tuple[str, ...]] = {
     "sgd": ("momentum", "dampening", "nesterov"),
     "adam": ("betas", "eps", "amsgrad"),
@@ -41,18 +44,30 @@ OPTIMIZER_SETTINGS: dict[str, tuple[str, ...]] = {
     "nadam": ("betas", "eps", "momentum_decay"),
     "rmsprop": ("momentum", "alpha", "eps", "centered"),
     "radam": ("betas", "eps"),
+    "adafactor": (),
+    "muon": ("momentum", "nesterov"),
+    "schedule_free_adamw": ("betas", "eps", "warmup_steps"),
+    "lbfgs": ("max_iter", "max_eval", "tolerance_grad", "tolerance_change", "history_size", "line_search_fn"),
 }
 SGD_MOMENTUM = 0.9
+CLOSURE_OPTIMIZERS = ("lbfgs",)  # their step evaluates the loss again through a closure
 
 
 class OptimizerConfig(ConfigModel):
-    type: OptimizerType = Field("adam", description="Optimizer: torch.optim's class of that name (Ludwig's types).")
-    weight_decay: float = Field(0.0, ge=0, le=1, description="Weight decay (every type).")
-    momentum: float | None = Field(None, ge=0, lt=1, description="sgd (null: 0.9), rmsprop (null: 0).")
+    type: OptimizerType = Field(
+        "adam",
+        description="Optimizer: torch.optim's class of that name (Ludwig's types); adafactor is torch.optim.Adafactor, muon "
+        "torch.optim.Muon on the 2-D weights and AdamW on the rest, schedule_free_adamw the schedulefree package's "
+        "AdamWScheduleFree, lbfgs torch.optim.LBFGS (docs/declarative.md, Optimizers).",
+    )
+    weight_decay: float = Field(0.0, ge=0, le=1, description="Weight decay (every type but lbfgs).")
+    momentum: float | None = Field(None, ge=0, lt=1, description="sgd (null: 0.9), rmsprop (null: 0), muon (null: 0.95).")
     dampening: float | None = Field(None, ge=0, le=1, description="sgd: momentum dampening (null: 0).")
-    nesterov: bool | None = Field(None, description="sgd: Nesterov momentum (null: false); needs momentum > 0 and dampening 0.")
+    nesterov: bool | None = Field(
+        None, description="sgd: Nesterov momentum (null: false; needs momentum > 0 and dampening 0); muon (null: true)."
+    )
     betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] | None = Field(
-        None, description="adam, adamw, adamax, nadam, radam: the moving averages' coefficients (null: [0.9, 0.999])."
+        None, description="adam, adamw, adamax, nadam, radam, schedule_free_adamw: the moving averages' coefficients (null: [0.9, 0.999])."
     )
     eps: float | None = Field(None, gt=0, le=1, description="Added to denominators (null: torch's default for the type).")
     amsgrad: bool | None = Field(None, description="adam, adamw: the AMSGrad variant (null: false).")
@@ -62,6 +77,13 @@ class OptimizerConfig(ConfigModel):
     momentum_decay: float | None = Field(None, ge=0, description="nadam (null: 0.004).")
     alpha: float | None = Field(None, ge=0, le=1, description="rmsprop: smoothing constant (null: 0.99).")
     centered: bool | None = Field(None, description="rmsprop: normalise by the gradient's variance estimate (null: false).")
+    warmup_steps: int | None = Field(None, ge=0, le=2**40, description="schedule_free_adamw: its own linear warm-up, in steps (null: 0).")
+    max_iter: int | None = Field(None, ge=1, le=1_000_000, description="lbfgs: iterations per optimizer step (null: 20).")
+    max_eval: int | None = Field(None, ge=1, le=1_000_000, description="lbfgs: loss evaluations per step (null: 1.25 x max_iter).")
+    tolerance_grad: float | None = Field(None, ge=0, description="lbfgs: stop a step at this first-order optimality (null: 1e-7).")
+    tolerance_change: float | None = Field(None, ge=0, description="lbfgs: stop a step at this change of loss or weights (null: 1e-9).")
+    history_size: int | None = Field(None, ge=1, le=100_000, description="lbfgs: the updates remembered (null: 100).")
+    line_search_fn: Literal["strong_wolfe"] | None = Field(None, description="lbfgs: strong_wolfe, or null: a fixed step.")
 
     @model_validator(mode="after")
     def _settings_of_its_type(self) -> OptimizerConfig:
@@ -70,13 +92,26 @@ class OptimizerConfig(ConfigModel):
             if getattr(self, name) is not None:
                 takers = [t for t, names in OPTIMIZER_SETTINGS.items() if name in names]
                 raise ValueError(f"{name} is a setting of {', '.join(takers)}, not of {self.type}; remove it")
-        if self.nesterov and (self.kwargs()["momentum"] <= 0 or (self.dampening or 0) != 0):
+        if self.type == "sgd" and self.nesterov and (self.kwargs()["momentum"] <= 0 or (self.dampening or 0) != 0):
             raise ValueError("nesterov needs momentum > 0 and dampening 0")
+        if self.type == "lbfgs" and self.weight_decay:
+            raise ValueError(
+                "lbfgs takes no weight_decay (torch's LBFGS has none); set it to 0 and use "
+                "trainer.regularization_lambda (regularization_type: l2) for a penalty"
+            )
+        if self.type == "schedule_free_adamw":
+            import importlib.util
+
+            if importlib.util.find_spec("schedulefree") is None:
+                raise ValueError(
+                    "schedule_free_adamw needs the schedulefree package, which is not installed: "
+                    "pip install 'raylight[declarative]' (or pip install schedulefree)"
+                )
         return self
 
     def kwargs(self) -> dict[str, Any]:
         """The optimizer's keyword arguments beside the learning rate."""
-        out: dict[str, Any] = {"weight_decay": self.weight_decay}
+        out: dict[str, Any] = {} if self.type == "lbfgs" else {"weight_decay": self.weight_decay}
         for name in OPTIMIZER_SETTINGS[self.type]:
             if (value := getattr(self, name)) is not None:
                 out[name] = value
@@ -227,6 +262,20 @@ class TrainerSection(ConfigModel):
     regularization_type: Literal["l1", "l2", "l1_l2"] | None = Field(
         "l2", description="Ludwig's: the penalty, over every parameter: l1 (sum of |w|), l2 (sum of w^2), l1_l2 (both)."
     )
+    loss_balancing: Literal["none", "log_transform", "uncertainty", "famo", "nash_mtl", "pareto_mtl"] = Field(
+        "none",
+        description="Ludwig's: how the outputs' losses make the one trained on: none (their sum, each times its "
+        "loss_weight), log_transform (of log(1 + loss)), uncertainty (Kendall et al.'s learned log-variances), famo "
+        "(FAMO's adaptive weights), nash_mtl (Nash-MTL's bargaining weights, one backward pass per output), "
+        "pareto_mtl (a preference vector's linear and Tchebycheff mix); raylight.declarative.loss_balancing.",
+    )
+    loss_balancing_lr: float = Field(0.01, gt=0, le=10, description="famo: the rate of its weights' Adam steps.")
+    loss_balancing_preference_vector: list[Annotated[float, Field(ge=0)]] | None = Field(
+        None, description="pareto_mtl: one non-negative entry per output, in order (normalised); null: uniform."
+    )
+    loss_balancing_tchebycheff_weight: float = Field(
+        0.5, ge=0, le=1, description="pareto_mtl: the Tchebycheff (max) term's share; the linear term takes the rest."
+    )
     use_mixed_precision: bool = Field(
         False,
         description="Ludwig's: mixed precision on GPUs. Workers on CPUs train in full precision, "
@@ -266,6 +315,23 @@ class TrainerSection(ConfigModel):
     def _null_is_default(cls, value: Any, info: ValidationInfo) -> Any:
         """null (as Ludwig's schema defaults write them) is the default."""
         return cls.model_fields[str(info.field_name)].default if value is None else value
+
+    @model_validator(mode="after")
+    def _one_pass_per_step(self) -> TrainerSection:
+        if self.optimizer.type in CLOSURE_OPTIMIZERS:
+            if self.batch_size == "auto":
+                raise ValueError(
+                    f"optimizer.type: {self.optimizer.type} evaluates the loss several times per step (a closure), which the "
+                    "adaptive engine's accumulated steps of batch_size: auto cannot: give batch_size a number"
+                )
+            if self.loss_balancing == "nash_mtl":
+                raise ValueError("loss_balancing: nash_mtl with optimizer.type: lbfgs is not available; use another balancing")
+        if self.loss_balancing not in ("none", "log_transform", "pareto_mtl") and self.batch_size == "auto":
+            raise ValueError(
+                f"loss_balancing: {self.loss_balancing} learns from each step's losses, which the adaptive engine's "
+                "accumulated steps of batch_size: auto do not give it: give batch_size a number"
+            )
+        return self
 
     @field_validator("batch_size")
     @classmethod

@@ -34,10 +34,18 @@ class CategoryPreprocessing(ConfigModel):
     fill_value: str = Field("<UNK>", description="The value used by fill_with_const.")
 
 
+class CategoryEncoder(EmbeddingEncoder):
+    type: Literal["dense", "sparse"] = Field(
+        "dense",
+        description="dense: a trained embedding of embedding_size; sparse: Ludwig's one-hot vector of the vocabulary's "
+        "size, not trained (embedding_size is not read).",
+    )
+
+
 class CategoryInput(FeatureModel):
     type: Literal["category"]
     preprocessing: CategoryPreprocessing = Field(default_factory=lambda: CategoryPreprocessing(), description="Category preprocessing.")
-    encoder: EmbeddingEncoder = Field(default_factory=lambda: EmbeddingEncoder(), description="Embedding encoder.")
+    encoder: CategoryEncoder = Field(default_factory=lambda: CategoryEncoder(), description="Embedding encoder.")
 
 
 Input = CategoryInput
@@ -109,5 +117,9 @@ def transform(col: pd.Series, feat: CategoryInput, meta: dict[str, Any]) -> tupl
 def encoder(feat: CategoryInput, meta: dict[str, Any]) -> tuple[nn.Module, int]:
     from torch import nn
 
+    if getattr(feat.encoder, "type", "dense") == "sparse":
+        from raylight.declarative.models.encoders import OneHot
+
+        return OneHot(len(meta["vocab"])), len(meta["vocab"])
     size = feat.encoder.embedding_size
     return nn.Embedding(len(meta["vocab"]), size), size

@@ -117,6 +117,14 @@ def _with_pool(layers: list[Any], pool_size: Any) -> list[Any]:
     return [{"pool_size": pool_size, **layer} if isinstance(layer, dict) else layer for layer in layers]
 
 
+def other_types_settings(encoder: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The keys of ``encoder`` (a text or sequence encoder section as written) that are
+    other encoder types' settings, at values other than their defaults, and those types."""
+    kind = encoder.get("type", "embed")
+    given = sorted(k for k, (kinds, default) in _OWN.items() if kind not in kinds and k in encoder and encoder[k] != default)
+    return given, sorted({t for k in given for t in _OWN[k][0]})
+
+
 class TextEncoder(FCStackConfig):
     """``embed`` (default): the tokens' embeddings reduced by ``reduce_output``; with no
     ``type`` given, their mean (raylight's default), and a ``type: embed`` without

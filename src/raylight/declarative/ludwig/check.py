@@ -138,6 +138,25 @@ def _encoder_keys(feature: dict[str, Any]) -> dict[str, Any]:
     return {**{k: v for k, v in feature.items() if k in _INPUT_OWN_KEYS}, "encoder": {"type": kind, **moved}}
 
 
+def _other_encoders(feature: dict[str, Any], loc: tuple[Any, ...], notes: list[str]) -> dict[str, Any]:
+    """``feature`` (a text or sequence input) without the settings of other encoder types
+    in its encoder section (Ludwig's test helpers give every sequence encoder's sizes to
+    each), as Ludwig drops them: one note naming them."""
+    from raylight.declarative.features.text import other_types_settings
+
+    encoder = feature.get("encoder")
+    if feature.get("type") not in ("text", "sequence") or not isinstance(encoder, dict):
+        return feature
+    given, owners = other_types_settings(encoder)
+    if not given:
+        return feature
+    notes.append(
+        f"{'.'.join(str(p) for p in (*loc, 'encoder'))}.{{{', '.join(given)}}}: settings of the {', '.join(owners)} "
+        f"encoders, not of {encoder.get('type', 'embed')} (Ludwig ignores them too)"
+    )
+    return {**feature, "encoder": {k: v for k, v in encoder.items() if k not in given}}
+
+
 def _check_features(
     data: dict[str, Any], errors: list[InitErrorDetails], inherited: dict[tuple[str, int], set[str]], notes: list[str],
 ) -> dict[str, Any]:
@@ -155,7 +174,7 @@ def _check_features(
                 if side == "output":
                     feature = _decoder_keys(_loss_weight(feature, (key, i), own), (key, i), own)
                 else:
-                    feature = image_encoder_from_ludwig(_encoder_keys(feature))
+                    feature = _other_encoders(image_encoder_from_ludwig(_encoder_keys(feature)), (key, i), notes)
                 feature = _ignored(feature, _feature_rules(side, feature.get("type"), IGNORED_FEATURE_KEYS), (key, i), notes)
                 feature = _apply(feature, _feature_rules(side, feature.get("type")), (key, i), own)
                 for error in own:
@@ -296,6 +315,7 @@ def check_ludwig_keys(data: Any, combiners: tuple[str, ...]) -> tuple[Any, list[
     notes: list[str] = []
     if not isinstance(data, dict):
         return data, errors, notes
+    data = _dotted_metric(_optuna_executor(data, errors, notes), errors)
     for (path, given), fix in LUDWIG_VALUES.items():
         found, value = _lookup(data, path)
         if found and value == given:  # the section goes: its other keys are that type's
@@ -313,6 +333,68 @@ def check_ludwig_keys(data: Any, combiners: tuple[str, ...]) -> tuple[Any, list[
             for i, f in enumerate(data["input_features"])
         ]}
     return data, errors, notes
+
+
+# Ludwig 0.17's optuna executor: Optuna's samplers raylight's search_alg optuna has (TPE;
+# auto is Optuna's AutoSampler, TPE where that is missing).
+_OPTUNA_SAMPLERS = ("auto", "tpe", None)
+
+
+def _optuna_executor(data: dict[str, Any], errors: list[InitErrorDetails], notes: list[str]) -> dict[str, Any]:
+    """Ludwig's ``hyperopt.executor.type: optuna`` (its trials one after another, each
+    parameter suggested by an Optuna study) as raylight's ``search_alg: {type: optuna}``
+    (Optuna's TPE sampler through Ray Tune's OptunaSearch, trials on the cluster); its
+    ``sampler`` auto or tpe; its ``int`` space (Optuna's suggest_int, upper included) as
+    ``randint`` (upper excluded, one more); ``pruner``, ``storage`` and ``study_name``
+    ignored with a note each."""
+    found, executor = _lookup(data, "hyperopt.executor")
+    if not found or not isinstance(executor, dict) or executor.get("type") != "optuna":
+        return data
+    hyperopt = dict(data["hyperopt"])
+    executor = {k: v for k, v in executor.items() if k != "type"}
+    sampler = executor.pop("sampler", None)
+    if sampler not in _OPTUNA_SAMPLERS:
+        errors.append(_error(("hyperopt", "executor", "sampler"), "raylight's optuna search samples with TPE: use auto or tpe, or remove the key", sampler))
+    search = hyperopt.get("search_alg") or {}
+    if isinstance(search, dict) and search.get("type", "optuna") != "optuna":
+        errors.append(_error(("hyperopt", "search_alg", "type"), "executor.type: optuna searches with Optuna: remove one of the two", search.get("type")))
+    hyperopt["search_alg"] = {**(search if isinstance(search, dict) else {}), "type": "optuna"}
+    for key, note in (
+        ("pruner", "Ludwig's optuna trials report no intermediate values, so its pruner stops none; executor.scheduler stops trials early here"),
+        ("storage", "raylight keeps the trials in the Ray Tune experiment under the output directory, not an Optuna database"),
+        ("study_name", "raylight names the search by its output directory"),
+    ):
+        if key in executor:
+            executor.pop(key)
+            notes.append(f"hyperopt.executor.{key}: {note}")
+    hyperopt["executor"] = executor
+    params = hyperopt.get("parameters")
+    if isinstance(params, dict):
+        hyperopt["parameters"] = {
+            k: {**v, "space": "randint", "upper": v["upper"] + 1}
+            if isinstance(v, dict) and v.get("space") == "int" and isinstance(v.get("upper"), int) else v
+            for k, v in params.items()
+        }
+    return {**data, "hyperopt": hyperopt}
+
+
+def _dotted_metric(data: dict[str, Any], errors: list[InitErrorDetails]) -> dict[str, Any]:
+    """A hyperopt ``metric`` written as ``<split>.<output>.<metric>`` (Ludwig's example of
+    its optuna executor: ``validation.combined.loss``) as ``split``, ``output_feature`` and
+    ``metric``; a ``split`` or ``output_feature`` given too must agree."""
+    found, metric = _lookup(data, "hyperopt.metric")
+    if not found or not isinstance(metric, str) or metric.count(".") != 2:
+        return data
+    split, output, name = metric.split(".")
+    if split not in ("training", "validation", "test"):
+        return data
+    hyperopt = dict(data["hyperopt"])
+    for key, value in (("split", split), ("output_feature", output)):
+        if hyperopt.get(key, value) != value:
+            fix = f"says {key} {value!r}, but hyperopt.{key} is {hyperopt[key]!r}: make them agree, or give metric: {name}"
+            errors.append(_error(("hyperopt", "metric"), fix, metric))
+            return data
+    return {**data, "hyperopt": {**hyperopt, "split": split, "output_feature": output, "metric": name}}
 
 
 def _combiner_type(data: dict[str, Any], combiners: tuple[str, ...], errors: list[InitErrorDetails]) -> dict[str, Any]:

@@ -23,9 +23,12 @@ from typing import Any
 # raylight does anyway (Ludwig's defaults, mostly): a config that spells them out loads,
 # without the key. ANY: whatever the value.
 ANY = object()
-_BALANCING = (
-    "raylight adds up the outputs' losses, each times the output's loss_weight (Ludwig's loss_balancing: none); "
-    "set the weights, and remove the key"
+# Ludwig's adafactor is Hugging Face's; raylight's is torch.optim.Adafactor, whose step is
+# HF's with relative_step and scale_parameter on and no warm-up init, learning_rate capping
+# the relative step.
+_ADAFACTOR = (
+    "raylight's adafactor is torch.optim.Adafactor: a relative step capped by the learning rate, scaled by each "
+    "parameter's size (Hugging Face's relative_step: true, scale_parameter: true, warmup_init: false); remove the key"
 )
 LUDWIG_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "model_type": ("raylight trains Ludwig's ecd model (encoders, combiner, decoder) only; remove the key", ("ecd",)),
@@ -78,7 +81,10 @@ LUDWIG_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
         "an LLM setting; each text feature's preprocessing.max_sequence_length caps its tokens; remove the key",
         (None,),
     ),
-    "combiner.flatten_inputs": ("raylight's encoders give flat vectors already; remove the key", (False,)),
+    # Ludwig's true flattens a per-step encoder output before the layers; raylight's combiners
+    # flatten every input (Encoded.size), and its other encoders give flat vectors: both values
+    # do what raylight does.
+    "combiner.flatten_inputs": ("raylight's combiners flatten every input's output; remove the key", (False, True)),
     "combiner.weights_initializer": (
         "raylight initialises weights xavier-uniform, Ludwig's default; remove the key", ("xavier_uniform", "glorot_uniform"),
     ),
@@ -108,7 +114,6 @@ LUDWIG_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
         ),
         ("auto", 1),
     ),
-    "trainer.steps_per_checkpoint": ("raylight checkpoints once per epoch; remove the key", (0,)),  # 0: once per epoch
     "trainer.checkpoints_per_epoch": ("raylight checkpoints once per epoch; remove the key", (0, 1)),
     "trainer.skip_all_evaluation": (
         (
@@ -139,11 +144,12 @@ LUDWIG_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "trainer.compile": ("torch.compile is not available on the declarative path; remove the key", (False,)),
     "trainer.enable_gradient_checkpointing": ("not available on the declarative path; remove the key", (False,)),
     "trainer.layers_to_freeze_regex": ("raylight trains every layer; remove the key", (None,)),
-    "trainer.loss_balancing": (_BALANCING, ("none",)),
-    "trainer.loss_balancing_alpha": (_BALANCING, (1.5,)),
-    "trainer.loss_balancing_lr": (_BALANCING, (0.01,)),
-    "trainer.loss_balancing_preference_vector": (_BALANCING, (None,)),
-    "trainer.loss_balancing_tchebycheff_weight": (_BALANCING, (0.5,)),
+    "trainer.loss_balancing_alpha": (
+        "gradnorm's asymmetry (Ludwig's famo does not read it); gradnorm is not available: remove the key", (1.5,),
+    ),
+    "trainer.optimizer.scale_parameter": (_ADAFACTOR, (True,)),
+    "trainer.optimizer.relative_step": (_ADAFACTOR, (True,)),
+    "trainer.optimizer.warmup_init": (_ADAFACTOR, (False,)),
     "trainer.contrastive_pretrain_epochs": ("contrastive pre-training is not available; remove the key", (0,)),
     "trainer.contrastive_pretrain_temperature": ("contrastive pre-training is not available; remove the key", (0.07,)),
     "trainer.contrastive_pretrain_projection_dim": ("contrastive pre-training is not available; remove the key", (128,)),
@@ -172,7 +178,6 @@ FC_LAYER_KEYS: dict[str, tuple[str, tuple[Any, ...]]] = {
 _ENCODERS = {
     "number": "raylight passes numbers through (Ludwig's passthrough encoder): use type: passthrough or remove the section",
     "binary": "raylight passes binaries through (Ludwig's passthrough encoder): use type: passthrough or remove the section",
-    "category": "raylight embeds categories (Ludwig's dense encoder; embedding_size sets the width): use type: dense or remove the key",
 }
 _LOSSES = {
     "binary": "binary_weighted_cross_entropy", "category": "softmax_cross_entropy", "number": "mean_squared_error",
@@ -185,6 +190,10 @@ def _decoder(kind: str) -> tuple[str, tuple[Any, ...]]:
     return f"raylight's {kind} decoder is Ludwig's {_DECODERS[kind]}; use it or remove the key", (_DECODERS[kind],)
 
 
+_VIT_SIZES = (
+    "raylight's vit is torchvision's, sized by model_variant (b_16: hidden 768, 12 layers, 12 heads, 3072 "
+    "feed-forward; l_16, l_32, h_14 larger); give model_variant instead"
+)
 _DEPENDENCIES = (
     "raylight's outputs do not feed one another: each output's decoder reads the combiner's output; remove the key"
 )
@@ -277,7 +286,6 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         ),
     },
     ("input", "category"): {
-        "encoder.type": (_ENCODERS["category"], ("dense",)),
         **_EMBEDDING_KEYS,
         "encoder.vocab": ("raylight builds the vocabulary from the training split; remove the key", (None,)),
         "encoder.embedding_initializer": ("raylight initialises embeddings xavier-uniform; remove the key", (None,)),
@@ -300,6 +308,11 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
     ("input", "image"): {
         **{f"encoder.{key}": ("the image's size and channels are preprocessing's (height, width, num_channels); remove the key", (None,))
            for key in ("height", "width", "num_channels")},
+        # Ludwig's Hugging Face ViT's sizes (its insurance_lite example): raylight's vit is
+        # torchvision's, sized by model_variant; b_16's are neutral.
+        **{f"encoder.{key}": (_VIT_SIZES, (value,)) for key, value in (
+            ("hidden_size", 768), ("num_hidden_layers", 12), ("num_attention_heads", 12), ("intermediate_size", 3072),
+        )},
         "encoder.conv_norm_params": FC_LAYER_KEYS["norm_params"],
         "encoder.fc_norm_params": FC_LAYER_KEYS["norm_params"],
         "encoder.fc_weights_initializer": FC_LAYER_KEYS["weights_initializer"],
@@ -414,14 +427,9 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
     },
 }
 
-_OPTIMIZERS = "adam, adamw, radam, sgd, adadelta, adagrad, adamax, nadam or rmsprop"
+_OPTIMIZERS = "adam, adamw, radam, sgd, adadelta, adagrad, adamax, nadam, rmsprop, adafactor, muon, schedule_free_adamw or lbfgs"
 # Values of raylight's keys that are Ludwig's only, by key path: what to do instead.
 LUDWIG_VALUES: dict[tuple[str, str], str] = {
-    ("trainer.optimizer.type", "lbfgs"): (
-        "Ludwig's lbfgs is not available: torch's LBFGS evaluates the loss several times per step through a "
-        "closure, and raylight's loop runs one forward and backward pass per micro-batch (gradients averaged over "
-        f"the workers, accumulated by the adaptive engine); use {_OPTIMIZERS}"
-    ),
     **{
         ("trainer.optimizer.type", name): (
             f"Ludwig's {name} optimizer needs bitsandbytes (GPUs), which raylight does not use; use {_OPTIMIZERS}"
@@ -434,8 +442,11 @@ LUDWIG_VALUES: dict[tuple[str, str], str] = {
     },
     **{
         ("trainer.optimizer.type", name): f"Ludwig's {name} optimizer is not available; use {_OPTIMIZERS}"
-        for name in ("adafactor", "schedule_free_adamw", "muon", "soap")
+        for name in ("soap",)
     },
+    ("trainer.loss_balancing", "gradnorm"): (
+        "Ludwig's gradnorm is not available; use none, log_transform, uncertainty, famo, nash_mtl or pareto_mtl"
+    ),
     ("backend.processor.type", "modin"): "Ludwig's modin processor is not available: use auto, pandas (in the driver) or ray_data",
     ("backend.processor.type", "spark"): "Ludwig's spark processor is not available: use auto, pandas (in the driver) or ray_data",
 }
@@ -465,6 +476,8 @@ IGNORED_KEYS: dict[str, str] = {
     ),
     # Ludwig's TensorFlow-era tabnet: bn_virtual_bs / batch_size; Ludwig 0.17 takes bn_virtual_bs only.
     "combiner.bn_virtual_divider": f"{_NOT_IN_SCHEMA}; combiner.bn_virtual_bs sets the ghost batch size",
+    # when checkpoints are written, not what trains: raylight's run directory keeps one per epoch
+    "trainer.steps_per_checkpoint": "raylight checkpoints once per epoch (and at the last step of trainer.train_steps)",
 }
 # The same, inside a feature, by (input or output, the feature's type or "*") and key path
 # inside the feature.

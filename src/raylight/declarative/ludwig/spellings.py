@@ -210,6 +210,24 @@ def _renamed(section: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# An image encoder's size keys in Ludwig's spelling before 0.6 (its insurance_lite example's
+# vit: img_height, img_width, in_channels beside the encoder): the image's size and
+# channels, which Ludwig 0.17 takes from preprocessing.
+_IMAGE_SIZE_KEYS = {"img_height": "height", "img_width": "width", "in_channels": "num_channels"}
+
+
+def _image_size_keys(feature: dict[str, Any], encoder: dict[str, Any]) -> dict[str, Any]:
+    """``encoder`` without its ``img_height``/``img_width``/``in_channels`` where the
+    feature's preprocessing says the same (height, width, num_channels) or nothing; one that
+    disagrees stays (an unknown key, reported with the rest)."""
+    prep = feature.get("preprocessing")
+    prep = prep if isinstance(prep, dict) else {}
+    return {
+        k: v for k, v in encoder.items()
+        if not (k in _IMAGE_SIZE_KEYS and prep.get(_IMAGE_SIZE_KEYS[k], v) == v)
+    }
+
+
 def image_encoder_from_ludwig(feature: dict[str, Any]) -> dict[str, Any]:
     """``feature`` (an input) with an image stacked_cnn's older names as Ludwig 0.17's (in
     each of its ``conv_layers``; the encoder's own keys are Ludwig 0.17's), and without a ``use_pretrained: false``
@@ -221,6 +239,7 @@ def image_encoder_from_ludwig(feature: dict[str, Any]) -> dict[str, Any]:
     kind = encoder.get("type", "stacked_cnn")
     if kind in _NO_WEIGHTS and encoder.get("use_pretrained", True) is False:
         encoder = {k: v for k, v in encoder.items() if k != "use_pretrained"}
+    encoder = _image_size_keys(feature, encoder)
     if kind == "stacked_cnn" and isinstance(encoder.get("conv_layers"), list):
         layers = [_renamed(layer) if isinstance(layer, dict) else layer for layer in encoder["conv_layers"]]
         encoder = {**encoder, "conv_layers": layers}

@@ -317,3 +317,15 @@ def sequence_encoder(enc: Any, vocab_size: int | None, length: int, channels: in
         return StackedCNN(enc, vocab_size, recurrent=True, channels=channels)
     kinds: dict[str, Any] = {"parallel_cnn": ParallelCNN, "stacked_cnn": StackedCNN, "stacked_parallel_cnn": StackedParallelCNN, "rnn": Recurrent}
     return kinds[enc.type](enc, vocab_size, channels=channels)
+
+
+class OneHot(nn.Module):
+    """Ludwig's sparse category encoder: each value's one-hot vector over the vocabulary
+    (no parameters)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return nn.functional.one_hot(ids, self.size).float()
