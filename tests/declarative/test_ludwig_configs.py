@@ -68,23 +68,14 @@ EXPECTED: dict[str, dict[str, str] | None] = {
     "image_dinov2_linear_probe": {"input_features.0.encoder": "'dinov2'"},
     "open_set_baseline_mnist": None,
     "open_set_objectosphere_mnist": {"output_features.0.loss.type": "softmax_cross_entropy"},
-    "timeseries_nbeats": {
-        "input_features.0.encoder.type": "'nbeats'",
-        **{f"input_features.0.encoder.{k}": "Ludwig 0.17's schema" for k in ("num_stacks", "num_blocks", "layer_size")},
-        "input_features.0.window_size": "unknown key",
-        "output_features.0.window_size": "unknown key",
-    },
-    "timeseries_patchtst": {
-        "input_features.0.encoder": "num_layers",
-        "input_features.0.window_size": "unknown key",
-        "output_features.0.window_size": "unknown key",
-    },
+    "timeseries_nbeats": None,  # N-BEATS from scratch; the features' window_size (not Ludwig's key): ignored
+    "timeseries_patchtst": None,  # PatchTST from scratch; window_size ignored, as Ludwig drops it
     "multi_task_nash_mtl": {"trainer.loss_balancing": "loss_weight"},
     "multi_task_uncertainty": {"trainer.loss_balancing": "loss_weight"},
     "uncertainty_calibrated": {"output_features.0.decoder.calibration": "calibration is not available"},
     "optimizers_muon": {"trainer.optimizer.type": "muon optimizer is not available"},
     "optimizers_schedule_free_adamw": {"trainer.optimizer.type": "schedule_free_adamw optimizer is not available"},
-    "hypernetwork_hypernetwork": {"combiner.type": "Ludwig's hypernetwork combiner is not available"},
+    "hypernetwork_hypernetwork": None,
     "hyperopt_optuna": {  # the optuna executor's sampler, pruner, storage go with its type
         "hyperopt.executor.type": "Ray Tune",
         "hyperopt.parameters.trainer.batch_size": "did you mean 'randint'?",

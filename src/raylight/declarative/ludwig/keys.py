@@ -472,8 +472,14 @@ _GENERATED = (
     f"a hint of Ludwig's test helpers for generating data, {_NOT_IN_SCHEMA}; raylight takes the vocabulary and "
     "lengths from the data (preprocessing.most_common, max_sequence_length)"
 )
+_WINDOW = (
+    f"a timeseries feature's window_size, {_NOT_IN_SCHEMA}; each row's series is taken as it is (Ludwig's "
+    "preprocessing.window_size, a sliding window over one column, is not available)"
+)
 IGNORED_FEATURE_KEYS: dict[tuple[str, str], dict[str, str]] = {
     ("input", "*"): {"encoder.vocab_size": _GENERATED, "encoder.max_len": _GENERATED, "encoder.min_len": _GENERATED},
+    ("input", "timeseries"): {"window_size": _WINDOW},
+    ("output", "timeseries"): {"window_size": _WINDOW + "; the output's horizon sets how many values it predicts"},
     ("output", "*"): {
         "decoder.vocab_size": _GENERATED,
         "decoder.max_len": _GENERATED,
