@@ -242,7 +242,7 @@ def train(
     # torch only now: the ray backend's start began importing it in a thread while Ray's
     # processes started, and preprocessing overlapped it (an import up front serialises it).
     import raylight.driver.trainer  # noqa: F401  (_fit's, timed here as an import)
-    from raylight.declarative.train import evaluate_data, load_model, save_model
+    from raylight.declarative.train import calibrate_state, evaluate_data, load_model, save_model
 
     imported = time.monotonic()
     result, loop_config = _fit(config, prepared, resolved, out, progress=progress, prices=prices, resume=resume)
@@ -251,7 +251,9 @@ def train(
     atomic_write(os.path.join(out, "config.yaml"), render_config(config))
     best = _best(result, out, loop_config["learning_rate"])
     model_dir = os.path.join(out, "model")
-    save_model(model_dir, config, prepared.meta, best["state"])
+    # Ludwig's calibration (decoder.calibration), fitted after training, before the model is saved
+    state = calibrate_state(config, prepared.meta, best["state"], prepared.validation, prepared.train)
+    save_model(model_dir, config, prepared.meta, state)
     trained = time.monotonic()
     evaluation: dict[str, Any] = {
         "best_epoch": best["epoch"],

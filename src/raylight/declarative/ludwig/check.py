@@ -106,8 +106,14 @@ def _decoder_keys(feature: dict[str, Any], loc: tuple[Any, ...], errors: list[In
     ``decoder`` section (and an mlp_classifier decoder as raylight's decoder layers); one
     given in both at different values is an error."""
     decoder = feature.get("decoder")
-    if isinstance(decoder, dict) and decoder.get("type") == "mlp_classifier" and feature.get("type") in ("binary", "category"):
+    classifier = feature.get("type") in ("binary", "category")
+    if isinstance(decoder, dict) and decoder.get("type") == "mlp_classifier" and classifier:
         feature = {**feature, "decoder": _mlp_classifier(decoder)}
+    if classifier and "calibration" in feature:  # Ludwig's output-level switch: temperature scaling
+        calibration = feature["calibration"]
+        feature = {k: v for k, v in feature.items() if k != "calibration"}
+        if calibration is not False:
+            feature = {**feature, "decoder": {"calibration": "temperature_scaling" if calibration is True else calibration, **(feature.get("decoder") or {})}}
     moved = {key: ours for key, ours in _OUTPUT_DECODER_KEYS.items() if key in feature}
     decoder = feature.get("decoder")
     if not moved or (decoder is not None and not isinstance(decoder, dict)):

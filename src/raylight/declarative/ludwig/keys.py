@@ -178,6 +178,12 @@ _LOSSES = {
     "binary": "binary_weighted_cross_entropy", "category": "softmax_cross_entropy", "number": "mean_squared_error",
     "set": "sigmoid_cross_entropy", "vector": "mean_squared_error",
 }
+# Ludwig's mlp_classifier's inference settings, which raylight's decoder takes for binary and
+# category outputs; the other outputs refuse them (not theirs in Ludwig either).
+_CLASSIFIER_ONLY = {
+    "decoder.calibration": ("calibration (temperature scaling) is for binary and category outputs; remove the key", (None,)),
+    "decoder.mc_dropout_samples": ("Monte Carlo dropout is for binary and category outputs; remove the key", (0,)),
+}
 _DECODERS = {"binary": "regressor", "category": "classifier", "number": "regressor", "set": "classifier", "vector": "projector"}
 
 
@@ -328,7 +334,6 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "loss.type": (f"raylight's binary loss is Ludwig's {_LOSSES['binary']}; use it or remove the key", (_LOSSES["binary"],)),
         "decoder.type": _decoder("binary"),
         "loss.positive_class_weight": ("class weights are not available; remove the key", (None,)),
-        "calibration": ("calibration is not available; remove the key", (False,)),
         "preprocessing.fallback_true_label": (
             "raylight reads 1, true, yes, y, t and on (any case) as true and anything else as false; remove the key",
             (None,),
@@ -342,9 +347,9 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "loss.class_similarities_temperature": ("class similarities are not available; remove the key", (0,)),
         "preprocessing.lowercase": ("raylight keeps the classes' case; lower-case the column before training; remove the key", (False,)),
         "preprocessing.most_common": ("raylight keeps every class of the target; remove the key", (10000,)),
-        "calibration": ("calibration is not available; remove the key", (False,)),
     },
     ("output", "number"): {
+        **_CLASSIFIER_ONLY,
         "loss.type": (f"raylight's number loss is Ludwig's {_LOSSES['number']}; use it or remove the key", (_LOSSES["number"],)),
         "decoder.type": _decoder("number"),
         "clip": ("raylight does not clip predictions; remove the key", (None,)),
@@ -357,6 +362,7 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "preprocessing.computed_outlier_fill_value": _COMPUTED,
     },
     ("output", "set"): {
+        **_CLASSIFIER_ONLY,
         "loss.type": (f"raylight's set loss is Ludwig's {_LOSSES['set']}; use it or remove the key", (_LOSSES["set"],)),
         "decoder.type": _decoder("set"),
         "loss.class_weights": ("class weights are not available; remove the key", (None,)),
@@ -368,6 +374,7 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "preprocessing.most_common": ("raylight keeps the 10,000 most common labels, Ludwig's default; remove the key", (10000,)),
     },
     ("output", "vector"): {
+        **_CLASSIFIER_ONLY,
         "loss.type": (f"raylight's vector loss is Ludwig's {_LOSSES['vector']}; use it or remove the key", (_LOSSES["vector"],)),
         "decoder.type": _decoder("vector"),
         "decoder.output_size": _COMPUTED,
@@ -378,6 +385,7 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "preprocessing.vector_size": ("write it as the output's vector_size", (None,)),
     },
     ("output", "timeseries"): {
+        **_CLASSIFIER_ONLY,
         "decoder.type": ("raylight's timeseries decoder is Ludwig's projector; use it or remove the key", ("projector",)),
         "decoder.output_size": _COMPUTED,
         "decoder.activation": ("raylight's projector gives the values as they are (no activation); remove the key", (None,)),
@@ -405,8 +413,6 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "decoder.use_bias": ("raylight's decoder has a bias; remove the key", (True,)),
         "decoder.weights_initializer": ("raylight initialises weights xavier-uniform, Ludwig's default; remove the key", ("xavier_uniform",)),
         "decoder.bias_initializer": ("raylight initialises biases to zero, Ludwig's default; remove the key", ("zeros",)),
-        "decoder.calibration": ("calibration is not available; remove the key", (None,)),
-        "decoder.mc_dropout_samples": ("Monte Carlo dropout is not available; remove the key", (0,)),
         **{f"decoder.fc_{key}": (_DECODER_FIX, neutral) for key, neutral in _DECODER_FC.items()},
         "preprocessing.missing_value_strategy": (_MISSING_TARGET, ("drop_row",)),
         "preprocessing.fill_value": (_MISSING_TARGET, (ANY,)),  # drop_row never fills
