@@ -340,7 +340,6 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         ),
     },
     ("output", "category"): {
-        "loss.type": (f"raylight's category loss is Ludwig's {_LOSSES['category']}; use it or remove the key", (_LOSSES["category"],)),
         "decoder.type": _decoder("category"),
         "loss.class_weights": ("class weights are not available; remove the key", (None,)),
         "loss.class_similarities": ("class similarities are not available; remove the key", (None,)),
