@@ -245,6 +245,10 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
     kinds = {out.name: out.type for out in outs}
     torch.manual_seed(cfg.trainer.seed)
     model = ctx.prepare_model(build_model(cfg, meta))
+    if ctx.get_checkpoint() is None:  # a decoder's start (an anomaly output's center), before the first step
+        from raylight.declarative.models.anomaly import start_centers
+
+        start_centers(ctx.unwrap_model(model), _inputs(train_split, outs, cfg.trainer.eval_batch_size, ctx.device))
     lr = config["learning_rate"]
     base = OPTIMIZERS[cfg.trainer.optimizer.type](model.parameters(), lr=lr, **cfg.trainer.optimizer.kwargs())
     opt = ctx.prepare_optimizer(base, max_grad_norm=cfg.trainer.gradient_clipping.clipglobalnorm)
@@ -356,6 +360,44 @@ def calibrate_state(config: ModelConfig, meta: dict[str, Any], state: dict[str, 
     split = validation if _rows(validation) >= MIN_ROWS else from_store(train)
     calibrated(model, _chunks(split, config.trainer.eval_batch_size or EVAL_ROWS), outs)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _inputs(data: Any, outs: list[Any], rows: int | None, device: torch.device) -> Iterator[dict[str, torch.Tensor]]:
+    """A split's input arrays as tensors on ``device``, ``rows`` at a time (targets left out)."""
+    targets = {out.name for out in outs}
+    for chunk in _chunks(data, rows or EVAL_ROWS):
+        yield {k: torch.from_numpy(np.array(v)).to(device) for k, v in chunk.items() if k not in targets}
+
+
+def finish_meta(config: ModelConfig, meta: dict[str, Any], state: dict[str, torch.Tensor], validation: Any, train: Any) -> dict[str, Any]:
+    """``meta`` with what the output types that fit values after training (``after_training``:
+    an anomaly output's radius and threshold) fit from the trained model's raw outputs on the
+    training and validation splits; ``meta`` itself where none does."""
+    from raylight.declarative.models import build_model
+
+    outs = [out for out in config.output_features if hasattr(OUTPUTS[out.type], "after_training")]
+    if not outs:
+        return meta
+    model = build_model(config, meta)
+    model.load_state_dict(state)
+    model.eval()
+
+    def scores(data: Any) -> dict[str, np.ndarray] | None:
+        data = from_store(data)
+        if _rows(data) == 0:
+            return None
+        with torch.no_grad():
+            raws = [model(batch) for batch in _inputs(data, list(config.output_features), config.trainer.eval_batch_size, torch.device("cpu"))]
+        return {out.name: np.concatenate([r[out.name].double().numpy() for r in raws]) for out in outs}
+
+    seen, held = scores(train), scores(validation)
+    fitted = {
+        out.name: OUTPUTS[out.type].after_training(  # type: ignore[attr-defined]
+            out, seen[out.name] if seen else np.zeros(0), held[out.name] if held else None,
+        )
+        for out in outs
+    }
+    return {**meta, **{name: {**meta[name], **values} for name, values in fitted.items()}}
 
 
 def save_model(path: str, config: ModelConfig, meta: dict[str, Any], state: dict[str, torch.Tensor]) -> None:

@@ -396,6 +396,9 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
             (0,),
         ),
     },
+    ("output", "anomaly"): {
+        "decoder.type": ("raylight's anomaly decoder is Ludwig's anomaly decoder (the distance from the center); use it or remove the key", ("anomaly",)),
+    },
     ("output", "*"): {
         "loss.robust_lambda": ("not available; remove the key", (0,)),
         "loss.confidence_penalty": ("not available; remove the key", (0,)),

@@ -118,6 +118,10 @@ class DeclarativeModel(nn.Module):
         self.decoders = nn.ModuleDict()
         for out in config.output_features:
             size = OUTPUTS[out.type].decoder_size(out, meta[out.name])
+            own = getattr(OUTPUTS[out.type], "decoder", None)
+            if own is not None:  # a type whose decoder is its own (anomaly's center distance)
+                self.decoders[module_key(out.name)] = own(out, width)
+                continue
             layers: list[nn.Module] = []
             if out.decoder.fc_layers:  # Ludwig's decoder layers, then the output's linear layer
                 stack = FCStack(out.decoder.stack(), width)
