@@ -86,7 +86,7 @@ def test_a_fixed_threshold_is_kept_and_layers_on_the_decoder_are_refused():
     assert OUTPUTS["anomaly"].threshold(cfg.output_features[0], {"threshold": 9.0}) == 2.5
     with pytest.raises(ConfigError, match="distance from the center"):
         validate_config({**base, "output_features": [{"name": "y", "type": "anomaly", "decoder": {"num_fc_layers": 1}}]})
-    with pytest.raises(ConfigError, match="output_features.0.loss.type"):
+    with pytest.raises(ConfigError, match=r"output_features\.0\.loss\.type"):
         validate_config({**base, "output_features": [{"name": "y", "type": "anomaly", "loss": {"type": "drocc"}}]})
 
 
