@@ -65,7 +65,7 @@ EXPECTED: dict[str, dict[str, str] | None] = {
     "docs_combiner_transformer": {"combiner.fc_residual": "valid boolean"},  # the docs' null
     "tabnet_higgs_medium": None,
     "image_stacked_cnn": None,  # use_pretrained: false on an encoder without weights
-    "image_dinov2_linear_probe": {"input_features.0.encoder": "'dinov2'"},
+    "image_dinov2_linear_probe": {"input_features.0.encoder.type": "use_pretrained: true cannot be satisfied offline"},
     "open_set_baseline_mnist": None,
     "open_set_objectosphere_mnist": None,  # category loss objectosphere, background_class an index of the classes
     "timeseries_nbeats": None,  # N-BEATS from scratch; the features' window_size (not Ludwig's key): ignored

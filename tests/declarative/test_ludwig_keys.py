@@ -157,7 +157,7 @@ def test_an_output_s_setting_of_another_type_comes_with_its_other_problems():
     out = {"name": "y", "type": "number", "threshold": 0.2, "top_k": 2, "loss_weight": -1}
     found = problems({**BASE, "output_features": [out]})
     assert set(found) == {"output_features.0.threshold", "output_features.0.top_k", "output_features.0.loss_weight"}, found
-    assert "a binary or set output's setting; a number output has none" in found["output_features.0.threshold"]
+    assert "a binary or set or anomaly output's setting; a number output has none" in found["output_features.0.threshold"]
 
 
 def test_an_encoder_named_on_the_input_takes_the_input_s_other_keys_as_ludwig_before_0_6():
@@ -202,3 +202,17 @@ def test_keys_ludwig_0_17_drops_are_ignored_with_a_line(caplog):
         validate_config(data)
     said = caplog.text
     assert "combiner.bn_virtual_divider" in said and "output_features.0.weight_regularization" in said
+
+
+def test_a_pretrained_image_encoder_is_refused_at_its_type_with_the_config_s_other_problems():
+    with pytest.raises(ConfigError) as err:
+        validate_config({
+            "input_features": [{"name": "img", "type": "image", "encoder": {"type": "dinov2", "use_pretrained": True, "trainable": False}},
+                               {"name": "pic", "type": "image", "encoder": {"type": "convnext", "use_pretrained": False}}],
+            "output_features": [{"name": "y", "type": "category"}],
+            "trainer": {"epochs": 0},
+        })
+    lines = {ln.strip().split(": ", 1)[0]: ln for ln in str(err.value).splitlines()[1:]}
+    assert set(lines) == {"input_features.0.encoder.type", "input_features.1.encoder.type", "trainer.epochs"}, str(err.value)
+    assert "use_pretrained: true cannot be satisfied offline" in lines["input_features.0.encoder.type"]
+    assert "offline" not in lines["input_features.1.encoder.type"] and "no convnext to train from scratch" in lines["input_features.1.encoder.type"]

@@ -122,7 +122,8 @@ class PatchTSTEncoder(ConfigModel):
 SeriesEncoder = TimeseriesEncoder | NBeatsEncoder | PatchTSTEncoder
 _OWN_MODULE = frozenset({"nbeats", "patchtst"})  # the encoders of models/timeseries_encoders.py
 _TYPES = (*typing.get_args(TimeseriesEncoder.model_fields["type"].annotation), *sorted(_OWN_MODULE))
-_EncoderType = create_model("TimeseriesEncoderType", type=(Literal[_TYPES], Field(description="The encoder type.")))  # type: ignore[valid-type]
+_KIND = Literal[_TYPES]  # type: ignore[valid-type]  # built from the members' types
+_EncoderType = create_model("TimeseriesEncoderType", type=(_KIND, Field(description="The encoder type.")))
 
 
 def _series_encoder(value: Any) -> ConfigModel:
@@ -134,7 +135,8 @@ def _series_encoder(value: Any) -> ConfigModel:
     if not isinstance(value, dict):
         return TimeseriesEncoder.model_validate(value)  # pydantic's error for a value that is no mapping
     kind = _EncoderType.model_validate({"type": value.get("type", "parallel_cnn")}).type  # type: ignore[attr-defined]
-    model: type[ConfigModel] = {"nbeats": NBeatsEncoder, "patchtst": PatchTSTEncoder}.get(kind, TimeseriesEncoder)
+    models: dict[str, type[ConfigModel]] = {"nbeats": NBeatsEncoder, "patchtst": PatchTSTEncoder}
+    model = models.get(kind, TimeseriesEncoder)
     return model.model_validate(value)
 
 

@@ -22,6 +22,7 @@ from raylight.declarative.ludwig.keys import (
     IGNORED_FEATURE_KEYS,
     IGNORED_KEYS,
     LUDWIG_COMBINERS,
+    LUDWIG_IMAGE_ENCODERS,
     LUDWIG_KEYS,
     LUDWIG_VALUES,
 )
@@ -144,6 +145,25 @@ def _encoder_keys(feature: dict[str, Any]) -> dict[str, Any]:
     return {**{k: v for k, v in feature.items() if k in _INPUT_OWN_KEYS}, "encoder": {"type": kind, **moved}}
 
 
+def _image_encoder_type(feature: dict[str, Any], loc: tuple[Any, ...], errors: list[InitErrorDetails]) -> dict[str, Any]:
+    """``feature`` without an image encoder section of one of Ludwig's pre-trained types,
+    that a problem at ``encoder.type`` saying why (its other keys are that type's: not
+    reported one by one)."""
+    encoder = feature.get("encoder")
+    kind = encoder.get("type") if isinstance(encoder, dict) else None
+    if feature.get("type") != "image" or kind not in LUDWIG_IMAGE_ENCODERS:
+        return feature
+    wants = not isinstance(encoder, dict) or encoder.get("use_pretrained", True) is not False
+    why = "use_pretrained: true cannot be satisfied offline, and " if wants else ""
+    fix = (
+        f"Ludwig's {kind} image encoder is built around downloaded pre-trained weights, and raylight downloads none "
+        f"({why}raylight has no {kind} to train from scratch); use stacked_cnn, mlp_mixer, or resnet or vit with "
+        "use_pretrained: false (trained from scratch), and remove the encoder's other keys"
+    )
+    errors.append(_error((*loc, "encoder", "type"), fix, kind))
+    return {k: v for k, v in feature.items() if k != "encoder"}
+
+
 def _check_features(
     data: dict[str, Any], errors: list[InitErrorDetails], inherited: dict[tuple[str, int], set[str]], notes: list[str],
 ) -> dict[str, Any]:
@@ -161,7 +181,7 @@ def _check_features(
                 if side == "output":
                     feature = _decoder_keys(_loss_weight(feature, (key, i), own), (key, i), own)
                 else:
-                    feature = image_encoder_from_ludwig(_encoder_keys(feature))
+                    feature = _image_encoder_type(image_encoder_from_ludwig(_encoder_keys(feature)), (key, i), own)
                 feature = _ignored(feature, _feature_rules(side, feature.get("type"), IGNORED_FEATURE_KEYS), (key, i), notes)
                 feature = _apply(feature, _feature_rules(side, feature.get("type")), (key, i), own)
                 for error in own:

@@ -455,6 +455,15 @@ LUDWIG_COMBINERS = (
     "project_aggregate", "gated_fusion", "cross_attention", "perceiver", "hypernetwork", "tabpfn_v2",
 )
 
+# Ludwig 0.17's image encoders raylight lacks, each built around downloaded weights
+# (torchvision's, Hugging Face's, timm's; unet: segmentation): refused at encoder.type
+# (``check._image_encoder_type``), the section's other keys with it.
+LUDWIG_IMAGE_ENCODERS = (
+    "alexnet", "caformer", "clip", "convformer", "convnext", "convnextv2", "densenet", "dinov2", "efficientnet",
+    "googlenet", "inceptionv3", "maxvit", "mnasnet", "mobilenetv2", "mobilenetv3", "poolformer", "regnet", "resnext",
+    "shufflenet_v2", "siglip", "squeezenet", "swin_transformer", "timm", "unet", "vgg", "wide_resnet",
+)
+
 # Ludwig's keys that mean nothing in raylight whatever their value: dropped, each with one
 # warning line saying so (its note), by key path.
 _PARTITIONS = (

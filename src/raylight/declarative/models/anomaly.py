@@ -3,12 +3,16 @@ center-distance decoder and the Deep SVDD and Deep SAD losses, as Ludwig 0.17's.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from torch import nn
 
 
 class CenterDistance(nn.Module):
     """The squared distance of each row from ``center`` (a buffer, zeros until ``start``)."""
+
+    center: torch.Tensor
 
     def __init__(self, width: int) -> None:
         super().__init__()
@@ -52,10 +56,10 @@ class DeepSAD(nn.Module):
         return (scores * (1 - anomaly) + self.eta / (scores + self.EPSILON) * anomaly).mean()
 
 
-def start_centers(model: nn.Module, chunks: list[dict[str, torch.Tensor]]) -> bool:
+def start_centers(model: nn.Module, chunks: Iterable[dict[str, torch.Tensor]]) -> bool:
     """Set each decoder that has a ``start`` to the mean of the combiner's outputs over
     ``chunks`` (the training split's inputs); whether there was one."""
-    starting = [m for m in model.decoders.values() if hasattr(m, "start")]  # type: ignore[union-attr, operator]
+    starting = [m for m in model.decoders.values() if hasattr(m, "start")]  # type: ignore[operator]
     if not starting:
         return False
     was = model.training

@@ -172,7 +172,7 @@ class DeclarativeModel(nn.Module):
             encoder = self.embeddings[module_key(name)]
             stepped = name in self.stepped
             parts.append(encoder.steps(batch[name])[0] if stepped else encoder(batch[name]))  # type: ignore[operator]
-        return self.combiner(parts)  # type: ignore[no-any-return]
+        return self.combiner(parts)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Each output's logits or value, by the output's name."""

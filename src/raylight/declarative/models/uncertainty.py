@@ -35,6 +35,8 @@ MIN_ROWS = 3  # Ludwig's MIN_DATASET_SPLIT_ROWS: a smaller validation split cali
 class TemperatureScale(nn.Module):
     """The logits divided by the fitted temperature, in evaluation; as they are in training."""
 
+    temperature: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("temperature", torch.ones(1))
