@@ -245,10 +245,7 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
     kinds = {out.name: out.type for out in outs}
     torch.manual_seed(cfg.trainer.seed)
     model = ctx.prepare_model(build_model(cfg, meta))
-    if ctx.get_checkpoint() is None:  # a decoder's start (an anomaly output's center), before the first step
-        from raylight.declarative.models.anomaly import start_centers
-
-        start_centers(ctx.unwrap_model(model), _inputs(train_split, outs, cfg.trainer.eval_batch_size, ctx.device))
+    _start_decoders(ctx, model, train_split, cfg)
     lr = config["learning_rate"]
     base = OPTIMIZERS[cfg.trainer.optimizer.type](model.parameters(), lr=lr, **cfg.trainer.optimizer.kwargs())
     opt = ctx.prepare_optimizer(base, max_grad_norm=cfg.trainer.gradient_clipping.clipglobalnorm)
@@ -360,6 +357,16 @@ def calibrate_state(config: ModelConfig, meta: dict[str, Any], state: dict[str, 
     split = validation if _rows(validation) >= MIN_ROWS else from_store(train)
     calibrated(model, _chunks(split, config.trainer.eval_batch_size or EVAL_ROWS), outs)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _start_decoders(ctx: TrainContext, model: torch.nn.Module, train_split: Any, cfg: ModelConfig) -> None:
+    """A decoder's start (an anomaly output's center) before the first step; a run resumed
+    from a checkpoint has it in its weights."""
+    if ctx.get_checkpoint() is None:
+        from raylight.declarative.models.anomaly import start_centers
+
+        outs = list(cfg.output_features)
+        start_centers(ctx.unwrap_model(model), _inputs(train_split, outs, cfg.trainer.eval_batch_size, ctx.device))
 
 
 def _inputs(data: Any, outs: list[Any], rows: int | None, device: torch.device) -> Iterator[dict[str, torch.Tensor]]:
