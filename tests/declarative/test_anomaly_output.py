@@ -32,7 +32,7 @@ def test_deep_svdd_s_hard_and_soft_boundaries():
 def test_deep_sad_pushes_labelled_anomalies_away():
     scores = torch.tensor([1.0, 4.0], requires_grad=True)
     loss = DeepSAD(2.0)(scores, torch.tensor([0.0, 1.0]))
-    assert float(loss) == pytest.approx((1.0 + 2.0 / (4.0 + 1e-6)) / 2)
+    assert float(loss.detach()) == pytest.approx((1.0 + 2.0 / (4.0 + 1e-6)) / 2)
     loss.backward()
     assert scores.grad[0] > 0 > scores.grad[1]  # descending: the normal row nearer, the anomaly farther
 
