@@ -254,7 +254,7 @@ def test_sequence_concat_tiles_the_vectors_over_the_main_sequence_s_steps():
     [
         ({"type": "tabnet", "sise": 3}, "combiner.sise: unknown key; check the spelling against the documented settings; did you mean 'size'?"),
         ({"type": "tabnett"}, "combiner.type: the tabnett combiner is not available; raylight's combiners: concat, transformer, "
-         "tabtransformer, ft_transformer, project_aggregate, tabnet, comparator, sequence_concat, sequence; "),
+         "tabtransformer, ft_transformer, project_aggregate, tabnet, comparator, sequence_concat, sequence, hypernetwork; "),
         ({"type": "tabnett"}, "did you mean 'tabnet'?"),
         ({"type": "tabnet", "entmax_mode": "softmax"}, "combiner.entmax_mode: Input should be 'sparsemax', 'entmax15', 'constant' or 'adaptive'"),
         ({"type": "tabnet", "num_shared_blocks": 5}, "num_shared_blocks 5 is more than num_total_blocks 4"),
