@@ -83,6 +83,8 @@ def _column(kind: str, rows: int, rng: np.random.Generator, directory: Path) -> 
         return rng.normal(size=rows)
     if kind == "binary":
         return rng.integers(0, 2, size=rows).astype(bool)
+    if kind == "anomaly":  # Ludwig's labels: 0 normal, 1 anomaly (one in ten)
+        return (rng.uniform(size=rows) < 0.1).astype(int)
     if kind == "category":
         return rng.choice(["red", "green", "blue"], size=rows)
     if kind in ("set", "bag", "text", "sequence"):

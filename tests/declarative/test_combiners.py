@@ -47,6 +47,7 @@ SECTIONS = {
     # every step: t's 8, a's 1, c's embedding, b's 1 (the tiling test checks the widths)
     "sequence_concat": ({"type": "sequence_concat", "reduce_output": "mean"}, None),
     "sequence": ({"type": "sequence", "encoder": {"type": "rnn", "state_size": 4}, "reduce_output": "last"}, 4),
+    "hypernetwork": ({"type": "hypernetwork", "hidden_size": 4, "hyper_hidden_size": 8, "num_fc_layers": 1, "output_size": 8}, 8),
 }
 
 
@@ -215,6 +216,24 @@ def test_a_comparator_without_layers_compares_the_inputs_themselves():
         model_of({"type": "comparator", "entity_1": ["a"], "entity_2": ["c"], "num_fc_layers": 0}, wide)
 
 
+def test_the_hypernetwork_s_first_input_generates_the_matrix_that_reads_the_others():
+    # Ludwig's defaults: no layers, so the output is the projections (4 each), the first as it is
+    cfg, model = model_of({"type": "hypernetwork", "hidden_size": 4, "hyper_hidden_size": 8}, INPUTS[:3])
+    assert cfg.combiner.fc_layers == [] and model.combiner.width == 3 * 4
+    module = model.combiner
+    x = [torch.randn(5, p.in_features) for p in module.projectors]
+    out = module(x)
+    assert torch.equal(out[:, :4], module.projectors[0](x[0]))
+    # the others' part is linear in their projection, by a matrix only the first input sets
+    with torch.no_grad():
+        for p in module.projectors[1:]:
+            p.bias.zero_()
+    twice = module([x[0], 2 * x[1], 2 * x[2]])
+    torch.testing.assert_close(twice[:, 4:], 2 * module(x)[:, 4:])
+    other = module([x[0] + 1, x[1], x[2]])
+    assert not torch.allclose(other[:, 4:], module(x)[:, 4:])  # another condition, another reading
+
+
 def test_sequence_concat_tiles_the_vectors_over_the_main_sequence_s_steps():
     _, model = model_of({"type": "sequence_concat"})
     model.eval()
@@ -235,7 +254,7 @@ def test_sequence_concat_tiles_the_vectors_over_the_main_sequence_s_steps():
     [
         ({"type": "tabnet", "sise": 3}, "combiner.sise: unknown key; check the spelling against the documented settings; did you mean 'size'?"),
         ({"type": "tabnett"}, "combiner.type: the tabnett combiner is not available; raylight's combiners: concat, transformer, "
-         "tabtransformer, ft_transformer, project_aggregate, tabnet, comparator, sequence_concat, sequence; "),
+         "tabtransformer, ft_transformer, project_aggregate, tabnet, comparator, sequence_concat, sequence, hypernetwork; "),
         ({"type": "tabnett"}, "did you mean 'tabnet'?"),
         ({"type": "tabnet", "entmax_mode": "softmax"}, "combiner.entmax_mode: Input should be 'sparsemax', 'entmax15', 'constant' or 'adaptive'"),
         ({"type": "tabnet", "num_shared_blocks": 5}, "num_shared_blocks 5 is more than num_total_blocks 4"),

@@ -801,7 +801,7 @@ def test_an_output_s_threshold_decides_its_predictions_and_the_accuracy_counting
     assert at == [[[1, 1]], [[0, 0]]]
     saved = load_config(cfg, ["output_features.0.threshold=0.9"])
     assert saved.output_features[0].threshold == 0.9
-    with pytest.raises(ConfigError, match="threshold: a binary or set output's setting; a number output has none"):
+    with pytest.raises(ConfigError, match="threshold: a binary or set or anomaly output's setting; a number output has none"):
         load_config(cfg, ["output_features.0.type=number", "output_features.0.threshold=0.9"])
 
 

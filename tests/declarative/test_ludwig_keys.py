@@ -164,7 +164,7 @@ def test_an_output_s_setting_of_another_type_comes_with_its_other_problems():
     out = {"name": "y", "type": "number", "threshold": 0.2, "top_k": 2, "loss_weight": -1}
     found = problems({**BASE, "output_features": [out]})
     assert set(found) == {"output_features.0.threshold", "output_features.0.top_k", "output_features.0.loss_weight"}, found
-    assert "a binary or set output's setting; a number output has none" in found["output_features.0.threshold"]
+    assert "a binary or set or anomaly output's setting; a number output has none" in found["output_features.0.threshold"]
 
 
 def test_an_encoder_named_on_the_input_takes_the_input_s_other_keys_as_ludwig_before_0_6():
@@ -252,3 +252,17 @@ def test_an_image_encoder_s_old_size_keys_are_its_preprocessing_s():
     found = problems({**BASE, "input_features": [{**image, "img_height": 64, "hidden_size": 512}]})
     assert set(found) == {"input_features.0.encoder.img_height", "input_features.0.encoder.hidden_size"}, found
     assert "model_variant" in found["input_features.0.encoder.hidden_size"]
+
+
+def test_a_pretrained_image_encoder_is_refused_at_its_type_with_the_config_s_other_problems():
+    with pytest.raises(ConfigError) as err:
+        validate_config({
+            "input_features": [{"name": "img", "type": "image", "encoder": {"type": "dinov2", "use_pretrained": True, "trainable": False}},
+                               {"name": "pic", "type": "image", "encoder": {"type": "convnext", "use_pretrained": False}}],
+            "output_features": [{"name": "y", "type": "category"}],
+            "trainer": {"epochs": 0},
+        })
+    lines = {ln.strip().split(": ", 1)[0]: ln for ln in str(err.value).splitlines()[1:]}
+    assert set(lines) == {"input_features.0.encoder.type", "input_features.1.encoder.type", "trainer.epochs"}, str(err.value)
+    assert "use_pretrained: true cannot be satisfied offline" in lines["input_features.0.encoder.type"]
+    assert "offline" not in lines["input_features.1.encoder.type"] and "no convnext to train from scratch" in lines["input_features.1.encoder.type"]

@@ -57,7 +57,7 @@ def test_an_output_types_model_is_named_by_its_key(name):
 
 def test_a_new_output_type_is_one_module_and_one_entry(tmp_path, monkeypatch):
     cfg, data = write(tmp_path, df=visits(), config=COUNT)
-    with pytest.raises(ConfigError, match=r"output_features\.0\.type: Input should be 'binary', 'category', 'number', 'set', 'vector' or 'timeseries'"):
+    with pytest.raises(ConfigError, match=r"output_features\.0\.type: Input should be 'binary', 'category', 'number', 'set', 'vector', 'timeseries' or 'anomaly'"):
         load_config(cfg)
     with monkeypatch.context() as m:
         m.setitem(OUTPUTS, "count", count_output)
@@ -69,7 +69,7 @@ def test_a_new_output_type_is_one_module_and_one_entry(tmp_path, monkeypatch):
         assert load_config(render_config_file(tmp_path, config)).output_features[0] == out  # it loads as rendered
         with pytest.raises(ConfigError, match=r"output_features\.0\.max_count: Input should be greater than or equal to 1"):
             load_config(cfg, ["output_features.0.max_count=0"])
-        with pytest.raises(ConfigError, match="threshold: a binary or set output's setting; a count output has none"):
+        with pytest.raises(ConfigError, match="threshold: a binary or set or anomaly output's setting; a count output has none"):
             load_config(cfg, ["output_features.0.threshold=0.9"])
         with pytest.raises(ConfigError, match=r"max_count: a count output's setting; a number output has none"):
             load_config(cfg, ["output_features.0.type=number", "output_features.0.max_count=5"])

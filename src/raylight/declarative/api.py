@@ -242,7 +242,13 @@ def train(
     # torch only now: the ray backend's start began importing it in a thread while Ray's
     # processes started, and preprocessing overlapped it (an import up front serialises it).
     import raylight.driver.trainer  # noqa: F401  (_fit's, timed here as an import)
-    from raylight.declarative.train import evaluate_data, load_model, save_model
+    from raylight.declarative.train import (
+        calibrate_state,
+        evaluate_data,
+        finish_meta,
+        load_model,
+        save_model,
+    )
 
     imported = time.monotonic()
     result, loop_config = _fit(config, prepared, resolved, out, progress=progress, prices=prices, resume=resume)
@@ -251,7 +257,10 @@ def train(
     atomic_write(os.path.join(out, "config.yaml"), render_config(config))
     best = _best(result, out, loop_config["learning_rate"])
     model_dir = os.path.join(out, "model")
-    save_model(model_dir, config, prepared.meta, best["state"])
+    # Ludwig's calibration (decoder.calibration), fitted after training, before the model is saved
+    state = calibrate_state(config, prepared.meta, best["state"], prepared.validation, prepared.train)
+    # what an output fits after training (an anomaly output's radius and threshold), kept with the model
+    save_model(model_dir, config, finish_meta(config, prepared.meta, state, prepared.validation, prepared.train), state)
     trained = time.monotonic()
     evaluation: dict[str, Any] = {
         "best_epoch": best["epoch"],
@@ -272,7 +281,7 @@ def train(
 
         model = load_model(model_dir)
         evaluation["test"] = evaluate_data(
-            model.model, prepared.test, model.outputs, prepared.meta, torch.device("cpu"), chunk_rows=config.trainer.eval_batch_size
+            model.model, prepared.test, model.outputs, model.meta, torch.device("cpu"), chunk_rows=config.trainer.eval_batch_size
         )
     atomic_write(os.path.join(out, "evaluation.json"), json.dumps(evaluation, indent=2))
     _plot_learning_curves(result.metrics_history, os.path.join(out, "learning_curves.png"))

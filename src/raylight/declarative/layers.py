@@ -80,6 +80,16 @@ class DecoderConfig(ConfigModel):
     fc_dropout: float = Field(0.0, ge=0, lt=1, description="Dropout after each layer.")
     fc_norm: Norm | None = Field(None, description="batch or layer: normalise each layer's output before its activation; null: none.")
     fc_use_bias: bool = Field(True, description="Whether the layers have biases.")
+    calibration: Literal["temperature_scaling"] | None = Field(
+        None,
+        description="binary, category: temperature_scaling fits one temperature T on the validation split after "
+        "training (the NLL of logits / T; Ludwig's), applied to the logits in evaluation and prediction; null: none.",
+    )
+    mc_dropout_samples: int = Field(
+        0, ge=0, le=10_000,
+        description="binary, category: at prediction, run the decoder this many times with its dropout on; the mean "
+        "probability predicts, and <output>_uncertainty is the probabilities' variance (Ludwig's MC dropout); 0: off.",
+    )
 
     @model_validator(mode="before")
     @classmethod

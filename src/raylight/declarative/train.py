@@ -312,6 +312,7 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
     kinds = {out.name: out.type for out in outs}
     torch.manual_seed(cfg.trainer.seed)
     model = ctx.prepare_model(build_model(cfg, meta))
+    _start_decoders(ctx, model, train_split, cfg)
     lr = config["learning_rate"]
     balancer = _balancer(cfg, ctx.device)
     base = build_optimizer(cfg.trainer.optimizer, [*model.parameters(), *balancer.parameters()], lr)
@@ -390,6 +391,80 @@ def declarative_loop(ctx: TrainContext, config: dict[str, Any]) -> None:
         })
         if stop:
             break
+
+
+def _rows(data: Any) -> int:
+    from raylight.declarative.ray_data import BlockRefs
+
+    if data is None:
+        return 0
+    return int(sum(data.lengths)) if isinstance(data, BlockRefs) else len(next(iter(data.values())))
+
+
+def calibrate_state(config: ModelConfig, meta: dict[str, Any], state: dict[str, torch.Tensor], validation: Any, train: Any) -> dict[str, torch.Tensor]:
+    """``state`` with the temperatures of the outputs with ``decoder.calibration`` fitted on
+    the validation split (the training split where it has fewer than 3 rows, Ludwig's rule;
+    ``models/uncertainty.py``); ``state`` itself where no output asks for calibration."""
+    from raylight.declarative.models import build_model
+    from raylight.declarative.models.uncertainty import MIN_ROWS, calibrated
+
+    outs = list(config.output_features)
+    if not any(out.decoder.calibration for out in outs):
+        return state
+    model = build_model(config, meta)
+    model.load_state_dict(state)
+    validation = from_store(validation)  # arrays the driver put into Ray's object store: fetched
+    split = validation if _rows(validation) >= MIN_ROWS else from_store(train)
+    calibrated(model, _chunks(split, config.trainer.eval_batch_size or EVAL_ROWS), outs)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _start_decoders(ctx: TrainContext, model: torch.nn.Module, train_split: Any, cfg: ModelConfig) -> None:
+    """A decoder's start (an anomaly output's center) before the first step; a run resumed
+    from a checkpoint has it in its weights."""
+    if ctx.get_checkpoint() is None:
+        from raylight.declarative.models.anomaly import start_centers
+
+        outs = list(cfg.output_features)
+        start_centers(ctx.unwrap_model(model), _inputs(train_split, outs, cfg.trainer.eval_batch_size, ctx.device))
+
+
+def _inputs(data: Any, outs: list[Any], rows: int | None, device: torch.device) -> Iterator[dict[str, torch.Tensor]]:
+    """A split's input arrays as tensors on ``device``, ``rows`` at a time (targets left out)."""
+    targets = {out.name for out in outs}
+    for chunk in _chunks(data, rows or EVAL_ROWS):
+        yield {k: torch.from_numpy(np.array(v)).to(device) for k, v in chunk.items() if k not in targets}
+
+
+def finish_meta(config: ModelConfig, meta: dict[str, Any], state: dict[str, torch.Tensor], validation: Any, train: Any) -> dict[str, Any]:
+    """``meta`` with what the output types that fit values after training (``after_training``:
+    an anomaly output's radius and threshold) fit from the trained model's raw outputs on the
+    training and validation splits; ``meta`` itself where none does."""
+    from raylight.declarative.models import build_model
+
+    outs = [out for out in config.output_features if hasattr(OUTPUTS[out.type], "after_training")]
+    if not outs:
+        return meta
+    model = build_model(config, meta)
+    model.load_state_dict(state)
+    model.eval()
+
+    def scores(data: Any) -> dict[str, np.ndarray] | None:
+        data = from_store(data)
+        if _rows(data) == 0:
+            return None
+        with torch.no_grad():
+            raws = [model(batch) for batch in _inputs(data, list(config.output_features), config.trainer.eval_batch_size, torch.device("cpu"))]
+        return {out.name: np.concatenate([r[out.name].double().numpy() for r in raws]) for out in outs}
+
+    seen, held = scores(train), scores(validation)
+    fitted = {
+        out.name: OUTPUTS[out.type].after_training(  # type: ignore[attr-defined]
+            out, seen[out.name] if seen else np.zeros(0), held[out.name] if held else None,
+        )
+        for out in outs
+    }
+    return {**meta, **{name: {**meta[name], **values} for name, values in fitted.items()}}
 
 
 def save_model(path: str, config: ModelConfig, meta: dict[str, Any], state: dict[str, torch.Tensor]) -> None:
@@ -479,11 +554,16 @@ class LoadedModel:
         ``source`` names the data in error messages."""
         arrays, keep = self._arrays(df, with_outputs=False, source=source)
         result = pd.DataFrame(index=df.index)
+        batch = {k: torch.from_numpy(v) for k, v in arrays.items()}
         with torch.no_grad():
-            raw = self.model({k: torch.from_numpy(v) for k, v in arrays.items()})
+            raw = self.model(batch)
+        sampled = {out.name: out for out in self.outputs if out.decoder.mc_dropout_samples}
+        spread = _mc_dropout(self.model, batch, sampled, raw, seed=self.config.trainer.seed) if sampled else {}
         for output in self.outputs:
             for column, values in _predicted(output, raw[output.name], self.meta[output.name], keep).items():
                 result[column] = values
+            if output.name in spread:  # Ludwig's <output>_uncertainty: the MC samples' variance
+                result[f"{output.name}_uncertainty"] = _column(spread[output.name], keep)
         return result.reset_index(drop=True)
 
     def evaluate(
@@ -522,6 +602,32 @@ def _predicted(output: Any, raw: torch.Tensor, m: dict[str, Any], keep: np.ndarr
     kind = OUTPUTS[output.type]
     pred, prob = kind.predictions(output, raw)
     return kind.predicted(output, pred, prob, m, keep)
+
+
+def _mc_dropout(
+    model: Any, batch: dict[str, torch.Tensor], outputs: dict[str, Any], raw: dict[str, torch.Tensor], *, seed: int,
+) -> dict[str, torch.Tensor]:
+    """Monte Carlo dropout for ``outputs`` (``models/uncertainty.py``): their entries of
+    ``raw`` replaced by the logits of the samples' mean probabilities; their variances."""
+    from raylight.declarative.models.ecd import module_key
+    from raylight.declarative.models.uncertainty import as_logits, mc_dropout
+
+    with torch.no_grad():
+        hidden = model.combined(batch)
+    spread = {}
+    for name, out in outputs.items():
+        binary = not OUTPUTS[out.type].WIDE
+        mean, var = mc_dropout(model.decoders[module_key(name)], hidden, out.decoder.mc_dropout_samples, seed=seed, binary=binary)
+        raw[name], spread[name] = as_logits(mean, binary=binary), var
+    return spread
+
+
+def _column(values: torch.Tensor, keep: np.ndarray) -> np.ndarray:
+    """A float (or a list of floats) per row; null in the rows ``keep`` leaves out."""
+    col = np.full(len(keep), None, dtype=object)
+    for row, value in zip(np.flatnonzero(keep), values.tolist(), strict=True):
+        col[row] = value
+    return col
 
 
 def load_model(path: str) -> LoadedModel:

@@ -19,6 +19,7 @@ from raylight.declarative.combiners import (
     comparator,
     concat,
     ft_transformer,
+    hypernetwork,
     project_aggregate,
     sequence,
     sequence_concat,
@@ -32,7 +33,7 @@ from raylight.declarative.combiners.base import CombinerModel, CombinerType, Enc
 COMBINERS: dict[str, CombinerType] = {
     "concat": concat, "transformer": transformer, "tabtransformer": tabtransformer, "ft_transformer": ft_transformer,
     "project_aggregate": project_aggregate, "tabnet": tabnet, "comparator": comparator,
-    "sequence_concat": sequence_concat, "sequence": sequence,
+    "sequence_concat": sequence_concat, "sequence": sequence, "hypernetwork": hypernetwork,
 }
 
 

@@ -22,6 +22,7 @@ from raylight.declarative.ludwig.keys import (
     IGNORED_FEATURE_KEYS,
     IGNORED_KEYS,
     LUDWIG_COMBINERS,
+    LUDWIG_IMAGE_ENCODERS,
     LUDWIG_KEYS,
     LUDWIG_VALUES,
 )
@@ -106,8 +107,14 @@ def _decoder_keys(feature: dict[str, Any], loc: tuple[Any, ...], errors: list[In
     ``decoder`` section (and an mlp_classifier decoder as raylight's decoder layers); one
     given in both at different values is an error."""
     decoder = feature.get("decoder")
-    if isinstance(decoder, dict) and decoder.get("type") == "mlp_classifier" and feature.get("type") in ("binary", "category"):
+    classifier = feature.get("type") in ("binary", "category")
+    if isinstance(decoder, dict) and decoder.get("type") == "mlp_classifier" and classifier:
         feature = {**feature, "decoder": _mlp_classifier(decoder)}
+    if classifier and "calibration" in feature:  # Ludwig's output-level switch: temperature scaling
+        calibration = feature["calibration"]
+        feature = {k: v for k, v in feature.items() if k != "calibration"}
+        if calibration is not False:
+            feature = {**feature, "decoder": {"calibration": "temperature_scaling" if calibration is True else calibration, **(feature.get("decoder") or {})}}
     moved = {key: ours for key, ours in _OUTPUT_DECODER_KEYS.items() if key in feature}
     decoder = feature.get("decoder")
     if not moved or (decoder is not None and not isinstance(decoder, dict)):
@@ -157,6 +164,25 @@ def _other_encoders(feature: dict[str, Any], loc: tuple[Any, ...], notes: list[s
     return {**feature, "encoder": {k: v for k, v in encoder.items() if k not in given}}
 
 
+def _image_encoder_type(feature: dict[str, Any], loc: tuple[Any, ...], errors: list[InitErrorDetails]) -> dict[str, Any]:
+    """``feature`` without an image encoder section of one of Ludwig's pre-trained types,
+    that a problem at ``encoder.type`` saying why (its other keys are that type's: not
+    reported one by one)."""
+    encoder = feature.get("encoder")
+    kind = encoder.get("type") if isinstance(encoder, dict) else None
+    if feature.get("type") != "image" or kind not in LUDWIG_IMAGE_ENCODERS:
+        return feature
+    wants = not isinstance(encoder, dict) or encoder.get("use_pretrained", True) is not False
+    why = "use_pretrained: true cannot be satisfied offline, and " if wants else ""
+    fix = (
+        f"Ludwig's {kind} image encoder is built around downloaded pre-trained weights, and raylight downloads none "
+        f"({why}raylight has no {kind} to train from scratch); use stacked_cnn, mlp_mixer, or resnet or vit with "
+        "use_pretrained: false (trained from scratch), and remove the encoder's other keys"
+    )
+    errors.append(_error((*loc, "encoder", "type"), fix, kind))
+    return {k: v for k, v in feature.items() if k != "encoder"}
+
+
 def _check_features(
     data: dict[str, Any], errors: list[InitErrorDetails], inherited: dict[tuple[str, int], set[str]], notes: list[str],
 ) -> dict[str, Any]:
@@ -174,7 +200,8 @@ def _check_features(
                 if side == "output":
                     feature = _decoder_keys(_loss_weight(feature, (key, i), own), (key, i), own)
                 else:
-                    feature = _other_encoders(image_encoder_from_ludwig(_encoder_keys(feature)), (key, i), notes)
+                    feature = image_encoder_from_ludwig(_encoder_keys(feature))
+                    feature = _image_encoder_type(_other_encoders(feature, (key, i), notes), (key, i), own)
                 feature = _ignored(feature, _feature_rules(side, feature.get("type"), IGNORED_FEATURE_KEYS), (key, i), notes)
                 feature = _apply(feature, _feature_rules(side, feature.get("type")), (key, i), own)
                 for error in own:

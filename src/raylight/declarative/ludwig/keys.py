@@ -183,6 +183,12 @@ _LOSSES = {
     "binary": "binary_weighted_cross_entropy", "category": "softmax_cross_entropy", "number": "mean_squared_error",
     "set": "sigmoid_cross_entropy", "vector": "mean_squared_error",
 }
+# Ludwig's mlp_classifier's inference settings, which raylight's decoder takes for binary and
+# category outputs; the other outputs refuse them (not theirs in Ludwig either).
+_CLASSIFIER_ONLY = {
+    "decoder.calibration": ("calibration (temperature scaling) is for binary and category outputs; remove the key", (None,)),
+    "decoder.mc_dropout_samples": ("Monte Carlo dropout is for binary and category outputs; remove the key", (0,)),
+}
 _DECODERS = {"binary": "regressor", "category": "classifier", "number": "regressor", "set": "classifier", "vector": "projector"}
 
 
@@ -341,23 +347,21 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "loss.type": (f"raylight's binary loss is Ludwig's {_LOSSES['binary']}; use it or remove the key", (_LOSSES["binary"],)),
         "decoder.type": _decoder("binary"),
         "loss.positive_class_weight": ("class weights are not available; remove the key", (None,)),
-        "calibration": ("calibration is not available; remove the key", (False,)),
         "preprocessing.fallback_true_label": (
             "raylight reads 1, true, yes, y, t and on (any case) as true and anything else as false; remove the key",
             (None,),
         ),
     },
     ("output", "category"): {
-        "loss.type": (f"raylight's category loss is Ludwig's {_LOSSES['category']}; use it or remove the key", (_LOSSES["category"],)),
         "decoder.type": _decoder("category"),
         "loss.class_weights": ("class weights are not available; remove the key", (None,)),
         "loss.class_similarities": ("class similarities are not available; remove the key", (None,)),
         "loss.class_similarities_temperature": ("class similarities are not available; remove the key", (0,)),
         "preprocessing.lowercase": ("raylight keeps the classes' case; lower-case the column before training; remove the key", (False,)),
         "preprocessing.most_common": ("raylight keeps every class of the target; remove the key", (10000,)),
-        "calibration": ("calibration is not available; remove the key", (False,)),
     },
     ("output", "number"): {
+        **_CLASSIFIER_ONLY,
         "loss.type": (f"raylight's number loss is Ludwig's {_LOSSES['number']}; use it or remove the key", (_LOSSES["number"],)),
         "decoder.type": _decoder("number"),
         "clip": ("raylight does not clip predictions; remove the key", (None,)),
@@ -370,6 +374,7 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "preprocessing.computed_outlier_fill_value": _COMPUTED,
     },
     ("output", "set"): {
+        **_CLASSIFIER_ONLY,
         "loss.type": (f"raylight's set loss is Ludwig's {_LOSSES['set']}; use it or remove the key", (_LOSSES["set"],)),
         "decoder.type": _decoder("set"),
         "loss.class_weights": ("class weights are not available; remove the key", (None,)),
@@ -381,6 +386,7 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "preprocessing.most_common": ("raylight keeps the 10,000 most common labels, Ludwig's default; remove the key", (10000,)),
     },
     ("output", "vector"): {
+        **_CLASSIFIER_ONLY,
         "loss.type": (f"raylight's vector loss is Ludwig's {_LOSSES['vector']}; use it or remove the key", (_LOSSES["vector"],)),
         "decoder.type": _decoder("vector"),
         "decoder.output_size": _COMPUTED,
@@ -391,6 +397,7 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "preprocessing.vector_size": ("write it as the output's vector_size", (None,)),
     },
     ("output", "timeseries"): {
+        **_CLASSIFIER_ONLY,
         "decoder.type": ("raylight's timeseries decoder is Ludwig's projector; use it or remove the key", ("projector",)),
         "decoder.output_size": _COMPUTED,
         "decoder.activation": ("raylight's projector gives the values as they are (no activation); remove the key", (None,)),
@@ -401,6 +408,9 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
             "output's horizon, or remove the key",
             (0,),
         ),
+    },
+    ("output", "anomaly"): {
+        "decoder.type": ("raylight's anomaly decoder is Ludwig's anomaly decoder (the distance from the center); use it or remove the key", ("anomaly",)),
     },
     ("output", "*"): {
         "loss.robust_lambda": ("not available; remove the key", (0,)),
@@ -418,8 +428,6 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "decoder.use_bias": ("raylight's decoder has a bias; remove the key", (True,)),
         "decoder.weights_initializer": ("raylight initialises weights xavier-uniform, Ludwig's default; remove the key", ("xavier_uniform",)),
         "decoder.bias_initializer": ("raylight initialises biases to zero, Ludwig's default; remove the key", ("zeros",)),
-        "decoder.calibration": ("calibration is not available; remove the key", (None,)),
-        "decoder.mc_dropout_samples": ("Monte Carlo dropout is not available; remove the key", (0,)),
         **{f"decoder.fc_{key}": (_DECODER_FIX, neutral) for key, neutral in _DECODER_FC.items()},
         "preprocessing.missing_value_strategy": (_MISSING_TARGET, ("drop_row",)),
         "preprocessing.fill_value": (_MISSING_TARGET, (ANY,)),  # drop_row never fills
@@ -458,6 +466,15 @@ LUDWIG_COMBINERS = (
     "project_aggregate", "gated_fusion", "cross_attention", "perceiver", "hypernetwork", "tabpfn_v2",
 )
 
+# Ludwig 0.17's image encoders raylight lacks, each built around downloaded weights
+# (torchvision's, Hugging Face's, timm's; unet: segmentation): refused at encoder.type
+# (``check._image_encoder_type``), the section's other keys with it.
+LUDWIG_IMAGE_ENCODERS = (
+    "alexnet", "caformer", "clip", "convformer", "convnext", "convnextv2", "densenet", "dinov2", "efficientnet",
+    "googlenet", "inceptionv3", "maxvit", "mnasnet", "mobilenetv2", "mobilenetv3", "poolformer", "regnet", "resnext",
+    "shufflenet_v2", "siglip", "squeezenet", "swin_transformer", "timm", "unet", "vgg", "wide_resnet",
+)
+
 # Ludwig's keys that mean nothing in raylight whatever their value: dropped, each with one
 # warning line saying so (its note), by key path.
 _PARTITIONS = (
@@ -485,8 +502,14 @@ _GENERATED = (
     f"a hint of Ludwig's test helpers for generating data, {_NOT_IN_SCHEMA}; raylight takes the vocabulary and "
     "lengths from the data (preprocessing.most_common, max_sequence_length)"
 )
+_WINDOW = (
+    f"a timeseries feature's window_size, {_NOT_IN_SCHEMA}; each row's series is taken as it is (Ludwig's "
+    "preprocessing.window_size, a sliding window over one column, is not available)"
+)
 IGNORED_FEATURE_KEYS: dict[tuple[str, str], dict[str, str]] = {
     ("input", "*"): {"encoder.vocab_size": _GENERATED, "encoder.max_len": _GENERATED, "encoder.min_len": _GENERATED},
+    ("input", "timeseries"): {"window_size": _WINDOW},
+    ("output", "timeseries"): {"window_size": _WINDOW + "; the output's horizon sets how many values it predicts"},
     ("output", "*"): {
         "decoder.vocab_size": _GENERATED,
         "decoder.max_len": _GENERATED,

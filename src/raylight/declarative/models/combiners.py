@@ -1,6 +1,6 @@
 """The combiners' torch modules other than TabNet's (``models/tabnet.py``): concat's
 stack, the transformer combiners (transformer, tabtransformer, ft_transformer),
-project_aggregate, comparator, sequence_concat and sequence. Their config models and
+project_aggregate, comparator, sequence_concat, sequence and hypernetwork. Their config models and
 what they do are in ``raylight.declarative.combiners``; each module takes the encoded
 inputs in the config's order (``(rows, width)``, or ``(rows, steps, width)`` per step)
 and gives ``(rows, width)``, its width in ``width``."""
@@ -225,3 +225,23 @@ class SequenceModule(nn.Module):
         if self.reduce is None:
             return reduce_steps(self.encoder.steps(x)[0], None)
         return self.encoder(x)
+
+
+class HyperNetworkModule(nn.Module):
+    """Ludwig's HyperNetworkCombiner: the first input's projection generates, per row, the
+    matrix that transforms each other input's projection."""
+
+    def __init__(self, c: Any, inputs: list[Encoded]) -> None:
+        super().__init__()
+        size = c.hidden_size
+        self.projectors = nn.ModuleList(nn.Linear(e.size, size) for e in inputs)
+        self.hyper = nn.Sequential(nn.Linear(size, c.hyper_hidden_size), nn.ReLU(), nn.Linear(c.hyper_hidden_size, size * size))
+        self.fc = FCStack(c, size * len(inputs))
+        self.width = self.fc.width
+
+    def forward(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        projected = [p(v) for p, v in zip(self.projectors, _flat(parts), strict=True)]
+        rows, size = projected[0].shape
+        weights = self.hyper(projected[0]).view(rows, size, size)
+        transformed = [projected[0], *(torch.bmm(weights, h.unsqueeze(-1)).squeeze(-1) for h in projected[1:])]
+        return self.fc(torch.cat(transformed, dim=1))

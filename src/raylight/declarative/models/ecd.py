@@ -118,11 +118,20 @@ class DeclarativeModel(nn.Module):
         self.decoders = nn.ModuleDict()
         for out in config.output_features:
             size = OUTPUTS[out.type].decoder_size(out, meta[out.name])
+            own = getattr(OUTPUTS[out.type], "decoder", None)
+            if own is not None:  # a type whose decoder is its own (anomaly's center distance)
+                self.decoders[module_key(out.name)] = own(out, width)
+                continue
+            layers: list[nn.Module] = []
             if out.decoder.fc_layers:  # Ludwig's decoder layers, then the output's linear layer
                 stack = FCStack(out.decoder.stack(), width)
-                self.decoders[module_key(out.name)] = nn.Sequential(stack, nn.Linear(stack.width, size))
-            else:  # one linear layer (the names weights files written before decoder layers have)
-                self.decoders[module_key(out.name)] = nn.Linear(width, size)
+                layers = [stack, nn.Linear(stack.width, size)]
+            if getattr(out.decoder, "calibration", None) == "temperature_scaling":
+                from raylight.declarative.models.uncertainty import TemperatureScale
+
+                layers = [*(layers or [nn.Linear(width, size)]), TemperatureScale()]
+            # one linear layer alone: the names weights files written before decoder layers have
+            self.decoders[module_key(out.name)] = nn.Sequential(*layers) if layers else nn.Linear(width, size)
         self.register_load_state_dict_pre_hook(self._one_decoder)
         self._initialise()
 
@@ -156,14 +165,18 @@ class DeclarativeModel(nn.Module):
                     if module.padding_idx is not None:
                         module.weight[module.padding_idx].zero_()
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Each output's logits or value, by the output's name."""
+    def combined(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The combiner's output, which every decoder reads."""
         parts = []
         for name in self.inputs:
             encoder = self.embeddings[module_key(name)]
             stepped = name in self.stepped
             parts.append(encoder.steps(batch[name])[0] if stepped else encoder(batch[name]))  # type: ignore[operator]
-        hidden = self.combiner(parts)
+        return self.combiner(parts)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Each output's logits or value, by the output's name."""
+        hidden = self.combined(batch)
         outs = {}
         for name, kind in self.output_types.items():
             out = self.decoders[module_key(name)](hidden)

@@ -11,13 +11,13 @@ one entry.
 
 from __future__ import annotations
 
-from raylight.declarative.outputs import binary, category, number, sets, timeseries, vector
+from raylight.declarative.outputs import anomaly, binary, category, number, sets, timeseries, vector
 from raylight.declarative.outputs.base import OutputModel, OutputType
 
 # The order is that of the allowed types in the error for an unknown one.
 OUTPUTS: dict[str, OutputType] = {
     "binary": binary, "category": category, "number": number, "set": sets, "vector": vector,
-    "timeseries": timeseries,
+    "timeseries": timeseries, "anomaly": anomaly,
 }
 
 __all__ = ["OUTPUTS", "OutputModel", "OutputType"]

@@ -132,6 +132,12 @@ class OutputType(Protocol):
         """The values its decoder (one linear layer after the combiner) gives per row."""
         ...
 
+    # Optional, where a type's decoder is its own module in place of the linear layer (the
+    # anomaly type's center distance): ``decoder(out, width) -> nn.Module``, reading the
+    # combiner's ``width`` values. And where a type fits values after training (anomaly's
+    # radius and threshold): ``after_training(out, train_scores, validation_scores) ->
+    # dict``, merged into its ``meta`` before the model is saved (``train.finish_meta``).
+
     def loss(self, out: Any) -> nn.Module:
         """Its loss, of ``raw`` and the targets, a mean over the rows."""
         ...

@@ -9,6 +9,8 @@ import numpy as np
 import pandas as pd
 from pydantic import Field
 
+from raylight.base.exceptions import ConfigError
+from raylight.config.base import ConfigModel
 from raylight.declarative.features import category as category_input
 from raylight.declarative.features.base import MAX_WIDTH
 from raylight.declarative.outputs.base import (
@@ -23,12 +25,28 @@ if TYPE_CHECKING:
     from torch import nn
 
 
+class CategoryLoss(ConfigModel):
+    type: Literal["softmax_cross_entropy", "objectosphere"] = Field(
+        "softmax_cross_entropy",
+        description="softmax_cross_entropy (Ludwig's default) or objectosphere (open-set recognition: known classes' "
+        "logits pushed to a norm of at least xi, the background class's to uniform and small; models/losses.py).",
+    )
+    background_class: int | None = Field(
+        None, ge=0, le=2**31,
+        description="objectosphere: the index of the background (unknown) class among the output's classes, which "
+        "raylight sorts (Ludwig counts its <UNK> as 0 and orders by frequency); null: every class is known.",
+    )
+    xi: float = Field(10.0, ge=0, le=1e6, description="objectosphere: the least logit norm of a known class's row.")
+    zeta: float = Field(0.1, ge=0, le=1e6, description="objectosphere: the weight of a background row's squared logit norm.")
+
+
 class CategoryOutput(OutputModel):
     type: Literal["category"]
     top_k: int = Field(
         3, ge=1, le=MAX_WIDTH,
         description="category: hits_at_k counts a row right when its class is among the k most likely (Ludwig's).",
     )
+    loss: CategoryLoss = Field(default_factory=lambda: CategoryLoss(), description="category: the loss.")
 
 
 Output = CategoryOutput
@@ -49,11 +67,22 @@ def check_target_blocks(summary: pd.DataFrame, out: CategoryOutput, source: str)
 
 
 def fit(col: pd.Series, out: CategoryOutput) -> dict[str, Any]:
-    return {"classes": sorted(col.dropna().astype(str).unique().tolist())}
+    return _checked(out, sorted(col.dropna().astype(str).unique().tolist()))
 
 
 def fit_ray(train: Any, outs: list[CategoryOutput]) -> dict[str, dict[str, Any]]:
-    return {out.name: {"classes": _classes(train, out.col)} for out in outs}
+    return {out.name: _checked(out, _classes(train, out.col)) for out in outs}
+
+
+def _checked(out: CategoryOutput, classes: list[str]) -> dict[str, Any]:
+    """The classes, where the loss's background class is one of them."""
+    background = out.loss.background_class
+    if out.loss.type == "objectosphere" and background is not None and background >= len(classes):
+        raise ConfigError(
+            f"output_features {out.name!r}: loss.background_class {background} is no class: the training split has "
+            f"{len(classes)} ({classes[:10]}, sorted); give the index of the background class among them (from 0)"
+        )
+    return {"classes": classes}
 
 
 def _classes(train: Any, col: str) -> list[str]:
@@ -79,6 +108,10 @@ def decoder_size(out: CategoryOutput, meta: dict[str, Any]) -> int:
 def loss(out: CategoryOutput) -> nn.Module:
     from torch import nn
 
+    if out.loss.type == "objectosphere":
+        from raylight.declarative.models.losses import ObjectosphereLoss
+
+        return ObjectosphereLoss(out.loss.background_class, out.loss.xi, out.loss.zeta)
     return nn.CrossEntropyLoss()
 
 
