@@ -206,6 +206,7 @@ def hyperopt(
     cluster, nodes = cluster_view()
     shape, concurrency = plan(config, cluster, nodes)
     log.info("hyperopt: %d worker(s) per trial, %s", shape.num_workers, concurrency.reason)
+    _check_output_reach(out)
     # Preprocess before any trial holds CPUs (Ray Data needs them free): once, or once for
     # each preprocessing the searched parameters give.
     choice = processor.resolve(config.backend.processor, "ray", dataset)
@@ -269,6 +270,26 @@ def hyperopt(
 
 
 EXPERIMENT = "tune"  # the Tune experiment's directory inside the output directory
+
+
+def _check_output_reach(out: str) -> None:
+    """Every live node sees ``out`` (``worker_group.node_reach``), before any preprocessing
+    or trial: each trial writes its checkpoints and results there from its own node (a
+    trial's driver needs no CPU, so any node may hold one), so a directory on the driver's
+    disk alone loses the trials placed elsewhere. A ConfigError naming the nodes, else
+    nothing."""
+    from raylight.worker_group.node_reach import nodes_not_seeing
+
+    missing = nodes_not_seeing(out)
+    if missing:
+        where = "; ".join(f"on {node}: {why}" for node, why in sorted(missing.items()))
+        raise ConfigError(
+            f"--output-directory {out!r} is not shared with every node Ray may place a trial on: the "
+            f"driver wrote a marker there and those nodes did not see it ({where}). Each trial writes its "
+            "checkpoints and results into the output directory from its own node; give a directory on a "
+            "filesystem mounted at the same path on every node (NFS, EFS), or run the search where the "
+            "driver's node holds every trial"
+        )
 
 
 def _resumable_dir(path: str) -> str:
