@@ -26,7 +26,7 @@ root = sys.argv[1]
 loggers = [CSVLogger(os.path.join(root, "csv")), TensorBoardLogger(os.path.join(root, "tb"))]
 checkpoints = ModelCheckpoint(dirpath=os.path.join(root, "ckpt"))
 trainer = pl.Trainer(
-    max_epochs=1, strategy=RayStrategy(num_workers=2), logger=loggers, callbacks=[checkpoints],
+    max_epochs=1, limit_train_batches=4, limit_val_batches=2, strategy=RayStrategy(num_workers=2), logger=loggers, callbacks=[checkpoints],
     log_every_n_steps=1, enable_progress_bar=False, enable_model_summary=False,
 )
 trainer.fit(ddp_digits.DigitsClassifier(), datamodule=ddp_digits.DigitsDataModule(batch_size=64))

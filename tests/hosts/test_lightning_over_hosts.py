@@ -13,7 +13,7 @@ import pytest
 from tests.hosts.harness import RUN, SHARED
 from tests.hosts.ray_cluster import RayOverHosts, cluster_env
 
-pytestmark = [pytest.mark.hosts, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.hosts, pytest.mark.extended, pytest.mark.timeout(720)]  # 3-6 min under load: make test-extended
 HERE = os.path.dirname(os.path.abspath(__file__))
 DRIVER = os.path.join(HERE, "lightning_driver.py")
 
@@ -28,7 +28,7 @@ def test_lightning_loggers_on_the_workers_hosts_get_the_version_resolved_where_r
     made = make_hosts(["a", "b", "c"], env=cluster_env())
     cluster = RayOverHosts(made, head="a", raylets={"b": 1, "c": 1})
 
-    shared = json.loads(cluster.driver(DRIVER, f"{SHARED}/lt").splitlines()[-1])
+    shared = json.loads(cluster.driver(DRIVER, f"{SHARED}/lt", timeout=300).splitlines()[-1])
     logs = [f"{SHARED}/lt/csv/lightning_logs/version_0", f"{SHARED}/lt/tb/lightning_logs/version_0"]
     assert shared["versions"] == [0, 0] and shared["log_dirs"] == logs and shared["log_dir"] == logs[0], shared
     on_box = made.shared + "/lt"
@@ -44,7 +44,7 @@ def test_lightning_loggers_on_the_workers_hosts_get_the_version_resolved_where_r
             os.makedirs(f"{disk(host)}/{kind}/lightning_logs/version_0")
             with open(f"{disk(host)}/{kind}/lightning_logs/version_0/earlier", "w") as f:
                 f.write("an earlier run")
-    local = json.loads(cluster.driver(DRIVER, f"{RUN}/lt").splitlines()[-1])
+    local = json.loads(cluster.driver(DRIVER, f"{RUN}/lt", timeout=300).splitlines()[-1])
     assert local["versions"] == [1, 1], local
     assert local["log_dirs"] == [f"{RUN}/lt/csv/lightning_logs/version_1", f"{RUN}/lt/tb/lightning_logs/version_1"], local
     wrote = [h for h in ("b", "c") if os.path.isfile(f"{disk(h)}/csv/lightning_logs/version_1/metrics.csv")]
