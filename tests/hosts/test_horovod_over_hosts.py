@@ -1,7 +1,8 @@
 """`raylight run` of a Horovod script (the raylight.horovod compat layer) across hosts (issue
 57): the head on a (no CPU), one raylet on each of b and c. The script is on the shared
-directory and run from a; then it is only on the laptop d, which sends it with
-`raylight submit --working-dir`."""
+directory and run from a, from a working directory on a's own disk (each rank says it runs
+elsewhere); then it is only on the laptop d, which sends it with `raylight submit
+--working-dir`."""
 
 from __future__ import annotations
 
@@ -48,10 +49,16 @@ def test_a_horovod_script_on_the_shared_directory_or_sent_from_a_laptop_runs_one
     cluster = RayOverHosts(made, head="a", raylets={"b": 1, "c": 1})
     shutil.copy(SCRIPT, os.path.join(made.shared, "hvd.py"))
     run = [RAYLIGHT, "run", "-n", "2", "--storage-path", f"{SHARED}/runs", "-m", "raylight.horovod"]
-    done = made.run("a", ["env", f"RAY_ADDRESS={cluster.address}", *run, f"{SHARED}/hvd.py", f"{SHARED}/shared.pt"],
-                    timeout=240, check=False)
+    os.makedirs(f"/proc/{made.hosts['a'].holder.pid}/root{RUN}/here")  # the driver's cwd, on a's disk only
+    done = made.run("a", ["sh", "-c", f'cd {RUN}/here && exec env RAY_ADDRESS={cluster.address} "$@"', "sh", *run,
+                          f"{SHARED}/hvd.py", f"{SHARED}/shared.pt"], timeout=240, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     _check(done.stdout, os.path.join(made.shared, "shared.pt"))
+    said = " ".join(done.stderr.split())  # each rank says it does not run in the driver's cwd
+    warned = re.findall(rf"\[rank (\d)\] raylight run: the driver's working directory {RUN}/here is not on this node \((\w)\)", said)
+    assert sorted(warned) in (
+        [("0", "b"), ("1", "c")], [("0", "c"), ("1", "b")]
+    ), done.stderr
 
     cluster.give_token("d")
     job = f"/proc/{made.hosts['d'].holder.pid}/root{RUN}/job"  # d's own disk only
