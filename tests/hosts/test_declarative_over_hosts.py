@@ -47,13 +47,14 @@ def test_train_and_hyperopt_from_a_laptop_write_to_the_shared_directory_and_a_lo
     preprocessing or any trial, naming b and c (before: the trials placed on b and c wrote
     there, and were lost). hyperopt on the shared directory: both trials, one on each of b
     and c at once, finish there."""
-    sys.path.insert(0, os.path.join(REPO, "examples", "declarative"))
-    from make_datasets import write_all
-
     made = make_hosts(["a", "b", "c", "d"], env=cluster_env())
     cluster = RayOverHosts(made, head="a", raylets={"b": 1, "c": 1})
     cluster.give_token("d")
-    data = write_all(os.path.join(made.shared, "data"))["breast_cancer"].replace(made.shared, SHARED)
+    write = (  # in a process of its own: scikit-learn's import sets KMP_INIT_AT_FORK
+        f"import sys; sys.path.insert(0, {os.path.join(REPO, 'examples', 'declarative')!r}); "
+        f"from make_datasets import write_all; print(write_all({SHARED + '/data'!r})['breast_cancer'])"
+    )
+    data = made.run("a", [sys.executable, "-c", write], timeout=120).stdout.split()[-1]
     for name, config in (("train", _config(2, False)), ("search", _config(1, True))):
         with open(os.path.join(made.shared, f"{name}.yaml"), "w") as f:
             yaml.safe_dump(config, f)
