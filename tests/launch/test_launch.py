@@ -108,6 +108,18 @@ def test_child_env_is_torchruns():
     assert child_command(LaunchSpec("pkg.mod", ("-x",), True, "/x", "r", 0))[2:] == ["-m", "pkg.mod", "-x"]
 
 
+def test_a_rank_on_a_node_without_the_driver_s_cwd_runs_elsewhere_and_says_so(tmp_path):
+    lines: list[tuple[str, str]] = []
+    ctx = type("Ctx", (), {"_output": lambda self, stream, text: lines.append((stream, text))})()
+    assert agent.working_directory(LaunchSpec("/x/t.py", (), False, str(tmp_path), "r", 0), ctx) == str(tmp_path)
+    assert lines == []
+    missing = str(tmp_path / "only-on-the-driver")
+    assert agent.working_directory(LaunchSpec("/x/t.py", (), False, missing, "r", 0), ctx) is None
+    [(stream, text)] = lines
+    assert stream == "stderr" and f"the driver's working directory {missing} is not on this node" in text
+    assert f"this rank runs in {os.getcwd()}" in text and "raylight submit --working-dir" in text
+
+
 def test_script_exit_error_pickles_and_names_signals():
     import pickle
 

@@ -352,6 +352,31 @@ def test_rank_zero_results_round_trip_to_a_fresh_trainer(tmp_path):
     assert float(stopper.best_score) == float(worker.early_stopping_callback.best_score)
 
 
+def test_the_driver_s_file_loggers_take_the_versions_rank_0_resolved_where_it_wrote(tmp_path):
+    """Rank 0's disk holds an earlier run's version_0, the driver's disk (here another
+    directory) none: the driver's loggers say version_1 after recover, as rank 0 wrote; a
+    version the user gave stays (issue 57: resolved on the driver, it was version_0)."""
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    for kind in ("csv", "tb"):
+        os.makedirs(tmp_path / "rank0" / kind / "lightning_logs" / "version_0")
+    data = DataLoader(TensorDataset(torch.randn(8, 4), torch.randint(0, 2, (8,))), batch_size=4)
+    quiet = {"max_epochs": 1, "enable_progress_bar": False, "enable_model_summary": False, "enable_checkpointing": False}
+
+    def loggers(root):
+        return [CSVLogger(root / "csv"), TensorBoardLogger(root / "tb"), CSVLogger(root / "own", version="mine")]
+
+    worker = pl.Trainer(accelerator="cpu", devices=1, logger=loggers(tmp_path / "rank0"), **quiet)
+    worker.fit(_Tiny(), data)
+    output = deserialize_state(serialize_state(collect(worker, None)))
+    driver = pl.Trainer(accelerator="cpu", devices=1, logger=loggers(tmp_path / "driver"), **quiet)
+    driver.strategy.connect(_Tiny())
+    recover(driver, output)
+    assert [lg.version for lg in driver.loggers] == [1, 1, "mine"]
+    assert driver.log_dir == str(tmp_path / "driver" / "csv" / "lightning_logs" / "version_1")
+    assert not os.path.exists(tmp_path / "driver"), "nothing resolved or written on the driver's disk"
+
+
 def _lightning_imports(path: pathlib.Path) -> set[str]:
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):

@@ -179,8 +179,6 @@ def hyperopt(
     from raylight.declarative import api
     from raylight.declarative.dataset import read_pandas
     from raylight.declarative.preprocess import check_columns, check_target
-    from raylight.driver import runtime
-
     h = config.hyperopt
     if h is None:
         raise ConfigError(
@@ -202,7 +200,7 @@ def hyperopt(
     check_columns(frame, config, with_outputs=True, source=dataset)
     check_target(frame, config, dataset)
     del frame
-    runtime.connect(None)
+    _connect(out)
     cluster, nodes = cluster_view()
     shape, concurrency = plan(config, cluster, nodes)
     log.info("hyperopt: %d worker(s) per trial, %s", shape.num_workers, concurrency.reason)
@@ -269,6 +267,28 @@ def hyperopt(
 
 
 EXPERIMENT = "tune"  # the Tune experiment's directory inside the output directory
+
+
+def _connect(out: str) -> None:
+    """Connect to Ray, then check every live node sees ``out`` (``worker_group.node_reach``),
+    before any preprocessing or trial: each trial writes its checkpoints and results there from its own node (a
+    trial's driver needs no CPU, so any node may hold one), so a directory on the driver's
+    disk alone loses the trials placed elsewhere. A ConfigError naming the nodes, else
+    nothing."""
+    from raylight.driver import runtime
+    from raylight.worker_group.node_reach import nodes_not_seeing
+
+    runtime.connect(None)
+    missing = nodes_not_seeing(out)
+    if missing:
+        where = "; ".join(f"on {node}: {why}" for node, why in sorted(missing.items()))
+        raise ConfigError(
+            f"--output-directory {out!r} is not shared with every node Ray may place a trial on: the "
+            f"driver wrote a marker there and those nodes did not see it ({where}). Each trial writes its "
+            "checkpoints and results into the output directory from its own node; give a directory on a "
+            "filesystem mounted at the same path on every node (NFS, EFS), or run the search where the "
+            "driver's node holds every trial"
+        )
 
 
 def _resumable_dir(path: str) -> str:

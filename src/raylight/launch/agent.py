@@ -172,6 +172,26 @@ def check_on_this_node(spec: LaunchSpec) -> None:
     )
 
 
+def working_directory(spec: LaunchSpec, ctx: Any) -> str | None:
+    """Where the child runs: the driver's working directory, as every rank of torchrun runs
+    where it was started. On a node that lacks it (the driver's own disk, on a cluster) the
+    child runs in this worker's (the job's working directory under `raylight submit
+    --working-dir`, else Ray's), and the rank says so on its stderr: relative paths there are
+    not the driver's (issue 57: it was silent, and a relative output landed in Ray's
+    session directory)."""
+    if os.path.isdir(spec.cwd):
+        return spec.cwd
+    import socket
+
+    ctx._output(
+        "stderr",
+        f"raylight run: the driver's working directory {spec.cwd} is not on this node ({socket.gethostname()}); "
+        f"this rank runs in {os.getcwd()}, where relative paths are not the driver's. Run from a directory on "
+        "storage every node mounts at the same path, or send it: raylight submit --working-dir DIR -- raylight run ...",
+    )
+    return None
+
+
 def _run_child(ctx: Any, spec: LaunchSpec, env: dict[str, str], channel: _Channel) -> tuple[int, bool]:
     """Start the child, forward its output until it exits; its exit code (128 + N when
     signal N killed it) and whether the driver asked it to stop meanwhile (then the
@@ -179,7 +199,7 @@ def _run_child(ctx: Any, spec: LaunchSpec, env: dict[str, str], channel: _Channe
     SIGTERM, then SIGKILL). Stopped any other way (the loop's thread interrupted), the
     child's process group is terminated, then killed."""
     check_on_this_node(spec)
-    cwd = spec.cwd if os.path.isdir(spec.cwd) else None
+    cwd = working_directory(spec, ctx)
     child = subprocess.Popen(
         child_command(spec), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env=env, cwd=cwd, start_new_session=True,

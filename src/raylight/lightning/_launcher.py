@@ -1,9 +1,10 @@
 """RayLauncher: Lightning's launcher axis, implemented with raylight's worker group.
 
-This is the one module that uses a private Lightning API: the launcher base class
+This is the one module that uses private Lightning APIs: the launcher base class
 (``lightning.pytorch.strategies.launchers.launcher._Launcher``) that a strategy's
-``_configure_launcher`` hook installs. Lightning has no public way to plug in a
-launcher; everything else here uses public Trainer attributes. Supported range and the
+``_configure_launcher`` hook installs (Lightning has no public way to plug in a
+launcher), and the file loggers' cached ``_version`` (no public setter); everything else
+here uses public Trainer attributes. Supported range and the
 reason are in docs/lightning.md.
 
 On the driver, ``launch`` runs the Trainer's entry point (fit, validate, test or
@@ -22,12 +23,11 @@ import tempfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.strategies.launchers.launcher import _Launcher
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn, TrainerStatus
 from torch import nn
 
-from raylight.lightning._worker import CALL_KEY, CHECKPOINT_STATE_KEYS, run_on_worker
+from raylight.lightning._worker import CALL_KEY, CHECKPOINT_STATE_KEYS, file_loggers, run_on_worker
 from raylight.storage.checkpoint import RAYLIGHT_KEY
 
 if TYPE_CHECKING:
@@ -59,7 +59,6 @@ class RayLauncher(_Launcher):
             module = args[0] if args and isinstance(args[0], nn.Module) else trainer.lightning_module
             if module is not None:
                 self._check_model(module)
-        _fix_logger_versions(trainer)
         run_dir = tempfile.mkdtemp(prefix="raylight-lightning-")
         forward = _tune_forwarder()
         try:
@@ -93,18 +92,22 @@ def _tune_forwarder() -> Any:
     return TuneForwarder() if in_tune_session() else None
 
 
-def _fix_logger_versions(trainer: pl.Trainer) -> None:
-    """Resolve file loggers' versions on the driver, so workers write where the driver's
-    ``trainer.log_dir`` points (a version resolved later would be the next one)."""
-    for logger in trainer.loggers:
-        if isinstance(logger, CSVLogger | TensorBoardLogger):
-            _ = logger.version
+def _take_logger_versions(trainer: pl.Trainer, versions: list[Any]) -> None:
+    """The file loggers' versions rank 0 resolved, where it writes (``_worker.collect``),
+    set on the driver's loggers, so ``trainer.log_dir`` here points where rank 0 wrote and a
+    later call (``trainer.test`` after ``fit``) writes there too. Resolved here instead, a
+    version would be read from the driver's disk, which on a cluster is not the workers'
+    (issue 57: an earlier run's ``version_0`` on rank 0's disk was written into). Lightning
+    has no public setter: ``_version`` is what its ``version`` property caches."""
+    for logger, version in zip(file_loggers(trainer), versions, strict=False):
+        logger._version = version
 
 
 def recover(trainer: pl.Trainer, output: dict[str, Any]) -> None:
     """Put rank 0's results in the driver's Trainer: weights (after fit), checkpoint
     callbacks' best paths, other callbacks' states, metrics, the fit loop's progress and
     the trainer state."""
+    _take_logger_versions(trainer, output.get("logger_versions", []))
     weights = output.get("weights")
     if weights is not None:
         module = trainer.lightning_module

@@ -69,6 +69,13 @@ def run_on_worker(ctx: Any, config: dict[str, Any]) -> None:
     ctx.report(metrics, checkpoint=output if ctx.rank == 0 else None)
 
 
+def file_loggers(trainer: Any) -> list[Any]:
+    """The Trainer's loggers that pick a ``version_N`` directory by listing their save_dir."""
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    return [lg for lg in trainer.loggers if isinstance(lg, CSVLogger | TensorBoardLogger)]
+
+
 def _callback_states(trainer: Any) -> dict[str, Any]:
     """Other callbacks' ``state_dict()`` (e.g. EarlyStopping's), by ``state_key``; a state
     a ``weights_only`` load would refuse stays on the worker, with a warning."""
@@ -120,5 +127,7 @@ def collect(trainer: Any, results: Any) -> dict[str, Any]:
             "stage": state.stage.value if state.stage else None,
         },
         "should_stop": bool(trainer.should_stop),
+        # resolved here, on rank 0's filesystem, where its loggers wrote
+        "logger_versions": [lg.version for lg in file_loggers(trainer)],
         "results": to_cpu(results),
     }
