@@ -7,7 +7,12 @@ import pytest
 from typer.testing import CliRunner
 
 from raylight.base.exceptions import ConfigError
-from raylight.scheduler.cloud import CloudConfig, CloudScaler, load_node_types, node_types_from_config
+from raylight.scheduler.cloud import (
+    CloudConfig,
+    CloudScaler,
+    load_node_types,
+    node_types_from_config,
+)
 from raylight.scheduler.nodes import NodeInfo, schedulable
 from raylight.scheduler.state import SchedulerState
 from tests.scheduler.test_state import MODEL, Clock
