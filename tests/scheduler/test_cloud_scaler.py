@@ -138,3 +138,24 @@ def test_start_refuses_cloud_settings_it_cannot_use_with_exit_code_2(args, match
     out = CliRunner().invoke(app, ["scheduler", "start", *args])
     assert out.exit_code == 2, out.output
     assert match in " ".join(out.output.split())
+
+
+def test_status_shows_the_nodes_asked_for_why_and_the_cost_so_far():
+    from rich.console import Console
+
+    from raylight.cli.scheduler import cloud_table
+
+    clock, cluster = Clock(), Cluster()
+    state, cloud = scaler(clock, cluster, max_nodes=3)
+    state.register("a", min_workers=1, max_workers=3)
+    state.report("a", {**MODEL, "nodes": ["head"]})
+    cloud.step()
+    clock.now = 3600  # none joined (the autoscaler is slow here): still asked for
+    state.report("a", {**MODEL, "nodes": ["head"]})
+    cloud.step()
+    console = Console(width=200, record=True)
+    console.print(cloud_table(cloud.status()))
+    text = " ".join(console.export_text().split())
+    assert "│ cpu_node │ 0 │ 2 │ 1 │ 0.1 │ 2 │" in text, text  # type, nodes there, asked for, slots, USD/h, max
+    assert "cost so far: $0.4000 (node-hours: head 1 h)" in text, text
+    assert "why: ask for 1 cpu_node node(s)" in text, text

@@ -99,8 +99,10 @@ def start(
     except TimeoutError as exc:
         console.print(f"error: {exc}", highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(1) from None
+    mode = " in cloud mode" if settings else ""
     console.print(
-        "the raylight scheduler runs already" if existed else "started the raylight scheduler",
+        ("the raylight scheduler runs already; its mode and settings stay as they are (stop it, then start it again"
+         f"{mode} to change them)") if existed else f"started the raylight scheduler{mode}",
         highlight=False, markup=False,
     )
 
