@@ -42,9 +42,13 @@ from typing import Any
 
 import numpy as np
 
+from raylight.adaptive.cloud import GAIN_PER_USD_H, CloudSettings
+from raylight.adaptive.sharing import SharingPolicy
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_info, ratio, write_results
 from scheduler_sim import policies
+from scheduler_sim.cloud import autoscaler
 from scheduler_sim.cluster import Outcome, simulate
 from scheduler_sim.traces import (
     DATA,
@@ -61,7 +65,7 @@ QUOTED = ("pollux", "tiresias", "optimus")
 
 def make_policy(name: str, args: argparse.Namespace) -> tuple[Any, bool]:
     """(the simulator policy, whether its jobs adapt their batch)."""
-    if name == "sharing":
+    if name in ("sharing", "cloud"):
         decide, _ = policies.sharing(
             p=args.p, horizon_s=args.horizon_s, restart_s=args.restart_s, order=args.order,
             baseline=args.baseline,
@@ -77,11 +81,25 @@ def run_one(task: tuple[int, str, argparse.Namespace]) -> dict[str, Any]:
     if args.limit_jobs:
         arrivals = arrivals[: args.limit_jobs]
     policy, adaptive = make_policy(name, args)
+    scale, timings = None, []
+    if name == "cloud":
+        scale = autoscaler(
+            policy=SharingPolicy(p=args.p, horizon_s=args.horizon_s, baseline=args.baseline),
+            settings=CloudSettings(gain_per_usd_h=args.gain_per_usd_h, max_nodes=16, release_after_s=args.release_after_s),
+            price_per_node_h=args.price_per_node_h, join_s=args.join_s, restart_s=args.restart_s, order=args.order,
+            timings=timings,
+        )
     out = simulate(
         arrivals, apps, policy, adaptive=adaptive,
-        interval_s=args.interval_s, restart_s=args.restart_s,
+        interval_s=args.interval_s, restart_s=args.restart_s, scale=scale,
     )
-    return {"workload": number, "policy": name, **summarise(out)}
+    row = {"workload": number, "policy": name, **summarise(out)}
+    row["node_hours"] = out.node_seconds / 3600
+    row["cost_usd"] = row["node_hours"] * args.price_per_node_h
+    if timings:
+        row["cloud_decision_s_mean"] = statistics.fmean(timings)
+        row["cloud_decision_s_max"] = max(timings)
+    return row
 
 
 def summarise(out: Outcome) -> dict[str, Any]:
@@ -197,6 +215,34 @@ def figures(rows: list[dict[str, Any]], numbers: list[int], limit: int | None) -
     return {"per_workload": per, "mean": mean}
 
 
+# A node of the paper's testbed (4 NVIDIA T4 GPUs, AWS g4dn.12xlarge), USD per hour on
+# demand (list price, us-east-1): the cloud row's price per node-hour, a setting.
+PRICE_PER_NODE_H = 3.912
+
+
+def cloud_figures(rows: list[dict[str, Any]], numbers: list[int], args: argparse.Namespace) -> dict[str, Any]:
+    """Cloud mode against the fixed 16-node cluster, the same policy and workload."""
+    by = {(r["workload"], r["policy"]): r for r in rows}
+    per = {}
+    for w in numbers:
+        cloud, fixed = by.get((w, "cloud")), by.get((w, "sharing"))
+        if not cloud or not fixed:
+            continue
+        per[f"workload-{w}"] = {
+            "cost_usd": cloud["cost_usd"], "fixed_cost_usd": fixed["cost_usd"],
+            "avg_jct_s": cloud["avg_jct_s"], "fixed_avg_jct_s": fixed["avg_jct_s"],
+            "cost_vs_fixed": ratio(cloud["cost_usd"], fixed["cost_usd"]),
+            "avg_jct_vs_fixed": ratio(cloud["avg_jct_s"], fixed["avg_jct_s"]),
+            "makespan_vs_fixed": ratio(cloud["makespan_s"], fixed["makespan_s"]),
+        }
+    return {
+        "price_per_node_h": args.price_per_node_h, "gain_per_usd_h": args.gain_per_usd_h, "join_s": args.join_s,
+        "release_after_s": args.release_after_s, "max_nodes": 16,
+        "fixed": "the sharing row: 16 nodes on from the first arrival to the last completion, each node-hour paid",
+        "per_workload": per,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="workload 6, its first 60 jobs (the smoke run)")
@@ -209,6 +255,11 @@ def main() -> None:
     parser.add_argument("--p", type=float, default=-1.0, help="SharingPolicy: power of the fitness mean")
     parser.add_argument("--baseline", default="min", choices=["min", "fair"], help="SharingPolicy: speedup over the job's minimum or over a fair share")
     parser.add_argument("--order", default="service", choices=["arrival", "service"], help="SharingPolicy: admission order")
+    parser.add_argument("--cloud", action="store_true", help="add the cloud mode row (an autoscaled cluster of at most 16 nodes) beside the fixed sharing row")
+    parser.add_argument("--price-per-node-h", type=float, default=PRICE_PER_NODE_H, help="cloud: USD per node-hour (4 GPUs)")
+    parser.add_argument("--gain-per-usd-h", type=float, default=GAIN_PER_USD_H, help="cloud: job-speedup a node must add per USD/h")
+    parser.add_argument("--join-s", type=float, default=60.0, help="cloud: seconds from asking for a node to its joining")
+    parser.add_argument("--release-after-s", type=float, default=60.0, help="cloud: seconds a node stays unused before it goes")
     parser.add_argument("--procs", type=int, default=2, help="simulations in parallel")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -216,8 +267,13 @@ def main() -> None:
         args.workloads, args.limit_jobs = "6", args.limit_jobs or 60
         if args.out == RESULTS:
             args.out = RESULTS.with_name("scheduler-quick.json")
+    if args.cloud:
+        if args.out == RESULTS:
+            args.out = RESULTS.with_name("scheduler-cloud.json")
+        if args.policies == ",".join(POLICIES):
+            args.policies = "sharing"
     numbers = [int(w) for w in args.workloads.split(",")]
-    names = args.policies.split(",")
+    names = args.policies.split(",") + (["cloud"] if args.cloud else [])
     tasks = [(w, p, args) for w in numbers for p in names]
     started = time.perf_counter()
     with Pool(min(args.procs, len(tasks))) as pool:
@@ -234,12 +290,14 @@ def main() -> None:
             "interval_s": args.interval_s,
             "restart_s": args.restart_s,
             "sharing": {"p": args.p, "horizon_s": args.horizon_s, "order": args.order, "baseline": args.baseline},
+            "price_per_node_h": args.price_per_node_h,
             "inputs": "AdaptDL osdi21-artifact c793c7089bd307462686339d29707925c461f9a9 (bench/data/pollux/README.md)",
             "quoted": "pollux/tiresias/optimus: the artifact's results-jobload/*-1.0 per-job JCTs, from its own simulator, not measured here",
         },
         "machine": machine_info(),
         "source": source_commit(),
         **figures(rows, numbers, args.limit_jobs or None),
+        **({"cloud": cloud_figures(rows, numbers, args)} if args.cloud else {}),
         "decision_s_100_jobs": decision_time(),
         "runs": sorted(rows, key=lambda r: (r["workload"], r["policy"])),
         "wall_s": time.perf_counter() - started,

@@ -153,6 +153,8 @@ class SimJob:
 # A policy: (now, active jobs in arrival order, GPUs per node) -> node of each replica per
 # job (a job left out does not run). It may set a job's batch; the simulator sets the rest.
 Policy = Callable[[float, list[SimJob], list[int]], dict[str, tuple[int, ...]]]
+# Cloud mode: (now, active jobs, GPUs per node slot now) -> GPUs per node slot this interval.
+Scale = Callable[[float, list[SimJob], list[int]], list[int]]
 
 
 @dataclass
@@ -165,6 +167,7 @@ class Outcome:
     gpu_utilisation: float  # busy GPU-seconds / (GPUs x makespan)
     decision_s: list[float]
     wall_s: float
+    node_seconds: float = 0.0  # nodes on x time (every node, all the time, on a fixed cluster)
 
     @property
     def avg_jct(self) -> float:
@@ -190,17 +193,23 @@ def simulate(
     interval_s: float = 60.0,
     restart_s: float = 30.0,
     max_hours: float = 200.0,
+    scale: Scale | None = None,
 ) -> Outcome:
-    """Run ``arrivals`` to the end under ``policy``; every job must finish within ``max_hours``."""
+    """Run ``arrivals`` to the end under ``policy``; every job must finish within ``max_hours``.
+    ``scale`` (cloud mode, cloud.py): at each interval's start, the GPUs of each of the
+    ``nodes`` node slots for this interval (0: the node is not there)."""
     start = time.perf_counter()
     jobs = [SimJob(a, apps[a.application], adaptive) for a in arrivals]
     slots = [gpus_per_node] * nodes
-    now, intervals, max_used, busy = 0.0, 0, 0, 0.0
+    now, intervals, max_used, busy, node_seconds = 0.0, 0, 0, 0.0, 0.0
     decision: list[float] = []
     while any(j.done_at is None for j in jobs):
         if now > max_hours * 3600:
             raise RuntimeError(f"jobs still running after {max_hours} simulated hours")
         active = [j for j in jobs if j.arrival.time <= now and j.done_at is None]
+        if scale is not None:
+            slots = scale(now, active, list(slots))
+        node_seconds += sum(1 for s in slots if s > 0) * interval_s
         if active:
             t0 = time.perf_counter()
             placed = policy(now, active, list(slots))
@@ -236,6 +245,7 @@ def simulate(
         gpu_utilisation=busy / (nodes * gpus_per_node * makespan),
         decision_s=decision,
         wall_s=time.perf_counter() - start,
+        node_seconds=node_seconds,
     )
 
 

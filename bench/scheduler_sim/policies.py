@@ -127,21 +127,27 @@ def sharing(
     attained GPU-time first, as Pollux sorts its jobs)."""
     policy = SharingPolicy(p=p, horizon_s=horizon_s, baseline=baseline)
 
-    def model(job: SimJob) -> JobModel:
-        app = job.app
-        good = None if job.app.name == "ncf" else job.goodput_fn()
-        if good is None:
-            return JobModel(job.name, None, min_replicas=1, current=job.nodes, resize_cost_s=restart_s)
-        cap = min(max(2 * job.max_profiled_replicas, 1), 64, app.max_batch_size // app.min_local_bsz)
-        return JobModel(
-            job.name, good, min_replicas=1, max_replicas=cap, max_batch_size=app.max_batch_size,
-            atomic_bsz_range=(app.min_local_bsz, app.max_local_bsz), accumulation=True,
-            current=job.nodes, resize_cost_s=restart_s,
-        )
-
     def decide(now: float, jobs: list[SimJob], slots: list[int]) -> dict[str, tuple[int, ...]]:
-        ranked = jobs if order == "arrival" else sorted(jobs, key=lambda j: (j.gpu_seconds, j.arrival.time))
-        alloc = policy.allocate([model(j) for j in ranked], slots)
+        alloc = policy.allocate([job_model(j, restart_s) for j in ranked(jobs, order)], slots)
         return {name: a.nodes for name, a in alloc.jobs.items() if a.nodes}
 
     return decide, policy
+
+
+def ranked(jobs: list[SimJob], order: str) -> list[SimJob]:
+    """The admission order: ``arrival``, or ``service`` (least attained GPU-time first)."""
+    return jobs if order == "arrival" else sorted(jobs, key=lambda j: (j.gpu_seconds, j.arrival.time))
+
+
+def job_model(job: SimJob, restart_s: float) -> JobModel:
+    """What a simulated job tells the SharingPolicy (see ``sharing``)."""
+    app = job.app
+    good = None if job.app.name == "ncf" else job.goodput_fn()
+    if good is None:
+        return JobModel(job.name, None, min_replicas=1, current=job.nodes, resize_cost_s=restart_s)
+    cap = min(max(2 * job.max_profiled_replicas, 1), 64, app.max_batch_size // app.min_local_bsz)
+    return JobModel(
+        job.name, good, min_replicas=1, max_replicas=cap, max_batch_size=app.max_batch_size,
+        atomic_bsz_range=(app.min_local_bsz, app.max_local_bsz), accumulation=True,
+        current=job.nodes, resize_cost_s=restart_s,
+    )

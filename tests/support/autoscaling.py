@@ -72,7 +72,7 @@ def _ray_pids(temp_dir: str) -> list[int]:
 @contextlib.contextmanager
 def autoscaling_cluster(
     *, head_cpus: float, worker_types: dict[str, dict[str, Any]], idle_timeout_minutes: float = 0.1,
-    env: dict[str, str] | None = None,
+    env: dict[str, str] | None = None, start_timeout_s: float = 60,
 ) -> Iterator[str]:
     """Start the head (and with it the autoscaler); yield its GCS address. Everything it
     started is ended by PID on exit. Its ports are free when chosen but may be taken before
@@ -87,7 +87,7 @@ def autoscaling_cluster(
         head, address = _start_head(temp_dir, head_cpus, worker_types, idle_timeout_minutes, run_env)
         try:
             up = os.path.join(temp_dir, "ray_current_cluster")
-            wait_until(lambda up=up: os.path.exists(up), 60, "the head to start", proc=head)
+            wait_until(lambda up=up: os.path.exists(up), start_timeout_s, "the head to start", proc=head)
             break
         except AssertionError as failed:  # its message holds the head's output when it exited
             exited = head.poll() is not None

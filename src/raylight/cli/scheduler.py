@@ -17,7 +17,8 @@ from rich.console import Console
 from rich.table import Table
 
 from raylight.base.exceptions import ClusterConnectionError, ConfigError
-from raylight.cli.options import Command, Group, finite_float
+from raylight.cli.options import NO_VALUE, Command, Group, finite_float
+from raylight.cli.prices import PriceOpt, PricesOpt, price_table
 from raylight.config.schema import CONNECT_TIMEOUT_S
 
 console = Console(stderr=True)
@@ -73,23 +74,58 @@ def _running() -> Any:
 
 
 @scheduler_app.command(cls=Command)
-def start(address: AddressOpt = None, connect_timeout: TimeoutOpt = CONNECT_TIMEOUT_S) -> None:
+def start(
+    address: AddressOpt = None, connect_timeout: TimeoutOpt = CONNECT_TIMEOUT_S,
+    cloud: Annotated[bool, typer.Option("--cloud", help="Cloud mode: ask Ray's autoscaler for the nodes the runs' goodput is worth, let idle ones go (docs/scheduler.md).", metavar=NO_VALUE)] = False,
+    autoscaling_config: Annotated[str | None, typer.Option("--autoscaling-config", help="Cloud mode: the cluster's autoscaling config (YAML/JSON), for its node types and max_workers.", metavar="FILE")] = None,
+    price: PriceOpt = None, prices_file: PricesOpt = None,
+    gain_per_usd_h: Annotated[float | None, typer.Option("--gain-per-usd-h", help="Cloud mode: job-speedup a node must add per USD per hour of its price (default 0.25).", parser=finite_float, metavar="SPEEDUP")] = None,
+    max_nodes: Annotated[int | None, typer.Option("--max-nodes", help="Cloud mode: the most nodes, the head included (default: the config's max_workers + 1).", metavar="N")] = None,
+    release_after_s: Annotated[float | None, typer.Option("--release-after", help="Cloud mode: seconds a node stays unused before it is let go (default 60).", parser=finite_float, metavar="SECONDS")] = None,
+    cloud_interval_s: Annotated[float | None, typer.Option("--cloud-interval", help="Cloud mode: seconds between two plans (default 5).", parser=finite_float, metavar="SECONDS")] = None,
+) -> None:
     """Start the scheduler on the cluster (nothing changes when it runs already)."""
     from raylight.scheduler import actor
 
     try:
+        settings = _cloud_settings(
+            cloud, autoscaling_config, price_table(price, prices_file), gain_per_usd_h=gain_per_usd_h, max_nodes=max_nodes,
+            release_after_s=release_after_s, interval_s=cloud_interval_s,
+        )
         _connect(address, connect_timeout)
         existed = actor.find() is not None
-        actor.start()
+        actor.start(cloud=settings)
     except (ConfigError, ClusterConnectionError) as exc:
         _usage(str(exc))
     except TimeoutError as exc:
         console.print(f"error: {exc}", highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(1) from None
+    mode = " in cloud mode" if settings else ""
     console.print(
-        "the raylight scheduler runs already" if existed else "started the raylight scheduler",
+        ("the raylight scheduler runs already; its mode and settings stay as they are (stop it, then start it again"
+         f"{mode} to change them)") if existed else f"started the raylight scheduler{mode}",
         highlight=False, markup=False,
     )
+
+
+def _cloud_settings(cloud: bool, config: str | None, prices: dict[str, float] | None, **knobs: Any) -> dict[str, Any] | None:
+    """Cloud mode's settings for ``actor.start(cloud=)``; None without --cloud (a cloud
+    option without it is refused, not ignored)."""
+    given = [k for k, v in knobs.items() if v is not None] + (["--autoscaling-config"] if config else []) + (["--price"] if prices else [])
+    if not cloud:
+        if given:
+            raise ConfigError(f"{', '.join(given)}: cloud mode's settings, given without --cloud; add --cloud or leave them out")
+        return None
+    if not config:
+        raise ConfigError("--cloud needs the node types the autoscaler can add: --autoscaling-config cluster.yaml (the file `ray start --autoscaling-config` or `ray up` takes)")
+    from raylight.scheduler.cloud import CloudConfig, load_node_types
+
+    types, most = load_node_types(config)
+    settings = {"node_types": types, "prices": prices or {}, **knobs}
+    if settings.get("max_nodes") is None:
+        settings["max_nodes"] = most
+    CloudConfig.of(settings)  # refused here, with the message, not by the actor
+    return settings
 
 
 @scheduler_app.command(cls=Command)
@@ -120,6 +156,8 @@ def status(
         )
         raise typer.Exit(1) from None
     Console().print(status_table(answer))
+    if answer.get("cloud"):
+        Console().print(cloud_table(answer["cloud"]))
     if plot is not None:
         write_plot(plot, history)
 
@@ -184,4 +222,34 @@ def status_table(answer: dict[str, Any]) -> Table:
         )
     if not answer.get("jobs"):
         table.add_row("(no runs)", "", "", "", "", "", "", "", "")
+    return table
+
+
+def cloud_table(cloud: dict[str, Any]) -> Table:
+    """Cloud mode's part of the status: nodes there and asked for per type, price, why, cost."""
+    cost = cloud.get("cost") or {}
+    usd = cost.get("cost_usd")
+    money = f"${usd:.4f}" if usd is not None else (
+        f"unknown (no price for {', '.join(cost.get('unpriced', []))})" if cost.get("unpriced") else "no prices given")
+    hours = ", ".join(f"{k} {v / 3600:.3g} h" for k, v in (cost.get("node_seconds") or {}).items()) or "none"
+    settings = cloud.get("settings") or {}
+    caption = (
+        f"cost so far: {money} (node-hours: {hours}); gain_per_usd_h {settings.get('gain_per_usd_h')}, "
+        f"max_nodes {settings.get('max_nodes')}, release after {settings.get('release_after_s')} s"
+        + (f"; last plan failed: {cloud['error']}" if cloud.get("error") else "")
+        + "".join(f"\nwhy: {reason}" for row in (cloud.get("history") or [])[-5:] for reason in row.get("reasons", []))
+    )
+    table = Table(title="cloud mode", caption=caption, caption_justify="left")
+    for column in ("node type", "nodes", "asked for", "slots", "USD/h", "max"):
+        table.add_column(column, justify="left" if column == "node type" else "right")
+    types = cloud.get("node_types") or {}
+    for name in sorted(set(types) | set(cloud.get("nodes") or {})):
+        spec = types.get(name, {})
+        price = spec.get("price_per_hour")
+        table.add_row(
+            name, str((cloud.get("nodes") or {}).get(name, 0)),
+            str((cloud.get("asked") or {}).get(name, 0)) if name in types else "-",
+            str(spec.get("slots", "-")), "-" if price is None else f"{price:g}",
+            "-" if spec.get("max") is None else str(spec["max"]),
+        )
     return table

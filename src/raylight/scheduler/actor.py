@@ -9,42 +9,75 @@ meanwhile the jobs keep training on their last allocation.
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Any
 
 import ray
 import ray.exceptions
 
+from raylight.scheduler.nodes import alive_nodes
 from raylight.scheduler.state import STALE_AFTER_S, SchedulerState
+
+log = logging.getLogger("raylight")
 
 NAMESPACE = "raylight"
 SCHEDULER_NAME = "raylight-scheduler"
 
 
-def alive_nodes() -> dict[str, dict[str, float]]:
-    """Each alive node's total resources, by node id."""
-    return {
-        n["NodeID"]: {k: float(v) for k, v in n.get("Resources", {}).items()}
-        for n in ray.nodes() if n.get("Alive")
-    }
-
-
 class Scheduler:
     """The actor's class (``start`` makes it a Ray actor); every method returns plain data."""
 
-    def __init__(self, stale_after_s: float = STALE_AFTER_S) -> None:
+    def __init__(self, stale_after_s: float = STALE_AFTER_S, cloud: dict[str, Any] | None = None) -> None:
         self.state = SchedulerState(alive_nodes, stale_after_s=stale_after_s)
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self.cloud = None
+        if cloud is not None:
+            from raylight.scheduler.cloud import CloudConfig, CloudScaler
+
+            self.cloud = CloudScaler(self.state, CloudConfig.of(cloud))
+            threading.Thread(target=self._plan, name="raylight-scheduler-cloud", daemon=True).start()
+
+    def _plan(self) -> None:
+        assert self.cloud is not None
+        while not self._done.is_set():
+            with self._lock:
+                try:
+                    self.cloud.step()
+                    self.cloud.error = ""
+                except Exception as exc:  # the next plan tries again; the status says why
+                    self.cloud.error = f"{type(exc).__name__}: {exc}"
+                    log.warning("raylight scheduler, cloud mode: the plan failed: %s", self.cloud.error)
+            self._done.wait(self.cloud.config.interval_s)
 
     def register(self, job_id: str, **fields: Any) -> dict[str, Any]:
-        return self.state.register(job_id, **fields)
+        with self._lock:
+            return self.state.register(job_id, **fields)
 
     def report(self, job_id: str, model: dict[str, Any], **fields: Any) -> dict[str, Any]:
-        return self.state.report(job_id, model, **fields)
+        with self._lock:
+            return self.state.report(job_id, model, **fields)
 
     def unregister(self, job_id: str) -> None:
-        self.state.unregister(job_id)
+        with self._lock:
+            self.state.unregister(job_id)
 
     def status(self) -> dict[str, Any]:
-        return self.state.status()
+        with self._lock:
+            out = self.state.status()
+            if self.cloud is not None:
+                out["cloud"] = self.cloud.status()
+            return out
+
+    def withdraw(self) -> bool:
+        """Cloud mode ends (the scheduler stops): no more plans, the request withdrawn."""
+        self._done.set()
+        with self._lock:
+            if self.cloud is None:
+                return False
+            self.cloud.withdraw()
+            return True
 
     def allocation_history(self) -> list[dict[str, Any]]:
         return self.state.allocation_history()
@@ -54,15 +87,24 @@ class Scheduler:
 
 
 START_TIMEOUT_S = 60.0  # start(timeout_s=): from asking Ray for the actor to its first answer
+WITHDRAW_TIMEOUT_S = 10.0  # stop(): for cloud mode to withdraw its request before the actor is killed
 
 
-def start(*, stale_after_s: float = STALE_AFTER_S, timeout_s: float = START_TIMEOUT_S) -> Any:
-    """The scheduler's handle on the connected cluster, started if it is not running."""
+def start(
+    *, stale_after_s: float = STALE_AFTER_S, timeout_s: float = START_TIMEOUT_S, cloud: dict[str, Any] | None = None,
+) -> Any:
+    """The scheduler's handle on the connected cluster, started if it is not running
+    (``cloud``: cloud mode's settings, ``raylight.scheduler.cloud.CloudConfig.of``; checked here
+    first, so a bad one is the caller's error, not a dead actor's)."""
+    if cloud is not None:
+        from raylight.scheduler.cloud import CloudConfig
+
+        CloudConfig.of(cloud)
     actor: Any = ray.remote(Scheduler)
     handle = actor.options(
         name=SCHEDULER_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
         num_cpus=0, max_concurrency=1,
-    ).remote(stale_after_s)
+    ).remote(stale_after_s, cloud)
     try:
         ray.get(handle.ping.remote(), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
@@ -86,5 +128,10 @@ def stop() -> bool:
     handle = find()
     if handle is None:
         return False
+    try:  # cloud mode's request is the cluster's: withdrawn before the actor goes
+        ray.get(handle.withdraw.remote(), timeout=WITHDRAW_TIMEOUT_S)
+    except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as exc:
+        log.warning("the raylight scheduler did not withdraw its autoscaler request within WITHDRAW_TIMEOUT_S=%g s (%s); "
+                    "clear it with ray.autoscaler.sdk.request_resources(bundles=[])", WITHDRAW_TIMEOUT_S, type(exc).__name__)
     ray.kill(handle, no_restart=True)
     return True

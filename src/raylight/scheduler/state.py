@@ -285,9 +285,20 @@ class SchedulerState:
 
     def _slots(self) -> dict[str, int]:
         """Slots per node id, in a stable order (see the module docstring)."""
+        return {node: self.slots_of(res) for node, res in sorted(self._nodes().items())}
+
+    def slots_of(self, resources: dict[str, float]) -> int:
+        """The slots of a node of ``resources`` (one that is there, or one cloud mode may ask for)."""
         key = self._resource()
         per_worker = max((e.resources.get(key, 0.0) for e in self.jobs.values()), default=1.0) or 1.0
-        return {node: int(res.get(key, 0.0) // per_worker + 1e-9) for node, res in sorted(self._nodes().items())}
+        return int(resources.get(key, 0.0) // per_worker + 1e-9)
+
+    def job_models(self, node_ids: list[str]) -> list[JobModel]:
+        """The jobs' models (arrival order) with their replicas indexed into ``node_ids``
+        (cloud mode plans on these nodes and some not there yet)."""
+        self.expire()
+        index = {node: i for i, node in enumerate(node_ids)}
+        return [self._job_model(e, index) for e in self.jobs.values()]
 
     def _ids(self, nodes: tuple[int, ...]) -> list[str]:
         return [self._node_ids[i] for i in nodes]
