@@ -314,7 +314,7 @@ def test_streamed_evaluation_equals_the_metrics_of_all_rows_at_once(kind, monkey
         arrays = {"x": rng.normal(size=(n, 4)).astype(np.float32), "y": rng.integers(0, 4, n)}
     else:
         arrays = {"x": rng.normal(size=n).astype(np.float32), "y": rng.normal(size=n).astype(np.float32)}
-    output, meta = SimpleNamespace(name="y", type=kind, threshold=0.5, top_k=3), {"y": {"std": 2.0, "mean": 0.5, "classes": list("abcd")}}
+    output, meta = SimpleNamespace(name="y", type=kind, threshold=0.5, top_k=3, loss=SimpleNamespace(type="softmax_cross_entropy")), {"y": {"std": 2.0, "mean": 0.5, "classes": list("abcd")}}
     x, y = torch.from_numpy(arrays["x"]), torch.from_numpy(arrays["y"])
     if kind == "category":
         expected = {

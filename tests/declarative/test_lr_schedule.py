@@ -212,7 +212,7 @@ def test_the_loop_s_rates_follow_the_loader_and_reduce_on_plateau_from_its_check
     position, one_cycle's Adam beta, reductions after evaluations, its state restored."""
     from types import SimpleNamespace
 
-    from raylight.declarative.train import RateSchedule
+    from raylight.declarative.lr_schedule import RateSchedule
 
     def schedule(section):
         return RateSchedule(_config(section), base_lr=BASE_LR, batch_size=32, train_rows=100)  # 4 steps an epoch

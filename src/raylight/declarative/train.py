@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 
 from raylight.declarative.config.model import ModelConfig
-from raylight.declarative.lr_schedule import Plateau, Schedule, schedule_clock
+from raylight.declarative.lr_schedule import RateSchedule
 from raylight.declarative.metrics import MINIMIZED, metric_key
 from raylight.declarative.model_dir import (
     MODEL_FILE,
@@ -166,71 +166,6 @@ def regularization(kind: str | None, weight: float) -> Callable[[torch.nn.Module
         return weight * total
 
     return penalty
-
-
-class RateSchedule:
-    """``trainer.learning_rate_scheduler`` applied to the loop's optimizer: each step's rate
-    (and one_cycle's momentum) from the loader's position, reductions on plateau after each
-    evaluation (raylight.declarative.lr_schedule has the math). Without the section, the
-    rate stays ``base_lr``."""
-
-    def __init__(self, cfg: ModelConfig, *, base_lr: float, batch_size: int, train_rows: int) -> None:
-        section = cfg.trainer.learning_rate_scheduler
-        self.batch_size = batch_size
-        self.steps_per_epoch = math.ceil(train_rows / batch_size)
-        # trainer.train_steps, Ludwig's budget in steps, else the epochs' steps
-        self.budget = cfg.trainer.train_steps
-        total = self.budget or cfg.trainer.epochs * self.steps_per_epoch
-        self.epochs = math.ceil(total / self.steps_per_epoch)
-        self.last = base_lr  # the rate of the last step taken
-        self.schedule = self.plateau = None
-        self.section = section
-        self.outputs, self.field = [out.name for out in cfg.output_features], cfg.trainer.validation_field
-        if section is not None:
-            self.schedule = Schedule(section, base_lr=base_lr, total_steps=total, steps_per_epoch=self.steps_per_epoch)
-            if section.reduce_on_plateau > 0:
-                self.plateau = Plateau(
-                    limit=section.reduce_on_plateau, rate=section.reduce_on_plateau_rate,
-                    patience=section.reduce_on_plateau_patience, metric=section.reduce_eval_metric,
-                )
-
-    def clock(self, loader: Any) -> int:
-        """Steps (of the first batch) trained so far, from the loader's position."""
-        return schedule_clock(loader.epoch, loader.cursor, self.batch_size, self.steps_per_epoch)
-
-    def spent(self, loader: Any) -> bool:
-        """Whether ``trainer.train_steps`` steps are done (never without the key)."""
-        return self.budget is not None and self.clock(loader) >= self.budget
-
-    def apply(self, opt: torch.optim.Optimizer, loader: Any) -> None:
-        """Set the rate of the next step (every group, as Ludwig's scheduler does)."""
-        self.last = opt.param_groups[0]["lr"]
-        if self.schedule is None:
-            return
-        clock = self.clock(loader)
-        rate = self.schedule.lr(clock) * (self.plateau.factor() if self.plateau is not None else 1.0)
-        momentum = self.schedule.momentum(clock)
-        for group in opt.param_groups:
-            group["lr"] = rate
-            if momentum is not None:  # one_cycle: SGD's momentum or Adam's first beta
-                if "betas" in group:
-                    group["betas"] = (momentum, *group["betas"][1:])
-                else:
-                    group["momentum"] = momentum
-
-    def evaluated(self, train_loss: float, validation: dict[str, float]) -> None:
-        """Hear an epoch's evaluation (reduction on plateau)."""
-        if self.plateau is None or self.section is None:
-            return
-        split, metric = self.section.reduce_eval_split, self.section.reduce_eval_metric
-        self.plateau.step(train_loss if split == "training" else validation[metric_key(self.outputs, self.field, metric)])
-
-    def state_dict(self) -> dict[str, Any] | None:
-        return self.plateau.state_dict() if self.plateau is not None else None
-
-    def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        if self.plateau is not None and state is not None:
-            self.plateau.load_state_dict(state)
 
 
 class TrainStep:
