@@ -13,7 +13,7 @@ import pytest
 
 from tests.declarative_data import CONFIG, frame
 from tests.hosts.harness import RUN
-from tests.hosts.ray_cluster import RayOverHosts, cluster_env
+from tests.hosts.ray_cluster import cluster_env, start_ray
 
 pytestmark = [pytest.mark.hosts, pytest.mark.timeout(420)]
 
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.hosts, pytest.mark.timeout(420)]
 @pytest.mark.parametrize("processor", ["pandas", "ray_data"])
 def test_a_dataset_only_on_the_driver_s_host_is_read_there_and_trains_on_workers_elsewhere(make_hosts, processor):
     made = make_hosts(["a", "b", "c"], env=cluster_env())
-    cluster = RayOverHosts(made, head="a", raylets={"b": 1, "c": 1})
+    cluster = start_ray(made, head="a", raylets={"b": 1, "c": 1})
     on_a = f"/proc/{made.hosts['a'].holder.pid}/root{RUN}"  # a's own disk
     frame(200).to_parquet(os.path.join(on_a, "data.parquet"))
     backend = f"backend: {{type: ray, processor: {{type: {processor}}}, trainer: {{num_workers: 2}}}}"

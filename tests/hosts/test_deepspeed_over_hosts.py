@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.hosts.harness import SHARED
-from tests.hosts.ray_cluster import RayOverHosts, cluster_env
+from tests.hosts.ray_cluster import RayOverHosts, cluster_env, start_ray
 
 pytest.importorskip("deepspeed")
 pytestmark = [pytest.mark.hosts, pytest.mark.timeout(540)]
@@ -26,7 +26,7 @@ def _fit(cluster: RayOverHosts, *args) -> dict:
 @pytest.mark.extended  # three runs across hosts: minutes on a loaded box (make test-extended)
 def test_zero3_on_the_shared_directory_resumes_on_one_worker_on_another_host_equal_to_an_uninterrupted_run(make_hosts):
     made = make_hosts(["a", "b", "c", "d"], env=cluster_env())
-    cluster = RayOverHosts(made, head="a", raylets={"b": 1, "c": 1})
+    cluster = start_ray(made, head="a", raylets={"b": 1, "c": 1})
     runs = f"{SHARED}/runs"
     whole = _fit(cluster, runs, "whole", 2, 4)
     assert "error" not in whole, whole

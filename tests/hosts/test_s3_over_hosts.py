@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from tests.hosts.ray_cluster import RayOverHosts, cluster_env
+from tests.hosts.ray_cluster import RayOverHosts, cluster_env, start_ray
 from tests.hosts.s3 import S3OnHost, files_holding
 
 pytestmark = [pytest.mark.hosts, pytest.mark.timeout(420)]
@@ -45,7 +45,7 @@ def _s3_cluster(make_hosts, s3_on, names=("a", "b", "c", "s")):
     made = make_hosts(list(names), env=cluster_env())
     s3 = s3_on(made, "s")
     s3.hand_to("a", "b", "c")
-    return made, s3, RayOverHosts(made, head="a", raylets={"b": 1, "c": 1})
+    return made, s3, start_ray(made, head="a", raylets={"b": 1, "c": 1})
 
 
 def _assert_secret_kept(made, s3, *outputs: str) -> None:

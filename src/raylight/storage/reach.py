@@ -76,8 +76,12 @@ def marker(uri: str) -> Iterator[Marker]:
     else:
         found = Marker(os.path.join(nearest_existing(path), f"{MARKER_PREFIX}{token}"), token)
     try:
-        with fsspec.open(found.path, "wb") if path is None else open(found.path, "x") as f:
-            f.write(token.encode() if path is None else token)
+        if path is None:
+            with fsspec.open(found.path, "wb") as f:
+                f.write(token.encode())
+        else:
+            with open(found.path, "x") as f:
+                f.write(token)
     except Exception as exc:  # OSError locally; an object store's client raises its own
         hint = f" {OBJECT_STORE}" if path is None else ""
         raise ConfigError(
