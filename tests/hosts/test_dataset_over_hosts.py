@@ -15,7 +15,7 @@ from tests.declarative_data import CONFIG, frame
 from tests.hosts.harness import RUN
 from tests.hosts.ray_cluster import cluster_env, start_ray
 
-pytestmark = [pytest.mark.hosts, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.hosts, pytest.mark.timeout(600)]
 
 
 @pytest.mark.parametrize("processor", ["pandas", "ray_data"])
@@ -35,7 +35,7 @@ def test_a_dataset_only_on_the_driver_s_host_is_read_there_and_trains_on_workers
         "--config", f"{RUN}/config.yaml", "--dataset", f"{RUN}/data.parquet",
         "--output-directory", f"{RUN}/out",
     ]
-    done = made.run("a", cmd, timeout=300, check=False)
+    done = made.run("a", cmd, timeout=420, check=False)
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     with open(os.path.join(on_a, "out", "evaluation.json")) as f:
         evaluation = json.load(f)
