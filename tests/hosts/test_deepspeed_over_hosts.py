@@ -24,6 +24,7 @@ def _fit(cluster: RayOverHosts, *args) -> dict:
 
 
 @pytest.mark.extended  # three runs across hosts: minutes on a loaded box (make test-extended)
+@pytest.mark.timeout(900)
 def test_zero3_on_the_shared_directory_resumes_on_one_worker_on_another_host_equal_to_an_uninterrupted_run(make_hosts):
     made = make_hosts(["a", "b", "c", "d"], env=cluster_env())
     cluster = start_ray(made, head="a", raylets={"b": 1, "c": 1})

@@ -84,6 +84,7 @@ def test_a_worker_whose_host_cannot_reach_the_object_store_is_refused_before_tra
 
 
 @pytest.mark.extended  # three runs across hosts: minutes on a loaded box (make test-extended)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("strategy", ["fsdp", "deepspeed"])
 def test_sharded_checkpoints_on_s3_resume_on_one_worker_on_another_host_equal_to_an_uninterrupted_run(make_hosts, s3_on, strategy):
     """Two workers (b, c) write sharded checkpoints into s3://: an uninterrupted run of 4
