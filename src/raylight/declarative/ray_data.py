@@ -119,7 +119,8 @@ def _read_here(files: list[str], fmt: str) -> Any:
     import ray
     import ray.data
 
-    return ray.data.from_arrow_refs([ray.put(block) for block in _blocks(files, fmt)])
+    refs: list[Any] = [ray.put(block) for block in _blocks(files, fmt)]
+    return ray.data.from_arrow_refs(refs)
 
 
 READ_BLOCK_BYTES = 64 * 1024**2
