@@ -149,11 +149,12 @@ class RayOverHosts:
             "want=json.loads(sys.argv[2]); end=time.monotonic()+float(sys.argv[3])\n"
             "alive=lambda: sorted(x['NodeManagerAddress'] for x in ray.nodes() if x['Alive'])\n"
             "while alive() != want and time.monotonic() < end: time.sleep(0.2)\n"
-            "print(json.dumps(alive()))"
+            "print('alive=' + json.dumps(alive()))"
         )
         args = [sys.executable, "-c", probe, self.address, json.dumps(want), str(timeout)]
         done = self.hosts.run(self.head, args, timeout=timeout + 60)
-        alive = json.loads(done.stdout.splitlines()[-1])
+        # Ray may print its own warnings after it ("raylet has lagging heartbeats ..." under load)
+        alive = json.loads([line for line in done.stdout.splitlines() if line.startswith("alive=")][-1][6:])
         if alive != want:
             raise RuntimeError(f"Ray nodes alive: {alive}, wanted {want}")
 
