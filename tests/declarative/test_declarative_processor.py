@@ -420,11 +420,42 @@ def test_parquet_goes_through_ray_datas_first_reader_only_inside_raylights_read(
 
 
 def test_ray_data_reads_local_files_where_they_are():
-    """Ray Data sends its read tasks to any node; a local path is on the driver's machine."""
-    from raylight.declarative.ray_data import local_read_args
+    """A local path is on the driver's machine: on a cluster of several, the driver reads it
+    and ships the blocks (tests/hosts/test_dataset_over_hosts.py runs it across hosts)."""
+    from raylight.declarative.ray_data import read_here
 
-    node = "ab" * 28  # a node id's form
-    assert local_read_args("data/train.csv", alive_nodes=1, client=False, node_id=node) == {}  # one machine
-    assert local_read_args("data/train.csv", alive_nodes=3, client=False, node_id=node) == {"label_selector": {"ray.io/node-id": node}}
+    assert read_here("data/train.csv", alive_nodes=1, client=False) is False  # one machine: Ray Data reads
+    assert read_here("data/train.csv", alive_nodes=3, client=False) is True
     with pytest.raises(ConfigError, match=r"dataset data/train.csv: .*cannot see this machine's files through Ray Client.*s3://.*processor: \{type: pandas\}"):
-        local_read_args("data/train.csv", alive_nodes=3, client=True, node_id=None)
+        read_here("data/train.csv", alive_nodes=3, client=True)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "json"])
+def test_the_driver_reads_a_local_file_a_block_at_a_time_with_every_row(tmp_path, fmt):
+    import pandas as pd
+    import pyarrow as pa
+
+    from raylight.declarative.ray_data import _blocks
+    from tests.declarative_data import frame
+
+    df = frame(300).drop(columns=["age"])  # NaN ages: JSON writes them as null
+    path = str(tmp_path / f"data.{fmt}")
+    if fmt == "parquet":
+        df.to_parquet(path, row_group_size=100)
+    elif fmt == "csv":
+        df.to_csv(path, index=False)
+    else:
+        df.to_json(path, orient="records", lines=True)
+    blocks = list(_blocks([path], fmt))
+    assert len(blocks) == (3 if fmt == "parquet" else 1), "a Parquet row group a block"
+    got = pa.concat_tables(blocks).to_pandas()
+    pd.testing.assert_frame_equal(got, df, check_dtype=False)
+
+
+def test_a_local_file_the_driver_cannot_read_names_the_file(tmp_path):
+    from raylight.declarative.ray_data import _blocks
+
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"not parquet")
+    with pytest.raises(ConfigError, match=r"bad\.parquet.*cannot be read as parquet.*Parquet file"):
+        list(_blocks([str(bad)], "parquet"))

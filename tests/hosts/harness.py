@@ -214,6 +214,14 @@ class Hosts:
     def restore(self, host: str) -> None:
         _ip("-n", self.hosts[host].netns, "link", "set", "eth0", "up")
 
+    def block(self, host: str, other: str) -> None:
+        """``host`` loses its route to ``other`` alone (its connections there fail at once,
+        "no route to host"); every other link stays up."""
+        _ip("-n", self.hosts[host].netns, "route", "add", "unreachable", f"{self.address(other)}/32")
+
+    def unblock(self, host: str, other: str) -> None:
+        _ip("-n", self.hosts[host].netns, "route", "del", "unreachable", f"{self.address(other)}/32")
+
     def listening(self, host: str) -> list[tuple[str, int]]:
         """(address, port) of every TCP listener on ``host`` (its /proc/net/tcp and tcp6)."""
         return list(self._listeners(host))

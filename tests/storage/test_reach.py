@@ -42,9 +42,62 @@ def test_a_worker_that_sees_no_marker_or_another_s_says_what_it_found(tmp_path):
     assert "does not exist here" in (unseen(first.path, first.token) or "")
 
 
-def test_an_object_store_gets_no_marker():
-    with marker("memory://bucket/runs/name/checkpoints") as mark:
-        assert mark is None
+def test_an_object_store_gets_its_marker_under_the_run_s_path_removed_after():
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    uri = "memory://reach-bucket/runs/name/checkpoints"
+    with marker(uri) as mark:
+        assert mark.path == f"{uri}/{MARKER_PREFIX}{mark.token}"
+        assert unseen(mark.path, mark.token) is None  # this process reaches the store
+        assert "holds another run's marker" in (unseen(mark.path, "another") or "")
+    assert not fs.exists(mark.path)
+    assert "does not exist here" in (unseen(mark.path, mark.token) or "")
+
+
+def test_an_object_store_a_worker_cannot_read_says_what_its_client_answered(monkeypatch):
+    import fsspec
+
+    def refuse(*args, **kwargs):
+        raise ConnectionError("Could not connect to the endpoint URL: http://198.18.0.4:5000/bucket")
+
+    monkeypatch.setattr(fsspec, "open", refuse)
+    why = unseen("s3://bucket/runs/.raylight-reach-x", "x", timeout_s=5)
+    assert why is not None and "cannot be read here" in why and "http://198.18.0.4:5000" in why, why
+
+
+def test_an_object_store_read_that_does_not_answer_is_bounded(monkeypatch):
+    import threading
+
+    import fsspec
+
+    release = threading.Event()
+    monkeypatch.setattr(fsspec, "open", lambda *a, **k: release.wait(30))
+    try:
+        why = unseen("s3://bucket/runs/.raylight-reach-x", "x", timeout_s=0.2)
+    finally:
+        release.set()
+    assert why is not None and "within 0.2 s" in why and "worker_start_timeout_s" in why, why
+
+
+def test_an_object_store_the_driver_cannot_write_is_a_config_error_naming_endpoint_and_credentials(monkeypatch):
+    import fsspec
+
+    def refuse(*args, **kwargs):
+        raise PermissionError("Access Denied")
+
+    monkeypatch.setattr(fsspec, "open", refuse)
+    with pytest.raises(ConfigError) as err, marker("s3://bucket/runs"):
+        pass
+    for part in ("RunConfig.storage_path", "s3://bucket/runs", "AWS_ENDPOINT_URL", "credentials"):
+        assert part in str(err.value), (part, str(err.value))
+
+
+def test_the_object_store_error_says_how_every_host_reaches_it():
+    err = not_reached_error("s3://b/runs/x/checkpoints", {"b (198.18.0.2)": "s3://b/... cannot be read here (x)"})
+    for part in ("RunConfig.storage_path", "s3://b/runs/x/checkpoints", "on b (198.18.0.2)", "not reached by every worker",
+                 "AWS_ENDPOINT_URL", "AWS_SECRET_ACCESS_KEY", "route to the endpoint"):
+        assert part in str(err), (part, str(err))
 
 
 def test_nearest_existing_walks_up_to_a_directory(tmp_path):

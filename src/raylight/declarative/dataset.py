@@ -62,7 +62,8 @@ def dataset_directory(path: str) -> str:
     return os.path.dirname(os.path.abspath(path.removeprefix("file://")))
 
 
-def _fix(fmt: str) -> str:
+def read_fix(fmt: str) -> str:
+    """What a file of ``fmt`` must be (the end of a read error)."""
     return {
         "csv": "it must be UTF-8 CSV with a header row and the same number of fields on every row",
         "parquet": "it must be a Parquet file (written by pandas, pyarrow, Spark, ...)",
@@ -126,7 +127,7 @@ def _read_one(uri: str, fmt: str) -> pd.DataFrame:
         raise ConfigError(f"dataset {uri!r} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     except (pd.errors.ParserError, pyarrow.ArrowException, ValueError, OSError) as exc:
         problem = " ".join(str(exc).split())[:300] or type(exc).__name__
-        raise ConfigError(f"dataset {uri!r} cannot be read as {fmt}: {problem}; {_fix(fmt)}") from None
+        raise ConfigError(f"dataset {uri!r} cannot be read as {fmt}: {problem}; {read_fix(fmt)}") from None
 
 
 def read_pandas(path: str) -> pd.DataFrame:

@@ -26,7 +26,7 @@ import pandas as pd
 from raylight.base.exceptions import ConfigError
 from raylight.declarative.config.model import ModelConfig
 from raylight.declarative.config.preprocessing import SplitConfig
-from raylight.declarative.dataset import dataset_format, expand, refuse_pickled_columns
+from raylight.declarative.dataset import dataset_format, expand, read_fix, refuse_pickled_columns
 from raylight.declarative.features import FEATURES
 from raylight.declarative.outputs import OUTPUTS
 from raylight.declarative.preprocess import (
@@ -72,15 +72,16 @@ def _read(path: str) -> Any:
 
         kwargs["filesystem"] = PyFileSystem(FSSpecHandler(fs))
         files = [fs._strip_protocol(f) for f in files]
-    else:
-        kwargs.update(_where_local_files_are_read(path))
+    elif _local_files_read_here(path):
+        return _read_here(files, fmt)
     reader = {"csv": ray.data.read_csv, "parquet": ray.data.read_parquet, "json": ray.data.read_json}[fmt]
     with _parquet_reader_v1():
         return reader(files, **kwargs)
 
 
-def _where_local_files_are_read(path: str) -> dict[str, Any]:
-    """Ray Data's read arguments for files on a local path, from this cluster's shape."""
+def _local_files_read_here(path: str) -> bool:
+    """Whether files on a local path are read by this process (``read_here``), from this
+    cluster's shape."""
     import ray
 
     from raylight.worker_group.ray_client import client_driver
@@ -89,15 +90,18 @@ def _where_local_files_are_read(path: str) -> dict[str, Any]:
         alive = sum(1 for node in ray.nodes() if node.get("Alive"))
     except Exception:  # Ray cannot say: read as Ray Data does
         alive = 1
-    client = client_driver()
-    return local_read_args(path, alive_nodes=alive, client=client, node_id=None if client else ray.get_runtime_context().get_node_id())
+    return read_here(path, alive_nodes=alive, client=client_driver())
 
 
-def local_read_args(path: str, *, alive_nodes: int, client: bool, node_id: str | None) -> dict[str, Any]:
-    """Where Ray Data reads files given by a local path. Its read tasks go to any node, and
-    a local path is on the driver's machine (unless a shared filesystem is mounted there on
-    every node): on a cluster of several nodes they are pinned to the driver's node. A Ray
-    Client driver's machine is not in the cluster at all: its files cannot be read there."""
+def read_here(path: str, *, alive_nodes: int, client: bool) -> bool:
+    """Whether the driver reads the files of a local path itself and ships them (True), or
+    Ray Data's read tasks may (False: one machine). A local path is on the driver's machine
+    (unless a shared filesystem is mounted there on every node), and Ray Data's tasks go to
+    any node: not only its read tasks, which a label selector could pin, but the Parquet
+    footer tasks it starts while planning, which read the file on whatever node they land
+    (seen over tests/hosts: FileNotFoundError on a worker's host); and the driver's node
+    may have no CPU for them at all (a head started with --num-cpus 0). A Ray Client
+    driver's machine is not in the cluster: its files cannot be read there."""
     if client:
         raise ConfigError(
             f"dataset {path}: backend.processor ray_data reads it on the cluster, which cannot see "
@@ -105,12 +109,43 @@ def local_read_args(path: str, *, alive_nodes: int, client: bool, node_id: str |
             "(s3://, gs://, a shared filesystem's path), or preprocess here with backend.processor: "
             "{type: pandas}"
         )
-    if alive_nodes <= 1 or node_id is None:
-        return {}
-    return {"label_selector": {NODE_ID_LABEL: node_id}}
+    return alive_nodes > 1
 
 
-NODE_ID_LABEL = "ray.io/node-id"  # the label Ray gives every node: its id
+def _read_here(files: list[str], fmt: str) -> Any:
+    """The files read by this process a block at a time (a Parquet row group, a CSV block
+    of ``READ_BLOCK_BYTES``, a JSON lines file) into the object store of this node, so the
+    driver holds one block at a time and every node reads the blocks from there."""
+    import ray
+    import ray.data
+
+    refs: list[Any] = [ray.put(block) for block in _blocks(files, fmt)]
+    return ray.data.from_arrow_refs(refs)
+
+
+READ_BLOCK_BYTES = 64 * 1024**2
+
+
+def _blocks(files: list[str], fmt: str) -> Iterator[Any]:
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.json as pajson
+    import pyarrow.parquet as pq
+
+    for uri in files:
+        try:
+            if fmt == "parquet":
+                parquet = pq.ParquetFile(uri)
+                for group in range(parquet.num_row_groups):
+                    yield parquet.read_row_group(group)
+            elif fmt == "csv":  # types from the first block, as Ray Data's read_csv
+                for batch in pacsv.open_csv(uri, read_options=pacsv.ReadOptions(block_size=READ_BLOCK_BYTES)):
+                    yield pa.Table.from_batches([batch])
+            else:  # one block a file, as Ray Data's read_json
+                yield pajson.read_json(uri)
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            problem = " ".join(str(exc).split())[:300] or type(exc).__name__
+            raise ConfigError(f"dataset {uri!r} cannot be read as {fmt}: {problem}; {read_fix(fmt)}") from None
 
 
 # Ray Data's own switch between its two Parquet readers (an explicit value is the user's).

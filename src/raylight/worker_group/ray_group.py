@@ -434,11 +434,10 @@ class RayWorkerGroup:
     def _check_reach(self, members: list[_Member], uri: str) -> None:
         """Every worker sees the run's storage (``storage/reach.py``), before any loop
         starts: a ConfigError naming the hosts that do not (not retried), else nothing."""
-        with marker(uri) as mark:
-            if mark is None:  # an object store
-                return
-            refs = [m.actor.storage_unseen.remote(mark.path, mark.token) for m in members]
-            found = self._get(refs, self._failure.worker_start_timeout_s, "look for the run's storage")
+        timeout = self._failure.worker_start_timeout_s
+        with marker(uri) as mark:  # each worker's read of an object store: half of the wait
+            refs = [m.actor.storage_unseen.remote(mark.path, mark.token, timeout / 2) for m in members]
+            found = self._get(refs, timeout, "look for the run's storage")
         missing = {f"{host} ({m.node['ip']})": why for m, (host, why) in zip(members, found, strict=True) if why}
         if missing:
             raise not_reached_error(uri, missing)

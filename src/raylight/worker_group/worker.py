@@ -224,10 +224,11 @@ class RaylightWorker:
             "node_type": _node_type(node_id),
         }
 
-    def storage_unseen(self, path: str, token: str) -> tuple[str, str | None]:
+    def storage_unseen(self, path: str, token: str, timeout_s: float = 60.0) -> tuple[str, str | None]:
         """This host's name, and None where it sees the driver's marker of the run's
-        storage at ``path`` (``raylight.storage.reach``), else what it found."""
-        return socket.gethostname(), unseen(path, token)
+        storage at ``path`` (``raylight.storage.reach``; an object store's read bounded by
+        ``timeout_s``), else what it found."""
+        return socket.gethostname(), unseen(path, token, timeout_s)
 
     # -- reuse by the next run (raylight.worker_group.pool) ---------------------------
     def release(self) -> str | None:
