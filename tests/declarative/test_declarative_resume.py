@@ -94,6 +94,7 @@ def test_a_worker_killed_mid_run_restarts_the_run_which_ends_as_the_uninterrupte
     assert "FailureConfig" not in text and "fit(" not in text
 
 
+@pytest.mark.extended  # minutes; a SIGKILLed driver's resume runs in make test by test_processes.py::test_resume_after_the_driver_is_killed
 def test_raylight_train_resume_continues_a_sigkilled_driver_s_run_at_its_exact_data_position(
     ray_cluster, reference, tmp_path
 ):

@@ -62,7 +62,7 @@ def test_resume_after_the_driver_is_killed(tmp_path, ray_cluster):
 
 
 @pytest.mark.beside
-@pytest.mark.parametrize("mode", ["adaptive", "fixed"])
+@pytest.mark.parametrize("mode", ["adaptive", pytest.param("fixed", marks=pytest.mark.extended)])  # fixed: 2 min more, the adaptive run is the demo's
 def test_digits_example_runs(tmp_path, ray_cluster, mode):
     """adaptive: DDP with the adaptive engine; fixed: FSDP (sharded checkpoints). The
     example's driver joins the session's cluster (RAY_ADDRESS, as a Ray Job's driver
@@ -195,6 +195,7 @@ def segments(steps):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # 3.5 min; the in-place shrink and regrowth run in make test by test_elastic.py and the hosts death test
 @pytest.mark.timeout(450)
 def test_a_preempted_node_and_a_lost_one_shrink_in_place_and_regrowth_matches_an_uninterrupted_run(tmp_path):
     """A fake 3-node cluster in its own driver process, checkpoints at epoch ends only.

@@ -32,6 +32,7 @@ def _reference() -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
+@pytest.mark.extended  # 2.5 min; the elastic state's commit and restore run in make test without a group restart (tests/horovod)
 def test_elastic_state_survives_a_group_restart(ray_cluster, tmp_path, capsys):
     out = tmp_path / "params.pt"
     code = launch_driver.launch(
