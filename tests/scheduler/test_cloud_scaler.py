@@ -12,6 +12,7 @@ from raylight.scheduler.cloud import (
     CloudScaler,
     load_node_types,
     node_types_from_config,
+    typed,
 )
 from raylight.scheduler.nodes import NodeInfo, schedulable
 from raylight.scheduler.state import SchedulerState
@@ -109,6 +110,21 @@ def test_draining_and_dead_nodes_leave_the_allocation_at_once():
     draining["b"] = 1_700_000_000_000  # Ray drains b (a preemption notice): the next answer is without it
     answer = state.report("j", {**MODEL, "nodes": ["a", "a", "b", "b"]})
     assert answer["nodes"] == ["a", "a"] and state.status()["nodes"] == {"a": 2}
+
+
+def test_a_node_without_a_type_label_is_the_configured_type_of_its_shape():
+    """Ray's fake multi-node provider starts raylets without ``ray.io/node-group``: such a node
+    (typed by its shape) is the one configured type of exactly its resources; the head, and
+    a shape two types share or none has, keep their names. Found by the real-autoscaler test:
+    the joined node was never counted as a cpu_node, so the plan never saw its ask met."""
+    raw = [{"NodeID": "n1", "Alive": True, "Labels": {}, "Resources": {"CPU": 1.0, "node:127.0.0.1": 1.0, "memory": 1e9}},
+           {"NodeID": "n2", "Alive": True, "Labels": {}, "Resources": {"CPU": 2.0}},
+           {"NodeID": "h", "Alive": True, "Labels": {}, "Resources": {"CPU": 1.0, "node:__internal_head__": 1.0}}]
+    nodes = schedulable(raw, dict)
+    types = {"cpu_node": {"resources": {"CPU": 1}}, "big": {"resources": {"CPU": 4}}}
+    assert {n.node_id: n.node_type for n in typed(nodes, types)} == {"n1": "cpu_node", "n2": "CPU:2", "h": "head"}
+    twins = {**types, "other": {"resources": {"CPU": 1}}}
+    assert {n.node_id: n.node_type for n in typed(nodes, twins)}["n1"] == "CPU:1"
 
 
 def test_node_types_come_from_the_autoscaling_config(tmp_path):

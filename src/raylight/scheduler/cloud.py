@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from raylight.adaptive.cloud import CloudDecision, CloudNode, CloudPlanner, CloudSettings, NodeType
@@ -121,6 +121,21 @@ def request_resources(bundles: list[dict[str, float]]) -> None:
     ask(bundles=bundles)
 
 
+def typed(infos: list[NodeInfo], node_types: Mapping[str, Mapping[str, Any]]) -> list[NodeInfo]:
+    """``infos`` with each node that carries no node-type label (its type its shape: Ray's
+    fake multi-node provider starts raylets without ``ray.io/node-group``) named after the
+    one configured type of exactly its resources; the head, labelled nodes, and shapes that
+    match no type or several keep theirs."""
+    shapes: dict[tuple[tuple[str, float], ...], list[str]] = {}
+    for name, spec in node_types.items():
+        shapes.setdefault(tuple(sorted(bundle_of(spec["resources"]).items())), []).append(name)
+    out = []
+    for node in infos:
+        names = [] if node.head or node.node_type in node_types else shapes.get(tuple(sorted(node.shape().items())), [])
+        out.append(replace(node, node_type=names[0]) if len(names) == 1 else node)
+    return out
+
+
 class CloudScaler:
     """Plans the cluster for ``state``'s jobs and asks the autoscaler for it (``step``)."""
 
@@ -134,7 +149,8 @@ class CloudScaler:
         self.config = config
         self.planner = CloudPlanner(state.policy, config.settings)
         self.prices = Prices(config.prices)
-        self._nodes, self._request, self._clock = nodes, request, clock
+        self._nodes = lambda: typed(nodes(), config.node_types)
+        self._request, self._clock = request, clock
         self.meter = CostMeter(clock())
         self.bundles: list[dict[str, float]] | None = None  # the request made last
         self.last: CloudDecision | None = None
