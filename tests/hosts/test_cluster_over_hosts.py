@@ -119,12 +119,13 @@ def _elastic_driver_mid_epoch(made, cluster, *args: str) -> subprocess.Popen:
     return driver
 
 
-def test_a_host_that_dies_mid_epoch_shrinks_the_run_onto_the_survivor_with_each_sample_once_per_epoch(
+def test_a_host_that_dies_mid_epoch_shrinks_the_run_onto_the_survivor_and_it_regrows_when_a_host_joins(
     make_hosts,
 ):
     """Driver on a, one worker on each of b and c; every process of c is killed mid-epoch (the
-    machine dies): the run goes on with the worker on b, each epoch seeing every sample once."""
-    made = make_hosts(["a", "b", "c"], env=cluster_env())
+    machine dies): the run goes on with the worker on b; then a raylet on d joins (a machine
+    added) and the run grows back onto it; each epoch sees every sample once throughout."""
+    made = make_hosts(["a", "b", "c", "d"], env=cluster_env())
     cluster = RayOverHosts(made, head="a", raylets={"b": 1, "c": 1})
     driver = _elastic_driver_mid_epoch(made, cluster)
     try:
@@ -138,13 +139,24 @@ def test_a_host_that_dies_mid_epoch_shrinks_the_run_onto_the_survivor_with_each_
             240,
             "the run on the survivor",
         )
+        assert driver.poll() is None, driver.communicate()
+        joined_at = len(_positions(made.shared))
+        cluster.add_raylet("d", 1)
+        wait_until(
+            lambda: (
+                sum(p[2] == 2 for p in _positions(made.shared)[joined_at:]) >= 20
+                or driver.poll() is not None
+            ),
+            240,
+            "the run grown back onto d",
+        )
     finally:
         open(os.path.join(made.shared, "stop"), "w").close()
     out, err = driver.communicate(timeout=240)
     assert driver.returncode == 0, err[-5000:]
     data = json.loads(out.splitlines()[-1])
     moves = [(r["from"], r["to"]) for r in data["resizes"]]
-    assert (2, 1) in moves, (moves, err[-3000:])
+    assert (2, 1) in moves and (1, 2) in moves[moves.index((2, 1)):], (moves, err[-3000:])
     n = 240
     for m in data["epochs"]:
         assert (m["count"], m["sum"]) == (n, n * (n - 1) / 2), m
