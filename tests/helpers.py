@@ -411,6 +411,22 @@ class Sink:
 
 
 @functools.cache
+def deepspeed_releases_groups() -> bool:
+    """Whether the installed DeepSpeed drops its references to a destroyed process group
+    (``deepspeed.utils.groups._release_process_group_references``, DeepSpeed >= 0.19.8), which a
+    DeepSpeed worker needs to serve the next run (raylight.worker.strategies.deepspeed); read
+    from the file, without importing DeepSpeed (which imports torch's compiler stack)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("deepspeed")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    path = os.path.join(next(iter(spec.submodule_search_locations)), "utils", "groups.py")
+    with contextlib.suppress(OSError), open(path, encoding="utf-8") as f:
+        return "def _release_process_group_references" in f.read()
+    return False
+
+
 def openmpi_missing() -> str | None:
     """Why the tests that run real ``mpirun`` skip, or None when OpenMPI's is on PATH."""
     import shutil

@@ -24,9 +24,9 @@ STATUS = {
 }
 
 
-def _text(renderable) -> str:
+def _text(renderable, width: int = 200) -> str:
     out = io.StringIO()
-    Console(file=out, width=200, color_system=None).print(renderable)
+    Console(file=out, width=width, color_system=None).print(renderable)
     return out.getvalue()
 
 
@@ -41,6 +41,10 @@ def test_the_status_table_shows_allocation_goodput_speedup_and_why_a_run_waits()
     assert "waiting for 2 CPU slot(s): 1 of 4 free, held by runs bert" in " ".join(text.split())
     assert "2 node(s), 4 slot(s)" in text and "dropped (silent): gone" in text
     assert "(no runs)" in _text(status_table({"jobs": [], "fitness": 0.0, "nodes": {}}))
+    # a pipe's 80 columns (CI's, a script's): the empty table still says so, a job's id stays whole
+    assert "(no runs)" in _text(status_table({"jobs": [], "fitness": 0.0, "nodes": {"n": 2}}), width=80)
+    narrow = _text(status_table(STATUS), width=80)
+    assert "bert" in narrow and "resnet" in narrow, narrow
 
 
 def _invoke(*args: str):

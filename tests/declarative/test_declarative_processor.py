@@ -19,6 +19,7 @@ from raylight.declarative.features import FEATURES
 from raylight.declarative.layers import FCLayer
 from raylight.declarative.ludwig.keys import (
     ANY,
+    CLASSIFIER_ONLY,
     FC_LAYER_KEYS,
     FEATURE_KEYS,
     LUDWIG_KEYS,
@@ -269,13 +270,14 @@ def test_ludwig_s_defaults_section_applies_to_each_feature_of_its_type():
     with pytest.raises(ConfigError, match=r"defaults: Ludwig's defaults: a mapping of feature type"):
         validate(ModelConfig, {**data, "defaults": {"category": 3}})
     # a refused key taken from defaults is named where it was written, once for both features
-    summed = {**data, "defaults": {"category": {"encoder": {"type": "sparse"}}}}
+    summed = {**data, "defaults": {"category": {"encoder": {"type": "passthrough"}}}}
     with pytest.raises(ConfigError) as err:
         validate(ModelConfig, summed)
     lines = [ln.strip() for ln in str(err.value).splitlines() if "Ludwig's setting" in ln]
     assert len(lines) == 1 and lines[0].startswith("defaults.category.encoder.type: Ludwig's setting"), lines
+    assert "use dense" in lines[0]
     with pytest.raises(ConfigError, match=r"input_features\.1\.encoder\.type: Ludwig's setting"):  # the feature's own
-        validate(ModelConfig, {**summed, "input_features": [data["input_features"][0], {"name": "b", "type": "category", "encoder": {"type": "sparse"}}]})
+        validate(ModelConfig, {**summed, "input_features": [data["input_features"][0], {"name": "b", "type": "category", "encoder": {"type": "passthrough"}}]})
 
 
 def test_ludwig_processors_raylight_does_not_run_name_the_ones_it_does():
@@ -312,13 +314,16 @@ def _raylight_key(model, path):
 
 def test_no_ludwig_key_is_one_raylight_has():
     """A Ludwig key is checked (dropped or refused) before raylight's models read the
-    config: one that raylight's models have too would never be read."""
+    config: one that raylight's models have too would never be read (except a classifier's
+    decoder settings on other outputs, whose shared decoder section would ignore them)."""
     assert not [p for p in LUDWIG_KEYS if _raylight_key(ModelConfig, p)]
     for (side, kind), rules in FEATURE_KEYS.items():
         kinds = (["number", "binary", "category", "text"] if side == "input" else list(OUTPUTS)) if kind == "*" else [kind]
         for k in kinds:
             model = FEATURES[k].Input if side == "input" else OUTPUTS[k].Output
-            assert not [p for p in rules if _raylight_key(model, p)], (side, k)
+            # the decoder settings only a classifier reads: refused on the other outputs on purpose
+            shared = set(CLASSIFIER_ONLY) if side == "output" and k not in ("binary", "category") else set()
+            assert not [p for p in rules if _raylight_key(model, p) and p not in shared], (side, k)
     assert not [p for p in FC_LAYER_KEYS if _raylight_key(FCLayer, p)]
     assert _raylight_key(ModelConfig, "trainer.learning_rate_scheduler.decay")  # the check can fail
     assert _raylight_key(FEATURES["text"].Input, "preprocessing.tokenizer")

@@ -22,7 +22,7 @@ from raylight.storage.checkpoint import Checkpoint
 from raylight.storage.run_dir import RunStorage
 from raylight.worker.context import TrainContext
 from raylight.worker.strategies import DDPStrategy, DeepSpeedStrategy
-from tests.helpers import Sink, run_gloo_ranks
+from tests.helpers import Sink, deepspeed_releases_groups, run_gloo_ranks
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(420)]
 
@@ -429,6 +429,8 @@ def regrouped(rank: int, port: int, directory: str, queue) -> None:
 
 def test_a_released_process_forms_deepspeed_s_groups_anew_on_the_next_process_group(tmp_path):
     """What lets a DeepSpeed worker serve the next run (raylight.worker_group.pool)."""
+    if not deepspeed_releases_groups():
+        pytest.skip("this DeepSpeed (< 0.19.8) keeps references to a destroyed group: its workers are not reused")
     for out in run_gloo_ranks(regrouped, str(tmp_path)).values():
         assert out["before"] is False and out["held"] is True and out["released"] is True, out
         assert out["after"] == [False, None, False], "nothing of the old group is left"

@@ -528,9 +528,12 @@ def test_the_collectives_deepspeed_calls_do_not_print_torch_s_deprecation_warnin
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "all_gather_into_tensor` is deprecated" in out.stderr  # before the import: shown
-    after = out.stderr.split("is deprecated")[-1]
+    # torch's collectives' own notices (DeepSpeed >= 0.19.7's import adds DeprecationWarnings of
+    # torch's compiler stack, which Python hides by default: not what this is about)
+    collective = "` is deprecated. Please use `torch.distributed."
+    after = out.stderr.split(collective)[-1]
     assert "still shown" in after and "reduce_scatter_tensor` is deprecated" not in out.stderr, out.stderr[-2000:]
-    assert out.stderr.count("is deprecated") == 1, out.stderr[-2000:]
+    assert out.stderr.count(collective) == 1, out.stderr[-2000:]
 
 
 def test_a_deepspeed_process_group_on_cpu_builds_no_shared_memory_op(tmp_path):

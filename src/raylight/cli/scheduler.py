@@ -133,7 +133,7 @@ def status(
     address: AddressOpt = None, connect_timeout: TimeoutOpt = CONNECT_TIMEOUT_S,
     plot: Annotated[
         Path | None,
-        typer.Option("--plot", help="Also draw the workers per run over time (the scheduler's allocation history) into this PNG.", metavar="FILE.png"),
+        typer.Option("--plot", help="Also draw the workers per run over time (the scheduler's allocation history) into this PNG.", metavar="PNG"),
     ] = None,
 ) -> None:
     """The runs the scheduler shares the cluster among: allocation, weight, goodput, speedup, why a run waits."""
@@ -202,13 +202,15 @@ def status_table(answer: dict[str, Any]) -> Table:
     """The scheduler's ``status()`` answer as a table: one row per job, in arrival order."""
     slots = answer.get("nodes", {})
     caption = (
-        f"fitness {answer.get('fitness', 0.0):.3f}; {len(slots)} node(s), {sum(slots.values())} slot(s)"
+        ("(no runs); " if not answer.get("jobs") else "")
+        + f"fitness {answer.get('fitness', 0.0):.3f}; {len(slots)} node(s), {sum(slots.values())} slot(s)"
         + (f"; dropped (silent): {', '.join(answer['dropped'])}" if answer.get("dropped") else "")
     )
     table = Table(title="raylight scheduler", caption=caption, caption_justify="left")
     right = ("weight", "workers", "goodput", "speedup", "last report")
     for column in ("job", "kind", "weight", "workers", "nodes", "goodput", "speedup", "last report", "waiting"):
-        table.add_column(column, justify="right" if column in right else "left")
+        # a job's id whole, on one line, whatever the terminal's width (the others wrap)
+        table.add_column(column, justify="right" if column in right else "left", no_wrap=column == "job")
     for job in answer.get("jobs", []):
         bounds = str(job["min_workers"]) if job["fixed"] else f"{job['min_workers']}-{job['max_workers']}"
         goodput = job.get("goodput")
@@ -220,8 +222,6 @@ def status_table(answer: dict[str, Any]) -> Table:
             f"{job.get('speedup', 0.0):.2f}", f"{job.get('seconds_since_report', 0.0):.0f} s ago",
             job.get("waiting") or job.get("pending") or "",
         )
-    if not answer.get("jobs"):
-        table.add_row("(no runs)", "", "", "", "", "", "", "", "")
     return table
 
 

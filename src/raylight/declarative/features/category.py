@@ -35,10 +35,10 @@ class CategoryPreprocessing(ConfigModel):
 
 
 class CategoryEncoder(EmbeddingEncoder):
-    type: Literal["dense", "sparse"] = Field(
+    type: Literal["dense", "sparse", "onehot"] = Field(
         "dense",
-        description="dense: a trained embedding of embedding_size; sparse: Ludwig's one-hot vector of the vocabulary's "
-        "size, not trained (embedding_size is not read).",
+        description="dense: a trained embedding of embedding_size; sparse or onehot (Ludwig's two names of it): a "
+        "one-hot vector of the vocabulary's size, not trained (embedding_size is not read).",
     )
 
 
@@ -117,7 +117,7 @@ def transform(col: pd.Series, feat: CategoryInput, meta: dict[str, Any]) -> tupl
 def encoder(feat: CategoryInput, meta: dict[str, Any]) -> tuple[nn.Module, int]:
     from torch import nn
 
-    if getattr(feat.encoder, "type", "dense") == "sparse":
+    if getattr(feat.encoder, "type", "dense") in ("sparse", "onehot"):
         from raylight.declarative.models.encoders import OneHot
 
         return OneHot(len(meta["vocab"])), len(meta["vocab"])

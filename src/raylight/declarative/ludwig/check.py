@@ -22,6 +22,7 @@ from raylight.declarative.ludwig.keys import (
     IGNORED_FEATURE_KEYS,
     IGNORED_KEYS,
     LUDWIG_COMBINERS,
+    LUDWIG_ENCODER_TYPES,
     LUDWIG_IMAGE_ENCODERS,
     LUDWIG_KEYS,
     LUDWIG_VALUES,
@@ -183,6 +184,18 @@ def _image_encoder_type(feature: dict[str, Any], loc: tuple[Any, ...], errors: l
     return {k: v for k, v in feature.items() if k != "encoder"}
 
 
+def _encoder_type(feature: dict[str, Any], loc: tuple[Any, ...], errors: list[InitErrorDetails]) -> dict[str, Any]:
+    """``feature`` without an encoder section of a type of Ludwig's that raylight lacks for
+    the feature's type (``LUDWIG_ENCODER_TYPES``), that a problem at ``encoder.type``."""
+    encoder = feature.get("encoder")
+    kind = encoder.get("type") if isinstance(encoder, dict) else None
+    fix = LUDWIG_ENCODER_TYPES.get(str(feature.get("type")), {}).get(kind) if isinstance(kind, str) else None
+    if fix is None:
+        return feature
+    errors.append(_error((*loc, "encoder", "type"), f"Ludwig's setting, not raylight's: {fix}", kind))
+    return {k: v for k, v in feature.items() if k != "encoder"}
+
+
 def _check_features(
     data: dict[str, Any], errors: list[InitErrorDetails], inherited: dict[tuple[str, int], set[str]], notes: list[str],
 ) -> dict[str, Any]:
@@ -202,6 +215,7 @@ def _check_features(
                 else:
                     feature = image_encoder_from_ludwig(_encoder_keys(feature))
                     feature = _image_encoder_type(_other_encoders(feature, (key, i), notes), (key, i), own)
+                    feature = _encoder_type(feature, (key, i), own)
                 feature = _ignored(feature, _feature_rules(side, feature.get("type"), IGNORED_FEATURE_KEYS), (key, i), notes)
                 feature = _apply(feature, _feature_rules(side, feature.get("type")), (key, i), own)
                 for error in own:

@@ -185,7 +185,7 @@ _LOSSES = {
 }
 # Ludwig's mlp_classifier's inference settings, which raylight's decoder takes for binary and
 # category outputs; the other outputs refuse them (not theirs in Ludwig either).
-_CLASSIFIER_ONLY = {
+CLASSIFIER_ONLY = {
     "decoder.calibration": ("calibration (temperature scaling) is for binary and category outputs; remove the key", (None,)),
     "decoder.mc_dropout_samples": ("Monte Carlo dropout is for binary and category outputs; remove the key", (0,)),
 }
@@ -198,7 +198,7 @@ def _decoder(kind: str) -> tuple[str, tuple[Any, ...]]:
 
 _VIT_SIZES = (
     "raylight's vit is torchvision's, sized by model_variant (b_16: hidden 768, 12 layers, 12 heads, 3072 "
-    "feed-forward; l_16, l_32, h_14 larger); give model_variant instead"
+    "feed-forward; l_16, l_32, h_14 larger); use model_variant instead"
 )
 _DEPENDENCIES = (
     "raylight's outputs do not feed one another: each output's decoder reads the combiner's output; remove the key"
@@ -361,7 +361,7 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "preprocessing.most_common": ("raylight keeps every class of the target; remove the key", (10000,)),
     },
     ("output", "number"): {
-        **_CLASSIFIER_ONLY,
+        **CLASSIFIER_ONLY,
         "loss.type": (f"raylight's number loss is Ludwig's {_LOSSES['number']}; use it or remove the key", (_LOSSES["number"],)),
         "decoder.type": _decoder("number"),
         "clip": ("raylight does not clip predictions; remove the key", (None,)),
@@ -374,7 +374,7 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "preprocessing.computed_outlier_fill_value": _COMPUTED,
     },
     ("output", "set"): {
-        **_CLASSIFIER_ONLY,
+        **CLASSIFIER_ONLY,
         "loss.type": (f"raylight's set loss is Ludwig's {_LOSSES['set']}; use it or remove the key", (_LOSSES["set"],)),
         "decoder.type": _decoder("set"),
         "loss.class_weights": ("class weights are not available; remove the key", (None,)),
@@ -386,7 +386,7 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "preprocessing.most_common": ("raylight keeps the 10,000 most common labels, Ludwig's default; remove the key", (10000,)),
     },
     ("output", "vector"): {
-        **_CLASSIFIER_ONLY,
+        **CLASSIFIER_ONLY,
         "loss.type": (f"raylight's vector loss is Ludwig's {_LOSSES['vector']}; use it or remove the key", (_LOSSES["vector"],)),
         "decoder.type": _decoder("vector"),
         "decoder.output_size": _COMPUTED,
@@ -397,7 +397,7 @@ FEATURE_KEYS: dict[tuple[str, str], dict[str, tuple[str, tuple[Any, ...]]]] = {
         "preprocessing.vector_size": ("write it as the output's vector_size", (None,)),
     },
     ("output", "timeseries"): {
-        **_CLASSIFIER_ONLY,
+        **CLASSIFIER_ONLY,
         "decoder.type": ("raylight's timeseries decoder is Ludwig's projector; use it or remove the key", ("projector",)),
         "decoder.output_size": _COMPUTED,
         "decoder.activation": ("raylight's projector gives the values as they are (no activation); remove the key", (None,)),
@@ -465,6 +465,15 @@ LUDWIG_COMBINERS = (
     "concat", "sequence_concat", "sequence", "tabnet", "comparator", "transformer", "tabtransformer", "ft_transformer",
     "project_aggregate", "gated_fusion", "cross_attention", "perceiver", "hypernetwork", "tabpfn_v2",
 )
+
+# Ludwig 0.17's encoder types raylight lacks for a feature type other than image (refused
+# at encoder.type, ``check._encoder_type``, the section's other keys with it), by feature type.
+LUDWIG_ENCODER_TYPES: dict[str, dict[str, str]] = {
+    "category": {
+        "passthrough": "Ludwig's passthrough category encoder feeds the category's index to the combiner as a number, "
+        "which raylight does not; use dense (a trained embedding), sparse or onehot (a one-hot vector of the vocabulary)",
+    },
+}
 
 # Ludwig 0.17's image encoders raylight lacks, each built around downloaded weights
 # (torchvision's, Hugging Face's, timm's; unet: segmentation): refused at encoder.type
