@@ -18,7 +18,7 @@ from tests.hosts.ray_cluster import cluster_env, start_ray
 pytestmark = [pytest.mark.hosts, pytest.mark.timeout(600)]
 
 
-@pytest.mark.parametrize("processor", [pytest.param("pandas", marks=pytest.mark.extended), "ray_data"])  # pandas: passed first time; ray_data found the bug
+@pytest.mark.parametrize("processor", ["pandas", "ray_data"])  # pandas: passed first time; ray_data found the bug
 def test_a_dataset_only_on_the_driver_s_host_is_read_there_and_trains_on_workers_elsewhere(make_hosts, processor):
     made = make_hosts(["a", "b", "c"], env=cluster_env())
     cluster = start_ray(made, head="a", raylets={"b": 1, "c": 1})

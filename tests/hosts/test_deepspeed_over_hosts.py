@@ -23,7 +23,7 @@ def _fit(cluster: RayOverHosts, *args) -> dict:
     return json.loads(cluster.driver(DRIVER, *map(str, args), "deepspeed").splitlines()[-1])
 
 
-@pytest.mark.extended  # three runs across hosts: minutes on a loaded box (make test-extended)
+@pytest.mark.extended  # three runs across hosts (56 s quiet): make test-extended; ZeRO-3 on s3:// is in make test (test_s3_over_hosts.py)
 @pytest.mark.timeout(900)
 def test_zero3_on_the_shared_directory_resumes_on_one_worker_on_another_host_equal_to_an_uninterrupted_run(make_hosts):
     made = make_hosts(["a", "b", "c", "d"], env=cluster_env())

@@ -38,7 +38,7 @@ def test_a_sharded_run_on_the_driver_s_own_disk_fails_before_training_naming_the
     assert not leftovers, f"the driver's marker stays behind: {leftovers}"
 
 
-@pytest.mark.extended  # about 3 min alone: make test-extended
+@pytest.mark.beside  # an equality after resumes, no deadline a slower CPU could trip: with the run beside (tests/suite.py)
 def test_fsdp_on_the_shared_directory_resumes_on_one_worker_on_another_host_equal_to_an_uninterrupted_run(make_hosts):
     """Two workers (b, c) write sharded checkpoints into the shared directory: an uninterrupted
     run of 5 epochs, and one stopped after 2. Then b and c die, d joins, and the second resumes
