@@ -12,15 +12,16 @@ import sys
 import pytest
 import torch
 
+from tests.helpers import wait_until
 from tests.hosts.harness import RUN, SHARED
 from tests.hosts.ray_cluster import DASHBOARD_PORT, RayOverHosts, cluster_env
 from tests.hosts.test_run_over_hosts import STEPS, one_host_params, place_script
 
-pytestmark = [pytest.mark.hosts, pytest.mark.timeout(420)]  # 30 s quiet, 2-3 min at load 30
+pytestmark = [pytest.mark.hosts, pytest.mark.timeout(420)]  # 45 s quiet, 2-4 min at load 30
 RAYLIGHT = os.path.join(os.path.dirname(sys.executable), "raylight")
 
 
-def test_submit_from_a_laptop_runs_the_sent_script_on_two_hosts_then_list_and_logs_show_it(make_hosts):
+def test_submit_from_a_laptop_runs_the_sent_script_on_two_hosts_then_list_logs_and_stop_work_from_there(make_hosts):
     made = make_hosts(["a", "b", "c", "d"], env=cluster_env())
     cluster = RayOverHosts(made, head="a", raylets={"b": 1, "c": 1})
     cluster.give_token("d")  # the laptop: the token, as an admin hands it out
@@ -48,3 +49,24 @@ def test_submit_from_a_laptop_runs_the_sent_script_on_two_hosts_then_list_and_lo
     logs = cli("jobs", "logs", "laptop")
     assert logs.returncode == 0, logs.stderr
     assert sorted(re.findall(r"^\[rank \d\] HOST \d (\w+)$", logs.stdout, re.M)) == ["b", "c"], logs.stdout
+
+    # a run that trains until stopped: `jobs stop` from the laptop ends it on b and c
+    started = made.run("d", [RAYLIGHT, "submit", "--address", url, "--working-dir", f"{RUN}/job", "--name", "endless",
+                             "--no-wait", "--", "raylight", "run", "-n", "2", "--storage-path", f"{SHARED}/runs",
+                             os.path.basename(script), "--steps", str(10**9)], timeout=120, check=False)
+    assert started.returncode == 0, started.stdout + started.stderr
+
+    def ranks_on(hosts: list[str]) -> bool:
+        shown = cli("jobs", "logs", "endless")
+        return sorted(re.findall(r"^\[rank \d\] HOST \d (\w+)$", shown.stdout, re.M)) == hosts
+
+    wait_until(lambda: ranks_on(["b", "c"]), 240, "the endless job's ranks on b and c")
+    stopped = cli("jobs", "stop", "endless")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+
+    def status(name: str) -> list[str]:
+        rows = cli("jobs", "list").stdout.splitlines()
+        return [line.split()[3] for line in rows if line.split()[:2] == [name, name]]
+
+    wait_until(lambda: status("endless") == ["STOPPED"], 120, "the endless job STOPPED")
+    assert status("laptop") == ["SUCCEEDED"]
