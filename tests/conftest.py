@@ -39,7 +39,8 @@ one_torch_thread()  # the tests that train in this process (tests/helpers.py)
 # modules run with the unit tier, beside the rest at lower CPU priority. Chosen as those
 # with no timer or deadline a slower CPU could trip (Lightning, declarative training, the
 # CLI's output, the examples, sharded strategies' equality and resumes, the experiment
-# loggers, the listening sockets) and enough minutes to even out the two runs' wall time
+# loggers, the listening sockets; over the fake hosts, train/hyperopt from a laptop host and
+# Lightning's loggers) and enough minutes to even out the two runs' wall time
 # (2026-11-28: front 13:59, beside 11:25 before the last three moved here). Not the cost
 # meter (test_cost.py): beside, its driver's first poll came 0.9 s late, and the metered
 # node time fell short of the run's.
@@ -49,7 +50,8 @@ one_torch_thread()  # the tests that train in this process (tests/helpers.py)
 # tests/driver/test_elastic.py::test_a_survivor_lost_while_the_group_re_forms...)
 BESIDE = {"test_lightning.py", "test_lightning_sharded.py", "test_lightning_horovod.py", "test_output.py",
           "test_declarative_examples.py", "test_declarative_on_ray.py", "test_strategies_on_ray.py", "test_deepspeed.py",
-          "test_loggers_on_ray.py", "test_security_on_ray.py", "test_doc_blocks_on_ray.py", "test_install.py"}
+          "test_loggers_on_ray.py", "test_security_on_ray.py", "test_doc_blocks_on_ray.py", "test_install.py",
+          "test_declarative_over_hosts.py", "test_lightning_over_hosts.py"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these markers

@@ -213,8 +213,7 @@ def test_raylight_hyperopt_resume_keeps_finished_trials_and_continues_the_others
             seen.update(dict.fromkeys(process_tree(first.pid)))
             trials = _experiment_state(experiment)
             # a trial with no report yet has no epoch: -1 (None beside an int does not sort)
-            epochs = {i: t["last"].get("epoch") for i, t in trials.items()}
-            statuses = sorted((t["status"], -1 if epochs[i] is None else epochs[i]) for i, t in trials.items())
+            statuses = sorted((t["status"], -1 if (e := t["last"].get("epoch")) is None else e) for t in trials.values())
             return marker.exists() and statuses == [("RUNNING", BLOCK_AFTER), ("TERMINATED", 3)]
 
         wait_until(mid_way, 240, "one trial finished and the other at epoch 1 in Tune's saved state", first)

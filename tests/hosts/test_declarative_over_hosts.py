@@ -41,7 +41,6 @@ def _config(num_workers: int, hyperopt: bool) -> dict:
     return config
 
 
-@pytest.mark.beside  # an equality after resumes, no deadline a slower CPU could trip: with the run beside (tests/suite.py)
 def test_train_and_hyperopt_from_a_laptop_write_to_the_shared_directory_and_a_local_one_is_refused(make_hosts):
     """train with 2 workers (b, c): the model and the run's checkpoints in the shared output
     directory. hyperopt with its output on the driver's own disk (a's /tmp): refused before

@@ -21,6 +21,11 @@ pytestmark = [pytest.mark.hosts, pytest.mark.timeout(420)]  # 45 s quiet, 2-4 mi
 RAYLIGHT = os.path.join(os.path.dirname(sys.executable), "raylight")
 
 
+def _rank_hosts(logs: str) -> list[str]:
+    """The hosts the ranks' HOST lines name in a job's logs, sorted."""
+    return sorted(re.findall(r"^\[rank \d\] HOST \d (\w+)$", logs, re.M))
+
+
 def test_submit_from_a_laptop_runs_the_sent_script_on_two_hosts_then_list_logs_and_stop_work_from_there(make_hosts):
     made = make_hosts(["a", "b", "c", "d"], env=cluster_env())
     cluster = RayOverHosts(made, head="a", raylets={"b": 1, "c": 1})
@@ -48,7 +53,7 @@ def test_submit_from_a_laptop_runs_the_sent_script_on_two_hosts_then_list_logs_a
     assert any(line.split()[:4] == ["laptop", "laptop", "0", "SUCCEEDED"] for line in listed.stdout.splitlines()), listed.stdout
     logs = cli("jobs", "logs", "laptop")
     assert logs.returncode == 0, logs.stderr
-    assert sorted(re.findall(r"^\[rank \d\] HOST \d (\w+)$", logs.stdout, re.M)) == ["b", "c"], logs.stdout
+    assert _rank_hosts(logs.stdout) == ["b", "c"], logs.stdout
 
     # a run that trains until stopped: `jobs stop` from the laptop ends it on b and c
     started = made.run("d", [RAYLIGHT, "submit", "--address", url, "--working-dir", f"{RUN}/job", "--name", "endless",
@@ -56,11 +61,7 @@ def test_submit_from_a_laptop_runs_the_sent_script_on_two_hosts_then_list_logs_a
                              os.path.basename(script), "--steps", str(10**9)], timeout=120, check=False)
     assert started.returncode == 0, started.stdout + started.stderr
 
-    def ranks_on(hosts: list[str]) -> bool:
-        shown = cli("jobs", "logs", "endless")
-        return sorted(re.findall(r"^\[rank \d\] HOST \d (\w+)$", shown.stdout, re.M)) == hosts
-
-    wait_until(lambda: ranks_on(["b", "c"]), 240, "the endless job's ranks on b and c")
+    wait_until(lambda: _rank_hosts(cli("jobs", "logs", "endless").stdout) == ["b", "c"], 240, "the endless job's ranks on b and c")
     stopped = cli("jobs", "stop", "endless")
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
 

@@ -18,7 +18,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DRIVER = os.path.join(HERE, "lightning_driver.py")
 
 
-@pytest.mark.beside  # an equality after resumes, no deadline a slower CPU could trip: with the run beside (tests/suite.py)
 def test_lightning_loggers_on_the_workers_hosts_get_the_version_resolved_where_rank_0_writes(make_hosts):
     """On the shared directory: version_0 of both loggers and the checkpoint are there, where
     the driver's Trainer says. Then under a path each host has on its own disk, where b and c

@@ -165,34 +165,33 @@ def _other_encoders(feature: dict[str, Any], loc: tuple[Any, ...], notes: list[s
     return {**feature, "encoder": {k: v for k, v in encoder.items() if k not in given}}
 
 
-def _image_encoder_type(feature: dict[str, Any], loc: tuple[Any, ...], errors: list[InitErrorDetails]) -> dict[str, Any]:
-    """``feature`` without an image encoder section of one of Ludwig's pre-trained types,
-    that a problem at ``encoder.type`` saying why (its other keys are that type's: not
-    reported one by one)."""
-    encoder = feature.get("encoder")
-    kind = encoder.get("type") if isinstance(encoder, dict) else None
-    if feature.get("type") != "image" or kind not in LUDWIG_IMAGE_ENCODERS:
-        return feature
-    wants = not isinstance(encoder, dict) or encoder.get("use_pretrained", True) is not False
+def _image_encoder_refusal(kind: str, encoder: dict[str, Any]) -> str:
+    """Why Ludwig's pre-trained image encoder ``kind`` is refused."""
+    wants = encoder.get("use_pretrained", True) is not False
     why = "use_pretrained: true cannot be satisfied offline, and " if wants else ""
-    fix = (
+    return (
         f"Ludwig's {kind} image encoder is built around downloaded pre-trained weights, and raylight downloads none "
         f"({why}raylight has no {kind} to train from scratch); use stacked_cnn, mlp_mixer, or resnet or vit with "
         "use_pretrained: false (trained from scratch), and remove the encoder's other keys"
     )
-    errors.append(_error((*loc, "encoder", "type"), fix, kind))
-    return {k: v for k, v in feature.items() if k != "encoder"}
 
 
 def _encoder_type(feature: dict[str, Any], loc: tuple[Any, ...], errors: list[InitErrorDetails]) -> dict[str, Any]:
-    """``feature`` without an encoder section of a type of Ludwig's that raylight lacks for
-    the feature's type (``LUDWIG_ENCODER_TYPES``), that a problem at ``encoder.type``."""
+    """``feature`` without an encoder section of a type of Ludwig's that raylight lacks (one
+    of Ludwig's pre-trained image encoders, ``LUDWIG_IMAGE_ENCODERS``, or another feature
+    type's in ``LUDWIG_ENCODER_TYPES``), that a problem at ``encoder.type`` saying why (its
+    other keys are that type's: not reported one by one)."""
     encoder = feature.get("encoder")
-    kind = encoder.get("type") if isinstance(encoder, dict) else None
-    fix = LUDWIG_ENCODER_TYPES.get(str(feature.get("type")), {}).get(kind) if isinstance(kind, str) else None
+    if not isinstance(encoder, dict) or not isinstance(kind := encoder.get("type"), str):
+        return feature
+    if feature.get("type") == "image":
+        fix = _image_encoder_refusal(kind, encoder) if kind in LUDWIG_IMAGE_ENCODERS else None
+    else:
+        missing = LUDWIG_ENCODER_TYPES.get(str(feature.get("type")), {}).get(kind)
+        fix = None if missing is None else f"Ludwig's setting, not raylight's: {missing}"
     if fix is None:
         return feature
-    errors.append(_error((*loc, "encoder", "type"), f"Ludwig's setting, not raylight's: {fix}", kind))
+    errors.append(_error((*loc, "encoder", "type"), fix, kind))
     return {k: v for k, v in feature.items() if k != "encoder"}
 
 
@@ -214,8 +213,7 @@ def _check_features(
                     feature = _decoder_keys(_loss_weight(feature, (key, i), own), (key, i), own)
                 else:
                     feature = image_encoder_from_ludwig(_encoder_keys(feature))
-                    feature = _image_encoder_type(_other_encoders(feature, (key, i), notes), (key, i), own)
-                    feature = _encoder_type(feature, (key, i), own)
+                    feature = _encoder_type(_other_encoders(feature, (key, i), notes), (key, i), own)
                 feature = _ignored(feature, _feature_rules(side, feature.get("type"), IGNORED_FEATURE_KEYS), (key, i), notes)
                 feature = _apply(feature, _feature_rules(side, feature.get("type")), (key, i), own)
                 for error in own:

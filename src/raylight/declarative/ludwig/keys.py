@@ -477,7 +477,7 @@ LUDWIG_ENCODER_TYPES: dict[str, dict[str, str]] = {
 
 # Ludwig 0.17's image encoders raylight lacks, each built around downloaded weights
 # (torchvision's, Hugging Face's, timm's; unet: segmentation): refused at encoder.type
-# (``check._image_encoder_type``), the section's other keys with it.
+# (``check._encoder_type``), the section's other keys with it.
 LUDWIG_IMAGE_ENCODERS = (
     "alexnet", "caformer", "clip", "convformer", "convnext", "convnextv2", "densenet", "dinov2", "efficientnet",
     "googlenet", "inceptionv3", "maxvit", "mnasnet", "mobilenetv2", "mobilenetv3", "poolformer", "regnet", "resnext",
