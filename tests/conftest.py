@@ -39,8 +39,9 @@ one_torch_thread()  # the tests that train in this process (tests/helpers.py)
 # modules run with the unit tier, beside the rest at lower CPU priority. Chosen as those
 # with no timer or deadline a slower CPU could trip (Lightning, declarative training, the
 # CLI's output, the examples, sharded strategies' equality and resumes, the experiment
-# loggers, the listening sockets; over the fake hosts, train/hyperopt from a laptop host and
-# Lightning's loggers) and enough minutes to even out the two runs' wall time
+# loggers, the listening sockets; over the fake hosts, train/hyperopt from a laptop host,
+# Lightning's loggers, `raylight run` of a torchrun-style and a Horovod script, the pandas
+# dataset: each one run whose limits are 4-10x its quiet time) and enough minutes to even out the two runs' wall time
 # (2026-11-28: front 13:59, beside 11:25 before the last three moved here). Not the cost
 # meter (test_cost.py): beside, its driver's first poll came 0.9 s late, and the metered
 # node time fell short of the run's.
@@ -51,7 +52,8 @@ one_torch_thread()  # the tests that train in this process (tests/helpers.py)
 BESIDE = {"test_lightning.py", "test_lightning_sharded.py", "test_lightning_horovod.py", "test_output.py",
           "test_declarative_examples.py", "test_declarative_on_ray.py", "test_strategies_on_ray.py", "test_deepspeed.py",
           "test_loggers_on_ray.py", "test_security_on_ray.py", "test_doc_blocks_on_ray.py", "test_install.py",
-          "test_declarative_over_hosts.py", "test_lightning_over_hosts.py"}
+          "test_declarative_over_hosts.py", "test_lightning_over_hosts.py", "test_run_over_hosts.py",
+          "test_horovod_over_hosts.py", "test_dataset_over_hosts.py"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these markers

@@ -8,8 +8,9 @@ micro-step that does not synchronise (T_grad; NaN where the step had no accumula
 
 Parameters the data cannot identify are pinned, optimistically, so the policy is willing
 to explore: with one batch size seen, alpha_c is 10% of the compute time; with no
-multi-replica data, synchronisation is free; with one node, cross-node terms equal the
-in-node ones; with K <= 2 only, per-replica terms are 0; with no synchronisation seen,
+multi-replica data, synchronisation is free; with one node, cross-node terms are the
+in-node ones plus 10% (``CROSS_NODE_PRIOR``, AdaptDL's prior: a layout over several nodes
+is never predicted as fast as one node, so a policy packs a job where it can); with K <= 2 only, per-replica terms are 0; with no synchronisation seen,
 gamma = 1.
 
 The search runs with BLAS limited to one thread: its vectors are a handful of numbers, and
@@ -32,6 +33,9 @@ from raylight.adaptive.goodput import PerfParams, predict_grad_time, predict_syn
 _FIELDS = PerfParams._fields  # alpha_c, beta_c, alpha_n, beta_n, alpha_r, beta_r, gamma
 _INDEX = {k: i for i, k in enumerate(_FIELDS)}
 _TINY = 1e-8
+# A cross-node parameter the data cannot identify is its in-node one times this (AdaptDL's
+# fit_perf_params: alpha_n >= 1.1 alpha_r with no multi-node observation).
+CROSS_NODE_PRIOR = 1.1
 _blas: ThreadpoolController | None = None  # found on first use, once scipy's BLAS is loaded
 
 
@@ -162,7 +166,7 @@ class _Loss:
         for k, v in zip(self.free, x, strict=True):
             vals[k] = float(v) if k == "gamma" else float(np.exp(v))
         for k, src in self.tied.items():
-            vals[k] = vals[src]
+            vals[k] = vals[src] * CROSS_NODE_PRIOR
         return np.array([vals[k] for k in _FIELDS], dtype=float)
 
     def __call__(self, x: np.ndarray) -> tuple[float, np.ndarray]:
@@ -174,7 +178,7 @@ class _Loss:
         total = sum(self._priors(p, d), start=total)  # term by term, in order
         # Chain to x: log-space parameters (and the ones tied to them) scale by their value.
         for k, src in self.tied.items():
-            d[_INDEX[src]] += d[_INDEX[k]]
+            d[_INDEX[src]] += d[_INDEX[k]] * CROSS_NODE_PRIOR
         dx = np.array([d[_INDEX[k]] * (1.0 if k == "gamma" else p[_INDEX[k]]) for k in self.free])
         return total, dx
 
