@@ -91,6 +91,7 @@ output_features:
   - {name: y, type: binary}
   - {name: z, type: number, loss: {weight: 0.5}}
   - {name: k, type: category}
+combiner: {type: concat}
 trainer: {epochs: 15, batch_size: 32, learning_rate: 0.01, early_stop: -1}
 preprocessing: {split: {type: random, probabilities: [0.7, 0.1, 0.2]}}
 backend: {type: local}

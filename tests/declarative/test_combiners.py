@@ -280,7 +280,20 @@ def test_a_bad_combiner_setting_names_its_key_and_the_fix(combiner, line):
 
 def test_concat_refuses_an_output_per_step():
     with pytest.raises(ConfigError, match=r"combiner.type: concat concatenates one vector per input, and \['t'\] give their outputs per step"):
-        validate_config({"input_features": INPUTS, "output_features": [{"name": "y", "type": "binary"}]})
+        validate_config({"input_features": INPUTS, "output_features": [{"name": "y", "type": "binary"}], "combiner": {"type": "concat"}})
+
+
+@pytest.mark.parametrize(("inputs", "kind"), [(1, "concat"), (2, "concat"), (3, "ft_transformer"), (10, "ft_transformer")])
+def test_with_no_combiner_section_the_combiner_is_ludwig_s_default_for_that_many_inputs(inputs, kind):
+    # Ludwig 0.17 (ModelConfig.from_dict): ft_transformer for 3 or more inputs, else concat
+    data = {"input_features": [{"name": f"x{i}", "type": "number"} for i in range(inputs)],
+            "output_features": [{"name": "y", "type": "binary"}]}
+    cfg = validate_config(data)
+    assert cfg.combiner.type == kind
+    assert ModelConfig.model_validate(cfg.model_dump(mode="json")).combiner == cfg.combiner  # a saved config keeps it
+    # a section, even one without a type, is the config's own choice: concat
+    assert validate_config({**data, "combiner": {}}).combiner.type == "concat"
+    assert validate_config({**data, "combiner": {"type": "concat"}}).combiner.type == "concat"
 
 
 def test_unequal_steps_of_two_sequences_are_an_error_naming_both():

@@ -126,7 +126,9 @@ def _dataset(path: Path, config_file: Path, rows: int = 240) -> str:
 
 @pytest.mark.parametrize(("name", "overrides", "metric", "least"), [
     ("titanic_model2", [], "accuracy", 0.75),  # an output's fc_layers (Ludwig before 0.6): decoder layers
-    ("helpers_category_output", [], "accuracy", 0.6),  # set and bag inputs, decoder layers, optimizer.lr
+    # set and bag inputs, decoder layers, optimizer.lr; concat: Ludwig's default for its three inputs,
+    # ft_transformer, stays at 0.5 on these 240 rows in 20 epochs (measured 2026-12-06)
+    ("helpers_category_output", ["combiner.type=concat"], "accuracy", 0.6),
     ("optimizers_radam", ["trainer.optimizer.lr=0.01"], "accuracy", 0.75),  # radam; learning_rate_scheduler.type ignored
     ("optimizers_muon", ["trainer.optimizer.lr=0.01"], "accuracy", 0.75),  # Muon on the 2-D weights, AdamW the rest
     ("optimizers_schedule_free_adamw", ["trainer.optimizer.lr=0.01"], "accuracy", 0.75),  # evaluated at its average

@@ -207,7 +207,7 @@ def test_a_set_target_is_multi_label_classification_measured_by_jaccard(tmp_path
     x = rng.normal(size=(700, 3))
     labels = [" ".join(n for n, on in (("warm", r[0] > 0), ("wet", r[1] > 0.3), ("windy", r[2] > -0.5)) if on) or "calm" for r in x]
     df = pd.DataFrame({"a": x[:, 0], "b": x[:, 1], "c": x[:, 2], "labels": labels})
-    config = CONFIG.replace("  - {name: f, type: %s}\n", "  - {name: a, type: number}\n  - {name: b, type: number}\n  - {name: c, type: number}\n")
+    config = CONFIG.replace("  - {name: f, type: %s}\n", "  - {name: a, type: number}\n  - {name: b, type: number}\n  - {name: c, type: number}\ncombiner: {type: concat}\n")
     config = config.replace("{name: y, type: binary}", "{name: labels, type: set}").replace("learning_rate: 0.01}", "learning_rate: 0.01, validation_metric: jaccard}")
     cfg, data = write(tmp_path, df=df, config=config)
     out = api.train(load_config(cfg), data, output_directory=str(tmp_path / "run"), progress=False)

@@ -1,6 +1,7 @@
 """Ludwig's concat combiner (its default): the encoded inputs concatenated, then fully
 connected layers (each: linear, normalisation, activation, dropout), in Ludwig's order.
-raylight's default is one 64-unit layer (Ludwig's: none)."""
+A concat section naming no layers has one 64-unit layer (Ludwig's: none). A config with no
+combiner section gets Ludwig 0.17's choice (``config.model.FT_TRANSFORMER_FROM_INPUTS``)."""
 
 from __future__ import annotations
 

@@ -41,6 +41,10 @@ from raylight.declarative.metrics import COMBINED, field_metrics
 # The concat combiner's model, by the name it had before the combiners were a family.
 CombinerConfig = ConcatCombiner
 
+# Ludwig 0.17 (ludwig/schema/model_types/base.py, ModelConfig.from_dict): with no combiner
+# section, an ECD model of this many inputs or more gets ft_transformer, fewer concat.
+FT_TRANSFORMER_FROM_INPUTS = 3
+
 # The combiner types raylight has (a Ludwig one it lacks is refused with these).
 COMBINER_TYPES: tuple[str, ...] = tuple(COMBINERS)
 
@@ -72,7 +76,8 @@ class ModelConfig(ConfigModel):
     )
     combiner: CombinerSection = Field(
         default_factory=lambda: ConcatCombiner(),
-        description="How the encoded inputs are combined: one of Ludwig's combiner types (concat by default; "
+        description="How the encoded inputs are combined: one of Ludwig's combiner types (with no section, as in "
+        f"Ludwig 0.17: ft_transformer for {FT_TRANSFORMER_FROM_INPUTS} or more inputs, else concat; "
         "raylight.declarative.combiners, docs/declarative.md).",
     )
     trainer: TrainerSection = Field(default_factory=lambda: TrainerSection(), description="Training.")
@@ -90,6 +95,18 @@ class ModelConfig(ConfigModel):
     )
 
     _parse_loggers = field_validator("loggers", mode="before")(parse_loggers)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_combiner(cls, data: Any) -> Any:
+        """Ludwig 0.17's default combiner: a config with no combiner section and at least
+        FT_TRANSFORMER_FROM_INPUTS inputs gets ft_transformer, one with fewer concat (a
+        section without a type is concat)."""
+        if isinstance(data, dict) and "combiner" not in data:
+            inputs = data.get("input_features")
+            if isinstance(inputs, list) and len(inputs) >= FT_TRANSFORMER_FROM_INPUTS:
+                return {**data, "combiner": {"type": "ft_transformer"}}
+        return data
 
     # What the config as written set itself (``ludwig.own_settings``): the feature-level
     # hyperopt parameters (``set_path``'s ``defaults.<type>...``) leave it alone.
