@@ -41,8 +41,9 @@ one_torch_thread()  # the tests that train in this process (tests/helpers.py)
 # CLI's output, the examples, sharded strategies' equality and resumes, the experiment
 # loggers, the listening sockets; over the fake hosts, train/hyperopt from a laptop host,
 # Lightning's loggers, `raylight run` of a torchrun-style and a Horovod script, the pandas
-# dataset: each one run whose limits are 4-10x its quiet time) and enough minutes to even out the two runs' wall time
-# (2026-11-28: front 13:59, beside 11:25 before the last three moved here). Not the cost
+# dataset: each one run whose limits are 4-10x its quiet time) and enough minutes to even
+# out the two runs' wall time (2026-11-28: front 13:59, beside 11:25 before the last three
+# moved here). Not the cost
 # meter (test_cost.py): beside, its driver's first poll came 0.9 s late, and the metered
 # node time fell short of the run's.
 # A single test goes beside with @pytest.mark.beside. (These were in front for a while:

@@ -10,8 +10,8 @@ Parameters the data cannot identify are pinned, optimistically, so the policy is
 to explore: with one batch size seen, alpha_c is 10% of the compute time; with no
 multi-replica data, synchronisation is free; with one node, cross-node terms are the
 in-node ones plus 10% (``CROSS_NODE_PRIOR``, AdaptDL's prior: a layout over several nodes
-is never predicted as fast as one node, so a policy packs a job where it can); with K <= 2 only, per-replica terms are 0; with no synchronisation seen,
-gamma = 1.
+is never predicted as fast as one node, so a policy packs a job where it can); with
+K <= 2 only, per-replica terms are 0; with no synchronisation seen, gamma = 1.
 
 The search runs with BLAS limited to one thread: its vectors are a handful of numbers, and
 OpenBLAS's idle threads spin for tens of milliseconds after each call. On the driver,
